@@ -1,0 +1,2 @@
+//! oxgen-cli: The oxgen command-line tool
+fn main() {}

@@ -1,0 +1,1 @@
+//! oxgen-graph: Graph IR, the operator registry that builds typed ops, and shape rules

@@ -1,0 +1,1 @@
+//! oxgen-runtime: The backend seam: the Session trait every backend implements

@@ -1,0 +1,1 @@
+//! oxgen-testkit: Test support: the ONNX node-test runner and fixture builders
