@@ -1,1 +1,20 @@
-//! oxgen-exec: The native backend: execution plan, buffer reuse, typed ops dispatched to kernels
+//! oxgen-exec: the native backend.
+//!
+//! A [`Plan`] orders a [`oxgen_graph::Graph`]'s nodes once and records each value's last
+//! use; a [`NativeSession`] runs it: shapes are resolved from the actual inputs at run time,
+//! each typed op is dispatched to its kernels, and a value's buffer returns to a free list
+//! after its last use so later activations reuse it. The peak of live activation bytes is
+//! reported per run.
+//!
+//! This crate must never parse files or know which other backends exist.
+
+mod arena;
+mod error;
+pub mod ops;
+mod plan;
+mod session;
+
+pub use arena::Arena;
+pub use error::{ExecError, OpError};
+pub use plan::Plan;
+pub use session::{ExecOptions, NativeSession, RunStats};

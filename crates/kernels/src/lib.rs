@@ -1,1 +1,14 @@
-//! oxgen-kernels: CPU kernels: scalar references with the thread pool they run on; no ONNX, no graph
+//! oxgen-kernels: CPU kernels over plain slices, and the thread pool they run on.
+//!
+//! Every kernel family has a portable scalar reference here; optimized versions (SIMD,
+//! packed weights) are added beside them and tested against the reference. Kernels take
+//! slices and dimensions, never tensors or graph nodes.
+//!
+//! This crate must never know about ONNX, protobufs or graphs.
+
+pub mod broadcast;
+pub mod num;
+pub mod pool;
+
+pub use num::{Float, Scalar};
+pub use pool::ThreadPool;

@@ -1,1 +1,141 @@
-//! oxgen-runtime: The backend seam: the Session trait every backend implements
+//! oxgen-runtime: the backend seam.
+//!
+//! Every backend (native kernels, ONNX Runtime) implements [`Session`]: a loaded model that
+//! runs named input tensors to named output tensors. Conformance suites and tools are written
+//! once against this trait and run on every backend. The language-model `step` entry point
+//! joins it when the model-step work lands.
+//!
+//! This crate must never depend on a backend, parse model files or run kernels.
+
+use oxgen_tensor::{DType, Tensor};
+
+/// One dimension of a declared input or output shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(usize),
+    /// A named dimension such as `batch_size` or `sequence_length`.
+    Symbolic(String),
+    Unknown,
+}
+
+impl std::fmt::Display for Dim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dim::Fixed(d) => write!(f, "{d}"),
+            Dim::Symbolic(s) => f.write_str(s),
+            Dim::Unknown => f.write_str("?"),
+        }
+    }
+}
+
+/// What a model declares about one of its inputs or outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoSpec {
+    pub name: String,
+    pub dtype: Option<DType>,
+    /// `None` when the model declares no shape.
+    pub dims: Option<Vec<Dim>>,
+}
+
+impl IoSpec {
+    /// Checks a tensor against the declared dtype and fixed dimensions.
+    pub fn check(&self, tensor: &Tensor) -> Result<(), RuntimeError> {
+        if let Some(dtype) = self.dtype
+            && dtype != tensor.dtype()
+        {
+            return Err(RuntimeError::InputDType { name: self.name.clone(), expected: dtype, actual: tensor.dtype() });
+        }
+        if let Some(dims) = &self.dims {
+            let fits = dims.len() == tensor.rank()
+                && dims.iter().zip(tensor.dims()).all(|(d, &a)| !matches!(d, Dim::Fixed(f) if *f != a));
+            if !fits {
+                return Err(RuntimeError::InputShape { name: self.name.clone(), expected: format_dims(dims), actual: tensor.dims().to_vec() });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `[batch, 3, ?]`
+pub fn format_dims(dims: &[Dim]) -> String {
+    let parts: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// Named tensors, in and out of a run.
+pub type Tensors = Vec<(String, Tensor)>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("input '{name}' is required but was not given")]
+    MissingInput { name: String },
+    #[error("'{name}' is not an input of this model (its inputs are: {known})")]
+    UnknownInput { name: String, known: String },
+    #[error("input '{name}' was given twice")]
+    DuplicateInput { name: String },
+    #[error("input '{name}' must be {expected}, got {actual}")]
+    InputDType { name: String, expected: DType, actual: DType },
+    #[error("input '{name}' must have shape {expected}, got {actual:?}")]
+    InputShape { name: String, expected: String, actual: Vec<usize> },
+    #[error("{0}")]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// A model loaded into a backend, ready to run.
+pub trait Session: Send {
+    /// The backend's name (`native`, `ort`).
+    fn backend(&self) -> &'static str;
+    fn inputs(&self) -> &[IoSpec];
+    fn outputs(&self) -> &[IoSpec];
+    /// Runs the model. Every declared input must be given once; outputs come back in
+    /// declared order.
+    fn run(&mut self, inputs: Tensors) -> Result<Tensors, RuntimeError>;
+}
+
+/// Orders `inputs` as `specs` declares them, checking names, dtypes and fixed dimensions.
+pub fn bind_inputs(specs: &[IoSpec], inputs: Tensors) -> Result<Vec<Tensor>, RuntimeError> {
+    let mut slots: Vec<Option<Tensor>> = vec![None; specs.len()];
+    for (name, tensor) in inputs {
+        let Some(i) = specs.iter().position(|s| s.name == name) else {
+            let known = specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(RuntimeError::UnknownInput { name, known });
+        };
+        specs[i].check(&tensor)?;
+        if slots[i].replace(tensor).is_some() {
+            return Err(RuntimeError::DuplicateInput { name });
+        }
+    }
+    slots
+        .into_iter()
+        .zip(specs)
+        .map(|(t, s)| t.ok_or_else(|| RuntimeError::MissingInput { name: s.name.clone() }))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, dims: Vec<Dim>) -> IoSpec {
+        IoSpec { name: name.into(), dtype: Some(DType::F32), dims: Some(dims) }
+    }
+
+    #[test]
+    fn binding_checks_names_dtypes_and_fixed_dims() {
+        let specs = [spec("x", vec![Dim::Symbolic("n".into()), Dim::Fixed(2)]), spec("y", vec![])];
+        let x = Tensor::zeros(DType::F32, [5, 2]).unwrap();
+        let y = Tensor::scalar(1.0f32);
+        let bound = bind_inputs(&specs, vec![("y".into(), y.clone()), ("x".into(), x.clone())]).unwrap();
+        assert_eq!(bound[0].dims(), &[5, 2]);
+
+        let err = bind_inputs(&specs, vec![("x".into(), x.clone())]).unwrap_err();
+        assert!(matches!(err, RuntimeError::MissingInput { ref name } if name == "y"));
+        let err = bind_inputs(&specs, vec![("z".into(), y.clone())]).unwrap_err();
+        assert!(err.to_string().contains("its inputs are: x, y"), "{err}");
+        let bad = Tensor::zeros(DType::F32, [5, 3]).unwrap();
+        let err = bind_inputs(&specs, vec![("x".into(), bad), ("y".into(), y.clone())]).unwrap_err();
+        assert!(err.to_string().contains("[n, 2]"), "{err}");
+        let err = bind_inputs(&specs, vec![("y".into(), Tensor::scalar(1i64))]).unwrap_err();
+        assert!(matches!(err, RuntimeError::InputDType { .. }));
+    }
+}

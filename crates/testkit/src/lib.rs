@@ -1,1 +1,11 @@
-//! oxgen-testkit: Test support: the ONNX node-test runner and fixture builders
+//! oxgen-testkit: test support shared by the crates' test suites.
+//!
+//! - [`node_tests`]: runs one case of the official ONNX backend node tests (`model.onnx` plus
+//!   `test_data_set_*/{input,output}_N.pb`) on a [`oxgen_runtime::Session`] and compares the
+//!   outputs at the ONNX runner's tolerances.
+//! - [`compare`]: element-wise comparison with `rtol`/`atol` for every dtype.
+//!
+//! This crate is a dev-dependency only: no product crate may depend on it.
+
+pub mod compare;
+pub mod node_tests;

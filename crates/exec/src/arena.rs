@@ -1,0 +1,78 @@
+//! Activation buffers: a free list of owned buffers reused by later values.
+
+use oxgen_tensor::{AlignedBuf, DType, Shape, Tensor};
+
+use crate::OpError;
+
+/// Buffers released by dead values, handed out again by best fit.
+#[derive(Default)]
+pub struct Arena {
+    free: Vec<AlignedBuf>,
+    live_bytes: usize,
+    peak_bytes: usize,
+}
+
+impl Arena {
+    /// A tensor of `dtype` and `shape`. Its bytes may hold data from an earlier value: the
+    /// caller writes every element.
+    pub fn alloc(&mut self, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor, OpError> {
+        let shape = shape.into();
+        let bytes = oxgen_tensor::checked_numel(shape.dims())
+            .and_then(|n| dtype.bytes_for(n))
+            .ok_or_else(|| OpError::shape(format!("output shape {shape} of {dtype} overflows")))?;
+        let best = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= bytes)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        let mut buf = match best {
+            Some(i) => self.free.swap_remove(i),
+            None => AlignedBuf::zeroed(0),
+        };
+        buf.resize(bytes);
+        Ok(Tensor::from_buf(dtype, shape, buf)?)
+    }
+
+    /// Like [`Arena::alloc`], with every byte zero.
+    pub fn alloc_zeroed(&mut self, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor, OpError> {
+        let mut t = self.alloc(dtype, shape)?;
+        t.as_mut_bytes().fill(0);
+        Ok(t)
+    }
+
+    /// Counts a node output as live.
+    pub fn track(&mut self, bytes: usize) {
+        self.live_bytes += bytes;
+        self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+    }
+
+    /// Returns a dead value's buffer to the free list.
+    pub fn release(&mut self, tensor: Tensor) {
+        self.live_bytes = self.live_bytes.saturating_sub(tensor.nbytes());
+        if !tensor.is_shared() {
+            self.free.push(tensor.into_buf());
+        }
+    }
+
+    /// Forgets a value that leaves the arena (a graph output handed to the caller).
+    pub fn forget(&mut self, tensor: &Tensor) {
+        self.live_bytes = self.live_bytes.saturating_sub(tensor.nbytes());
+    }
+
+    /// Starts a new run's peak measurement.
+    pub fn reset_peak(&mut self) {
+        self.live_bytes = 0;
+        self.peak_bytes = 0;
+    }
+
+    pub fn peak_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+
+    /// Bytes held by free buffers.
+    pub fn free_bytes(&self) -> usize {
+        self.free.iter().map(|b| b.capacity()).sum()
+    }
+}

@@ -1,0 +1,89 @@
+//! Typed ops → kernels. One file per op family, mirroring `oxgen_graph::ops`.
+//!
+//! Every op reads its inputs as `Option<&Tensor>` (absent optional inputs are `None`),
+//! validates shapes and dtypes, allocates its outputs from the arena and calls kernels.
+//! Errors say what was wrong with which input; the session adds the node.
+
+#[macro_use]
+mod dispatch;
+mod elementwise;
+mod nn;
+mod reduce;
+mod shape;
+
+use oxgen_graph::Op;
+use oxgen_kernels::ThreadPool;
+use oxgen_tensor::{DType, Shape, Tensor};
+
+use crate::{Arena, OpError};
+
+/// What an op may use while it runs.
+pub struct OpCtx<'a> {
+    pub arena: &'a mut Arena,
+    pub pool: &'a ThreadPool,
+}
+
+impl OpCtx<'_> {
+    pub fn alloc(&mut self, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor, OpError> {
+        self.arena.alloc(dtype, shape)
+    }
+}
+
+/// Runs one op; returns its outputs in order (`n_outputs` is how many the node names).
+pub fn run(op: &Op, inputs: &[Option<&Tensor>], n_outputs: usize, ctx: &mut OpCtx) -> Result<Vec<Tensor>, OpError> {
+    match op {
+        Op::Unary(_) | Op::Binary(_) | Op::Variadic(_) | Op::Where | Op::Clip(_) | Op::Cast(_) => {
+            elementwise::run(op, inputs, ctx).map(|t| vec![t])
+        }
+        Op::Identity => Ok(vec![input(inputs, 0)?.clone()]),
+        Op::Constant(t) => Ok(vec![t.clone()]),
+        Op::ConstantOfShape(_)
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::Reshape { .. }
+        | Op::Flatten { .. }
+        | Op::Squeeze(_)
+        | Op::Unsqueeze(_)
+        | Op::Transpose { .. }
+        | Op::Concat { .. }
+        | Op::Split(_)
+        | Op::Slice(_)
+        | Op::Expand
+        | Op::Tile
+        | Op::Range
+        | Op::Gather(_)
+        | Op::GatherElements { .. }
+        | Op::ScatterND(_)
+        | Op::Trilu { .. } => shape::run(op, inputs, n_outputs, ctx),
+        Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => reduce::run(op, inputs, n_outputs, ctx),
+        Op::MatMul | Op::Gemm(_) | Op::Norm(_) => nn::run(op, inputs, n_outputs, ctx),
+    }
+}
+
+/// Required input `i`.
+pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, OpError> {
+    inputs.get(i).copied().flatten().ok_or_else(|| OpError::value(format!("input {i} is required")))
+}
+
+/// Optional input `i`.
+pub fn opt_input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
+    inputs.get(i).copied().flatten()
+}
+
+/// Reads an int64 or int32 tensor (shapes, axes, indices given as data) as `i64`s.
+pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
+    match t.dtype() {
+        DType::I64 => Ok(t.as_slice::<i64>()?.to_vec()),
+        DType::I32 => Ok(t.as_slice::<i32>()?.iter().map(|&v| v as i64).collect()),
+        other => Err(OpError::DType { dtype: other, detail: format!(" for {what}: expected int64 or int32") }),
+    }
+}
+
+/// Resolves a possibly negative `axis` against `rank` (ONNX: `-rank <= axis < rank`).
+pub fn norm_axis(axis: i64, rank: usize) -> Result<usize, OpError> {
+    let r = rank as i64;
+    if axis < -r || axis >= r {
+        return Err(OpError::value(format!("axis {axis} is out of range for rank {rank}")));
+    }
+    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+}

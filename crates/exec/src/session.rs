@@ -1,0 +1,168 @@
+//! The native session: runs a plan over named inputs.
+
+use std::sync::Arc;
+
+use oxgen_graph::{Graph, ValueId};
+use oxgen_kernels::ThreadPool;
+use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
+use oxgen_tensor::Tensor;
+
+use crate::ops::{self, OpCtx};
+use crate::{Arena, ExecError, Plan};
+
+/// Options for a native session.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    /// Threads kernels may use (the calling thread included); 0 means all available cores.
+    pub threads: usize,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions { threads: 0 }
+    }
+}
+
+/// Measurements of the last run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Most bytes of node outputs alive at once.
+    pub peak_activation_bytes: usize,
+    /// Nodes executed.
+    pub nodes: usize,
+}
+
+/// A graph running on oxgen's own kernels.
+pub struct NativeSession {
+    plan: Plan,
+    inputs: Vec<IoSpec>,
+    outputs: Vec<IoSpec>,
+    arena: Arena,
+    pool: Arc<ThreadPool>,
+    slots: Vec<Option<Tensor>>,
+    stats: RunStats,
+}
+
+fn spec(graph: &Graph, id: ValueId) -> IoSpec {
+    let v = graph.value(id);
+    IoSpec { name: v.name.clone(), dtype: v.dtype, dims: v.dims.clone() }
+}
+
+impl NativeSession {
+    pub fn new(graph: Graph, options: &ExecOptions) -> NativeSession {
+        let threads = match options.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        Self::with_pool(graph, Arc::new(ThreadPool::new(threads)))
+    }
+
+    /// A session that shares an existing thread pool.
+    pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>) -> NativeSession {
+        let inputs = graph.inputs.iter().map(|&id| spec(&graph, id)).collect();
+        let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
+        let slots = vec![None; graph.values.len()];
+        NativeSession { plan: Plan::new(graph), inputs, outputs, arena: Arena::default(), pool, slots, stats: RunStats::default() }
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.plan.graph
+    }
+
+    /// Statistics of the last completed run.
+    pub fn last_run(&self) -> RunStats {
+        self.stats
+    }
+
+    /// Runs the graph; errors name the failing node.
+    pub fn run_graph(&mut self, inputs: Tensors) -> Result<Tensors, ExecError> {
+        let bound = oxgen_runtime::bind_inputs(&self.inputs, inputs)?;
+        let graph = &self.plan.graph;
+        for (&id, tensor) in graph.inputs.iter().zip(bound) {
+            self.slots[id.0] = Some(tensor);
+        }
+        self.arena.reset_peak();
+        let result = self.execute();
+        let graph = &self.plan.graph;
+        let outputs = result.map(|()| {
+            graph
+                .outputs
+                .iter()
+                .map(|&id| {
+                    let value = graph.value(id);
+                    let tensor = match self.slots[id.0].take() {
+                        Some(t) => {
+                            self.arena.forget(&t);
+                            t
+                        }
+                        // An output that is an initializer (or an input listed again).
+                        None => graph.initializers.get(&id).cloned().expect("a graph output has a value after a successful run"),
+                    };
+                    (value.name.clone(), tensor)
+                })
+                .collect()
+        });
+        // Whatever is left (inputs, values of a failed run) is released for reuse.
+        for slot in &mut self.slots {
+            if let Some(t) = slot.take() {
+                self.arena.release(t);
+            }
+        }
+        outputs
+    }
+
+    fn execute(&mut self) -> Result<(), ExecError> {
+        let plan = &self.plan;
+        let graph = &plan.graph;
+        for (i, node) in graph.nodes.iter().enumerate() {
+            let inputs: Vec<Option<&Tensor>> = node
+                .inputs
+                .iter()
+                .map(|v| v.and_then(|id| graph.initializers.get(&id).or(self.slots[id.0].as_ref())))
+                .collect();
+            let mut ctx = OpCtx { arena: &mut self.arena, pool: &self.pool };
+            let produced = ops::run(&node.op, &inputs, node.outputs.len(), &mut ctx)
+                .map_err(|source| ExecError::Node { node: node.node_ref(), source })?;
+            if produced.len() < node.outputs.iter().rposition(Option::is_some).map_or(0, |p| p + 1) {
+                return Err(ExecError::OutputCount { node: node.node_ref(), expected: node.outputs.len(), got: produced.len() });
+            }
+            for (out, tensor) in node.outputs.iter().zip(produced) {
+                self.arena.track(tensor.nbytes());
+                match out {
+                    Some(id) if plan.last_use[id.0].is_some() || graph.outputs.contains(id) => self.slots[id.0] = Some(tensor),
+                    _ => self.arena.release(tensor),
+                }
+            }
+            for v in node.inputs.iter().flatten() {
+                if plan.last_use[v.0] == Some(i)
+                    && let Some(t) = self.slots[v.0].take()
+                {
+                    self.arena.release(t);
+                }
+            }
+        }
+        self.stats = RunStats { peak_activation_bytes: self.arena.peak_bytes(), nodes: graph.nodes.len() };
+        Ok(())
+    }
+}
+
+impl Session for NativeSession {
+    fn backend(&self) -> &'static str {
+        "native"
+    }
+
+    fn inputs(&self) -> &[IoSpec] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[IoSpec] {
+        &self.outputs
+    }
+
+    fn run(&mut self, inputs: Tensors) -> Result<Tensors, RuntimeError> {
+        self.run_graph(inputs).map_err(|e| match e {
+            ExecError::Runtime(r) => r,
+            other => RuntimeError::Backend(Box::new(other)),
+        })
+    }
+}

@@ -1,0 +1,69 @@
+//! Typed ops: one variant per operator family, with validated attributes.
+//!
+//! Each family file holds its attribute structs and the builders the registry calls. Input
+//! tensors (including ONNX's newer "attributes as inputs" like Reshape's shape) are read by
+//! the executor at run time; what is fixed per node lives here.
+
+mod elementwise;
+mod nn;
+mod reduce;
+mod shape;
+
+pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
+pub use nn::{Gemm, Norm, NormKind};
+pub use reduce::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
+pub use shape::{Gather, ScatterND, ScatterReduction, Slice, Split, Squeeze};
+
+use oxgen_tensor::Tensor;
+
+use crate::OpSpec;
+
+/// A typed operator.
+#[derive(Debug, Clone)]
+pub enum Op {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// N-ary broadcasting ops (Max, Min, Sum, Mean).
+    Variadic(VariadicOp),
+    Where,
+    Clip(Clip),
+    Cast(Cast),
+    Identity,
+    Constant(Tensor),
+    ConstantOfShape(Tensor),
+    Shape { start: i64, end: Option<i64> },
+    Size,
+    Reshape { allowzero: bool },
+    Flatten { axis: i64 },
+    Squeeze(Squeeze),
+    Unsqueeze(Squeeze),
+    Transpose { perm: Option<Vec<i64>> },
+    Concat { axis: i64 },
+    Split(Split),
+    Slice(Slice),
+    Expand,
+    Tile,
+    Range,
+    Gather(Gather),
+    GatherElements { axis: i64 },
+    ScatterND(ScatterND),
+    Trilu { upper: bool },
+    CumSum(CumSum),
+    Reduce(Reduce),
+    ArgReduce(ArgReduce),
+    TopK(TopK),
+    Softmax(Softmax),
+    MatMul,
+    Gemm(Gemm),
+    Norm(Norm),
+}
+
+/// Every op spec the native backend registers.
+pub fn specs() -> Vec<OpSpec> {
+    let mut specs = Vec::new();
+    specs.extend(elementwise::specs());
+    specs.extend(shape::specs());
+    specs.extend(reduce::specs());
+    specs.extend(nn::specs());
+    specs
+}

@@ -1,0 +1,116 @@
+//! Numeric element traits the reference kernels are generic over.
+//!
+//! Integer arithmetic wraps (two's complement, as onnxruntime's CPU kernels do); f16 and bf16
+//! compute in f32 and round once per element.
+
+use half::{bf16, f16};
+
+/// An element type kernels compute with.
+pub trait Scalar: Copy + Default + PartialOrd + PartialEq + Send + Sync + std::fmt::Debug + 'static {
+    const ZERO: Self;
+    const ONE: Self;
+    const IS_FLOAT: bool;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    /// Integer division by zero yields 0 rather than trapping.
+    fn div(self, o: Self) -> Self;
+    fn to_f64(self) -> f64;
+    /// Converts with `as` semantics (saturating float → int, NaN → 0).
+    fn from_f64(v: f64) -> Self;
+    fn to_f32(self) -> f32 {
+        self.to_f64() as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        Self::from_f64(v as f64)
+    }
+    fn min_value() -> Self;
+    fn max_value() -> Self;
+    fn is_nan(self) -> bool {
+        false
+    }
+}
+
+/// A floating-point element: math happens in `f32` (or `f64` for `f64`).
+pub trait Float: Scalar {
+    /// Applies `f` at f32 precision (f64 for f64 elements).
+    fn map(self, f32_fn: impl Fn(f32) -> f32, f64_fn: impl Fn(f64) -> f64) -> Self;
+}
+
+macro_rules! int_scalar {
+    ($($t:ty),*) => {$(
+        impl Scalar for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            const IS_FLOAT: bool = false;
+            fn add(self, o: Self) -> Self { self.wrapping_add(o) }
+            fn sub(self, o: Self) -> Self { self.wrapping_sub(o) }
+            fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
+            fn div(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_div(o) } }
+            fn to_f64(self) -> f64 { self as f64 }
+            fn from_f64(v: f64) -> Self { v as $t }
+            fn min_value() -> Self { <$t>::MIN }
+            fn max_value() -> Self { <$t>::MAX }
+        }
+    )*};
+}
+int_scalar!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+macro_rules! native_float {
+    ($($t:ty),*) => {$(
+        impl Scalar for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const IS_FLOAT: bool = true;
+            fn add(self, o: Self) -> Self { self + o }
+            fn sub(self, o: Self) -> Self { self - o }
+            fn mul(self, o: Self) -> Self { self * o }
+            fn div(self, o: Self) -> Self { self / o }
+            fn to_f64(self) -> f64 { self as f64 }
+            fn from_f64(v: f64) -> Self { v as $t }
+            fn min_value() -> Self { <$t>::NEG_INFINITY }
+            fn max_value() -> Self { <$t>::INFINITY }
+            fn is_nan(self) -> bool { <$t>::is_nan(self) }
+        }
+    )*};
+}
+native_float!(f32, f64);
+
+impl Float for f32 {
+    fn map(self, f: impl Fn(f32) -> f32, _: impl Fn(f64) -> f64) -> Self {
+        f(self)
+    }
+}
+
+impl Float for f64 {
+    fn map(self, _: impl Fn(f32) -> f32, f: impl Fn(f64) -> f64) -> Self {
+        f(self)
+    }
+}
+
+macro_rules! half_float {
+    ($($t:ty),*) => {$(
+        impl Scalar for $t {
+            const ZERO: Self = <$t>::ZERO;
+            const ONE: Self = <$t>::ONE;
+            const IS_FLOAT: bool = true;
+            fn add(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() + o.to_f32()) }
+            fn sub(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() - o.to_f32()) }
+            fn mul(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() * o.to_f32()) }
+            fn div(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() / o.to_f32()) }
+            fn to_f64(self) -> f64 { <$t>::to_f64(self) }
+            fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
+            fn to_f32(self) -> f32 { <$t>::to_f32(self) }
+            fn from_f32(v: f32) -> Self { <$t>::from_f32(v) }
+            fn min_value() -> Self { <$t>::NEG_INFINITY }
+            fn max_value() -> Self { <$t>::INFINITY }
+            fn is_nan(self) -> bool { <$t>::is_nan(self) }
+        }
+        impl Float for $t {
+            fn map(self, f: impl Fn(f32) -> f32, _: impl Fn(f64) -> f64) -> Self {
+                <$t>::from_f32(f(<$t>::to_f32(self)))
+            }
+        }
+    )*};
+}
+half_float!(f16, bf16);
