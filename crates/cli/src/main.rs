@@ -1,2 +1,56 @@
-//! oxgen-cli: The oxgen command-line tool
-fn main() {}
+//! `oxgen`: the command-line tool.
+//!
+//! One clap definition per command; every flag also reads an `OXGEN_<FLAG>` environment
+//! variable. stdout carries the product, stderr the logs and errors. Exit codes: 0 success,
+//! 1 runtime failure, 2 usage error.
+
+mod inspect;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "oxgen", version, about = "Run generative ONNX models fast, from Rust")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a model: opsets, operators, inputs and outputs, weights, native support.
+    Inspect(inspect::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(args) => inspect::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error chain from outermost context to root cause.
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The error chain on one line, from outermost context to root cause, skipping a cause whose
+/// text the previous message already ends with (library errors often embed their source).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}

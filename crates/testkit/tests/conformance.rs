@@ -1,0 +1,183 @@
+//! The ONNX backend node-test suite on the native backend.
+//!
+//! Runs every case under `$OXGEN_ONNX_NODE_TESTS` (set by `scripts/test.sh`, which extracts
+//! them from the pinned `onnx` wheel) in its own `oxgen-node-test` process with a timeout,
+//! then checks:
+//! - every case in `conformance/passing.txt` passes (the manifest only grows);
+//! - no case panics, crashes or hangs;
+//! - every case built only from the ops the foundation promises either passes or is listed
+//!   in `conformance/unsupported.txt` with a reason.
+//!
+//! Prints `conformance: N passed, M failed` over all cases. `OXGEN_UPDATE_CONFORMANCE=1`
+//! rewrites `passing.txt` with the cases that pass now.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use oxgen_testkit::node_tests::Outcome;
+
+/// A case that runs longer than this is a hang.
+const CASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The ops issue #2 promises, by `op_type` in the default domain.
+const FOUNDATION_OPS: &str = "Add Sub Mul Div Pow Sqrt Reciprocal Exp Log Neg Abs Erf Tanh Sigmoid Relu Gelu \
+    Softmax LogSoftmax MatMul Gemm Cast Reshape Transpose Gather GatherElements Unsqueeze Squeeze Concat Split \
+    Slice Expand Shape Size ConstantOfShape Constant Range Where Equal Less Greater LessOrEqual GreaterOrEqual \
+    And Or Not Trilu ReduceMean ReduceSum ReduceMax CumSum ScatterND LayerNormalization RMSNormalization \
+    Identity IsNaN Max Min Clip Tile TopK ArgMax Mod Floor Ceil Sin Cos Flatten";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Result_ {
+    Outcome(Outcome),
+    Timeout,
+    Crash(String),
+}
+
+fn manifest_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("conformance")
+}
+
+/// Non-empty, non-comment lines: the first word, and the rest.
+fn read_list(file: &str) -> BTreeMap<String, String> {
+    let path = manifest_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| match l.split_once(char::is_whitespace) {
+            Some((name, rest)) => (name.to_string(), rest.trim().to_string()),
+            None => (l.to_string(), String::new()),
+        })
+        .collect()
+}
+
+fn tolerance_args(overrides: &BTreeMap<String, String>, case: &str) -> Vec<String> {
+    overrides.get(case).map(|v| v.split_whitespace().take(2).map(String::from).collect()).unwrap_or_default()
+}
+
+fn run_one(case: &Path, tol: &[String]) -> Result_ {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oxgen-node-test"))
+        .arg(case)
+        .args(tol)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the oxgen-node-test binary starts");
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() > CASE_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Result_::Timeout;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => return Result_::Crash(e.to_string()),
+        }
+    }
+    let out = child.wait_with_output().expect("collecting the child's output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match serde_json::from_str::<Outcome>(stdout.trim()) {
+        Ok(Outcome::Fail(why)) if why.starts_with("panicked") => {
+            Result_::Crash(format!("panic: {}", String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("")))
+        }
+        Ok(o) => Result_::Outcome(o),
+        Err(_) => Result_::Crash(format!("exit {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr).trim())),
+    }
+}
+
+/// The default-domain op types a case's model uses.
+fn case_ops(case: &Path) -> Option<BTreeSet<String>> {
+    let model = oxgen_onnx::Model::load(case.join("model.onnx")).ok()?;
+    Some(model.graph().node.iter().map(|n| format!("{}::{}", n.domain(), n.op_type())).collect())
+}
+
+#[test]
+fn onnx_node_tests() {
+    let Some(root) = std::env::var_os("OXGEN_ONNX_NODE_TESTS") else {
+        panic!("OXGEN_ONNX_NODE_TESTS is not set: run the suite with scripts/test.sh, which fetches the onnx wheel's node tests");
+    };
+    let root = PathBuf::from(root);
+    let mut cases: Vec<String> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", root.display()))
+        .flatten()
+        .filter(|e| e.path().join("model.onnx").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    cases.sort();
+    assert!(cases.len() > 1000, "{} holds only {} cases; is it the node-test folder?", root.display(), cases.len());
+
+    let passing = read_list("passing.txt");
+    let unsupported = read_list("unsupported.txt");
+    let tolerances = read_list("tolerances.txt");
+
+    let results: Mutex<BTreeMap<String, Result_>> = Mutex::new(BTreeMap::new());
+    let next = Mutex::new(0usize);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(4);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = {
+                    let mut n = next.lock().unwrap();
+                    *n += 1;
+                    *n - 1
+                };
+                let Some(case) = cases.get(i) else { break };
+                let r = run_one(&root.join(case), &tolerance_args(&tolerances, case));
+                results.lock().unwrap().insert(case.clone(), r);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap();
+
+    let passed: BTreeSet<&String> = results.iter().filter(|(_, r)| **r == Result_::Outcome(Outcome::Pass)).map(|(c, _)| c).collect();
+    let mut problems = Vec::new();
+    for case in passing.keys() {
+        match results.get(case) {
+            Some(Result_::Outcome(Outcome::Pass)) => {}
+            Some(other) => problems.push(format!("{case} is in passing.txt but now: {other:?}")),
+            None => problems.push(format!("{case} is in passing.txt but not in {}", root.display())),
+        }
+    }
+    for (case, r) in &results {
+        match r {
+            Result_::Timeout => problems.push(format!("{case}: timed out after {CASE_TIMEOUT:?}")),
+            Result_::Crash(why) => problems.push(format!("{case}: crashed: {why}")),
+            _ => {}
+        }
+    }
+    let foundation: BTreeSet<String> = FOUNDATION_OPS.split_whitespace().map(|o| format!("::{o}")).collect();
+    for (case, r) in &results {
+        if passed.contains(case) || unsupported.contains_key(case) {
+            continue;
+        }
+        if case_ops(&root.join(case)).is_some_and(|ops| !ops.is_empty() && ops.is_subset(&foundation)) {
+            problems.push(format!("{case} uses only foundation ops but fails and is not in unsupported.txt: {r:?}"));
+        }
+    }
+    for case in unsupported.keys() {
+        if passed.contains(case) {
+            problems.push(format!("{case} passes now: remove it from unsupported.txt"));
+        }
+    }
+    for (case, reason) in &unsupported {
+        if reason.is_empty() {
+            problems.push(format!("{case} in unsupported.txt needs a reason"));
+        }
+    }
+
+    let new: Vec<&&String> = passed.iter().filter(|c| !passing.contains_key(**c)).collect();
+    if std::env::var_os("OXGEN_UPDATE_CONFORMANCE").is_some() {
+        let text: String = passed.iter().map(|c| format!("{c}\n")).collect();
+        let header = "# ONNX node-test cases the native backend passes (onnx 1.22.0 wheel).\n# Only grows; regenerate with OXGEN_UPDATE_CONFORMANCE=1 scripts/test.sh.\n";
+        std::fs::write(manifest_dir().join("passing.txt"), format!("{header}{text}")).expect("writing passing.txt");
+    } else if !new.is_empty() {
+        eprintln!("{} cases pass but are not in passing.txt (add them: OXGEN_UPDATE_CONFORMANCE=1): {new:?}", new.len());
+    }
+    eprintln!("conformance: {} passed, {} failed", passed.len(), results.len() - passed.len());
+    assert!(problems.is_empty(), "{} conformance problems:\n{}", problems.len(), problems.join("\n"));
+}
