@@ -59,7 +59,10 @@ fn io(v: &proto::ValueInfoProto) -> Io {
         _ => None,
     };
     let dtype = match tensor.and_then(|t| t.elem_type) {
-        Some(code) => DType::from_onnx(code).map_or_else(|| DType::onnx_name(code).to_lowercase(), |d| d.name().to_string()),
+        Some(code) => DType::from_onnx(code).map_or_else(
+            || DType::onnx_name(code).to_lowercase(),
+            |d| d.name().to_string(),
+        ),
         None => "non-tensor".to_string(),
     };
     let shape = tensor.and_then(|t| t.shape.as_ref()).map(|s| {
@@ -72,31 +75,46 @@ fn io(v: &proto::ValueInfoProto) -> Io {
             })
             .collect()
     });
-    Io { name: v.name().to_string(), dtype, shape }
+    Io {
+        name: v.name().to_string(),
+        dtype,
+        shape,
+    }
 }
 
 /// Bytes a tensor's data occupies, from its dims and dtype (0 when unknown).
 fn tensor_bytes(t: &proto::TensorProto) -> u64 {
-    let numel = t.dims.iter().try_fold(1u64, |acc, &d| u64::try_from(d).ok().and_then(|d| acc.checked_mul(d)));
+    let numel = t.dims.iter().try_fold(1u64, |acc, &d| {
+        u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    });
     let bits = DType::from_onnx(t.data_type()).map_or(0, |d| d.bits() as u64);
     numel.map_or(0, |n| (n * bits).div_ceil(8))
 }
 
 fn report(args: &Args) -> anyhow::Result<Report> {
-    let model = oxgen_onnx::Model::load(&args.model).with_context(|| format!("inspecting {}", args.model.display()))?;
+    let model = oxgen_onnx::Model::load(&args.model)
+        .with_context(|| format!("inspecting {}", args.model.display()))?;
     let m = model.proto();
     let g = model.graph();
     let mut ops: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     let registry = oxgen_graph::Registry::default();
     let mut unsupported = std::collections::BTreeSet::new();
     for node in &g.node {
-        let domain = if node.domain().is_empty() { "ai.onnx" } else { node.domain() };
-        *ops.entry(domain.to_string()).or_default().entry(node.op_type().to_string()).or_default() += 1;
+        let domain = if node.domain().is_empty() {
+            "ai.onnx"
+        } else {
+            node.domain()
+        };
+        *ops.entry(domain.to_string())
+            .or_default()
+            .entry(node.op_type().to_string())
+            .or_default() += 1;
         if !registry.knows(node.domain(), node.op_type()) {
             unsupported.insert(format!("{domain}::{}", node.op_type()));
         }
     }
-    let init_names: std::collections::HashSet<&str> = g.initializer.iter().map(|i| i.name()).collect();
+    let init_names: std::collections::HashSet<&str> =
+        g.initializer.iter().map(|i| i.name()).collect();
     let external_files = model
         .external_files()
         .into_iter()
@@ -105,20 +123,51 @@ fn report(args: &Args) -> anyhow::Result<Report> {
             // written for another graph (or a pruned one) and wastes disk and page cache.
             let slack = f.file_size.saturating_sub(f.bytes_referenced);
             let warning = (slack > (1 << 20) && slack > f.bytes_referenced / 10).then(|| {
-                format!("file holds {} bytes but initializers use only {}: {} bytes unused", f.file_size, f.bytes_referenced, slack)
+                format!(
+                    "file holds {} bytes but initializers use only {}: {} bytes unused",
+                    f.file_size, f.bytes_referenced, slack
+                )
             });
-            ExternalFile { path: f.path.display().to_string(), file_bytes: f.file_size, referenced_bytes: f.bytes_referenced, warning }
+            ExternalFile {
+                path: f.path.display().to_string(),
+                file_bytes: f.file_size,
+                referenced_bytes: f.bytes_referenced,
+                warning,
+            }
         })
         .collect();
-    let opsets = model.opsets().iter().map(|(d, v)| (if d.is_empty() { "ai.onnx".to_string() } else { d.clone() }, *v)).collect();
+    let opsets = model
+        .opsets()
+        .iter()
+        .map(|(d, v)| {
+            (
+                if d.is_empty() {
+                    "ai.onnx".to_string()
+                } else {
+                    d.clone()
+                },
+                *v,
+            )
+        })
+        .collect();
     Ok(Report {
-        path: model.path().map_or_else(|| args.model.display().to_string(), |p| p.display().to_string()),
+        path: model.path().map_or_else(
+            || args.model.display().to_string(),
+            |p| p.display().to_string(),
+        ),
         ir_version: m.ir_version(),
-        producer: format!("{} {}", m.producer_name(), m.producer_version()).trim().to_string(),
+        producer: format!("{} {}", m.producer_name(), m.producer_version())
+            .trim()
+            .to_string(),
         opsets,
         nodes: g.node.len(),
         ops,
-        inputs: g.input.iter().filter(|i| !init_names.contains(i.name())).map(io).collect(),
+        inputs: g
+            .input
+            .iter()
+            .filter(|i| !init_names.contains(i.name()))
+            .map(io)
+            .collect(),
         outputs: g.output.iter().map(io).collect(),
         initializers: g.initializer.len(),
         initializer_bytes: g.initializer.iter().map(tensor_bytes).sum(),
@@ -135,13 +184,20 @@ fn human(bytes: u64) -> String {
         v /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }
 
 fn print_io(title: &str, list: &[Io]) {
     println!("{title}:");
     for v in list {
-        let shape = v.shape.as_ref().map_or("(no shape)".to_string(), |s| format!("[{}]", s.join(", ")));
+        let shape = v
+            .shape
+            .as_ref()
+            .map_or("(no shape)".to_string(), |s| format!("[{}]", s.join(", ")));
         println!("  {:<32} {:<9} {shape}", v.name, v.dtype);
     }
 }
@@ -153,14 +209,31 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("model:        {}", r.path);
-    println!("ir_version:   {}   producer: {}", r.ir_version, if r.producer.is_empty() { "-" } else { &r.producer });
+    println!(
+        "ir_version:   {}   producer: {}",
+        r.ir_version,
+        if r.producer.is_empty() {
+            "-"
+        } else {
+            &r.producer
+        }
+    );
     let opsets: Vec<String> = r.opsets.iter().map(|(d, v)| format!("{d} {v}")).collect();
     println!("opsets:       {}", opsets.join(", "));
     print_io("inputs", &r.inputs);
     print_io("outputs", &r.outputs);
-    println!("initializers: {} ({})", r.initializers, human(r.initializer_bytes));
+    println!(
+        "initializers: {} ({})",
+        r.initializers,
+        human(r.initializer_bytes)
+    );
     for f in &r.external_files {
-        println!("  external data {}: {} on disk, {} referenced", f.path, human(f.file_bytes), human(f.referenced_bytes));
+        println!(
+            "  external data {}: {} on disk, {} referenced",
+            f.path,
+            human(f.file_bytes),
+            human(f.referenced_bytes)
+        );
         if let Some(w) = &f.warning {
             eprintln!("warning: {}: {w}", f.path);
         }
@@ -175,7 +248,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if r.native_unsupported.is_empty() {
         println!("native:       every op has a kernel");
     } else {
-        println!("native:       no kernel for {}", r.native_unsupported.join(", "));
+        println!(
+            "native:       no kernel for {}",
+            r.native_unsupported.join(", ")
+        );
     }
     Ok(())
 }

@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "oxgen", version, about = "Run generative ONNX models fast, from Rust")]
+#[command(
+    name = "oxgen",
+    version,
+    about = "Run generative ONNX models fast, from Rust"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -6,20 +6,38 @@ use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
 use oxgen_tensor::{DType, Tensor};
 
 fn oxgen(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_oxgen")).args(args).output().expect("oxgen runs")
+    Command::new(env!("CARGO_BIN_EXE_oxgen"))
+        .args(args)
+        .output()
+        .expect("oxgen runs")
 }
 
 fn write_model(dir: &std::path::Path) -> std::path::PathBuf {
     let mut b = ModelBuilder::new("oxgen-test");
     b.opset("", 21);
-    b.input("x", DType::F32, &[Dim::Symbolic("batch".into()), Dim::Fixed(64)]);
-    b.output("y", DType::F32, &[Dim::Symbolic("batch".into()), Dim::Fixed(32)]);
+    b.input(
+        "x",
+        DType::F32,
+        &[Dim::Symbolic("batch".into()), Dim::Fixed(64)],
+    );
+    b.output(
+        "y",
+        DType::F32,
+        &[Dim::Symbolic("batch".into()), Dim::Fixed(32)],
+    );
     let w: Vec<f32> = (0..64 * 32).map(|i| i as f32).collect();
     b.initializer("w", Tensor::from_slice([64, 32], &w).unwrap());
     b.initializer("bias", Tensor::from_slice([32], &[0.5f32; 32]).unwrap());
     b.node("MatMul", "", "mm", &["x", "w"], &["h"], vec![]);
     b.node("Add", "", "add", &["h", "bias"], &["y"], vec![]);
-    b.node("Softmax", "", "sm", &["y"], &["p"], vec![attr::int("axis", -1)]);
+    b.node(
+        "Softmax",
+        "",
+        "sm",
+        &["y"],
+        &["p"],
+        vec![attr::int("axis", -1)],
+    );
     let path = dir.join("model.onnx");
     b.save(&path, Some(1024)).unwrap();
     path
@@ -30,7 +48,11 @@ fn inspect_reports_io_ops_and_external_data() {
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path());
     let out = oxgen(&["inspect", dir.path().to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["opsets"]["ai.onnx"], 21);
     assert_eq!(r["ops"]["ai.onnx"]["MatMul"], 1);
@@ -44,20 +66,34 @@ fn inspect_reports_io_ops_and_external_data() {
 
     let text = oxgen(&["inspect", dir.path().join("model.onnx").to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&text.stdout);
-    assert!(stdout.contains("MatMul 1") && stdout.contains("external data"), "{stdout}");
+    assert!(
+        stdout.contains("MatMul 1") && stdout.contains("external data"),
+        "{stdout}"
+    );
 }
 
 #[test]
 fn inspect_warns_when_the_data_file_is_mostly_unused() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_model(dir.path());
-    let data = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.path()).find(|p| p != &path).unwrap();
-    let f = std::fs::OpenOptions::new().append(true).open(&data).unwrap();
+    let data = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p != &path)
+        .unwrap();
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&data)
+        .unwrap();
     f.set_len(8 << 20).unwrap();
     let out = oxgen(&["inspect", path.to_str().unwrap()]);
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("warning") && stderr.contains("unused"), "{stderr}");
+    assert!(
+        stderr.contains("warning") && stderr.contains("unused"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -67,7 +103,11 @@ fn inspect_errors_are_one_line_with_exit_code_1() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("/nonexistent/model.onnx"), "{stderr}");
-    assert_eq!(oxgen(&["inspect"]).status.code(), Some(2), "usage errors exit 2");
+    assert_eq!(
+        oxgen(&["inspect"]).status.code(),
+        Some(2),
+        "usage errors exit 2"
+    );
 }
 
 #[test]
@@ -82,5 +122,8 @@ fn inspect_names_ops_without_a_native_kernel() {
     b.save(&path, None).unwrap();
     let out = oxgen(&["inspect", path.to_str().unwrap(), "--json"]);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["native_unsupported"], serde_json::json!(["com.microsoft::FancyOp"]));
+    assert_eq!(
+        r["native_unsupported"],
+        serde_json::json!(["com.microsoft::FancyOp"])
+    );
 }

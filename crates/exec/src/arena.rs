@@ -36,7 +36,11 @@ impl Arena {
     }
 
     /// Like [`Arena::alloc`], with every byte zero.
-    pub fn alloc_zeroed(&mut self, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor, OpError> {
+    pub fn alloc_zeroed(
+        &mut self,
+        dtype: DType,
+        shape: impl Into<Shape>,
+    ) -> Result<Tensor, OpError> {
         let mut t = self.alloc(dtype, shape)?;
         t.as_mut_bytes().fill(0);
         Ok(t)

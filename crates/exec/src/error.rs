@@ -26,7 +26,10 @@ impl OpError {
     }
 
     pub fn dtype(dtype: DType) -> Self {
-        OpError::DType { dtype, detail: String::new() }
+        OpError::DType {
+            dtype,
+            detail: String::new(),
+        }
     }
 }
 
@@ -35,7 +38,11 @@ pub enum ExecError {
     #[error("{node}: {source}")]
     Node { node: NodeRef, source: OpError },
     #[error("{node}: produced {got} outputs, the graph expects {expected}")]
-    OutputCount { node: NodeRef, expected: usize, got: usize },
+    OutputCount {
+        node: NodeRef,
+        expected: usize,
+        got: usize,
+    },
     #[error(transparent)]
     Runtime(#[from] oxgen_runtime::RuntimeError),
 }

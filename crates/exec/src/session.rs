@@ -45,7 +45,11 @@ pub struct NativeSession {
 
 fn spec(graph: &Graph, id: ValueId) -> IoSpec {
     let v = graph.value(id);
-    IoSpec { name: v.name.clone(), dtype: v.dtype, dims: v.dims.clone() }
+    IoSpec {
+        name: v.name.clone(),
+        dtype: v.dtype,
+        dims: v.dims.clone(),
+    }
 }
 
 impl NativeSession {
@@ -62,7 +66,15 @@ impl NativeSession {
         let inputs = graph.inputs.iter().map(|&id| spec(&graph, id)).collect();
         let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
         let slots = vec![None; graph.values.len()];
-        NativeSession { plan: Plan::new(graph), inputs, outputs, arena: Arena::default(), pool, slots, stats: RunStats::default() }
+        NativeSession {
+            plan: Plan::new(graph),
+            inputs,
+            outputs,
+            arena: Arena::default(),
+            pool,
+            slots,
+            stats: RunStats::default(),
+        }
     }
 
     pub fn graph(&self) -> &Graph {
@@ -96,7 +108,11 @@ impl NativeSession {
                             t
                         }
                         // An output that is an initializer (or an input listed again).
-                        None => graph.initializers.get(&id).cloned().expect("a graph output has a value after a successful run"),
+                        None => graph
+                            .initializers
+                            .get(&id)
+                            .cloned()
+                            .expect("a graph output has a value after a successful run"),
                     };
                     (value.name.clone(), tensor)
                 })
@@ -120,16 +136,36 @@ impl NativeSession {
                 .iter()
                 .map(|v| v.and_then(|id| graph.initializers.get(&id).or(self.slots[id.0].as_ref())))
                 .collect();
-            let mut ctx = OpCtx { arena: &mut self.arena, pool: &self.pool };
-            let produced = ops::run(&node.op, &inputs, node.outputs.len(), &mut ctx)
-                .map_err(|source| ExecError::Node { node: node.node_ref(), source })?;
-            if produced.len() < node.outputs.iter().rposition(Option::is_some).map_or(0, |p| p + 1) {
-                return Err(ExecError::OutputCount { node: node.node_ref(), expected: node.outputs.len(), got: produced.len() });
+            let mut ctx = OpCtx {
+                arena: &mut self.arena,
+                pool: &self.pool,
+            };
+            let produced =
+                ops::run(&node.op, &inputs, node.outputs.len(), &mut ctx).map_err(|source| {
+                    ExecError::Node {
+                        node: node.node_ref(),
+                        source,
+                    }
+                })?;
+            if produced.len()
+                < node
+                    .outputs
+                    .iter()
+                    .rposition(Option::is_some)
+                    .map_or(0, |p| p + 1)
+            {
+                return Err(ExecError::OutputCount {
+                    node: node.node_ref(),
+                    expected: node.outputs.len(),
+                    got: produced.len(),
+                });
             }
             for (out, tensor) in node.outputs.iter().zip(produced) {
                 self.arena.track(tensor.nbytes());
                 match out {
-                    Some(id) if plan.last_use[id.0].is_some() || graph.outputs.contains(id) => self.slots[id.0] = Some(tensor),
+                    Some(id) if plan.last_use[id.0].is_some() || graph.outputs.contains(id) => {
+                        self.slots[id.0] = Some(tensor)
+                    }
                     _ => self.arena.release(tensor),
                 }
             }
@@ -141,7 +177,10 @@ impl NativeSession {
                 }
             }
         }
-        self.stats = RunStats { peak_activation_bytes: self.arena.peak_bytes(), nodes: graph.nodes.len() };
+        self.stats = RunStats {
+            peak_activation_bytes: self.arena.peak_bytes(),
+            nodes: graph.nodes.len(),
+        };
         Ok(())
     }
 }

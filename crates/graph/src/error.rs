@@ -11,31 +11,61 @@ pub struct NodeRef {
 
 impl std::fmt::Display for NodeRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let domain = if self.domain.is_empty() { "ai.onnx" } else { &self.domain };
-        write!(f, "node '{}' ({domain}::{}, opset {})", self.name, self.op_type, self.opset)
+        let domain = if self.domain.is_empty() {
+            "ai.onnx"
+        } else {
+            &self.domain
+        };
+        write!(
+            f,
+            "node '{}' ({domain}::{}, opset {})",
+            self.name, self.op_type, self.opset
+        )
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
-    #[error("{node}: operator not supported by the native backend (no kernel for this op type in this domain)")]
+    #[error(
+        "{node}: operator not supported by the native backend (no kernel for this op type in this domain)"
+    )]
     UnsupportedOp { node: NodeRef },
     #[error("{node}: opset {} is not supported; this op type is implemented for opsets {supported}", node.opset)]
     UnsupportedOpset { node: NodeRef, supported: String },
     #[error("{node}: attribute '{attr}': {reason}")]
-    Attribute { node: NodeRef, attr: String, reason: String },
-    #[error("{node}: attribute '{attr}' is not supported by this implementation; remove it or use the ort backend")]
+    Attribute {
+        node: NodeRef,
+        attr: String,
+        reason: String,
+    },
+    #[error(
+        "{node}: attribute '{attr}' is not supported by this implementation; remove it or use the ort backend"
+    )]
     UnsupportedAttribute { node: NodeRef, attr: String },
     #[error("{node}: takes {min}..={max} inputs, got {got}{extra}")]
-    InputCount { node: NodeRef, min: usize, max: usize, got: usize, extra: String },
+    InputCount {
+        node: NodeRef,
+        min: usize,
+        max: usize,
+        got: usize,
+        extra: String,
+    },
     #[error("{node}: input {index} is required but empty")]
     MissingInput { node: NodeRef, index: usize },
     #[error("{node}: produces at most {max} outputs, got {got}")]
-    OutputCount { node: NodeRef, max: usize, got: usize },
+    OutputCount {
+        node: NodeRef,
+        max: usize,
+        got: usize,
+    },
     #[error("{node}: input '{value}' is not produced by any node, initializer or graph input")]
     UndefinedValue { node: NodeRef, value: String },
     #[error("value '{value}' is produced twice (by {first} and by {second})")]
-    DuplicateValue { value: String, first: String, second: String },
+    DuplicateValue {
+        value: String,
+        first: String,
+        second: String,
+    },
     #[error("graph output '{0}' is not produced by any node, initializer or graph input")]
     UndefinedOutput(String),
     #[error("the graph has a cycle through {0}")]
@@ -43,7 +73,11 @@ pub enum GraphError {
     #[error("{node}: {reason}")]
     Invalid { node: NodeRef, reason: String },
     #[error("graph {what} '{name}': {reason}")]
-    Io { what: &'static str, name: String, reason: String },
+    Io {
+        what: &'static str,
+        name: String,
+        reason: String,
+    },
     #[error(transparent)]
     Onnx(#[from] oxgen_onnx::OnnxError),
 }

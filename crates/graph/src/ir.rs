@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use oxgen_onnx::proto::{self, type_proto, tensor_shape_proto::dimension};
+use oxgen_onnx::proto::{self, tensor_shape_proto::dimension, type_proto};
 use oxgen_tensor::{DType, Tensor};
 
 use crate::registry::normalize_domain;
@@ -48,7 +48,12 @@ pub struct Node {
 
 impl Node {
     pub fn node_ref(&self) -> NodeRef {
-        NodeRef { name: self.name.clone(), op_type: self.op_type.clone(), domain: self.domain.clone(), opset: self.opset }
+        NodeRef {
+            name: self.name.clone(),
+            op_type: self.op_type.clone(),
+            domain: self.domain.clone(),
+            opset: self.opset,
+        }
     }
 }
 
@@ -63,7 +68,9 @@ pub struct Graph {
 }
 
 fn declared(info: &proto::ValueInfoProto) -> (Option<DType>, Option<Vec<Dim>>) {
-    let Some(type_proto::Value::TensorType(t)) = info.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+    let Some(type_proto::Value::TensorType(t)) =
+        info.r#type.as_ref().and_then(|t| t.value.as_ref())
+    else {
         return (None, None);
     };
     let dtype = t.elem_type.and_then(DType::from_onnx);
@@ -86,14 +93,27 @@ impl Graph {
         Self::from_model_with(model, &Registry::default())
     }
 
-    pub fn from_model_with(model: &oxgen_onnx::Model, registry: &Registry) -> Result<Graph, GraphError> {
+    pub fn from_model_with(
+        model: &oxgen_onnx::Model,
+        registry: &Registry,
+    ) -> Result<Graph, GraphError> {
         let g = model.graph();
         let mut values: Vec<ValueInfo> = Vec::new();
         let mut by_name: HashMap<String, ValueId> = HashMap::new();
         let mut producer: HashMap<ValueId, String> = HashMap::new();
-        fn add(values: &mut Vec<ValueInfo>, by_name: &mut HashMap<String, ValueId>, name: &str, kind: ValueKind) -> ValueId {
+        fn add(
+            values: &mut Vec<ValueInfo>,
+            by_name: &mut HashMap<String, ValueId>,
+            name: &str,
+            kind: ValueKind,
+        ) -> ValueId {
             let id = ValueId(values.len());
-            values.push(ValueInfo { name: name.to_string(), kind, dtype: None, dims: None });
+            values.push(ValueInfo {
+                name: name.to_string(),
+                kind,
+                dtype: None,
+                dims: None,
+            });
             by_name.insert(name.to_string(), id);
             id
         }
@@ -102,7 +122,11 @@ impl Graph {
         for init in &g.initializer {
             let name = init.name();
             if by_name.contains_key(name) {
-                return Err(GraphError::DuplicateValue { value: name.into(), first: "an initializer".into(), second: "another initializer".into() });
+                return Err(GraphError::DuplicateValue {
+                    value: name.into(),
+                    first: "an initializer".into(),
+                    second: "another initializer".into(),
+                });
             }
             let id = add(&mut values, &mut by_name, name, ValueKind::Initializer);
             let tensor = model.tensor(init)?;
@@ -136,8 +160,15 @@ impl Graph {
                     continue;
                 }
                 if let Some(id) = by_name.get(out) {
-                    let first = producer.get(id).cloned().unwrap_or_else(|| "a graph input or initializer".into());
-                    return Err(GraphError::DuplicateValue { value: out.clone(), first, second: format!("node '{}'", node.name()) });
+                    let first = producer
+                        .get(id)
+                        .cloned()
+                        .unwrap_or_else(|| "a graph input or initializer".into());
+                    return Err(GraphError::DuplicateValue {
+                        value: out.clone(),
+                        first,
+                        second: format!("node '{}'", node.name()),
+                    });
                 }
                 let id = add(&mut values, &mut by_name, out, ValueKind::Node);
                 producer.insert(id, format!("node '{}'", node.name()));
@@ -149,8 +180,15 @@ impl Graph {
         let mut nodes = Vec::with_capacity(g.node.len());
         for (outputs, node) in node_ids {
             let domain = normalize_domain(node.domain());
-            let opset = model.opset(domain).unwrap_or(if domain.is_empty() { 1 } else { 0 });
-            let node_ref = NodeRef { name: node.name().into(), op_type: node.op_type().into(), domain: domain.into(), opset };
+            let opset = model
+                .opset(domain)
+                .unwrap_or(if domain.is_empty() { 1 } else { 0 });
+            let node_ref = NodeRef {
+                name: node.name().into(),
+                op_type: node.op_type().into(),
+                domain: domain.into(),
+                opset,
+            };
             let mut ins = Vec::with_capacity(node.input.len());
             for input in &node.input {
                 if input.is_empty() {
@@ -159,11 +197,24 @@ impl Graph {
                 }
                 match by_name.get(input) {
                     Some(&id) => ins.push(Some(id)),
-                    None => return Err(GraphError::UndefinedValue { node: node_ref, value: input.clone() }),
+                    None => {
+                        return Err(GraphError::UndefinedValue {
+                            node: node_ref,
+                            value: input.clone(),
+                        });
+                    }
                 }
             }
             let op = registry.build(node, opset, model)?;
-            nodes.push(Node { name: node_ref.name, op_type: node_ref.op_type, domain: node_ref.domain, opset, op, inputs: ins, outputs });
+            nodes.push(Node {
+                name: node_ref.name,
+                op_type: node_ref.op_type,
+                domain: node_ref.domain,
+                opset,
+                op,
+                inputs: ins,
+                outputs,
+            });
         }
 
         let mut outputs = Vec::new();
@@ -191,7 +242,13 @@ impl Graph {
         }
 
         let nodes = topo_sort(nodes, values.len())?;
-        Ok(Graph { values, inputs, outputs, initializers, nodes })
+        Ok(Graph {
+            values,
+            inputs,
+            outputs,
+            initializers,
+            nodes,
+        })
     }
 
     pub fn value(&self, id: ValueId) -> &ValueInfo {
@@ -214,7 +271,13 @@ fn topo_sort(nodes: Vec<Node>, n_values: usize) -> Result<Vec<Node>, GraphError>
     }
     let mut pending: Vec<usize> = nodes
         .iter()
-        .map(|n| n.inputs.iter().flatten().filter(|v| produced_by[v.0].is_some()).count())
+        .map(|n| {
+            n.inputs
+                .iter()
+                .flatten()
+                .filter(|v| produced_by[v.0].is_some())
+                .count()
+        })
         .collect();
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
@@ -224,7 +287,8 @@ fn topo_sort(nodes: Vec<Node>, n_values: usize) -> Result<Vec<Node>, GraphError>
             }
         }
     }
-    let mut ready: std::collections::BTreeSet<usize> = (0..nodes.len()).filter(|&i| pending[i] == 0).collect();
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..nodes.len()).filter(|&i| pending[i] == 0).collect();
     let mut order = Vec::with_capacity(nodes.len());
     while let Some(i) = ready.pop_first() {
         order.push(i);
@@ -236,9 +300,14 @@ fn topo_sort(nodes: Vec<Node>, n_values: usize) -> Result<Vec<Node>, GraphError>
         }
     }
     if order.len() != nodes.len() {
-        let stuck = (0..nodes.len()).find(|i| pending[*i] > 0).expect("some node is left when the sort stops early");
+        let stuck = (0..nodes.len())
+            .find(|i| pending[*i] > 0)
+            .expect("some node is left when the sort stops early");
         return Err(GraphError::Cycle(nodes[stuck].node_ref()));
     }
     let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
-    Ok(order.into_iter().map(|i| slots[i].take().expect("each node is emitted once")).collect())
+    Ok(order
+        .into_iter()
+        .map(|i| slots[i].take().expect("each node is emitted once"))
+        .collect())
 }

@@ -26,8 +26,19 @@ pub struct OpSpec {
 
 impl OpSpec {
     /// An op valid from opset `since` on.
-    pub const fn new(domain: &'static str, op_type: &'static str, since: i64, build: Builder) -> Self {
-        OpSpec { domain, op_type, since, until: i64::MAX, build }
+    pub const fn new(
+        domain: &'static str,
+        op_type: &'static str,
+        since: i64,
+        build: Builder,
+    ) -> Self {
+        OpSpec {
+            domain,
+            op_type,
+            since,
+            until: i64::MAX,
+            build,
+        }
     }
 
     /// The same entry limited to opsets up to `until` (inclusive).
@@ -49,7 +60,9 @@ pub fn normalize_domain(domain: &str) -> &str {
 
 impl Default for Registry {
     fn default() -> Self {
-        let mut registry = Registry { specs: HashMap::new() };
+        let mut registry = Registry {
+            specs: HashMap::new(),
+        };
         for spec in crate::ops::specs() {
             registry.add(spec);
         }
@@ -59,12 +72,16 @@ impl Default for Registry {
 
 impl Registry {
     pub fn add(&mut self, spec: OpSpec) {
-        self.specs.entry((spec.domain, spec.op_type)).or_default().push(spec);
+        self.specs
+            .entry((spec.domain, spec.op_type))
+            .or_default()
+            .push(spec);
     }
 
     /// Whether any opset of `(domain, op_type)` is registered.
     pub fn knows(&self, domain: &str, op_type: &str) -> bool {
-        self.specs.contains_key(&(normalize_domain(domain), op_type))
+        self.specs
+            .contains_key(&(normalize_domain(domain), op_type))
     }
 
     /// Every registered `(domain, op_type)`, sorted.
@@ -73,7 +90,12 @@ impl Registry {
     }
 
     /// Builds the typed op for `node` at `opset` (the model's opset for the node's domain).
-    pub fn build(&self, node: &NodeProto, opset: i64, model: &oxgen_onnx::Model) -> Result<Op, GraphError> {
+    pub fn build(
+        &self,
+        node: &NodeProto,
+        opset: i64,
+        model: &oxgen_onnx::Model,
+    ) -> Result<Op, GraphError> {
         let domain = normalize_domain(node.domain());
         let node_ref = NodeRef {
             name: node.name().to_string(),
@@ -87,12 +109,26 @@ impl Registry {
         let Some(spec) = specs.iter().find(|s| (s.since..=s.until).contains(&opset)) else {
             let supported = specs
                 .iter()
-                .map(|s| if s.until == i64::MAX { format!("{}+", s.since) } else { format!("{}..={}", s.since, s.until) })
+                .map(|s| {
+                    if s.until == i64::MAX {
+                        format!("{}+", s.since)
+                    } else {
+                        format!("{}..={}", s.since, s.until)
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
-            return Err(GraphError::UnsupportedOpset { node: node_ref, supported });
+            return Err(GraphError::UnsupportedOpset {
+                node: node_ref,
+                supported,
+            });
         };
-        let mut ctx = NodeCtx { node, node_ref, model, used: BTreeSet::new() };
+        let mut ctx = NodeCtx {
+            node,
+            node_ref,
+            model,
+            used: BTreeSet::new(),
+        };
         let op = (spec.build)(&mut ctx)?;
         ctx.finish()?;
         Ok(op)
@@ -118,38 +154,69 @@ impl<'a> NodeCtx<'a> {
 
     /// An error about attribute `attr` of this node.
     pub fn attr_error(&self, attr: &str, reason: impl Into<String>) -> GraphError {
-        GraphError::Attribute { node: self.node_ref.clone(), attr: attr.to_string(), reason: reason.into() }
+        GraphError::Attribute {
+            node: self.node_ref.clone(),
+            attr: attr.to_string(),
+            reason: reason.into(),
+        }
     }
 
     /// An error about this node.
     pub fn invalid(&self, reason: impl Into<String>) -> GraphError {
-        GraphError::Invalid { node: self.node_ref.clone(), reason: reason.into() }
+        GraphError::Invalid {
+            node: self.node_ref.clone(),
+            reason: reason.into(),
+        }
     }
 
     /// Checks the input count is within `min..=max` (trailing empty names count as absent) and
     /// that the first `min` inputs are not empty.
     pub fn inputs(&self, min: usize, max: usize) -> Result<(), GraphError> {
         let names = &self.node.input;
-        let got = names.iter().rposition(|n| !n.is_empty()).map_or(0, |i| i + 1);
+        let got = names
+            .iter()
+            .rposition(|n| !n.is_empty())
+            .map_or(0, |i| i + 1);
         if got < min || got > max {
             let extra = if got > max {
-                format!("; optional input {} ('{}') is not supported by this implementation", max, names[max])
+                format!(
+                    "; optional input {} ('{}') is not supported by this implementation",
+                    max, names[max]
+                )
             } else {
                 String::new()
             };
-            return Err(GraphError::InputCount { node: self.node_ref.clone(), min, max, got, extra });
+            return Err(GraphError::InputCount {
+                node: self.node_ref.clone(),
+                min,
+                max,
+                got,
+                extra,
+            });
         }
         if let Some(index) = names.iter().take(min).position(|n| n.is_empty()) {
-            return Err(GraphError::MissingInput { node: self.node_ref.clone(), index });
+            return Err(GraphError::MissingInput {
+                node: self.node_ref.clone(),
+                index,
+            });
         }
         Ok(())
     }
 
     /// Checks at most `max` outputs are requested.
     pub fn outputs(&self, max: usize) -> Result<(), GraphError> {
-        let got = self.node.output.iter().rposition(|n| !n.is_empty()).map_or(0, |i| i + 1);
+        let got = self
+            .node
+            .output
+            .iter()
+            .rposition(|n| !n.is_empty())
+            .map_or(0, |i| i + 1);
         if got > max {
-            return Err(GraphError::OutputCount { node: self.node_ref.clone(), max, got });
+            return Err(GraphError::OutputCount {
+                node: self.node_ref.clone(),
+                max,
+                got,
+            });
         }
         Ok(())
     }
@@ -164,16 +231,30 @@ impl<'a> NodeCtx<'a> {
         self.node.input.get(index).is_some_and(|n| !n.is_empty())
     }
 
-    fn attr(&mut self, name: &str, ty: AttributeType) -> Result<Option<&'a AttributeProto>, GraphError> {
+    fn attr(
+        &mut self,
+        name: &str,
+        ty: AttributeType,
+    ) -> Result<Option<&'a AttributeProto>, GraphError> {
         let Some(attr) = self.node.attribute.iter().find(|a| a.name() == name) else {
             return Ok(None);
         };
         self.used.insert(name.to_string());
         if attr.ref_attr_name.is_some() {
-            return Err(self.attr_error(name, "attribute references (ref_attr_name) are only valid inside functions"));
+            return Err(self.attr_error(
+                name,
+                "attribute references (ref_attr_name) are only valid inside functions",
+            ));
         }
         if attr.r#type() != ty && attr.r#type() != AttributeType::Undefined {
-            return Err(self.attr_error(name, format!("expected type {}, found {}", ty.as_str_name(), attr.r#type().as_str_name())));
+            return Err(self.attr_error(
+                name,
+                format!(
+                    "expected type {}, found {}",
+                    ty.as_str_name(),
+                    attr.r#type().as_str_name()
+                ),
+            ));
         }
         Ok(Some(attr))
     }
@@ -209,11 +290,15 @@ impl<'a> NodeCtx<'a> {
     }
 
     pub fn floats_opt(&mut self, name: &str) -> Result<Option<Vec<f32>>, GraphError> {
-        Ok(self.attr(name, AttributeType::Floats)?.map(|a| a.floats.clone()))
+        Ok(self
+            .attr(name, AttributeType::Floats)?
+            .map(|a| a.floats.clone()))
     }
 
     pub fn ints_opt(&mut self, name: &str) -> Result<Option<Vec<i64>>, GraphError> {
-        Ok(self.attr(name, AttributeType::Ints)?.map(|a| a.ints.clone()))
+        Ok(self
+            .attr(name, AttributeType::Ints)?
+            .map(|a| a.ints.clone()))
     }
 
     pub fn string_opt(&mut self, name: &str) -> Result<Option<String>, GraphError> {
@@ -226,7 +311,9 @@ impl<'a> NodeCtx<'a> {
     }
 
     pub fn string(&mut self, name: &str, default: &str) -> Result<String, GraphError> {
-        Ok(self.string_opt(name)?.unwrap_or_else(|| default.to_string()))
+        Ok(self
+            .string_opt(name)?
+            .unwrap_or_else(|| default.to_string()))
     }
 
     pub fn tensor_opt(&mut self, name: &str) -> Result<Option<Tensor>, GraphError> {
@@ -245,8 +332,16 @@ impl<'a> NodeCtx<'a> {
     }
 
     fn finish(&self) -> Result<(), GraphError> {
-        match self.node.attribute.iter().find(|a| !self.used.contains(a.name())) {
-            Some(a) => Err(GraphError::UnsupportedAttribute { node: self.node_ref.clone(), attr: a.name().to_string() }),
+        match self
+            .node
+            .attribute
+            .iter()
+            .find(|a| !self.used.contains(a.name()))
+        {
+            Some(a) => Err(GraphError::UnsupportedAttribute {
+                node: self.node_ref.clone(),
+                attr: a.name().to_string(),
+            }),
             None => Ok(()),
         }
     }

@@ -35,7 +35,11 @@ pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
 
 /// Calls `f(out_index, offsets)` for every element of `out_shape` in row-major order, where
 /// `offsets[k]` is the element offset into input `k` with `strides[k]`.
-pub fn for_each_offset<const N: usize>(out_shape: &[usize], strides: [&[usize]; N], mut f: impl FnMut(usize, [usize; N])) {
+pub fn for_each_offset<const N: usize>(
+    out_shape: &[usize],
+    strides: [&[usize]; N],
+    mut f: impl FnMut(usize, [usize; N]),
+) {
     let numel: usize = out_shape.iter().product();
     if numel == 0 {
         return;
@@ -62,7 +66,15 @@ pub fn for_each_offset<const N: usize>(out_shape: &[usize], strides: [&[usize]; 
 }
 
 /// `out[i] = f(a[i'], b[i''])` with broadcasting; `out` has the broadcast shape `out_shape`.
-pub fn binary<A: Copy, B: Copy, O>(a: &[A], a_shape: &[usize], b: &[B], b_shape: &[usize], out: &mut [O], out_shape: &[usize], f: impl Fn(A, B) -> O) {
+pub fn binary<A: Copy, B: Copy, O>(
+    a: &[A],
+    a_shape: &[usize],
+    b: &[B],
+    b_shape: &[usize],
+    out: &mut [O],
+    out_shape: &[usize],
+    f: impl Fn(A, B) -> O,
+) {
     if a_shape == out_shape && b_shape == out_shape {
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = f(x, y);
@@ -80,17 +92,31 @@ pub fn binary<A: Copy, B: Copy, O>(a: &[A], a_shape: &[usize], b: &[B], b_shape:
     } else {
         let sa = broadcast_strides(a_shape, out_shape);
         let sb = broadcast_strides(b_shape, out_shape);
-        for_each_offset(out_shape, [&sa, &sb], |i, [ia, ib]| out[i] = f(a[ia], b[ib]));
+        for_each_offset(out_shape, [&sa, &sb], |i, [ia, ib]| {
+            out[i] = f(a[ia], b[ib])
+        });
     }
 }
 
 /// `out[i] = f(c[i'], a[i''], b[i'''])` with broadcasting (for Where and Clip).
 #[allow(clippy::too_many_arguments)]
-pub fn ternary<C: Copy, A: Copy, B: Copy, O>(c: &[C], c_shape: &[usize], a: &[A], a_shape: &[usize], b: &[B], b_shape: &[usize], out: &mut [O], out_shape: &[usize], f: impl Fn(C, A, B) -> O) {
+pub fn ternary<C: Copy, A: Copy, B: Copy, O>(
+    c: &[C],
+    c_shape: &[usize],
+    a: &[A],
+    a_shape: &[usize],
+    b: &[B],
+    b_shape: &[usize],
+    out: &mut [O],
+    out_shape: &[usize],
+    f: impl Fn(C, A, B) -> O,
+) {
     let sc = broadcast_strides(c_shape, out_shape);
     let sa = broadcast_strides(a_shape, out_shape);
     let sb = broadcast_strides(b_shape, out_shape);
-    for_each_offset(out_shape, [&sc, &sa, &sb], |i, [ic, ia, ib]| out[i] = f(c[ic], a[ia], b[ib]));
+    for_each_offset(out_shape, [&sc, &sa, &sb], |i, [ic, ia, ib]| {
+        out[i] = f(c[ic], a[ia], b[ib])
+    });
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@
 use half::{bf16, f16};
 
 /// An element type kernels compute with.
-pub trait Scalar: Copy + Default + PartialOrd + PartialEq + Send + Sync + std::fmt::Debug + 'static {
+pub trait Scalar:
+    Copy + Default + PartialOrd + PartialEq + Send + Sync + std::fmt::Debug + 'static
+{
     const ZERO: Self;
     const ONE: Self;
     const IS_FLOAT: bool;

@@ -57,7 +57,10 @@ impl ThreadPool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
-            job: UnsafeCell::new(Job { task: &nop as &(dyn Fn(usize) + Sync), n: 0 }),
+            job: UnsafeCell::new(Job {
+                task: &nop as &(dyn Fn(usize) + Sync),
+                n: 0,
+            }),
             next: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
@@ -75,7 +78,11 @@ impl ThreadPool {
                     .expect("spawning a worker thread succeeds")
             })
             .collect();
-        ThreadPool { shared, workers, running: Mutex::new(()) }
+        ThreadPool {
+            shared,
+            workers,
+            running: Mutex::new(()),
+        }
     }
 
     /// Threads that run tasks, the caller included.
@@ -96,7 +103,13 @@ impl ThreadPool {
         // finish with the task before returning.
         unsafe {
             let task: *const (dyn Fn(usize) + Sync + '_) = task;
-            *s.job.get() = Job { task: std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(task), n };
+            *s.job.get() = Job {
+                task: std::mem::transmute::<
+                    *const (dyn Fn(usize) + Sync + '_),
+                    *const (dyn Fn(usize) + Sync),
+                >(task),
+                n,
+            };
         }
         s.next.store(0, Ordering::Relaxed);
         s.active.store(self.workers.len(), Ordering::Relaxed);
@@ -215,14 +228,19 @@ mod tests {
             pool.run(n, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n = {n}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "n = {n}"
+            );
         }
     }
 
     #[test]
     fn a_panicking_task_reaches_the_caller_and_the_pool_survives() {
         let pool = ThreadPool::new(2);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.run(8, &|i| assert!(i != 5, "task 5"))));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(8, &|i| assert!(i != 5, "task 5"))
+        }));
         assert!(r.is_err());
         let count = AtomicUsize::new(0);
         pool.run(4, &|_| {

@@ -43,13 +43,24 @@ impl IoSpec {
         if let Some(dtype) = self.dtype
             && dtype != tensor.dtype()
         {
-            return Err(RuntimeError::InputDType { name: self.name.clone(), expected: dtype, actual: tensor.dtype() });
+            return Err(RuntimeError::InputDType {
+                name: self.name.clone(),
+                expected: dtype,
+                actual: tensor.dtype(),
+            });
         }
         if let Some(dims) = &self.dims {
             let fits = dims.len() == tensor.rank()
-                && dims.iter().zip(tensor.dims()).all(|(d, &a)| !matches!(d, Dim::Fixed(f) if *f != a));
+                && dims
+                    .iter()
+                    .zip(tensor.dims())
+                    .all(|(d, &a)| !matches!(d, Dim::Fixed(f) if *f != a));
             if !fits {
-                return Err(RuntimeError::InputShape { name: self.name.clone(), expected: format_dims(dims), actual: tensor.dims().to_vec() });
+                return Err(RuntimeError::InputShape {
+                    name: self.name.clone(),
+                    expected: format_dims(dims),
+                    actual: tensor.dims().to_vec(),
+                });
             }
         }
         Ok(())
@@ -74,9 +85,17 @@ pub enum RuntimeError {
     #[error("input '{name}' was given twice")]
     DuplicateInput { name: String },
     #[error("input '{name}' must be {expected}, got {actual}")]
-    InputDType { name: String, expected: DType, actual: DType },
+    InputDType {
+        name: String,
+        expected: DType,
+        actual: DType,
+    },
     #[error("input '{name}' must have shape {expected}, got {actual:?}")]
-    InputShape { name: String, expected: String, actual: Vec<usize> },
+    InputShape {
+        name: String,
+        expected: String,
+        actual: Vec<usize>,
+    },
     #[error("{0}")]
     Backend(Box<dyn std::error::Error + Send + Sync>),
 }
@@ -97,7 +116,11 @@ pub fn bind_inputs(specs: &[IoSpec], inputs: Tensors) -> Result<Vec<Tensor>, Run
     let mut slots: Vec<Option<Tensor>> = vec![None; specs.len()];
     for (name, tensor) in inputs {
         let Some(i) = specs.iter().position(|s| s.name == name) else {
-            let known = specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
+            let known = specs
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
             return Err(RuntimeError::UnknownInput { name, known });
         };
         specs[i].check(&tensor)?;
@@ -108,7 +131,11 @@ pub fn bind_inputs(specs: &[IoSpec], inputs: Tensors) -> Result<Vec<Tensor>, Run
     slots
         .into_iter()
         .zip(specs)
-        .map(|(t, s)| t.ok_or_else(|| RuntimeError::MissingInput { name: s.name.clone() }))
+        .map(|(t, s)| {
+            t.ok_or_else(|| RuntimeError::MissingInput {
+                name: s.name.clone(),
+            })
+        })
         .collect()
 }
 
@@ -117,15 +144,26 @@ mod tests {
     use super::*;
 
     fn spec(name: &str, dims: Vec<Dim>) -> IoSpec {
-        IoSpec { name: name.into(), dtype: Some(DType::F32), dims: Some(dims) }
+        IoSpec {
+            name: name.into(),
+            dtype: Some(DType::F32),
+            dims: Some(dims),
+        }
     }
 
     #[test]
     fn binding_checks_names_dtypes_and_fixed_dims() {
-        let specs = [spec("x", vec![Dim::Symbolic("n".into()), Dim::Fixed(2)]), spec("y", vec![])];
+        let specs = [
+            spec("x", vec![Dim::Symbolic("n".into()), Dim::Fixed(2)]),
+            spec("y", vec![]),
+        ];
         let x = Tensor::zeros(DType::F32, [5, 2]).unwrap();
         let y = Tensor::scalar(1.0f32);
-        let bound = bind_inputs(&specs, vec![("y".into(), y.clone()), ("x".into(), x.clone())]).unwrap();
+        let bound = bind_inputs(
+            &specs,
+            vec![("y".into(), y.clone()), ("x".into(), x.clone())],
+        )
+        .unwrap();
         assert_eq!(bound[0].dims(), &[5, 2]);
 
         let err = bind_inputs(&specs, vec![("x".into(), x.clone())]).unwrap_err();
@@ -133,7 +171,8 @@ mod tests {
         let err = bind_inputs(&specs, vec![("z".into(), y.clone())]).unwrap_err();
         assert!(err.to_string().contains("its inputs are: x, y"), "{err}");
         let bad = Tensor::zeros(DType::F32, [5, 3]).unwrap();
-        let err = bind_inputs(&specs, vec![("x".into(), bad), ("y".into(), y.clone())]).unwrap_err();
+        let err =
+            bind_inputs(&specs, vec![("x".into(), bad), ("y".into(), y.clone())]).unwrap_err();
         assert!(err.to_string().contains("[n, 2]"), "{err}");
         let err = bind_inputs(&specs, vec![("y".into(), Tensor::scalar(1i64))]).unwrap_err();
         assert!(matches!(err, RuntimeError::InputDType { .. }));

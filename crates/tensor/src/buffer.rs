@@ -24,7 +24,10 @@ impl AlignedBuf {
 
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
-        AlignedBuf { lines: vec![Line([0; 64]); len.div_ceil(Self::ALIGN)], len }
+        AlignedBuf {
+            lines: vec![Line([0; 64]); len.div_ceil(Self::ALIGN)],
+            len,
+        }
     }
 
     /// A copy of `bytes`.

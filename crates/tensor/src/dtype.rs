@@ -93,12 +93,38 @@ impl DType {
     /// have no `DType`.
     pub fn onnx_name(code: i32) -> &'static str {
         const NAMES: [&str; 26] = [
-            "UNDEFINED", "FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "STRING",
-            "BOOL", "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64", "COMPLEX128",
-            "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ",
-            "UINT4", "INT4", "FLOAT4E2M1", "FLOAT8E8M0", "UINT2",
+            "UNDEFINED",
+            "FLOAT",
+            "UINT8",
+            "INT8",
+            "UINT16",
+            "INT16",
+            "INT32",
+            "INT64",
+            "STRING",
+            "BOOL",
+            "FLOAT16",
+            "DOUBLE",
+            "UINT32",
+            "UINT64",
+            "COMPLEX64",
+            "COMPLEX128",
+            "BFLOAT16",
+            "FLOAT8E4M3FN",
+            "FLOAT8E4M3FNUZ",
+            "FLOAT8E5M2",
+            "FLOAT8E5M2FNUZ",
+            "UINT4",
+            "INT4",
+            "FLOAT4E2M1",
+            "FLOAT8E8M0",
+            "UINT2",
         ];
-        usize::try_from(code).ok().and_then(|i| NAMES.get(i)).copied().unwrap_or("unknown")
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| NAMES.get(i))
+            .copied()
+            .unwrap_or("unknown")
     }
 
     /// Bits per element.
@@ -125,11 +151,17 @@ impl DType {
     }
 
     pub fn is_signed_int(self) -> bool {
-        matches!(self, DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::I4)
+        matches!(
+            self,
+            DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::I4
+        )
     }
 
     pub fn is_unsigned_int(self) -> bool {
-        matches!(self, DType::U64 | DType::U32 | DType::U16 | DType::U8 | DType::U4)
+        matches!(
+            self,
+            DType::U64 | DType::U32 | DType::U16 | DType::U8 | DType::U4
+        )
     }
 
     /// Lower-case name as used in ONNX docs and oxgen's output (`float32`, `bfloat16`, ...).

@@ -24,10 +24,23 @@ pub use half::{bf16, f16};
 pub enum TensorError {
     #[error("tensor holds {actual} but {expected} was requested")]
     DTypeMismatch { expected: DType, actual: DType },
-    #[error("shape {shape} has {numel} elements of {dtype} = {expected} bytes, but the data has {actual} bytes")]
-    SizeMismatch { shape: Shape, dtype: DType, numel: usize, expected: usize, actual: usize },
+    #[error(
+        "shape {shape} has {numel} elements of {dtype} = {expected} bytes, but the data has {actual} bytes"
+    )]
+    SizeMismatch {
+        shape: Shape,
+        dtype: DType,
+        numel: usize,
+        expected: usize,
+        actual: usize,
+    },
     #[error("shape {0:?} overflows: the element count does not fit in usize")]
     Overflow(Vec<usize>),
     #[error("cannot reshape {from} ({from_numel} elements) to {to} ({to_numel} elements)")]
-    Reshape { from: Shape, from_numel: usize, to: Shape, to_numel: usize },
+    Reshape {
+        from: Shape,
+        from_numel: usize,
+        to: Shape,
+        to_numel: usize,
+    },
 }

@@ -22,14 +22,22 @@ pub struct Tensor {
 fn expected_bytes(dtype: DType, shape: &Shape) -> Result<(usize, usize), TensorError> {
     let numel = crate::checked_numel(shape.dims())
         .ok_or_else(|| TensorError::Overflow(shape.dims().to_vec()))?;
-    let bytes = dtype.bytes_for(numel).ok_or_else(|| TensorError::Overflow(shape.dims().to_vec()))?;
+    let bytes = dtype
+        .bytes_for(numel)
+        .ok_or_else(|| TensorError::Overflow(shape.dims().to_vec()))?;
     Ok((numel, bytes))
 }
 
 fn check_len(dtype: DType, shape: &Shape, actual: usize) -> Result<(), TensorError> {
     let (numel, expected) = expected_bytes(dtype, shape)?;
     if expected != actual {
-        return Err(TensorError::SizeMismatch { shape: shape.clone(), dtype, numel, expected, actual });
+        return Err(TensorError::SizeMismatch {
+            shape: shape.clone(),
+            dtype,
+            numel,
+            expected,
+            actual,
+        });
     }
     Ok(())
 }
@@ -39,19 +47,38 @@ impl Tensor {
     pub fn zeros(dtype: DType, shape: impl Into<Shape>) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         let (_, bytes) = expected_bytes(dtype, &shape)?;
-        Ok(Tensor { dtype, shape, data: Data::Owned(AlignedBuf::zeroed(bytes)) })
+        Ok(Tensor {
+            dtype,
+            shape,
+            data: Data::Owned(AlignedBuf::zeroed(bytes)),
+        })
     }
 
     /// A tensor over an owned buffer whose length must match `dtype` and `shape`.
-    pub fn from_buf(dtype: DType, shape: impl Into<Shape>, buf: AlignedBuf) -> Result<Tensor, TensorError> {
+    pub fn from_buf(
+        dtype: DType,
+        shape: impl Into<Shape>,
+        buf: AlignedBuf,
+    ) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         check_len(dtype, &shape, buf.len())?;
-        Ok(Tensor { dtype, shape, data: Data::Owned(buf) })
+        Ok(Tensor {
+            dtype,
+            shape,
+            data: Data::Owned(buf),
+        })
     }
 
     /// A tensor holding a copy of `values`.
-    pub fn from_slice<T: Element>(shape: impl Into<Shape>, values: &[T]) -> Result<Tensor, TensorError> {
-        Self::from_buf(T::DTYPE, shape, AlignedBuf::from_bytes(bytemuck::cast_slice(values)))
+    pub fn from_slice<T: Element>(
+        shape: impl Into<Shape>,
+        values: &[T],
+    ) -> Result<Tensor, TensorError> {
+        Self::from_buf(
+            T::DTYPE,
+            shape,
+            AlignedBuf::from_bytes(bytemuck::cast_slice(values)),
+        )
     }
 
     /// A tensor of `bool` values.
@@ -67,7 +94,11 @@ impl Tensor {
 
     /// A tensor over shared bytes (for example a slice of a memory-mapped file). The bytes are
     /// used in place when their start is aligned for `dtype`, and copied otherwise.
-    pub fn from_bytes(dtype: DType, shape: impl Into<Shape>, bytes: Bytes) -> Result<Tensor, TensorError> {
+    pub fn from_bytes(
+        dtype: DType,
+        shape: impl Into<Shape>,
+        bytes: Bytes,
+    ) -> Result<Tensor, TensorError> {
         let shape = shape.into();
         check_len(dtype, &shape, bytes.len())?;
         let align = (dtype.bits() / 8).max(1);
@@ -139,7 +170,10 @@ impl Tensor {
         if T::views(self.dtype) {
             Ok(())
         } else {
-            Err(TensorError::DTypeMismatch { expected: T::DTYPE, actual: self.dtype })
+            Err(TensorError::DTypeMismatch {
+                expected: T::DTYPE,
+                actual: self.dtype,
+            })
         }
     }
 
@@ -188,7 +222,10 @@ mod tests {
     fn typed_views_check_dtype() {
         let t = Tensor::from_slice([2, 2], &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
         assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
-        assert!(matches!(t.as_slice::<i32>(), Err(TensorError::DTypeMismatch { .. })));
+        assert!(matches!(
+            t.as_slice::<i32>(),
+            Err(TensorError::DTypeMismatch { .. })
+        ));
         let b = Tensor::from_bools([2], &[true, false]).unwrap();
         assert_eq!(b.as_slice::<u8>().unwrap(), &[1, 0]);
     }
@@ -210,9 +247,19 @@ mod tests {
 
     #[test]
     fn size_and_overflow_are_checked() {
-        assert!(matches!(Tensor::zeros(DType::F32, [usize::MAX, 2]), Err(TensorError::Overflow(_))));
+        assert!(matches!(
+            Tensor::zeros(DType::F32, [usize::MAX, 2]),
+            Err(TensorError::Overflow(_))
+        ));
         let e = Tensor::from_bytes(DType::F32, [3], Bytes::from_static(&[0; 8])).unwrap_err();
-        assert!(matches!(e, TensorError::SizeMismatch { expected: 12, actual: 8, .. }));
+        assert!(matches!(
+            e,
+            TensorError::SizeMismatch {
+                expected: 12,
+                actual: 8,
+                ..
+            }
+        ));
         assert!(Tensor::zeros(DType::U4, [3]).unwrap().nbytes() == 2);
     }
 

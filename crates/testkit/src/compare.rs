@@ -12,15 +12,33 @@ pub struct Tolerance {
 
 impl Tolerance {
     /// The ONNX backend runner's defaults.
-    pub const ONNX: Tolerance = Tolerance { rtol: 1e-3, atol: 1e-7 };
+    pub const ONNX: Tolerance = Tolerance {
+        rtol: 1e-3,
+        atol: 1e-7,
+    };
 }
 
 fn values(t: &Tensor) -> Option<Vec<f64>> {
     Some(match t.dtype() {
-        DType::F32 => t.as_slice::<f32>().ok()?.iter().map(|&v| v as f64).collect(),
+        DType::F32 => t
+            .as_slice::<f32>()
+            .ok()?
+            .iter()
+            .map(|&v| v as f64)
+            .collect(),
         DType::F64 => t.as_slice::<f64>().ok()?.to_vec(),
-        DType::F16 => t.as_slice::<f16>().ok()?.iter().map(|v| v.to_f64()).collect(),
-        DType::BF16 => t.as_slice::<bf16>().ok()?.iter().map(|v| v.to_f64()).collect(),
+        DType::F16 => t
+            .as_slice::<f16>()
+            .ok()?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        DType::BF16 => t
+            .as_slice::<bf16>()
+            .ok()?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
         _ => return None,
     })
 }
@@ -28,10 +46,18 @@ fn values(t: &Tensor) -> Option<Vec<f64>> {
 /// Why `actual` differs from `expected`, or `None` when they agree.
 pub fn mismatch(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Option<String> {
     if actual.dtype() != expected.dtype() {
-        return Some(format!("dtype {} != expected {}", actual.dtype(), expected.dtype()));
+        return Some(format!(
+            "dtype {} != expected {}",
+            actual.dtype(),
+            expected.dtype()
+        ));
     }
     if actual.dims() != expected.dims() {
-        return Some(format!("shape {} != expected {}", actual.shape(), expected.shape()));
+        return Some(format!(
+            "shape {} != expected {}",
+            actual.shape(),
+            expected.shape()
+        ));
     }
     match (values(actual), values(expected)) {
         (Some(a), Some(e)) => {
@@ -39,7 +65,9 @@ pub fn mismatch(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Option<St
             let mut first = None;
             let mut worst = 0.0f64;
             for (i, (&x, &y)) in a.iter().zip(&e).enumerate() {
-                let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= tol.atol + tol.rtol * y.abs();
+                let ok = (x.is_nan() && y.is_nan())
+                    || x == y
+                    || (x - y).abs() <= tol.atol + tol.rtol * y.abs();
                 if !ok {
                     bad += 1;
                     worst = worst.max((x - y).abs());
@@ -53,7 +81,15 @@ pub fn mismatch(actual: &Tensor, expected: &Tensor, tol: Tolerance) -> Option<St
         _ => {
             let (a, e) = (actual.as_bytes(), expected.as_bytes());
             let width = (actual.dtype().bits() / 8).max(1);
-            a.chunks(width).zip(e.chunks(width)).position(|(x, y)| x != y).map(|i| format!("element {i} differs (exact comparison for {})", actual.dtype()))
+            a.chunks(width)
+                .zip(e.chunks(width))
+                .position(|(x, y)| x != y)
+                .map(|i| {
+                    format!(
+                        "element {i} differs (exact comparison for {})",
+                        actual.dtype()
+                    )
+                })
         }
     }
 }
@@ -68,10 +104,18 @@ mod tests {
         let b = Tensor::from_slice([3], &[1.0005f32, 2.0, f32::NAN]).unwrap();
         assert!(mismatch(&a, &b, Tolerance::ONNX).is_none());
         let c = Tensor::from_slice([3], &[1.01f32, 2.0, f32::NAN]).unwrap();
-        assert!(mismatch(&a, &c, Tolerance::ONNX).unwrap().contains("1 of 3"));
+        assert!(
+            mismatch(&a, &c, Tolerance::ONNX)
+                .unwrap()
+                .contains("1 of 3")
+        );
         let i = Tensor::from_slice([2], &[1i64, 2]).unwrap();
         let j = Tensor::from_slice([2], &[1i64, 3]).unwrap();
-        assert!(mismatch(&i, &j, Tolerance::ONNX).unwrap().contains("element 1"));
+        assert!(
+            mismatch(&i, &j, Tolerance::ONNX)
+                .unwrap()
+                .contains("element 1")
+        );
         assert!(mismatch(&i, &a, Tolerance::ONNX).unwrap().contains("dtype"));
     }
 }

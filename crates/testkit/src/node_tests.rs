@@ -29,7 +29,10 @@ pub type SessionFactory = dyn Fn(&Path) -> Result<Box<dyn Session>, String>;
 pub fn native_session(model: &Path) -> Result<Box<dyn Session>, String> {
     let model = oxgen_onnx::Model::load(model).map_err(|e| e.to_string())?;
     let graph = oxgen_graph::Graph::from_model(&model).map_err(|e| e.to_string())?;
-    Ok(Box::new(oxgen_exec::NativeSession::new(graph, &oxgen_exec::ExecOptions { threads: 1 })))
+    Ok(Box::new(oxgen_exec::NativeSession::new(
+        graph,
+        &oxgen_exec::ExecOptions { threads: 1 },
+    )))
 }
 
 fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
@@ -39,7 +42,11 @@ fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let n = name.strip_prefix(prefix)?.strip_suffix(".pb")?.parse().ok()?;
+            let n = name
+                .strip_prefix(prefix)?
+                .strip_suffix(".pb")?
+                .parse()
+                .ok()?;
             Some((n, e.path()))
         })
         .collect();
@@ -54,7 +61,11 @@ pub fn data_sets(case: &Path) -> Vec<PathBuf> {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_")))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))
+        })
         .collect();
     sets.sort();
     sets
@@ -71,11 +82,17 @@ pub fn run_case(case: &Path, factory: &SessionFactory, tol: Tolerance) -> Outcom
         return Outcome::Fail("no test_data_set_N folder".into());
     }
     for set in sets {
-        let set_name = set.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let set_name = set
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut inputs = Vec::new();
         for (i, file) in numbered(&set, "input_").into_iter().enumerate() {
             let Some(spec) = session.inputs().get(i) else {
-                return Outcome::Fail(format!("{set_name}: {} has no matching model input", file.display()));
+                return Outcome::Fail(format!(
+                    "{set_name}: {} has no matching model input",
+                    file.display()
+                ));
             };
             match oxgen_onnx::load_tensor_file(&file) {
                 Ok((_, t)) => inputs.push((spec.name.clone(), t)),
@@ -94,7 +111,11 @@ pub fn run_case(case: &Path, factory: &SessionFactory, tol: Tolerance) -> Outcom
             Err(e) => return Outcome::Fail(format!("{set_name}: {e}")),
         };
         if outputs.len() != expected.len() {
-            return Outcome::Fail(format!("{set_name}: {} outputs, expected {}", outputs.len(), expected.len()));
+            return Outcome::Fail(format!(
+                "{set_name}: {} outputs, expected {}",
+                outputs.len(),
+                expected.len()
+            ));
         }
         for ((name, actual), expected) in outputs.iter().zip(&expected) {
             if let Some(why) = mismatch(actual, expected, tol) {

@@ -12,14 +12,26 @@ struct Row {
 
 fn crate_map() -> BTreeMap<String, Row> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md exists at the root");
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md"))
+        .expect("ARCHITECTURE.md exists at the root");
     text.lines()
         .filter(|l| l.starts_with("| oxgen"))
         .map(|l| {
             let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
             assert_eq!(cells.len(), 4, "crate map row needs 4 cells: {l}");
-            let deps = cells[3].split(',').map(str::trim).filter(|d| d.starts_with("oxgen")).map(String::from).collect();
-            (cells[0].to_string(), Row { layer: cells[1].parse().ok(), deps })
+            let deps = cells[3]
+                .split(',')
+                .map(str::trim)
+                .filter(|d| d.starts_with("oxgen"))
+                .map(String::from)
+                .collect();
+            (
+                cells[0].to_string(),
+                Row {
+                    layer: cells[1].parse().ok(),
+                    deps,
+                },
+            )
         })
         .collect()
 }
@@ -27,12 +39,23 @@ fn crate_map() -> BTreeMap<String, Row> {
 #[test]
 fn crate_map_matches_cargo_metadata() {
     let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
-    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
     let map = crate_map();
     let mut seen = BTreeSet::new();
     for package in meta["packages"].as_array().expect("packages is an array") {
@@ -45,22 +68,39 @@ fn crate_map_matches_cargo_metadata() {
             .as_array()
             .expect("dependencies is an array")
             .iter()
-            .filter(|d| d["kind"].is_null() && d["name"].as_str().is_some_and(|n| n.starts_with("oxgen")))
+            .filter(|d| {
+                d["kind"].is_null() && d["name"].as_str().is_some_and(|n| n.starts_with("oxgen"))
+            })
             .map(|d| d["name"].as_str().expect("dependency name").to_string())
             .collect();
-        assert_eq!(deps, row.deps, "{name}: Cargo.toml dependencies differ from ARCHITECTURE.md");
+        assert_eq!(
+            deps, row.deps,
+            "{name}: Cargo.toml dependencies differ from ARCHITECTURE.md"
+        );
         for dep in &deps {
             let dep_layer = map[dep].layer;
             assert!(
-                matches!((row.layer, dep_layer), (Some(a), Some(b)) if b < a) || row.layer.is_none(),
+                matches!((row.layer, dep_layer), (Some(a), Some(b)) if b < a)
+                    || row.layer.is_none(),
                 "{name} (layer {:?}) depends on {dep} (layer {dep_layer:?}): dependencies must point down",
                 row.layer
             );
         }
-        for (dev, kind) in package["dependencies"].as_array().into_iter().flatten().map(|d| (d["name"].as_str(), d["kind"].as_str())) {
-            assert!(!(dev == Some("oxgen-testkit") && kind.is_none()), "{name} depends on oxgen-testkit outside dev-dependencies");
+        for (dev, kind) in package["dependencies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| (d["name"].as_str(), d["kind"].as_str()))
+        {
+            assert!(
+                !(dev == Some("oxgen-testkit") && kind.is_none()),
+                "{name} depends on oxgen-testkit outside dev-dependencies"
+            );
         }
     }
     let missing: Vec<&String> = map.keys().filter(|k| !seen.contains(*k)).collect();
-    assert!(missing.is_empty(), "ARCHITECTURE.md lists crates that do not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md lists crates that do not exist: {missing:?}"
+    );
 }

@@ -43,7 +43,8 @@ fn manifest_dir() -> PathBuf {
 /// Non-empty, non-comment lines: the first word, and the rest.
 fn read_list(file: &str) -> BTreeMap<String, String> {
     let path = manifest_dir().join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     text.lines()
         .map(|l| l.split('#').next().unwrap_or("").trim())
         .filter(|l| !l.is_empty())
@@ -55,7 +56,10 @@ fn read_list(file: &str) -> BTreeMap<String, String> {
 }
 
 fn tolerance_args(overrides: &BTreeMap<String, String>, case: &str) -> Vec<String> {
-    overrides.get(case).map(|v| v.split_whitespace().take(2).map(String::from).collect()).unwrap_or_default()
+    overrides
+        .get(case)
+        .map(|v| v.split_whitespace().take(2).map(String::from).collect())
+        .unwrap_or_default()
 }
 
 fn run_one(case: &Path, tol: &[String]) -> Result_ {
@@ -79,27 +83,46 @@ fn run_one(case: &Path, tol: &[String]) -> Result_ {
             Err(e) => return Result_::Crash(e.to_string()),
         }
     }
-    let out = child.wait_with_output().expect("collecting the child's output");
+    let out = child
+        .wait_with_output()
+        .expect("collecting the child's output");
     let stdout = String::from_utf8_lossy(&out.stdout);
     match serde_json::from_str::<Outcome>(stdout.trim()) {
-        Ok(Outcome::Fail(why)) if why.starts_with("panicked") => {
-            Result_::Crash(format!("panic: {}", String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("")))
-        }
+        Ok(Outcome::Fail(why)) if why.starts_with("panicked") => Result_::Crash(format!(
+            "panic: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        )),
         Ok(o) => Result_::Outcome(o),
-        Err(_) => Result_::Crash(format!("exit {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr).trim())),
+        Err(_) => Result_::Crash(format!(
+            "exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
     }
 }
 
 /// The default-domain op types a case's model uses.
 fn case_ops(case: &Path) -> Option<BTreeSet<String>> {
     let model = oxgen_onnx::Model::load(case.join("model.onnx")).ok()?;
-    Some(model.graph().node.iter().map(|n| format!("{}::{}", n.domain(), n.op_type())).collect())
+    Some(
+        model
+            .graph()
+            .node
+            .iter()
+            .map(|n| format!("{}::{}", n.domain(), n.op_type()))
+            .collect(),
+    )
 }
 
 #[test]
 fn onnx_node_tests() {
     let Some(root) = std::env::var_os("OXGEN_ONNX_NODE_TESTS") else {
-        panic!("OXGEN_ONNX_NODE_TESTS is not set: run the suite with scripts/test.sh, which fetches the onnx wheel's node tests");
+        panic!(
+            "OXGEN_ONNX_NODE_TESTS is not set: run the suite with scripts/test.sh, which fetches the onnx wheel's node tests"
+        );
     };
     let root = PathBuf::from(root);
     let mut cases: Vec<String> = std::fs::read_dir(&root)
@@ -109,7 +132,12 @@ fn onnx_node_tests() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     cases.sort();
-    assert!(cases.len() > 1000, "{} holds only {} cases; is it the node-test folder?", root.display(), cases.len());
+    assert!(
+        cases.len() > 1000,
+        "{} holds only {} cases; is it the node-test folder?",
+        root.display(),
+        cases.len()
+    );
 
     let passing = read_list("passing.txt");
     let unsupported = read_list("unsupported.txt");
@@ -117,30 +145,41 @@ fn onnx_node_tests() {
 
     let results: Mutex<BTreeMap<String, Result_>> = Mutex::new(BTreeMap::new());
     let next = Mutex::new(0usize);
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(4);
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(4);
     std::thread::scope(|s| {
         for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = {
-                    let mut n = next.lock().unwrap();
-                    *n += 1;
-                    *n - 1
-                };
-                let Some(case) = cases.get(i) else { break };
-                let r = run_one(&root.join(case), &tolerance_args(&tolerances, case));
-                results.lock().unwrap().insert(case.clone(), r);
+            s.spawn(|| {
+                loop {
+                    let i = {
+                        let mut n = next.lock().unwrap();
+                        *n += 1;
+                        *n - 1
+                    };
+                    let Some(case) = cases.get(i) else { break };
+                    let r = run_one(&root.join(case), &tolerance_args(&tolerances, case));
+                    results.lock().unwrap().insert(case.clone(), r);
+                }
             });
         }
     });
     let results = results.into_inner().unwrap();
 
-    let passed: BTreeSet<&String> = results.iter().filter(|(_, r)| **r == Result_::Outcome(Outcome::Pass)).map(|(c, _)| c).collect();
+    let passed: BTreeSet<&String> = results
+        .iter()
+        .filter(|(_, r)| **r == Result_::Outcome(Outcome::Pass))
+        .map(|(c, _)| c)
+        .collect();
     let mut problems = Vec::new();
     for case in passing.keys() {
         match results.get(case) {
             Some(Result_::Outcome(Outcome::Pass)) => {}
             Some(other) => problems.push(format!("{case} is in passing.txt but now: {other:?}")),
-            None => problems.push(format!("{case} is in passing.txt but not in {}", root.display())),
+            None => problems.push(format!(
+                "{case} is in passing.txt but not in {}",
+                root.display()
+            )),
         }
     }
     for (case, r) in &results {
@@ -150,13 +189,20 @@ fn onnx_node_tests() {
             _ => {}
         }
     }
-    let foundation: BTreeSet<String> = FOUNDATION_OPS.split_whitespace().map(|o| format!("::{o}")).collect();
+    let foundation: BTreeSet<String> = FOUNDATION_OPS
+        .split_whitespace()
+        .map(|o| format!("::{o}"))
+        .collect();
     for (case, r) in &results {
         if passed.contains(case) || unsupported.contains_key(case) {
             continue;
         }
-        if case_ops(&root.join(case)).is_some_and(|ops| !ops.is_empty() && ops.is_subset(&foundation)) {
-            problems.push(format!("{case} uses only foundation ops but fails and is not in unsupported.txt: {r:?}"));
+        if case_ops(&root.join(case))
+            .is_some_and(|ops| !ops.is_empty() && ops.is_subset(&foundation))
+        {
+            problems.push(format!(
+                "{case} uses only foundation ops but fails and is not in unsupported.txt: {r:?}"
+            ));
         }
     }
     for case in unsupported.keys() {
@@ -170,14 +216,33 @@ fn onnx_node_tests() {
         }
     }
 
-    let new: Vec<&&String> = passed.iter().filter(|c| !passing.contains_key(**c)).collect();
+    let new: Vec<&&String> = passed
+        .iter()
+        .filter(|c| !passing.contains_key(**c))
+        .collect();
     if std::env::var_os("OXGEN_UPDATE_CONFORMANCE").is_some() {
         let text: String = passed.iter().map(|c| format!("{c}\n")).collect();
         let header = "# ONNX node-test cases the native backend passes (onnx 1.22.0 wheel).\n# Only grows; regenerate with OXGEN_UPDATE_CONFORMANCE=1 scripts/test.sh.\n";
-        std::fs::write(manifest_dir().join("passing.txt"), format!("{header}{text}")).expect("writing passing.txt");
+        std::fs::write(
+            manifest_dir().join("passing.txt"),
+            format!("{header}{text}"),
+        )
+        .expect("writing passing.txt");
     } else if !new.is_empty() {
-        eprintln!("{} cases pass but are not in passing.txt (add them: OXGEN_UPDATE_CONFORMANCE=1): {new:?}", new.len());
+        eprintln!(
+            "{} cases pass but are not in passing.txt (add them: OXGEN_UPDATE_CONFORMANCE=1): {new:?}",
+            new.len()
+        );
     }
-    eprintln!("conformance: {} passed, {} failed", passed.len(), results.len() - passed.len());
-    assert!(problems.is_empty(), "{} conformance problems:\n{}", problems.len(), problems.join("\n"));
+    eprintln!(
+        "conformance: {} passed, {} failed",
+        passed.len(),
+        results.len() - passed.len()
+    );
+    assert!(
+        problems.is_empty(),
+        "{} conformance problems:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }

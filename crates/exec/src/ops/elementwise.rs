@@ -1,8 +1,8 @@
 //! Element-wise ops: unary math, broadcasting binary ops, variadic Max/Min/Sum/Mean, Where,
 //! Clip and Cast.
 
-use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 use oxgen_graph::Op;
+use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 use oxgen_kernels::broadcast::{self, broadcast_shape};
 use oxgen_kernels::{Float, Scalar};
 use oxgen_tensor::{DType, Element, Tensor};
@@ -22,7 +22,12 @@ pub(super) fn run(op: &Op, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Resul
     }
 }
 
-fn map<T: Element, O: Element>(x: &Tensor, out_dtype: DType, ctx: &mut OpCtx, f: impl Fn(T) -> O) -> Result<Tensor, OpError> {
+fn map<T: Element, O: Element>(
+    x: &Tensor,
+    out_dtype: DType,
+    ctx: &mut OpCtx,
+    f: impl Fn(T) -> O,
+) -> Result<Tensor, OpError> {
     let mut out = ctx.alloc(out_dtype, x.shape().clone())?;
     for (o, &v) in out.as_mut_slice::<O>()?.iter_mut().zip(x.as_slice::<T>()?) {
         *o = f(v);
@@ -30,7 +35,12 @@ fn map<T: Element, O: Element>(x: &Tensor, out_dtype: DType, ctx: &mut OpCtx, f:
     Ok(out)
 }
 
-fn float_map<T: Float + Element>(x: &Tensor, ctx: &mut OpCtx, f32_fn: impl Fn(f32) -> f32, f64_fn: impl Fn(f64) -> f64) -> Result<Tensor, OpError> {
+fn float_map<T: Float + Element>(
+    x: &Tensor,
+    ctx: &mut OpCtx,
+    f32_fn: impl Fn(f32) -> f32,
+    f64_fn: impl Fn(f64) -> f64,
+) -> Result<Tensor, OpError> {
     map::<T, T>(x, x.dtype(), ctx, |v| v.map(&f32_fn, &f64_fn))
 }
 
@@ -85,19 +95,35 @@ fn float_unary(op: UnaryOp) -> Option<fn(f64) -> f64> {
         UnaryOp::Log => f64::ln,
         UnaryOp::Erf => erf,
         UnaryOp::Tanh => f64::tanh,
-        UnaryOp::Sigmoid => |x| if x >= 0.0 { 1.0 / (1.0 + (-x).exp()) } else { x.exp() / (1.0 + x.exp()) },
+        UnaryOp::Sigmoid => |x| {
+            if x >= 0.0 {
+                1.0 / (1.0 + (-x).exp())
+            } else {
+                x.exp() / (1.0 + x.exp())
+            }
+        },
         UnaryOp::Sin => f64::sin,
         UnaryOp::Cos => f64::cos,
         UnaryOp::Floor => f64::floor,
         UnaryOp::Ceil => f64::ceil,
         UnaryOp::Round => f64::round_ties_even,
-        UnaryOp::Softplus => |x| if x > 0.0 { x + (-x).exp().ln_1p() } else { x.exp().ln_1p() },
+        UnaryOp::Softplus => |x| {
+            if x > 0.0 {
+                x + (-x).exp().ln_1p()
+            } else {
+                x.exp().ln_1p()
+            }
+        },
         UnaryOp::Softsign => |x| x / (1.0 + x.abs()),
         _ => return None,
     })
 }
 
-fn unary_float<T: Float + Element>(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+fn unary_float<T: Float + Element>(
+    op: UnaryOp,
+    x: &Tensor,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     // f32 math goes through f64 and rounds once: at least as accurate as the f32 libm
     // onnxruntime calls, and identical across platforms.
     let to32 = |f: fn(f64) -> f64| move |v: f32| f(v as f64) as f32;
@@ -105,15 +131,42 @@ fn unary_float<T: Float + Element>(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -> 
         return float_map::<T>(x, ctx, to32(f), f);
     }
     match op {
-        UnaryOp::Gelu { tanh } => float_map::<T>(x, ctx, move |v| gelu(v as f64, tanh) as f32, move |v| gelu(v, tanh)),
-        UnaryOp::LeakyRelu { alpha } => float_map::<T>(x, ctx, move |v| if v < 0.0 { alpha * v } else { v }, move |v| if v < 0.0 { alpha as f64 * v } else { v }),
+        UnaryOp::Gelu { tanh } => float_map::<T>(
+            x,
+            ctx,
+            move |v| gelu(v as f64, tanh) as f32,
+            move |v| gelu(v, tanh),
+        ),
+        UnaryOp::LeakyRelu { alpha } => float_map::<T>(
+            x,
+            ctx,
+            move |v| if v < 0.0 { alpha * v } else { v },
+            move |v| if v < 0.0 { alpha as f64 * v } else { v },
+        ),
         UnaryOp::Elu { alpha } => {
             let a = alpha as f64;
-            float_map::<T>(x, ctx, move |v| if v < 0.0 { (a * (v as f64).exp_m1()) as f32 } else { v }, move |v| if v < 0.0 { a * v.exp_m1() } else { v })
+            float_map::<T>(
+                x,
+                ctx,
+                move |v| {
+                    if v < 0.0 {
+                        (a * (v as f64).exp_m1()) as f32
+                    } else {
+                        v
+                    }
+                },
+                move |v| if v < 0.0 { a * v.exp_m1() } else { v },
+            )
         }
         UnaryOp::Selu { alpha, gamma } => {
             let (a, g) = (alpha as f64, gamma as f64);
-            let f = move |v: f64| if v <= 0.0 { g * (a * v.exp() - a) } else { g * v };
+            let f = move |v: f64| {
+                if v <= 0.0 {
+                    g * (a * v.exp() - a)
+                } else {
+                    g * v
+                }
+            };
             float_map::<T>(x, ctx, move |v| f(v as f64) as f32, f)
         }
         UnaryOp::HardSigmoid { alpha, beta } => {
@@ -121,19 +174,32 @@ fn unary_float<T: Float + Element>(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -> 
             float_map::<T>(x, ctx, move |v| f(v as f64) as f32, f)
         }
         UnaryOp::IsNaN => map::<T, u8>(x, DType::Bool, ctx, |v| v.is_nan() as u8),
-        UnaryOp::IsInf { detect_positive, detect_negative } => map::<T, u8>(x, DType::Bool, ctx, |v| {
+        UnaryOp::IsInf {
+            detect_positive,
+            detect_negative,
+        } => map::<T, u8>(x, DType::Bool, ctx, |v| {
             let f = v.to_f64();
-            ((f == f64::INFINITY && detect_positive) || (f == f64::NEG_INFINITY && detect_negative)) as u8
+            ((f == f64::INFINITY && detect_positive) || (f == f64::NEG_INFINITY && detect_negative))
+                as u8
         }),
         _ => signed_unary::<T>(op, x, ctx),
     }
 }
 
 /// Abs, Neg, Sign, Relu: defined for every signed type.
-fn signed_unary<T: Scalar + Element>(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+fn signed_unary<T: Scalar + Element>(
+    op: UnaryOp,
+    x: &Tensor,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let dtype = x.dtype();
     match op {
-        UnaryOp::Abs => map::<T, T>(x, dtype, ctx, |v| if v < T::ZERO { T::ZERO.sub(v) } else { v }),
+        UnaryOp::Abs => map::<T, T>(
+            x,
+            dtype,
+            ctx,
+            |v| if v < T::ZERO { T::ZERO.sub(v) } else { v },
+        ),
         UnaryOp::Neg => map::<T, T>(x, dtype, ctx, |v| T::ZERO.sub(v)),
         UnaryOp::Relu => map::<T, T>(x, dtype, ctx, |v| if v < T::ZERO { T::ZERO } else { v }),
         UnaryOp::Sign => map::<T, T>(x, dtype, ctx, |v| {
@@ -145,7 +211,10 @@ fn signed_unary<T: Scalar + Element>(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -
                 v
             }
         }),
-        _ => Err(OpError::DType { dtype, detail: format!(" for {op:?}") }),
+        _ => Err(OpError::DType {
+            dtype,
+            detail: format!(" for {op:?}"),
+        }),
     }
 }
 
@@ -154,7 +223,10 @@ pub(super) fn unary(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, 
     if op == UnaryOp::Not {
         return match dtype {
             DType::Bool => map::<u8, u8>(x, DType::Bool, ctx, |v| (v == 0) as u8),
-            other => Err(OpError::DType { dtype: other, detail: " for Not: expected bool".into() }),
+            other => Err(OpError::DType {
+                dtype: other,
+                detail: " for Not: expected bool".into(),
+            }),
         };
     }
     if dtype.is_float() {
@@ -164,14 +236,33 @@ pub(super) fn unary(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, 
 }
 
 fn broadcast_out(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, OpError> {
-    broadcast_shape(&[a.dims(), b.dims()])
-        .ok_or_else(|| OpError::shape(format!("input shapes {} and {} cannot broadcast", a.shape(), b.shape())))
+    broadcast_shape(&[a.dims(), b.dims()]).ok_or_else(|| {
+        OpError::shape(format!(
+            "input shapes {} and {} cannot broadcast",
+            a.shape(),
+            b.shape()
+        ))
+    })
 }
 
-fn zip<A: Element, B: Element, O: Element>(a: &Tensor, b: &Tensor, out_dtype: DType, ctx: &mut OpCtx, f: impl Fn(A, B) -> O) -> Result<Tensor, OpError> {
+fn zip<A: Element, B: Element, O: Element>(
+    a: &Tensor,
+    b: &Tensor,
+    out_dtype: DType,
+    ctx: &mut OpCtx,
+    f: impl Fn(A, B) -> O,
+) -> Result<Tensor, OpError> {
     let shape = broadcast_out(a, b)?;
     let mut out = ctx.alloc(out_dtype, shape.as_slice())?;
-    broadcast::binary(a.as_slice::<A>()?, a.dims(), b.as_slice::<B>()?, b.dims(), out.as_mut_slice::<O>()?, &shape, f);
+    broadcast::binary(
+        a.as_slice::<A>()?,
+        a.dims(),
+        b.as_slice::<B>()?,
+        b.dims(),
+        out.as_mut_slice::<O>()?,
+        &shape,
+        f,
+    );
     Ok(out)
 }
 
@@ -180,10 +271,19 @@ fn python_mod<T: Scalar>(a: T, b: T) -> T {
         return T::ZERO;
     }
     let r = a.sub(a.div(b).mul(b));
-    if r != T::ZERO && ((r < T::ZERO) != (b < T::ZERO)) { r.add(b) } else { r }
+    if r != T::ZERO && ((r < T::ZERO) != (b < T::ZERO)) {
+        r.add(b)
+    } else {
+        r
+    }
 }
 
-fn arith<T: Scalar + Element>(op: BinaryOp, a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+fn arith<T: Scalar + Element>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let d = a.dtype();
     match op {
         BinaryOp::Add => zip::<T, T, T>(a, b, d, ctx, T::add),
@@ -195,12 +295,22 @@ fn arith<T: Scalar + Element>(op: BinaryOp, a: &Tensor, b: &Tensor, ctx: &mut Op
                 let f = move |x: T, y: T| {
                     let (x, y) = (x.to_f64(), y.to_f64());
                     let r = x % y;
-                    let r = if !fmod && r != 0.0 && ((r < 0.0) != (y < 0.0)) { r + y } else { r };
+                    let r = if !fmod && r != 0.0 && ((r < 0.0) != (y < 0.0)) {
+                        r + y
+                    } else {
+                        r
+                    };
                     T::from_f64(r)
                 };
                 zip::<T, T, T>(a, b, d, ctx, f)
             } else if fmod {
-                zip::<T, T, T>(a, b, d, ctx, |x, y| if y == T::ZERO { T::ZERO } else { x.sub(x.div(y).mul(y)) })
+                zip::<T, T, T>(a, b, d, ctx, |x, y| {
+                    if y == T::ZERO {
+                        T::ZERO
+                    } else {
+                        x.sub(x.div(y).mul(y))
+                    }
+                })
             } else {
                 zip::<T, T, T>(a, b, d, ctx, python_mod)
             }
@@ -210,7 +320,10 @@ fn arith<T: Scalar + Element>(op: BinaryOp, a: &Tensor, b: &Tensor, ctx: &mut Op
         BinaryOp::Greater => zip::<T, T, u8>(a, b, DType::Bool, ctx, |x, y| (x > y) as u8),
         BinaryOp::LessOrEqual => zip::<T, T, u8>(a, b, DType::Bool, ctx, |x, y| (x <= y) as u8),
         BinaryOp::GreaterOrEqual => zip::<T, T, u8>(a, b, DType::Bool, ctx, |x, y| (x >= y) as u8),
-        _ => Err(OpError::DType { dtype: d, detail: format!(" for {op:?}") }),
+        _ => Err(OpError::DType {
+            dtype: d,
+            detail: format!(" for {op:?}"),
+        }),
     }
 }
 
@@ -227,16 +340,35 @@ fn pow<T: Scalar + Element>(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<T
     }))
 }
 
-fn bits<T: Element + Copy>(op: BinaryOp, a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError>
+fn bits<T: Element + Copy>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError>
 where
-    T: std::ops::BitAnd<Output = T> + std::ops::BitOr<Output = T> + std::ops::BitXor<Output = T> + Into<u64> + TryFrom<u64>,
+    T: std::ops::BitAnd<Output = T>
+        + std::ops::BitOr<Output = T>
+        + std::ops::BitXor<Output = T>
+        + Into<u64>
+        + TryFrom<u64>,
 {
     let d = a.dtype();
     let shift = |x: T, y: T, left: bool| {
         let (x, y): (u64, u64) = (x.into(), y.into());
         let width = (std::mem::size_of::<T>() * 8) as u64;
-        let v = if y >= width { 0 } else if left { x << y } else { x >> y };
-        let mask = if width == 64 { u64::MAX } else { (1u64 << width) - 1 };
+        let v = if y >= width {
+            0
+        } else if left {
+            x << y
+        } else {
+            x >> y
+        };
+        let mask = if width == 64 {
+            u64::MAX
+        } else {
+            (1u64 << width) - 1
+        };
         T::try_from(v & mask).unwrap_or_else(|_| unreachable!("masked to the type's width"))
     };
     match op {
@@ -249,7 +381,12 @@ where
     }
 }
 
-fn signed_bits<T: Element + Copy>(op: BinaryOp, a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError>
+fn signed_bits<T: Element + Copy>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError>
 where
     T: std::ops::BitAnd<Output = T> + std::ops::BitOr<Output = T> + std::ops::BitXor<Output = T>,
 {
@@ -258,19 +395,33 @@ where
         BinaryOp::BitwiseAnd => zip::<T, T, T>(a, b, d, ctx, |x, y| x & y),
         BinaryOp::BitwiseOr => zip::<T, T, T>(a, b, d, ctx, |x, y| x | y),
         BinaryOp::BitwiseXor => zip::<T, T, T>(a, b, d, ctx, |x, y| x ^ y),
-        _ => Err(OpError::DType { dtype: d, detail: format!(" for {op:?}: bit shifts take unsigned integers") }),
+        _ => Err(OpError::DType {
+            dtype: d,
+            detail: format!(" for {op:?}: bit shifts take unsigned integers"),
+        }),
     }
 }
 
-pub(super) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+pub(super) fn binary(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let d = a.dtype();
     if op != BinaryOp::Pow && b.dtype() != d {
-        return Err(OpError::DType { dtype: b.dtype(), detail: format!(" for the second input: both inputs must be {d}") });
+        return Err(OpError::DType {
+            dtype: b.dtype(),
+            detail: format!(" for the second input: both inputs must be {d}"),
+        });
     }
     match op {
         BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
             if d != DType::Bool {
-                return Err(OpError::DType { dtype: d, detail: format!(" for {op:?}: expected bool") });
+                return Err(OpError::DType {
+                    dtype: d,
+                    detail: format!(" for {op:?}: expected bool"),
+                });
             }
             let f = match op {
                 BinaryOp::And => |x: u8, y: u8| x & y,
@@ -280,33 +431,72 @@ pub(super) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> R
             zip::<u8, u8, u8>(a, b, DType::Bool, ctx, f)
         }
         BinaryOp::Pow => dispatch_num!(d, T => pow::<T>(a, b, ctx)),
-        BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor | BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight => match d {
+        BinaryOp::BitwiseAnd
+        | BinaryOp::BitwiseOr
+        | BinaryOp::BitwiseXor
+        | BinaryOp::BitShiftLeft
+        | BinaryOp::BitShiftRight => match d {
             DType::U8 => bits::<u8>(op, a, b, ctx),
             DType::U16 => bits::<u16>(op, a, b, ctx),
             DType::U32 => bits::<u32>(op, a, b, ctx),
             DType::U64 => bits::<u64>(op, a, b, ctx),
             _ => dispatch!(d, T => signed_bits::<T>(op, a, b, ctx); [I8, I16, I32, I64]),
         },
-        BinaryOp::Equal if d == DType::Bool => zip::<u8, u8, u8>(a, b, DType::Bool, ctx, |x, y| (x == y) as u8),
+        BinaryOp::Equal if d == DType::Bool => {
+            zip::<u8, u8, u8>(a, b, DType::Bool, ctx, |x, y| (x == y) as u8)
+        }
         _ => dispatch_num!(d, T => arith::<T>(op, a, b, ctx)),
     }
 }
 
-fn fold<T: Scalar + Element>(op: VariadicOp, ts: &[&Tensor], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+fn fold<T: Scalar + Element>(
+    op: VariadicOp,
+    ts: &[&Tensor],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let dims: Vec<&[usize]> = ts.iter().map(|t| t.dims()).collect();
-    let shape = broadcast_shape(&dims).ok_or_else(|| OpError::shape(format!("input shapes {dims:?} cannot broadcast")))?;
+    let shape = broadcast_shape(&dims)
+        .ok_or_else(|| OpError::shape(format!("input shapes {dims:?} cannot broadcast")))?;
     let f = match op {
-        VariadicOp::Max => |x: T, y: T| if y > x || x.is_nan() { if x.is_nan() { x } else { y } } else { x },
-        VariadicOp::Min => |x: T, y: T| if y < x || x.is_nan() { if x.is_nan() { x } else { y } } else { x },
+        VariadicOp::Max => |x: T, y: T| {
+            if y > x || x.is_nan() {
+                if x.is_nan() { x } else { y }
+            } else {
+                x
+            }
+        },
+        VariadicOp::Min => |x: T, y: T| {
+            if y < x || x.is_nan() {
+                if x.is_nan() { x } else { y }
+            } else {
+                x
+            }
+        },
         VariadicOp::Sum | VariadicOp::Mean => T::add,
     };
     // Accumulate left to right: out = f(f(t0, t1), t2) ..., starting from t0 broadcast.
     let mut acc = ctx.alloc(ts[0].dtype(), shape.as_slice())?;
     let zero = [T::ZERO];
-    broadcast::binary(ts[0].as_slice::<T>()?, ts[0].dims(), &zero, &[], acc.as_mut_slice::<T>()?, &shape, |x, _| x);
+    broadcast::binary(
+        ts[0].as_slice::<T>()?,
+        ts[0].dims(),
+        &zero,
+        &[],
+        acc.as_mut_slice::<T>()?,
+        &shape,
+        |x, _| x,
+    );
     for t in &ts[1..] {
         let prev = acc.as_slice::<T>()?.to_vec();
-        broadcast::binary(&prev, &shape, t.as_slice::<T>()?, t.dims(), acc.as_mut_slice::<T>()?, &shape, f);
+        broadcast::binary(
+            &prev,
+            &shape,
+            t.as_slice::<T>()?,
+            t.dims(),
+            acc.as_mut_slice::<T>()?,
+            &shape,
+            f,
+        );
     }
     if op == VariadicOp::Mean {
         let n = T::from_f64(ts.len() as f64);
@@ -317,24 +507,50 @@ fn fold<T: Scalar + Element>(op: VariadicOp, ts: &[&Tensor], ctx: &mut OpCtx) ->
     Ok(acc)
 }
 
-pub(super) fn variadic(op: VariadicOp, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+pub(super) fn variadic(
+    op: VariadicOp,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let ts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
-    let first = ts.first().ok_or_else(|| OpError::value("needs at least one input"))?;
+    let first = ts
+        .first()
+        .ok_or_else(|| OpError::value("needs at least one input"))?;
     if let Some(t) = ts.iter().find(|t| t.dtype() != first.dtype()) {
-        return Err(OpError::DType { dtype: t.dtype(), detail: format!(": all inputs must be {}", first.dtype()) });
+        return Err(OpError::DType {
+            dtype: t.dtype(),
+            detail: format!(": all inputs must be {}", first.dtype()),
+        });
     }
     dispatch_num!(first.dtype(), T => fold::<T>(op, &ts, ctx))
 }
 
-pub(super) fn where_(cond: &Tensor, x: &Tensor, y: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+pub(super) fn where_(
+    cond: &Tensor,
+    x: &Tensor,
+    y: &Tensor,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     if cond.dtype() != DType::Bool {
-        return Err(OpError::DType { dtype: cond.dtype(), detail: " for the condition: expected bool".into() });
+        return Err(OpError::DType {
+            dtype: cond.dtype(),
+            detail: " for the condition: expected bool".into(),
+        });
     }
     if x.dtype() != y.dtype() {
-        return Err(OpError::DType { dtype: y.dtype(), detail: format!(": both branches must be {}", x.dtype()) });
+        return Err(OpError::DType {
+            dtype: y.dtype(),
+            detail: format!(": both branches must be {}", x.dtype()),
+        });
     }
-    let shape = broadcast_shape(&[cond.dims(), x.dims(), y.dims()])
-        .ok_or_else(|| OpError::shape(format!("shapes {}, {} and {} cannot broadcast", cond.shape(), x.shape(), y.shape())))?;
+    let shape = broadcast_shape(&[cond.dims(), x.dims(), y.dims()]).ok_or_else(|| {
+        OpError::shape(format!(
+            "shapes {}, {} and {} cannot broadcast",
+            cond.shape(),
+            x.shape(),
+            y.shape()
+        ))
+    })?;
     let mut out = ctx.alloc(x.dtype(), shape.as_slice())?;
     dispatch_any!(x.dtype(), T => {
         broadcast::ternary(cond.as_slice::<u8>()?, cond.dims(), x.as_slice::<T>()?, x.dims(), y.as_slice::<T>()?, y.dims(), out.as_mut_slice::<T>()?, &shape, |c, a, b| if c != 0 { a } else { b });
@@ -343,12 +559,19 @@ pub(super) fn where_(cond: &Tensor, x: &Tensor, y: &Tensor, ctx: &mut OpCtx) -> 
     Ok(out)
 }
 
-fn clip_typed<T: Scalar + Element>(c: &Clip, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+fn clip_typed<T: Scalar + Element>(
+    c: &Clip,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let x = input(inputs, 0)?;
     let bound = |i: usize, attr: Option<f32>, default: T| -> Result<T, OpError> {
         match opt_input(inputs, i) {
             Some(t) if t.numel() == 1 => Ok(t.as_slice::<T>()?[0]),
-            Some(t) => Err(OpError::shape(format!("clip bound (input {i}) must be a scalar, got shape {}", t.shape()))),
+            Some(t) => Err(OpError::shape(format!(
+                "clip bound (input {i}) must be a scalar, got shape {}",
+                t.shape()
+            ))),
             None => Ok(attr.map_or(default, T::from_f32)),
         }
     };
@@ -360,7 +583,11 @@ fn clip_typed<T: Scalar + Element>(c: &Clip, inputs: &[Option<&Tensor>], ctx: &m
     })
 }
 
-pub(super) fn clip(c: &Clip, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+pub(super) fn clip(
+    c: &Clip,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     dispatch_num!(input(inputs, 0)?.dtype(), T => clip_typed::<T>(c, inputs, ctx))
 }
 
@@ -383,7 +610,11 @@ fn int_cast<S: Scalar, D: Scalar>(v: S) -> D {
     }
     let wide = v.to_f64();
     // Integers up to 2^53 convert exactly through f64; wider values wrap through i128.
-    let as_i128 = if wide.abs() < 9.007_199_254_740_992e15 { wide as i128 } else { wide as i128 };
+    let as_i128 = if wide.abs() < 9.007_199_254_740_992e15 {
+        wide as i128
+    } else {
+        wide as i128
+    };
     let bits = std::mem::size_of::<D>() * 8;
     let modulo = 1i128 << bits;
     let mut r = as_i128.rem_euclid(modulo);
@@ -393,7 +624,11 @@ fn int_cast<S: Scalar, D: Scalar>(v: S) -> D {
     D::from_f64(r as f64)
 }
 
-pub(super) fn cast(c: &Cast, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+pub(super) fn cast(
+    c: &Cast,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let x = input(inputs, 0)?;
     let to = match c.to {
         Some(to) => to,
@@ -414,8 +649,18 @@ mod tests {
 
     #[test]
     fn erf_matches_known_values() {
-        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (2.5, 0.999_593_047_982_555), (-3.0, -0.999_977_909_503_001_4)] {
-            assert!((erf(x) - want).abs() < 1e-15, "erf({x}) = {} != {want}", erf(x));
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.5, 0.999_593_047_982_555),
+            (-3.0, -0.999_977_909_503_001_4),
+        ] {
+            assert!(
+                (erf(x) - want).abs() < 1e-15,
+                "erf({x}) = {} != {want}",
+                erf(x)
+            );
         }
     }
 

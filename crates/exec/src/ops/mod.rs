@@ -30,7 +30,12 @@ impl OpCtx<'_> {
 }
 
 /// Runs one op; returns its outputs in order (`n_outputs` is how many the node names).
-pub fn run(op: &Op, inputs: &[Option<&Tensor>], n_outputs: usize, ctx: &mut OpCtx) -> Result<Vec<Tensor>, OpError> {
+pub fn run(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError> {
     match op {
         Op::Unary(_) | Op::Binary(_) | Op::Variadic(_) | Op::Where | Op::Clip(_) | Op::Cast(_) => {
             elementwise::run(op, inputs, ctx).map(|t| vec![t])
@@ -55,14 +60,20 @@ pub fn run(op: &Op, inputs: &[Option<&Tensor>], n_outputs: usize, ctx: &mut OpCt
         | Op::GatherElements { .. }
         | Op::ScatterND(_)
         | Op::Trilu { .. } => shape::run(op, inputs, n_outputs, ctx),
-        Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => reduce::run(op, inputs, n_outputs, ctx),
+        Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => {
+            reduce::run(op, inputs, n_outputs, ctx)
+        }
         Op::MatMul | Op::Gemm(_) | Op::Norm(_) => nn::run(op, inputs, n_outputs, ctx),
     }
 }
 
 /// Required input `i`.
 pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, OpError> {
-    inputs.get(i).copied().flatten().ok_or_else(|| OpError::value(format!("input {i} is required")))
+    inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| OpError::value(format!("input {i} is required")))
 }
 
 /// Optional input `i`.
@@ -75,7 +86,10 @@ pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
     match t.dtype() {
         DType::I64 => Ok(t.as_slice::<i64>()?.to_vec()),
         DType::I32 => Ok(t.as_slice::<i32>()?.iter().map(|&v| v as i64).collect()),
-        other => Err(OpError::DType { dtype: other, detail: format!(" for {what}: expected int64 or int32") }),
+        other => Err(OpError::DType {
+            dtype: other,
+            detail: format!(" for {what}: expected int64 or int32"),
+        }),
     }
 }
 
@@ -83,7 +97,13 @@ pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
 pub fn norm_axis(axis: i64, rank: usize) -> Result<usize, OpError> {
     let r = rank as i64;
     if axis < -r || axis >= r {
-        return Err(OpError::value(format!("axis {axis} is out of range for rank {rank}")));
+        return Err(OpError::value(format!(
+            "axis {axis} is out of range for rank {rank}"
+        )));
     }
-    Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+    Ok(if axis < 0 {
+        (axis + r) as usize
+    } else {
+        axis as usize
+    })
 }

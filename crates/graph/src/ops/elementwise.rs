@@ -25,14 +25,29 @@ pub enum UnaryOp {
     Round,
     Sign,
     IsNaN,
-    IsInf { detect_positive: bool, detect_negative: bool },
+    IsInf {
+        detect_positive: bool,
+        detect_negative: bool,
+    },
     Not,
     /// `approximate = "tanh"` selects the tanh form.
-    Gelu { tanh: bool },
-    LeakyRelu { alpha: f32 },
-    Elu { alpha: f32 },
-    Selu { alpha: f32, gamma: f32 },
-    HardSigmoid { alpha: f32, beta: f32 },
+    Gelu {
+        tanh: bool,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
+    Elu {
+        alpha: f32,
+    },
+    Selu {
+        alpha: f32,
+        gamma: f32,
+    },
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
     Softplus,
     Softsign,
 }
@@ -45,7 +60,9 @@ pub enum BinaryOp {
     Div,
     Pow,
     /// `fmod = 1`: the sign follows the dividend (C fmod); otherwise it follows the divisor.
-    Mod { fmod: bool },
+    Mod {
+        fmod: bool,
+    },
     Equal,
     Less,
     Greater,
@@ -64,7 +81,14 @@ pub enum BinaryOp {
 impl BinaryOp {
     /// Comparison ops produce bool whatever their input type.
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater | BinaryOp::LessOrEqual | BinaryOp::GreaterOrEqual)
+        matches!(
+            self,
+            BinaryOp::Equal
+                | BinaryOp::Less
+                | BinaryOp::Greater
+                | BinaryOp::LessOrEqual
+                | BinaryOp::GreaterOrEqual
+        )
     }
 }
 
@@ -129,7 +153,12 @@ fn gelu(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     let tanh = match approximate.as_str() {
         "none" => false,
         "tanh" => true,
-        other => return Err(ctx.attr_error("approximate", format!("must be \"none\" or \"tanh\", got \"{other}\""))),
+        other => {
+            return Err(ctx.attr_error(
+                "approximate",
+                format!("must be \"none\" or \"tanh\", got \"{other}\""),
+            ));
+        }
     };
     unary(ctx, UnaryOp::Gelu { tanh })
 }
@@ -143,7 +172,12 @@ fn bit_shift(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     let op = match ctx.string_opt("direction")?.as_deref() {
         Some("LEFT") => BinaryOp::BitShiftLeft,
         Some("RIGHT") => BinaryOp::BitShiftRight,
-        other => return Err(ctx.attr_error("direction", format!("must be \"LEFT\" or \"RIGHT\", got {other:?}"))),
+        other => {
+            return Err(ctx.attr_error(
+                "direction",
+                format!("must be \"LEFT\" or \"RIGHT\", got {other:?}"),
+            ));
+        }
     };
     binary(ctx, op)
 }
@@ -153,22 +187,42 @@ fn clip(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         ctx.inputs(1, 1)?;
         let min = ctx.float("min", f32::NEG_INFINITY)?;
         let max = ctx.float("max", f32::INFINITY)?;
-        return Ok(Op::Clip(Clip { min: Some(min), max: Some(max) }));
+        return Ok(Op::Clip(Clip {
+            min: Some(min),
+            max: Some(max),
+        }));
     }
     ctx.inputs(1, 3)?;
     ctx.outputs(1)?;
-    Ok(Op::Clip(Clip { min: None, max: None }))
+    Ok(Op::Clip(Clip {
+        min: None,
+        max: None,
+    }))
 }
 
 fn cast(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     ctx.inputs(1, 1)?;
     ctx.outputs(1)?;
-    let code = ctx.int_opt("to")?.ok_or_else(|| ctx.attr_error("to", "is required"))?;
-    let to = i32::try_from(code).ok().and_then(DType::from_onnx).ok_or_else(|| {
-        ctx.attr_error("to", format!("casting to {} is not supported", DType::onnx_name(code as i32)))
-    })?;
+    let code = ctx
+        .int_opt("to")?
+        .ok_or_else(|| ctx.attr_error("to", "is required"))?;
+    let to = i32::try_from(code)
+        .ok()
+        .and_then(DType::from_onnx)
+        .ok_or_else(|| {
+            ctx.attr_error(
+                "to",
+                format!(
+                    "casting to {} is not supported",
+                    DType::onnx_name(code as i32)
+                ),
+            )
+        })?;
     let saturate = ctx.bool("saturate", true)?;
-    Ok(Op::Cast(Cast { to: Some(to), saturate }))
+    Ok(Op::Cast(Cast {
+        to: Some(to),
+        saturate,
+    }))
 }
 
 fn cast_like(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
@@ -240,7 +294,13 @@ pub(super) fn specs() -> Vec<OpSpec> {
         OpSpec::new("", "IsInf", 10, |ctx| {
             let detect_positive = ctx.bool("detect_positive", true)?;
             let detect_negative = ctx.bool("detect_negative", true)?;
-            unary(ctx, UnaryOp::IsInf { detect_positive, detect_negative })
+            unary(
+                ctx,
+                UnaryOp::IsInf {
+                    detect_positive,
+                    detect_negative,
+                },
+            )
         }),
         OpSpec::new("", "LeakyRelu", 6, |ctx| {
             let alpha = ctx.float("alpha", 0.01)?;

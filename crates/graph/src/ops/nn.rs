@@ -39,7 +39,12 @@ fn gemm(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     let beta = ctx.float("beta", 1.0)?;
     let trans_a = ctx.bool("transA", false)?;
     let trans_b = ctx.bool("transB", false)?;
-    Ok(Op::Gemm(Gemm { alpha, beta, trans_a, trans_b }))
+    Ok(Op::Gemm(Gemm {
+        alpha,
+        beta,
+        trans_a,
+        trans_b,
+    }))
 }
 
 fn norm(ctx: &mut NodeCtx, kind: NormKind) -> Result<Op, GraphError> {
@@ -51,9 +56,17 @@ fn norm(ctx: &mut NodeCtx, kind: NormKind) -> Result<Op, GraphError> {
     let epsilon = ctx.float("epsilon", 1e-5)?;
     let stash = ctx.int("stash_type", 1)?;
     if stash != 1 {
-        return Err(ctx.attr_error("stash_type", format!("only 1 (float32) is supported, got {stash}")));
+        return Err(ctx.attr_error(
+            "stash_type",
+            format!("only 1 (float32) is supported, got {stash}"),
+        ));
     }
-    Ok(Op::Norm(Norm { kind, axis, epsilon, outputs: ctx.output_count() }))
+    Ok(Op::Norm(Norm {
+        kind,
+        axis,
+        epsilon,
+        outputs: ctx.output_count(),
+    }))
 }
 
 pub(super) fn specs() -> Vec<OpSpec> {
@@ -64,7 +77,9 @@ pub(super) fn specs() -> Vec<OpSpec> {
             Ok(Op::MatMul)
         }),
         OpSpec::new("", "Gemm", 6, gemm),
-        OpSpec::new("", "LayerNormalization", 17, |ctx| norm(ctx, NormKind::Layer)),
+        OpSpec::new("", "LayerNormalization", 17, |ctx| {
+            norm(ctx, NormKind::Layer)
+        }),
         OpSpec::new("", "RMSNormalization", 23, |ctx| norm(ctx, NormKind::Rms)),
     ]
 }

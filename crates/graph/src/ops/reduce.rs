@@ -72,8 +72,17 @@ fn reduce(ctx: &mut NodeCtx, kind: ReduceKind, axes_input_since: i64) -> Result<
         ctx.inputs(1, 2)?;
         None
     };
-    let noop_with_empty_axes = if ctx.opset() >= axes_input_since { ctx.bool("noop_with_empty_axes", false)? } else { false };
-    Ok(Op::Reduce(Reduce { kind, axes, keepdims, noop_with_empty_axes }))
+    let noop_with_empty_axes = if ctx.opset() >= axes_input_since {
+        ctx.bool("noop_with_empty_axes", false)?
+    } else {
+        false
+    };
+    Ok(Op::Reduce(Reduce {
+        kind,
+        axes,
+        keepdims,
+        noop_with_empty_axes,
+    }))
 }
 
 fn arg_reduce(ctx: &mut NodeCtx, max: bool) -> Result<Op, GraphError> {
@@ -82,7 +91,12 @@ fn arg_reduce(ctx: &mut NodeCtx, max: bool) -> Result<Op, GraphError> {
     let axis = ctx.int("axis", 0)?;
     let keepdims = ctx.bool("keepdims", true)?;
     let select_last_index = ctx.bool("select_last_index", false)?;
-    Ok(Op::ArgReduce(ArgReduce { max, axis, keepdims, select_last_index }))
+    Ok(Op::ArgReduce(ArgReduce {
+        max,
+        axis,
+        keepdims,
+        select_last_index,
+    }))
 }
 
 fn top_k(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
@@ -92,12 +106,20 @@ fn top_k(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     let sorted = ctx.bool("sorted", true)?;
     let k = if ctx.opset() < 10 {
         ctx.inputs(1, 1)?;
-        Some(ctx.int_opt("k")?.ok_or_else(|| ctx.attr_error("k", "is required"))?)
+        Some(
+            ctx.int_opt("k")?
+                .ok_or_else(|| ctx.attr_error("k", "is required"))?,
+        )
     } else {
         ctx.inputs(2, 2)?;
         None
     };
-    Ok(Op::TopK(TopK { axis, largest, sorted, k }))
+    Ok(Op::TopK(TopK {
+        axis,
+        largest,
+        sorted,
+        k,
+    }))
 }
 
 fn softmax(ctx: &mut NodeCtx, log: bool, hard: bool) -> Result<Op, GraphError> {
@@ -105,7 +127,12 @@ fn softmax(ctx: &mut NodeCtx, log: bool, hard: bool) -> Result<Op, GraphError> {
     ctx.outputs(1)?;
     let flatten = ctx.opset() < 13;
     let axis = ctx.int("axis", if flatten { 1 } else { -1 })?;
-    Ok(Op::Softmax(Softmax { axis, flatten, log, hard }))
+    Ok(Op::Softmax(Softmax {
+        axis,
+        flatten,
+        log,
+        hard,
+    }))
 }
 
 macro_rules! reduce_specs {

@@ -75,8 +75,15 @@ fn constant_of_shape(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     ctx.inputs(1, 1)?;
     ctx.outputs(1)?;
     let value = match ctx.tensor_opt("value")? {
-        Some(t) if t.numel() == 1 => t.reshape(oxgen_tensor::Shape::scalar()).map_err(|e| ctx.invalid(e.to_string()))?,
-        Some(t) => return Err(ctx.attr_error("value", format!("must hold one element, holds {}", t.numel()))),
+        Some(t) if t.numel() == 1 => t
+            .reshape(oxgen_tensor::Shape::scalar())
+            .map_err(|e| ctx.invalid(e.to_string()))?,
+        Some(t) => {
+            return Err(ctx.attr_error(
+                "value",
+                format!("must hold one element, holds {}", t.numel()),
+            ));
+        }
         None => oxgen_tensor::Tensor::scalar(0.0f32),
     };
     Ok(Op::ConstantOfShape(value))
@@ -95,7 +102,11 @@ fn squeeze(ctx: &mut NodeCtx, unsqueeze: bool) -> Result<Op, GraphError> {
     }
     ctx.outputs(1)?;
     let s = Squeeze { axes };
-    Ok(if unsqueeze { Op::Unsqueeze(s) } else { Op::Squeeze(s) })
+    Ok(if unsqueeze {
+        Op::Unsqueeze(s)
+    } else {
+        Op::Squeeze(s)
+    })
 }
 
 fn split(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
@@ -111,30 +122,51 @@ fn split(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     if ctx.opset() >= 18 {
         if let Some(n) = ctx.int_opt("num_outputs")? {
             if n < 1 || n as usize != outputs {
-                return Err(ctx.attr_error("num_outputs", format!("is {n} but the node has {outputs} outputs")));
+                return Err(ctx.attr_error(
+                    "num_outputs",
+                    format!("is {n} but the node has {outputs} outputs"),
+                ));
             }
             if ctx.has_input(1) {
-                return Err(ctx.invalid("give either the 'split' input or the 'num_outputs' attribute, not both"));
+                return Err(ctx.invalid(
+                    "give either the 'split' input or the 'num_outputs' attribute, not both",
+                ));
             }
         }
     }
     if outputs == 0 {
         return Err(ctx.invalid("Split needs at least one output"));
     }
-    Ok(Op::Split(Split { axis, split, outputs }))
+    Ok(Op::Split(Split {
+        axis,
+        split,
+        outputs,
+    }))
 }
 
 fn slice(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     ctx.outputs(1)?;
     if ctx.opset() < 10 {
         ctx.inputs(1, 1)?;
-        let starts = ctx.ints_opt("starts")?.ok_or_else(|| ctx.attr_error("starts", "is required"))?;
-        let ends = ctx.ints_opt("ends")?.ok_or_else(|| ctx.attr_error("ends", "is required"))?;
+        let starts = ctx
+            .ints_opt("starts")?
+            .ok_or_else(|| ctx.attr_error("starts", "is required"))?;
+        let ends = ctx
+            .ints_opt("ends")?
+            .ok_or_else(|| ctx.attr_error("ends", "is required"))?;
         let axes = ctx.ints_opt("axes")?;
-        return Ok(Op::Slice(Slice { starts: Some(starts), ends: Some(ends), axes }));
+        return Ok(Op::Slice(Slice {
+            starts: Some(starts),
+            ends: Some(ends),
+            axes,
+        }));
     }
     ctx.inputs(3, 5)?;
-    Ok(Op::Slice(Slice { starts: None, ends: None, axes: None }))
+    Ok(Op::Slice(Slice {
+        starts: None,
+        ends: None,
+        axes: None,
+    }))
 }
 
 fn scatter_nd(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
@@ -175,7 +207,9 @@ pub(super) fn specs() -> Vec<OpSpec> {
             simple(ctx, 1, 1, Op::Transpose { perm })
         }),
         OpSpec::new("", "Concat", 4, |ctx| {
-            let axis = ctx.int_opt("axis")?.ok_or_else(|| ctx.attr_error("axis", "is required"))?;
+            let axis = ctx
+                .int_opt("axis")?
+                .ok_or_else(|| ctx.attr_error("axis", "is required"))?;
             simple(ctx, 1, usize::MAX, Op::Concat { axis })
         }),
         OpSpec::new("", "Split", 2, split),

@@ -26,5 +26,8 @@ fn main() {
     }
     let outcome = std::panic::catch_unwind(|| run_case(Path::new(case), &native_session, tol))
         .unwrap_or_else(|_| Outcome::Fail("panicked (see stderr)".into()));
-    println!("{}", serde_json::to_string(&outcome).expect("an outcome serializes"));
+    println!(
+        "{}",
+        serde_json::to_string(&outcome).expect("an outcome serializes")
+    );
 }

@@ -1,0 +1,101 @@
+//! The native session: buffer reuse by liveness, peak activation bytes, errors naming nodes,
+//! and identical results for any thread count.
+
+use oxgen_exec::{ExecOptions, NativeSession};
+use oxgen_graph::Graph;
+use oxgen_onnx::writer::{Dim, ModelBuilder};
+use oxgen_runtime::{RuntimeError, Session};
+use oxgen_tensor::{DType, Tensor};
+
+fn graph(b: &ModelBuilder) -> Graph {
+    let bytes = prost::Message::encode_to_vec(&b.build());
+    Graph::from_model(&oxgen_onnx::Model::from_bytes(bytes.into(), None).unwrap()).unwrap()
+}
+
+/// x -> Relu -> Neg -> Relu -> ... (`len` nodes), each value 4 KiB.
+fn chain(len: usize) -> ModelBuilder {
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 21);
+    b.input("x", DType::F32, &[Dim::Symbolic("n".into())]);
+    let names: Vec<String> = (0..=len)
+        .map(|i| if i == 0 { "x".into() } else { format!("v{i}") })
+        .collect();
+    for i in 0..len {
+        let op = if i % 2 == 0 { "Neg" } else { "Abs" };
+        b.node(
+            op,
+            "",
+            &format!("n{i}"),
+            &[&names[i]],
+            &[&names[i + 1]],
+            vec![],
+        );
+    }
+    b.output(&names[len], DType::F32, &[Dim::Symbolic("n".into())]);
+    b
+}
+
+#[test]
+fn dead_values_are_reused_and_the_peak_is_two_buffers() {
+    let mut s = NativeSession::new(graph(&chain(10)), &ExecOptions { threads: 1 });
+    let x = Tensor::from_slice([1024], &vec![1.5f32; 1024]).unwrap();
+    let out = s.run(vec![("x".into(), x)]).unwrap();
+    assert_eq!(out[0].1.as_slice::<f32>().unwrap()[0], 1.5);
+    // Ten 4 KiB values, but at most an op's input and output are alive at once.
+    assert_eq!(s.last_run().peak_activation_bytes, 2 * 4096);
+    assert_eq!(s.last_run().nodes, 10);
+}
+
+#[test]
+fn a_run_time_error_names_the_node_and_the_session_survives() {
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 21);
+    b.input("a", DType::F32, &[Dim::Symbolic("n".into())]);
+    b.input("b", DType::F32, &[Dim::Symbolic("n".into())]);
+    b.node("Add", "", "the_add", &["a", "b"], &["y"], vec![]);
+    b.output("y", DType::F32, &[Dim::Symbolic("n".into())]);
+    let mut s = NativeSession::new(graph(&b), &ExecOptions::default());
+    let t = |n: usize| Tensor::from_slice([n], &vec![1.0f32; n]).unwrap();
+    let err = s
+        .run(vec![("a".into(), t(3)), ("b".into(), t(4))])
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("node 'the_add' (ai.onnx::Add, opset 21)") && msg.contains("cannot broadcast"),
+        "{msg}"
+    );
+    let ok = s.run(vec![("a".into(), t(3)), ("b".into(), t(1))]).unwrap();
+    assert_eq!(ok[0].1.as_slice::<f32>().unwrap(), &[2.0, 2.0, 2.0]);
+    let err = s.run(vec![("a".into(), t(3))]).unwrap_err();
+    assert!(matches!(err, RuntimeError::MissingInput { ref name } if name == "b"));
+}
+
+#[test]
+fn matmul_results_do_not_depend_on_thread_count() {
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 21);
+    b.input("a", DType::F32, &[Dim::Fixed(33), Dim::Fixed(70)]);
+    b.input("w", DType::F32, &[Dim::Fixed(70), Dim::Fixed(45)]);
+    b.node("MatMul", "", "mm", &["a", "w"], &["y"], vec![]);
+    b.output("y", DType::F32, &[Dim::Fixed(33), Dim::Fixed(45)]);
+    let g = graph(&b);
+    let a: Vec<f32> = (0..33 * 70)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0)
+        .collect();
+    let w: Vec<f32> = (0..70 * 45)
+        .map(|i| ((i * 104_729 % 1000) as f32 - 500.0) / 91.0)
+        .collect();
+    let inputs = || {
+        vec![
+            ("a".into(), Tensor::from_slice([33, 70], &a).unwrap()),
+            ("w".into(), Tensor::from_slice([70, 45], &w).unwrap()),
+        ]
+    };
+    let one = NativeSession::new(g.clone(), &ExecOptions { threads: 1 })
+        .run(inputs())
+        .unwrap();
+    let three = NativeSession::new(g, &ExecOptions { threads: 3 })
+        .run(inputs())
+        .unwrap();
+    assert_eq!(one[0].1.as_bytes(), three[0].1.as_bytes());
+}
