@@ -44,33 +44,26 @@ fn float_map<T: Float + Element>(
     map::<T, T>(x, x.dtype(), ctx, |v| v.map(&f32_fn, &f64_fn))
 }
 
-/// Error function, Abramowitz-Stegun-free: computed through `libm`-quality series in f64.
+/// The error function in f64: its Taylor series below 2 (alternating terms shrink past
+/// 1e-17 of the sum within 60 terms there) and the continued fraction of erfc above.
 fn erf(x: f64) -> f64 {
-    // W. J. Cody's rational approximations are what C libraries use; this uses the
-    // complementary error function's continued fraction for |x| > 2 and the Taylor series
-    // below, both converging to f64 precision in the ranges used.
+    const TERMS: u32 = 60;
     let ax = x.abs();
     let r = if ax < 2.0 {
-        let mut sum = ax;
-        let mut term = ax;
         let x2 = ax * ax;
-        let mut n = 0.0;
-        loop {
-            n += 1.0;
+        let (mut sum, mut term) = (ax, ax);
+        for n in 1..=TERMS {
+            let n = n as f64;
             term *= -x2 / n;
-            let add = term / (2.0 * n + 1.0);
-            sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
-                break;
-            }
+            sum += term / (2.0 * n + 1.0);
         }
         sum * std::f64::consts::FRAC_2_SQRT_PI
     } else if ax > 6.0 {
         1.0
     } else {
-        // erfc(x) = exp(-x^2)/sqrt(pi) * 1/(x + 1/2/(x + 1/(x + 3/2/(x + ...))))
+        // erfc(x) = exp(-x^2) / sqrt(pi) / (x + (1/2) / (x + 1 / (x + (3/2) / (x + ...))))
         let mut f = 0.0;
-        for k in (1..60).rev() {
+        for k in (1..TERMS).rev() {
             f = (k as f64 / 2.0) / (ax + f);
         }
         1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / (ax + f)
@@ -327,6 +320,19 @@ fn arith<T: Scalar + Element>(
     }
 }
 
+/// `x^e` by squaring, wrapping like repeated multiplication would.
+fn int_pow<T: Scalar>(mut base: T, mut e: u64) -> T {
+    let mut acc = T::ONE;
+    while e > 0 {
+        if e & 1 == 1 {
+            acc = acc.mul(base);
+        }
+        base = base.mul(base);
+        e >>= 1;
+    }
+    acc
+}
+
 fn pow<T: Scalar + Element>(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     let pow_f = |x: f64, y: f64| x.powf(y);
     dispatch_num!(b.dtype(), E => zip::<T, E, T>(a, b, a.dtype(), ctx, |x, y| {
@@ -335,7 +341,7 @@ fn pow<T: Scalar + Element>(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<T
         } else {
             // Integer powers: repeated multiplication keeps exact wrapping semantics.
             let e = y.to_f64();
-            if e < 0.0 { T::from_f64(pow_f(x.to_f64(), e)) } else { (0..e as u64).fold(T::ONE, |acc, _| acc.mul(x)) }
+            if e < 0.0 { T::from_f64(pow_f(x.to_f64(), e)) } else { int_pow(x, e as u64) }
         }
     }))
 }
@@ -637,10 +643,66 @@ pub(super) fn cast(
     if x.dtype() == to {
         return Ok(x.clone());
     }
+    if matches!(x.dtype(), DType::I4 | DType::U4) {
+        return cast(
+            &Cast {
+                to: Some(to),
+                saturate: c.saturate,
+            },
+            &[Some(&unpack_4bit(x)?)],
+            ctx,
+        );
+    }
+    if matches!(to, DType::I4 | DType::U4) {
+        let wide = cast(
+            &Cast {
+                to: Some(DType::I64),
+                saturate: c.saturate,
+            },
+            &[Some(x)],
+            ctx,
+        )?;
+        return pack_4bit(&wide, to);
+    }
     if x.dtype() == DType::Bool {
         return dispatch_num!(to, D => map::<u8, D>(x, to, ctx, |v| if v != 0 { D::ONE } else { D::ZERO }));
     }
     dispatch_num!(x.dtype(), S => cast_to::<S>(x, to, ctx))
+}
+
+/// Widens packed int4/uint4 (element `2i` in the low nibble of byte `i`) to int8/uint8.
+fn unpack_4bit(x: &Tensor) -> Result<Tensor, OpError> {
+    let signed = x.dtype() == DType::I4;
+    let bytes = x.as_bytes();
+    let values: Vec<u8> = (0..x.numel())
+        .map(|i| {
+            let nibble = (bytes[i / 2] >> (4 * (i % 2))) & 0xF;
+            if signed && nibble >= 8 {
+                nibble | 0xF0
+            } else {
+                nibble
+            }
+        })
+        .collect();
+    if signed {
+        let values: Vec<i8> = values.iter().map(|&b| b as i8).collect();
+        return Ok(Tensor::from_slice(x.shape().clone(), &values)?);
+    }
+    Ok(Tensor::from_slice(x.shape().clone(), &values)?)
+}
+
+/// Packs int64 values into int4/uint4, keeping the low four bits (ONNX Cast wraps).
+fn pack_4bit(wide: &Tensor, to: DType) -> Result<Tensor, OpError> {
+    let values = wide.as_slice::<i64>()?;
+    let mut packed = vec![0u8; values.len().div_ceil(2)];
+    for (i, &v) in values.iter().enumerate() {
+        packed[i / 2] |= ((v as u8) & 0xF) << (4 * (i % 2));
+    }
+    Ok(Tensor::from_buf(
+        to,
+        wide.shape().clone(),
+        oxgen_tensor::AlignedBuf::from_bytes(&packed),
+    )?)
 }
 
 #[cfg(test)]
