@@ -6,8 +6,11 @@ use oxgen_graph::{Graph, ValueKind};
 pub struct Plan {
     pub graph: Graph,
     /// For each value: the index of the last node that reads it, or `None` when it must
-    /// outlive the run (graph outputs, inputs, initializers) or is never read.
+    /// outlive the run (graph outputs, initializers) or is never read.
     pub last_use: Vec<Option<usize>>,
+    /// For each node: the input positions handed over to it to update in place (see
+    /// [`oxgen_graph::Op::inplace_inputs`]).
+    pub donations: Vec<Vec<usize>>,
 }
 
 impl Plan {
@@ -19,13 +22,29 @@ impl Plan {
             }
         }
         for (id, value) in graph.values.iter().enumerate() {
-            if value.kind != ValueKind::Node {
+            if value.kind == ValueKind::Initializer {
                 last_use[id] = None;
             }
         }
         for out in &graph.outputs {
             last_use[out.0] = None;
         }
-        Plan { graph, last_use }
+        let donations = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                node.op
+                    .inplace_inputs()
+                    .iter()
+                    .copied()
+                    .filter(|&k| {
+                        let Some(Some(v)) = node.inputs.get(k) else { return false };
+                        last_use[v.0] == Some(i) && node.inputs.iter().filter(|w| **w == Some(*v)).count() == 1
+                    })
+                    .collect()
+            })
+            .collect();
+        Plan { graph, last_use, donations }
     }
 }

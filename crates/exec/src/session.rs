@@ -131,6 +131,12 @@ impl NativeSession {
         let plan = &self.plan;
         let graph = &plan.graph;
         for (i, node) in graph.nodes.iter().enumerate() {
+            let mut donated: Vec<Option<Tensor>> = vec![None; node.inputs.len()];
+            for &k in &plan.donations[i] {
+                if let Some(id) = node.inputs[k] {
+                    donated[k] = self.slots[id.0].take();
+                }
+            }
             let inputs: Vec<Option<&Tensor>> = node
                 .inputs
                 .iter()
@@ -141,7 +147,7 @@ impl NativeSession {
                 pool: &self.pool,
             };
             let produced =
-                ops::run(&node.op, &inputs, node.outputs.len(), &mut ctx).map_err(|source| {
+                ops::run(&node.op, &inputs, &mut donated, node.outputs.len(), &mut ctx).map_err(|source| {
                     ExecError::Node {
                         node: node.node_ref(),
                         source,
@@ -168,6 +174,9 @@ impl NativeSession {
                     }
                     _ => self.arena.release(tensor),
                 }
+            }
+            for t in donated.into_iter().flatten() {
+                self.arena.release(t);
             }
             for v in node.inputs.iter().flatten() {
                 if plan.last_use[v.0] == Some(i)

@@ -6,9 +6,18 @@
 //!
 //! This crate must never know about ONNX, protobufs or graphs.
 
+pub mod acc;
 pub mod broadcast;
+pub mod gather;
+pub mod layout;
+pub mod matmul;
+pub mod norm;
 pub mod num;
+pub mod par;
 pub mod pool;
+pub mod reduce;
+pub mod softmax;
+pub mod transpose;
 
 pub use num::{Float, Scalar};
 pub use pool::ThreadPool;

@@ -30,9 +30,13 @@ impl OpCtx<'_> {
 }
 
 /// Runs one op; returns its outputs in order (`n_outputs` is how many the node names).
+///
+/// `donated[k]` holds input `k` when the executor handed it over for in-place update (its
+/// `inputs[k]` is then `None`); see [`owned_input`].
 pub fn run(
     op: &Op,
     inputs: &[Option<&Tensor>],
+    #[allow(unused_variables)] donated: &mut [Option<Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
 ) -> Result<Vec<Tensor>, OpError> {
@@ -74,6 +78,15 @@ pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, 
         .copied()
         .flatten()
         .ok_or_else(|| OpError::value(format!("input {i} is required")))
+}
+
+/// Input `i` as an owned tensor to update in place: the donated one when the executor
+/// handed it over, else a copy of the lent one.
+pub fn owned_input(inputs: &[Option<&Tensor>], donated: &mut [Option<Tensor>], i: usize) -> Result<Tensor, OpError> {
+    match donated.get_mut(i).and_then(Option::take) {
+        Some(t) => Ok(t),
+        None => Ok(input(inputs, i)?.clone()),
+    }
 }
 
 /// Optional input `i`.

@@ -1,8 +1,341 @@
-//! placeholder
+//! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization.
+//!
+//! MatMul follows NumPy `matmul`: 1-D operands are promoted (a leading or trailing 1 that is
+//! dropped from the result) and batch dimensions broadcast; each batch is a row-major product
+//! handed to `oxgen_kernels::matmul` by offset, so broadcast operands are never copied. Gemm
+//! materializes transposed operands, then runs the same kernel with its epilogue. The norms
+//! view the input as `(rows, n)` with `n` the product of the axes from `axis` on.
+//! Reference: ONNX `MatMul`, `Gemm`, `LayerNormalization`, `RMSNormalization` docs.
+
+use std::borrow::Cow;
+
 use oxgen_graph::Op;
-use oxgen_tensor::Tensor;
-use super::OpCtx;
+use oxgen_graph::ops::{Gemm, Norm, NormKind};
+use oxgen_kernels::acc::Accum;
+use oxgen_kernels::broadcast::{self, broadcast_shape, broadcast_strides};
+use oxgen_kernels::matmul::{self as km, Bias};
+use oxgen_kernels::norm::{self as kn, LayerNormStats};
+use oxgen_tensor::{DType, Element, Tensor};
+
+use super::reduce::kernel_error;
+use super::{OpCtx, input, norm_axis, opt_input};
 use crate::OpError;
-pub(super) fn run(op: &Op, _inputs: &[Option<&Tensor>], _n_outputs: usize, _ctx: &mut OpCtx) -> Result<Vec<Tensor>, OpError> {
-    Err(OpError::value(format!("{op:?} has no kernel yet")))
+
+pub(super) fn run(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError> {
+    match op {
+        Op::MatMul => matmul(input(inputs, 0)?, input(inputs, 1)?, ctx).map(|t| vec![t]),
+        Op::Gemm(g) => gemm(g, inputs, ctx).map(|t| vec![t]),
+        Op::Norm(n) => norm(n, inputs, n_outputs, ctx),
+        _ => unreachable!("ops::run routes only MatMul, Gemm and norms here"),
+    }
+}
+
+fn same_dtype(a: &Tensor, b: &Tensor, what: &str) -> Result<(), OpError> {
+    if a.dtype() == b.dtype() {
+        Ok(())
+    } else {
+        Err(OpError::DType {
+            dtype: b.dtype(),
+            detail: format!(" for {what}: expected {} like the first input", a.dtype()),
+        })
+    }
+}
+
+/// Batch offsets (in elements) of every broadcast batch of `a` and `b` into their buffers.
+fn batch_offsets(
+    a_batch: &[usize],
+    b_batch: &[usize],
+    batch: &[usize],
+    a_size: usize,
+    b_size: usize,
+) -> (Vec<usize>, Vec<usize>) {
+    let (sa, sb) = (
+        broadcast_strides(a_batch, batch),
+        broadcast_strides(b_batch, batch),
+    );
+    let count: usize = batch.iter().product();
+    let (mut ao, mut bo) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    broadcast::for_each_offset(batch, [&sa, &sb], |_, [ia, ib]| {
+        ao.push(ia * a_size);
+        bo.push(ib * b_size);
+    });
+    (ao, bo)
+}
+
+fn matmul(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+    same_dtype(a, b, "input B")?;
+    let (ad, bd) = (a.dims(), b.dims());
+    if ad.is_empty() || bd.is_empty() {
+        return Err(OpError::shape(format!(
+            "MatMul needs inputs of rank 1 or more, got shapes {} and {}",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let (ar, br) = (ad.len(), bd.len());
+    let (m, k, a_batch) = if ar == 1 {
+        (1, ad[0], &[][..])
+    } else {
+        (ad[ar - 2], ad[ar - 1], &ad[..ar - 2])
+    };
+    let (k2, n, b_batch) = if br == 1 {
+        (bd[0], 1, &[][..])
+    } else {
+        (bd[br - 2], bd[br - 1], &bd[..br - 2])
+    };
+    if k != k2 {
+        return Err(OpError::shape(format!(
+            "MatMul inner dimensions differ: A {} has {k} columns, B {} has {k2} rows",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let batch = broadcast_shape(&[a_batch, b_batch]).ok_or_else(|| {
+        OpError::shape(format!(
+            "MatMul batch dimensions of A {} and B {} cannot broadcast",
+            a.shape(),
+            b.shape()
+        ))
+    })?;
+    let mut out_dims = batch.clone();
+    if ar > 1 {
+        out_dims.push(m);
+    }
+    if br > 1 {
+        out_dims.push(n);
+    }
+    let mut out = ctx.alloc(a.dtype(), out_dims)?;
+    let (ao, bo) = batch_offsets(a_batch, b_batch, &batch, m * k, k * n);
+    dispatch!(a.dtype(), T => km::matmul_batched(a.as_slice::<T>()?, b.as_slice::<T>()?, out.as_mut_slice::<T>()?, &ao, &bo, m, k, n, ctx.pool).map_err(kernel_error);
+        [F32, F64, F16, BF16, I32, I64, U32, U64])?;
+    Ok(out)
+}
+
+/// A rank-2 operand, transposed into an arena buffer when `trans` is set.
+fn oriented(
+    t: &Tensor,
+    trans: bool,
+    what: &str,
+    ctx: &mut OpCtx,
+) -> Result<(Option<Tensor>, usize, usize), OpError> {
+    let [r, c] = *t.dims() else {
+        return Err(OpError::shape(format!(
+            "Gemm input {what} must be 2-D, got shape {}",
+            t.shape()
+        )));
+    };
+    if !trans {
+        return Ok((None, r, c));
+    }
+    let mut out = ctx.alloc(t.dtype(), [c, r])?;
+    dispatch_num!(t.dtype(), T => oxgen_kernels::transpose::transpose(t.as_slice::<T>()?, &[r, c], &[1, 0], out.as_mut_slice::<T>()?).map_err(kernel_error))?;
+    Ok((Some(out), c, r))
+}
+
+/// Strides that broadcast Gemm's C (rank 0, 1 or 2) to `(m, n)`.
+fn bias_strides(c: &Tensor, m: usize, n: usize) -> Result<(usize, usize), OpError> {
+    let (rows, cols) = match *c.dims() {
+        [] => (1, 1),
+        [cols] => (1, cols),
+        [rows, cols] => (rows, cols),
+        _ => {
+            return Err(OpError::shape(format!(
+                "Gemm input C must have rank 2 or less, got shape {}",
+                c.shape()
+            )));
+        }
+    };
+    let rs = if rows == 1 {
+        0
+    } else if rows == m {
+        cols
+    } else {
+        usize::MAX
+    };
+    let cs = if cols == 1 {
+        0
+    } else if cols == n {
+        1
+    } else {
+        usize::MAX
+    };
+    if rs == usize::MAX || cs == usize::MAX {
+        return Err(OpError::shape(format!(
+            "Gemm input C of shape {} cannot broadcast to ({m}, {n})",
+            c.shape()
+        )));
+    }
+    Ok((rs, cs))
+}
+
+fn gemm(g: &Gemm, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+    let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
+    same_dtype(a, b, "input B")?;
+    let c = opt_input(inputs, 2);
+    if let Some(c) = c {
+        same_dtype(a, c, "input C")?;
+    }
+    let (at, m, k) = oriented(a, g.trans_a, "A", ctx)?;
+    let (bt, k2, n) = oriented(b, g.trans_b, "B", ctx)?;
+    let result = (|| {
+        if k != k2 {
+            return Err(OpError::shape(format!(
+                "Gemm inner dimensions differ: op(A) is ({m}, {k}), op(B) is ({k2}, {n}) (A {}, B {}, transA {}, transB {})",
+                a.shape(),
+                b.shape(),
+                g.trans_a,
+                g.trans_b
+            )));
+        }
+        let strides = c.map(|c| bias_strides(c, m, n)).transpose()?;
+        let mut out = ctx.alloc(a.dtype(), [m, n])?;
+        let (a_src, b_src) = (at.as_ref().unwrap_or(a), bt.as_ref().unwrap_or(b));
+        let (alpha, beta) = (g.alpha as f64, g.beta as f64);
+        dispatch!(a.dtype(), T => {
+            let bias = match (c, strides) {
+                (Some(c), Some((row_stride, col_stride))) => Some(Bias { data: c.as_slice::<T>()?, row_stride, col_stride }),
+                _ => None,
+            };
+            km::gemm(a_src.as_slice::<T>()?, b_src.as_slice::<T>()?, out.as_mut_slice::<T>()?, m, k, n, alpha, beta, bias, ctx.pool).map_err(kernel_error)
+        }; [F32, F64, F16, BF16, I32, I64, U32, U64])?;
+        Ok(out)
+    })();
+    for t in [at, bt].into_iter().flatten() {
+        ctx.arena.release(t);
+    }
+    result
+}
+
+/// `t` as `n` values over the normalized shape `norm_dims`, broadcasting (unidirectionally)
+/// when it is smaller; borrowed when it already has `n` elements.
+fn expand_param<'a, T: Element + Copy>(
+    t: &'a Tensor,
+    norm_dims: &[usize],
+    what: &str,
+) -> Result<Cow<'a, [T]>, OpError> {
+    let mut dims = t.dims();
+    while dims.len() > norm_dims.len() && dims[0] == 1 {
+        dims = &dims[1..];
+    }
+    if broadcast_shape(&[dims, norm_dims]).as_deref() != Some(norm_dims) {
+        return Err(OpError::shape(format!(
+            "{what} of shape {} cannot broadcast to the normalized shape {norm_dims:?}",
+            t.shape()
+        )));
+    }
+    let values = t.as_slice::<T>()?;
+    if dims == norm_dims {
+        return Ok(Cow::Borrowed(values));
+    }
+    let n: usize = norm_dims.iter().product();
+    let Some(&first) = values.first() else {
+        return Ok(Cow::Owned(Vec::new()));
+    };
+    let mut out = vec![first; n];
+    broadcast::binary(values, dims, &[()], &[], &mut out, norm_dims, |v, ()| v);
+    Ok(Cow::Owned(out))
+}
+
+fn norm_typed<T: Accum + Element>(
+    nm: &Norm,
+    x: &Tensor,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError>
+where
+    T::Acc: Element,
+{
+    let dims = x.dims();
+    let axis = norm_axis(nm.axis, dims.len())?;
+    let norm_dims = &dims[axis..];
+    let (rows, n) = (dims[..axis].iter().product(), norm_dims.iter().product());
+    let scale_t = input(inputs, 1)?;
+    same_dtype(x, scale_t, "Scale")?;
+    let scale = expand_param::<T>(scale_t, norm_dims, "Scale")?;
+    let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
+    if nm.kind == NormKind::Rms {
+        kn::rms_norm(
+            x.as_slice::<T>()?,
+            &scale,
+            rows,
+            n,
+            nm.epsilon,
+            y.as_mut_slice::<T>()?,
+            ctx.pool,
+        )
+        .map_err(kernel_error)?;
+        return Ok(vec![y]);
+    }
+    let bias = match opt_input(inputs, 2) {
+        Some(b) => {
+            same_dtype(x, b, "B")?;
+            Some(expand_param::<T>(b, norm_dims, "B")?)
+        }
+        None => None,
+    };
+    if n_outputs <= 1 {
+        kn::layer_norm(
+            x.as_slice::<T>()?,
+            &scale,
+            bias.as_deref(),
+            rows,
+            n,
+            nm.epsilon,
+            y.as_mut_slice::<T>()?,
+            None,
+            ctx.pool,
+        )
+        .map_err(kernel_error)?;
+        return Ok(vec![y]);
+    }
+    // Mean and InvStdDev keep the normalized axes as 1s, in the statistics type.
+    let stat_dims: Vec<usize> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if i < axis { d } else { 1 })
+        .collect();
+    let mut mean = ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice())?;
+    let mut inv = ctx.alloc(T::Acc::DTYPE, stat_dims)?;
+    let stats = LayerNormStats {
+        mean: mean.as_mut_slice::<T::Acc>()?,
+        inv_std_dev: inv.as_mut_slice::<T::Acc>()?,
+    };
+    kn::layer_norm(
+        x.as_slice::<T>()?,
+        &scale,
+        bias.as_deref(),
+        rows,
+        n,
+        nm.epsilon,
+        y.as_mut_slice::<T>()?,
+        Some(stats),
+        ctx.pool,
+    )
+    .map_err(kernel_error)?;
+    Ok(vec![y, mean, inv])
+}
+
+fn norm(
+    nm: &Norm,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError> {
+    let x = input(inputs, 0)?;
+    match x.dtype() {
+        DType::F32 => norm_typed::<f32>(nm, x, inputs, n_outputs, ctx),
+        DType::F64 => norm_typed::<f64>(nm, x, inputs, n_outputs, ctx),
+        DType::F16 => norm_typed::<half::f16>(nm, x, inputs, n_outputs, ctx),
+        DType::BF16 => norm_typed::<half::bf16>(nm, x, inputs, n_outputs, ctx),
+        other => Err(OpError::DType {
+            dtype: other,
+            detail: " for a normalization: expected a float type".into(),
+        }),
+    }
 }

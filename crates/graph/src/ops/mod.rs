@@ -73,6 +73,15 @@ pub enum Op {
     Norm(Norm),
 }
 
+impl Op {
+    /// Input positions the op may update in place and return as an output (KV caches). The
+    /// executor hands such an input over, instead of lending it, when this node is its last
+    /// reader; otherwise the op copies it.
+    pub fn inplace_inputs(&self) -> &'static [usize] {
+        &[]
+    }
+}
+
 /// Every op spec the native backend registers.
 pub fn specs() -> Vec<OpSpec> {
     let mut specs = Vec::new();

@@ -1,0 +1,428 @@
+//! Reference matrix multiplication over row-major slices: `C = A·B`, batched, and Gemm's
+//! `C = alpha·A·B + beta·bias`.
+//!
+//! The reduction contract (DESIGN.md §6): every output element `C[i, j]` is one accumulator
+//! that adds `A[i, k]·B[k, j]` for `k = 0, 1, .., K-1` in order, in the element type's
+//! accumulator ([`Accum`]: f32 for f16/bf16), then rounds once. Tasks split output rows and
+//! columns, never K. So the result is bit-identical for any thread count, and row `i` of an
+//! M-row product equals the 1-row product of row `i` (decode row = prefill row).
+//!
+//! Loop order is i, k, j over a stack tile of [`TILE`] output columns: each `j` lane is an
+//! independent accumulator, so the inner loop vectorizes without reassociating any sum.
+//! Reference: ONNX `MatMul` (NumPy `matmul`) and `Gemm` operator docs.
+
+use std::ops::Range;
+
+use crate::acc::Accum;
+use crate::layout::{LayoutError, check_len};
+use crate::par::{par_row_parts, parts_for};
+use crate::{Scalar, ThreadPool};
+
+/// Output columns accumulated together on the stack while K streams past (64 f32 lanes are
+/// 256 bytes: a few cache lines, and a multiple of every SIMD width).
+pub const TILE: usize = 64;
+
+/// A matrix added to the product (Gemm's `C` input), broadcast to `(M, N)` by strides:
+/// element `(i, j)` is `data[i * row_stride + j * col_stride]` (a stride of 0 repeats).
+#[derive(Debug, Clone, Copy)]
+pub struct Bias<'a, T> {
+    pub data: &'a [T],
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+fn mul(a: usize, b: usize, what: &str) -> Result<usize, LayoutError> {
+    a.checked_mul(b)
+        .ok_or_else(|| LayoutError::Shape(format!("{what} {a} x {b} overflows")))
+}
+
+/// `c = a·b` for row-major `a` (m, k), `b` (k, n) and `c` (m, n).
+pub fn matmul<T: Accum>(
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    m: usize,
+    k: usize,
+    n: usize,
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    matmul_batched(a, b, c, &[0], &[0], m, k, n, pool)
+}
+
+/// A batch of products sharing one shape: `c[t] = a[a_offsets[t]..]·b[b_offsets[t]..]`, each
+/// operand row-major (m, k) and (k, n), with `c` holding the `(m, n)` results one after another.
+/// Offsets let broadcast batches reuse one operand without copying it.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_batched<T: Accum>(
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    a_offsets: &[usize],
+    b_offsets: &[usize],
+    m: usize,
+    k: usize,
+    n: usize,
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    product(
+        a,
+        b,
+        c,
+        a_offsets,
+        b_offsets,
+        (m, k, n),
+        pool,
+        |_, _, acc| T::narrow(acc),
+    )
+}
+
+/// Gemm: `c = alpha·(a·b) + beta·bias` for row-major `a` (m, k), `b` (k, n), `c` (m, n). The
+/// bias is skipped (not read) when absent or when `beta` is 0. Scaling happens in the
+/// accumulator type, before the single rounding.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm<T: Accum>(
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f64,
+    beta: f64,
+    bias: Option<Bias<'_, T>>,
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    let alpha_acc = <T::Acc as Scalar>::from_f64(alpha);
+    let beta_acc = <T::Acc as Scalar>::from_f64(beta);
+    let scale = |acc: T::Acc| {
+        if alpha == 1.0 {
+            acc
+        } else {
+            alpha_acc.mul(acc)
+        }
+    };
+    match bias.filter(|_| beta != 0.0) {
+        None => product(a, b, c, &[0], &[0], (m, k, n), pool, |_, _, acc| {
+            T::narrow(scale(acc))
+        }),
+        Some(bias) => {
+            if m > 0 && n > 0 {
+                let last = (m - 1).checked_mul(bias.row_stride).and_then(|r| {
+                    (n - 1)
+                        .checked_mul(bias.col_stride)
+                        .and_then(|c| r.checked_add(c))
+                });
+                if last.is_none_or(|l| l >= bias.data.len()) {
+                    return Err(LayoutError::Shape(format!(
+                        "bias of {} elements cannot broadcast to ({m}, {n}) with strides ({}, {})",
+                        bias.data.len(),
+                        bias.row_stride,
+                        bias.col_stride
+                    )));
+                }
+            }
+            product(a, b, c, &[0], &[0], (m, k, n), pool, |i, j, acc| {
+                let add = bias.data[i * bias.row_stride + j * bias.col_stride].widen();
+                T::narrow(scale(acc).add(if beta == 1.0 { add } else { beta_acc.mul(add) }))
+            })
+        }
+    }
+}
+
+/// Shared driver: validates, splits output rows (or columns when rows are few) across the
+/// pool, and stores `epilogue(i, j, accumulator)` for each output element `(i, j)`.
+#[allow(clippy::too_many_arguments)]
+fn product<T: Accum>(
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    a_offsets: &[usize],
+    b_offsets: &[usize],
+    (m, k, n): (usize, usize, usize),
+    pool: &ThreadPool,
+    epilogue: impl Fn(usize, usize, T::Acc) -> T + Sync,
+) -> Result<(), LayoutError> {
+    let batch = a_offsets.len();
+    check_len("b offsets", b_offsets.len(), batch)?;
+    let (a_size, b_size, c_size) = (mul(m, k, "A")?, mul(k, n, "B")?, mul(m, n, "C")?);
+    check_len("output", c.len(), mul(batch, c_size, "batched C")?)?;
+    for (what, offsets, size, len) in [
+        ("A", a_offsets, a_size, a.len()),
+        ("B", b_offsets, b_size, b.len()),
+    ] {
+        if let Some(&off) = offsets
+            .iter()
+            .find(|&&off| off.checked_add(size).is_none_or(|end| end > len))
+        {
+            return Err(LayoutError::Shape(format!(
+                "{what} matrix at offset {off} of {size} elements overruns its {len}-element buffer"
+            )));
+        }
+    }
+    let rows = batch * m;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let col_tiles = n.div_ceil(TILE);
+    let parts = parts_for(pool, rows * col_tiles, k.max(1) * n.min(TILE));
+    let (rows_per_task, col_parts) = if parts <= rows {
+        (rows.div_ceil(parts), 1)
+    } else {
+        (1, parts.div_ceil(rows).min(col_tiles))
+    };
+    par_row_parts(pool, c, n, rows_per_task, col_parts, |row, cols, out| {
+        let (t, i) = (row / m, row % m);
+        let a_row = &a[a_offsets[t] + i * k..][..k];
+        let b_mat = &b[b_offsets[t]..][..b_size];
+        row_part(a_row, b_mat, n, cols, out, |j, acc| epilogue(i, j, acc));
+    });
+    Ok(())
+}
+
+/// One output row's columns `cols`: `out[j - cols.start] = epilogue(j, Σ_k a_row[k]·b[k, j])`.
+fn row_part<T: Accum>(
+    a_row: &[T],
+    b: &[T],
+    n: usize,
+    cols: Range<usize>,
+    out: &mut [T],
+    epilogue: impl Fn(usize, T::Acc) -> T,
+) {
+    let mut tile = [<T::Acc as Scalar>::ZERO; TILE];
+    let mut j0 = cols.start;
+    for out_tile in out.chunks_mut(TILE) {
+        let acc = &mut tile[..out_tile.len()];
+        acc.fill(<T::Acc as Scalar>::ZERO);
+        for (kk, &av) in a_row.iter().enumerate() {
+            let av = av.widen();
+            let b_row = &b[kk * n + j0..][..acc.len()];
+            for (s, &bv) in acc.iter_mut().zip(b_row) {
+                *s = s.add(av.mul(bv.widen()));
+            }
+        }
+        for (j, (o, &s)) in out_tile.iter_mut().zip(acc.iter()).enumerate() {
+            *o = epilogue(j0 + j, s);
+        }
+        j0 += out_tile.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::{bf16, f16};
+
+    use super::*;
+
+    /// Deterministic values in [-1, 1) from a 64-bit LCG (Knuth's MMIX constants).
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|kk| a[i * k + kk] * b[kk * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    fn check_close<T: Accum>(m: usize, k: usize, n: usize, tol: f64) {
+        let pool = ThreadPool::new(2);
+        let (a32, b32) = (values(m * k, 1), values(k * n, 2));
+        let a: Vec<T> = a32.iter().map(|&v| T::from_f32(v)).collect();
+        let b: Vec<T> = b32.iter().map(|&v| T::from_f32(v)).collect();
+        let mut c = vec![T::ZERO; m * n];
+        matmul(&a, &b, &mut c, m, k, n, &pool).unwrap();
+        let want = naive(
+            &a.iter().map(|v| v.to_f64()).collect::<Vec<_>>(),
+            &b.iter().map(|v| v.to_f64()).collect::<Vec<_>>(),
+            m,
+            k,
+            n,
+        );
+        for (idx, (got, want)) in c.iter().zip(&want).enumerate() {
+            let got = got.to_f64();
+            assert!(
+                (got - want).abs() <= tol * (1.0 + want.abs()),
+                "{m}x{k}x{n} element {idx}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn small_product_is_exact() {
+        let pool = ThreadPool::new(1);
+        let a = [1i32, 2, 3, 4, 5, 6]; // 2x3
+        let b = [7i32, 8, 9, 10, 11, 12]; // 3x2
+        let mut c = [0i32; 4];
+        matmul(&a, &b, &mut c, 2, 3, 2, &pool).unwrap();
+        assert_eq!(c, [58, 64, 139, 154]);
+    }
+
+    #[test]
+    fn matches_a_naive_product_for_odd_sizes_and_every_float_type() {
+        for (m, k, n) in [(1, 1, 1), (3, 7, 5), (2, 65, 63), (5, 33, 130), (1, 0, 4)] {
+            check_close::<f32>(m, k, n, 1e-5);
+            check_close::<f64>(m, k, n, 1e-12);
+            // Half inputs are exact in f32; only the final rounding differs from f64.
+            check_close::<f16>(m, k, n, 2e-3);
+            check_close::<bf16>(m, k, n, 1e-2);
+        }
+    }
+
+    #[test]
+    fn thread_count_does_not_change_a_single_bit() {
+        let (p1, p3) = (ThreadPool::new(1), ThreadPool::new(3));
+        // Shapes that split rows (m = 37) and, with one row, columns (m = 1).
+        for (m, k, n) in [(37, 300, 200), (1, 1000, 700), (4, 513, 129)] {
+            let (a, b) = (values(m * k, 3), values(k * n, 4));
+            let (mut c1, mut c3) = (vec![0f32; m * n], vec![0f32; m * n]);
+            matmul(&a, &b, &mut c1, m, k, n, &p1).unwrap();
+            matmul(&a, &b, &mut c3, m, k, n, &p3).unwrap();
+            assert!(
+                c1.iter().zip(&c3).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{m}x{k}x{n}"
+            );
+            let (ah, bh): (Vec<bf16>, Vec<bf16>) = (
+                a.iter().map(|&v| bf16::from_f32(v)).collect(),
+                b.iter().map(|&v| bf16::from_f32(v)).collect(),
+            );
+            let (mut h1, mut h3) = (vec![bf16::ZERO; m * n], vec![bf16::ZERO; m * n]);
+            matmul(&ah, &bh, &mut h1, m, k, n, &p1).unwrap();
+            matmul(&ah, &bh, &mut h3, m, k, n, &p3).unwrap();
+            assert!(
+                h1.iter().zip(&h3).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "bf16 {m}x{k}x{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_row_of_a_batch_equals_its_one_row_product() {
+        let pool = ThreadPool::new(3);
+        let (m, k, n) = (33, 257, 150);
+        let (a, b) = (values(m * k, 5), values(k * n, 6));
+        let mut full = vec![0f32; m * n];
+        matmul(&a, &b, &mut full, m, k, n, &pool).unwrap();
+        for i in 0..m {
+            let mut row = vec![0f32; n];
+            matmul(&a[i * k..(i + 1) * k], &b, &mut row, 1, k, n, &pool).unwrap();
+            assert!(
+                row.iter()
+                    .zip(&full[i * n..(i + 1) * n])
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "row {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn batches_use_their_offsets() {
+        let pool = ThreadPool::new(2);
+        // Two A matrices (1x2) times one shared B (2x2).
+        let a = [1f32, 2.0, 3.0, 4.0];
+        let b = [1f32, 0.0, 0.0, 10.0];
+        let mut c = [0f32; 4];
+        matmul_batched(&a, &b, &mut c, &[0, 2], &[0, 0], 1, 2, 2, &pool).unwrap();
+        assert_eq!(c, [1.0, 20.0, 3.0, 40.0]);
+    }
+
+    #[test]
+    fn gemm_scales_and_broadcasts_the_bias() {
+        let pool = ThreadPool::new(1);
+        let a = [1f32, 2.0, 3.0, 4.0]; // 2x2
+        let b = [1f32, 0.0, 0.0, 1.0]; // identity
+        let bias = [10f32, 20.0]; // a row vector, broadcast down the rows
+        let mut c = [0f32; 4];
+        gemm(
+            &a,
+            &b,
+            &mut c,
+            2,
+            2,
+            2,
+            2.0,
+            0.5,
+            Some(Bias {
+                data: &bias,
+                row_stride: 0,
+                col_stride: 1,
+            }),
+            &pool,
+        )
+        .unwrap();
+        assert_eq!(c, [7.0, 14.0, 11.0, 18.0]);
+        // beta = 0 ignores the bias, even a NaN one.
+        let nan = [f32::NAN];
+        gemm(
+            &a,
+            &b,
+            &mut c,
+            2,
+            2,
+            2,
+            1.0,
+            0.0,
+            Some(Bias {
+                data: &nan,
+                row_stride: 0,
+                col_stride: 0,
+            }),
+            &pool,
+        )
+        .unwrap();
+        assert_eq!(c, a);
+    }
+
+    #[test]
+    fn bad_lengths_are_errors_not_panics() {
+        let pool = ThreadPool::new(1);
+        let mut c = [0f32; 4];
+        assert!(matmul(&[1f32; 3], &[1f32; 4], &mut c, 2, 2, 2, &pool).is_err());
+        assert!(matmul(&[1f32; 4], &[1f32; 4], &mut c[..3], 2, 2, 2, &pool).is_err());
+        assert!(
+            matmul_batched(
+                &[1f32; 4],
+                &[1f32; 4],
+                &mut c,
+                &[0, 3],
+                &[0, 0],
+                1,
+                2,
+                2,
+                &pool
+            )
+            .is_err()
+        );
+        let short = Bias {
+            data: &[1f32; 3],
+            row_stride: 2,
+            col_stride: 1,
+        };
+        assert!(
+            gemm(
+                &[1f32; 4],
+                &[1f32; 4],
+                &mut c,
+                2,
+                2,
+                2,
+                1.0,
+                1.0,
+                Some(short),
+                &pool
+            )
+            .is_err()
+        );
+    }
+}

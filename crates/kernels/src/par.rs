@@ -1,0 +1,185 @@
+//! Hands disjoint parts of output slices to pool tasks.
+//!
+//! [`ThreadPool::run`] takes `Fn(usize)` tasks, which cannot capture `&mut` slices; these
+//! helpers give each task its own disjoint part of one or two outputs. The split never
+//! changes what is written: callers compute every output element the same way however the
+//! output is divided (the reduction contract, DESIGN.md §6), so the split only has to balance
+//! load.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use crate::ThreadPool;
+use crate::pool::chunk;
+
+/// Work (multiply-adds or element visits) below which a kernel stays on the calling thread:
+/// waking the workers costs a few microseconds, about what 32k simple element operations take.
+pub const MIN_PARALLEL_WORK: usize = 1 << 15;
+
+/// Parts per thread when splitting, so an uneven part does not leave threads idle.
+const PARTS_PER_THREAD: usize = 4;
+
+/// How many parts to split `units` independent units of `work_per_unit` each into: 1 when the
+/// whole job is small or the pool has one thread, otherwise a few per thread (at most `units`).
+pub fn parts_for(pool: &ThreadPool, units: usize, work_per_unit: usize) -> usize {
+    let threads = pool.threads();
+    if threads == 1 || units <= 1 || units.saturating_mul(work_per_unit.max(1)) < MIN_PARALLEL_WORK
+    {
+        return 1;
+    }
+    (threads * PARTS_PER_THREAD).min(units)
+}
+
+/// A `&mut [T]` that tasks on several threads carve disjoint ranges from.
+struct Shared<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: `Shared` only hands out `&mut` to ranges that its users guarantee are disjoint
+// (see `range`), so sharing it is like sending disjoint `&mut [T]` to each thread.
+unsafe impl<T: Send> Sync for Shared<'_, T> {}
+
+impl<'a, T> Shared<'a, T> {
+    fn new(s: &'a mut [T]) -> Self {
+        Shared {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The sub-slice `r`, clamped to the slice.
+    ///
+    /// # Safety
+    /// No two live results may overlap: each caller passes ranges disjoint from every other
+    /// range handed out while the borrow lasts.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn range(&self, r: Range<usize>) -> &mut [T] {
+        let end = r.end.min(self.len);
+        let start = r.start.min(end);
+        // SAFETY: `start..end` lies inside the original slice, and the caller guarantees no
+        // other live reference covers it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
+    }
+}
+
+/// Runs `f(start, part)` in parallel over consecutive parts of `out` of `part_len` elements
+/// (the last may be shorter), where `part = &mut out[start..start + part_len]`.
+pub fn par_chunks<T: Send>(
+    pool: &ThreadPool,
+    out: &mut [T],
+    part_len: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let part_len = part_len.max(1);
+    let n = out.len().div_ceil(part_len);
+    let shared = Shared::new(out);
+    pool.run(n, &|i| {
+        let start = i * part_len;
+        // SAFETY: task `i` alone gets `i * part_len..(i + 1) * part_len`; these never overlap.
+        let part = unsafe { shared.range(start..start + part_len) };
+        f(start, part);
+    });
+}
+
+/// Like [`par_chunks`] over two outputs split in step: part `i` is
+/// `a[i * a_len..(i + 1) * a_len]` with `b[i * b_len..(i + 1) * b_len]` (both clamped).
+/// The part count follows `a`; `f` gets the part index.
+pub fn par_chunks2<A: Send, B: Send>(
+    pool: &ThreadPool,
+    a: &mut [A],
+    a_len: usize,
+    b: &mut [B],
+    b_len: usize,
+    f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+) {
+    let a_len = a_len.max(1);
+    let n = a.len().div_ceil(a_len);
+    let (sa, sb) = (Shared::new(a), Shared::new(b));
+    pool.run(n, &|i| {
+        // SAFETY: task `i` alone gets part `i` of each slice; parts never overlap.
+        let (pa, pb) = unsafe {
+            (
+                sa.range(i * a_len..(i + 1) * a_len),
+                sb.range(i * b_len..(i + 1) * b_len),
+            )
+        };
+        f(i, pa, pb);
+    });
+}
+
+/// Views `out` as rows of `row_len` elements, cuts each row into `col_parts` near-equal
+/// column ranges ([`chunk`]), and runs `f(row, cols, &mut out[row * row_len + cols])` for
+/// every (row, range) pair. One task takes `rows_per_task` consecutive rows of one column
+/// range, so consecutive rows can share what they read.
+pub fn par_row_parts<T: Send>(
+    pool: &ThreadPool,
+    out: &mut [T],
+    row_len: usize,
+    rows_per_task: usize,
+    col_parts: usize,
+    f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
+) {
+    if row_len == 0 {
+        return;
+    }
+    let rows = out.len() / row_len;
+    let rows_per_task = rows_per_task.max(1);
+    let col_parts = col_parts.clamp(1, row_len);
+    let row_blocks = rows.div_ceil(rows_per_task);
+    let shared = Shared::new(out);
+    pool.run(row_blocks * col_parts, &|t| {
+        let (block, part) = (t / col_parts, t % col_parts);
+        let cols = chunk(row_len, col_parts, part);
+        for row in block * rows_per_task..((block + 1) * rows_per_task).min(rows) {
+            let start = row * row_len;
+            // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
+            // are disjoint, so no two tasks get overlapping ranges.
+            let slice = unsafe { shared.range(start + cols.start..start + cols.end) };
+            f(row, cols.clone(), slice);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_every_element_once() {
+        let pool = ThreadPool::new(3);
+        let mut out = vec![0u32; 103];
+        par_chunks(&pool, &mut out, 10, |start, part| {
+            for (j, v) in part.iter_mut().enumerate() {
+                *v += (start + j) as u32 + 1;
+            }
+        });
+        assert!(out.iter().enumerate().all(|(i, &v)| v == i as u32 + 1));
+    }
+
+    #[test]
+    fn paired_chunks_stay_in_step() {
+        let pool = ThreadPool::new(2);
+        let (mut a, mut b) = (vec![0usize; 12], vec![0usize; 4]);
+        par_chunks2(&pool, &mut a, 3, &mut b, 1, |i, pa, pb| {
+            pa.fill(i);
+            pb[0] = i;
+        });
+        assert_eq!(b, [0, 1, 2, 3]);
+        assert!(a.iter().enumerate().all(|(j, &v)| v == j / 3));
+    }
+
+    #[test]
+    fn row_parts_tile_the_output() {
+        let pool = ThreadPool::new(3);
+        let mut out = vec![0usize; 7 * 5];
+        par_row_parts(&pool, &mut out, 5, 2, 3, |row, cols, part| {
+            for (j, v) in cols.zip(part.iter_mut()) {
+                *v += row * 5 + j + 1;
+            }
+        });
+        assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1));
+    }
+}

@@ -1,0 +1,187 @@
+//! Softmax, LogSoftmax and Hardmax along one axis of a tensor viewed as `(outer, n, inner)`.
+//!
+//! Numerically stable: each lane subtracts its maximum before `exp`, so large inputs do not
+//! overflow. Math runs in the accumulator type ([`Accum`]: f32 for f16/bf16); the sum of
+//! exponentials folds in lane order and tasks split lanes, never one lane, so results are
+//! bit-identical for any thread count.
+//! Reference: ONNX `Softmax`, `LogSoftmax`, `Hardmax` (opset 13) and onnxruntime's CPU kernels
+//! (`(x - max) - log(Σ exp(x - max))` for LogSoftmax).
+
+use crate::acc::{AccScalar, Accum, max_nan};
+use crate::layout::{LayoutError, check_len};
+use crate::par::{par_chunks, parts_for};
+use crate::{Scalar, ThreadPool};
+
+/// Which normalization to apply to each lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftmaxKind {
+    /// `exp(x - max) / Σ exp(x - max)`
+    Softmax,
+    /// `(x - max) - log(Σ exp(x - max))`
+    LogSoftmax,
+    /// 1 at the first maximum of the lane, 0 elsewhere.
+    Hardmax,
+}
+
+/// Applies `kind` to every lane of `x` (shape `(outer, n, inner)`, normalizing over `n`),
+/// writing `out` of the same shape.
+pub fn softmax<T: Accum>(
+    kind: SoftmaxKind,
+    x: &[T],
+    outer: usize,
+    n: usize,
+    inner: usize,
+    out: &mut [T],
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    let block = n
+        .checked_mul(inner)
+        .ok_or_else(|| LayoutError::Shape(format!("({outer}, {n}, {inner}) overflows")))?;
+    let total = outer
+        .checked_mul(block)
+        .ok_or_else(|| LayoutError::Shape(format!("({outer}, {n}, {inner}) overflows")))?;
+    check_len("input", x.len(), total)?;
+    check_len("output", out.len(), total)?;
+    if total == 0 {
+        return Ok(());
+    }
+    let parts = parts_for(pool, outer, block);
+    par_chunks(pool, out, block * outer.div_ceil(parts), |first, part| {
+        for (b, out_block) in part.chunks_mut(block).enumerate() {
+            let x_block = &x[first + b * block..][..block];
+            for i in 0..inner {
+                lane(kind, x_block, out_block, i, n, inner);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// One lane: elements `j * inner + offset` of a block.
+fn lane<T: Accum>(
+    kind: SoftmaxKind,
+    x: &[T],
+    out: &mut [T],
+    offset: usize,
+    n: usize,
+    inner: usize,
+) {
+    let idx = |j: usize| j * inner + offset;
+    if kind == SoftmaxKind::Hardmax {
+        let mut at = 0;
+        for j in 1..n {
+            if x[idx(j)] > x[idx(at)] {
+                at = j;
+            }
+        }
+        for j in 0..n {
+            out[idx(j)] = if j == at { T::ONE } else { T::ZERO };
+        }
+        return;
+    }
+    let m = (0..n).fold(x[idx(0)].widen(), |m, j| max_nan(m, x[idx(j)].widen()));
+    // Where the element type is the accumulator type, storing exp(x - m) and reading it back
+    // is exact, which saves the second exp.
+    let stores_exact = std::mem::size_of::<T>() == std::mem::size_of::<T::Acc>();
+    let mut sum = <T::Acc as Scalar>::ZERO;
+    for j in 0..n {
+        let e = x[idx(j)].widen().sub(m).exp();
+        sum = sum.add(e);
+        if stores_exact && kind == SoftmaxKind::Softmax {
+            out[idx(j)] = T::narrow(e);
+        }
+    }
+    match kind {
+        SoftmaxKind::Softmax => {
+            for j in 0..n {
+                let e = if stores_exact {
+                    out[idx(j)].widen()
+                } else {
+                    x[idx(j)].widen().sub(m).exp()
+                };
+                out[idx(j)] = T::narrow(e.div(sum));
+            }
+        }
+        _ => {
+            let log_sum = sum.ln();
+            for j in 0..n {
+                out[idx(j)] = T::narrow(x[idx(j)].widen().sub(m).sub(log_sum));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::*;
+
+    fn run<T: Accum>(
+        kind: SoftmaxKind,
+        x: &[T],
+        outer: usize,
+        n: usize,
+        inner: usize,
+        threads: usize,
+    ) -> Vec<T> {
+        let mut out = vec![T::ZERO; x.len()];
+        softmax(
+            kind,
+            x,
+            outer,
+            n,
+            inner,
+            &mut out,
+            &ThreadPool::new(threads),
+        )
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn softmax_is_stable_for_large_inputs() {
+        let y = run(SoftmaxKind::Softmax, &[1000f32, 1001.0, 1002.0], 1, 3, 1, 1);
+        let e = [(-2f64).exp(), (-1f64).exp(), 1.0];
+        let s: f64 = e.iter().sum();
+        for (got, want) in y.iter().zip(e.iter().map(|v| v / s)) {
+            assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        let l = run(
+            SoftmaxKind::LogSoftmax,
+            &[1000f32, 1001.0, 1002.0],
+            1,
+            3,
+            1,
+            1,
+        );
+        assert!((l[2] as f64 - (1.0 / s).ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn strided_lanes_and_hardmax() {
+        // (1, 2, 2): lanes are columns [0, 3] and [5, 5].
+        let x = [0f32, 5.0, 3.0, 5.0];
+        assert_eq!(
+            run(SoftmaxKind::Hardmax, &x, 1, 2, 2, 1),
+            [0.0, 1.0, 1.0, 0.0]
+        );
+        let y = run(SoftmaxKind::Softmax, &x, 1, 2, 2, 1);
+        assert_eq!((y[1], y[3]), (0.5, 0.5));
+        assert!((y[0] + y[2] - 1.0).abs() < 1e-7);
+    }
+
+    #[test]
+    fn halves_and_threads() {
+        let x: Vec<f32> = (0..300 * 257)
+            .map(|i| ((i * 31) % 97) as f32 * 0.1)
+            .collect();
+        let a = run(SoftmaxKind::Softmax, &x, 300, 257, 1, 1);
+        let b = run(SoftmaxKind::Softmax, &x, 300, 257, 1, 3);
+        assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
+        let h: Vec<bf16> = x[..257].iter().map(|&v| bf16::from_f32(v)).collect();
+        let y = run(SoftmaxKind::Softmax, &h, 1, 257, 1, 1);
+        let total: f32 = y.iter().map(|v| v.to_f32()).sum();
+        assert!((total - 1.0).abs() < 2e-2, "{total}");
+    }
+}
