@@ -6,8 +6,10 @@
 
 #[macro_use]
 mod dispatch;
+mod attention;
 mod elementwise;
 mod nn;
+mod quant;
 mod reduce;
 mod shape;
 
@@ -36,7 +38,7 @@ impl OpCtx<'_> {
 pub fn run(
     op: &Op,
     inputs: &[Option<&Tensor>],
-    #[allow(unused_variables)] donated: &mut [Option<Tensor>],
+    donated: &mut [Option<Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
 ) -> Result<Vec<Tensor>, OpError> {
@@ -67,7 +69,9 @@ pub fn run(
         Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => {
             reduce::run(op, inputs, n_outputs, ctx)
         }
-        Op::MatMul | Op::Gemm(_) | Op::Norm(_) => nn::run(op, inputs, n_outputs, ctx),
+        Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) => nn::run(op, inputs, n_outputs, ctx),
+        Op::MatMulNBits(_) | Op::GatherBlockQuantized(_) => quant::run(op, inputs, n_outputs, ctx),
+        Op::GroupQueryAttention(_) | Op::Rotary(_) => attention::run(op, inputs, donated, n_outputs, ctx),
     }
 }
 

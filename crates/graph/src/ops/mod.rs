@@ -4,13 +4,17 @@
 //! tensors (including ONNX's newer "attributes as inputs" like Reshape's shape) are read by
 //! the executor at run time; what is fixed per node lives here.
 
+mod attention;
 mod elementwise;
 mod nn;
+mod quant;
 mod reduce;
 mod shape;
 
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
-pub use nn::{Gemm, Norm, NormKind};
+pub use attention::{GroupQueryAttention, Rotary};
+pub use nn::{Gemm, Norm, NormKind, SkipNorm};
+pub use quant::{GatherBlockQuantized, MatMulNBits};
 pub use reduce::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
 pub use shape::{Gather, ScatterND, ScatterReduction, Slice, Split, Squeeze};
 
@@ -71,6 +75,13 @@ pub enum Op {
     MatMul,
     Gemm(Gemm),
     Norm(Norm),
+    /// com.microsoft::SkipSimplifiedLayerNormalization (and its LayerNorm sibling).
+    SkipNorm(SkipNorm),
+    MatMulNBits(MatMulNBits),
+    GatherBlockQuantized(GatherBlockQuantized),
+    GroupQueryAttention(GroupQueryAttention),
+    /// com.microsoft::RotaryEmbedding and ONNX (opset 23) RotaryEmbedding.
+    Rotary(Rotary),
 }
 
 impl Op {
@@ -78,7 +89,11 @@ impl Op {
     /// executor hands such an input over, instead of lending it, when this node is its last
     /// reader; otherwise the op copies it.
     pub fn inplace_inputs(&self) -> &'static [usize] {
-        &[]
+        match self {
+            // past_key, past_value: with a shared past/present buffer they become present.
+            Op::GroupQueryAttention(_) => &[3, 4],
+            _ => &[],
+        }
     }
 }
 
@@ -89,5 +104,7 @@ pub fn specs() -> Vec<OpSpec> {
     specs.extend(shape::specs());
     specs.extend(reduce::specs());
     specs.extend(nn::specs());
+    specs.extend(quant::specs());
+    specs.extend(attention::specs());
     specs
 }

@@ -83,3 +83,7 @@ pub(super) fn specs() -> Vec<OpSpec> {
         OpSpec::new("", "RMSNormalization", 23, |ctx| norm(ctx, NormKind::Rms)),
     ]
 }
+
+/// com.microsoft::SkipSimplifiedLayerNormalization attributes (placeholder: being implemented).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkipNorm {}
