@@ -10,11 +10,13 @@
 
 mod arena;
 mod error;
+mod lm;
 pub mod ops;
 mod plan;
 mod session;
 
 pub use arena::Arena;
 pub use error::{ExecError, OpError};
+pub use lm::NativeLm;
 pub use plan::Plan;
 pub use session::{ExecOptions, NativeSession, RunStats};

@@ -2,10 +2,15 @@
 //!
 //! Every backend (native kernels, ONNX Runtime) implements [`Session`]: a loaded model that
 //! runs named input tensors to named output tensors. Conformance suites and tools are written
-//! once against this trait and run on every backend. The language-model `step` entry point
-//! joins it when the model-step work lands.
+//! once against this trait and run on every backend. Language models are also stepped
+//! through [`LanguageModel`]: token spans per sequence in, logits out, with the KV cache owned
+//! by the backend behind opaque sequence ids.
 //!
 //! This crate must never depend on a backend, parse model files or run kernels.
+
+mod lm;
+
+pub use lm::{Batch, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId, SeqStep, StepLogits};
 
 use oxgen_tensor::{DType, Tensor};
 
@@ -96,6 +101,10 @@ pub enum RuntimeError {
         expected: String,
         actual: Vec<usize>,
     },
+    #[error("not a language model: {0}")]
+    Contract(String),
+    #[error("sequence {0}: {1}")]
+    Sequence(u64, String),
     #[error("{0}")]
     Backend(Box<dyn std::error::Error + Send + Sync>),
 }

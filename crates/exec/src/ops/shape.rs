@@ -429,7 +429,7 @@ fn slice_axis(start: i64, end: i64, step: i64, dim: usize) -> (usize, isize, usi
         let len = if e > s { (e - s + st - 1) / st } else { 0 };
         (s, len)
     } else {
-        let (s, e) = (s.clamp(0, (d - 1).max(0)), e.clamp(0, (d - 1).max(0)));
+        let (s, e) = (s.clamp(0, (d - 1).max(0)), e.clamp(-1, (d - 1).max(-1)));
         let len = if s > e && d > 0 {
             (s - e + (-st) - 1) / (-st)
         } else {

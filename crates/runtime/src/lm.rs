@@ -1,0 +1,195 @@
+//! The language-model seam: the I/O contract read from a graph, and `step` over a batch.
+//!
+//! A backend owns each sequence's KV cache, sized to the context asked for when the sequence
+//! is added; callers hold [`SeqId`]s. One `step` runs token spans of one or more sequences
+//! (prefill chunks or single decode tokens) and returns the logits rows asked for.
+
+use oxgen_tensor::DType;
+
+use crate::{Dim, IoSpec, RuntimeError};
+
+/// The names of one layer's KV inputs and outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvNames {
+    pub past_key: String,
+    pub past_value: String,
+    pub present_key: String,
+    pub present_value: String,
+}
+
+/// How to feed a decoder-only language model graph, read from its declared inputs/outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LmContract {
+    pub input_ids: String,
+    pub input_ids_dtype: DType,
+    pub attention_mask: Option<(String, DType)>,
+    pub position_ids: Option<(String, DType)>,
+    pub logits: String,
+    /// One entry per layer, in layer order.
+    pub layers: Vec<KvNames>,
+    pub kv_heads: usize,
+    pub head_size: usize,
+    pub kv_dtype: DType,
+    /// Vocabulary size when the logits output declares it.
+    pub vocab_size: Option<usize>,
+}
+
+/// Names a layered input or output: `template` holds `%d` where the layer index goes
+/// (onnxruntime-genai's `genai_config.json` convention).
+fn layer_name(template: &str, layer: usize) -> String {
+    template.replace("%d", &layer.to_string())
+}
+
+/// The templates of KV names, as onnxruntime-genai packages and optimum exports spell them.
+#[derive(Debug, Clone)]
+pub struct KvTemplates {
+    pub past_key: String,
+    pub past_value: String,
+    pub present_key: String,
+    pub present_value: String,
+}
+
+impl Default for KvTemplates {
+    fn default() -> Self {
+        KvTemplates {
+            past_key: "past_key_values.%d.key".into(),
+            past_value: "past_key_values.%d.value".into(),
+            present_key: "present.%d.key".into(),
+            present_value: "present.%d.value".into(),
+        }
+    }
+}
+
+impl LmContract {
+    /// Reads the contract from a graph's declared inputs and outputs. `input_ids`,
+    /// `attention_mask`, `position_ids` and `logits` are the names used; KV names follow
+    /// `kv`. Fails naming what is missing.
+    pub fn from_io(inputs: &[IoSpec], outputs: &[IoSpec], kv: &KvTemplates) -> Result<LmContract, RuntimeError> {
+        let find_in = |name: &str| inputs.iter().find(|s| s.name == name);
+        let find_out = |name: &str| outputs.iter().find(|s| s.name == name);
+        let missing = |what: &str| {
+            let names: Vec<&str> = inputs.iter().map(|s| s.name.as_str()).collect();
+            RuntimeError::Contract(format!("the graph has no {what} (its inputs are: {})", names.join(", ")))
+        };
+        let ids = find_in("input_ids").ok_or_else(|| missing("'input_ids' input"))?;
+        let input_ids_dtype = ids.dtype.filter(|d| matches!(d, DType::I64 | DType::I32)).ok_or_else(|| {
+            RuntimeError::Contract(format!("input 'input_ids' must be int64 or int32, is {:?}", ids.dtype))
+        })?;
+        let int_input = |name: &str| find_in(name).and_then(|s| s.dtype.map(|d| (s.name.clone(), d)));
+        let logits = find_out("logits").ok_or_else(|| RuntimeError::Contract("the graph has no 'logits' output".into()))?;
+        let vocab_size = match logits.dims.as_deref() {
+            Some([.., Dim::Fixed(v)]) => Some(*v),
+            _ => None,
+        };
+        let mut layers = Vec::new();
+        let mut kv_shape: Option<(usize, usize, DType)> = None;
+        loop {
+            let i = layers.len();
+            let names = KvNames {
+                past_key: layer_name(&kv.past_key, i),
+                past_value: layer_name(&kv.past_value, i),
+                present_key: layer_name(&kv.present_key, i),
+                present_value: layer_name(&kv.present_value, i),
+            };
+            let Some(past_key) = find_in(&names.past_key) else { break };
+            for (name, found) in [
+                (&names.past_value, find_in(&names.past_value).is_some()),
+                (&names.present_key, find_out(&names.present_key).is_some()),
+                (&names.present_value, find_out(&names.present_value).is_some()),
+            ] {
+                if !found {
+                    return Err(RuntimeError::Contract(format!("layer {i} has '{}' but no '{name}'", names.past_key)));
+                }
+            }
+            let shape = match (past_key.dims.as_deref(), past_key.dtype) {
+                (Some([_, Dim::Fixed(h), _, Dim::Fixed(d)]), Some(dtype)) => (*h, *d, dtype),
+                _ => {
+                    return Err(RuntimeError::Contract(format!(
+                        "'{}' must be declared [batch, kv_heads, sequence, head_size] with fixed kv_heads and head_size",
+                        names.past_key
+                    )));
+                }
+            };
+            if kv_shape.is_some_and(|s| s != shape) {
+                return Err(RuntimeError::Contract(format!("'{}' differs in shape or dtype from layer 0's KV", names.past_key)));
+            }
+            kv_shape = Some(shape);
+            layers.push(names);
+        }
+        let Some((kv_heads, head_size, kv_dtype)) = kv_shape else {
+            return Err(missing(&format!("KV cache inputs named like '{}'", kv.past_key)));
+        };
+        Ok(LmContract {
+            input_ids: ids.name.clone(),
+            input_ids_dtype,
+            attention_mask: int_input("attention_mask"),
+            position_ids: int_input("position_ids"),
+            logits: logits.name.clone(),
+            layers,
+            kv_heads,
+            head_size,
+            kv_dtype,
+            vocab_size,
+        })
+    }
+}
+
+/// A sequence whose KV cache lives in a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// Which logits rows a step returns for a span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// The last token's row (what generation needs).
+    Last,
+    /// One row per token of the span.
+    All,
+    None,
+}
+
+/// One sequence's part of a step: `tokens` at positions `pos..pos + tokens.len()`. `pos` may be
+/// below the sequence's current length (the KV beyond it is overwritten), never above.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub pos: usize,
+    pub logits: LogitsWanted,
+}
+
+/// One forward over several sequences.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    pub steps: &'a [SeqStep<'a>],
+}
+
+/// Logits rows of a step, in batch order, `vocab` floats each.
+#[derive(Debug, Clone, Default)]
+pub struct StepLogits {
+    pub vocab: usize,
+    /// For each step of the batch, the range of rows in `data` it produced.
+    pub rows: Vec<std::ops::Range<usize>>,
+    pub data: Vec<f32>,
+}
+
+impl StepLogits {
+    /// Row `r` of step `s`.
+    pub fn row(&self, s: usize, r: usize) -> &[f32] {
+        let row = self.rows[s].start + r;
+        &self.data[row * self.vocab..(row + 1) * self.vocab]
+    }
+}
+
+/// A decoder-only language model stepped token span by token span.
+pub trait LanguageModel: Send {
+    fn contract(&self) -> &LmContract;
+    /// Adds a sequence whose KV holds up to `max_context` positions.
+    fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError>;
+    /// Frees a sequence's KV; unknown ids are ignored.
+    fn remove_sequence(&mut self, seq: SeqId);
+    /// Positions the sequence's KV holds.
+    fn sequence_len(&self, seq: SeqId) -> Option<usize>;
+    /// Runs one forward over `batch`, replacing `out` with the logits asked for.
+    fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError>;
+}
