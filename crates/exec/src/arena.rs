@@ -31,7 +31,9 @@ impl Arena {
             Some(i) => self.free.swap_remove(i),
             None => AlignedBuf::zeroed(0),
         };
-        buf.resize(bytes);
+        buf.try_resize(bytes).map_err(|_| {
+            OpError::shape(format!("cannot allocate {bytes} bytes for an output of shape {shape} ({dtype}): out of memory"))
+        })?;
         Ok(Tensor::from_buf(dtype, shape, buf)?)
     }
 

@@ -413,3 +413,9 @@ fn trilu_k_input_and_scatter_reductions() {
     .unwrap();
     assert_eq!(vals::<i32>(&y[0]), vec![0, 35, 2, 3]);
 }
+
+#[test]
+fn an_output_too_large_to_allocate_is_an_error_not_an_abort() {
+    let e = err(run("ConstantOfShape", 21, &[ints(&[1 << 40, 1 << 20])], vec![], 1));
+    assert!(e.contains("cannot allocate") && e.contains("out of memory"), "{e}");
+}

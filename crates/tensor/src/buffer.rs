@@ -53,11 +53,19 @@ impl AlignedBuf {
     /// Sets the length to `len` bytes, growing (with zeros) only when the capacity is short.
     /// Bytes kept from earlier use are not cleared.
     pub fn resize(&mut self, len: usize) {
+        self.try_resize(len).expect("allocating an activation buffer");
+    }
+
+    /// Like [`AlignedBuf::resize`], but reports an allocation the system refuses instead of
+    /// aborting, for sizes that come from untrusted data.
+    pub fn try_resize(&mut self, len: usize) -> Result<(), std::collections::TryReserveError> {
         let lines = len.div_ceil(Self::ALIGN);
         if lines > self.lines.len() {
+            self.lines.try_reserve_exact(lines - self.lines.len())?;
             self.lines.resize(lines, Line([0; 64]));
         }
         self.len = len;
+        Ok(())
     }
 
     pub fn as_bytes(&self) -> &[u8] {
