@@ -39,3 +39,18 @@ pub fn run(model: &Path, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, Str
     }
     Ok(outputs)
 }
+
+/// Steps a language-model package through onnxruntime: `steps[0]` is the prompt, each later
+/// span continues the sequence (KV fed back at its exact length). Returns every logits row of
+/// every span, `[rows, vocab]`.
+pub fn step_lm(model: &Path, steps: &[Vec<u32>]) -> Result<Tensor, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let spec = serde_json::json!({ "steps": steps });
+    std::fs::write(dir.path().join("steps.json"), spec.to_string()).map_err(|e| e.to_string())?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/ort_lm.py");
+    let out = Command::new(python()).arg(&script).arg(model).arg(dir.path()).output().map_err(|e| format!("starting {}: {e}", python()))?;
+    if !out.status.success() {
+        return Err(format!("onnxruntime failed on {}: {}", model.display(), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    oxgen_onnx::load_tensor_file(&dir.path().join("logits.pb")).map(|(_, t)| t).map_err(|e| e.to_string())
+}
