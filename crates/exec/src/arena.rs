@@ -54,9 +54,14 @@ impl Arena {
         self.peak_bytes = self.peak_bytes.max(self.live_bytes);
     }
 
-    /// Returns a dead value's buffer to the free list.
+    /// Returns a dead node output's buffer to the free list.
     pub fn release(&mut self, tensor: Tensor) {
-        self.live_bytes = self.live_bytes.saturating_sub(tensor.nbytes());
+        self.forget(&tensor);
+        self.recycle(tensor);
+    }
+
+    /// Keeps the buffer of a tensor that was never counted live (a graph input) for reuse.
+    pub fn recycle(&mut self, tensor: Tensor) {
         if !tensor.is_shared() {
             self.free.push(tensor.into_buf());
         }

@@ -36,10 +36,10 @@ impl OpError {
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     #[error("{node}: {source}")]
-    Node { node: NodeRef, source: OpError },
+    Node { node: Box<NodeRef>, source: OpError },
     #[error("{node}: produced {got} outputs, the graph expects {expected}")]
     OutputCount {
-        node: NodeRef,
+        node: Box<NodeRef>,
         expected: usize,
         got: usize,
     },

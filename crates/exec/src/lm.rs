@@ -13,7 +13,10 @@
 use std::collections::HashMap;
 
 use oxgen_graph::{Graph, Op};
-use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId, SeqStep, Session, StepLogits};
+use oxgen_runtime::{
+    Batch, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId, SeqStep,
+    Session, StepLogits,
+};
 use oxgen_tensor::{DType, Tensor, bf16, f16};
 
 use crate::{ExecOptions, NativeSession};
@@ -41,14 +44,32 @@ fn backend_error(msg: String) -> RuntimeError {
 /// Whether every past-KV input is read only by `GroupQueryAttention` nodes (which update a
 /// max-length buffer in place).
 fn kv_is_shared_buffer(graph: &Graph, contract: &LmContract) -> bool {
-    contract.layers.iter().flat_map(|l| [&l.past_key, &l.past_value]).all(|name| {
-        let Some(id) = graph.find(name) else { return false };
-        let readers: Vec<&Op> = graph.nodes.iter().filter(|n| n.inputs.contains(&Some(id))).map(|n| &n.op).collect();
-        !readers.is_empty() && readers.iter().all(|op| matches!(op, Op::GroupQueryAttention(_)))
-    })
+    contract
+        .layers
+        .iter()
+        .flat_map(|l| [&l.past_key, &l.past_value])
+        .all(|name| {
+            let Some(id) = graph.find(name) else {
+                return false;
+            };
+            let readers: Vec<&Op> = graph
+                .nodes
+                .iter()
+                .filter(|n| n.inputs.contains(&Some(id)))
+                .map(|n| &n.op)
+                .collect();
+            !readers.is_empty()
+                && readers
+                    .iter()
+                    .all(|op| matches!(op, Op::GroupQueryAttention(_)))
+        })
 }
 
-fn int_tensor(dtype: DType, shape: [usize; 2], values: impl Iterator<Item = i64>) -> Result<Tensor, RuntimeError> {
+fn int_tensor(
+    dtype: DType,
+    shape: [usize; 2],
+    values: impl Iterator<Item = i64>,
+) -> Result<Tensor, RuntimeError> {
     let t = match dtype {
         DType::I32 => Tensor::from_slice(shape, &values.map(|v| v as i32).collect::<Vec<_>>()),
         _ => Tensor::from_slice(shape, &values.collect::<Vec<_>>()),
@@ -56,25 +77,52 @@ fn int_tensor(dtype: DType, shape: [usize; 2], values: impl Iterator<Item = i64>
     t.map_err(|e| backend_error(e.to_string()))
 }
 
-fn logits_rows(t: &Tensor, rows: std::ops::Range<usize>, vocab: usize, out: &mut Vec<f32>) -> Result<(), RuntimeError> {
+fn logits_rows(
+    t: &Tensor,
+    rows: std::ops::Range<usize>,
+    vocab: usize,
+    out: &mut Vec<f32>,
+) -> Result<(), RuntimeError> {
     let range = rows.start * vocab..rows.end * vocab;
     let err = |e: oxgen_tensor::TensorError| backend_error(format!("logits: {e}"));
     match t.dtype() {
         DType::F32 => out.extend_from_slice(&t.as_slice::<f32>().map_err(err)?[range]),
-        DType::F16 => out.extend(t.as_slice::<f16>().map_err(err)?[range].iter().map(|v| v.to_f32())),
-        DType::BF16 => out.extend(t.as_slice::<bf16>().map_err(err)?[range].iter().map(|v| v.to_f32())),
-        other => return Err(backend_error(format!("logits are {other}; expected float32, float16 or bfloat16"))),
+        DType::F16 => out.extend(
+            t.as_slice::<f16>().map_err(err)?[range]
+                .iter()
+                .map(|v| v.to_f32()),
+        ),
+        DType::BF16 => out.extend(
+            t.as_slice::<bf16>().map_err(err)?[range]
+                .iter()
+                .map(|v| v.to_f32()),
+        ),
+        other => {
+            return Err(backend_error(format!(
+                "logits are {other}; expected float32, float16 or bfloat16"
+            )));
+        }
     }
     Ok(())
 }
 
 impl NativeLm {
     /// Wraps a graph that fits the language-model contract (KV names per `kv`).
-    pub fn new(graph: Graph, options: &ExecOptions, kv: &KvTemplates) -> Result<NativeLm, RuntimeError> {
+    pub fn new(
+        graph: Graph,
+        options: &ExecOptions,
+        kv: &KvTemplates,
+    ) -> Result<NativeLm, RuntimeError> {
         let session = NativeSession::new(graph, options);
         let contract = LmContract::from_io(session.inputs(), session.outputs(), kv)?;
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
-        Ok(NativeLm { session, contract, shared_kv, seqs: HashMap::new(), next_id: 0 })
+        Ok(NativeLm {
+            session,
+            contract,
+            shared_kv,
+            seqs: HashMap::new(),
+            next_id: 0,
+        })
     }
 
     /// Whether KV lives in context-sized buffers updated in place.
@@ -84,34 +132,63 @@ impl NativeLm {
 
     fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
         let seq_err = |msg: String| RuntimeError::Sequence(step.seq.0, msg);
-        let state = self.seqs.get_mut(&step.seq).ok_or_else(|| seq_err("no such sequence".into()))?;
+        let state = self
+            .seqs
+            .get_mut(&step.seq)
+            .ok_or_else(|| seq_err("no such sequence".into()))?;
         let n = step.tokens.len();
         if n == 0 {
             return Err(seq_err("a step needs at least one token".into()));
         }
         if step.pos > state.len {
-            return Err(seq_err(format!("position {} is past the sequence's length {}", step.pos, state.len)));
+            return Err(seq_err(format!(
+                "position {} is past the sequence's length {}",
+                step.pos, state.len
+            )));
         }
         let end = step.pos + n;
         if end > state.max_context {
-            return Err(seq_err(format!("{end} positions exceed the context of {} this sequence was added with", state.max_context)));
+            return Err(seq_err(format!(
+                "{end} positions exceed the context of {} this sequence was added with",
+                state.max_context
+            )));
         }
         let c = &self.contract;
-        let mut inputs = vec![(c.input_ids.clone(), int_tensor(c.input_ids_dtype, [1, n], step.tokens.iter().map(|&t| t as i64))?)];
+        let mut inputs = vec![(
+            c.input_ids.clone(),
+            int_tensor(
+                c.input_ids_dtype,
+                [1, n],
+                step.tokens.iter().map(|&t| t as i64),
+            )?,
+        )];
         if let Some((name, dtype)) = &c.attention_mask {
-            inputs.push((name.clone(), int_tensor(*dtype, [1, end], std::iter::repeat_n(1, end))?));
+            inputs.push((
+                name.clone(),
+                int_tensor(*dtype, [1, end], std::iter::repeat_n(1, end))?,
+            ));
         }
         if let Some((name, dtype)) = &c.position_ids {
-            inputs.push((name.clone(), int_tensor(*dtype, [1, n], (step.pos..end).map(|p| p as i64))?));
+            inputs.push((
+                name.clone(),
+                int_tensor(*dtype, [1, n], (step.pos..end).map(|p| p as i64))?,
+            ));
         }
         let kv = std::mem::take(&mut state.kv);
         for (names, (k, v)) in c.layers.iter().zip(kv) {
-            let (k, v) = if self.shared_kv { (k, v) } else { (truncate(k, step.pos)?, truncate(v, step.pos)?) };
+            let (k, v) = if self.shared_kv {
+                (k, v)
+            } else {
+                (truncate(k, step.pos)?, truncate(v, step.pos)?)
+            };
             inputs.push((names.past_key.clone(), k));
             inputs.push((names.past_value.clone(), v));
         }
         let result = self.session.run(inputs);
-        let state = self.seqs.get_mut(&step.seq).expect("the sequence was found above");
+        let state = self
+            .seqs
+            .get_mut(&step.seq)
+            .expect("the sequence was found above");
         let mut outputs: HashMap<String, Tensor> = match result {
             Ok(o) => o.into_iter().collect(),
             Err(e) => {
@@ -123,31 +200,58 @@ impl NativeLm {
             }
         };
         for names in &c.layers {
-            let (Some(k), Some(v)) = (outputs.remove(&names.present_key), outputs.remove(&names.present_value)) else {
-                return Err(backend_error(format!("the run returned no '{}' / '{}'", names.present_key, names.present_value)));
+            let (Some(k), Some(v)) = (
+                outputs.remove(&names.present_key),
+                outputs.remove(&names.present_value),
+            ) else {
+                return Err(backend_error(format!(
+                    "the run returned no '{}' / '{}'",
+                    names.present_key, names.present_value
+                )));
             };
-            let want = if self.shared_kv { state.max_context } else { end };
+            let want = if self.shared_kv {
+                state.max_context
+            } else {
+                end
+            };
             if k.dims().get(2) != Some(&want) || v.dims().get(2) != Some(&want) {
-                return Err(backend_error(format!("'{}' has shape {}, expected {want} positions", names.present_key, k.shape())));
+                return Err(backend_error(format!(
+                    "'{}' has shape {}, expected {want} positions",
+                    names.present_key,
+                    k.shape()
+                )));
             }
             state.kv.push((k, v));
         }
         state.len = end;
-        let logits = outputs.get(&c.logits).ok_or_else(|| backend_error(format!("the run returned no '{}'", c.logits)))?;
+        let logits = outputs
+            .get(&c.logits)
+            .ok_or_else(|| backend_error(format!("the run returned no '{}'", c.logits)))?;
         let (rows_in_output, vocab) = match logits.dims() {
             [1, s, v] => (*s, *v),
             [1, v] => (1, *v),
-            other => return Err(backend_error(format!("logits have shape {other:?}; expected [1, sequence, vocab]"))),
+            other => {
+                return Err(backend_error(format!(
+                    "logits have shape {other:?}; expected [1, sequence, vocab]"
+                )));
+            }
         };
         if out.vocab != 0 && out.vocab != vocab {
-            return Err(backend_error(format!("logits width {vocab} differs from this batch's {}", out.vocab)));
+            return Err(backend_error(format!(
+                "logits width {vocab} differs from this batch's {}",
+                out.vocab
+            )));
         }
         out.vocab = vocab;
         let rows = match step.logits {
             LogitsWanted::None => 0..0,
             LogitsWanted::Last => rows_in_output - 1..rows_in_output,
             LogitsWanted::All if rows_in_output == n => 0..n,
-            LogitsWanted::All => return Err(backend_error(format!("the graph returns {rows_in_output} logits rows for {n} tokens"))),
+            LogitsWanted::All => {
+                return Err(backend_error(format!(
+                    "the graph returns {rows_in_output} logits rows for {n} tokens"
+                )));
+            }
         };
         let first = out.data.len() / vocab.max(1);
         out.rows.push(first..first + rows.len());
@@ -156,9 +260,16 @@ impl NativeLm {
 }
 
 /// An empty cache for every layer: context-sized buffers when shared, zero positions otherwise.
-fn fresh_kv(c: &LmContract, shared: bool, max_context: usize) -> Result<Vec<(Tensor, Tensor)>, RuntimeError> {
+fn fresh_kv(
+    c: &LmContract,
+    shared: bool,
+    max_context: usize,
+) -> Result<Vec<(Tensor, Tensor)>, RuntimeError> {
     let len = if shared { max_context } else { 0 };
-    let kv = || Tensor::zeros(c.kv_dtype, [1, c.kv_heads, len, c.head_size]).map_err(|e| backend_error(e.to_string()));
+    let kv = || {
+        Tensor::zeros(c.kv_dtype, [1, c.kv_heads, len, c.head_size])
+            .map_err(|e| backend_error(e.to_string()))
+    };
     c.layers.iter().map(|_| Ok((kv()?, kv()?))).collect()
 }
 
@@ -175,7 +286,12 @@ fn truncate(t: Tensor, len: usize) -> Result<Tensor, RuntimeError> {
         let start = h * have * width;
         out.extend_from_slice(&bytes[start..start + len * width]);
     }
-    Tensor::from_buf(t.dtype(), [1, heads, len, dims[3]], oxgen_tensor::AlignedBuf::from_bytes(&out)).map_err(|e| backend_error(e.to_string()))
+    Tensor::from_buf(
+        t.dtype(),
+        [1, heads, len, dims[3]],
+        oxgen_tensor::AlignedBuf::from_bytes(&out),
+    )
+    .map_err(|e| backend_error(e.to_string()))
 }
 
 impl LanguageModel for NativeLm {
@@ -185,12 +301,21 @@ impl LanguageModel for NativeLm {
 
     fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
         if max_context == 0 {
-            return Err(backend_error("a sequence needs a context of at least one position".into()));
+            return Err(backend_error(
+                "a sequence needs a context of at least one position".into(),
+            ));
         }
         let kv = fresh_kv(&self.contract, self.shared_kv, max_context)?;
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        self.seqs.insert(id, SeqState { len: 0, max_context, kv });
+        self.seqs.insert(
+            id,
+            SeqState {
+                len: 0,
+                max_context,
+                kv,
+            },
+        );
         Ok(id)
     }
 

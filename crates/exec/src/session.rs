@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use oxgen_graph::{Graph, ValueId};
+use oxgen_graph::{Graph, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
 use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
@@ -11,16 +11,10 @@ use crate::ops::{self, OpCtx};
 use crate::{Arena, ExecError, Plan};
 
 /// Options for a native session.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ExecOptions {
     /// Threads kernels may use (the calling thread included); 0 means all available cores.
     pub threads: usize,
-}
-
-impl Default for ExecOptions {
-    fn default() -> Self {
-        ExecOptions { threads: 0 }
-    }
 }
 
 /// Measurements of the last run.
@@ -119,9 +113,9 @@ impl NativeSession {
                 .collect()
         });
         // Whatever is left (inputs, values of a failed run) is released for reuse.
-        for slot in &mut self.slots {
+        for (id, slot) in self.slots.iter_mut().enumerate() {
             if let Some(t) = slot.take() {
-                self.arena.release(t);
+                dispose(&mut self.arena, graph, ValueId(id), t);
             }
         }
         outputs
@@ -146,13 +140,17 @@ impl NativeSession {
                 arena: &mut self.arena,
                 pool: &self.pool,
             };
-            let produced =
-                ops::run(&node.op, &inputs, &mut donated, node.outputs.len(), &mut ctx).map_err(|source| {
-                    ExecError::Node {
-                        node: node.node_ref(),
-                        source,
-                    }
-                })?;
+            let produced = ops::run(
+                &node.op,
+                &inputs,
+                &mut donated,
+                node.outputs.len(),
+                &mut ctx,
+            )
+            .map_err(|source| ExecError::Node {
+                node: Box::new(node.node_ref()),
+                source,
+            })?;
             if produced.len()
                 < node
                     .outputs
@@ -161,7 +159,7 @@ impl NativeSession {
                     .map_or(0, |p| p + 1)
             {
                 return Err(ExecError::OutputCount {
-                    node: node.node_ref(),
+                    node: Box::new(node.node_ref()),
                     expected: node.outputs.len(),
                     got: produced.len(),
                 });
@@ -175,14 +173,16 @@ impl NativeSession {
                     _ => self.arena.release(tensor),
                 }
             }
-            for t in donated.into_iter().flatten() {
-                self.arena.release(t);
+            for (v, t) in node.inputs.iter().zip(donated) {
+                if let (Some(v), Some(t)) = (v, t) {
+                    dispose(&mut self.arena, graph, *v, t);
+                }
             }
             for v in node.inputs.iter().flatten() {
                 if plan.last_use[v.0] == Some(i)
                     && let Some(t) = self.slots[v.0].take()
                 {
-                    self.arena.release(t);
+                    dispose(&mut self.arena, graph, *v, t);
                 }
             }
         }
@@ -191,6 +191,15 @@ impl NativeSession {
             nodes: graph.nodes.len(),
         };
         Ok(())
+    }
+}
+
+/// Returns a dead value's buffer to the arena; graph inputs were never counted live.
+fn dispose(arena: &mut Arena, graph: &Graph, id: ValueId, tensor: Tensor) {
+    if graph.value(id).kind == ValueKind::Input {
+        arena.recycle(tensor);
+    } else {
+        arena.release(tensor);
     }
 }
 

@@ -29,37 +29,40 @@ pub enum GraphError {
     #[error(
         "{node}: operator not supported by the native backend (no kernel for this op type in this domain)"
     )]
-    UnsupportedOp { node: NodeRef },
+    UnsupportedOp { node: Box<NodeRef> },
     #[error("{node}: opset {} is not supported; this op type is implemented for opsets {supported}", node.opset)]
-    UnsupportedOpset { node: NodeRef, supported: String },
+    UnsupportedOpset {
+        node: Box<NodeRef>,
+        supported: String,
+    },
     #[error("{node}: attribute '{attr}': {reason}")]
     Attribute {
-        node: NodeRef,
+        node: Box<NodeRef>,
         attr: String,
         reason: String,
     },
     #[error(
         "{node}: attribute '{attr}' is not supported by this implementation; remove it or use the ort backend"
     )]
-    UnsupportedAttribute { node: NodeRef, attr: String },
+    UnsupportedAttribute { node: Box<NodeRef>, attr: String },
     #[error("{node}: takes {min}..={max} inputs, got {got}{extra}")]
     InputCount {
-        node: NodeRef,
+        node: Box<NodeRef>,
         min: usize,
         max: usize,
         got: usize,
         extra: String,
     },
     #[error("{node}: input {index} is required but empty")]
-    MissingInput { node: NodeRef, index: usize },
+    MissingInput { node: Box<NodeRef>, index: usize },
     #[error("{node}: produces at most {max} outputs, got {got}")]
     OutputCount {
-        node: NodeRef,
+        node: Box<NodeRef>,
         max: usize,
         got: usize,
     },
     #[error("{node}: input '{value}' is not produced by any node, initializer or graph input")]
-    UndefinedValue { node: NodeRef, value: String },
+    UndefinedValue { node: Box<NodeRef>, value: String },
     #[error("value '{value}' is produced twice (by {first} and by {second})")]
     DuplicateValue {
         value: String,
@@ -69,9 +72,9 @@ pub enum GraphError {
     #[error("graph output '{0}' is not produced by any node, initializer or graph input")]
     UndefinedOutput(String),
     #[error("the graph has a cycle through {0}")]
-    Cycle(NodeRef),
+    Cycle(Box<NodeRef>),
     #[error("{node}: {reason}")]
-    Invalid { node: NodeRef, reason: String },
+    Invalid { node: Box<NodeRef>, reason: String },
     #[error("graph {what} '{name}': {reason}")]
     Io {
         what: &'static str,
@@ -79,5 +82,11 @@ pub enum GraphError {
         reason: String,
     },
     #[error(transparent)]
-    Onnx(#[from] oxgen_onnx::OnnxError),
+    Onnx(Box<oxgen_onnx::OnnxError>),
+}
+
+impl From<oxgen_onnx::OnnxError> for GraphError {
+    fn from(e: oxgen_onnx::OnnxError) -> Self {
+        GraphError::Onnx(Box::new(e))
+    }
 }

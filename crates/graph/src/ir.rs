@@ -199,7 +199,7 @@ impl Graph {
                     Some(&id) => ins.push(Some(id)),
                     None => {
                         return Err(GraphError::UndefinedValue {
-                            node: node_ref,
+                            node: Box::new(node_ref),
                             value: input.clone(),
                         });
                     }
@@ -303,7 +303,7 @@ fn topo_sort(nodes: Vec<Node>, n_values: usize) -> Result<Vec<Node>, GraphError>
         let stuck = (0..nodes.len())
             .find(|i| pending[*i] > 0)
             .expect("some node is left when the sort stops early");
-        return Err(GraphError::Cycle(nodes[stuck].node_ref()));
+        return Err(GraphError::Cycle(Box::new(nodes[stuck].node_ref())));
     }
     let mut slots: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
     Ok(order

@@ -104,7 +104,9 @@ impl Registry {
             opset,
         };
         let Some(specs) = self.specs.get(&(domain, node.op_type())) else {
-            return Err(GraphError::UnsupportedOp { node: node_ref });
+            return Err(GraphError::UnsupportedOp {
+                node: Box::new(node_ref),
+            });
         };
         let Some(spec) = specs.iter().find(|s| (s.since..=s.until).contains(&opset)) else {
             let supported = specs
@@ -119,7 +121,7 @@ impl Registry {
                 .collect::<Vec<_>>()
                 .join(", ");
             return Err(GraphError::UnsupportedOpset {
-                node: node_ref,
+                node: Box::new(node_ref),
                 supported,
             });
         };
@@ -155,7 +157,7 @@ impl<'a> NodeCtx<'a> {
     /// An error about attribute `attr` of this node.
     pub fn attr_error(&self, attr: &str, reason: impl Into<String>) -> GraphError {
         GraphError::Attribute {
-            node: self.node_ref.clone(),
+            node: Box::new(self.node_ref.clone()),
             attr: attr.to_string(),
             reason: reason.into(),
         }
@@ -164,7 +166,7 @@ impl<'a> NodeCtx<'a> {
     /// An error about this node.
     pub fn invalid(&self, reason: impl Into<String>) -> GraphError {
         GraphError::Invalid {
-            node: self.node_ref.clone(),
+            node: Box::new(self.node_ref.clone()),
             reason: reason.into(),
         }
     }
@@ -187,7 +189,7 @@ impl<'a> NodeCtx<'a> {
                 String::new()
             };
             return Err(GraphError::InputCount {
-                node: self.node_ref.clone(),
+                node: Box::new(self.node_ref.clone()),
                 min,
                 max,
                 got,
@@ -196,7 +198,7 @@ impl<'a> NodeCtx<'a> {
         }
         if let Some(index) = names.iter().take(min).position(|n| n.is_empty()) {
             return Err(GraphError::MissingInput {
-                node: self.node_ref.clone(),
+                node: Box::new(self.node_ref.clone()),
                 index,
             });
         }
@@ -213,7 +215,7 @@ impl<'a> NodeCtx<'a> {
             .map_or(0, |i| i + 1);
         if got > max {
             return Err(GraphError::OutputCount {
-                node: self.node_ref.clone(),
+                node: Box::new(self.node_ref.clone()),
                 max,
                 got,
             });
@@ -229,6 +231,18 @@ impl<'a> NodeCtx<'a> {
     /// Whether input `index` is present (named and non-empty).
     pub fn has_input(&self, index: usize) -> bool {
         self.node.input.get(index).is_some_and(|n| !n.is_empty())
+    }
+
+    /// The rank of input `index` when it is an initializer (weights, tables), so builders can
+    /// validate axes at load; `None` when it is computed or absent.
+    pub fn input_rank(&self, index: usize) -> Option<usize> {
+        let name = self.node.input.get(index).filter(|n| !n.is_empty())?;
+        self.model
+            .graph()
+            .initializer
+            .iter()
+            .find(|t| t.name() == name)
+            .map(|t| t.dims.len())
     }
 
     fn attr(
@@ -339,7 +353,7 @@ impl<'a> NodeCtx<'a> {
             .find(|a| !self.used.contains(a.name()))
         {
             Some(a) => Err(GraphError::UnsupportedAttribute {
-                node: self.node_ref.clone(),
+                node: Box::new(self.node_ref.clone()),
                 attr: a.name().to_string(),
             }),
             None => Ok(()),

@@ -7,15 +7,19 @@
 //! This crate must never know about ONNX, protobufs or graphs.
 
 pub mod acc;
+pub mod attention;
 pub mod broadcast;
 pub mod gather;
 pub mod layout;
 pub mod matmul;
+pub mod matmul_nbits;
 pub mod norm;
 pub mod num;
 pub mod par;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
+pub mod rotary;
 pub mod softmax;
 pub mod transpose;
 

@@ -1,12 +1,14 @@
-//! Row normalizations over a tensor viewed as `(rows, n)`: LayerNormalization and
-//! RMSNormalization.
+//! Row normalizations over a tensor viewed as `(rows, n)`: LayerNormalization,
+//! RMSNormalization (= SimplifiedLayerNormalization) and SkipSimplifiedLayerNormalization.
 //!
 //! Statistics are computed in the accumulator type ([`Accum`]: f32 for f16/bf16/f32, f64 for
 //! f64), each as one sequential fold over the row, two-pass for the variance (mean first,
 //! then the mean of squared deviations). Tasks split rows, never one row, so results are
 //! bit-identical for any thread count and a row's result does not depend on the other rows.
 //! Reference: ONNX `LayerNormalization` (opset 17) and `RMSNormalization` (opset 23), and
-//! `onnx/reference/ops/op_layer_normalization.py`.
+//! `onnx/reference/ops/op_layer_normalization.py`; onnxruntime's `SimplifiedLayerNormalization`
+//! and `com.microsoft.SkipSimplifiedLayerNormalization` (`docs/ContribOperators.md`,
+//! `onnxruntime/contrib_ops/cpu/skip_layer_norm.cc`).
 
 use crate::acc::{AccScalar, Accum};
 use crate::layout::{LayoutError, check_len};
@@ -131,6 +133,12 @@ pub fn layer_norm<T: Accum>(
     Ok(())
 }
 
+/// `1 / sqrt(mean(v²) + eps)` over a row's values, summed in order.
+fn inv_rms<A: AccScalar>(values: impl Iterator<Item = A>, count: A, eps: A) -> A {
+    let ms = values.fold(A::ZERO, |a, v| a.add(v.mul(v))).div(count);
+    A::ONE.div(ms.add(eps).sqrt())
+}
+
 /// RMSNormalization of each row of `x` (`rows × n`): `x / sqrt(mean(x²) + epsilon) * scale`,
 /// with `scale` of `n` elements.
 #[allow(clippy::too_many_arguments)]
@@ -143,31 +151,149 @@ pub fn rms_norm<T: Accum>(
     out: &mut [T],
     pool: &ThreadPool,
 ) -> Result<(), LayoutError> {
+    rms_norm_stats(x, scale, rows, n, epsilon, out, None, pool)
+}
+
+/// [`rms_norm`] that also stores each row's `1 / sqrt(mean(x²) + epsilon)` in `inv_rms`
+/// (`rows` values) when given — SimplifiedLayerNormalization's `inv_std_var`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_stats<T: Accum>(
+    x: &[T],
+    scale: &[T],
+    rows: usize,
+    n: usize,
+    epsilon: f32,
+    out: &mut [T],
+    inv_rms_out: Option<&mut [T::Acc]>,
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
     let total = rows_len(rows, n)?;
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
     check_len("scale", scale.len(), n)?;
-    if total == 0 {
-        return Ok(());
-    }
     let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
     let count = <T::Acc as Scalar>::from_f64(n as f64);
     let parts = parts_for(pool, rows, n);
-    par_chunks(pool, out, n * rows.div_ceil(parts), |first, part| {
+    let rows_per_part = rows.div_ceil(parts).max(1);
+    let row_inv = |r: usize| inv_rms(x[r * n..][..n].iter().map(|v| v.widen()), count, eps);
+    if let Some(inv) = inv_rms_out {
+        check_len("inv_rms", inv.len(), rows)?;
+        par_chunks(pool, inv, rows_per_part, |first, part| {
+            for (q, v) in part.iter_mut().enumerate() {
+                *v = row_inv(first + q);
+            }
+        });
+    }
+    if total == 0 {
+        return Ok(());
+    }
+    par_chunks(pool, out, n * rows_per_part, |first, part| {
         for (q, out_row) in part.chunks_mut(n).enumerate() {
-            let row = &x[first + q * n..][..n];
-            let ms = row
-                .iter()
-                .fold(<T::Acc as Scalar>::ZERO, |a, &v| {
-                    a.add(v.widen().mul(v.widen()))
-                })
-                .div(count);
-            let inv = <T::Acc as Scalar>::ONE.div(ms.add(eps).sqrt());
-            for ((o, &v), &s) in out_row.iter_mut().zip(row).zip(scale) {
+            let r = first / n + q;
+            let inv = row_inv(r);
+            for ((o, &v), &s) in out_row.iter_mut().zip(&x[r * n..][..n]).zip(scale) {
                 *o = T::narrow(v.widen().mul(inv).mul(s.widen()));
             }
         }
     });
+    Ok(())
+}
+
+/// The residual added before a skip norm: `skip` repeats every `skip.len()` elements of the
+/// input (a suffix of its shape, e.g. `[seq, hidden]` under `[batch, seq, hidden]`), `bias`
+/// (`n` values) is added to every row.
+#[derive(Debug, Clone, Copy)]
+pub struct Residual<'a, T> {
+    pub skip: &'a [T],
+    pub bias: Option<&'a [T]>,
+}
+
+/// SkipSimplifiedLayerNormalization of each row of `x` (`rows × n`): with
+/// `v = x + skip (+ bias)` (summed left to right in the accumulator type), `out = v /
+/// sqrt(mean(v²) + epsilon) * gamma`. Fills `sum` with `v` rounded to `T` (the residual
+/// stream for the next layer) and `inv_rms` with each row's `1 / sqrt(mean(v²) + epsilon)`
+/// when given. The normalization uses the unrounded `v`, as onnxruntime's CPU kernel does.
+#[allow(clippy::too_many_arguments)]
+pub fn skip_rms_norm<T: Accum>(
+    x: &[T],
+    residual: Residual<'_, T>,
+    gamma: &[T],
+    rows: usize,
+    n: usize,
+    epsilon: f32,
+    out: &mut [T],
+    sum: Option<&mut [T]>,
+    inv_rms_out: Option<&mut [T::Acc]>,
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    let total = rows_len(rows, n)?;
+    check_len("input", x.len(), total)?;
+    check_len("output", out.len(), total)?;
+    check_len("gamma", gamma.len(), n)?;
+    let Residual { skip, bias } = residual;
+    if let Some(b) = bias {
+        check_len("bias", b.len(), n)?;
+    }
+    let period = skip.len();
+    if total > 0 && (period == 0 || period % n != 0 || total % period != 0) {
+        return Err(LayoutError::Shape(format!(
+            "skip of {period} elements does not repeat over rows of {n} in an input of {total}"
+        )));
+    }
+    let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
+    let count = <T::Acc as Scalar>::from_f64(n as f64);
+    let parts = parts_for(pool, rows, n);
+    let rows_per_part = rows.div_ceil(parts).max(1);
+    let value = |r: usize, h: usize| {
+        let v = x[r * n + h].widen().add(skip[(r * n) % period + h].widen());
+        match bias {
+            Some(b) => v.add(b[h].widen().mul(<T::Acc as Scalar>::ZERO)),
+            None => v,
+        }
+    };
+    let row_inv = |r: usize| inv_rms((0..n).map(|h| value(r, h)), count, eps);
+    let stats = match inv_rms_out {
+        Some(inv) => {
+            check_len("inv_rms", inv.len(), rows)?;
+            par_chunks(pool, &mut *inv, rows_per_part, |first, part| {
+                for (q, v) in part.iter_mut().enumerate() {
+                    *v = row_inv(first + q);
+                }
+            });
+            Some(&*inv)
+        }
+        None => None,
+    };
+    if total == 0 {
+        return Ok(());
+    }
+    let row = |r: usize, out_row: &mut [T], sum_row: Option<&mut [T]>| {
+        let inv = stats.map_or_else(|| row_inv(r), |s| s[r]);
+        for (h, o) in out_row.iter_mut().enumerate() {
+            *o = T::narrow(value(r, h).mul(inv).mul(gamma[h].widen()));
+        }
+        if let Some(sum_row) = sum_row {
+            for (h, s) in sum_row.iter_mut().enumerate() {
+                *s = T::narrow(value(r, h));
+            }
+        }
+    };
+    let part_len = n * rows_per_part;
+    match sum {
+        Some(sum) => {
+            check_len("sum", sum.len(), total)?;
+            par_chunks2(pool, out, part_len, sum, part_len, |p, outs, sums| {
+                for (q, (o, s)) in outs.chunks_mut(n).zip(sums.chunks_mut(n)).enumerate() {
+                    row(p * rows_per_part + q, o, Some(s));
+                }
+            });
+        }
+        None => par_chunks(pool, out, part_len, |first, part| {
+            for (q, o) in part.chunks_mut(n).enumerate() {
+                row(first / n + q, o, None);
+            }
+        }),
+    }
     Ok(())
 }
 
@@ -292,5 +418,119 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn rms_norm_reports_the_inverse_rms() {
+        let x = [3f32, 4.0, 0.0, 0.0, 1.0, 1.0];
+        let mut out = [0f32; 6];
+        let mut inv = [0f32; 2];
+        let pool = ThreadPool::new(1);
+        rms_norm_stats(&x, &[1.0; 3], 2, 3, 0.0, &mut out, Some(&mut inv), &pool).unwrap();
+        assert_eq!(inv[0], 1.0 / (25f32 / 3.0).sqrt());
+        assert_eq!(inv[1], 1.0 / (2f32 / 3.0).sqrt());
+        let mut plain = [0f32; 6];
+        rms_norm(&x, &[1.0; 3], 2, 3, 0.0, &mut plain, &pool).unwrap();
+        assert_eq!(out, plain);
+    }
+
+    /// Two rows of 2 with a one-row skip repeated and a bias: the sum output is `x + skip +
+    /// bias`, and the normalized output is that sum over its RMS times gamma.
+    #[test]
+    fn skip_rms_norm_adds_the_residual_first() {
+        let x = [1f32, 2.0, 3.0, -4.0];
+        let (skip, bias, gamma) = ([1f32, 0.0], [1f32, 2.0], [2f32, 0.5]);
+        let (mut out, mut sum, mut inv) = ([0f32; 4], [0f32; 4], [0f32; 2]);
+        skip_rms_norm(
+            &x,
+            Residual {
+                skip: &skip,
+                bias: Some(&bias),
+            },
+            &gamma,
+            2,
+            2,
+            0.0,
+            &mut out,
+            Some(&mut sum),
+            Some(&mut inv),
+            &ThreadPool::new(1),
+        )
+        .unwrap();
+        assert_eq!(sum, [3.0, 4.0, 5.0, -2.0]);
+        let inv0 = 1.0 / (25f32 / 2.0).sqrt();
+        assert_eq!(inv[0], inv0);
+        assert_eq!(out[..2], [3.0 * inv0 * 2.0, 4.0 * inv0 * 0.5]);
+        let mut alone = [0f32; 4];
+        skip_rms_norm(
+            &x,
+            Residual {
+                skip: &skip,
+                bias: Some(&bias),
+            },
+            &gamma,
+            2,
+            2,
+            0.0,
+            &mut alone,
+            None,
+            None,
+            &ThreadPool::new(1),
+        )
+        .unwrap();
+        assert_eq!(alone, out, "optional outputs do not change the result");
+    }
+
+    #[test]
+    fn skip_rms_norm_rows_are_independent_of_threads_and_neighbours() {
+        let (rows, n) = (64, 600);
+        let x: Vec<f16> = (0..rows * n)
+            .map(|i| f16::from_f32(((i * 31) % 97) as f32 * 0.02 - 1.0))
+            .collect();
+        let skip: Vec<f16> = (0..8 * n)
+            .map(|i| f16::from_f32(((i * 7) % 13) as f32 * 0.1))
+            .collect();
+        let gamma = vec![f16::from_f32(0.75); n];
+        let run = |x: &[f16], first_row: usize, rows: usize, threads: usize| {
+            let mut out = vec![f16::ZERO; rows * n];
+            let mut sum = vec![f16::ZERO; rows * n];
+            // A lone row must see the skip row it sees inside the batch.
+            let skip =
+                &skip[(first_row * n) % skip.len()..][..if rows == 1 { n } else { skip.len() }];
+            skip_rms_norm(
+                x,
+                Residual { skip, bias: None },
+                &gamma,
+                rows,
+                n,
+                1e-6,
+                &mut out,
+                Some(&mut sum),
+                None,
+                &ThreadPool::new(threads),
+            )
+            .unwrap();
+            (out, sum)
+        };
+        let one = run(&x, 0, rows, 1);
+        assert_eq!(one, run(&x, 0, rows, 3));
+        let r = 13;
+        let lone = run(&x[r * n..][..n], r, 1, 1);
+        assert_eq!(lone.0, one.0[r * n..][..n]);
+        assert_eq!(lone.1, one.1[r * n..][..n]);
+    }
+
+    #[test]
+    fn skip_that_does_not_tile_the_input_is_an_error() {
+        let mut out = [0f32; 6];
+        let res = Residual {
+            skip: &[1f32; 4],
+            bias: None,
+        };
+        let pool = ThreadPool::new(1);
+        let err = skip_rms_norm(
+            &[1f32; 6], res, &[1.0; 2], 3, 2, 1e-5, &mut out, None, None, &pool,
+        );
+        assert!(err.is_err());
     }
 }

@@ -26,6 +26,11 @@ pub trait Scalar:
     fn from_f32(v: f32) -> Self {
         Self::from_f64(v as f64)
     }
+    /// Integers exactly; floats truncated toward zero (saturating, NaN → 0).
+    fn to_i128(self) -> i128;
+    /// Integers keep the low bits (two's-complement wrap, like C++ `static_cast`); floats
+    /// round to nearest.
+    fn wrap_from_i128(v: i128) -> Self;
     fn min_value() -> Self;
     fn max_value() -> Self;
     fn is_nan(self) -> bool {
@@ -51,6 +56,8 @@ macro_rules! int_scalar {
             fn div(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_div(o) } }
             fn to_f64(self) -> f64 { self as f64 }
             fn from_f64(v: f64) -> Self { v as $t }
+            fn to_i128(self) -> i128 { self as i128 }
+            fn wrap_from_i128(v: i128) -> Self { v as $t }
             fn min_value() -> Self { <$t>::MIN }
             fn max_value() -> Self { <$t>::MAX }
         }
@@ -70,6 +77,8 @@ macro_rules! native_float {
             fn div(self, o: Self) -> Self { self / o }
             fn to_f64(self) -> f64 { self as f64 }
             fn from_f64(v: f64) -> Self { v as $t }
+            fn to_i128(self) -> i128 { self as i128 }
+            fn wrap_from_i128(v: i128) -> Self { v as $t }
             fn min_value() -> Self { <$t>::NEG_INFINITY }
             fn max_value() -> Self { <$t>::INFINITY }
             fn is_nan(self) -> bool { <$t>::is_nan(self) }
@@ -104,6 +113,8 @@ macro_rules! half_float {
             fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
             fn to_f32(self) -> f32 { <$t>::to_f32(self) }
             fn from_f32(v: f32) -> Self { <$t>::from_f32(v) }
+            fn to_i128(self) -> i128 { <$t>::to_f32(self) as i128 }
+            fn wrap_from_i128(v: i128) -> Self { <$t>::from_f64(v as f64) }
             fn min_value() -> Self { <$t>::NEG_INFINITY }
             fn max_value() -> Self { <$t>::INFINITY }
             fn is_nan(self) -> bool { <$t>::is_nan(self) }

@@ -10,7 +10,10 @@
 
 mod lm;
 
-pub use lm::{Batch, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId, SeqStep, StepLogits};
+pub use lm::{
+    Batch, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId, SeqStep,
+    StepLogits,
+};
 
 use oxgen_tensor::{DType, Tensor};
 

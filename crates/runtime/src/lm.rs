@@ -64,19 +64,34 @@ impl LmContract {
     /// Reads the contract from a graph's declared inputs and outputs. `input_ids`,
     /// `attention_mask`, `position_ids` and `logits` are the names used; KV names follow
     /// `kv`. Fails naming what is missing.
-    pub fn from_io(inputs: &[IoSpec], outputs: &[IoSpec], kv: &KvTemplates) -> Result<LmContract, RuntimeError> {
+    pub fn from_io(
+        inputs: &[IoSpec],
+        outputs: &[IoSpec],
+        kv: &KvTemplates,
+    ) -> Result<LmContract, RuntimeError> {
         let find_in = |name: &str| inputs.iter().find(|s| s.name == name);
         let find_out = |name: &str| outputs.iter().find(|s| s.name == name);
         let missing = |what: &str| {
             let names: Vec<&str> = inputs.iter().map(|s| s.name.as_str()).collect();
-            RuntimeError::Contract(format!("the graph has no {what} (its inputs are: {})", names.join(", ")))
+            RuntimeError::Contract(format!(
+                "the graph has no {what} (its inputs are: {})",
+                names.join(", ")
+            ))
         };
         let ids = find_in("input_ids").ok_or_else(|| missing("'input_ids' input"))?;
-        let input_ids_dtype = ids.dtype.filter(|d| matches!(d, DType::I64 | DType::I32)).ok_or_else(|| {
-            RuntimeError::Contract(format!("input 'input_ids' must be int64 or int32, is {:?}", ids.dtype))
-        })?;
-        let int_input = |name: &str| find_in(name).and_then(|s| s.dtype.map(|d| (s.name.clone(), d)));
-        let logits = find_out("logits").ok_or_else(|| RuntimeError::Contract("the graph has no 'logits' output".into()))?;
+        let input_ids_dtype = ids
+            .dtype
+            .filter(|d| matches!(d, DType::I64 | DType::I32))
+            .ok_or_else(|| {
+                RuntimeError::Contract(format!(
+                    "input 'input_ids' must be int64 or int32, is {:?}",
+                    ids.dtype
+                ))
+            })?;
+        let int_input =
+            |name: &str| find_in(name).and_then(|s| s.dtype.map(|d| (s.name.clone(), d)));
+        let logits = find_out("logits")
+            .ok_or_else(|| RuntimeError::Contract("the graph has no 'logits' output".into()))?;
         let vocab_size = match logits.dims.as_deref() {
             Some([.., Dim::Fixed(v)]) => Some(*v),
             _ => None,
@@ -91,14 +106,22 @@ impl LmContract {
                 present_key: layer_name(&kv.present_key, i),
                 present_value: layer_name(&kv.present_value, i),
             };
-            let Some(past_key) = find_in(&names.past_key) else { break };
+            let Some(past_key) = find_in(&names.past_key) else {
+                break;
+            };
             for (name, found) in [
                 (&names.past_value, find_in(&names.past_value).is_some()),
                 (&names.present_key, find_out(&names.present_key).is_some()),
-                (&names.present_value, find_out(&names.present_value).is_some()),
+                (
+                    &names.present_value,
+                    find_out(&names.present_value).is_some(),
+                ),
             ] {
                 if !found {
-                    return Err(RuntimeError::Contract(format!("layer {i} has '{}' but no '{name}'", names.past_key)));
+                    return Err(RuntimeError::Contract(format!(
+                        "layer {i} has '{}' but no '{name}'",
+                        names.past_key
+                    )));
                 }
             }
             let shape = match (past_key.dims.as_deref(), past_key.dtype) {
@@ -111,13 +134,19 @@ impl LmContract {
                 }
             };
             if kv_shape.is_some_and(|s| s != shape) {
-                return Err(RuntimeError::Contract(format!("'{}' differs in shape or dtype from layer 0's KV", names.past_key)));
+                return Err(RuntimeError::Contract(format!(
+                    "'{}' differs in shape or dtype from layer 0's KV",
+                    names.past_key
+                )));
             }
             kv_shape = Some(shape);
             layers.push(names);
         }
         let Some((kv_heads, head_size, kv_dtype)) = kv_shape else {
-            return Err(missing(&format!("KV cache inputs named like '{}'", kv.past_key)));
+            return Err(missing(&format!(
+                "KV cache inputs named like '{}'",
+                kv.past_key
+            )));
         };
         Ok(LmContract {
             input_ids: ids.name.clone(),

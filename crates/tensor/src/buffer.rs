@@ -53,7 +53,8 @@ impl AlignedBuf {
     /// Sets the length to `len` bytes, growing (with zeros) only when the capacity is short.
     /// Bytes kept from earlier use are not cleared.
     pub fn resize(&mut self, len: usize) {
-        self.try_resize(len).expect("allocating an activation buffer");
+        self.try_resize(len)
+            .expect("allocating an activation buffer");
     }
 
     /// Like [`AlignedBuf::resize`], but reports an allocation the system refuses instead of

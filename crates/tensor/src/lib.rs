@@ -25,10 +25,10 @@ pub enum TensorError {
     #[error("tensor holds {actual} but {expected} was requested")]
     DTypeMismatch { expected: DType, actual: DType },
     #[error(
-        "shape {shape} has {numel} elements of {dtype} = {expected} bytes, but the data has {actual} bytes"
+        "shape {shape:?} has {numel} elements of {dtype} = {expected} bytes, but the data has {actual} bytes"
     )]
     SizeMismatch {
-        shape: Shape,
+        shape: Vec<usize>,
         dtype: DType,
         numel: usize,
         expected: usize,
@@ -36,11 +36,11 @@ pub enum TensorError {
     },
     #[error("shape {0:?} overflows: the element count does not fit in usize")]
     Overflow(Vec<usize>),
-    #[error("cannot reshape {from} ({from_numel} elements) to {to} ({to_numel} elements)")]
+    #[error("cannot reshape {from:?} ({from_numel} elements) to {to:?} ({to_numel} elements)")]
     Reshape {
-        from: Shape,
+        from: Vec<usize>,
         from_numel: usize,
-        to: Shape,
+        to: Vec<usize>,
         to_numel: usize,
     },
 }

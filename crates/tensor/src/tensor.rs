@@ -32,7 +32,7 @@ fn check_len(dtype: DType, shape: &Shape, actual: usize) -> Result<(), TensorErr
     let (numel, expected) = expected_bytes(dtype, shape)?;
     if expected != actual {
         return Err(TensorError::SizeMismatch {
-            shape: shape.clone(),
+            shape: shape.dims().to_vec(),
             dtype,
             numel,
             expected,
@@ -185,8 +185,8 @@ impl Tensor {
         if to_numel != self.numel() {
             return Err(TensorError::Reshape {
                 from_numel: self.numel(),
-                from: self.shape,
-                to: shape,
+                from: self.shape.dims().to_vec(),
+                to: shape.dims().to_vec(),
                 to_numel,
             });
         }

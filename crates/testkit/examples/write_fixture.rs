@@ -5,8 +5,9 @@ fn main() {
         eprintln!("usage: write_fixture DIR");
         std::process::exit(2)
     });
-    oxgen_testkit::fixtures::write_package(std::path::Path::new(&dir), &Default::default()).unwrap_or_else(|e| {
-        eprintln!("error: writing {dir}: {e}");
-        std::process::exit(1)
-    });
+    oxgen_testkit::fixtures::write_package(std::path::Path::new(&dir), &Default::default())
+        .unwrap_or_else(|e| {
+            eprintln!("error: writing {dir}: {e}");
+            std::process::exit(1)
+        });
 }

@@ -90,11 +90,17 @@ impl Rng {
 /// block/2]`, `scales: [n * k_blocks]`, default zero point 8), scaled so outputs stay O(1).
 fn q4_weights(rng: &mut Rng, n: usize, k: usize, block: usize) -> (Tensor, Tensor) {
     let blocks = k.div_ceil(block);
-    let b = Tensor::from_slice([n, blocks, block / 2], &rng.bytes(n * blocks * block / 2)).expect("sizes match");
+    let b = Tensor::from_slice([n, blocks, block / 2], &rng.bytes(n * blocks * block / 2))
+        .expect("sizes match");
     // A nibble is in [-8, 7] after the zero point: unit-variance-ish weights at 1/(4 sqrt k).
     let base = 0.25 / (k as f32).sqrt();
-    let scales: Vec<f32> = (0..n * blocks).map(|_| base * (1.0 + 0.5 * rng.uniform())).collect();
-    (b, Tensor::from_slice([n * blocks], &scales).expect("sizes match"))
+    let scales: Vec<f32> = (0..n * blocks)
+        .map(|_| base * (1.0 + 0.5 * rng.uniform()))
+        .collect();
+    (
+        b,
+        Tensor::from_slice([n * blocks], &scales).expect("sizes match"),
+    )
 }
 
 struct Graph<'a> {
@@ -104,7 +110,15 @@ struct Graph<'a> {
 }
 
 impl Graph<'_> {
-    fn node(&mut self, op: &str, domain: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) {
+    fn node(
+        &mut self,
+        op: &str,
+        domain: &str,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attrs: Vec<AttributeProto>,
+    ) {
         self.b.node(op, domain, name, inputs, outputs, attrs);
     }
 
@@ -117,7 +131,16 @@ impl Graph<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn matmul_nbits(&mut self, name: &str, input: &str, output: &str, k: usize, n: usize, weight: &str, scales: &str) {
+    fn matmul_nbits(
+        &mut self,
+        name: &str,
+        input: &str,
+        output: &str,
+        k: usize,
+        n: usize,
+        weight: &str,
+        scales: &str,
+    ) {
         let attrs = vec![
             attr::int("K", k as i64),
             attr::int("N", n as i64),
@@ -125,19 +148,38 @@ impl Graph<'_> {
             attr::int("block_size", self.cfg.block_size as i64),
             attr::int("accuracy_level", self.cfg.accuracy_level),
         ];
-        self.node("MatMulNBits", "com.microsoft", name, &[input, weight, scales], &[output], attrs);
+        self.node(
+            "MatMulNBits",
+            "com.microsoft",
+            name,
+            &[input, weight, scales],
+            &[output],
+            attrs,
+        );
     }
 
     fn norm_weight(&mut self, name: &str) -> String {
-        let w: Vec<f32> = (0..self.cfg.hidden).map(|_| 1.0 + 0.1 * self.rng.uniform()).collect();
-        self.b.initializer(name, Tensor::from_slice([self.cfg.hidden], &w).expect("sizes match"));
+        let w: Vec<f32> = (0..self.cfg.hidden)
+            .map(|_| 1.0 + 0.1 * self.rng.uniform())
+            .collect();
+        self.b.initializer(
+            name,
+            Tensor::from_slice([self.cfg.hidden], &w).expect("sizes match"),
+        );
         name.to_string()
     }
 
     /// `SkipSimplifiedLayerNormalization(input, skip)` -> (normed, residual sum).
     fn skip_norm(&mut self, name: &str, input: &str, skip: &str, out: &str, residual: &str) {
         let w = self.norm_weight(&format!("{name}.weight"));
-        self.node("SkipSimplifiedLayerNormalization", "com.microsoft", name, &[input, skip, &w], &[out, "", "", residual], vec![attr::float("epsilon", 1e-5)]);
+        self.node(
+            "SkipSimplifiedLayerNormalization",
+            "com.microsoft",
+            name,
+            &[input, skip, &w],
+            &[out, "", "", residual],
+            vec![attr::float("epsilon", 1e-5)],
+        );
     }
 }
 
@@ -145,33 +187,105 @@ impl Graph<'_> {
 pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let (h, hd, vocab) = (cfg.hidden, cfg.head_size(), tokenizer::VOCAB_SIZE);
-    let mut g = Graph { b: ModelBuilder::new("oxgen-testkit fixture"), cfg, rng: Rng::new(cfg.seed) };
+    let mut g = Graph {
+        b: ModelBuilder::new("oxgen-testkit fixture"),
+        cfg,
+        rng: Rng::new(cfg.seed),
+    };
     g.b.opset("", 21).opset("com.microsoft", 1);
     let batch = Dim::Symbolic("batch_size".into());
-    g.b.input("input_ids", DType::I64, &[batch.clone(), "sequence_length".into()]);
-    g.b.input("attention_mask", DType::I64, &[batch.clone(), "total_sequence_length".into()]);
+    g.b.input(
+        "input_ids",
+        DType::I64,
+        &[batch.clone(), "sequence_length".into()],
+    );
+    g.b.input(
+        "attention_mask",
+        DType::I64,
+        &[batch.clone(), "total_sequence_length".into()],
+    );
     for l in 0..cfg.layers {
         for kind in ["key", "value"] {
-            let dims = [batch.clone(), Dim::Fixed(cfg.kv_heads), "past_sequence_length".into(), Dim::Fixed(hd)];
+            let dims = [
+                batch.clone(),
+                Dim::Fixed(cfg.kv_heads),
+                "past_sequence_length".into(),
+                Dim::Fixed(hd),
+            ];
             g.b.input(&format!("past_key_values.{l}.{kind}"), DType::F32, &dims);
         }
     }
-    g.b.output("logits", DType::F32, &[batch.clone(), "sequence_length".into(), Dim::Fixed(vocab)]);
+    g.b.output(
+        "logits",
+        DType::F32,
+        &[batch.clone(), "sequence_length".into(), Dim::Fixed(vocab)],
+    );
     for l in 0..cfg.layers {
         for kind in ["key", "value"] {
-            let dims = [batch.clone(), Dim::Fixed(cfg.kv_heads), "total_sequence_length".into(), Dim::Fixed(hd)];
+            let dims = [
+                batch.clone(),
+                Dim::Fixed(cfg.kv_heads),
+                "total_sequence_length".into(),
+                Dim::Fixed(hd),
+            ];
             g.b.output(&format!("present.{l}.{kind}"), DType::F32, &dims);
         }
     }
 
     // seqlens_k = sum(attention_mask, 1) - 1 (int32); total_sequence_length = shape(mask)[1].
-    g.b.initializer("one_i64", Tensor::scalar(1i64)).initializer("axes_1", Tensor::from_slice([1], &[1i64]).expect("one axis"));
-    g.node("ReduceSum", "", "mask_sum", &["attention_mask", "axes_1"], &["mask_sum"], vec![attr::int("keepdims", 0)]);
-    g.node("Sub", "", "mask_sum_minus_1", &["mask_sum", "one_i64"], &["seqlens_k_i64"], vec![]);
-    g.node("Cast", "", "seqlens_k", &["seqlens_k_i64"], &["seqlens_k"], vec![attr::int("to", 6)]);
-    g.node("Shape", "", "mask_shape", &["attention_mask"], &["mask_shape"], vec![]);
-    g.node("Gather", "", "total_len_i64", &["mask_shape", "one_i64"], &["total_len_i64"], vec![attr::int("axis", 0)]);
-    g.node("Cast", "", "total_len", &["total_len_i64"], &["total_len"], vec![attr::int("to", 6)]);
+    g.b.initializer("one_i64", Tensor::scalar(1i64))
+        .initializer(
+            "axes_1",
+            Tensor::from_slice([1], &[1i64]).expect("one axis"),
+        );
+    g.node(
+        "ReduceSum",
+        "",
+        "mask_sum",
+        &["attention_mask", "axes_1"],
+        &["mask_sum"],
+        vec![attr::int("keepdims", 0)],
+    );
+    g.node(
+        "Sub",
+        "",
+        "mask_sum_minus_1",
+        &["mask_sum", "one_i64"],
+        &["seqlens_k_i64"],
+        vec![],
+    );
+    g.node(
+        "Cast",
+        "",
+        "seqlens_k",
+        &["seqlens_k_i64"],
+        &["seqlens_k"],
+        vec![attr::int("to", 6)],
+    );
+    g.node(
+        "Shape",
+        "",
+        "mask_shape",
+        &["attention_mask"],
+        &["mask_shape"],
+        vec![],
+    );
+    g.node(
+        "Gather",
+        "",
+        "total_len_i64",
+        &["mask_shape", "one_i64"],
+        &["total_len_i64"],
+        vec![attr::int("axis", 0)],
+    );
+    g.node(
+        "Cast",
+        "",
+        "total_len",
+        &["total_len_i64"],
+        &["total_len"],
+        vec![attr::int("to", 6)],
+    );
 
     // Rotary caches: cos/sin of position * theta^(-2i/d), [context, head_size / 2].
     let half = hd / 2;
@@ -184,22 +298,39 @@ pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
             sin.push(angle.sin() as f32);
         }
     }
-    g.b.initializer("cos_cache", Tensor::from_slice([cfg.context, half], &cos).expect("sizes match"));
-    g.b.initializer("sin_cache", Tensor::from_slice([cfg.context, half], &sin).expect("sizes match"));
+    g.b.initializer(
+        "cos_cache",
+        Tensor::from_slice([cfg.context, half], &cos).expect("sizes match"),
+    );
+    g.b.initializer(
+        "sin_cache",
+        Tensor::from_slice([cfg.context, half], &sin).expect("sizes match"),
+    );
 
     // Tied 4-bit embedding: the same bytes serve GatherBlockQuantized and the MatMulNBits head.
     let (w, s) = q4_weights(&mut g.rng, vocab, h, cfg.block_size);
     let blocks = h / cfg.block_size;
     let embed = w.clone().reshape([vocab, h / 2]).expect("same bytes");
-    g.b.initializer("embed.qweight", embed).initializer("embed.scales", s.clone().reshape([vocab, blocks]).expect("same count"));
-    g.b.initializer("lm_head.qweight", w).initializer("lm_head.scales", s);
+    g.b.initializer("embed.qweight", embed).initializer(
+        "embed.scales",
+        s.clone().reshape([vocab, blocks]).expect("same count"),
+    );
+    g.b.initializer("lm_head.qweight", w)
+        .initializer("lm_head.scales", s);
     let gbq = vec![
         attr::int("bits", 4),
         attr::int("block_size", cfg.block_size as i64),
         attr::int("gather_axis", 0),
         attr::int("quantize_axis", 1),
     ];
-    g.node("GatherBlockQuantized", "com.microsoft", "embed", &["embed.qweight", "input_ids", "embed.scales"], &["embeddings"], gbq);
+    g.node(
+        "GatherBlockQuantized",
+        "com.microsoft",
+        "embed",
+        &["embed.qweight", "input_ids", "embed.scales"],
+        &["embeddings"],
+        gbq,
+    );
 
     let mut residual = "embeddings".to_string();
     let mut pending: Option<String> = None;
@@ -209,7 +340,14 @@ pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
         match pending.take() {
             None => {
                 let w = g.norm_weight(&format!("{p}.input_norm.weight"));
-                g.node("SimplifiedLayerNormalization", "", &normed, &[&residual, &w], &[&normed], vec![attr::float("epsilon", 1e-5)]);
+                g.node(
+                    "SimplifiedLayerNormalization",
+                    "",
+                    &normed,
+                    &[&residual, &w],
+                    &[&normed],
+                    vec![attr::float("epsilon", 1e-5)],
+                );
             }
             Some(mlp_out) => {
                 let sum = format!("{p}.input_residual");
@@ -222,7 +360,10 @@ pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
         g.linear(&k, &normed, &k, h, cfg.kv_heads * hd);
         g.linear(&v, &normed, &v, h, cfg.kv_heads * hd);
         let attn = format!("{p}.attn");
-        let (pk, pv) = (format!("past_key_values.{l}.key"), format!("past_key_values.{l}.value"));
+        let (pk, pv) = (
+            format!("past_key_values.{l}.key"),
+            format!("past_key_values.{l}.value"),
+        );
         let (ok, ov) = (format!("present.{l}.key"), format!("present.{l}.value"));
         let gqa = vec![
             attr::int("num_heads", cfg.heads as i64),
@@ -235,7 +376,17 @@ pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
             "GroupQueryAttention",
             "com.microsoft",
             &attn,
-            &[&q, &k, &v, &pk, &pv, "seqlens_k", "total_len", "cos_cache", "sin_cache"],
+            &[
+                &q,
+                &k,
+                &v,
+                &pk,
+                &pv,
+                "seqlens_k",
+                "total_len",
+                "cos_cache",
+                "sin_cache",
+            ],
             &[&attn, &ok, &ov],
             gqa,
         );
@@ -247,7 +398,11 @@ pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
         let (gate, up, down) = (format!("{p}.gate"), format!("{p}.up"), format!("{p}.down"));
         g.linear(&gate, &post, &gate, h, cfg.intermediate);
         g.linear(&up, &post, &up, h, cfg.intermediate);
-        let (sig, act, prod) = (format!("{p}.gate_sigmoid"), format!("{p}.silu"), format!("{p}.gated"));
+        let (sig, act, prod) = (
+            format!("{p}.gate_sigmoid"),
+            format!("{p}.silu"),
+            format!("{p}.gated"),
+        );
         g.node("Sigmoid", "", &sig, &[&gate], &[&sig], vec![]);
         g.node("Mul", "", &act, &[&gate, &sig], &[&act], vec![]);
         g.node("Mul", "", &prod, &[&act, &up], &[&prod], vec![]);
@@ -255,10 +410,25 @@ pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
         pending = Some(down);
     }
     let last = pending.expect("a fixture has at least one layer");
-    g.skip_norm("final_norm", &last, &residual, "final_norm", "final_residual");
-    g.matmul_nbits("lm_head", "final_norm", "logits", h, vocab, "lm_head.qweight", "lm_head.scales");
+    g.skip_norm(
+        "final_norm",
+        &last,
+        &residual,
+        "final_norm",
+        "final_residual",
+    );
+    g.matmul_nbits(
+        "lm_head",
+        "final_norm",
+        "logits",
+        h,
+        vocab,
+        "lm_head.qweight",
+        "lm_head.scales",
+    );
 
-    g.b.save(&dir.join("model.onnx"), Some(1024)).map_err(std::io::Error::other)?;
+    g.b.save(&dir.join("model.onnx"), Some(1024))
+        .map_err(std::io::Error::other)?;
     std::fs::write(dir.join("genai_config.json"), genai_config(cfg))?;
     std::fs::write(dir.join("tokenizer.json"), tokenizer::json())?;
     std::fs::write(dir.join("tokenizer_config.json"), tokenizer::config_json())?;
@@ -319,17 +489,47 @@ pub mod tokenizer {
     pub const EOS: usize = 2;
     const SPECIAL: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
     const MERGES: [(&str, &str); 32] = [
-        ("Ġ", "t"), ("h", "e"), ("Ġ", "a"), ("i", "n"), ("Ġt", "he"), ("e", "r"), ("o", "n"), ("Ġ", "s"),
-        ("e", "n"), ("a", "t"), ("o", "r"), ("Ġ", "w"), ("Ġ", "o"), ("i", "s"), ("a", "n"), ("Ġ", "c"),
-        ("e", "s"), ("Ġ", "b"), ("e", "d"), ("i", "t"), ("Ġ", "f"), ("a", "r"), ("Ġ", "p"), ("in", "g"),
-        ("Ġ", "m"), ("o", "u"), ("Ġ", "h"), ("Ġ", "i"), ("l", "l"), ("Ġa", "n"), ("Ġan", "d"), ("Ġ", "d"),
+        ("Ġ", "t"),
+        ("h", "e"),
+        ("Ġ", "a"),
+        ("i", "n"),
+        ("Ġt", "he"),
+        ("e", "r"),
+        ("o", "n"),
+        ("Ġ", "s"),
+        ("e", "n"),
+        ("a", "t"),
+        ("o", "r"),
+        ("Ġ", "w"),
+        ("Ġ", "o"),
+        ("i", "s"),
+        ("a", "n"),
+        ("Ġ", "c"),
+        ("e", "s"),
+        ("Ġ", "b"),
+        ("e", "d"),
+        ("i", "t"),
+        ("Ġ", "f"),
+        ("a", "r"),
+        ("Ġ", "p"),
+        ("in", "g"),
+        ("Ġ", "m"),
+        ("o", "u"),
+        ("Ġ", "h"),
+        ("Ġ", "i"),
+        ("l", "l"),
+        ("Ġa", "n"),
+        ("Ġan", "d"),
+        ("Ġ", "d"),
     ];
     /// Specials, bytes, merges.
     pub const VOCAB_SIZE: usize = SPECIAL.len() + 256 + MERGES.len();
 
     /// GPT-2's reversible byte → printable char table.
     pub fn byte_chars() -> Vec<char> {
-        let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable = |b: u32| {
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b)
+        };
         let mut extra = 0;
         (0..256u32)
             .map(|b| {

@@ -22,12 +22,22 @@ pub fn python() -> String {
 pub fn run(model: &Path, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     for (k, (name, t)) in inputs.iter().enumerate() {
-        oxgen_onnx::save_tensor_file(&dir.path().join(format!("input_{k}.pb")), name, t).map_err(|e| e.to_string())?;
+        oxgen_onnx::save_tensor_file(&dir.path().join(format!("input_{k}.pb")), name, t)
+            .map_err(|e| e.to_string())?;
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/ort_run.py");
-    let out = Command::new(python()).arg(&script).arg(model).arg(dir.path()).output().map_err(|e| format!("starting {}: {e}", python()))?;
+    let out = Command::new(python())
+        .arg(&script)
+        .arg(model)
+        .arg(dir.path())
+        .output()
+        .map_err(|e| format!("starting {}: {e}", python()))?;
     if !out.status.success() {
-        return Err(format!("onnxruntime failed on {}: {}", model.display(), String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "onnxruntime failed on {}: {}",
+            model.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     let mut outputs = Vec::new();
     for k in 0.. {
@@ -35,7 +45,11 @@ pub fn run(model: &Path, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, Str
         if !path.exists() {
             break;
         }
-        outputs.push(oxgen_onnx::load_tensor_file(&path).map_err(|e| e.to_string())?.1);
+        outputs.push(
+            oxgen_onnx::load_tensor_file(&path)
+                .map_err(|e| e.to_string())?
+                .1,
+        );
     }
     Ok(outputs)
 }
@@ -48,9 +62,20 @@ pub fn step_lm(model: &Path, steps: &[Vec<u32>]) -> Result<Tensor, String> {
     let spec = serde_json::json!({ "steps": steps });
     std::fs::write(dir.path().join("steps.json"), spec.to_string()).map_err(|e| e.to_string())?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/ort_lm.py");
-    let out = Command::new(python()).arg(&script).arg(model).arg(dir.path()).output().map_err(|e| format!("starting {}: {e}", python()))?;
+    let out = Command::new(python())
+        .arg(&script)
+        .arg(model)
+        .arg(dir.path())
+        .output()
+        .map_err(|e| format!("starting {}: {e}", python()))?;
     if !out.status.success() {
-        return Err(format!("onnxruntime failed on {}: {}", model.display(), String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "onnxruntime failed on {}: {}",
+            model.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
-    oxgen_onnx::load_tensor_file(&dir.path().join("logits.pb")).map(|(_, t)| t).map_err(|e| e.to_string())
+    oxgen_onnx::load_tensor_file(&dir.path().join("logits.pb"))
+        .map(|(_, t)| t)
+        .map_err(|e| e.to_string())
 }

@@ -1,17 +1,368 @@
-//! Attention ops (placeholder: being implemented).
+//! Attention ops: com.microsoft::GroupQueryAttention and RotaryEmbedding (com.microsoft and
+//! ONNX opset 23), over `oxgen_kernels::{attention, rotary}`. f32, f16 and bf16 (math in f32).
+//!
+//! GroupQueryAttention (onnxruntime `docs/ContribOperators.md`; CPU kernel
+//! `contrib_ops/cpu/bert/group_query_attention.cc`, `gqa_attention_base.h` and
+//! `group_query_attention_helper.h`):
+//! - `T_b = seqlens_k[b] + 1` keys are valid after the step for batch entry `b`. A call with
+//!   `S == total_sequence_length` is a first prompt: every entry starts at position 0 (entries
+//!   with `T_b < S` are right-padded; their padding rows see only the `T_b` valid keys). Any
+//!   other call continues after `T_b - S` cached positions (`S > 1` needs batch 1, as in
+//!   onnxruntime).
+//! - KV caches are `(batch, kv_heads, length, head)`. When past_key already holds at least
+//!   `total_sequence_length` positions it is the shared past/present buffer: the new K/V rows
+//!   are written in place at positions `T_b - S..T_b` of the tensor the executor hands over
+//!   (copied only when another node still reads it) and that tensor becomes present_key;
+//!   positions past `T_b` keep whatever the buffer held. Otherwise present is
+//!   `concat(past[..T_b - S], new)` of length `total_sequence_length`, zero-filled past each
+//!   entry's `T_b` (what onnxruntime returns when the buffers are distinct).
+//! - With do_rotary, Q and the new K are rotated at positions `start_b + s` (0-based for a
+//!   first prompt) before K is cached.
 
+use half::{bf16, f16};
 use oxgen_graph::Op;
-use oxgen_tensor::Tensor;
+use oxgen_graph::ops::{GroupQueryAttention, Rotary, RotaryKind};
+use oxgen_kernels::acc::Accum;
+use oxgen_kernels::attention::{self as ka, GqaShape, Rows, ScoreMod};
+use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
+use oxgen_tensor::{DType, Element, Tensor};
 
-use super::OpCtx;
+use super::reduce::kernel_error;
+use super::{OpCtx, input, opt_input, owned_input, read_i64s};
 use crate::OpError;
 
 pub(super) fn run(
     op: &Op,
-    _inputs: &[Option<&Tensor>],
-    _donated: &mut [Option<Tensor>],
-    _n_outputs: usize,
-    _ctx: &mut OpCtx,
+    inputs: &[Option<&Tensor>],
+    donated: &mut [Option<Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
 ) -> Result<Vec<Tensor>, OpError> {
-    Err(OpError::value(format!("{op:?} has no kernel yet")))
+    let dtype = input(inputs, 0)?.dtype();
+    match (op, dtype) {
+        (Op::GroupQueryAttention(g), DType::F32) => gqa::<f32>(g, inputs, donated, n_outputs, ctx),
+        (Op::GroupQueryAttention(g), DType::F16) => gqa::<f16>(g, inputs, donated, n_outputs, ctx),
+        (Op::GroupQueryAttention(g), DType::BF16) => gqa::<bf16>(g, inputs, donated, n_outputs, ctx),
+        (Op::Rotary(r), DType::F32) => rotary::<f32>(r, inputs, ctx).map(|t| vec![t]),
+        (Op::Rotary(r), DType::F16) => rotary::<f16>(r, inputs, ctx).map(|t| vec![t]),
+        (Op::Rotary(r), DType::BF16) => rotary::<bf16>(r, inputs, ctx).map(|t| vec![t]),
+        (Op::GroupQueryAttention(_) | Op::Rotary(_), other) => Err(OpError::DType {
+            dtype: other,
+            detail: ": expected float32, float16 or bfloat16".into(),
+        }),
+        _ => unreachable!("ops::run routes only attention ops here"),
+    }
+}
+
+/// Input `i` whether lent or donated, for reading its shape before taking it.
+fn peek<'a>(inputs: &[Option<&'a Tensor>], donated: &'a [Option<Tensor>], i: usize) -> Option<&'a Tensor> {
+    opt_input(inputs, i).or_else(|| donated.get(i).and_then(Option::as_ref))
+}
+
+fn same_dtype(x: &Tensor, t: &Tensor, what: &str) -> Result<(), OpError> {
+    if t.dtype() == x.dtype() {
+        Ok(())
+    } else {
+        Err(OpError::DType { dtype: t.dtype(), detail: format!(" for {what}: expected {} like the query", x.dtype()) })
+    }
+}
+
+fn expect_dims(t: &Tensor, want: &[usize], what: &str, layout: &str) -> Result<(), OpError> {
+    if t.dims() == want {
+        Ok(())
+    } else {
+        Err(OpError::shape(format!("{what} must have shape {want:?} {layout}, got {}", t.shape())))
+    }
+}
+
+/// Everything a GroupQueryAttention call needs that depends only on shapes and seqlens.
+struct GqaPlan {
+    shape: GqaShape,
+    /// Row width of the query input (wider than `heads * head_size` for packed QKV).
+    q_width: usize,
+    packed: bool,
+    /// Positions past_key holds (0 without past).
+    past_len: usize,
+    /// Update past_key/past_value in place (shared buffer) instead of concatenating.
+    in_place: bool,
+    /// Absolute position of each entry's first query row.
+    start: Vec<usize>,
+    /// Valid cache positions of each entry after the step (`seqlens_k + 1`).
+    kv_len: Vec<usize>,
+    /// `rotary_dim / 2` when rotating.
+    rope_half: Option<usize>,
+}
+
+fn plan(g: &GroupQueryAttention, inputs: &[Option<&Tensor>], donated: &[Option<Tensor>]) -> Result<GqaPlan, OpError> {
+    let q = input(inputs, 0)?;
+    let &[batch, seq, q_width] = q.dims() else {
+        return Err(OpError::shape(format!("query must be 3-D (batch, sequence, hidden), got shape {}", q.shape())));
+    };
+    let (heads, kv_heads) = (g.num_heads, g.kv_num_heads);
+    let (key, value) = (opt_input(inputs, 1), opt_input(inputs, 2));
+    let packed = key.is_none();
+    let per_row = if packed { heads + 2 * kv_heads } else { heads };
+    let head_size = q_width / per_row;
+    if head_size == 0 || head_size * per_row != q_width {
+        return Err(OpError::shape(format!(
+            "query hidden size {q_width} is not a positive multiple of {per_row} ({})",
+            if packed { "num_heads + 2 * kv_num_heads, packed QKV" } else { "num_heads" }
+        )));
+    }
+    match (key, value) {
+        (None, None) => {}
+        (Some(k), Some(v)) => {
+            for (t, what) in [(k, "key"), (v, "value")] {
+                same_dtype(q, t, what)?;
+                expect_dims(t, &[batch, seq, kv_heads * head_size], what, "(batch, sequence, kv_num_heads * head_size)")?;
+            }
+        }
+        _ => return Err(OpError::value("key and value must be both present or both absent")),
+    }
+    let past_len = match (peek(inputs, donated, 3), peek(inputs, donated, 4)) {
+        (Some(pk), Some(pv)) => {
+            let len = pk.dims().get(2).copied().unwrap_or(0);
+            for (t, what) in [(pk, "past_key"), (pv, "past_value")] {
+                same_dtype(q, t, what)?;
+                expect_dims(t, &[batch, kv_heads, len, head_size], what, "(batch, kv_num_heads, length, head_size)")?;
+            }
+            Some(len)
+        }
+        (None, None) => None,
+        _ => return Err(OpError::value("past_key and past_value must be both present or both absent")),
+    };
+    let seqlens = read_i64s(input(inputs, 5)?, "seqlens_k")?;
+    if seqlens.len() != batch {
+        return Err(OpError::shape(format!("seqlens_k holds {} values, expected batch size {batch}", seqlens.len())));
+    }
+    let total = match read_i64s(input(inputs, 6)?, "total_sequence_length")?[..] {
+        [t] if t >= 1 => usize::try_from(t).map_err(|_| OpError::value(format!("total_sequence_length {t} is too large")))?,
+        [t] => return Err(OpError::value(format!("total_sequence_length must be at least 1, got {t}"))),
+        _ => return Err(OpError::shape("total_sequence_length must hold exactly one value")),
+    };
+    if seq == 0 {
+        return Err(OpError::shape("query has sequence length 0"));
+    }
+    let first_prompt = seq == total;
+    if !first_prompt && seq > 1 && batch != 1 {
+        return Err(OpError::value(format!(
+            "a {seq}-token step after cached positions (total_sequence_length {total} != sequence length {seq}) needs batch size 1, got {batch}"
+        )));
+    }
+    let mut start = Vec::with_capacity(batch);
+    let mut kv_len = Vec::with_capacity(batch);
+    for (b, &sl) in seqlens.iter().enumerate() {
+        let valid = sl.checked_add(1).and_then(|t| usize::try_from(t).ok()).filter(|t| (1..=total).contains(t));
+        let Some(valid) = valid else {
+            return Err(OpError::value(format!(
+                "seqlens_k[{b}] = {sl} is out of range: it must lie in 0..total_sequence_length ({total})"
+            )));
+        };
+        let first = if first_prompt {
+            0
+        } else {
+            valid.checked_sub(seq).ok_or_else(|| {
+                OpError::value(format!(
+                    "seqlens_k[{b}] = {sl} gives {valid} positions, fewer than the {seq} new tokens"
+                ))
+            })?
+        };
+        start.push(first);
+        kv_len.push(valid);
+    }
+    let past = past_len.unwrap_or(0);
+    let in_place = past_len.is_some() && past >= total;
+    if !in_place {
+        if let Some(b) = start.iter().position(|&p| p > past) {
+            return Err(OpError::value(format!(
+                "batch entry {b} continues after {} cached positions, but {}",
+                start[b],
+                if past_len.is_some() { format!("past_key holds only {past}") } else { "past_key is absent".to_string() }
+            )));
+        }
+    }
+    let rope_half = if g.do_rotary {
+        let (cos, sin) = (input(inputs, 7)?, input(inputs, 8)?);
+        let &[_, half] = cos.dims() else {
+            return Err(OpError::shape(format!("cos_cache must be 2-D (positions, rotary_dim / 2), got {}", cos.shape())));
+        };
+        same_dtype(q, cos, "cos_cache")?;
+        same_dtype(q, sin, "sin_cache")?;
+        expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
+        if half == 0 || 2 * half > head_size {
+            return Err(OpError::shape(format!(
+                "cos_cache has {half} columns: rotary_dim = 2 * {half} must lie in 1..=head_size ({head_size})"
+            )));
+        }
+        Some(half)
+    } else {
+        None
+    };
+    let shape = GqaShape { batch, seq, heads, kv_heads, head_size, capacity: total.max(past) };
+    Ok(GqaPlan { shape, q_width, packed, past_len: past, in_place, start, kv_len, rope_half })
+}
+
+fn gqa<T: Accum<Acc = f32> + Element>(
+    g: &GroupQueryAttention,
+    inputs: &[Option<&Tensor>],
+    donated: &mut [Option<Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError> {
+    let p = plan(g, inputs, donated)?;
+    let GqaShape { batch, seq, heads, kv_heads, head_size: hs, capacity } = p.shape;
+    let dtype = input(inputs, 0)?.dtype();
+    let (mut pk, mut pv) = if p.in_place {
+        (owned_input(inputs, donated, 3)?, owned_input(inputs, donated, 4)?)
+    } else {
+        let dims = [batch, kv_heads, capacity, hs];
+        let (mut pk, mut pv) = (ctx.arena.alloc_zeroed(dtype, dims)?, ctx.arena.alloc_zeroed(dtype, dims)?);
+        for (i, present) in [(3, &mut pk), (4, &mut pv)] {
+            if let Some(past) = peek(inputs, donated, i) {
+                ka::copy_prefix(past.as_slice::<T>()?, p.past_len, present.as_mut_slice::<T>()?, &p.shape, &p.start)
+                    .map_err(kernel_error)?;
+            }
+        }
+        (pk, pv)
+    };
+    let q = input(inputs, 0)?.as_slice::<T>()?;
+    let rope = match p.rope_half {
+        Some(half) => Some(
+            Rope::new(input(inputs, 7)?.as_slice::<T>()?, input(inputs, 8)?.as_slice::<T>()?, half, g.rotary_interleaved)
+                .map_err(kernel_error)?,
+        ),
+        None => None,
+    };
+    let new_kv = |i: usize, offset: usize| -> Result<Rows<T>, OpError> {
+        Ok(if p.packed {
+            Rows { data: q, stride: p.q_width, offset }
+        } else {
+            Rows { data: input(inputs, i)?.as_slice::<T>()?, stride: kv_heads * hs, offset: 0 }
+        })
+    };
+    let (k_new, v_new) = (new_kv(1, heads * hs)?, new_kv(2, (heads + kv_heads) * hs)?);
+    ka::append_kv(&k_new, &p.shape, &p.start, rope.as_ref(), pk.as_mut_slice::<T>()?).map_err(kernel_error)?;
+    ka::append_kv(&v_new, &p.shape, &p.start, None, pv.as_mut_slice::<T>()?).map_err(kernel_error)?;
+
+    let mut rotated = None;
+    if let Some(rope) = &rope {
+        let mut t = ctx.alloc(dtype, [batch, seq, heads * hs])?;
+        let rows = Rows { data: q, stride: p.q_width, offset: 0 };
+        ka::rotate_query(&rows, &p.shape, &p.start, rope, t.as_mut_slice::<T>()?).map_err(kernel_error)?;
+        rotated = Some(t);
+    }
+    let q_rows = match &rotated {
+        Some(t) => Rows { data: t.as_slice::<T>()?, stride: heads * hs, offset: 0 },
+        None => Rows { data: q, stride: p.q_width, offset: 0 },
+    };
+    let score = ScoreMod {
+        scale: g.scale.unwrap_or(1.0 / (hs as f32).sqrt()),
+        softcap: g.softcap,
+        window: g.local_window_size,
+    };
+    let mut by_head = ctx.alloc(dtype, [batch, heads, seq, hs])?;
+    let mut scratch = ctx.alloc(DType::F32, [ka::scratch_len(&p.shape, ctx.pool)])?;
+    ka::attention(
+        &p.shape,
+        &score,
+        &q_rows,
+        pk.as_slice::<T>()?,
+        pv.as_slice::<T>()?,
+        &p.start,
+        &p.kv_len,
+        by_head.as_mut_slice::<T>()?,
+        scratch.as_mut_slice::<f32>()?,
+        ctx.pool,
+    )
+    .map_err(kernel_error)?;
+    let mut out = ctx.alloc(dtype, [batch, seq, heads * hs])?;
+    ka::heads_to_rows(by_head.as_slice::<T>()?, &p.shape, out.as_mut_slice::<T>()?).map_err(kernel_error)?;
+    for t in [Some(by_head), Some(scratch), rotated].into_iter().flatten() {
+        ctx.arena.release(t);
+    }
+    let mut outputs = vec![out, pk, pv];
+    for t in outputs.drain(n_outputs.clamp(1, 3)..) {
+        ctx.arena.release(t);
+    }
+    Ok(outputs)
+}
+
+/// `(batch, seq, heads, head_size, heads_first)` of a RotaryEmbedding input.
+fn rotary_layout(r: &Rotary, x: &Tensor, cos_cols: usize) -> Result<HeadsShape, OpError> {
+    let shape = match *x.dims() {
+        [batch, heads, seq, head_size] => {
+            if r.kind == RotaryKind::Contrib && r.num_heads > 0 && r.num_heads != heads {
+                return Err(OpError::shape(format!("num_heads {} does not match input shape {}", r.num_heads, x.shape())));
+            }
+            HeadsShape { batch, seq, heads, head_size, heads_first: true }
+        }
+        [batch, seq, hidden] => {
+            // com.microsoft derives the head size from the caches when rotary_embedding_dim
+            // is unset; ONNX requires num_heads for 3-D inputs.
+            let heads = match (r.kind, r.num_heads, r.rotary_embedding_dim) {
+                (_, n, _) if n > 0 => n,
+                (RotaryKind::Contrib, _, 0) if cos_cols > 0 => hidden / (2 * cos_cols),
+                _ => return Err(OpError::value("num_heads must be set for a 3-D input")),
+            };
+            if heads == 0 || hidden % heads != 0 {
+                return Err(OpError::shape(format!("hidden size {hidden} is not a multiple of {heads} heads")));
+            }
+            HeadsShape { batch, seq, heads, head_size: hidden / heads, heads_first: false }
+        }
+        _ => {
+            return Err(OpError::shape(format!(
+                "input must be 3-D (batch, sequence, hidden) or 4-D (batch, heads, sequence, head_size), got {}",
+                x.shape()
+            )));
+        }
+    };
+    if r.kind == RotaryKind::Contrib && r.rotary_embedding_dim == 0 && 2 * cos_cols != shape.head_size {
+        return Err(OpError::shape(format!(
+            "cos_cache has {cos_cols} columns; without rotary_embedding_dim it must have head_size / 2 = {}",
+            shape.head_size / 2
+        )));
+    }
+    Ok(shape)
+}
+
+fn rotary<T: Accum<Acc = f32> + Element>(r: &Rotary, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+    let x = input(inputs, 0)?;
+    let (pos, cos, sin) = match r.kind {
+        RotaryKind::Contrib => (Some(input(inputs, 1)?), input(inputs, 2)?, input(inputs, 3)?),
+        RotaryKind::Onnx => (opt_input(inputs, 3), input(inputs, 1)?, input(inputs, 2)?),
+    };
+    same_dtype(x, cos, "cos_cache")?;
+    same_dtype(x, sin, "sin_cache")?;
+    expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
+    let cos_cols = cos.dims().last().copied().unwrap_or(0);
+    let shape = rotary_layout(r, x, cos_cols)?;
+    let rot_dim = if r.rotary_embedding_dim > 0 { r.rotary_embedding_dim } else { shape.head_size };
+    if rot_dim > shape.head_size || rot_dim % 2 != 0 || cos_cols * 2 != rot_dim {
+        return Err(OpError::shape(format!(
+            "rotary_dim {rot_dim} must be even, at most head_size {} and twice the cos_cache width {cos_cols}",
+            shape.head_size
+        )));
+    }
+    let ids = pos.map(|p| read_i64s(p, "position_ids")).transpose()?;
+    let (b, s) = (shape.batch, shape.seq);
+    let positions = match (&ids, pos) {
+        (Some(ids), Some(p)) if r.kind == RotaryKind::Contrib && ids.len() == 1 && p.rank() <= 1 => Positions::Offset(ids[0]),
+        (Some(ids), Some(p)) if p.dims() == [b, s] => Positions::Ids(ids),
+        (Some(_), Some(p)) => {
+            return Err(OpError::shape(format!("position_ids must have shape [{b}, {s}], got {}", p.shape())));
+        }
+        _ => Positions::PerToken,
+    };
+    let cache_dims: &[usize] = if matches!(positions, Positions::PerToken) { &[b, s, cos_cols] } else { &[cos.dims().first().copied().unwrap_or(0), cos_cols] };
+    if cos.dims() != cache_dims {
+        return Err(OpError::shape(format!(
+            "cos_cache must have shape {cache_dims:?} ({}), got {}",
+            if matches!(positions, Positions::PerToken) { "batch, sequence, rotary_dim / 2 without position_ids" } else { "positions, rotary_dim / 2" },
+            cos.shape()
+        )));
+    }
+    let rope = Rope::new(cos.as_slice::<T>()?, sin.as_slice::<T>()?, cos_cols, r.interleaved).map_err(kernel_error)?;
+    let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
+    kr::rotary(x.as_slice::<T>()?, &shape, positions, &rope, out.as_mut_slice::<T>()?, ctx.pool).map_err(kernel_error)?;
+    Ok(out)
 }

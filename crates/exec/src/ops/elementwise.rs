@@ -346,66 +346,33 @@ fn pow<T: Scalar + Element>(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<T
     }))
 }
 
-fn bits<T: Element + Copy>(
+/// Bitwise ops through i128: and/or/xor commute with sign extension and truncation, and
+/// shifts (unsigned types only) are exact there before wrapping back to the type's width.
+fn bitwise<T: Scalar + Element>(
     op: BinaryOp,
     a: &Tensor,
     b: &Tensor,
     ctx: &mut OpCtx,
-) -> Result<Tensor, OpError>
-where
-    T: std::ops::BitAnd<Output = T>
-        + std::ops::BitOr<Output = T>
-        + std::ops::BitXor<Output = T>
-        + Into<u64>
-        + TryFrom<u64>,
-{
+) -> Result<Tensor, OpError> {
     let d = a.dtype();
-    let shift = |x: T, y: T, left: bool| {
-        let (x, y): (u64, u64) = (x.into(), y.into());
-        let width = (std::mem::size_of::<T>() * 8) as u64;
-        let v = if y >= width {
-            0
-        } else if left {
-            x << y
-        } else {
-            x >> y
-        };
-        let mask = if width == 64 {
-            u64::MAX
-        } else {
-            (1u64 << width) - 1
-        };
-        T::try_from(v & mask).unwrap_or_else(|_| unreachable!("masked to the type's width"))
+    let width = (std::mem::size_of::<T>() * 8) as i128;
+    let f: fn(i128, i128, i128) -> i128 = match op {
+        BinaryOp::BitwiseAnd => |x, y, _| x & y,
+        BinaryOp::BitwiseOr => |x, y, _| x | y,
+        BinaryOp::BitwiseXor => |x, y, _| x ^ y,
+        BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight if d.is_signed_int() => {
+            return Err(OpError::DType {
+                dtype: d,
+                detail: " for BitShift: bit shifts take unsigned integers".into(),
+            });
+        }
+        BinaryOp::BitShiftLeft => |x, y, w| if y >= w { 0 } else { x.wrapping_shl(y as u32) },
+        BinaryOp::BitShiftRight => |x, y, w| if y >= w { 0 } else { x >> y },
+        _ => unreachable!("only bitwise ops reach bitwise()"),
     };
-    match op {
-        BinaryOp::BitwiseAnd => zip::<T, T, T>(a, b, d, ctx, |x, y| x & y),
-        BinaryOp::BitwiseOr => zip::<T, T, T>(a, b, d, ctx, |x, y| x | y),
-        BinaryOp::BitwiseXor => zip::<T, T, T>(a, b, d, ctx, |x, y| x ^ y),
-        BinaryOp::BitShiftLeft => zip::<T, T, T>(a, b, d, ctx, move |x, y| shift(x, y, true)),
-        BinaryOp::BitShiftRight => zip::<T, T, T>(a, b, d, ctx, move |x, y| shift(x, y, false)),
-        _ => unreachable!("only bitwise ops reach bits()"),
-    }
-}
-
-fn signed_bits<T: Element + Copy>(
-    op: BinaryOp,
-    a: &Tensor,
-    b: &Tensor,
-    ctx: &mut OpCtx,
-) -> Result<Tensor, OpError>
-where
-    T: std::ops::BitAnd<Output = T> + std::ops::BitOr<Output = T> + std::ops::BitXor<Output = T>,
-{
-    let d = a.dtype();
-    match op {
-        BinaryOp::BitwiseAnd => zip::<T, T, T>(a, b, d, ctx, |x, y| x & y),
-        BinaryOp::BitwiseOr => zip::<T, T, T>(a, b, d, ctx, |x, y| x | y),
-        BinaryOp::BitwiseXor => zip::<T, T, T>(a, b, d, ctx, |x, y| x ^ y),
-        _ => Err(OpError::DType {
-            dtype: d,
-            detail: format!(" for {op:?}: bit shifts take unsigned integers"),
-        }),
-    }
+    zip::<T, T, T>(a, b, d, ctx, move |x, y| {
+        T::wrap_from_i128(f(x.to_i128(), y.to_i128(), width))
+    })
 }
 
 pub(super) fn binary(
@@ -441,13 +408,9 @@ pub(super) fn binary(
         | BinaryOp::BitwiseOr
         | BinaryOp::BitwiseXor
         | BinaryOp::BitShiftLeft
-        | BinaryOp::BitShiftRight => match d {
-            DType::U8 => bits::<u8>(op, a, b, ctx),
-            DType::U16 => bits::<u16>(op, a, b, ctx),
-            DType::U32 => bits::<u32>(op, a, b, ctx),
-            DType::U64 => bits::<u64>(op, a, b, ctx),
-            _ => dispatch!(d, T => signed_bits::<T>(op, a, b, ctx); [I8, I16, I32, I64]),
-        },
+        | BinaryOp::BitShiftRight => {
+            dispatch!(d, T => bitwise::<T>(op, a, b, ctx); [U8, U16, U32, U64, I8, I16, I32, I64])
+        }
         BinaryOp::Equal if d == DType::Bool => {
             zip::<u8, u8, u8>(a, b, DType::Bool, ctx, |x, y| (x == y) as u8)
         }
@@ -602,32 +565,20 @@ fn cast_to<S: Scalar + Element>(x: &Tensor, to: DType, ctx: &mut OpCtx) -> Resul
         return map::<S, u8>(x, DType::Bool, ctx, |v| (v != S::ZERO) as u8);
     }
     dispatch_num!(to, D => {
-        // Direct float conversions keep exact f32 <-> f16/bf16 rounding (through f64 the
-        // double rounding f32 -> f64 -> f16 is exact, since f64 holds every f32).
-        map::<S, D>(x, to, ctx, |v| if S::IS_FLOAT && D::IS_FLOAT { D::from_f64(v.to_f64()) } else if D::IS_FLOAT { D::from_f64(v.to_f64()) } else { int_cast::<S, D>(v) })
+        // To a float: through f64, which holds every value of every source type except
+        // 64-bit integers beyond 2^53 (rounded once, as a direct conversion would).
+        map::<S, D>(x, to, ctx, |v| if D::IS_FLOAT { D::from_f64(v.to_f64()) } else { int_cast::<S, D>(v) })
     })
 }
 
 /// Casts to an integer type: floats truncate toward zero (saturating, NaN → 0); integers
-/// wrap two's-complement style, as C++ static_cast does in onnxruntime.
+/// keep their low bits (two's-complement wrap), as C++ `static_cast` does in onnxruntime.
 fn int_cast<S: Scalar, D: Scalar>(v: S) -> D {
     if S::IS_FLOAT {
-        return D::from_f64(v.to_f64().trunc());
-    }
-    let wide = v.to_f64();
-    // Integers up to 2^53 convert exactly through f64; wider values wrap through i128.
-    let as_i128 = if wide.abs() < 9.007_199_254_740_992e15 {
-        wide as i128
+        D::from_f64(v.to_f64().trunc())
     } else {
-        wide as i128
-    };
-    let bits = std::mem::size_of::<D>() * 8;
-    let modulo = 1i128 << bits;
-    let mut r = as_i128.rem_euclid(modulo);
-    if D::min_value() < D::ZERO && r >= modulo / 2 {
-        r -= modulo;
+        D::wrap_from_i128(v.to_i128())
     }
-    D::from_f64(r as f64)
 }
 
 pub(super) fn cast(
@@ -731,5 +682,11 @@ mod tests {
         assert_eq!(int_cast::<i32, u8>(300), 44u8);
         assert_eq!(int_cast::<i32, i8>(200), -56i8);
         assert_eq!(int_cast::<f32, i32>(-2.7), -2);
+        assert_eq!(
+            int_cast::<i64, i32>((1 << 40) + 3),
+            3,
+            "wide integers wrap exactly"
+        );
+        assert_eq!(int_cast::<u64, i64>(u64::MAX), -1);
     }
 }

@@ -1,20 +1,24 @@
-//! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization.
+//! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization,
+//! SimplifiedLayerNormalization and com.microsoft::SkipSimplifiedLayerNormalization.
 //!
 //! MatMul follows NumPy `matmul`: 1-D operands are promoted (a leading or trailing 1 that is
 //! dropped from the result) and batch dimensions broadcast; each batch is a row-major product
 //! handed to `oxgen_kernels::matmul` by offset, so broadcast operands are never copied. Gemm
 //! materializes transposed operands, then runs the same kernel with its epilogue. The norms
 //! view the input as `(rows, n)` with `n` the product of the axes from `axis` on.
-//! Reference: ONNX `MatMul`, `Gemm`, `LayerNormalization`, `RMSNormalization` docs.
+//! SkipSimplifiedLayerNormalization normalizes over the last axis; its `skip` may be a suffix
+//! of the input's shape (onnxruntime accepts `[seq, hidden]` under `[batch, seq, hidden]`).
+//! Reference: ONNX `MatMul`, `Gemm`, `LayerNormalization`, `RMSNormalization` docs;
+//! onnxruntime `docs/ContribOperators.md` and `contrib_ops/cpu/skip_layer_norm.cc`.
 
 use std::borrow::Cow;
 
 use oxgen_graph::Op;
-use oxgen_graph::ops::{Gemm, Norm, NormKind};
+use oxgen_graph::ops::{Gemm, Norm, NormKind, SkipNorm};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::broadcast::{self, broadcast_shape, broadcast_strides};
 use oxgen_kernels::matmul::{self as km, Bias};
-use oxgen_kernels::norm::{self as kn, LayerNormStats};
+use oxgen_kernels::norm::{self as kn, LayerNormStats, Residual};
 use oxgen_tensor::{DType, Element, Tensor};
 
 use super::reduce::kernel_error;
@@ -31,6 +35,7 @@ pub(super) fn run(
         Op::MatMul => matmul(input(inputs, 0)?, input(inputs, 1)?, ctx).map(|t| vec![t]),
         Op::Gemm(g) => gemm(g, inputs, ctx).map(|t| vec![t]),
         Op::Norm(n) => norm(n, inputs, n_outputs, ctx),
+        Op::SkipNorm(s) => skip_norm(s, inputs, n_outputs, ctx),
         _ => unreachable!("ops::run routes only MatMul, Gemm and norms here"),
     }
 }
@@ -259,18 +264,29 @@ where
     same_dtype(x, scale_t, "Scale")?;
     let scale = expand_param::<T>(scale_t, norm_dims, "Scale")?;
     let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
+    // Mean / InvStdDev / inv_std_var keep the normalized axes as 1s, in the statistics type.
+    let stat_dims: Vec<usize> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if i < axis { d } else { 1 })
+        .collect();
     if nm.kind == NormKind::Rms {
-        kn::rms_norm(
+        // SimplifiedLayerNormalization's optional inv_std_var (RMSNormalization has none).
+        let mut inv = (n_outputs >= 2)
+            .then(|| ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice()))
+            .transpose()?;
+        kn::rms_norm_stats(
             x.as_slice::<T>()?,
             &scale,
             rows,
             n,
             nm.epsilon,
             y.as_mut_slice::<T>()?,
+            inv.as_mut().map(|t| t.as_mut_slice::<T::Acc>()).transpose()?,
             ctx.pool,
         )
         .map_err(kernel_error)?;
-        return Ok(vec![y]);
+        return Ok([y].into_iter().chain(inv).collect());
     }
     let bias = match opt_input(inputs, 2) {
         Some(b) => {
@@ -294,12 +310,6 @@ where
         .map_err(kernel_error)?;
         return Ok(vec![y]);
     }
-    // Mean and InvStdDev keep the normalized axes as 1s, in the statistics type.
-    let stat_dims: Vec<usize> = dims
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| if i < axis { d } else { 1 })
-        .collect();
     let mut mean = ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice())?;
     let mut inv = ctx.alloc(T::Acc::DTYPE, stat_dims)?;
     let stats = LayerNormStats {
@@ -336,6 +346,109 @@ fn norm(
         other => Err(OpError::DType {
             dtype: other,
             detail: " for a normalization: expected a float type".into(),
+        }),
+    }
+}
+
+/// Checks `t` holds exactly `n` values shaped `[n]` (leading 1s allowed).
+fn expect_vector(t: &Tensor, n: usize, what: &str) -> Result<(), OpError> {
+    let dims = t.dims();
+    let trimmed = &dims[dims.iter().position(|&d| d != 1).unwrap_or(dims.len())..];
+    if trimmed == [n] || (n == 1 && trimmed.is_empty() && !dims.is_empty()) {
+        Ok(())
+    } else {
+        Err(OpError::shape(format!(
+            "{what} must have shape [{n}] (the input's last dimension), got {}",
+            t.shape()
+        )))
+    }
+}
+
+fn skip_norm_typed<T: Accum + Element>(
+    sn: &SkipNorm,
+    x: &Tensor,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError>
+where
+    T::Acc: Element,
+{
+    let dims = x.dims();
+    let Some((&n, lead)) = dims.split_last() else {
+        return Err(OpError::shape("input must have rank 1 or more, got a scalar"));
+    };
+    let rows: usize = lead.iter().product();
+    let (skip, gamma) = (input(inputs, 1)?, input(inputs, 2)?);
+    same_dtype(x, skip, "skip")?;
+    same_dtype(x, gamma, "gamma")?;
+    let skip_dims = skip.dims();
+    let skip_dims = &skip_dims[skip_dims.iter().position(|&d| d != 1).unwrap_or(skip_dims.len())..];
+    if skip_dims.len() > dims.len() || !dims.ends_with(skip_dims) || skip_dims.last() != Some(&n) {
+        return Err(OpError::shape(format!(
+            "skip of shape {} must match the input {} or a suffix of it ending in the hidden size {n}",
+            skip.shape(),
+            x.shape()
+        )));
+    }
+    expect_vector(gamma, n, "gamma")?;
+    let bias = opt_input(inputs, 3);
+    if let Some(b) = bias {
+        same_dtype(x, b, "bias")?;
+        expect_vector(b, n, "bias")?;
+    }
+    let mut stat_dims = lead.to_vec();
+    stat_dims.push(1);
+    let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
+    // onnxruntime returns zeros for the mean of this RMS norm; the slot is filled only when
+    // a later output is requested.
+    let mut mean = (n_outputs >= 2)
+        .then(|| ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice()))
+        .transpose()?;
+    let mut inv = (n_outputs >= 3)
+        .then(|| ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice()))
+        .transpose()?;
+    let mut sum = (n_outputs >= 4)
+        .then(|| ctx.alloc(x.dtype(), x.shape().clone()))
+        .transpose()?;
+    if let Some(mean) = mean.as_mut() {
+        mean.as_mut_slice::<T::Acc>()?.fill(<T::Acc as oxgen_kernels::Scalar>::ZERO);
+    }
+    let residual = Residual {
+        skip: skip.as_slice::<T>()?,
+        bias: bias.map(|b| b.as_slice::<T>()).transpose()?,
+    };
+    kn::skip_rms_norm(
+        x.as_slice::<T>()?,
+        residual,
+        gamma.as_slice::<T>()?,
+        rows,
+        n,
+        sn.epsilon,
+        y.as_mut_slice::<T>()?,
+        sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
+        inv.as_mut().map(|t| t.as_mut_slice::<T::Acc>()).transpose()?,
+        ctx.pool,
+    )
+    .map_err(kernel_error)?;
+    Ok([Some(y), mean, inv, sum].into_iter().flatten().collect())
+}
+
+fn skip_norm(
+    sn: &SkipNorm,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError> {
+    let x = input(inputs, 0)?;
+    match x.dtype() {
+        DType::F32 => skip_norm_typed::<f32>(sn, x, inputs, n_outputs, ctx),
+        DType::F64 => skip_norm_typed::<f64>(sn, x, inputs, n_outputs, ctx),
+        DType::F16 => skip_norm_typed::<half::f16>(sn, x, inputs, n_outputs, ctx),
+        DType::BF16 => skip_norm_typed::<half::bf16>(sn, x, inputs, n_outputs, ctx),
+        other => Err(OpError::DType {
+            dtype: other,
+            detail: " for SkipSimplifiedLayerNormalization: expected a float type".into(),
         }),
     }
 }

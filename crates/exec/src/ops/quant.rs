@@ -1,11 +1,209 @@
-//! Block-quantized weight ops (placeholder: being implemented).
+//! Block-quantized weight ops: com.microsoft::MatMulNBits and GatherBlockQuantized.
+//!
+//! Validates shapes and dtypes against onnxruntime's rules (`matmul_nbits_helper.h`,
+//! `gather_block_quantized.cc`), then runs the reference kernels
+//! (`oxgen_kernels::matmul_nbits`, `oxgen_kernels::quant`) directly on the tensors' bytes:
+//! nothing is dequantized ahead of time and nothing but the output is allocated.
 
 use oxgen_graph::Op;
-use oxgen_tensor::Tensor;
+use oxgen_graph::ops::{GatherBlockQuantized, MatMulNBits};
+use oxgen_kernels::matmul_nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoints};
+use oxgen_kernels::quant::{self, QuantRows};
+use oxgen_tensor::{DType, Tensor};
 
-use super::OpCtx;
+use super::reduce::kernel_error;
+use super::{OpCtx, input, norm_axis, opt_input};
 use crate::OpError;
 
-pub(super) fn run(op: &Op, _inputs: &[Option<&Tensor>], _n_outputs: usize, _ctx: &mut OpCtx) -> Result<Vec<Tensor>, OpError> {
-    Err(OpError::value(format!("{op:?} has no kernel yet")))
+pub(super) fn run(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    _n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Vec<Tensor>, OpError> {
+    match op {
+        Op::MatMulNBits(q) => matmul_nbits(q, inputs, ctx).map(|t| vec![t]),
+        Op::GatherBlockQuantized(g) => gather_block_quantized(g, inputs, ctx).map(|t| vec![t]),
+        _ => unreachable!("ops::run routes only MatMulNBits and GatherBlockQuantized here"),
+    }
+}
+
+fn expect_dtype(t: &Tensor, want: DType, what: &str) -> Result<(), OpError> {
+    if t.dtype() == want {
+        Ok(())
+    } else {
+        Err(OpError::DType {
+            dtype: t.dtype(),
+            detail: format!(" for {what}: expected {want}"),
+        })
+    }
+}
+
+/// Checks `t` is `[count]` or `[rows, count / rows]` (onnxruntime accepts both for scales and
+/// zero points, the 1-D form for older exports).
+fn expect_flat_or_2d(t: &Tensor, rows: usize, per_row: usize, what: &str) -> Result<(), OpError> {
+    let ok = match *t.dims() {
+        [len] => Some(len) == rows.checked_mul(per_row),
+        [r, c] => r == rows && c == per_row,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(OpError::shape(format!(
+            "{what} must have shape [{rows}, {per_row}] (or [{rows} * {per_row}]), got {}",
+            t.shape()
+        )))
+    }
+}
+
+fn matmul_nbits(
+    op: &MatMulNBits,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
+    let (a, b, scales) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+    if opt_input(inputs, 4).is_some() {
+        return Err(OpError::value("input g_idx is not supported"));
+    }
+    let layout = NBitsLayout::new(op.n, op.k, op.bits, op.block_size).map_err(kernel_error)?;
+    let (n, k) = (op.n, op.k);
+    let Some((&a_k, batch)) = a.dims().split_last() else {
+        return Err(OpError::shape(
+            "input A must have rank 1 or more, got a scalar",
+        ));
+    };
+    if a_k != k {
+        return Err(OpError::shape(format!(
+            "input A's last dimension must equal attribute K = {k}, got shape {}",
+            a.shape()
+        )));
+    }
+    expect_dtype(b, DType::U8, "input B")?;
+    let b_dims = [n, layout.k_blocks, layout.blob_size];
+    if b.dims() != b_dims {
+        return Err(OpError::shape(format!(
+            "input B must have shape {b_dims:?} ([N, ceil(K / block_size), block_size * bits / 8] \
+             for K {k}, N {n}, block_size {}, bits {}), got {}",
+            op.block_size,
+            op.bits,
+            b.shape()
+        )));
+    }
+    expect_dtype(scales, a.dtype(), "scales (like input A)")?;
+    expect_flat_or_2d(scales, n, layout.k_blocks, "scales")?;
+    let zp = opt_input(inputs, 3);
+    if let Some(z) = zp {
+        if z.dtype() == DType::U8 {
+            expect_flat_or_2d(z, n, layout.zp_row_bytes, "packed zero_points")?;
+        } else {
+            expect_dtype(z, a.dtype(), "zero_points (uint8, or the scales' type)")?;
+            expect_flat_or_2d(z, n, layout.k_blocks, "zero_points")?;
+        }
+    }
+    let bias = opt_input(inputs, 5);
+    if let Some(bias) = bias {
+        expect_dtype(bias, a.dtype(), "bias (like input A)")?;
+        if bias.dims() != [n] {
+            return Err(OpError::shape(format!(
+                "bias must have shape [{n}], got {}",
+                bias.shape()
+            )));
+        }
+    }
+    let m: usize = batch.iter().product();
+    let mut out_dims = batch.to_vec();
+    out_dims.push(n);
+    let mut out = ctx.alloc(a.dtype(), out_dims)?;
+    dispatch!(a.dtype(), T => {
+        let zero_points = match zp {
+            None => ZeroPoints::Default,
+            Some(z) if z.dtype() == DType::U8 => ZeroPoints::Packed(z.as_slice::<u8>()?),
+            Some(z) => ZeroPoints::Float(z.as_slice::<T>()?),
+        };
+        let w = QuantWeights { layout, data: b.as_slice::<u8>()?, scales: scales.as_slice::<T>()?, zero_points };
+        let bias = bias.map(|t| t.as_slice::<T>()).transpose()?;
+        kq::matmul_nbits(a.as_slice::<T>()?, m, &w, bias, out.as_mut_slice::<T>()?, ctx.pool).map_err(kernel_error)
+    }; [F32, F16, BF16])?;
+    Ok(out)
+}
+
+fn gather_block_quantized(
+    op: &GatherBlockQuantized,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
+    let (data, indices, scales) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+    expect_dtype(data, DType::U8, "data")?;
+    let dims = data.dims();
+    let rank = dims.len();
+    if rank < 2 {
+        return Err(OpError::shape(format!(
+            "data must have rank 2 or more (rows to gather, then the quantized axis), got shape {}",
+            data.shape()
+        )));
+    }
+    if norm_axis(op.quantize_axis, rank)? != rank - 1 {
+        return Err(OpError::value(format!(
+            "quantize_axis {} is not the last axis of data {}: only the last axis is supported",
+            op.quantize_axis,
+            data.shape()
+        )));
+    }
+    let codes_per_byte = 8 / op.bits as usize;
+    let cols = dims[rank - 1]
+        .checked_mul(codes_per_byte)
+        .ok_or_else(|| OpError::shape("data's last dimension overflows"))?;
+    let blocks = cols.div_ceil(op.block_size);
+    let lead = &dims[..rank - 1];
+    let mut scale_dims = lead.to_vec();
+    scale_dims.push(blocks);
+    if scales.dims() != scale_dims {
+        return Err(OpError::shape(format!(
+            "scales must have shape {scale_dims:?} (data {} holds {cols} {}-bit codes per row, \
+             {blocks} blocks of {}), got {}",
+            data.shape(),
+            op.bits,
+            op.block_size,
+            scales.shape()
+        )));
+    }
+    let zp = opt_input(inputs, 3);
+    if let Some(z) = zp {
+        expect_dtype(z, DType::U8, "zero_points (like data)")?;
+        let mut zp_dims = lead.to_vec();
+        zp_dims.push(blocks.div_ceil(codes_per_byte));
+        if z.dims() != zp_dims {
+            return Err(OpError::shape(format!(
+                "zero_points must have shape {zp_dims:?} ({codes_per_byte} per byte), got {}",
+                z.shape()
+            )));
+        }
+    }
+    let mut out_dims = indices.dims().to_vec();
+    out_dims.extend_from_slice(&lead[1..]);
+    out_dims.push(cols);
+    let mut out = ctx.alloc(scales.dtype(), out_dims)?;
+    let rows: usize = lead.iter().product();
+    let group: usize = lead[1..].iter().product();
+    let zero_points = zp.map(|z| z.as_slice::<u8>()).transpose()?;
+    dispatch!(scales.dtype(), T => {
+        let src = QuantRows {
+            data: data.as_slice::<u8>()?,
+            scales: scales.as_slice::<T>()?,
+            zero_points,
+            rows,
+            cols,
+            bits: op.bits,
+            block_size: op.block_size,
+        };
+        let out_slice = out.as_mut_slice::<T>()?;
+        match indices.dtype() {
+            DType::I64 => quant::gather_block_quantized(&src, group, indices.as_slice::<i64>()?, out_slice, ctx.pool),
+            DType::I32 => quant::gather_block_quantized(&src, group, indices.as_slice::<i32>()?, out_slice, ctx.pool),
+            other => return Err(OpError::DType { dtype: other, detail: " for indices: expected int32 or int64".into() }),
+        }
+        .map_err(kernel_error)
+    }; [F32, F16, BF16])?;
+    Ok(out)
 }

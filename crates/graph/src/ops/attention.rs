@@ -1,15 +1,200 @@
-//! Attention ops: com.microsoft::GroupQueryAttention and RotaryEmbedding (contrib and ONNX).
+//! Attention ops: com.microsoft::GroupQueryAttention and RotaryEmbedding (com.microsoft and
+//! ONNX opset 23).
+//!
+//! What is fixed per node is validated here; everything that depends on input shapes (head
+//! size, cache lengths, positions) is checked by the executor at run time.
+//!
+//! Supported subset of GroupQueryAttention (onnxruntime `docs/ContribOperators.md`, checked
+//! against onnxruntime 1.32's schema): inputs 0-8 (query or packed QKV, key, value,
+//! past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache); outputs
+//! output, present_key, present_value; attributes num_heads, kv_num_heads, scale, softcap,
+//! local_window_size, do_rotary, rotary_interleaved. Rejected at load, naming the node:
+//! inputs position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+//! k_norm_weight, query_seqlens; the output_qk output; non-default values of causal (0),
+//! smooth_softmax (1), qk_output, sliding_window_cache, k_quant_type, v_quant_type and
+//! kv_cache_bit_width. The epsilons of the Q/K norms are accepted and unused, since their
+//! weight inputs are rejected.
 
-use crate::OpSpec;
+use super::Op;
+use crate::{GraphError, NodeCtx, OpSpec};
 
-/// com.microsoft::GroupQueryAttention attributes (placeholder: being implemented).
+/// com.microsoft::GroupQueryAttention attributes.
 #[derive(Debug, Clone, PartialEq)]
-pub struct GroupQueryAttention {}
+pub struct GroupQueryAttention {
+    pub num_heads: usize,
+    pub kv_num_heads: usize,
+    /// The multiplier of `q · k`; `None` means `1 / sqrt(head_size)` (the attribute's 0).
+    pub scale: Option<f32>,
+    /// `softcap * tanh(x / softcap)` on scaled scores when positive; 0 is off.
+    pub softcap: f32,
+    /// Sliding window: a query at position `p` sees keys `p - w ..= p`. `None` for -1 (and
+    /// 0, which onnxruntime also treats as off).
+    pub local_window_size: Option<usize>,
+    pub do_rotary: bool,
+    pub rotary_interleaved: bool,
+}
 
-/// RotaryEmbedding attributes (placeholder: being implemented).
+/// Which RotaryEmbedding: the input orders and cache shapes differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotaryKind {
+    /// com.microsoft::RotaryEmbedding: (input, position_ids, cos_cache, sin_cache).
+    Contrib,
+    /// ONNX RotaryEmbedding (opset 23): (X, cos_cache, sin_cache, position_ids?).
+    Onnx,
+}
+
+/// RotaryEmbedding attributes (both domains).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rotary {}
+pub struct Rotary {
+    pub kind: RotaryKind,
+    pub interleaved: bool,
+    /// Rotated leading elements of each head; 0 means the whole head.
+    pub rotary_embedding_dim: usize,
+    /// Heads of a 3-D input; 0 means unset.
+    pub num_heads: usize,
+}
+
+fn positive(ctx: &mut NodeCtx, name: &str) -> Result<usize, GraphError> {
+    match ctx.int_opt(name)? {
+        Some(v) if v > 0 => usize::try_from(v).map_err(|_| ctx.attr_error(name, "is too large")),
+        Some(v) => Err(ctx.attr_error(name, format!("must be positive, got {v}"))),
+        None => Err(ctx.attr_error(name, "is required")),
+    }
+}
+
+/// An int attribute that this implementation supports only at `default`.
+fn only_default(ctx: &mut NodeCtx, name: &str, allowed: &[i64], why: &str) -> Result<(), GraphError> {
+    match ctx.int_opt(name)? {
+        Some(v) if !allowed.contains(&v) => Err(ctx.attr_error(name, format!("value {v} is not supported: {why}"))),
+        _ => Ok(()),
+    }
+}
+
+/// GroupQueryAttention's inputs in onnxruntime 1.32; those from index 9 on are not supported.
+const GQA_INPUTS: [&str; 17] = [
+    "query",
+    "key",
+    "value",
+    "past_key",
+    "past_value",
+    "seqlens_k",
+    "total_sequence_length",
+    "cos_cache",
+    "sin_cache",
+    "position_ids",
+    "attention_bias",
+    "head_sink",
+    "k_scale",
+    "v_scale",
+    "q_norm_weight",
+    "k_norm_weight",
+    "query_seqlens",
+];
+
+fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    if let Some(i) = (9..GQA_INPUTS.len()).find(|&i| ctx.has_input(i)) {
+        return Err(ctx.invalid(format!(
+            "optional input {i} ({}) is not supported by this implementation; remove it or use the ort backend",
+            GQA_INPUTS[i]
+        )));
+    }
+    ctx.inputs(1, 9)?;
+    ctx.outputs(3)?;
+    for (index, name) in [(5, "seqlens_k"), (6, "total_sequence_length")] {
+        if !ctx.has_input(index) {
+            return Err(ctx.invalid(format!("input {index} ({name}) is required")));
+        }
+    }
+    for (a, b, what) in [(1, 2, "key and value"), (3, 4, "past_key and past_value"), (7, 8, "cos_cache and sin_cache")] {
+        if ctx.has_input(a) != ctx.has_input(b) {
+            return Err(ctx.invalid(format!("inputs {what} must be both present or both absent")));
+        }
+    }
+    let num_heads = positive(ctx, "num_heads")?;
+    let kv_num_heads = positive(ctx, "kv_num_heads")?;
+    if num_heads % kv_num_heads != 0 {
+        return Err(ctx.attr_error(
+            "num_heads",
+            format!("must be a multiple of kv_num_heads ({num_heads} % {kv_num_heads} != 0)"),
+        ));
+    }
+    let scale = ctx.float("scale", 0.0)?;
+    if !scale.is_finite() || scale < 0.0 {
+        return Err(ctx.attr_error("scale", format!("must be finite and non-negative, got {scale}")));
+    }
+    let softcap = ctx.float("softcap", 0.0)?;
+    if !softcap.is_finite() || softcap < 0.0 {
+        return Err(ctx.attr_error("softcap", format!("must be finite and non-negative, got {softcap}")));
+    }
+    let local_window_size = match ctx.int("local_window_size", -1)? {
+        -1 | 0 => None,
+        w if w > 0 => Some(usize::try_from(w).map_err(|_| ctx.attr_error("local_window_size", "is too large"))?),
+        w => return Err(ctx.attr_error("local_window_size", format!("must be -1 (off) or positive, got {w}"))),
+    };
+    let do_rotary = ctx.bool("do_rotary", false)?;
+    let rotary_interleaved = ctx.bool("rotary_interleaved", false)?;
+    if do_rotary && !ctx.has_input(7) {
+        return Err(ctx.invalid("do_rotary is 1 but cos_cache and sin_cache are absent"));
+    }
+    only_default(ctx, "causal", &[1], "only causal attention is implemented")?;
+    only_default(ctx, "smooth_softmax", &[-1, 0], "smooth softmax is not implemented")?;
+    only_default(ctx, "qk_output", &[0], "the output_qk output is not implemented")?;
+    only_default(ctx, "sliding_window_cache", &[0], "window-sized KV caches are not implemented")?;
+    only_default(ctx, "kv_cache_bit_width", &[0], "quantized KV caches are not implemented")?;
+    for name in ["k_quant_type", "v_quant_type"] {
+        let v = ctx.string(name, "NONE")?;
+        if v != "NONE" {
+            return Err(ctx.attr_error(name, format!("'{v}' is not supported: quantized KV caches are not implemented")));
+        }
+    }
+    for name in ["qk_norm_epsilon", "q_norm_epsilon", "k_norm_epsilon"] {
+        ctx.float_opt(name)?;
+    }
+    Ok(Op::GroupQueryAttention(GroupQueryAttention {
+        num_heads,
+        kv_num_heads,
+        scale: (scale > 0.0).then_some(scale),
+        softcap,
+        local_window_size,
+        do_rotary,
+        rotary_interleaved,
+    }))
+}
+
+fn rotary(ctx: &mut NodeCtx, kind: RotaryKind) -> Result<Op, GraphError> {
+    match kind {
+        RotaryKind::Contrib => ctx.inputs(4, 4)?,
+        RotaryKind::Onnx => ctx.inputs(3, 4)?,
+    }
+    ctx.outputs(1)?;
+    let interleaved = ctx.bool("interleaved", false)?;
+    let mut count = |name: &str| -> Result<usize, GraphError> {
+        let v = ctx.int(name, 0)?;
+        usize::try_from(v).map_err(|_| ctx.attr_error(name, format!("must be non-negative, got {v}")))
+    };
+    let rotary_embedding_dim = count("rotary_embedding_dim")?;
+    let num_heads = count("num_heads")?;
+    if rotary_embedding_dim % 2 != 0 {
+        return Err(ctx.attr_error("rotary_embedding_dim", format!("must be even, got {rotary_embedding_dim}")));
+    }
+    if kind == RotaryKind::Contrib {
+        if rotary_embedding_dim > 0 && num_heads == 0 {
+            return Err(ctx.attr_error("num_heads", "must be set when rotary_embedding_dim is"));
+        }
+        if ctx.bool("is_packed_batching", false)? {
+            return Err(ctx.attr_error("is_packed_batching", "ragged (packed) batches are not supported"));
+        }
+        // onnxruntime's CPU kernel reads `scale` but only uses it to extend the caches, which
+        // it does not implement either; positions past the caches are errors here.
+        ctx.float_opt("scale")?;
+    }
+    Ok(Op::Rotary(Rotary { kind, interleaved, rotary_embedding_dim, num_heads }))
+}
 
 pub(super) fn specs() -> Vec<OpSpec> {
-    vec![]
+    vec![
+        OpSpec::new("com.microsoft", "GroupQueryAttention", 1, gqa),
+        OpSpec::new("com.microsoft", "RotaryEmbedding", 1, |ctx| rotary(ctx, RotaryKind::Contrib)),
+        OpSpec::new("", "RotaryEmbedding", 23, |ctx| rotary(ctx, RotaryKind::Onnx)),
+    ]
 }

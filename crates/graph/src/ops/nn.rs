@@ -1,4 +1,6 @@
-//! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization.
+//! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization,
+//! onnxruntime's SimplifiedLayerNormalization (default domain, the RMS norm of its LLM
+//! exports) and com.microsoft::SkipSimplifiedLayerNormalization.
 
 use super::Op;
 use crate::{GraphError, NodeCtx, OpSpec};
@@ -47,10 +49,11 @@ fn gemm(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     }))
 }
 
-fn norm(ctx: &mut NodeCtx, kind: NormKind) -> Result<Op, GraphError> {
+/// LayerNormalization (Y, Mean, InvStdDev), RMSNormalization (Y) and onnxruntime's
+/// SimplifiedLayerNormalization (Y, inv_std_var): `max_outputs` tells the last two apart.
+fn norm(ctx: &mut NodeCtx, kind: NormKind, max_outputs: usize) -> Result<Op, GraphError> {
     let max_inputs = if kind == NormKind::Layer { 3 } else { 2 };
     ctx.inputs(2, max_inputs)?;
-    let max_outputs = if kind == NormKind::Layer { 3 } else { 1 };
     ctx.outputs(max_outputs)?;
     let axis = ctx.int("axis", -1)?;
     let epsilon = ctx.float("epsilon", 1e-5)?;
@@ -78,12 +81,46 @@ pub(super) fn specs() -> Vec<OpSpec> {
         }),
         OpSpec::new("", "Gemm", 6, gemm),
         OpSpec::new("", "LayerNormalization", 17, |ctx| {
-            norm(ctx, NormKind::Layer)
+            norm(ctx, NormKind::Layer, 3)
         }),
-        OpSpec::new("", "RMSNormalization", 23, |ctx| norm(ctx, NormKind::Rms)),
+        OpSpec::new("", "RMSNormalization", 23, |ctx| {
+            norm(ctx, NormKind::Rms, 1)
+        }),
+        // onnxruntime registers it in the default domain from opset 1 on (an extension of
+        // the ONNX domain); Y and the optional per-row inv_std_var.
+        OpSpec::new("", "SimplifiedLayerNormalization", 1, |ctx| {
+            norm(ctx, NormKind::Rms, 2)
+        }),
+        OpSpec::new(
+            "com.microsoft",
+            "SkipSimplifiedLayerNormalization",
+            1,
+            skip_simplified_layer_norm,
+        ),
     ]
 }
 
-/// com.microsoft::SkipSimplifiedLayerNormalization attributes (placeholder: being implemented).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SkipNorm {}
+/// com.microsoft::SkipSimplifiedLayerNormalization: the RMS norm of `input + skip (+ bias)`
+/// over the last axis. Inputs `input, skip, gamma, bias?`; outputs `output, mean?,
+/// inv_std_var?, input_skip_bias_sum?` (the sum is the residual stream for the next layer;
+/// `mean` is all zeros, as onnxruntime returns it, since an RMS norm has no mean).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SkipNorm {
+    pub epsilon: f32,
+}
+
+/// The schema's default epsilon for the Skip*LayerNormalization family.
+const SKIP_NORM_EPSILON: f32 = 1e-12;
+
+fn skip_simplified_layer_norm(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    ctx.inputs(3, 4)?;
+    ctx.outputs(4)?;
+    let epsilon = ctx.float("epsilon", SKIP_NORM_EPSILON)?;
+    if !(epsilon >= 0.0 && epsilon.is_finite()) {
+        return Err(ctx.attr_error(
+            "epsilon",
+            format!("must be finite and >= 0, got {epsilon}"),
+        ));
+    }
+    Ok(Op::SkipNorm(SkipNorm { epsilon }))
+}

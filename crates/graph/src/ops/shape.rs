@@ -119,19 +119,19 @@ fn split(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         None
     };
     let outputs = ctx.output_count();
-    if ctx.opset() >= 18 {
-        if let Some(n) = ctx.int_opt("num_outputs")? {
-            if n < 1 || n as usize != outputs {
-                return Err(ctx.attr_error(
-                    "num_outputs",
-                    format!("is {n} but the node has {outputs} outputs"),
-                ));
-            }
-            if ctx.has_input(1) {
-                return Err(ctx.invalid(
-                    "give either the 'split' input or the 'num_outputs' attribute, not both",
-                ));
-            }
+    if ctx.opset() >= 18
+        && let Some(n) = ctx.int_opt("num_outputs")?
+    {
+        if n < 1 || n as usize != outputs {
+            return Err(ctx.attr_error(
+                "num_outputs",
+                format!("is {n} but the node has {outputs} outputs"),
+            ));
+        }
+        if ctx.has_input(1) {
+            return Err(ctx.invalid(
+                "give either the 'split' input or the 'num_outputs' attribute, not both",
+            ));
         }
     }
     if outputs == 0 {

@@ -1,0 +1,358 @@
+//! Causal grouped-query attention over a KV cache: the scalar reference behind
+//! com.microsoft::GroupQueryAttention.
+//!
+//! Layouts: queries are rows of head vectors (`(batch, seq)` rows of `heads * head_size`,
+//! possibly inside a wider packed-QKV row, see [`Rows`]); the caches are
+//! `(batch, kv_heads, capacity, head_size)` (BNSH); query head `n` reads KV head
+//! `n / (heads / kv_heads)`. Query row `s` of batch entry `b` sits at absolute position
+//! `p = start[b] + s` and attends to the keys at positions `lo..end` with
+//! `end = min(p + 1, kv_len[b])` (causal, and never past the entry's valid length, which is
+//! what onnxruntime does for the right-padded rows of a batched first prompt) and
+//! `lo = p - window` when a local window is set (`window + 1` keys, onnxruntime's
+//! `local_window_size`), else 0. A row with no keys gets zeros.
+//!
+//! Per row: `x_j = scale * (q · k_j)`, then `softcap * tanh(x_j / softcap)` when softcap is
+//! set, then a two-pass softmax (max, then `exp(x_j - max)` summed in position order, each
+//! divided by the sum), then `Σ_j p_j v_j`.
+//!
+//! The reduction contract (DESIGN.md §6): a row's result depends only on its query vector
+//! and the cache, never on how many query rows share the call or on the thread count. Every
+//! sum (the dot products over `head_size`, the softmax denominator, the weighted sum of V)
+//! runs in f32 in a fixed order: dot products over `d` ascending, the others over absolute
+//! key position ascending, one position at a time. A blocked version must keep this walk in
+//! fixed absolute-position tiles. Threads split (batch, head) pairs, never a row. So prefill
+//! of S tokens equals S single-token decode steps bit for bit (tested below).
+//!
+//! Math runs in f32 for f32, f16 and bf16 elements (halves widen exactly and round once per
+//! output element).
+//!
+//! References: onnxruntime `docs/ContribOperators.md` (GroupQueryAttention) and its CPU
+//! kernel `contrib_ops/cpu/bert/gqa_attention_base.h`; Ainslie et al., "GQA"
+//! (arXiv:2305.13245).
+
+use crate::ThreadPool;
+use crate::acc::Accum;
+use crate::layout::{LayoutError, check_len};
+use crate::par::{par_chunks2, parts_for};
+use crate::rotary::{Positions, Rope, rotate_one};
+
+/// Sizes of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GqaShape {
+    pub batch: usize,
+    /// Query rows per batch entry (S).
+    pub seq: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_size: usize,
+    /// Positions the caches hold per (batch, kv head).
+    pub capacity: usize,
+}
+
+impl GqaShape {
+    fn check(&self) -> Result<(), LayoutError> {
+        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+            return Err(LayoutError::Shape(format!(
+                "num_heads {} is not a multiple of kv_num_heads {}",
+                self.heads, self.kv_heads
+            )));
+        }
+        let dims = [self.batch, self.seq, self.heads.max(self.kv_heads), self.head_size, self.capacity];
+        dims.iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d.max(1)))
+            .map(|_| ())
+            .ok_or_else(|| LayoutError::Shape(format!("{self:?} overflows")))
+    }
+
+    fn cache_len(&self) -> usize {
+        self.batch * self.kv_heads * self.capacity * self.head_size
+    }
+}
+
+/// How scores are formed and masked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreMod {
+    /// Multiplies `q · k`.
+    pub scale: f32,
+    /// `softcap * tanh(x / softcap)` on scaled scores when positive; 0 turns it off.
+    pub softcap: f32,
+    /// Keys further back than this from the query position are masked (`window + 1` keys).
+    pub window: Option<usize>,
+}
+
+/// Head vectors of new tokens inside wider rows: head `h` of token `t = b * seq + s` starts at
+/// `offset + t * stride + h * head_size`. Covers plain `(batch, seq, heads * head_size)`
+/// tensors (`offset` 0, `stride` = heads * head_size) and slices of packed QKV rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a, T> {
+    pub data: &'a [T],
+    pub stride: usize,
+    pub offset: usize,
+}
+
+impl<T> Rows<'_, T> {
+    /// Checks that `tokens` rows of `heads` heads lie inside `data`.
+    fn check(&self, tokens: usize, heads: usize, head_size: usize, what: &str) -> Result<(), LayoutError> {
+        if tokens == 0 || heads * head_size == 0 {
+            return Ok(());
+        }
+        let end = (tokens - 1)
+            .checked_mul(self.stride)
+            .and_then(|v| v.checked_add(self.offset))
+            .and_then(|v| v.checked_add(heads * head_size));
+        match end {
+            Some(end) if end <= self.data.len() => Ok(()),
+            _ => Err(LayoutError::Shape(format!(
+                "{what}: {tokens} rows of {heads} heads x {head_size} at offset {} stride {} do not fit in {} values",
+                self.offset,
+                self.stride,
+                self.data.len()
+            ))),
+        }
+    }
+
+    fn head(&self, token: usize, h: usize, head_size: usize) -> &[T] {
+        &self.data[self.offset + token * self.stride + h * head_size..][..head_size]
+    }
+}
+
+fn check_starts(starts: &[usize], shape: &GqaShape, what: &'static str) -> Result<(), LayoutError> {
+    check_len(what, starts.len(), shape.batch)?;
+    match starts.iter().position(|&p| p.checked_add(shape.seq).is_none_or(|e| e > shape.capacity)) {
+        Some(b) => Err(LayoutError::Shape(format!(
+            "batch entry {b}: rows {}..{}+{} do not fit in a cache of {} positions",
+            starts[b], starts[b], shape.seq, shape.capacity
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Copies the first `lens[b]` positions of every (batch, kv head) of `past` (capacity
+/// `past_capacity`) into `present` (capacity `shape.capacity`), the concatenation half of a
+/// non-shared KV update.
+pub fn copy_prefix<T: Copy>(
+    past: &[T],
+    past_capacity: usize,
+    present: &mut [T],
+    shape: &GqaShape,
+    lens: &[usize],
+) -> Result<(), LayoutError> {
+    shape.check()?;
+    let hs = shape.head_size;
+    check_len("past cache", past.len(), shape.batch * shape.kv_heads * past_capacity * hs)?;
+    check_len("present cache", present.len(), shape.cache_len())?;
+    check_len("past lengths", lens.len(), shape.batch)?;
+    if let Some(b) = lens.iter().position(|&l| l > past_capacity.min(shape.capacity)) {
+        return Err(LayoutError::Shape(format!(
+            "batch entry {b}: {} past positions do not fit in a past cache of {past_capacity} or a present cache of {}",
+            lens[b], shape.capacity
+        )));
+    }
+    for b in 0..shape.batch {
+        for h in 0..shape.kv_heads {
+            let head = b * shape.kv_heads + h;
+            let n = lens[b] * hs;
+            present[head * shape.capacity * hs..][..n].copy_from_slice(&past[head * past_capacity * hs..][..n]);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the `shape.seq` new head vectors of every batch entry into `cache` at positions
+/// `start[b]..start[b] + seq`, rotating them with `rope` (positions `start[b] + s`) when set.
+/// `src` holds `shape.kv_heads` heads per row.
+pub fn append_kv<T: Accum<Acc = f32>>(
+    src: &Rows<T>,
+    shape: &GqaShape,
+    start: &[usize],
+    rope: Option<&Rope<T>>,
+    cache: &mut [T],
+) -> Result<(), LayoutError> {
+    shape.check()?;
+    let GqaShape { batch, seq, kv_heads, head_size: hs, capacity, .. } = *shape;
+    src.check(batch * seq, kv_heads, hs, "new keys/values")?;
+    check_len("KV cache", cache.len(), shape.cache_len())?;
+    check_starts(start, shape, "cache starts")?;
+    for b in 0..batch {
+        for s in 0..seq {
+            for h in 0..kv_heads {
+                let x = src.head(b * seq + s, h, hs);
+                let dst = &mut cache[((b * kv_heads + h) * capacity + start[b] + s) * hs..][..hs];
+                match rope {
+                    Some(r) => rotate_one(x, Positions::Start(start).row(b, s, seq, r.rows())?, r, dst)?,
+                    None => dst.copy_from_slice(x),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rotates the query heads of `q` (positions `start[b] + s`) into `out`, laid out
+/// `(batch, seq, heads * head_size)`.
+pub fn rotate_query<T: Accum<Acc = f32>>(
+    q: &Rows<T>,
+    shape: &GqaShape,
+    start: &[usize],
+    rope: &Rope<T>,
+    out: &mut [T],
+) -> Result<(), LayoutError> {
+    shape.check()?;
+    let GqaShape { batch, seq, heads, head_size: hs, .. } = *shape;
+    q.check(batch * seq, heads, hs, "query")?;
+    check_len("rotated query", out.len(), batch * seq * heads * hs)?;
+    check_len("query starts", start.len(), batch)?;
+    for b in 0..batch {
+        for s in 0..seq {
+            let row = Positions::Start(start).row(b, s, seq, rope.rows())?;
+            for h in 0..heads {
+                let t = b * seq + s;
+                rotate_one(q.head(t, h, hs), row, rope, &mut out[(t * heads + h) * hs..][..hs])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parts the (batch, head) pairs are split into on `pool`.
+fn parts(shape: &GqaShape, pool: &ThreadPool) -> usize {
+    let work = shape.seq.saturating_mul(shape.capacity).saturating_mul(shape.head_size);
+    parts_for(pool, shape.batch * shape.heads, work)
+}
+
+/// The f32 scratch [`attention`] needs on `pool`: per part, one score per cache position and
+/// one accumulator per head element.
+pub fn scratch_len(shape: &GqaShape, pool: &ThreadPool) -> usize {
+    parts(shape, pool) * (shape.capacity + shape.head_size)
+}
+
+/// Attention of every query row of `q` over the caches `k`, `v`; writes `out` laid out
+/// `(batch, heads, seq, head_size)`. `start[b]` is the absolute position of entry `b`'s
+/// first query row and `kv_len[b]` its number of valid cache positions (see the module doc).
+#[allow(clippy::too_many_arguments)]
+pub fn attention<T: Accum<Acc = f32>>(
+    shape: &GqaShape,
+    score: &ScoreMod,
+    q: &Rows<T>,
+    k: &[T],
+    v: &[T],
+    start: &[usize],
+    kv_len: &[usize],
+    out: &mut [T],
+    scratch: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    shape.check()?;
+    let GqaShape { batch, seq, heads, kv_heads, head_size: hs, capacity } = *shape;
+    q.check(batch * seq, heads, hs, "query")?;
+    check_len("key cache", k.len(), shape.cache_len())?;
+    check_len("value cache", v.len(), shape.cache_len())?;
+    check_len("query starts", start.len(), batch)?;
+    check_len("KV lengths", kv_len.len(), batch)?;
+    if let Some(b) = kv_len.iter().position(|&l| l > capacity) {
+        return Err(LayoutError::Shape(format!(
+            "batch entry {b}: {} valid positions exceed the cache capacity {capacity}",
+            kv_len[b]
+        )));
+    }
+    check_len("attention output", out.len(), batch * heads * seq * hs)?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    let parts = parts(shape, pool);
+    let per_part = capacity + hs;
+    if scratch.len() < parts * per_part {
+        return Err(LayoutError::Length { what: "attention scratch", expected: parts * per_part, actual: scratch.len() });
+    }
+    let heads_per_part = (batch * heads).div_ceil(parts);
+    let group = heads / kv_heads;
+    par_chunks2(pool, out, heads_per_part * seq * hs, scratch, per_part, |part, out, scratch| {
+        let (scores, acc) = scratch.split_at_mut(capacity);
+        for (i, head_out) in out.chunks_mut(seq * hs).enumerate() {
+            let u = part * heads_per_part + i;
+            let (b, n) = (u / heads, u % heads);
+            let cache = ((b * kv_heads + n / group) * capacity * hs)..((b * kv_heads + n / group + 1) * capacity * hs);
+            let (kh, vh) = (&k[cache.clone()], &v[cache]);
+            for s in 0..seq {
+                let p = start[b].saturating_add(s);
+                let end = kv_len[b].min(p.saturating_add(1));
+                let lo = score.window.map_or(0, |w| p.saturating_sub(w));
+                let row = &mut head_out[s * hs..][..hs];
+                attend_row(q.head(b * seq + s, n, hs), kh, vh, lo..end, score, scores, &mut acc[..hs], row);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// One query row over keys `keys` of one head's caches (see the module doc for the math).
+#[allow(clippy::too_many_arguments)]
+fn attend_row<T: Accum<Acc = f32>>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    keys: std::ops::Range<usize>,
+    score: &ScoreMod,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    out: &mut [T],
+) {
+    let hs = q.len();
+    if keys.is_empty() {
+        out.fill(T::ZERO);
+        return;
+    }
+    let scores = &mut scores[..keys.len()];
+    let mut max = f32::NEG_INFINITY;
+    for (x, j) in scores.iter_mut().zip(keys.clone()) {
+        let kj = &k[j * hs..][..hs];
+        let mut dot = 0f32;
+        for d in 0..hs {
+            dot += q[d].widen() * kj[d].widen();
+        }
+        let mut s = dot * score.scale;
+        if score.softcap > 0.0 {
+            s = score.softcap * (s / score.softcap).tanh();
+        }
+        *x = s;
+        max = max.max(s);
+    }
+    let mut sum = 0f32;
+    for x in scores.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    acc.fill(0.0);
+    for (&e, j) in scores.iter().zip(keys) {
+        let p = e / sum;
+        let vj = &v[j * hs..][..hs];
+        for d in 0..hs {
+            acc[d] += p * vj[d].widen();
+        }
+    }
+    for (o, &a) in out.iter_mut().zip(acc.iter()) {
+        *o = T::narrow(a);
+    }
+}
+
+/// Transposes `(batch, heads, seq, head_size)` into `(batch, seq, heads * head_size)`.
+pub fn heads_to_rows<T: Copy>(bnsh: &[T], shape: &GqaShape, out: &mut [T]) -> Result<(), LayoutError> {
+    let GqaShape { batch, seq, heads, head_size: hs, .. } = *shape;
+    let n = batch * heads * seq * hs;
+    check_len("attention heads", bnsh.len(), n)?;
+    check_len("attention output", out.len(), n)?;
+    for b in 0..batch {
+        for h in 0..heads {
+            for s in 0..seq {
+                let src = ((b * heads + h) * seq + s) * hs;
+                let dst = ((b * seq + s) * heads + h) * hs;
+                out[dst..dst + hs].copy_from_slice(&bnsh[src..src + hs]);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod tests;

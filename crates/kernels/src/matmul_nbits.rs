@@ -1,0 +1,411 @@
+//! `MatMulNBits`: `Y = A · dequant(B)ᵀ (+ bias)` with B block-quantized along K — the scalar
+//! reference that optimized kernels (packed SIMD GEMV, int8 activations) are tested against.
+//!
+//! # Quantized block layout
+//!
+//! As specified for `com.microsoft.MatMulNBits` in onnxruntime's `docs/ContribOperators.md`
+//! (and built by `onnxruntime/test/contrib_ops/matmul_4bits_test.cc`):
+//!
+//! - `B` is uint8 of shape `[N, k_blocks, blob_size]`: row `n` holds column `n` of the
+//!   logical `K × N` weight matrix, cut into `k_blocks = ceil(K / block_size)` blocks of
+//!   `block_size` codes along K. `blob_size = block_size * bits / 8` bytes per block.
+//! - Inside a blob, codes are packed low bits first ([`crate::quant`]): for 4 bits, code
+//!   `2j` is the low nibble of byte `j` and code `2j + 1` the high nibble; for 8 bits one
+//!   byte per code. When `K` is not a multiple of `block_size`, the last blob is padded and
+//!   its codes past `K` are never read.
+//! - `scales` has `N × k_blocks` values (row-major `[N, k_blocks]`), in A's type.
+//! - Zero points are absent (every block uses `2^(bits - 1)`), packed uint8 of
+//!   `N × ceil(k_blocks * bits / 8)` bytes (each row packed like B's codes and padded to a
+//!   whole byte), or unpacked floats of `N × k_blocks` in the scales' type.
+//! - Weight `(k, n) = (q - zero_point) * scale`, for the code `q` of block `k / block_size`.
+//!
+//! No `#[repr(C)]` block struct describes a blob: its size follows the `block_size`
+//! attribute (16..=256 bytes of codes in practice), so the layout is the validated
+//! [`NBitsLayout`] instead.
+//!
+//! # Reduction contract (DESIGN.md §6)
+//!
+//! Each output `Y[i, n]` is one f32 accumulator that adds `A[i, k] · W[k, n]` for
+//! `k = 0, 1, .., K-1` in order (blocks in order, codes in order within a block), where
+//! `W[k, n] = (q - zp) * scale` is rounded to f32 once; the bias is added after the last `k`,
+//! then the sum rounds once to the output type. Tasks split output rows and columns (N),
+//! never K, so the result is bit-identical for any thread count, and row `i` of an M-row
+//! product equals the 1-row product of row `i` (decode row = prefill row).
+
+use std::ops::Range;
+
+use crate::ThreadPool;
+use crate::acc::Accum;
+use crate::layout::{LayoutError, check_len, numel};
+use crate::par::{par_row_parts, parts_for};
+use crate::quant::{check_bits, code, default_zero_point, packed_bytes};
+
+/// The validated geometry of a quantized weight matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NBitsLayout {
+    pub n: usize,
+    pub k: usize,
+    pub bits: u32,
+    pub block_size: usize,
+    /// `ceil(k / block_size)`.
+    pub k_blocks: usize,
+    /// Bytes per block: `block_size * bits / 8`.
+    pub blob_size: usize,
+    /// Bytes of packed zero points per row: `ceil(k_blocks * bits / 8)`.
+    pub zp_row_bytes: usize,
+}
+
+impl NBitsLayout {
+    /// The layout of an `n × k` matrix of `bits`-bit codes in blocks of `block_size`.
+    /// `block_size` must be a power of two and at least 16 (the spec's rule).
+    pub fn new(n: usize, k: usize, bits: u32, block_size: usize) -> Result<Self, LayoutError> {
+        check_bits(bits)?;
+        if block_size < 16 || !block_size.is_power_of_two() {
+            return Err(LayoutError::Shape(format!(
+                "block_size must be a power of two >= 16, got {block_size}"
+            )));
+        }
+        let k_blocks = k.div_ceil(block_size);
+        let blob_size = block_size * bits as usize / 8;
+        numel(&[n, k_blocks, blob_size])?;
+        Ok(NBitsLayout {
+            n,
+            k,
+            bits,
+            block_size,
+            k_blocks,
+            blob_size,
+            zp_row_bytes: packed_bytes(k_blocks, bits)?,
+        })
+    }
+}
+
+/// The zero points of a quantized matrix.
+#[derive(Debug, Clone, Copy)]
+pub enum ZeroPoints<'a, S> {
+    /// Every block uses `2^(bits - 1)`.
+    Default,
+    /// uint8 codes packed like B, `zp_row_bytes` per row.
+    Packed(&'a [u8]),
+    /// One value per block in the scales' type.
+    Float(&'a [S]),
+}
+
+/// A block-quantized weight matrix (`B`, its scales and zero points).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantWeights<'a, S> {
+    pub layout: NBitsLayout,
+    /// `n × k_blocks × blob_size` bytes.
+    pub data: &'a [u8],
+    /// `n × k_blocks` scales.
+    pub scales: &'a [S],
+    pub zero_points: ZeroPoints<'a, S>,
+}
+
+impl<S> QuantWeights<'_, S> {
+    fn check(&self) -> Result<(), LayoutError> {
+        let l = &self.layout;
+        check_len(
+            "B",
+            self.data.len(),
+            numel(&[l.n, l.k_blocks, l.blob_size])?,
+        )?;
+        let per_block = numel(&[l.n, l.k_blocks])?;
+        check_len("scales", self.scales.len(), per_block)?;
+        match self.zero_points {
+            ZeroPoints::Default => Ok(()),
+            ZeroPoints::Packed(z) => {
+                check_len("zero points", z.len(), numel(&[l.n, l.zp_row_bytes])?)
+            }
+            ZeroPoints::Float(z) => check_len("zero points", z.len(), per_block),
+        }
+    }
+}
+
+/// `out = a · dequant(w)ᵀ + bias` for `a` of `m × K` (row-major), `bias` of `N` values and
+/// `out` of `m × N`. See the module doc for the layout and the reduction order.
+pub fn matmul_nbits<T: Accum<Acc = f32>>(
+    a: &[T],
+    m: usize,
+    w: &QuantWeights<'_, T>,
+    bias: Option<&[T]>,
+    out: &mut [T],
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    w.check()?;
+    let NBitsLayout { n, k, .. } = w.layout;
+    check_len("A", a.len(), numel(&[m, k])?)?;
+    check_len("output", out.len(), numel(&[m, n])?)?;
+    if let Some(b) = bias {
+        check_len("bias", b.len(), n)?;
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let parts = parts_for(pool, m * n, k);
+    let (rows_per_task, col_parts) = if parts <= m {
+        (m.div_ceil(parts), 1)
+    } else {
+        (1, parts.div_ceil(m).min(n))
+    };
+    par_row_parts(
+        pool,
+        out,
+        n,
+        rows_per_task,
+        col_parts,
+        |i, cols, out_row| {
+            row_part(&a[i * k..][..k], w, bias, cols, out_row);
+        },
+    );
+    Ok(())
+}
+
+/// Columns `cols` of one output row.
+fn row_part<T: Accum<Acc = f32>>(
+    a_row: &[T],
+    w: &QuantWeights<'_, T>,
+    bias: Option<&[T]>,
+    cols: Range<usize>,
+    out: &mut [T],
+) {
+    let l = &w.layout;
+    let bits = l.bits;
+    let default_zp = default_zero_point(bits) as f32;
+    let row_bytes = l.k_blocks * l.blob_size;
+    for (o, j) in out.iter_mut().zip(cols) {
+        let codes = &w.data[j * row_bytes..][..row_bytes];
+        let scales = &w.scales[j * l.k_blocks..][..l.k_blocks];
+        let mut acc = 0f32;
+        for (b, a_block) in a_row.chunks(l.block_size).enumerate() {
+            let scale = scales[b].widen();
+            let zp = match w.zero_points {
+                ZeroPoints::Default => default_zp,
+                ZeroPoints::Packed(z) => code(z, bits, j * l.k_blocks + b) as f32,
+                ZeroPoints::Float(z) => z[j * l.k_blocks + b].widen(),
+            };
+            let blob = &codes[b * l.blob_size..][..l.blob_size];
+            for (e, &av) in a_block.iter().enumerate() {
+                let weight = (code(blob, bits, e) as f32 - zp) * scale;
+                acc += av.widen() * weight;
+            }
+        }
+        if let Some(b) = bias {
+            acc += b[j].widen();
+        }
+        *o = T::narrow(acc);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+
+    /// A tiny xorshift64 for reproducible test data.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next() as u8).collect()
+        }
+        fn floats(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+            (0..n)
+                .map(|_| lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32)
+                .collect()
+        }
+    }
+
+    /// Owned test weights for one zero-point kind.
+    struct Case {
+        layout: NBitsLayout,
+        data: Vec<u8>,
+        scales: Vec<f32>,
+        packed_zp: Vec<u8>,
+        float_zp: Vec<f32>,
+    }
+
+    impl Case {
+        fn new(n: usize, k: usize, bits: u32, block_size: usize, seed: u64) -> Case {
+            let layout = NBitsLayout::new(n, k, bits, block_size).unwrap();
+            let mut rng = Rng(seed);
+            Case {
+                data: rng.bytes(n * layout.k_blocks * layout.blob_size),
+                scales: rng.floats(n * layout.k_blocks, 0.01, 0.1),
+                packed_zp: rng.bytes(n * layout.zp_row_bytes),
+                float_zp: rng.floats(n * layout.k_blocks, 0.0, (1 << bits) as f32),
+                layout,
+            }
+        }
+        fn weights(&self, zp: usize) -> QuantWeights<'_, f32> {
+            QuantWeights {
+                layout: self.layout,
+                data: &self.data,
+                scales: &self.scales,
+                zero_points: match zp {
+                    0 => ZeroPoints::Default,
+                    1 => ZeroPoints::Packed(&self.packed_zp),
+                    _ => ZeroPoints::Float(&self.float_zp),
+                },
+            }
+        }
+    }
+
+    /// 16 4-bit codes 0..15 in one block, scale 0.5, default zero point 8: the weights are
+    /// -4.0, -3.5, .., 3.5, all exact.
+    #[test]
+    fn a_hand_packed_4_bit_block_dequantizes_low_nibble_first() {
+        let layout = NBitsLayout::new(1, 16, 4, 16).unwrap();
+        let data: Vec<u8> = (0..8u8).map(|j| (2 * j) | ((2 * j + 1) << 4)).collect();
+        let w = QuantWeights {
+            layout,
+            data: &data,
+            scales: &[0.5f32],
+            zero_points: ZeroPoints::Default,
+        };
+        let pool = ThreadPool::new(1);
+        for e in 0..16 {
+            let mut a = [0f32; 16];
+            a[e] = 1.0;
+            let mut out = [0f32];
+            matmul_nbits(&a, 1, &w, Some(&[0.25]), &mut out, &pool).unwrap();
+            assert_eq!(out[0], (e as f32 - 8.0) * 0.5 + 0.25, "code {e}");
+        }
+    }
+
+    /// Dequantizes the whole matrix with an independent loop (unpacking by shifts on the
+    /// flat byte index) and multiplies in f64: the kernel must agree to f32 rounding.
+    #[test]
+    fn matches_dequantize_then_multiply() {
+        for (bits, block_size, k) in [(4, 16, 40), (8, 32, 80), (2, 64, 64), (4, 128, 200)] {
+            let (m, n) = (3, 5);
+            let case = Case::new(n, k, bits, block_size, 7 + k as u64);
+            let a = Rng(99).floats(m * k, -1.0, 1.0);
+            for zp_kind in 0..3 {
+                let w = case.weights(zp_kind);
+                let l = case.layout;
+                let mut out = vec![0f32; m * n];
+                matmul_nbits(&a, m, &w, None, &mut out, &ThreadPool::new(1)).unwrap();
+                let mask = ((1u16 << bits) - 1) as u8;
+                for j in 0..n {
+                    let dequant: Vec<f64> = (0..k)
+                        .map(|kk| {
+                            let b = kk / block_size;
+                            let bit = (j * l.k_blocks * l.blob_size * 8)
+                                + b * l.blob_size * 8
+                                + (kk % block_size) * bits as usize;
+                            let q = (case.data[bit / 8] >> (bit % 8)) & mask;
+                            let zbit = j * l.zp_row_bytes * 8 + b * bits as usize;
+                            let zp = match zp_kind {
+                                0 => (1 << (bits - 1)) as f64,
+                                1 => ((case.packed_zp[zbit / 8] >> (zbit % 8)) & mask) as f64,
+                                _ => case.float_zp[j * l.k_blocks + b] as f64,
+                            };
+                            (q as f64 - zp) * case.scales[j * l.k_blocks + b] as f64
+                        })
+                        .collect();
+                    for i in 0..m {
+                        let want: f64 = (0..k).map(|kk| a[i * k + kk] as f64 * dequant[kk]).sum();
+                        let got = out[i * n + j] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "bits {bits} block {block_size} zp {zp_kind} ({i}, {j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reduction contract: 1 vs 3 threads, and each row of an M-row product vs the same
+    /// row alone, bit for bit, over bit widths, zero-point kinds and a padded last block.
+    #[test]
+    fn bitwise_independent_of_threads_and_m() {
+        let (m, n) = (7, 61);
+        for (bits, block_size, k) in [(4, 32, 80), (8, 16, 48), (4, 64, 256)] {
+            let case = Case::new(n, k, bits, block_size, 3);
+            let a = Rng(5).floats(m * k, -2.0, 2.0);
+            let bias = Rng(11).floats(n, -1.0, 1.0);
+            for zp_kind in 0..3 {
+                let w = case.weights(zp_kind);
+                let mut one = vec![0f32; m * n];
+                let mut three = vec![0f32; m * n];
+                matmul_nbits(&a, m, &w, Some(&bias), &mut one, &ThreadPool::new(1)).unwrap();
+                let pool3 = ThreadPool::new(3);
+                matmul_nbits(&a, m, &w, Some(&bias), &mut three, &pool3).unwrap();
+                let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits_of(&one),
+                    bits_of(&three),
+                    "threads, bits {bits} zp {zp_kind}"
+                );
+                for i in 0..m {
+                    let mut row = vec![0f32; n];
+                    matmul_nbits(&a[i * k..][..k], 1, &w, Some(&bias), &mut row, &pool3).unwrap();
+                    assert_eq!(bits_of(&row), bits_of(&one[i * n..][..n]), "row {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn half_precision_accumulates_in_f32_and_rounds_once() {
+        let case = Case::new(3, 48, 4, 16, 21);
+        let a32 = Rng(4).floats(2 * 48, -1.0, 1.0);
+        let a16: Vec<f16> = a32.iter().map(|&v| f16::from_f32(v)).collect();
+        let s16: Vec<f16> = case.scales.iter().map(|&v| f16::from_f32(v)).collect();
+        let w16 = QuantWeights {
+            layout: case.layout,
+            data: &case.data,
+            scales: &s16,
+            zero_points: ZeroPoints::Packed(&case.packed_zp),
+        };
+        let mut out16 = vec![f16::ZERO; 6];
+        matmul_nbits(&a16, 2, &w16, None, &mut out16, &ThreadPool::new(2)).unwrap();
+        // The same computation in f32 on the f16-rounded inputs, rounded once at the end.
+        let a_r: Vec<f32> = a16.iter().map(|v| v.to_f32()).collect();
+        let s_r: Vec<f32> = s16.iter().map(|v| v.to_f32()).collect();
+        let w32 = QuantWeights {
+            scales: &s_r,
+            zero_points: ZeroPoints::Packed(&case.packed_zp),
+            ..case.weights(0)
+        };
+        let mut out32 = vec![0f32; 6];
+        matmul_nbits(&a_r, 2, &w32, None, &mut out32, &ThreadPool::new(1)).unwrap();
+        let want: Vec<f16> = out32.iter().map(|&v| f16::from_f32(v)).collect();
+        assert_eq!(out16, want);
+    }
+
+    #[test]
+    fn bad_geometry_and_lengths_are_errors() {
+        assert!(
+            NBitsLayout::new(4, 64, 4, 24).is_err(),
+            "not a power of two"
+        );
+        assert!(NBitsLayout::new(4, 64, 4, 8).is_err(), "below 16");
+        assert!(NBitsLayout::new(4, 64, 3, 16).is_err(), "3 bits");
+        let case = Case::new(4, 40, 4, 16, 1);
+        let pool = ThreadPool::new(1);
+        let mut out = vec![0f32; 4];
+        let a = vec![0f32; 40];
+        assert!(matmul_nbits(&a[..39], 1, &case.weights(0), None, &mut out, &pool).is_err());
+        assert!(matmul_nbits(&a, 1, &case.weights(0), Some(&[0.0; 3]), &mut out, &pool).is_err());
+        let short = QuantWeights {
+            data: &case.data[1..],
+            ..case.weights(1)
+        };
+        assert!(matmul_nbits(&a, 1, &short, None, &mut out, &pool).is_err());
+        let short_zp = QuantWeights {
+            zero_points: ZeroPoints::Packed(&case.packed_zp[1..]),
+            ..case.weights(1)
+        };
+        assert!(matmul_nbits(&a, 1, &short_zp, None, &mut out, &pool).is_err());
+    }
+}

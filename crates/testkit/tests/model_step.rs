@@ -1,0 +1,308 @@
+//! The model step on a fixture package (onnxruntime-genai graph shape): the tests that define
+//! correctness for everything built on it.
+//!
+//! (a) logits equal onnxruntime's over a prefill and 16 decode steps, within an f32 tolerance;
+//! (b) prefill in one step, in chunks, or token by token gives bitwise identical logits;
+//! (c) sequences stepped together give bitwise the logits each gives alone.
+
+use std::path::{Path, PathBuf};
+
+use oxgen_exec::{ExecOptions, NativeLm};
+use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
+use oxgen_testkit::fixtures::{FixtureConfig, Rng, tokenizer::VOCAB_SIZE, write_package};
+
+/// Both backends compute in f32 from the same dequantized 4-bit weights; only summation order
+/// differs (onnxruntime's MLAS blocks K, the reference kernels sum it in order), which moves
+/// logits of magnitude ~5 by ~1e-6 relative per op over 2 layers. 1e-4 absolute leaves two
+/// orders of margin while catching any semantic slip (a wrong rotary angle moves logits by >0.1).
+const ORT_LOGIT_ATOL: f32 = 1e-4;
+
+fn fixture() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    let model = dir.path().join("model.onnx");
+    (dir, model)
+}
+
+fn lm(model: &Path, threads: usize) -> NativeLm {
+    let m = oxgen_onnx::Model::load(model).unwrap();
+    let g = oxgen_graph::Graph::from_model(&m).unwrap();
+    NativeLm::new(g, &ExecOptions { threads }, &KvTemplates::default()).unwrap()
+}
+
+fn tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|_| 3 + (rng.next_u64() % (VOCAB_SIZE as u64 - 3)) as u32)
+        .collect()
+}
+
+/// Runs `spans` on one fresh sequence; returns every logits row.
+fn run_spans(lm: &mut NativeLm, spans: &[&[u32]]) -> Vec<Vec<f32>> {
+    let seq = lm.add_sequence(64).unwrap();
+    let mut rows = Vec::new();
+    let mut out = StepLogits::default();
+    let mut pos = 0;
+    for span in spans {
+        let step = [SeqStep {
+            seq,
+            tokens: span,
+            pos,
+            logits: LogitsWanted::All,
+        }];
+        lm.step(&Batch { steps: &step }, &mut out).unwrap();
+        rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));
+        pos += span.len();
+    }
+    lm.remove_sequence(seq);
+    rows
+}
+
+fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter()
+        .map(|r| r.iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+            if v > best.1 { (i, v) } else { best }
+        })
+        .0
+}
+
+#[test]
+fn logits_match_onnxruntime_over_prefill_and_16_decode_steps() {
+    let (_dir, model) = fixture();
+    let prompt = tokens(1, 12);
+    let decode = tokens(2, 16);
+    let mut spans: Vec<&[u32]> = vec![&prompt];
+    spans.extend(decode.chunks(1));
+    let mut native = lm(&model, 2);
+    assert!(
+        native.shared_kv(),
+        "GroupQueryAttention graphs keep KV in context-sized buffers"
+    );
+    let ours = run_spans(&mut native, &spans);
+
+    let owned: Vec<Vec<u32>> = spans.iter().map(|s| s.to_vec()).collect();
+    let theirs = oxgen_testkit::ort_oracle::step_lm(&model, &owned).unwrap();
+    assert_eq!(theirs.dims(), &[12 + 16, VOCAB_SIZE]);
+    let theirs = theirs.as_slice::<f32>().unwrap();
+    let mut worst = 0.0f32;
+    for (r, row) in ours.iter().enumerate() {
+        let expected = &theirs[r * VOCAB_SIZE..(r + 1) * VOCAB_SIZE];
+        for (a, e) in row.iter().zip(expected) {
+            worst = worst.max((a - e).abs());
+        }
+        assert_eq!(
+            argmax(row),
+            argmax(expected),
+            "row {r}: greedy token differs from onnxruntime"
+        );
+    }
+    assert!(
+        worst <= ORT_LOGIT_ATOL,
+        "max |native - onnxruntime| = {worst:e} > {ORT_LOGIT_ATOL:e}"
+    );
+    eprintln!("max |native - onnxruntime| logit difference over 28 rows: {worst:e}");
+}
+
+#[test]
+fn prefill_in_one_step_in_chunks_or_token_by_token_is_bitwise_identical() {
+    let (_dir, model) = fixture();
+    let prompt = tokens(3, 13);
+    let mut native = lm(&model, 2);
+    let whole = run_spans(&mut native, &[&prompt]);
+    let chunked = run_spans(&mut native, &[&prompt[..5], &prompt[5..9], &prompt[9..]]);
+    let singles: Vec<&[u32]> = prompt.chunks(1).collect();
+    let one_by_one = run_spans(&mut native, &singles);
+    assert_eq!(
+        bits(&whole),
+        bits(&chunked),
+        "chunked prefill differs from one-step prefill"
+    );
+    assert_eq!(
+        bits(&whole),
+        bits(&one_by_one),
+        "token-by-token prefill differs from one-step prefill"
+    );
+    let mut one_thread = lm(&model, 1);
+    assert_eq!(
+        bits(&whole),
+        bits(&run_spans(&mut one_thread, &[&prompt])),
+        "thread count changed logits"
+    );
+}
+
+#[test]
+fn sequences_stepped_together_match_each_stepped_alone() {
+    let (_dir, model) = fixture();
+    let (a, b) = (tokens(4, 9), tokens(5, 4));
+    let (next_a, next_b) = (tokens(6, 1), tokens(7, 1));
+    let mut native = lm(&model, 2);
+    let alone_a = run_spans(&mut native, &[&a, &next_a]);
+    let alone_b = run_spans(&mut native, &[&b, &next_b]);
+
+    let (sa, sb): (SeqId, SeqId) = (
+        native.add_sequence(64).unwrap(),
+        native.add_sequence(64).unwrap(),
+    );
+    let mut out = StepLogits::default();
+    let prefill = [
+        SeqStep {
+            seq: sa,
+            tokens: &a,
+            pos: 0,
+            logits: LogitsWanted::All,
+        },
+        SeqStep {
+            seq: sb,
+            tokens: &b,
+            pos: 0,
+            logits: LogitsWanted::All,
+        },
+    ];
+    native.step(&Batch { steps: &prefill }, &mut out).unwrap();
+    let together_a: Vec<Vec<f32>> = (0..a.len()).map(|r| out.row(0, r).to_vec()).collect();
+    let together_b: Vec<Vec<f32>> = (0..b.len()).map(|r| out.row(1, r).to_vec()).collect();
+    let decode = [
+        SeqStep {
+            seq: sb,
+            tokens: &next_b,
+            pos: b.len(),
+            logits: LogitsWanted::Last,
+        },
+        SeqStep {
+            seq: sa,
+            tokens: &next_a,
+            pos: a.len(),
+            logits: LogitsWanted::Last,
+        },
+    ];
+    native.step(&Batch { steps: &decode }, &mut out).unwrap();
+    assert_eq!(bits(&together_a), bits(&alone_a[..a.len()]));
+    assert_eq!(bits(&together_b), bits(&alone_b[..b.len()]));
+    assert_eq!(bits(&[out.row(1, 0).to_vec()]), bits(&alone_a[a.len()..]));
+    assert_eq!(bits(&[out.row(0, 0).to_vec()]), bits(&alone_b[b.len()..]));
+    assert_eq!(native.sequence_len(sa), Some(a.len() + 1));
+}
+
+#[test]
+fn rewinding_a_sequence_recomputes_the_same_logits() {
+    let (_dir, model) = fixture();
+    let prompt = tokens(8, 10);
+    let mut native = lm(&model, 1);
+    let seq = native.add_sequence(32).unwrap();
+    let mut out = StepLogits::default();
+    let all = [SeqStep {
+        seq,
+        tokens: &prompt,
+        pos: 0,
+        logits: LogitsWanted::All,
+    }];
+    native.step(&Batch { steps: &all }, &mut out).unwrap();
+    let first: Vec<u32> = out.row(0, 9).iter().map(|v| v.to_bits()).collect();
+    let again = [SeqStep {
+        seq,
+        tokens: &prompt[6..],
+        pos: 6,
+        logits: LogitsWanted::Last,
+    }];
+    native.step(&Batch { steps: &again }, &mut out).unwrap();
+    assert_eq!(
+        out.row(0, 0)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
+        first
+    );
+}
+
+#[test]
+fn bad_steps_are_errors_that_name_the_sequence() {
+    let (_dir, model) = fixture();
+    let mut native = lm(&model, 1);
+    let seq = native.add_sequence(8).unwrap();
+    let mut out = StepLogits::default();
+    let long = tokens(9, 9);
+    let e = native
+        .step(
+            &Batch {
+                steps: &[SeqStep {
+                    seq,
+                    tokens: &long,
+                    pos: 0,
+                    logits: LogitsWanted::Last,
+                }],
+            },
+            &mut out,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("exceed the context of 8"), "{e}");
+    let e = native
+        .step(
+            &Batch {
+                steps: &[SeqStep {
+                    seq,
+                    tokens: &long[..2],
+                    pos: 3,
+                    logits: LogitsWanted::Last,
+                }],
+            },
+            &mut out,
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("past the sequence's length 0"),
+        "{e}"
+    );
+    let e = native
+        .step(
+            &Batch {
+                steps: &[SeqStep {
+                    seq: SeqId(99),
+                    tokens: &long[..1],
+                    pos: 0,
+                    logits: LogitsWanted::Last,
+                }],
+            },
+            &mut out,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("sequence 99"), "{e}");
+}
+
+#[test]
+fn a_graph_without_kv_inputs_is_not_a_language_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = oxgen_onnx::writer::ModelBuilder::new("oxgen-test");
+    b.opset("", 21);
+    b.input(
+        "input_ids",
+        oxgen_tensor::DType::I64,
+        &["b".into(), "s".into()],
+    );
+    b.node(
+        "Cast",
+        "",
+        "c",
+        &["input_ids"],
+        &["logits"],
+        vec![oxgen_onnx::writer::attr::int("to", 1)],
+    );
+    b.output(
+        "logits",
+        oxgen_tensor::DType::F32,
+        &["b".into(), "s".into()],
+    );
+    let path = dir.path().join("m.onnx");
+    b.save(&path, None).unwrap();
+    let g = oxgen_graph::Graph::from_model(&oxgen_onnx::Model::load(&path).unwrap()).unwrap();
+    let e = NativeLm::new(g, &ExecOptions::default(), &KvTemplates::default())
+        .err()
+        .expect("no KV inputs");
+    assert!(e.to_string().contains("past_key_values.%d.key"), "{e}");
+}
