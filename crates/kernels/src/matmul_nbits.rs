@@ -181,7 +181,7 @@ fn row_part<T: Accum<Acc = f32>>(
             let scale = scales[b].widen();
             let zp = match w.zero_points {
                 ZeroPoints::Default => default_zp,
-                ZeroPoints::Packed(z) => code(z, bits, j * l.k_blocks + b) as f32,
+                ZeroPoints::Packed(z) => code(&z[j * l.zp_row_bytes..], bits, b) as f32,
                 ZeroPoints::Float(z) => z[j * l.k_blocks + b].widen(),
             };
             let blob = &codes[b * l.blob_size..][..l.blob_size];

@@ -235,7 +235,7 @@ pub fn skip_rms_norm<T: Accum>(
         check_len("bias", b.len(), n)?;
     }
     let period = skip.len();
-    if total > 0 && (period == 0 || period % n != 0 || total % period != 0) {
+    if total > 0 && (period == 0 || !period.is_multiple_of(n) || !total.is_multiple_of(period)) {
         return Err(LayoutError::Shape(format!(
             "skip of {period} elements does not repeat over rows of {n} in an input of {total}"
         )));
@@ -247,7 +247,7 @@ pub fn skip_rms_norm<T: Accum>(
     let value = |r: usize, h: usize| {
         let v = x[r * n + h].widen().add(skip[(r * n) % period + h].widen());
         match bias {
-            Some(b) => v.add(b[h].widen().mul(<T::Acc as Scalar>::ZERO)),
+            Some(b) => v.add(b[h].widen()),
             None => v,
         }
     };

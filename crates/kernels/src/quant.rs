@@ -93,7 +93,7 @@ impl<S> QuantRows<'_, S> {
             .cols
             .checked_mul(self.bits as usize)
             .ok_or_else(|| LayoutError::Shape(format!("row of {} codes overflows", self.cols)))?;
-        if row_bits % 8 != 0 {
+        if !row_bits.is_multiple_of(8) {
             return Err(LayoutError::Shape(format!(
                 "a row of {} {}-bit codes does not fill whole bytes",
                 self.cols, self.bits
@@ -133,7 +133,7 @@ where
     I: Copy + Into<i64> + Sync,
 {
     let (row_bytes, blocks, zp_bytes) = src.layout()?;
-    if group == 0 || src.rows % group != 0 {
+    if group == 0 || !src.rows.is_multiple_of(group) {
         return Err(LayoutError::Shape(format!(
             "{} quantized rows do not split into groups of {group}",
             src.rows

@@ -282,7 +282,9 @@ where
             n,
             nm.epsilon,
             y.as_mut_slice::<T>()?,
-            inv.as_mut().map(|t| t.as_mut_slice::<T::Acc>()).transpose()?,
+            inv.as_mut()
+                .map(|t| t.as_mut_slice::<T::Acc>())
+                .transpose()?,
             ctx.pool,
         )
         .map_err(kernel_error)?;
@@ -376,14 +378,19 @@ where
 {
     let dims = x.dims();
     let Some((&n, lead)) = dims.split_last() else {
-        return Err(OpError::shape("input must have rank 1 or more, got a scalar"));
+        return Err(OpError::shape(
+            "input must have rank 1 or more, got a scalar",
+        ));
     };
     let rows: usize = lead.iter().product();
     let (skip, gamma) = (input(inputs, 1)?, input(inputs, 2)?);
     same_dtype(x, skip, "skip")?;
     same_dtype(x, gamma, "gamma")?;
     let skip_dims = skip.dims();
-    let skip_dims = &skip_dims[skip_dims.iter().position(|&d| d != 1).unwrap_or(skip_dims.len())..];
+    let skip_dims = &skip_dims[skip_dims
+        .iter()
+        .position(|&d| d != 1)
+        .unwrap_or(skip_dims.len())..];
     if skip_dims.len() > dims.len() || !dims.ends_with(skip_dims) || skip_dims.last() != Some(&n) {
         return Err(OpError::shape(format!(
             "skip of shape {} must match the input {} or a suffix of it ending in the hidden size {n}",
@@ -412,7 +419,8 @@ where
         .then(|| ctx.alloc(x.dtype(), x.shape().clone()))
         .transpose()?;
     if let Some(mean) = mean.as_mut() {
-        mean.as_mut_slice::<T::Acc>()?.fill(<T::Acc as oxgen_kernels::Scalar>::ZERO);
+        mean.as_mut_slice::<T::Acc>()?
+            .fill(<T::Acc as oxgen_kernels::Scalar>::ZERO);
     }
     let residual = Residual {
         skip: skip.as_slice::<T>()?,
@@ -427,7 +435,9 @@ where
         sn.epsilon,
         y.as_mut_slice::<T>()?,
         sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
-        inv.as_mut().map(|t| t.as_mut_slice::<T::Acc>()).transpose()?,
+        inv.as_mut()
+            .map(|t| t.as_mut_slice::<T::Acc>())
+            .transpose()?,
         ctx.pool,
     )
     .map_err(kernel_error)?;

@@ -117,10 +117,7 @@ fn skip_simplified_layer_norm(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     ctx.outputs(4)?;
     let epsilon = ctx.float("epsilon", SKIP_NORM_EPSILON)?;
     if !(epsilon >= 0.0 && epsilon.is_finite()) {
-        return Err(ctx.attr_error(
-            "epsilon",
-            format!("must be finite and >= 0, got {epsilon}"),
-        ));
+        return Err(ctx.attr_error("epsilon", format!("must be finite and >= 0, got {epsilon}")));
     }
     Ok(Op::SkipNorm(SkipNorm { epsilon }))
 }
