@@ -1,0 +1,89 @@
+//! Tokenizer, streaming detokenizer and chat template on the fixture package's real files.
+
+use oxgen_generate::{ChatMessage, ChatTemplate, Detokenizer, Tokenizer};
+use oxgen_testkit::fixtures::{FixtureConfig, write_package};
+
+fn package() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    dir
+}
+
+#[test]
+fn byte_level_bpe_round_trips_text_with_merges_and_specials() {
+    let dir = package();
+    let tok = Tokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+    let text = "the cat and the dog<|im_end|>";
+    let ids = tok.encode(text, false).unwrap();
+    assert_eq!(
+        ids.last(),
+        Some(&2),
+        "special tokens in text map to their ids"
+    );
+    assert!(
+        ids.contains(&tok.token_id("Ġand").unwrap()),
+        "merges apply: {ids:?}"
+    );
+    assert_eq!(tok.decode(&ids, false).unwrap(), text);
+    assert_eq!(tok.decode(&ids, true).unwrap(), "the cat and the dog");
+}
+
+#[test]
+fn the_detokenizer_never_splits_a_character() {
+    let dir = package();
+    let tok = Tokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+    // "é" and "🙂" are two and four byte tokens in a byte-level vocabulary.
+    let text = "café 🙂 ok";
+    let ids = tok.encode(text, false).unwrap();
+    let mut detok = Detokenizer::new(true);
+    let mut pieces = Vec::new();
+    for &id in &ids {
+        let piece = detok.push(&tok, id).unwrap();
+        assert!(
+            !piece.contains('\u{FFFD}'),
+            "piece {piece:?} holds a broken character"
+        );
+        pieces.push(piece);
+    }
+    pieces.push(detok.flush(&tok).unwrap());
+    assert_eq!(pieces.concat(), text);
+    assert!(
+        pieces.iter().filter(|p| p.is_empty()).count() >= 4,
+        "partial characters are held back: {pieces:?}"
+    );
+}
+
+#[test]
+fn the_chat_template_renders_messages_and_the_generation_prompt() {
+    let dir = package();
+    let template = ChatTemplate::from_tokenizer_config(&dir.path().join("tokenizer_config.json"))
+        .unwrap()
+        .unwrap();
+    let text = template
+        .render(&[ChatMessage::new("user", "Hi")], true)
+        .unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn templates_get_python_methods_raise_exception_and_strftime_now() {
+    let source = "{% if messages[0]['role'] == 'bad' %}{{ raise_exception('roles must alternate') }}{% endif %}\
+        {{ messages[0]['content'].strip().upper() }}|{{ strftime_now('%Y') | length }}|{{ bos_token }}";
+    let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "  hey ")], false)
+            .unwrap(),
+        "HEY|4|<s>"
+    );
+    let e = t
+        .render(&[ChatMessage::new("bad", "x")], false)
+        .unwrap_err();
+    assert!(e.to_string().contains("roles must alternate"), "{e}");
+    assert!(
+        ChatTemplate::new("{% if %}", "", "").is_err(),
+        "syntax errors are reported at load"
+    );
+}
