@@ -4,6 +4,7 @@
 //! variable. stdout carries the product, stderr the logs and errors. Exit codes: 0 success,
 //! 1 runtime failure, 2 usage error.
 
+mod generate;
 mod inspect;
 
 use std::process::ExitCode;
@@ -25,12 +26,15 @@ struct Cli {
 enum Command {
     /// Describe a model: opsets, operators, inputs and outputs, weights, native support.
     Inspect(inspect::Args),
+    /// Generate text from a prompt (greedy), streamed to stdout.
+    Generate(generate::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Generate(args) => generate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

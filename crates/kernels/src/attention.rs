@@ -8,8 +8,9 @@
 //! `p = start[b] + s` and attends to the keys at positions `lo..end` with
 //! `end = min(p + 1, kv_len[b])` (causal, and never past the entry's valid length, which is
 //! what onnxruntime does for the right-padded rows of a batched first prompt) and
-//! `lo = p - window` when a local window is set (`window + 1` keys, onnxruntime's
-//! `local_window_size`), else 0. A row with no keys gets zeros.
+//! `lo = p + 1 - window` when a local window is set (the query and the `window - 1` keys before
+//! it, as onnxruntime 1.32 applies `local_window_size`), else 0. A row with no keys (window 0)
+//! gets zeros, as in onnxruntime.
 //!
 //! Per row: `x_j = scale * (q · k_j)`, then `softcap * tanh(x_j / softcap)` when softcap is
 //! set, then a two-pass softmax (max, then `exp(x_j - max)` summed in position order, each
@@ -51,13 +52,19 @@ pub struct GqaShape {
 
 impl GqaShape {
     fn check(&self) -> Result<(), LayoutError> {
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(LayoutError::Shape(format!(
                 "num_heads {} is not a multiple of kv_num_heads {}",
                 self.heads, self.kv_heads
             )));
         }
-        let dims = [self.batch, self.seq, self.heads.max(self.kv_heads), self.head_size, self.capacity];
+        let dims = [
+            self.batch,
+            self.seq,
+            self.heads.max(self.kv_heads),
+            self.head_size,
+            self.capacity,
+        ];
         dims.iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d.max(1)))
             .map(|_| ())
@@ -76,7 +83,7 @@ pub struct ScoreMod {
     pub scale: f32,
     /// `softcap * tanh(x / softcap)` on scaled scores when positive; 0 turns it off.
     pub softcap: f32,
-    /// Keys further back than this from the query position are masked (`window + 1` keys).
+    /// Keys a query sees, itself included: positions `p + 1 - window ..= p`.
     pub window: Option<usize>,
 }
 
@@ -92,7 +99,13 @@ pub struct Rows<'a, T> {
 
 impl<T> Rows<'_, T> {
     /// Checks that `tokens` rows of `heads` heads lie inside `data`.
-    fn check(&self, tokens: usize, heads: usize, head_size: usize, what: &str) -> Result<(), LayoutError> {
+    fn check(
+        &self,
+        tokens: usize,
+        heads: usize,
+        head_size: usize,
+        what: &str,
+    ) -> Result<(), LayoutError> {
         if tokens == 0 || heads * head_size == 0 {
             return Ok(());
         }
@@ -118,7 +131,10 @@ impl<T> Rows<'_, T> {
 
 fn check_starts(starts: &[usize], shape: &GqaShape, what: &'static str) -> Result<(), LayoutError> {
     check_len(what, starts.len(), shape.batch)?;
-    match starts.iter().position(|&p| p.checked_add(shape.seq).is_none_or(|e| e > shape.capacity)) {
+    match starts
+        .iter()
+        .position(|&p| p.checked_add(shape.seq).is_none_or(|e| e > shape.capacity))
+    {
         Some(b) => Err(LayoutError::Shape(format!(
             "batch entry {b}: rows {}..{}+{} do not fit in a cache of {} positions",
             starts[b], starts[b], shape.seq, shape.capacity
@@ -139,20 +155,28 @@ pub fn copy_prefix<T: Copy>(
 ) -> Result<(), LayoutError> {
     shape.check()?;
     let hs = shape.head_size;
-    check_len("past cache", past.len(), shape.batch * shape.kv_heads * past_capacity * hs)?;
+    check_len(
+        "past cache",
+        past.len(),
+        shape.batch * shape.kv_heads * past_capacity * hs,
+    )?;
     check_len("present cache", present.len(), shape.cache_len())?;
     check_len("past lengths", lens.len(), shape.batch)?;
-    if let Some(b) = lens.iter().position(|&l| l > past_capacity.min(shape.capacity)) {
+    if let Some(b) = lens
+        .iter()
+        .position(|&l| l > past_capacity.min(shape.capacity))
+    {
         return Err(LayoutError::Shape(format!(
             "batch entry {b}: {} past positions do not fit in a past cache of {past_capacity} or a present cache of {}",
             lens[b], shape.capacity
         )));
     }
-    for b in 0..shape.batch {
+    for (b, &len) in lens.iter().enumerate() {
         for h in 0..shape.kv_heads {
             let head = b * shape.kv_heads + h;
-            let n = lens[b] * hs;
-            present[head * shape.capacity * hs..][..n].copy_from_slice(&past[head * past_capacity * hs..][..n]);
+            let n = len * hs;
+            present[head * shape.capacity * hs..][..n]
+                .copy_from_slice(&past[head * past_capacity * hs..][..n]);
         }
     }
     Ok(())
@@ -169,7 +193,14 @@ pub fn append_kv<T: Accum<Acc = f32>>(
     cache: &mut [T],
 ) -> Result<(), LayoutError> {
     shape.check()?;
-    let GqaShape { batch, seq, kv_heads, head_size: hs, capacity, .. } = *shape;
+    let GqaShape {
+        batch,
+        seq,
+        kv_heads,
+        head_size: hs,
+        capacity,
+        ..
+    } = *shape;
     src.check(batch * seq, kv_heads, hs, "new keys/values")?;
     check_len("KV cache", cache.len(), shape.cache_len())?;
     check_starts(start, shape, "cache starts")?;
@@ -179,7 +210,9 @@ pub fn append_kv<T: Accum<Acc = f32>>(
                 let x = src.head(b * seq + s, h, hs);
                 let dst = &mut cache[((b * kv_heads + h) * capacity + start[b] + s) * hs..][..hs];
                 match rope {
-                    Some(r) => rotate_one(x, Positions::Start(start).row(b, s, seq, r.rows())?, r, dst)?,
+                    Some(r) => {
+                        rotate_one(x, Positions::Start(start).row(b, s, seq, r.rows())?, r, dst)?
+                    }
                     None => dst.copy_from_slice(x),
                 }
             }
@@ -198,7 +231,13 @@ pub fn rotate_query<T: Accum<Acc = f32>>(
     out: &mut [T],
 ) -> Result<(), LayoutError> {
     shape.check()?;
-    let GqaShape { batch, seq, heads, head_size: hs, .. } = *shape;
+    let GqaShape {
+        batch,
+        seq,
+        heads,
+        head_size: hs,
+        ..
+    } = *shape;
     q.check(batch * seq, heads, hs, "query")?;
     check_len("rotated query", out.len(), batch * seq * heads * hs)?;
     check_len("query starts", start.len(), batch)?;
@@ -207,7 +246,12 @@ pub fn rotate_query<T: Accum<Acc = f32>>(
             let row = Positions::Start(start).row(b, s, seq, rope.rows())?;
             for h in 0..heads {
                 let t = b * seq + s;
-                rotate_one(q.head(t, h, hs), row, rope, &mut out[(t * heads + h) * hs..][..hs])?;
+                rotate_one(
+                    q.head(t, h, hs),
+                    row,
+                    rope,
+                    &mut out[(t * heads + h) * hs..][..hs],
+                )?;
             }
         }
     }
@@ -216,7 +260,10 @@ pub fn rotate_query<T: Accum<Acc = f32>>(
 
 /// Parts the (batch, head) pairs are split into on `pool`.
 fn parts(shape: &GqaShape, pool: &ThreadPool) -> usize {
-    let work = shape.seq.saturating_mul(shape.capacity).saturating_mul(shape.head_size);
+    let work = shape
+        .seq
+        .saturating_mul(shape.capacity)
+        .saturating_mul(shape.head_size);
     parts_for(pool, shape.batch * shape.heads, work)
 }
 
@@ -243,7 +290,14 @@ pub fn attention<T: Accum<Acc = f32>>(
     pool: &ThreadPool,
 ) -> Result<(), LayoutError> {
     shape.check()?;
-    let GqaShape { batch, seq, heads, kv_heads, head_size: hs, capacity } = *shape;
+    let GqaShape {
+        batch,
+        seq,
+        heads,
+        kv_heads,
+        head_size: hs,
+        capacity,
+    } = *shape;
     q.check(batch * seq, heads, hs, "query")?;
     check_len("key cache", k.len(), shape.cache_len())?;
     check_len("value cache", v.len(), shape.cache_len())?;
@@ -262,26 +316,49 @@ pub fn attention<T: Accum<Acc = f32>>(
     let parts = parts(shape, pool);
     let per_part = capacity + hs;
     if scratch.len() < parts * per_part {
-        return Err(LayoutError::Length { what: "attention scratch", expected: parts * per_part, actual: scratch.len() });
+        return Err(LayoutError::Length {
+            what: "attention scratch",
+            expected: parts * per_part,
+            actual: scratch.len(),
+        });
     }
     let heads_per_part = (batch * heads).div_ceil(parts);
     let group = heads / kv_heads;
-    par_chunks2(pool, out, heads_per_part * seq * hs, scratch, per_part, |part, out, scratch| {
-        let (scores, acc) = scratch.split_at_mut(capacity);
-        for (i, head_out) in out.chunks_mut(seq * hs).enumerate() {
-            let u = part * heads_per_part + i;
-            let (b, n) = (u / heads, u % heads);
-            let cache = ((b * kv_heads + n / group) * capacity * hs)..((b * kv_heads + n / group + 1) * capacity * hs);
-            let (kh, vh) = (&k[cache.clone()], &v[cache]);
-            for s in 0..seq {
-                let p = start[b].saturating_add(s);
-                let end = kv_len[b].min(p.saturating_add(1));
-                let lo = score.window.map_or(0, |w| p.saturating_sub(w));
-                let row = &mut head_out[s * hs..][..hs];
-                attend_row(q.head(b * seq + s, n, hs), kh, vh, lo..end, score, scores, &mut acc[..hs], row);
+    par_chunks2(
+        pool,
+        out,
+        heads_per_part * seq * hs,
+        scratch,
+        per_part,
+        |part, out, scratch| {
+            let (scores, acc) = scratch.split_at_mut(capacity);
+            for (i, head_out) in out.chunks_mut(seq * hs).enumerate() {
+                let u = part * heads_per_part + i;
+                let (b, n) = (u / heads, u % heads);
+                let cache = ((b * kv_heads + n / group) * capacity * hs)
+                    ..((b * kv_heads + n / group + 1) * capacity * hs);
+                let (kh, vh) = (&k[cache.clone()], &v[cache]);
+                for s in 0..seq {
+                    let p = start[b].saturating_add(s);
+                    let end = kv_len[b].min(p.saturating_add(1));
+                    let lo = score
+                        .window
+                        .map_or(0, |w| p.saturating_add(1).saturating_sub(w));
+                    let row = &mut head_out[s * hs..][..hs];
+                    attend_row(
+                        q.head(b * seq + s, n, hs),
+                        kh,
+                        vh,
+                        lo..end,
+                        score,
+                        scores,
+                        &mut acc[..hs],
+                        row,
+                    );
+                }
             }
-        }
-    });
+        },
+    );
     Ok(())
 }
 
@@ -336,8 +413,18 @@ fn attend_row<T: Accum<Acc = f32>>(
 }
 
 /// Transposes `(batch, heads, seq, head_size)` into `(batch, seq, heads * head_size)`.
-pub fn heads_to_rows<T: Copy>(bnsh: &[T], shape: &GqaShape, out: &mut [T]) -> Result<(), LayoutError> {
-    let GqaShape { batch, seq, heads, head_size: hs, .. } = *shape;
+pub fn heads_to_rows<T: Copy>(
+    bnsh: &[T],
+    shape: &GqaShape,
+    out: &mut [T],
+) -> Result<(), LayoutError> {
+    let GqaShape {
+        batch,
+        seq,
+        heads,
+        head_size: hs,
+        ..
+    } = *shape;
     let n = batch * heads * seq * hs;
     check_len("attention heads", bnsh.len(), n)?;
     check_len("attention output", out.len(), n)?;

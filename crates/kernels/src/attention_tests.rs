@@ -35,8 +35,24 @@ fn run(
     let pool = ThreadPool::new(threads);
     let mut out = vec![f32::NAN; shape.batch * shape.heads * shape.seq * shape.head_size];
     let mut scratch = vec![0f32; scratch_len(shape, &pool)];
-    let rows = Rows { data: q, stride: shape.heads * shape.head_size, offset: 0 };
-    attention(shape, score, &rows, k, v, start, kv_len, &mut out, &mut scratch, &pool).unwrap();
+    let rows = Rows {
+        data: q,
+        stride: shape.heads * shape.head_size,
+        offset: 0,
+    };
+    attention(
+        shape,
+        score,
+        &rows,
+        k,
+        v,
+        start,
+        kv_len,
+        &mut out,
+        &mut scratch,
+        &pool,
+    )
+    .unwrap();
     out
 }
 
@@ -55,10 +71,12 @@ fn reference_row(
     let hs = shape.head_size;
     let kvh = n / (shape.heads / shape.kv_heads);
     let p = start + s;
-    let lo = score.window.map_or(0, |w| p.saturating_sub(w));
+    let lo = score.window.map_or(0, |w| (p + 1).saturating_sub(w));
     let end = kv_len.min(p + 1);
     let qv = &q[((b * shape.seq + s) * shape.heads + n) * hs..][..hs];
-    let at = |c: &[f32], j: usize, d: usize| c[((b * shape.kv_heads + kvh) * shape.capacity + j) * hs + d] as f64;
+    let at = |c: &[f32], j: usize, d: usize| {
+        c[((b * shape.kv_heads + kvh) * shape.capacity + j) * hs + d] as f64
+    };
     let xs: Vec<f64> = (lo..end)
         .map(|j| {
             let x = (0..hs).map(|d| qv[d] as f64 * at(k, j, d)).sum::<f64>() * score.scale as f64;
@@ -73,15 +91,34 @@ fn reference_row(
     let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = xs.iter().map(|x| (x - m).exp()).collect();
     let sum: f64 = e.iter().sum();
-    (0..hs).map(|d| (lo..end).zip(&e).map(|(j, w)| w / sum * at(v, j, d)).sum()).collect()
+    (0..hs)
+        .map(|d| (lo..end).zip(&e).map(|(j, w)| w / sum * at(v, j, d)).sum())
+        .collect()
 }
 
 #[test]
 fn matches_an_f64_reference_with_windows_softcap_and_groups() {
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
-    for (heads, kv_heads, window, softcap) in [(2, 2, None, 0.0), (4, 2, Some(3), 0.0), (6, 2, None, 1.5), (3, 1, Some(1), 2.0)] {
-        let shape = GqaShape { batch: 2, seq: 5, heads, kv_heads, head_size: 16, capacity: 12 };
-        let score = ScoreMod { scale: 0.25, softcap, window };
+    for (heads, kv_heads, window, softcap) in [
+        (2, 2, None, 0.0),
+        (4, 2, Some(3), 0.0),
+        (6, 2, None, 1.5),
+        (3, 1, Some(1), 2.0),
+        (2, 1, Some(0), 0.0),
+    ] {
+        let shape = GqaShape {
+            batch: 2,
+            seq: 5,
+            heads,
+            kv_heads,
+            head_size: 16,
+            capacity: 12,
+        };
+        let score = ScoreMod {
+            scale: 0.25,
+            softcap,
+            window,
+        };
         let q = rng.values(2 * 5 * heads * 16);
         let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
         // Entry 0 continues after 4 cached positions; entry 1 is a padded first prompt.
@@ -90,10 +127,14 @@ fn matches_an_f64_reference_with_windows_softcap_and_groups() {
         for b in 0..2 {
             for n in 0..heads {
                 for s in 0..5 {
-                    let want = reference_row(&shape, &score, &q, &k, &v, (b, n, s), start[b], kv_len[b]);
+                    let want =
+                        reference_row(&shape, &score, &q, &k, &v, (b, n, s), start[b], kv_len[b]);
                     let got = &out[((b * heads + n) * 5 + s) * 16..][..16];
                     for (g, w) in got.iter().zip(&want) {
-                        assert!((*g as f64 - w).abs() < 1e-5, "{heads}/{kv_heads} {window:?} b{b} n{n} s{s}: {g} vs {w}");
+                        assert!(
+                            (*g as f64 - w).abs() < 1e-5,
+                            "{heads}/{kv_heads} {window:?} b{b} n{n} s{s}: {g} vs {w}"
+                        );
                     }
                 }
             }
@@ -106,12 +147,27 @@ fn prefill_equals_decode_steps_bit_for_bit() {
     // 7 prompt tokens in one call vs 7 calls of one token with a growing past, over a cache
     // that already holds 3 earlier positions; with and without a window and softcap.
     let mut rng = XorShift(42);
-    let shape = GqaShape { batch: 1, seq: 7, heads: 4, kv_heads: 2, head_size: 64, capacity: 16 };
+    let shape = GqaShape {
+        batch: 1,
+        seq: 7,
+        heads: 4,
+        kv_heads: 2,
+        head_size: 64,
+        capacity: 16,
+    };
     let q = rng.values(7 * 4 * 64);
     let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
     for score in [
-        ScoreMod { scale: 0.125, softcap: 0.0, window: None },
-        ScoreMod { scale: 0.125, softcap: 30.0, window: Some(4) },
+        ScoreMod {
+            scale: 0.125,
+            softcap: 0.0,
+            window: None,
+        },
+        ScoreMod {
+            scale: 0.125,
+            softcap: 30.0,
+            window: Some(4),
+        },
     ] {
         let prefill = run(&shape, &score, &q, &k, &v, &[3], &[10], 1);
         let one = GqaShape { seq: 1, ..shape };
@@ -121,7 +177,10 @@ fn prefill_equals_decode_steps_bit_for_bit() {
             for n in 0..4 {
                 let a = &prefill[(n * 7 + t) * 64..][..64];
                 let b = &step[n * 64..][..64];
-                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "token {t} head {n} {score:?}");
+                assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "token {t} head {n} {score:?}"
+                );
             }
         }
     }
@@ -131,11 +190,25 @@ fn prefill_equals_decode_steps_bit_for_bit() {
 fn one_and_three_threads_agree_bit_for_bit() {
     let mut rng = XorShift(7);
     // 2 * 6 heads of 16 rows x 64 positions x 32: enough work to split across threads.
-    let shape = GqaShape { batch: 2, seq: 16, heads: 6, kv_heads: 3, head_size: 32, capacity: 64 };
-    let score = ScoreMod { scale: 0.2, softcap: 0.0, window: Some(20) };
+    let shape = GqaShape {
+        batch: 2,
+        seq: 16,
+        heads: 6,
+        kv_heads: 3,
+        head_size: 32,
+        capacity: 64,
+    };
+    let score = ScoreMod {
+        scale: 0.2,
+        softcap: 0.0,
+        window: Some(20),
+    };
     let q = rng.values(2 * 16 * 6 * 32);
     let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
-    assert!(parts(&shape, &ThreadPool::new(3)) > 1, "the case must actually run in parallel");
+    assert!(
+        parts(&shape, &ThreadPool::new(3)) > 1,
+        "the case must actually run in parallel"
+    );
     let a = run(&shape, &score, &q, &k, &v, &[40, 10], &[56, 26], 1);
     let b = run(&shape, &score, &q, &k, &v, &[40, 10], &[56, 26], 3);
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
@@ -144,7 +217,14 @@ fn one_and_three_threads_agree_bit_for_bit() {
 
 #[test]
 fn cache_updates_concatenate_and_rotate() {
-    let shape = GqaShape { batch: 2, seq: 2, heads: 2, kv_heads: 1, head_size: 4, capacity: 5 };
+    let shape = GqaShape {
+        batch: 2,
+        seq: 2,
+        heads: 2,
+        kv_heads: 1,
+        head_size: 4,
+        capacity: 5,
+    };
     let past: Vec<f32> = (0..2 * 3 * 4).map(|i| i as f32).collect();
     let mut cache = vec![0f32; shape.cache_len()];
     copy_prefix(&past, 3, &mut cache, &shape, &[3, 1]).unwrap();
@@ -152,7 +232,11 @@ fn cache_updates_concatenate_and_rotate() {
     assert_eq!(&cache[20..24], &past[12..16]);
     assert!(cache[24..].iter().all(|&x| x == 0.0));
     let new: Vec<f32> = (100..116).map(|i| i as f32).collect();
-    let src = Rows { data: &new, stride: 4, offset: 0 };
+    let src = Rows {
+        data: &new,
+        stride: 4,
+        offset: 0,
+    };
     append_kv(&src, &shape, &[3, 1], None, &mut cache).unwrap();
     assert_eq!(&cache[12..20], &new[..8]);
     assert_eq!(&cache[24..32], &new[8..]);
@@ -161,42 +245,134 @@ fn cache_updates_concatenate_and_rotate() {
     let rope = Rope::new(&cos, &sin, 1, false).unwrap();
     append_kv(&src, &shape, &[3, 1], Some(&rope), &mut cache).unwrap();
     assert_eq!(&cache[12..16], &[-100.0, -101.0, 102.0, 103.0]);
-    assert!(append_kv(&src, &shape, &[4, 1], None, &mut cache).is_err(), "rows past the capacity");
-    assert!(copy_prefix(&past, 3, &mut cache, &shape, &[4, 1]).is_err(), "more than the past holds");
+    assert!(
+        append_kv(&src, &shape, &[4, 1], None, &mut cache).is_err(),
+        "rows past the capacity"
+    );
+    assert!(
+        copy_prefix(&past, 3, &mut cache, &shape, &[4, 1]).is_err(),
+        "more than the past holds"
+    );
 }
 
 #[test]
 fn bad_arguments_are_errors_not_panics() {
-    let shape = GqaShape { batch: 1, seq: 1, heads: 2, kv_heads: 1, head_size: 8, capacity: 4 };
-    let score = ScoreMod { scale: 1.0, softcap: 0.0, window: None };
+    let shape = GqaShape {
+        batch: 1,
+        seq: 1,
+        heads: 2,
+        kv_heads: 1,
+        head_size: 8,
+        capacity: 4,
+    };
+    let score = ScoreMod {
+        scale: 1.0,
+        softcap: 0.0,
+        window: None,
+    };
     let pool = ThreadPool::new(1);
     let (q, kv) = (vec![0f32; 16], vec![0f32; 32]);
     let mut out = vec![0f32; 16];
     let mut scratch = vec![0f32; scratch_len(&shape, &pool)];
-    let rows = Rows { data: &q, stride: 16, offset: 0 };
+    let rows = Rows {
+        data: &q,
+        stride: 16,
+        offset: 0,
+    };
     let mut go = |shape: &GqaShape, rows: &Rows<f32>, kv_len: &[usize], scratch: &mut [f32]| {
-        attention(shape, &score, rows, &kv, &kv, &[0], kv_len, &mut out, scratch, &pool)
+        attention(
+            shape,
+            &score,
+            rows,
+            &kv,
+            &kv,
+            &[0],
+            kv_len,
+            &mut out,
+            scratch,
+            &pool,
+        )
     };
     assert!(go(&shape, &rows, &[1], &mut scratch).is_ok());
-    assert!(go(&shape, &rows, &[5], &mut scratch).is_err(), "kv_len beyond the capacity");
-    assert!(go(&shape, &Rows { offset: 1, ..rows }, &[1], &mut scratch).is_err(), "query overrun");
-    assert!(go(&GqaShape { kv_heads: 3, ..shape }, &rows, &[1], &mut scratch).is_err(), "heads % kv_heads");
-    assert!(go(&shape, &rows, &[1], &mut []).is_err(), "scratch too small");
+    assert!(
+        go(&shape, &rows, &[5], &mut scratch).is_err(),
+        "kv_len beyond the capacity"
+    );
+    assert!(
+        go(&shape, &Rows { offset: 1, ..rows }, &[1], &mut scratch).is_err(),
+        "query overrun"
+    );
+    assert!(
+        go(
+            &GqaShape {
+                kv_heads: 3,
+                ..shape
+            },
+            &rows,
+            &[1],
+            &mut scratch
+        )
+        .is_err(),
+        "heads % kv_heads"
+    );
+    assert!(
+        go(&shape, &rows, &[1], &mut []).is_err(),
+        "scratch too small"
+    );
 }
 
 #[test]
 fn halves_compute_in_f32() {
     let mut rng = XorShift(3);
-    let shape = GqaShape { batch: 1, seq: 3, heads: 2, kv_heads: 1, head_size: 16, capacity: 3 };
-    let score = ScoreMod { scale: 0.25, softcap: 0.0, window: None };
+    let shape = GqaShape {
+        batch: 1,
+        seq: 3,
+        heads: 2,
+        kv_heads: 1,
+        head_size: 16,
+        capacity: 3,
+    };
+    let score = ScoreMod {
+        scale: 0.25,
+        softcap: 0.0,
+        window: None,
+    };
     let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
     let (q, k, v) = (h(rng.values(3 * 32)), h(rng.values(48)), h(rng.values(48)));
     let wide = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
-    let want = run(&shape, &score, &wide(&q), &wide(&k), &wide(&v), &[0], &[3], 1);
+    let want = run(
+        &shape,
+        &score,
+        &wide(&q),
+        &wide(&k),
+        &wide(&v),
+        &[0],
+        &[3],
+        1,
+    );
     let pool = ThreadPool::new(1);
     let mut out = vec![f16::ZERO; want.len()];
     let mut scratch = vec![0f32; scratch_len(&shape, &pool)];
-    let rows = Rows { data: &q[..], stride: 32, offset: 0 };
-    attention(&shape, &score, &rows, &k, &v, &[0], &[3], &mut out, &mut scratch, &pool).unwrap();
-    assert!(out.iter().zip(&want).all(|(o, w)| *o == f16::from_f32(*w)), "one rounding of the f32 result");
+    let rows = Rows {
+        data: &q[..],
+        stride: 32,
+        offset: 0,
+    };
+    attention(
+        &shape,
+        &score,
+        &rows,
+        &k,
+        &v,
+        &[0],
+        &[3],
+        &mut out,
+        &mut scratch,
+        &pool,
+    )
+    .unwrap();
+    assert!(
+        out.iter().zip(&want).all(|(o, w)| *o == f16::from_f32(*w)),
+        "one rounding of the f32 result"
+    );
 }

@@ -35,15 +35,25 @@ pub struct Rope<'a, T> {
 
 impl<'a, T> Rope<'a, T> {
     /// Checks that `cos` and `sin` have the same whole number of rows of `half` elements.
-    pub fn new(cos: &'a [T], sin: &'a [T], half: usize, interleaved: bool) -> Result<Self, LayoutError> {
-        if half == 0 || cos.len() % half != 0 {
+    pub fn new(
+        cos: &'a [T],
+        sin: &'a [T],
+        half: usize,
+        interleaved: bool,
+    ) -> Result<Self, LayoutError> {
+        if half == 0 || !cos.len().is_multiple_of(half) {
             return Err(LayoutError::Shape(format!(
                 "the cos cache ({} values) is not a whole number of rows of rotary_dim / 2 = {half}",
                 cos.len()
             )));
         }
         check_len("sin cache", sin.len(), cos.len())?;
-        Ok(Rope { cos, sin, half, interleaved })
+        Ok(Rope {
+            cos,
+            sin,
+            half,
+            interleaved,
+        })
     }
 
     /// Rows (positions) the caches hold.
@@ -54,7 +64,12 @@ impl<'a, T> Rope<'a, T> {
 
 /// Rotates one head vector `x` at cache row `row` into `out` (same length, at least
 /// `2 * rope.half`): the rotary part is rotated, the tail copied.
-pub fn rotate_one<T: Accum<Acc = f32>>(x: &[T], row: usize, rope: &Rope<T>, out: &mut [T]) -> Result<(), LayoutError> {
+pub fn rotate_one<T: Accum<Acc = f32>>(
+    x: &[T],
+    row: usize,
+    rope: &Rope<T>,
+    out: &mut [T],
+) -> Result<(), LayoutError> {
     let half = rope.half;
     check_len("rotary output", out.len(), x.len())?;
     if x.len() < 2 * half {
@@ -73,7 +88,11 @@ pub fn rotate_one<T: Accum<Acc = f32>>(x: &[T], row: usize, rope: &Rope<T>, out:
     let cos = &rope.cos[row * half..][..half];
     let sin = &rope.sin[row * half..][..half];
     for i in 0..half {
-        let (i1, i2) = if rope.interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+        let (i1, i2) = if rope.interleaved {
+            (2 * i, 2 * i + 1)
+        } else {
+            (i, i + half)
+        };
         let (x1, x2) = (x[i1].widen(), x[i2].widen());
         let (c, s) = (cos[i].widen(), sin[i].widen());
         out[i1] = T::narrow(x1 * c - x2 * s);
@@ -140,7 +159,13 @@ pub fn rotary<T: Accum<Acc = f32>>(
     out: &mut [T],
     pool: &ThreadPool,
 ) -> Result<(), LayoutError> {
-    let HeadsShape { batch, seq, heads, head_size, heads_first } = *shape;
+    let HeadsShape {
+        batch,
+        seq,
+        heads,
+        head_size,
+        heads_first,
+    } = *shape;
     let total = [batch, seq, heads, head_size]
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
@@ -170,8 +195,11 @@ pub fn rotary<T: Accum<Acc = f32>>(
             } else {
                 (v / (heads * seq), (v / heads) % seq)
             };
-            let row = positions.row(b, s, seq, rope.rows()).expect("positions were validated above");
-            rotate_one(&x[v * head_size..][..head_size], row, rope, o).expect("lengths were validated above");
+            let row = positions
+                .row(b, s, seq, rope.rows())
+                .expect("positions were validated above");
+            rotate_one(&x[v * head_size..][..head_size], row, rope, o)
+                .expect("lengths were validated above");
         }
     });
     Ok(())
@@ -193,7 +221,10 @@ mod tests {
         rotate_one(&x, 0, &rope, &mut out).unwrap();
         // pair (x0, x2) by 90°: (-3, 1); pair (x1, x3) by 0°: (2, 4); tail copied.
         assert_eq!(out, [-3.0, 2.0, 1.0, 4.0, 5.0, 6.0]);
-        let rope = Rope { interleaved: true, ..rope };
+        let rope = Rope {
+            interleaved: true,
+            ..rope
+        };
         rotate_one(&x, 0, &rope, &mut out).unwrap();
         // pair (x0, x1) by 90°: (-2, 1); pair (x2, x3) by 0°.
         assert_eq!(out, [-2.0, 1.0, 3.0, 4.0, 5.0, 6.0]);
@@ -207,8 +238,16 @@ mod tests {
         let cos: Vec<f32> = (0..rows * half).map(|i| (i as f32 * 0.37).cos()).collect();
         let sin: Vec<f32> = (0..rows * half).map(|i| (i as f32 * 0.37).sin()).collect();
         let rope = Rope::new(&cos, &sin, half, false).unwrap();
-        let x: Vec<f32> = (0..batch * seq * heads * head_size).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
-        let bsnh = HeadsShape { batch, seq, heads, head_size, heads_first: false };
+        let x: Vec<f32> = (0..batch * seq * heads * head_size)
+            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let bsnh = HeadsShape {
+            batch,
+            seq,
+            heads,
+            head_size,
+            heads_first: false,
+        };
         let run = |shape: &HeadsShape, x: &[f32], pos: Positions, threads| {
             let mut out = vec![0f32; x.len()];
             rotary(x, shape, pos, &rope, &mut out, &ThreadPool::new(threads)).unwrap();
@@ -218,7 +257,12 @@ mod tests {
         let b = run(&bsnh, &x, Positions::Start(&[3, 3]), 3);
         let ids: Vec<i64> = (0..batch * seq).map(|t| 3 + (t % seq) as i64).collect();
         let c = run(&bsnh, &x, Positions::Ids(&ids), 2);
-        assert!(a.iter().zip(&b).chain(a.iter().zip(&c)).all(|(p, q)| p.to_bits() == q.to_bits()));
+        assert!(
+            a.iter()
+                .zip(&b)
+                .chain(a.iter().zip(&c))
+                .all(|(p, q)| p.to_bits() == q.to_bits())
+        );
         // The same data transposed to (batch, heads, seq, head) rotates the same way.
         let to_bnsh = |v: &[f32]| {
             let mut t = vec![0f32; v.len()];
@@ -233,13 +277,30 @@ mod tests {
             }
             t
         };
-        let bnsh = HeadsShape { heads_first: true, ..bsnh };
-        assert_eq!(run(&bnsh, &to_bnsh(&x), Positions::Offset(3), 3), to_bnsh(&a));
+        let bnsh = HeadsShape {
+            heads_first: true,
+            ..bsnh
+        };
+        assert_eq!(
+            run(&bnsh, &to_bnsh(&x), Positions::Offset(3), 3),
+            to_bnsh(&a)
+        );
         let h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
-        let (hc, hs): (Vec<f16>, Vec<f16>) = (cos.iter().map(|&v| f16::from_f32(v)).collect(), sin.iter().map(|&v| f16::from_f32(v)).collect());
+        let (hc, hs): (Vec<f16>, Vec<f16>) = (
+            cos.iter().map(|&v| f16::from_f32(v)).collect(),
+            sin.iter().map(|&v| f16::from_f32(v)).collect(),
+        );
         let hrope = Rope::new(&hc, &hs, half, true).unwrap();
         let mut ho = vec![f16::ZERO; h.len()];
-        rotary(&h, &bsnh, Positions::Offset(0), &hrope, &mut ho, &ThreadPool::new(1)).unwrap();
+        rotary(
+            &h,
+            &bsnh,
+            Positions::Offset(0),
+            &hrope,
+            &mut ho,
+            &ThreadPool::new(1),
+        )
+        .unwrap();
         assert_eq!(ho[8..16], h[8..16], "the tail beyond rotary_dim is copied");
     }
 
@@ -247,7 +308,13 @@ mod tests {
     fn out_of_range_positions_are_errors() {
         let (cos, sin) = ([1f32; 8], [0f32; 8]);
         let rope = Rope::new(&cos, &sin, 4, false).unwrap();
-        let shape = HeadsShape { batch: 1, seq: 2, heads: 1, head_size: 8, heads_first: false };
+        let shape = HeadsShape {
+            batch: 1,
+            seq: 2,
+            heads: 1,
+            head_size: 8,
+            heads_first: false,
+        };
         let x = [0f32; 16];
         let mut out = [0f32; 16];
         let pool = ThreadPool::new(1);

@@ -42,7 +42,9 @@ pub(super) fn run(
     match (op, dtype) {
         (Op::GroupQueryAttention(g), DType::F32) => gqa::<f32>(g, inputs, donated, n_outputs, ctx),
         (Op::GroupQueryAttention(g), DType::F16) => gqa::<f16>(g, inputs, donated, n_outputs, ctx),
-        (Op::GroupQueryAttention(g), DType::BF16) => gqa::<bf16>(g, inputs, donated, n_outputs, ctx),
+        (Op::GroupQueryAttention(g), DType::BF16) => {
+            gqa::<bf16>(g, inputs, donated, n_outputs, ctx)
+        }
         (Op::Rotary(r), DType::F32) => rotary::<f32>(r, inputs, ctx).map(|t| vec![t]),
         (Op::Rotary(r), DType::F16) => rotary::<f16>(r, inputs, ctx).map(|t| vec![t]),
         (Op::Rotary(r), DType::BF16) => rotary::<bf16>(r, inputs, ctx).map(|t| vec![t]),
@@ -55,7 +57,11 @@ pub(super) fn run(
 }
 
 /// Input `i` whether lent or donated, for reading its shape before taking it.
-fn peek<'a>(inputs: &[Option<&'a Tensor>], donated: &'a [Option<Tensor>], i: usize) -> Option<&'a Tensor> {
+fn peek<'a>(
+    inputs: &[Option<&'a Tensor>],
+    donated: &'a [Option<Tensor>],
+    i: usize,
+) -> Option<&'a Tensor> {
     opt_input(inputs, i).or_else(|| donated.get(i).and_then(Option::as_ref))
 }
 
@@ -63,7 +69,10 @@ fn same_dtype(x: &Tensor, t: &Tensor, what: &str) -> Result<(), OpError> {
     if t.dtype() == x.dtype() {
         Ok(())
     } else {
-        Err(OpError::DType { dtype: t.dtype(), detail: format!(" for {what}: expected {} like the query", x.dtype()) })
+        Err(OpError::DType {
+            dtype: t.dtype(),
+            detail: format!(" for {what}: expected {} like the query", x.dtype()),
+        })
     }
 }
 
@@ -71,7 +80,10 @@ fn expect_dims(t: &Tensor, want: &[usize], what: &str, layout: &str) -> Result<(
     if t.dims() == want {
         Ok(())
     } else {
-        Err(OpError::shape(format!("{what} must have shape {want:?} {layout}, got {}", t.shape())))
+        Err(OpError::shape(format!(
+            "{what} must have shape {want:?} {layout}, got {}",
+            t.shape()
+        )))
     }
 }
 
@@ -93,20 +105,40 @@ struct GqaPlan {
     rope_half: Option<usize>,
 }
 
-fn plan(g: &GroupQueryAttention, inputs: &[Option<&Tensor>], donated: &[Option<Tensor>]) -> Result<GqaPlan, OpError> {
+fn plan(
+    g: &GroupQueryAttention,
+    inputs: &[Option<&Tensor>],
+    donated: &[Option<Tensor>],
+) -> Result<GqaPlan, OpError> {
     let q = input(inputs, 0)?;
     let &[batch, seq, q_width] = q.dims() else {
-        return Err(OpError::shape(format!("query must be 3-D (batch, sequence, hidden), got shape {}", q.shape())));
+        return Err(OpError::shape(format!(
+            "query must be 3-D (batch, sequence, hidden), got shape {}",
+            q.shape()
+        )));
     };
     let (heads, kv_heads) = (g.num_heads, g.kv_num_heads);
     let (key, value) = (opt_input(inputs, 1), opt_input(inputs, 2));
     let packed = key.is_none();
-    let per_row = if packed { heads + 2 * kv_heads } else { heads };
+    let per_row = if packed {
+        kv_heads.checked_mul(2).and_then(|k| k.checked_add(heads))
+    } else {
+        Some(heads)
+    }
+    .ok_or_else(|| {
+        OpError::value(format!(
+            "num_heads {heads} + 2 * kv_num_heads {kv_heads} overflows"
+        ))
+    })?;
     let head_size = q_width / per_row;
     if head_size == 0 || head_size * per_row != q_width {
         return Err(OpError::shape(format!(
             "query hidden size {q_width} is not a positive multiple of {per_row} ({})",
-            if packed { "num_heads + 2 * kv_num_heads, packed QKV" } else { "num_heads" }
+            if packed {
+                "num_heads + 2 * kv_num_heads, packed QKV"
+            } else {
+                "num_heads"
+            }
         )));
     }
     match (key, value) {
@@ -114,31 +146,61 @@ fn plan(g: &GroupQueryAttention, inputs: &[Option<&Tensor>], donated: &[Option<T
         (Some(k), Some(v)) => {
             for (t, what) in [(k, "key"), (v, "value")] {
                 same_dtype(q, t, what)?;
-                expect_dims(t, &[batch, seq, kv_heads * head_size], what, "(batch, sequence, kv_num_heads * head_size)")?;
+                expect_dims(
+                    t,
+                    &[batch, seq, kv_heads * head_size],
+                    what,
+                    "(batch, sequence, kv_num_heads * head_size)",
+                )?;
             }
         }
-        _ => return Err(OpError::value("key and value must be both present or both absent")),
+        _ => {
+            return Err(OpError::value(
+                "key and value must be both present or both absent",
+            ));
+        }
     }
     let past_len = match (peek(inputs, donated, 3), peek(inputs, donated, 4)) {
         (Some(pk), Some(pv)) => {
             let len = pk.dims().get(2).copied().unwrap_or(0);
             for (t, what) in [(pk, "past_key"), (pv, "past_value")] {
                 same_dtype(q, t, what)?;
-                expect_dims(t, &[batch, kv_heads, len, head_size], what, "(batch, kv_num_heads, length, head_size)")?;
+                expect_dims(
+                    t,
+                    &[batch, kv_heads, len, head_size],
+                    what,
+                    "(batch, kv_num_heads, length, head_size)",
+                )?;
             }
             Some(len)
         }
         (None, None) => None,
-        _ => return Err(OpError::value("past_key and past_value must be both present or both absent")),
+        _ => {
+            return Err(OpError::value(
+                "past_key and past_value must be both present or both absent",
+            ));
+        }
     };
     let seqlens = read_i64s(input(inputs, 5)?, "seqlens_k")?;
     if seqlens.len() != batch {
-        return Err(OpError::shape(format!("seqlens_k holds {} values, expected batch size {batch}", seqlens.len())));
+        return Err(OpError::shape(format!(
+            "seqlens_k holds {} values, expected batch size {batch}",
+            seqlens.len()
+        )));
     }
     let total = match read_i64s(input(inputs, 6)?, "total_sequence_length")?[..] {
-        [t] if t >= 1 => usize::try_from(t).map_err(|_| OpError::value(format!("total_sequence_length {t} is too large")))?,
-        [t] => return Err(OpError::value(format!("total_sequence_length must be at least 1, got {t}"))),
-        _ => return Err(OpError::shape("total_sequence_length must hold exactly one value")),
+        [t] if t >= 1 => usize::try_from(t)
+            .map_err(|_| OpError::value(format!("total_sequence_length {t} is too large")))?,
+        [t] => {
+            return Err(OpError::value(format!(
+                "total_sequence_length must be at least 1, got {t}"
+            )));
+        }
+        _ => {
+            return Err(OpError::shape(
+                "total_sequence_length must hold exactly one value",
+            ));
+        }
     };
     if seq == 0 {
         return Err(OpError::shape("query has sequence length 0"));
@@ -152,7 +214,10 @@ fn plan(g: &GroupQueryAttention, inputs: &[Option<&Tensor>], donated: &[Option<T
     let mut start = Vec::with_capacity(batch);
     let mut kv_len = Vec::with_capacity(batch);
     for (b, &sl) in seqlens.iter().enumerate() {
-        let valid = sl.checked_add(1).and_then(|t| usize::try_from(t).ok()).filter(|t| (1..=total).contains(t));
+        let valid = sl
+            .checked_add(1)
+            .and_then(|t| usize::try_from(t).ok())
+            .filter(|t| (1..=total).contains(t));
         let Some(valid) = valid else {
             return Err(OpError::value(format!(
                 "seqlens_k[{b}] = {sl} is out of range: it must lie in 0..total_sequence_length ({total})"
@@ -172,19 +237,24 @@ fn plan(g: &GroupQueryAttention, inputs: &[Option<&Tensor>], donated: &[Option<T
     }
     let past = past_len.unwrap_or(0);
     let in_place = past_len.is_some() && past >= total;
-    if !in_place {
-        if let Some(b) = start.iter().position(|&p| p > past) {
-            return Err(OpError::value(format!(
-                "batch entry {b} continues after {} cached positions, but {}",
-                start[b],
-                if past_len.is_some() { format!("past_key holds only {past}") } else { "past_key is absent".to_string() }
-            )));
-        }
+    if let Some(b) = start.iter().position(|&p| p > past).filter(|_| !in_place) {
+        return Err(OpError::value(format!(
+            "batch entry {b} continues after {} cached positions, but {}",
+            start[b],
+            if past_len.is_some() {
+                format!("past_key holds only {past}")
+            } else {
+                "past_key is absent".to_string()
+            }
+        )));
     }
     let rope_half = if g.do_rotary {
         let (cos, sin) = (input(inputs, 7)?, input(inputs, 8)?);
-        let &[_, half] = cos.dims() else {
-            return Err(OpError::shape(format!("cos_cache must be 2-D (positions, rotary_dim / 2), got {}", cos.shape())));
+        let &[rows, half] = cos.dims() else {
+            return Err(OpError::shape(format!(
+                "cos_cache must be 2-D (positions, rotary_dim / 2), got {}",
+                cos.shape()
+            )));
         };
         same_dtype(q, cos, "cos_cache")?;
         same_dtype(q, sin, "sin_cache")?;
@@ -194,12 +264,35 @@ fn plan(g: &GroupQueryAttention, inputs: &[Option<&Tensor>], donated: &[Option<T
                 "cos_cache has {half} columns: rotary_dim = 2 * {half} must lie in 1..=head_size ({head_size})"
             )));
         }
+        // Checked before any cache is touched: a shared buffer is updated in place.
+        if let Some(b) = start.iter().position(|&p| p.saturating_add(seq) > rows) {
+            return Err(OpError::value(format!(
+                "batch entry {b} needs rotary positions up to {}, but cos_cache has {rows} rows",
+                start[b] + seq - 1
+            )));
+        }
         Some(half)
     } else {
         None
     };
-    let shape = GqaShape { batch, seq, heads, kv_heads, head_size, capacity: total.max(past) };
-    Ok(GqaPlan { shape, q_width, packed, past_len: past, in_place, start, kv_len, rope_half })
+    let shape = GqaShape {
+        batch,
+        seq,
+        heads,
+        kv_heads,
+        head_size,
+        capacity: total.max(past),
+    };
+    Ok(GqaPlan {
+        shape,
+        q_width,
+        packed,
+        past_len: past,
+        in_place,
+        start,
+        kv_len,
+        rope_half,
+    })
 }
 
 fn gqa<T: Accum<Acc = f32> + Element>(
@@ -210,17 +303,36 @@ fn gqa<T: Accum<Acc = f32> + Element>(
     ctx: &mut OpCtx,
 ) -> Result<Vec<Tensor>, OpError> {
     let p = plan(g, inputs, donated)?;
-    let GqaShape { batch, seq, heads, kv_heads, head_size: hs, capacity } = p.shape;
+    let GqaShape {
+        batch,
+        seq,
+        heads,
+        kv_heads,
+        head_size: hs,
+        capacity,
+    } = p.shape;
     let dtype = input(inputs, 0)?.dtype();
     let (mut pk, mut pv) = if p.in_place {
-        (owned_input(inputs, donated, 3)?, owned_input(inputs, donated, 4)?)
+        (
+            owned_input(inputs, donated, 3)?,
+            owned_input(inputs, donated, 4)?,
+        )
     } else {
         let dims = [batch, kv_heads, capacity, hs];
-        let (mut pk, mut pv) = (ctx.arena.alloc_zeroed(dtype, dims)?, ctx.arena.alloc_zeroed(dtype, dims)?);
+        let (mut pk, mut pv) = (
+            ctx.arena.alloc_zeroed(dtype, dims)?,
+            ctx.arena.alloc_zeroed(dtype, dims)?,
+        );
         for (i, present) in [(3, &mut pk), (4, &mut pv)] {
             if let Some(past) = peek(inputs, donated, i) {
-                ka::copy_prefix(past.as_slice::<T>()?, p.past_len, present.as_mut_slice::<T>()?, &p.shape, &p.start)
-                    .map_err(kernel_error)?;
+                ka::copy_prefix(
+                    past.as_slice::<T>()?,
+                    p.past_len,
+                    present.as_mut_slice::<T>()?,
+                    &p.shape,
+                    &p.start,
+                )
+                .map_err(kernel_error)?;
             }
         }
         (pk, pv)
@@ -228,32 +340,66 @@ fn gqa<T: Accum<Acc = f32> + Element>(
     let q = input(inputs, 0)?.as_slice::<T>()?;
     let rope = match p.rope_half {
         Some(half) => Some(
-            Rope::new(input(inputs, 7)?.as_slice::<T>()?, input(inputs, 8)?.as_slice::<T>()?, half, g.rotary_interleaved)
-                .map_err(kernel_error)?,
+            Rope::new(
+                input(inputs, 7)?.as_slice::<T>()?,
+                input(inputs, 8)?.as_slice::<T>()?,
+                half,
+                g.rotary_interleaved,
+            )
+            .map_err(kernel_error)?,
         ),
         None => None,
     };
     let new_kv = |i: usize, offset: usize| -> Result<Rows<T>, OpError> {
         Ok(if p.packed {
-            Rows { data: q, stride: p.q_width, offset }
+            Rows {
+                data: q,
+                stride: p.q_width,
+                offset,
+            }
         } else {
-            Rows { data: input(inputs, i)?.as_slice::<T>()?, stride: kv_heads * hs, offset: 0 }
+            Rows {
+                data: input(inputs, i)?.as_slice::<T>()?,
+                stride: kv_heads * hs,
+                offset: 0,
+            }
         })
     };
     let (k_new, v_new) = (new_kv(1, heads * hs)?, new_kv(2, (heads + kv_heads) * hs)?);
-    ka::append_kv(&k_new, &p.shape, &p.start, rope.as_ref(), pk.as_mut_slice::<T>()?).map_err(kernel_error)?;
-    ka::append_kv(&v_new, &p.shape, &p.start, None, pv.as_mut_slice::<T>()?).map_err(kernel_error)?;
+    ka::append_kv(
+        &k_new,
+        &p.shape,
+        &p.start,
+        rope.as_ref(),
+        pk.as_mut_slice::<T>()?,
+    )
+    .map_err(kernel_error)?;
+    ka::append_kv(&v_new, &p.shape, &p.start, None, pv.as_mut_slice::<T>()?)
+        .map_err(kernel_error)?;
 
     let mut rotated = None;
     if let Some(rope) = &rope {
         let mut t = ctx.alloc(dtype, [batch, seq, heads * hs])?;
-        let rows = Rows { data: q, stride: p.q_width, offset: 0 };
-        ka::rotate_query(&rows, &p.shape, &p.start, rope, t.as_mut_slice::<T>()?).map_err(kernel_error)?;
+        let rows = Rows {
+            data: q,
+            stride: p.q_width,
+            offset: 0,
+        };
+        ka::rotate_query(&rows, &p.shape, &p.start, rope, t.as_mut_slice::<T>()?)
+            .map_err(kernel_error)?;
         rotated = Some(t);
     }
     let q_rows = match &rotated {
-        Some(t) => Rows { data: t.as_slice::<T>()?, stride: heads * hs, offset: 0 },
-        None => Rows { data: q, stride: p.q_width, offset: 0 },
+        Some(t) => Rows {
+            data: t.as_slice::<T>()?,
+            stride: heads * hs,
+            offset: 0,
+        },
+        None => Rows {
+            data: q,
+            stride: p.q_width,
+            offset: 0,
+        },
     };
     let score = ScoreMod {
         scale: g.scale.unwrap_or(1.0 / (hs as f32).sqrt()),
@@ -276,8 +422,12 @@ fn gqa<T: Accum<Acc = f32> + Element>(
     )
     .map_err(kernel_error)?;
     let mut out = ctx.alloc(dtype, [batch, seq, heads * hs])?;
-    ka::heads_to_rows(by_head.as_slice::<T>()?, &p.shape, out.as_mut_slice::<T>()?).map_err(kernel_error)?;
-    for t in [Some(by_head), Some(scratch), rotated].into_iter().flatten() {
+    ka::heads_to_rows(by_head.as_slice::<T>()?, &p.shape, out.as_mut_slice::<T>()?)
+        .map_err(kernel_error)?;
+    for t in [Some(by_head), Some(scratch), rotated]
+        .into_iter()
+        .flatten()
+    {
         ctx.arena.release(t);
     }
     let mut outputs = vec![out, pk, pv];
@@ -292,9 +442,19 @@ fn rotary_layout(r: &Rotary, x: &Tensor, cos_cols: usize) -> Result<HeadsShape, 
     let shape = match *x.dims() {
         [batch, heads, seq, head_size] => {
             if r.kind == RotaryKind::Contrib && r.num_heads > 0 && r.num_heads != heads {
-                return Err(OpError::shape(format!("num_heads {} does not match input shape {}", r.num_heads, x.shape())));
+                return Err(OpError::shape(format!(
+                    "num_heads {} does not match input shape {}",
+                    r.num_heads,
+                    x.shape()
+                )));
             }
-            HeadsShape { batch, seq, heads, head_size, heads_first: true }
+            HeadsShape {
+                batch,
+                seq,
+                heads,
+                head_size,
+                heads_first: true,
+            }
         }
         [batch, seq, hidden] => {
             // com.microsoft derives the head size from the caches when rotary_embedding_dim
@@ -305,9 +465,17 @@ fn rotary_layout(r: &Rotary, x: &Tensor, cos_cols: usize) -> Result<HeadsShape, 
                 _ => return Err(OpError::value("num_heads must be set for a 3-D input")),
             };
             if heads == 0 || hidden % heads != 0 {
-                return Err(OpError::shape(format!("hidden size {hidden} is not a multiple of {heads} heads")));
+                return Err(OpError::shape(format!(
+                    "hidden size {hidden} is not a multiple of {heads} heads"
+                )));
             }
-            HeadsShape { batch, seq, heads, head_size: hidden / heads, heads_first: false }
+            HeadsShape {
+                batch,
+                seq,
+                heads,
+                head_size: hidden / heads,
+                heads_first: false,
+            }
         }
         _ => {
             return Err(OpError::shape(format!(
@@ -316,7 +484,10 @@ fn rotary_layout(r: &Rotary, x: &Tensor, cos_cols: usize) -> Result<HeadsShape, 
             )));
         }
     };
-    if r.kind == RotaryKind::Contrib && r.rotary_embedding_dim == 0 && 2 * cos_cols != shape.head_size {
+    if r.kind == RotaryKind::Contrib
+        && r.rotary_embedding_dim == 0
+        && 2 * cos_cols != shape.head_size
+    {
         return Err(OpError::shape(format!(
             "cos_cache has {cos_cols} columns; without rotary_embedding_dim it must have head_size / 2 = {}",
             shape.head_size / 2
@@ -325,10 +496,18 @@ fn rotary_layout(r: &Rotary, x: &Tensor, cos_cols: usize) -> Result<HeadsShape, 
     Ok(shape)
 }
 
-fn rotary<T: Accum<Acc = f32> + Element>(r: &Rotary, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+fn rotary<T: Accum<Acc = f32> + Element>(
+    r: &Rotary,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
     let x = input(inputs, 0)?;
     let (pos, cos, sin) = match r.kind {
-        RotaryKind::Contrib => (Some(input(inputs, 1)?), input(inputs, 2)?, input(inputs, 3)?),
+        RotaryKind::Contrib => (
+            Some(input(inputs, 1)?),
+            input(inputs, 2)?,
+            input(inputs, 3)?,
+        ),
         RotaryKind::Onnx => (opt_input(inputs, 3), input(inputs, 1)?, input(inputs, 2)?),
     };
     same_dtype(x, cos, "cos_cache")?;
@@ -336,7 +515,11 @@ fn rotary<T: Accum<Acc = f32> + Element>(r: &Rotary, inputs: &[Option<&Tensor>],
     expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
     let cos_cols = cos.dims().last().copied().unwrap_or(0);
     let shape = rotary_layout(r, x, cos_cols)?;
-    let rot_dim = if r.rotary_embedding_dim > 0 { r.rotary_embedding_dim } else { shape.head_size };
+    let rot_dim = if r.rotary_embedding_dim > 0 {
+        r.rotary_embedding_dim
+    } else {
+        shape.head_size
+    };
     if rot_dim > shape.head_size || rot_dim % 2 != 0 || cos_cols * 2 != rot_dim {
         return Err(OpError::shape(format!(
             "rotary_dim {rot_dim} must be even, at most head_size {} and twice the cos_cache width {cos_cols}",
@@ -346,23 +529,52 @@ fn rotary<T: Accum<Acc = f32> + Element>(r: &Rotary, inputs: &[Option<&Tensor>],
     let ids = pos.map(|p| read_i64s(p, "position_ids")).transpose()?;
     let (b, s) = (shape.batch, shape.seq);
     let positions = match (&ids, pos) {
-        (Some(ids), Some(p)) if r.kind == RotaryKind::Contrib && ids.len() == 1 && p.rank() <= 1 => Positions::Offset(ids[0]),
+        (Some(ids), Some(p))
+            if r.kind == RotaryKind::Contrib && ids.len() == 1 && p.rank() <= 1 =>
+        {
+            Positions::Offset(ids[0])
+        }
         (Some(ids), Some(p)) if p.dims() == [b, s] => Positions::Ids(ids),
         (Some(_), Some(p)) => {
-            return Err(OpError::shape(format!("position_ids must have shape [{b}, {s}], got {}", p.shape())));
+            return Err(OpError::shape(format!(
+                "position_ids must have shape [{b}, {s}], got {}",
+                p.shape()
+            )));
         }
         _ => Positions::PerToken,
     };
-    let cache_dims: &[usize] = if matches!(positions, Positions::PerToken) { &[b, s, cos_cols] } else { &[cos.dims().first().copied().unwrap_or(0), cos_cols] };
+    let cache_dims: &[usize] = if matches!(positions, Positions::PerToken) {
+        &[b, s, cos_cols]
+    } else {
+        &[cos.dims().first().copied().unwrap_or(0), cos_cols]
+    };
     if cos.dims() != cache_dims {
         return Err(OpError::shape(format!(
             "cos_cache must have shape {cache_dims:?} ({}), got {}",
-            if matches!(positions, Positions::PerToken) { "batch, sequence, rotary_dim / 2 without position_ids" } else { "positions, rotary_dim / 2" },
+            if matches!(positions, Positions::PerToken) {
+                "batch, sequence, rotary_dim / 2 without position_ids"
+            } else {
+                "positions, rotary_dim / 2"
+            },
             cos.shape()
         )));
     }
-    let rope = Rope::new(cos.as_slice::<T>()?, sin.as_slice::<T>()?, cos_cols, r.interleaved).map_err(kernel_error)?;
+    let rope = Rope::new(
+        cos.as_slice::<T>()?,
+        sin.as_slice::<T>()?,
+        cos_cols,
+        r.interleaved,
+    )
+    .map_err(kernel_error)?;
     let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
-    kr::rotary(x.as_slice::<T>()?, &shape, positions, &rope, out.as_mut_slice::<T>()?, ctx.pool).map_err(kernel_error)?;
+    kr::rotary(
+        x.as_slice::<T>()?,
+        &shape,
+        positions,
+        &rope,
+        out.as_mut_slice::<T>()?,
+        ctx.pool,
+    )
+    .map_err(kernel_error)?;
     Ok(out)
 }

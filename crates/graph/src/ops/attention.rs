@@ -27,8 +27,8 @@ pub struct GroupQueryAttention {
     pub scale: Option<f32>,
     /// `softcap * tanh(x / softcap)` on scaled scores when positive; 0 is off.
     pub softcap: f32,
-    /// Sliding window: a query at position `p` sees keys `p - w ..= p`. `None` for -1 (and
-    /// 0, which onnxruntime also treats as off).
+    /// Sliding window: a query at position `p` sees the `w` keys `p + 1 - w ..= p` (as
+    /// onnxruntime 1.32 does; 0 sees none and yields zeros). `None` for -1.
     pub local_window_size: Option<usize>,
     pub do_rotary: bool,
     pub rotary_interleaved: bool,
@@ -63,9 +63,16 @@ fn positive(ctx: &mut NodeCtx, name: &str) -> Result<usize, GraphError> {
 }
 
 /// An int attribute that this implementation supports only at `default`.
-fn only_default(ctx: &mut NodeCtx, name: &str, allowed: &[i64], why: &str) -> Result<(), GraphError> {
+fn only_default(
+    ctx: &mut NodeCtx,
+    name: &str,
+    allowed: &[i64],
+    why: &str,
+) -> Result<(), GraphError> {
     match ctx.int_opt(name)? {
-        Some(v) if !allowed.contains(&v) => Err(ctx.attr_error(name, format!("value {v} is not supported: {why}"))),
+        Some(v) if !allowed.contains(&v) => {
+            Err(ctx.attr_error(name, format!("value {v} is not supported: {why}")))
+        }
         _ => Ok(()),
     }
 }
@@ -105,7 +112,11 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
             return Err(ctx.invalid(format!("input {index} ({name}) is required")));
         }
     }
-    for (a, b, what) in [(1, 2, "key and value"), (3, 4, "past_key and past_value"), (7, 8, "cos_cache and sin_cache")] {
+    for (a, b, what) in [
+        (1, 2, "key and value"),
+        (3, 4, "past_key and past_value"),
+        (7, 8, "cos_cache and sin_cache"),
+    ] {
         if ctx.has_input(a) != ctx.has_input(b) {
             return Err(ctx.invalid(format!("inputs {what} must be both present or both absent")));
         }
@@ -120,16 +131,29 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     }
     let scale = ctx.float("scale", 0.0)?;
     if !scale.is_finite() || scale < 0.0 {
-        return Err(ctx.attr_error("scale", format!("must be finite and non-negative, got {scale}")));
+        return Err(ctx.attr_error(
+            "scale",
+            format!("must be finite and non-negative, got {scale}"),
+        ));
     }
     let softcap = ctx.float("softcap", 0.0)?;
     if !softcap.is_finite() || softcap < 0.0 {
-        return Err(ctx.attr_error("softcap", format!("must be finite and non-negative, got {softcap}")));
+        return Err(ctx.attr_error(
+            "softcap",
+            format!("must be finite and non-negative, got {softcap}"),
+        ));
     }
     let local_window_size = match ctx.int("local_window_size", -1)? {
-        -1 | 0 => None,
-        w if w > 0 => Some(usize::try_from(w).map_err(|_| ctx.attr_error("local_window_size", "is too large"))?),
-        w => return Err(ctx.attr_error("local_window_size", format!("must be -1 (off) or positive, got {w}"))),
+        -1 => None,
+        w if w >= 0 => Some(
+            usize::try_from(w).map_err(|_| ctx.attr_error("local_window_size", "is too large"))?,
+        ),
+        w => {
+            return Err(ctx.attr_error(
+                "local_window_size",
+                format!("must be -1 (off) or non-negative, got {w}"),
+            ));
+        }
     };
     let do_rotary = ctx.bool("do_rotary", false)?;
     let rotary_interleaved = ctx.bool("rotary_interleaved", false)?;
@@ -137,14 +161,37 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         return Err(ctx.invalid("do_rotary is 1 but cos_cache and sin_cache are absent"));
     }
     only_default(ctx, "causal", &[1], "only causal attention is implemented")?;
-    only_default(ctx, "smooth_softmax", &[-1, 0], "smooth softmax is not implemented")?;
-    only_default(ctx, "qk_output", &[0], "the output_qk output is not implemented")?;
-    only_default(ctx, "sliding_window_cache", &[0], "window-sized KV caches are not implemented")?;
-    only_default(ctx, "kv_cache_bit_width", &[0], "quantized KV caches are not implemented")?;
+    only_default(
+        ctx,
+        "smooth_softmax",
+        &[-1, 0],
+        "smooth softmax is not implemented",
+    )?;
+    only_default(
+        ctx,
+        "qk_output",
+        &[0],
+        "the output_qk output is not implemented",
+    )?;
+    only_default(
+        ctx,
+        "sliding_window_cache",
+        &[0],
+        "window-sized KV caches are not implemented",
+    )?;
+    only_default(
+        ctx,
+        "kv_cache_bit_width",
+        &[0],
+        "quantized KV caches are not implemented",
+    )?;
     for name in ["k_quant_type", "v_quant_type"] {
         let v = ctx.string(name, "NONE")?;
         if v != "NONE" {
-            return Err(ctx.attr_error(name, format!("'{v}' is not supported: quantized KV caches are not implemented")));
+            return Err(ctx.attr_error(
+                name,
+                format!("'{v}' is not supported: quantized KV caches are not implemented"),
+            ));
         }
     }
     for name in ["qk_norm_epsilon", "q_norm_epsilon", "k_norm_epsilon"] {
@@ -170,31 +217,47 @@ fn rotary(ctx: &mut NodeCtx, kind: RotaryKind) -> Result<Op, GraphError> {
     let interleaved = ctx.bool("interleaved", false)?;
     let mut count = |name: &str| -> Result<usize, GraphError> {
         let v = ctx.int(name, 0)?;
-        usize::try_from(v).map_err(|_| ctx.attr_error(name, format!("must be non-negative, got {v}")))
+        usize::try_from(v)
+            .map_err(|_| ctx.attr_error(name, format!("must be non-negative, got {v}")))
     };
     let rotary_embedding_dim = count("rotary_embedding_dim")?;
     let num_heads = count("num_heads")?;
     if rotary_embedding_dim % 2 != 0 {
-        return Err(ctx.attr_error("rotary_embedding_dim", format!("must be even, got {rotary_embedding_dim}")));
+        return Err(ctx.attr_error(
+            "rotary_embedding_dim",
+            format!("must be even, got {rotary_embedding_dim}"),
+        ));
     }
     if kind == RotaryKind::Contrib {
         if rotary_embedding_dim > 0 && num_heads == 0 {
             return Err(ctx.attr_error("num_heads", "must be set when rotary_embedding_dim is"));
         }
         if ctx.bool("is_packed_batching", false)? {
-            return Err(ctx.attr_error("is_packed_batching", "ragged (packed) batches are not supported"));
+            return Err(ctx.attr_error(
+                "is_packed_batching",
+                "ragged (packed) batches are not supported",
+            ));
         }
         // onnxruntime's CPU kernel reads `scale` but only uses it to extend the caches, which
         // it does not implement either; positions past the caches are errors here.
         ctx.float_opt("scale")?;
     }
-    Ok(Op::Rotary(Rotary { kind, interleaved, rotary_embedding_dim, num_heads }))
+    Ok(Op::Rotary(Rotary {
+        kind,
+        interleaved,
+        rotary_embedding_dim,
+        num_heads,
+    }))
 }
 
 pub(super) fn specs() -> Vec<OpSpec> {
     vec![
         OpSpec::new("com.microsoft", "GroupQueryAttention", 1, gqa),
-        OpSpec::new("com.microsoft", "RotaryEmbedding", 1, |ctx| rotary(ctx, RotaryKind::Contrib)),
-        OpSpec::new("", "RotaryEmbedding", 23, |ctx| rotary(ctx, RotaryKind::Onnx)),
+        OpSpec::new("com.microsoft", "RotaryEmbedding", 1, |ctx| {
+            rotary(ctx, RotaryKind::Contrib)
+        }),
+        OpSpec::new("", "RotaryEmbedding", 23, |ctx| {
+            rotary(ctx, RotaryKind::Onnx)
+        }),
     ]
 }
