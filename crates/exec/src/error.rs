@@ -46,3 +46,13 @@ pub enum ExecError {
     #[error(transparent)]
     Runtime(#[from] oxgen_runtime::RuntimeError),
 }
+
+/// Kernel errors keep their message; bad indices are value errors, the rest shape errors.
+impl From<oxgen_kernels::layout::LayoutError> for OpError {
+    fn from(e: oxgen_kernels::layout::LayoutError) -> Self {
+        match e {
+            oxgen_kernels::layout::LayoutError::Index { .. } => OpError::value(e.to_string()),
+            _ => OpError::shape(e.to_string()),
+        }
+    }
+}

@@ -39,12 +39,19 @@ impl Plan {
                     .iter()
                     .copied()
                     .filter(|&k| {
-                        let Some(Some(v)) = node.inputs.get(k) else { return false };
-                        last_use[v.0] == Some(i) && node.inputs.iter().filter(|w| **w == Some(*v)).count() == 1
+                        let Some(Some(v)) = node.inputs.get(k) else {
+                            return false;
+                        };
+                        last_use[v.0] == Some(i)
+                            && node.inputs.iter().filter(|w| **w == Some(*v)).count() == 1
                     })
                     .collect()
             })
             .collect();
-        Plan { graph, last_use, donations }
+        Plan {
+            graph,
+            last_use,
+            donations,
+        }
     }
 }

@@ -2,62 +2,11 @@
 //! longer cover (attributes instead of inputs), spec edge cases, non-float dtypes, and bad
 //! inputs that must come back as errors naming the node rather than panics.
 
-use oxgen_exec::{ExecOptions, NativeSession};
-use oxgen_graph::Graph;
-use oxgen_onnx::proto::AttributeProto;
-use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
-use oxgen_runtime::Session;
-use oxgen_tensor::{Element, Tensor};
+use oxgen_onnx::writer::attr;
+use oxgen_tensor::Tensor;
 
-/// Runs one `op_type` node at `opset` on `inputs` (named i0, i1, ...; `None` leaves an optional
-/// input empty) and returns its `n_out` outputs, or the error message.
-fn run(
-    op_type: &str,
-    opset: i64,
-    inputs: &[Option<Tensor>],
-    attrs: Vec<AttributeProto>,
-    n_out: usize,
-) -> Result<Vec<Tensor>, String> {
-    let mut b = ModelBuilder::new("oxgen-test");
-    b.opset("", opset);
-    let mut names = Vec::new();
-    let mut feeds = Vec::new();
-    for (i, t) in inputs.iter().enumerate() {
-        match t {
-            Some(t) => {
-                let name = format!("i{i}");
-                let dims: Vec<Dim> = t.dims().iter().map(|&d| Dim::Fixed(d)).collect();
-                b.input(&name, t.dtype(), &dims);
-                feeds.push((name.clone(), t.clone()));
-                names.push(name);
-            }
-            None => names.push(String::new()),
-        }
-    }
-    let outs: Vec<String> = (0..n_out).map(|i| format!("o{i}")).collect();
-    for o in &outs {
-        b.output(
-            o,
-            inputs[0]
-                .as_ref()
-                .map_or(oxgen_tensor::DType::F32, |t| t.dtype()),
-            &[],
-        );
-    }
-    let in_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let out_refs: Vec<&str> = outs.iter().map(String::as_str).collect();
-    b.node(op_type, "", "the_node", &in_refs, &out_refs, attrs);
-    let bytes = prost::Message::encode_to_vec(&b.build());
-    let model = oxgen_onnx::Model::from_bytes(bytes.into(), None).map_err(|e| e.to_string())?;
-    let graph = Graph::from_model(&model).map_err(|e| e.to_string())?;
-    let mut s = NativeSession::new(graph, &ExecOptions { threads: 1 });
-    let out = s.run(feeds).map_err(|e| e.to_string())?;
-    Ok(out.into_iter().map(|(_, t)| t).collect())
-}
-
-fn t<T: Element>(dims: &[usize], v: &[T]) -> Option<Tensor> {
-    Some(Tensor::from_slice(dims, v).unwrap())
-}
+mod common;
+use common::*;
 
 fn ints(v: &[i64]) -> Option<Tensor> {
     t(&[v.len()], v)
@@ -66,16 +15,6 @@ fn ints(v: &[i64]) -> Option<Tensor> {
 fn iota(dims: &[usize]) -> Option<Tensor> {
     let n: usize = dims.iter().product();
     t(dims, &(0..n as i32).collect::<Vec<_>>())
-}
-
-fn vals<T: Element>(t: &Tensor) -> Vec<T> {
-    t.as_slice::<T>().unwrap().to_vec()
-}
-
-fn err(r: Result<Vec<Tensor>, String>) -> String {
-    let e = r.expect_err("the op should fail");
-    assert!(e.contains("the_node"), "error should name the node: {e}");
-    e
 }
 
 #[test]
@@ -416,6 +355,15 @@ fn trilu_k_input_and_scatter_reductions() {
 
 #[test]
 fn an_output_too_large_to_allocate_is_an_error_not_an_abort() {
-    let e = err(run("ConstantOfShape", 21, &[ints(&[1 << 40, 1 << 20])], vec![], 1));
-    assert!(e.contains("cannot allocate") && e.contains("out of memory"), "{e}");
+    let e = err(run(
+        "ConstantOfShape",
+        21,
+        &[ints(&[1 << 40, 1 << 20])],
+        vec![],
+        1,
+    ));
+    assert!(
+        e.contains("cannot allocate") && e.contains("out of memory"),
+        "{e}"
+    );
 }

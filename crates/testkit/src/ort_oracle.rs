@@ -17,19 +17,15 @@ pub fn python() -> String {
     })
 }
 
-/// Runs `model` on onnxruntime's CPU provider (one thread, graph optimizations off) and
-/// returns its outputs in order.
-pub fn run(model: &Path, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    for (k, (name, t)) in inputs.iter().enumerate() {
-        oxgen_onnx::save_tensor_file(&dir.path().join(format!("input_{k}.pb")), name, t)
-            .map_err(|e| e.to_string())?;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/ort_run.py");
+/// Runs `crates/testkit/python/SCRIPT MODEL DIR` with the oracle's interpreter.
+fn run_script(script: &str, model: &Path, dir: &Path) -> Result<(), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(script);
     let out = Command::new(python())
         .arg(&script)
         .arg(model)
-        .arg(dir.path())
+        .arg(dir)
         .output()
         .map_err(|e| format!("starting {}: {e}", python()))?;
     if !out.status.success() {
@@ -39,6 +35,18 @@ pub fn run(model: &Path, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, Str
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
+    Ok(())
+}
+
+/// Runs `model` on onnxruntime's CPU provider (one thread, graph optimizations off) and
+/// returns its outputs in order.
+pub fn run(model: &Path, inputs: &[(String, Tensor)]) -> Result<Vec<Tensor>, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    for (k, (name, t)) in inputs.iter().enumerate() {
+        oxgen_onnx::save_tensor_file(&dir.path().join(format!("input_{k}.pb")), name, t)
+            .map_err(|e| e.to_string())?;
+    }
+    run_script("ort_run.py", model, dir.path())?;
     let mut outputs = Vec::new();
     for k in 0.. {
         let path = dir.path().join(format!("output_{k}.pb"));
@@ -61,20 +69,7 @@ pub fn step_lm(model: &Path, steps: &[Vec<u32>]) -> Result<Tensor, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let spec = serde_json::json!({ "steps": steps });
     std::fs::write(dir.path().join("steps.json"), spec.to_string()).map_err(|e| e.to_string())?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/ort_lm.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .arg(model)
-        .arg(dir.path())
-        .output()
-        .map_err(|e| format!("starting {}: {e}", python()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "onnxruntime failed on {}: {}",
-            model.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
+    run_script("ort_lm.py", model, dir.path())?;
     oxgen_onnx::load_tensor_file(&dir.path().join("logits.pb"))
         .map(|(_, t)| t)
         .map_err(|e| e.to_string())

@@ -27,7 +27,6 @@ use oxgen_kernels::attention::{self as ka, GqaShape, Rows, ScoreMod};
 use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
 use oxgen_tensor::{DType, Element, Tensor};
 
-use super::reduce::kernel_error;
 use super::{OpCtx, input, opt_input, owned_input, read_i64s};
 use crate::OpError;
 
@@ -332,7 +331,7 @@ fn gqa<T: Accum<Acc = f32> + Element>(
                     &p.shape,
                     &p.start,
                 )
-                .map_err(kernel_error)?;
+                .map_err(OpError::from)?;
             }
         }
         (pk, pv)
@@ -346,7 +345,7 @@ fn gqa<T: Accum<Acc = f32> + Element>(
                 half,
                 g.rotary_interleaved,
             )
-            .map_err(kernel_error)?,
+            .map_err(OpError::from)?,
         ),
         None => None,
     };
@@ -373,9 +372,9 @@ fn gqa<T: Accum<Acc = f32> + Element>(
         rope.as_ref(),
         pk.as_mut_slice::<T>()?,
     )
-    .map_err(kernel_error)?;
+    .map_err(OpError::from)?;
     ka::append_kv(&v_new, &p.shape, &p.start, None, pv.as_mut_slice::<T>()?)
-        .map_err(kernel_error)?;
+        .map_err(OpError::from)?;
 
     let mut rotated = None;
     if let Some(rope) = &rope {
@@ -386,7 +385,7 @@ fn gqa<T: Accum<Acc = f32> + Element>(
             offset: 0,
         };
         ka::rotate_query(&rows, &p.shape, &p.start, rope, t.as_mut_slice::<T>()?)
-            .map_err(kernel_error)?;
+            .map_err(OpError::from)?;
         rotated = Some(t);
     }
     let q_rows = match &rotated {
@@ -420,10 +419,10 @@ fn gqa<T: Accum<Acc = f32> + Element>(
         scratch.as_mut_slice::<f32>()?,
         ctx.pool,
     )
-    .map_err(kernel_error)?;
+    .map_err(OpError::from)?;
     let mut out = ctx.alloc(dtype, [batch, seq, heads * hs])?;
     ka::heads_to_rows(by_head.as_slice::<T>()?, &p.shape, out.as_mut_slice::<T>()?)
-        .map_err(kernel_error)?;
+        .map_err(OpError::from)?;
     for t in [Some(by_head), Some(scratch), rotated]
         .into_iter()
         .flatten()
@@ -565,7 +564,7 @@ fn rotary<T: Accum<Acc = f32> + Element>(
         cos_cols,
         r.interleaved,
     )
-    .map_err(kernel_error)?;
+    .map_err(OpError::from)?;
     let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
     kr::rotary(
         x.as_slice::<T>()?,
@@ -575,6 +574,6 @@ fn rotary<T: Accum<Acc = f32> + Element>(
         out.as_mut_slice::<T>()?,
         ctx.pool,
     )
-    .map_err(kernel_error)?;
+    .map_err(OpError::from)?;
     Ok(out)
 }

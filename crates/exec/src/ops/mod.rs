@@ -69,9 +69,13 @@ pub fn run(
         Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => {
             reduce::run(op, inputs, n_outputs, ctx)
         }
-        Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) => nn::run(op, inputs, n_outputs, ctx),
+        Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) => {
+            nn::run(op, inputs, n_outputs, ctx)
+        }
         Op::MatMulNBits(_) | Op::GatherBlockQuantized(_) => quant::run(op, inputs, n_outputs, ctx),
-        Op::GroupQueryAttention(_) | Op::Rotary(_) => attention::run(op, inputs, donated, n_outputs, ctx),
+        Op::GroupQueryAttention(_) | Op::Rotary(_) => {
+            attention::run(op, inputs, donated, n_outputs, ctx)
+        }
     }
 }
 
@@ -86,7 +90,11 @@ pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, 
 
 /// Input `i` as an owned tensor to update in place: the donated one when the executor
 /// handed it over, else a copy of the lent one.
-pub fn owned_input(inputs: &[Option<&Tensor>], donated: &mut [Option<Tensor>], i: usize) -> Result<Tensor, OpError> {
+pub fn owned_input(
+    inputs: &[Option<&Tensor>],
+    donated: &mut [Option<Tensor>],
+    i: usize,
+) -> Result<Tensor, OpError> {
     match donated.get_mut(i).and_then(Option::take) {
         Some(t) => Ok(t),
         None => Ok(input(inputs, i)?.clone()),

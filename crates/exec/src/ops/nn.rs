@@ -21,7 +21,6 @@ use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm::{self as kn, LayerNormStats, Residual};
 use oxgen_tensor::{DType, Element, Tensor};
 
-use super::reduce::kernel_error;
 use super::{OpCtx, input, norm_axis, opt_input};
 use crate::OpError;
 
@@ -116,7 +115,7 @@ fn matmul(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     }
     let mut out = ctx.alloc(a.dtype(), out_dims)?;
     let (ao, bo) = batch_offsets(a_batch, b_batch, &batch, m * k, k * n);
-    dispatch!(a.dtype(), T => km::matmul_batched(a.as_slice::<T>()?, b.as_slice::<T>()?, out.as_mut_slice::<T>()?, &ao, &bo, m, k, n, ctx.pool).map_err(kernel_error);
+    dispatch!(a.dtype(), T => km::matmul_batched(a.as_slice::<T>()?, b.as_slice::<T>()?, out.as_mut_slice::<T>()?, &ao, &bo, m, k, n, ctx.pool).map_err(OpError::from);
         [F32, F64, F16, BF16, I32, I64, U32, U64])?;
     Ok(out)
 }
@@ -138,7 +137,7 @@ fn oriented(
         return Ok((None, r, c));
     }
     let mut out = ctx.alloc(t.dtype(), [c, r])?;
-    dispatch_num!(t.dtype(), T => oxgen_kernels::transpose::transpose(t.as_slice::<T>()?, &[r, c], &[1, 0], out.as_mut_slice::<T>()?).map_err(kernel_error))?;
+    dispatch_num!(t.dtype(), T => oxgen_kernels::transpose::transpose(t.as_slice::<T>()?, &[r, c], &[1, 0], out.as_mut_slice::<T>()?).map_err(OpError::from))?;
     Ok((Some(out), c, r))
 }
 
@@ -206,7 +205,7 @@ fn gemm(g: &Gemm, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor,
                 (Some(c), Some((row_stride, col_stride))) => Some(Bias { data: c.as_slice::<T>()?, row_stride, col_stride }),
                 _ => None,
             };
-            km::gemm(a_src.as_slice::<T>()?, b_src.as_slice::<T>()?, out.as_mut_slice::<T>()?, m, k, n, alpha, beta, bias, ctx.pool).map_err(kernel_error)
+            km::gemm(a_src.as_slice::<T>()?, b_src.as_slice::<T>()?, out.as_mut_slice::<T>()?, m, k, n, alpha, beta, bias, ctx.pool).map_err(OpError::from)
         }; [F32, F64, F16, BF16, I32, I64, U32, U64])?;
         Ok(out)
     })();
@@ -287,7 +286,7 @@ where
                 .transpose()?,
             ctx.pool,
         )
-        .map_err(kernel_error)?;
+        .map_err(OpError::from)?;
         return Ok([y].into_iter().chain(inv).collect());
     }
     let bias = match opt_input(inputs, 2) {
@@ -309,7 +308,7 @@ where
             None,
             ctx.pool,
         )
-        .map_err(kernel_error)?;
+        .map_err(OpError::from)?;
         return Ok(vec![y]);
     }
     let mut mean = ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice())?;
@@ -329,7 +328,7 @@ where
         Some(stats),
         ctx.pool,
     )
-    .map_err(kernel_error)?;
+    .map_err(OpError::from)?;
     Ok(vec![y, mean, inv])
 }
 
@@ -440,7 +439,7 @@ where
             .transpose()?,
         ctx.pool,
     )
-    .map_err(kernel_error)?;
+    .map_err(OpError::from)?;
     Ok([Some(y), mean, inv, sum].into_iter().flatten().collect())
 }
 

@@ -11,7 +11,6 @@ use oxgen_kernels::matmul_nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoi
 use oxgen_kernels::quant::{self, QuantRows};
 use oxgen_tensor::{DType, Tensor};
 
-use super::reduce::kernel_error;
 use super::{OpCtx, input, norm_axis, opt_input};
 use crate::OpError;
 
@@ -66,7 +65,7 @@ fn matmul_nbits(
     if opt_input(inputs, 4).is_some() {
         return Err(OpError::value("input g_idx is not supported"));
     }
-    let layout = NBitsLayout::new(op.n, op.k, op.bits, op.block_size).map_err(kernel_error)?;
+    let layout = NBitsLayout::new(op.n, op.k, op.bits, op.block_size).map_err(OpError::from)?;
     let (n, k) = (op.n, op.k);
     let Some((&a_k, batch)) = a.dims().split_last() else {
         return Err(OpError::shape(
@@ -123,7 +122,7 @@ fn matmul_nbits(
         };
         let w = QuantWeights { layout, data: b.as_slice::<u8>()?, scales: scales.as_slice::<T>()?, zero_points };
         let bias = bias.map(|t| t.as_slice::<T>()).transpose()?;
-        kq::matmul_nbits(a.as_slice::<T>()?, m, &w, bias, out.as_mut_slice::<T>()?, ctx.pool).map_err(kernel_error)
+        kq::matmul_nbits(a.as_slice::<T>()?, m, &w, bias, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from)
     }; [F32, F16, BF16])?;
     Ok(out)
 }
@@ -203,7 +202,7 @@ fn gather_block_quantized(
             DType::I32 => quant::gather_block_quantized(&src, group, indices.as_slice::<i32>()?, out_slice, ctx.pool),
             other => return Err(OpError::DType { dtype: other, detail: " for indices: expected int32 or int64".into() }),
         }
-        .map_err(kernel_error)
+        .map_err(OpError::from)
     }; [F32, F16, BF16])?;
     Ok(out)
 }

@@ -9,7 +9,6 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
 use oxgen_kernels::acc::Accum;
-use oxgen_kernels::layout::LayoutError;
 use oxgen_kernels::reduce::{self as kr, ReduceOp};
 use oxgen_kernels::softmax::{self as ks, SoftmaxKind};
 use oxgen_tensor::{DType, Element, Tensor};
@@ -31,10 +30,6 @@ pub(super) fn run(
         Op::Softmax(s) => softmax(s, input(inputs, 0)?, ctx).map(|t| vec![t]),
         _ => unreachable!("ops::run routes only reductions here"),
     }
-}
-
-pub(super) fn kernel_error(e: LayoutError) -> OpError {
-    OpError::shape(e.to_string())
 }
 
 /// `(outer, n, inner)` around axis `axis` of `dims`.
@@ -152,7 +147,7 @@ fn reduce_typed<T: Accum + Element>(
                 perm,
                 t.as_mut_slice::<T>()?,
             )
-            .map_err(kernel_error)?;
+            .map_err(OpError::from)?;
             Some(t)
         }
         None => None,
@@ -167,7 +162,7 @@ fn reduce_typed<T: Accum + Element>(
         out.as_mut_slice::<T>()?,
         ctx.pool,
     )
-    .map_err(kernel_error);
+    .map_err(OpError::from);
     if let Some(t) = permuted {
         ctx.arena.release(t);
     }
@@ -232,7 +227,7 @@ fn arg_reduce(a: &ArgReduce, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpEr
         .collect();
     let mut out = ctx.alloc(DType::I64, out_dims)?;
     let (max, last) = (a.max, a.select_last_index);
-    dispatch_num!(x.dtype(), T => kr::arg_reduce(x.as_slice::<T>()?, outer, n, inner, max, last, out.as_mut_slice::<i64>()?, ctx.pool).map_err(kernel_error))?;
+    dispatch_num!(x.dtype(), T => kr::arg_reduce(x.as_slice::<T>()?, outer, n, inner, max, last, out.as_mut_slice::<i64>()?, ctx.pool).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -264,7 +259,7 @@ fn top_k(t: &TopK, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Vec<Te
     let mut values = ctx.alloc(x.dtype(), out_dims.as_slice())?;
     let mut indices = ctx.alloc(DType::I64, out_dims)?;
     let largest = t.largest;
-    dispatch_num!(x.dtype(), T => kr::top_k(x.as_slice::<T>()?, outer, n, inner, k, largest, values.as_mut_slice::<T>()?, indices.as_mut_slice::<i64>()?, ctx.pool).map_err(kernel_error))?;
+    dispatch_num!(x.dtype(), T => kr::top_k(x.as_slice::<T>()?, outer, n, inner, k, largest, values.as_mut_slice::<T>()?, indices.as_mut_slice::<i64>()?, ctx.pool).map_err(OpError::from))?;
     Ok(vec![values, indices])
 }
 
@@ -283,7 +278,7 @@ fn cumsum(c: &CumSum, x: &Tensor, axis: &Tensor, ctx: &mut OpCtx) -> Result<Tens
     let (outer, n, inner) = split_at_axis(dims, axis);
     let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
     let (exclusive, reverse) = (c.exclusive, c.reverse);
-    dispatch_num!(x.dtype(), T => kr::cumsum(x.as_slice::<T>()?, outer, n, inner, exclusive, reverse, out.as_mut_slice::<T>()?, ctx.pool).map_err(kernel_error))?;
+    dispatch_num!(x.dtype(), T => kr::cumsum(x.as_slice::<T>()?, outer, n, inner, exclusive, reverse, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -306,6 +301,6 @@ fn softmax(s: &Softmax, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> 
         (false, false) => SoftmaxKind::Softmax,
     };
     let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
-    dispatch_float!(x.dtype(), T => ks::softmax(kind, x.as_slice::<T>()?, outer, n, inner, out.as_mut_slice::<T>()?, ctx.pool).map_err(kernel_error))?;
+    dispatch_float!(x.dtype(), T => ks::softmax(kind, x.as_slice::<T>()?, outer, n, inner, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from))?;
     Ok(out)
 }

@@ -11,7 +11,7 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{ScatterND, ScatterReduction, Slice, Split, Squeeze};
 use oxgen_kernels::broadcast::broadcast_shape;
-use oxgen_kernels::layout::{self, LayoutError};
+use oxgen_kernels::layout;
 use oxgen_kernels::{Scalar, gather, transpose};
 use oxgen_tensor::{DType, Element, Tensor};
 
@@ -56,14 +56,6 @@ pub(super) fn run(
         .map(one),
         Op::Trilu { upper } => trilu(input(inputs, 0)?, opt_input(inputs, 1), *upper, ctx).map(one),
         _ => unreachable!("ops::run routes only shape ops here"),
-    }
-}
-
-/// Kernel errors keep their message; bad indices are value errors, the rest shape errors.
-fn kernel_err(e: LayoutError) -> OpError {
-    match e {
-        LayoutError::Index { .. } => OpError::value(e.to_string()),
-        _ => OpError::shape(e.to_string()),
     }
 }
 
@@ -282,7 +274,7 @@ fn transpose_op(x: &Tensor, perm: Option<&[i64]>, ctx: &mut OpCtx) -> Result<Ten
     };
     let out_dims = transpose::transposed_dims(x.dims(), &perm);
     let mut out = ctx.alloc(x.dtype(), out_dims)?;
-    dispatch_any!(x.dtype(), T => transpose::transpose(x.as_slice::<T>()?, x.dims(), &perm, out.as_mut_slice::<T>()?).map_err(kernel_err))?;
+    dispatch_any!(x.dtype(), T => transpose::transpose(x.as_slice::<T>()?, x.dims(), &perm, out.as_mut_slice::<T>()?).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -331,7 +323,7 @@ fn concat(inputs: &[Option<&Tensor>], axis: i64, ctx: &mut OpCtx) -> Result<Tens
     let mut out = ctx.alloc(first.dtype(), out_dims)?;
     dispatch_any!(first.dtype(), T => {
         let slices: Vec<&[T]> = parts.iter().map(|p| p.as_slice::<T>()).collect::<Result<_, _>>()?;
-        layout::concat(&slices, outer, &part_inner, out.as_mut_slice::<T>()?).map_err(kernel_err)
+        layout::concat(&slices, outer, &part_inner, out.as_mut_slice::<T>()?).map_err(OpError::from)
     })?;
     Ok(out)
 }
@@ -409,7 +401,7 @@ fn split(
     let part_inner: Vec<usize> = sizes.iter().map(|&s| s * inner).collect();
     dispatch_any!(x.dtype(), T => {
         let mut slices: Vec<&mut [T]> = outs.iter_mut().map(|o| o.as_mut_slice::<T>()).collect::<Result<_, _>>()?;
-        layout::split(x.as_slice::<T>()?, outer, &part_inner, &mut slices).map_err(kernel_err)
+        layout::split(x.as_slice::<T>()?, outer, &part_inner, &mut slices).map_err(OpError::from)
     })?;
     Ok(outs)
 }
@@ -481,7 +473,7 @@ fn slice(s: &Slice, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tenso
         (first[a], step[a], out_dims[a]) = slice_axis(starts[k], ends[k], steps[k], x.dims()[a]);
     }
     let mut out = ctx.alloc(x.dtype(), out_dims.as_slice())?;
-    dispatch_any!(x.dtype(), T => layout::slice(x.as_slice::<T>()?, x.dims(), &first, &step, &out_dims, out.as_mut_slice::<T>()?).map_err(kernel_err))?;
+    dispatch_any!(x.dtype(), T => layout::slice(x.as_slice::<T>()?, x.dims(), &first, &step, &out_dims, out.as_mut_slice::<T>()?).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -496,7 +488,7 @@ fn expand(x: &Tensor, shape: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError
     })?;
     checked_numel(&out_dims)?;
     let mut out = ctx.alloc(x.dtype(), out_dims.as_slice())?;
-    dispatch_any!(x.dtype(), T => layout::expand(x.as_slice::<T>()?, x.dims(), &out_dims, out.as_mut_slice::<T>()?).map_err(kernel_err))?;
+    dispatch_any!(x.dtype(), T => layout::expand(x.as_slice::<T>()?, x.dims(), &out_dims, out.as_mut_slice::<T>()?).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -520,7 +512,7 @@ fn tile(x: &Tensor, repeats: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError
         })?;
     checked_numel(&out_dims)?;
     let mut out = ctx.alloc(x.dtype(), out_dims)?;
-    dispatch_any!(x.dtype(), T => layout::tile(x.as_slice::<T>()?, x.dims(), &reps, out.as_mut_slice::<T>()?).map_err(kernel_err))?;
+    dispatch_any!(x.dtype(), T => layout::tile(x.as_slice::<T>()?, x.dims(), &reps, out.as_mut_slice::<T>()?).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -625,7 +617,7 @@ fn gather_op(
         .collect();
     checked_numel(&out_dims)?;
     let mut out = ctx.alloc(data.dtype(), out_dims)?;
-    dispatch_any!(data.dtype(), T => gather::gather(data.as_slice::<T>()?, dd, axis, &idx, out.as_mut_slice::<T>()?).map_err(kernel_err))?;
+    dispatch_any!(data.dtype(), T => gather::gather(data.as_slice::<T>()?, dd, axis, &idx, out.as_mut_slice::<T>()?).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -646,7 +638,7 @@ fn gather_elements(
     }
     let mut out = ctx.alloc(data.dtype(), indices.shape().clone())?;
     dispatch_any!(data.dtype(), T => {
-        gather::gather_elements(data.as_slice::<T>()?, data.dims(), axis, &idx, indices.dims(), out.as_mut_slice::<T>()?).map_err(kernel_err)
+        gather::gather_elements(data.as_slice::<T>()?, data.dims(), axis, &idx, indices.dims(), out.as_mut_slice::<T>()?).map_err(OpError::from)
     })?;
     Ok(out)
 }
@@ -674,7 +666,7 @@ fn scatter_typed<T: Scalar + Element>(
         updates.as_slice::<T>()?,
         f,
     )
-    .map_err(kernel_err)
+    .map_err(OpError::from)
 }
 
 fn scatter_nd(
@@ -718,7 +710,7 @@ fn scatter_nd(
     out.as_mut_bytes().copy_from_slice(data.as_bytes());
     match s.reduction {
         ScatterReduction::None => dispatch_any!(data.dtype(), T => {
-            gather::scatter_nd(out.as_mut_slice::<T>()?, data.dims(), &idx, indices.dims(), updates.as_slice::<T>()?, |_, u| u).map_err(kernel_err)
+            gather::scatter_nd(out.as_mut_slice::<T>()?, data.dims(), &idx, indices.dims(), updates.as_slice::<T>()?, |_, u| u).map_err(OpError::from)
         })?,
         r => {
             dispatch_num!(data.dtype(), T => scatter_typed::<T>(&mut out, data, &idx, indices, updates, r))?
@@ -741,7 +733,7 @@ fn trilu(x: &Tensor, k: Option<&Tensor>, upper: bool, ctx: &mut OpCtx) -> Result
     };
     let (rows, cols) = (x.dims()[r - 2], x.dims()[r - 1]);
     let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
-    dispatch_any!(x.dtype(), T => layout::trilu(x.as_slice::<T>()?, rows, cols, k, upper, T::default(), out.as_mut_slice::<T>()?).map_err(kernel_err))?;
+    dispatch_any!(x.dtype(), T => layout::trilu(x.as_slice::<T>()?, rows, cols, k, upper, T::default(), out.as_mut_slice::<T>()?).map_err(OpError::from))?;
     Ok(out)
 }
 
