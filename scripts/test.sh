@@ -2,12 +2,13 @@
 # The whole test suite, on a fresh machine. Installs what the tests need into a cache
 # ($OXGEN_TEST_CACHE, default .cache/ in the repository), reused on later runs:
 #   - a Python virtual environment with the pinned onnx wheel (its backend node tests are the
-#     op conformance suite) and onnxruntime (the oracle native kernels are compared with);
+#     op conformance suite), onnxruntime (the oracle native kernels are compared with) and
+#     gguf (the reference GGUF dequantizer);
 # then runs the conformance suite and every crate's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6)
+PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0)
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
 VENV="$CACHE/venv"
 STAMP="$VENV/.installed-$(echo "${PY_PACKAGES[*]}" | cksum | cut -d' ' -f1)"

@@ -1,0 +1,273 @@
+//! ggml block formats and their dequantization to f32.
+//!
+//! Each quantized block is a `#[repr(C)]` struct with the exact size and field order of its
+//! ggml definition in `ggml/src/ggml-common.h` (`block_q4_0`, `block_q4_1`, `block_q8_0`);
+//! dequantization follows `dequantize_row_*` in `ggml/src/ggml-quants.c` and gguf-py's
+//! `gguf/quants.py`, operation for operation, so results are bit-identical to both (tests
+//! compare with gguf-py 0.19.0). All multi-byte fields are little-endian.
+//!
+//! The plain element types (F32, F16, BF16) are blocks of one element; they implement
+//! [`Block`] directly on `f32`, [`half::f16`] and [`half::bf16`] rather than through a
+//! one-field wrapper, which would add nothing.
+//!
+//! Blocks in a file need not be aligned for their struct (alignment 2 for the f16 fields), so
+//! [`dequantize_blocks`] reads each block with an unaligned copy.
+
+use std::mem::size_of;
+
+use half::{bf16, f16};
+
+use crate::GgmlType;
+
+/// A ggml block: `ELEMS` consecutive elements of a row in `size_of::<Self>()` bytes.
+pub trait Block: bytemuck::Pod {
+    /// The tensor type whose data is an array of these blocks.
+    const GGML_TYPE: GgmlType;
+    /// Elements per block.
+    const ELEMS: usize;
+    /// Writes the block's `ELEMS` values to `out[..ELEMS]`.
+    fn dequantize(&self, out: &mut [f32]);
+}
+
+/// Elements per block of the 4- and 8-bit formats (`QK4_0`, `QK4_1`, `QK8_0` in ggml).
+pub const QK: usize = 32;
+
+/// ggml `block_q4_0`: 32 weights as 4-bit codes sharing one f16 scale (18 bytes).
+///
+/// ```text
+/// bytes 0..2   d   f16 scale
+/// bytes 2..18  qs  16 bytes: byte j = element j (low nibble) | element j + 16 (high nibble)
+/// value[i] = (q[i] - 8) * d          q[i] in 0..=15
+/// ```
+///
+/// Note the nibble order: the low nibbles hold the first half of the block and the high
+/// nibbles the second half — not elements 2j and 2j + 1 as ONNX packs int4
+/// (see [`crate::repack`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ4_0 {
+    pub d: f16,
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(size_of::<BlockQ4_0>() == 18);
+
+/// ggml `block_q4_1`: 32 weights as 4-bit codes with an f16 scale and an f16 minimum
+/// (20 bytes).
+///
+/// ```text
+/// bytes 0..2   d   f16 scale
+/// bytes 2..4   m   f16 minimum (the value of code 0)
+/// bytes 4..20  qs  16 bytes: byte j = element j (low nibble) | element j + 16 (high nibble)
+/// value[i] = q[i] * d + m            q[i] in 0..=15
+/// ```
+///
+/// In f32, `q * d` is exact (an 11-bit significand times a 4-bit integer), so the add is the
+/// only rounding and a fused multiply-add gives the same bits.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ4_1 {
+    pub d: f16,
+    pub m: f16,
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(size_of::<BlockQ4_1>() == 20);
+
+/// ggml `block_q8_0`: 32 weights as signed 8-bit codes sharing one f16 scale (34 bytes).
+///
+/// ```text
+/// bytes 0..2   d   f16 scale
+/// bytes 2..34  qs  32 × i8, element i in byte i
+/// value[i] = q[i] * d                q[i] in -128..=127
+/// ```
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ8_0 {
+    pub d: f16,
+    pub qs: [i8; QK],
+}
+const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+
+// SAFETY (all three): `#[repr(C)]` structs of Pod fields (`f16` is Pod through half's
+// `bytemuck` feature; arrays of u8/i8) whose size equals the sum of their field sizes (the
+// asserts above), so there is no padding and every bit pattern is a valid value.
+unsafe impl bytemuck::Zeroable for BlockQ4_0 {}
+unsafe impl bytemuck::Pod for BlockQ4_0 {}
+unsafe impl bytemuck::Zeroable for BlockQ4_1 {}
+unsafe impl bytemuck::Pod for BlockQ4_1 {}
+unsafe impl bytemuck::Zeroable for BlockQ8_0 {}
+unsafe impl bytemuck::Pod for BlockQ8_0 {}
+
+impl BlockQ4_0 {
+    /// Code `i` (0..32) of the block, in 0..=15.
+    #[inline]
+    pub fn code(&self, i: usize) -> u8 {
+        nibble(&self.qs, i)
+    }
+}
+
+impl BlockQ4_1 {
+    /// Code `i` (0..32) of the block, in 0..=15.
+    #[inline]
+    pub fn code(&self, i: usize) -> u8 {
+        nibble(&self.qs, i)
+    }
+}
+
+/// ggml's 4-bit order: element `i < 16` is the low nibble of byte `i`, element `i >= 16` the
+/// high nibble of byte `i - 16`.
+#[inline]
+fn nibble(qs: &[u8; QK / 2], i: usize) -> u8 {
+    if i < QK / 2 {
+        qs[i] & 0x0F
+    } else {
+        qs[i - QK / 2] >> 4
+    }
+}
+
+impl Block for BlockQ4_0 {
+    const GGML_TYPE: GgmlType = GgmlType::Q4_0;
+    const ELEMS: usize = QK;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        let (lo, hi) = out[..QK].split_at_mut(QK / 2);
+        for ((&q, l), h) in self.qs.iter().zip(lo).zip(hi) {
+            *l = ((q & 0x0F) as i32 - 8) as f32 * d;
+            *h = ((q >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+impl Block for BlockQ4_1 {
+    const GGML_TYPE: GgmlType = GgmlType::Q4_1;
+    const ELEMS: usize = QK;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        let m = self.m.to_f32();
+        let (lo, hi) = out[..QK].split_at_mut(QK / 2);
+        for ((&q, l), h) in self.qs.iter().zip(lo).zip(hi) {
+            *l = (q & 0x0F) as f32 * d + m;
+            *h = (q >> 4) as f32 * d + m;
+        }
+    }
+}
+
+impl Block for BlockQ8_0 {
+    const GGML_TYPE: GgmlType = GgmlType::Q8_0;
+    const ELEMS: usize = QK;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (o, &q) in out[..QK].iter_mut().zip(&self.qs) {
+            *o = q as f32 * d;
+        }
+    }
+}
+
+impl Block for f32 {
+    const GGML_TYPE: GgmlType = GgmlType::F32;
+    const ELEMS: usize = 1;
+    fn dequantize(&self, out: &mut [f32]) {
+        out[0] = *self;
+    }
+}
+
+impl Block for f16 {
+    const GGML_TYPE: GgmlType = GgmlType::F16;
+    const ELEMS: usize = 1;
+    fn dequantize(&self, out: &mut [f32]) {
+        out[0] = self.to_f32();
+    }
+}
+
+/// BF16 widens exactly (the 16 bits become the high half of the f32), NaN payloads kept.
+impl Block for bf16 {
+    const GGML_TYPE: GgmlType = GgmlType::BF16;
+    const ELEMS: usize = 1;
+    fn dequantize(&self, out: &mut [f32]) {
+        out[0] = f32::from_bits(u32::from(self.to_bits()) << 16);
+    }
+}
+
+/// Reads block `i` of `data` (any alignment).
+///
+/// # Panics
+/// If `data` holds fewer than `i + 1` blocks.
+#[inline]
+pub fn read_block<B: Block>(data: &[u8], i: usize) -> B {
+    let size = size_of::<B>();
+    bytemuck::pod_read_unaligned(&data[i * size..(i + 1) * size])
+}
+
+/// Dequantizes `data`, an array of `B` blocks, into `out`.
+///
+/// # Panics
+/// If `data.len()` is not `out.len() / B::ELEMS` blocks (callers size both from a validated
+/// tensor info).
+pub fn dequantize_blocks<B: Block>(data: &[u8], out: &mut [f32]) {
+    let size = size_of::<B>();
+    assert!(
+        out.len().is_multiple_of(B::ELEMS) && data.len() == out.len() / B::ELEMS * size,
+        "{} bytes of {} data cannot fill {} values",
+        data.len(),
+        B::GGML_TYPE,
+        out.len()
+    );
+    for (bytes, o) in data.chunks_exact(size).zip(out.chunks_exact_mut(B::ELEMS)) {
+        bytemuck::pod_read_unaligned::<B>(bytes).dequantize(o);
+    }
+}
+
+/// Dequantizes `data` of type `ty` into `out`; `false` (and `out` untouched) when `ty` is not
+/// one of the formats of this module.
+///
+/// # Panics
+/// Like [`dequantize_blocks`], on a length mismatch.
+pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> bool {
+    match ty {
+        GgmlType::F32 => dequantize_blocks::<f32>(data, out),
+        GgmlType::F16 => dequantize_blocks::<f16>(data, out),
+        GgmlType::BF16 => dequantize_blocks::<bf16>(data, out),
+        GgmlType::Q8_0 => dequantize_blocks::<BlockQ8_0>(data, out),
+        GgmlType::Q4_0 => dequantize_blocks::<BlockQ4_0>(data, out),
+        GgmlType::Q4_1 => dequantize_blocks::<BlockQ4_1>(data, out),
+        _ => return false,
+    }
+    true
+}
+
+/// The types [`dequantize`] handles.
+pub const DEQUANTIZABLE: [GgmlType; 6] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_sizes_match_the_type_table() {
+        assert_eq!(size_of::<BlockQ4_0>() as u32, GgmlType::Q4_0.block_bytes());
+        assert_eq!(size_of::<BlockQ4_1>() as u32, GgmlType::Q4_1.block_bytes());
+        assert_eq!(size_of::<BlockQ8_0>() as u32, GgmlType::Q8_0.block_bytes());
+    }
+
+    #[test]
+    fn hand_made_q4_0_block_puts_low_nibbles_first() {
+        // d = 1.0; byte 0 = 0x9A: element 0 = 0xA - 8 = 2, element 16 = 0x9 - 8 = 1.
+        let mut bytes = vec![0x00, 0x3C];
+        bytes.extend([0x9A; 1].iter().chain([0x88; 15].iter()));
+        let mut out = [f32::NAN; 32];
+        dequantize_blocks::<BlockQ4_0>(&bytes, &mut out);
+        assert_eq!(out[0], 2.0);
+        assert_eq!(out[16], 1.0);
+        assert!(
+            out.iter()
+                .enumerate()
+                .all(|(i, &v)| i == 0 || i == 16 || v == 0.0)
+        );
+    }
+}
