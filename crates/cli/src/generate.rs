@@ -9,10 +9,11 @@ use oxgen::{GenerateOptions, Model, ModelOptions, Prompt};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A package folder (model.onnx + genai_config.json + tokenizer.json).
-    model: PathBuf,
-    /// The user message (rendered with the package's chat template unless --raw).
-    prompt: String,
+    /// `[MODEL] PROMPT`: a package folder (model.onnx + genai_config.json + tokenizer.json),
+    /// then the user message (rendered with the package's chat template unless --raw). Without
+    /// MODEL the default model is used, pulled first if needed.
+    #[arg(required = true, num_args = 1..=2, value_names = ["MODEL", "PROMPT"])]
+    args: Vec<String>,
     /// Send the prompt as is, without the chat template.
     #[arg(long, env = "OXGEN_RAW")]
     raw: bool,
@@ -31,18 +32,23 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    let (model_dir, prompt) = match args.args.as_slice() {
+        [model, prompt] => (PathBuf::from(model), prompt.clone()),
+        [prompt] => (crate::pull::ensure_default_model(false)?, prompt.clone()),
+        _ => unreachable!("clap takes one or two positional arguments"),
+    };
     let start = Instant::now();
     let options = ModelOptions {
         threads: args.threads,
         context: args.ctx_size,
     };
-    let mut model = Model::open(&args.model, &options)
-        .with_context(|| format!("opening {}", args.model.display()))?;
+    let mut model = Model::open(&model_dir, &options)
+        .with_context(|| format!("opening {}", model_dir.display()))?;
     let loaded = start.elapsed();
     let prompt = if args.raw {
-        Prompt::Text(args.prompt.clone())
+        Prompt::Text(prompt)
     } else {
-        Prompt::chat(&[("user", &args.prompt)])
+        Prompt::chat(&[("user", &prompt)])
     };
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,

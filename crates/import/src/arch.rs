@@ -1,0 +1,243 @@
+//! The architectures the importer maps and their numbers, read from GGUF metadata
+//! (`<arch>.block_count`, `<arch>.embedding_length`, ...; key names from gguf-py
+//! `gguf/constants.py`, `Keys.LLM` / `Keys.Attention` / `Keys.Rope`).
+//!
+//! Every number is checked for consistency (heads divide evenly, the head size is even, ...)
+//! and against generous absolute limits before anything is sized from it; the tensors are
+//! then checked against these numbers ([`crate::weights`]).
+
+use std::path::PathBuf;
+
+use oxgen_gguf::GgufFile;
+
+use crate::ImportError;
+
+/// Architectures the importer maps, all Llama-shaped decoders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Mistral,
+    /// Llama with Q/K/V biases and Hugging Face (NeoX) rotary order in the file.
+    Qwen2,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Mistral, Arch::Qwen2];
+
+    /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
+    /// `model.type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+        }
+    }
+
+    /// Whether llama.cpp's converter permuted the Q and K projection rows for its
+    /// interleaved rotary (`LlamaModel.permute` in `convert_hf_to_gguf.py`); Qwen2 is
+    /// converted unpermuted and rotated in NeoX order.
+    pub fn permutes_qk(self) -> bool {
+        matches!(self, Arch::Llama | Arch::Mistral)
+    }
+}
+
+/// Limits far above any real model, so a corrupt count fails here rather than as a huge
+/// allocation later.
+const MAX_LAYERS: usize = 4096;
+const MAX_WIDTH: usize = 1 << 20;
+const MAX_HEADS: usize = 4096;
+/// Positions the rotary caches are written for: 1M positions of a 128-wide head take 512 MiB.
+const MAX_CONTEXT: usize = 1 << 20;
+
+/// The numbers of a model, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HParams {
+    pub arch: Arch,
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_size: usize,
+    pub intermediate: usize,
+    pub context: usize,
+    pub rope_base: f64,
+    pub rope_linear_scale: f64,
+    pub rms_eps: f32,
+    pub sliding_window: Option<usize>,
+}
+
+struct Meta<'a> {
+    file: &'a GgufFile,
+    prefix: &'static str,
+}
+
+impl Meta<'_> {
+    fn path(&self) -> PathBuf {
+        self.file.path().to_path_buf()
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.prefix)
+    }
+
+    fn bad(&self, key: &str, problem: String) -> ImportError {
+        ImportError::Metadata {
+            file: self.path(),
+            key: key.to_string(),
+            problem,
+        }
+    }
+
+    /// A required count in `1..=max`.
+    fn count(&self, suffix: &str, max: usize) -> Result<usize, ImportError> {
+        let key = self.key(suffix);
+        let v = self.file.get_u64(&key)?;
+        self.in_range(&key, v, max)
+    }
+
+    fn optional_count(&self, suffix: &str, max: usize) -> Result<Option<usize>, ImportError> {
+        let key = self.key(suffix);
+        if self.file.get(&key).is_none() {
+            return Ok(None);
+        }
+        let v = self.file.get_u64(&key)?;
+        self.in_range(&key, v, max).map(Some)
+    }
+
+    fn in_range(&self, key: &str, v: u64, max: usize) -> Result<usize, ImportError> {
+        match usize::try_from(v) {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(self.bad(key, format!("{v} is outside 1..={max}"))),
+        }
+    }
+
+    fn optional_f64(&self, suffix: &str) -> Result<Option<f64>, ImportError> {
+        let key = self.key(suffix);
+        if self.file.get(&key).is_none() {
+            return Ok(None);
+        }
+        let v = self.file.get_f64(&key)?;
+        if !v.is_finite() || v <= 0.0 {
+            return Err(self.bad(&key, format!("{v} must be finite and positive")));
+        }
+        Ok(Some(v))
+    }
+}
+
+/// `general.architecture`, checked to be one the importer maps.
+pub fn architecture(file: &GgufFile) -> Result<Arch, ImportError> {
+    let name = file.get_str("general.architecture")?;
+    Arch::ALL
+        .into_iter()
+        .find(|a| a.name() == name)
+        .ok_or_else(|| ImportError::UnsupportedArchitecture {
+            file: file.path().to_path_buf(),
+            arch: name.to_string(),
+            supported: Arch::ALL.map(Arch::name).join(", "),
+        })
+}
+
+/// Reads and checks the architecture numbers.
+pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
+    let arch = architecture(file)?;
+    let m = Meta {
+        file,
+        prefix: arch.name(),
+    };
+    let layers = m.count("block_count", MAX_LAYERS)?;
+    let hidden = m.count("embedding_length", MAX_WIDTH)?;
+    let intermediate = m.count("feed_forward_length", MAX_WIDTH)?;
+    let heads = m.count("attention.head_count", MAX_HEADS)?;
+    let kv_heads = m
+        .optional_count("attention.head_count_kv", MAX_HEADS)?
+        .unwrap_or(heads);
+    if heads % kv_heads != 0 {
+        return Err(m.bad(
+            &m.key("attention.head_count_kv"),
+            format!("{kv_heads} KV heads do not divide {heads} attention heads"),
+        ));
+    }
+    let key_length = m.optional_count("attention.key_length", MAX_WIDTH)?;
+    let value_length = m.optional_count("attention.value_length", MAX_WIDTH)?;
+    let head_size = match key_length {
+        Some(k) => k,
+        None if hidden % heads == 0 => hidden / heads,
+        None => {
+            return Err(m.bad(
+                &m.key("attention.head_count"),
+                format!("{heads} heads do not divide the embedding length {hidden}"),
+            ));
+        }
+    };
+    if value_length.is_some_and(|v| v != head_size) {
+        return Err(ImportError::Unsupported {
+            file: m.path(),
+            what: format!(
+                "a value head size ({}) different from the key head size ({head_size})",
+                value_length.unwrap_or_default()
+            ),
+            hint: "GroupQueryAttention needs equal Q, K and V head sizes".into(),
+        });
+    }
+    if head_size % 2 != 0 || heads * head_size > MAX_WIDTH {
+        return Err(m.bad(
+            &m.key("attention.key_length"),
+            format!("head size {head_size} must be even and heads × head size at most {MAX_WIDTH}"),
+        ));
+    }
+    if let Some(rot) = m.optional_count("rope.dimension_count", MAX_WIDTH)?
+        && rot != head_size
+    {
+        return Err(ImportError::Unsupported {
+            file: m.path(),
+            what: format!(
+                "partial rotary ({} = {rot}, head size {head_size})",
+                m.key("rope.dimension_count")
+            ),
+            hint: "only models that rotate the whole head are mapped".into(),
+        });
+    }
+    let context = m.count("context_length", MAX_CONTEXT)?;
+    let rope_base = m.optional_f64("rope.freq_base")?.unwrap_or(10_000.0);
+    let rope_linear_scale = rope_scaling(&m)?;
+    let eps_key = m.key("attention.layer_norm_rms_epsilon");
+    let rms_eps = file.get_f32(&eps_key)?;
+    if !rms_eps.is_finite() || rms_eps <= 0.0 {
+        return Err(m.bad(&eps_key, format!("{rms_eps} must be finite and positive")));
+    }
+    let sliding_window = m.optional_count("attention.sliding_window", usize::MAX)?;
+    Ok(HParams {
+        arch,
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        head_size,
+        intermediate,
+        context,
+        rope_base,
+        rope_linear_scale,
+        rms_eps,
+        // A window covering the whole context is no window.
+        sliding_window: sliding_window.filter(|&w| w < context),
+    })
+}
+
+/// The linear position scale of `<arch>.rope.scaling.type` (1 when absent or `none`).
+fn rope_scaling(m: &Meta) -> Result<f64, ImportError> {
+    let type_key = m.key("rope.scaling.type");
+    let kind = match m.file.get(&type_key) {
+        None => return Ok(1.0),
+        Some(_) => m.file.get_str(&type_key)?,
+    };
+    match kind {
+        "none" => Ok(1.0),
+        "linear" => Ok(m.optional_f64("rope.scaling.factor")?.unwrap_or(1.0)),
+        other => Err(ImportError::Unsupported {
+            file: m.path(),
+            what: format!("rope scaling '{other}' ({type_key})"),
+            hint: "only 'none' and 'linear' rope scaling are mapped".into(),
+        }),
+    }
+}

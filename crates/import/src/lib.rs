@@ -1,0 +1,296 @@
+//! oxgen-import: turns a GGUF model (llama.cpp's format) into an onnxruntime-genai-style
+//! package oxgen (and onnxruntime, and onnxruntime-genai) can run, and holds the one writer
+//! of that package's decoder graph ([`genai_graph`]), which test fixtures share.
+//!
+//! [`import_gguf`] maps `general.architecture` `llama`, `mistral` and `qwen2`:
+//!
+//! - `model.onnx` + `model.onnx.data`: the decoder graph of [`genai_graph`]. Q4_0, Q4_1 and
+//!   Q8_0 projections become `MatMulNBits` without requantization (`oxgen_gguf::repack`;
+//!   Q4_1 with float zero points), F32/F16/BF16 ones f32 `MatMul`s; Q/K/V(/O) biases become
+//!   the projection's bias; llama.cpp's Q/K row permutation is undone ([`weights`]) so
+//!   `GroupQueryAttention` rotates in Hugging Face order. A Q4_0/Q8_0 embedding becomes
+//!   `GatherBlockQuantized`, any other a plain f32 `Gather`; without `output.weight` the
+//!   head is tied to (reads the bytes of) the embedding.
+//! - `genai_config.json`, `tokenizer.json`, `tokenizer_config.json` (with the chat
+//!   template), `generation_config.json` ([`tokenizer`]).
+//!
+//! Files are untrusted (DESIGN.md §5.3): every metadata number is range-checked
+//! ([`arch`]) and every tensor's shape checked against it, and each failure names the file,
+//! key or tensor and what to do. The package is written into a temporary sibling folder and
+//! renamed into place (§5.5): a failed import leaves nothing half-written.
+//!
+//! This crate must never execute a model or know about a backend; it reads GGUF
+//! (`oxgen-gguf`) and writes ONNX (`oxgen-onnx`).
+
+pub mod arch;
+mod error;
+pub mod genai_graph;
+pub mod tokenizer;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use oxgen_gguf::GgufFile;
+
+pub use error::ImportError;
+use genai_graph::{ConfigTokens, DecoderSpec, Rope};
+
+/// `MatMulNBits` `accuracy_level` onnxruntime-genai's builder writes for int4 on CPU.
+pub const DEFAULT_ACCURACY_LEVEL: u8 = 4;
+
+/// How to import.
+#[derive(Clone, Copy)]
+pub struct ImportOptions<'a> {
+    /// `MatMulNBits` `accuracy_level`: 4 (default) lets kernels quantize activations to
+    /// int8; 0 keeps them f32 (exact path, and what onnxruntime runs bit-comparably).
+    pub accuracy_level: u8,
+    /// Replace an existing output folder (only one holding a package, or an empty one).
+    pub overwrite: bool,
+    /// Called as the import advances.
+    pub progress: Option<&'a dyn Fn(&Progress)>,
+}
+
+impl Default for ImportOptions<'_> {
+    fn default() -> Self {
+        ImportOptions {
+            accuracy_level: DEFAULT_ACCURACY_LEVEL,
+            overwrite: false,
+            progress: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ImportOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportOptions")
+            .field("accuracy_level", &self.accuracy_level)
+            .field("overwrite", &self.overwrite)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// What the import is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Converting tensor `item` (`done` of `total` tensors).
+    Tensors,
+    /// Writing the package files into the temporary folder.
+    Writing,
+}
+
+/// A progress report.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress<'a> {
+    pub stage: Stage,
+    pub done: usize,
+    pub total: usize,
+    pub item: &'a str,
+}
+
+/// What was imported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Imported {
+    pub architecture: &'static str,
+    pub spec: DecoderSpec,
+    /// Bytes of all files written.
+    pub bytes: u64,
+}
+
+/// Imports `gguf_path` into a package folder `out_dir` (see the crate docs).
+pub fn import_gguf(
+    gguf_path: &Path,
+    out_dir: &Path,
+    options: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    if options.accuracy_level > 4 {
+        return Err(ImportError::Options(format!(
+            "accuracy_level {} is not one of 0 (f32), 1 (f32), 2 (f16), 3 (bf16), 4 (int8)",
+            options.accuracy_level
+        )));
+    }
+    let no_progress = |_: &Progress| {};
+    let progress = options.progress.unwrap_or(&no_progress);
+    check_replaceable(out_dir, options.overwrite)?;
+
+    let file = GgufFile::open(gguf_path)?;
+    let hp = arch::read(&file)?;
+    let tok = tokenizer::build(&file, hp.context)?;
+    let (weights, freq_factors) = weights::read(&file, &hp, tok.vocab, progress)?;
+    let spec = DecoderSpec {
+        layers: hp.layers,
+        hidden: hp.hidden,
+        heads: hp.heads,
+        kv_heads: hp.kv_heads,
+        head_size: hp.head_size,
+        intermediate: hp.intermediate,
+        vocab: tok.vocab,
+        context: hp.context,
+        rope: Rope {
+            base: hp.rope_base,
+            freq_factors,
+            linear_scale: hp.rope_linear_scale,
+        },
+        rms_eps: hp.rms_eps,
+        accuracy_level: i64::from(options.accuracy_level),
+        sliding_window: hp.sliding_window,
+    };
+    let config = genai_graph::genai_config(
+        &spec,
+        hp.arch.name(),
+        &ConfigTokens {
+            bos: tok.bos,
+            eos: tok.eos.clone(),
+            pad: tok.pad.or(tok.eos.first().copied()),
+        },
+    );
+
+    let staging = Staging::new(out_dir)?;
+    progress(&Progress {
+        stage: Stage::Writing,
+        done: 0,
+        total: 1,
+        item: "model.onnx",
+    });
+    let producer = format!("oxgen-import {}", env!("CARGO_PKG_VERSION"));
+    genai_graph::write_model(&staging.dir, &producer, &spec, weights).map_err(|e| {
+        ImportError::Write {
+            dir: staging.dir.clone(),
+            source: Box::new(e),
+        }
+    })?;
+    for (name, text) in [
+        ("genai_config.json", &config),
+        ("tokenizer.json", &tok.tokenizer_json),
+        ("tokenizer_config.json", &tok.tokenizer_config_json),
+        ("generation_config.json", &tok.generation_config_json),
+    ] {
+        let path = staging.dir.join(name);
+        std::fs::write(&path, text).map_err(|e| ImportError::io(&path, "write", e))?;
+    }
+    let bytes = folder_bytes(&staging.dir)?;
+    staging.commit(options.overwrite)?;
+    Ok(Imported {
+        architecture: hp.arch.name(),
+        spec,
+        bytes,
+    })
+}
+
+fn folder_bytes(dir: &Path) -> Result<u64, ImportError> {
+    let mut total = 0;
+    let entries = std::fs::read_dir(dir).map_err(|e| ImportError::io(dir, "list", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| ImportError::io(dir, "list", e))?;
+        let meta = entry
+            .metadata()
+            .map_err(|e| ImportError::io(&entry.path(), "stat", e))?;
+        total += meta.len();
+    }
+    Ok(total)
+}
+
+/// Fails unless `out_dir` is absent, or `overwrite` is set and it is safe to replace: an
+/// empty folder or one holding a package (`genai_config.json`), never an arbitrary folder.
+fn check_replaceable(out_dir: &Path, overwrite: bool) -> Result<(), ImportError> {
+    let Ok(meta) = std::fs::symlink_metadata(out_dir) else {
+        return Ok(());
+    };
+    if !overwrite {
+        return Err(ImportError::Exists {
+            path: out_dir.to_path_buf(),
+        });
+    }
+    let is_package_or_empty = meta.is_dir()
+        && (out_dir.join("genai_config.json").is_file()
+            || std::fs::read_dir(out_dir).is_ok_and(|mut d| d.next().is_none()));
+    if !is_package_or_empty {
+        return Err(ImportError::Options(format!(
+            "refusing to replace {}: it is not a package folder (no genai_config.json) nor \
+             empty; remove it yourself or choose another folder",
+            out_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A temporary folder next to the destination, removed on drop unless committed.
+struct Staging {
+    dir: PathBuf,
+    dest: PathBuf,
+    committed: bool,
+}
+
+static STAGING_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A hidden sibling of `dest` with a process- and call-unique suffix.
+fn sibling(dest: &Path, tag: &str) -> Result<PathBuf, ImportError> {
+    let name = dest.file_name().ok_or_else(|| {
+        ImportError::Options(format!(
+            "{} names no folder (it ends in '..' or is a root)",
+            dest.display()
+        ))
+    })?;
+    let unique = format!(
+        ".{}.{tag}-{}-{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        STAGING_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    Ok(dest.with_file_name(unique))
+}
+
+impl Staging {
+    fn new(dest: &Path) -> Result<Staging, ImportError> {
+        let dir = sibling(dest, "importing")?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| ImportError::io(parent, "create folder", e))?;
+        }
+        std::fs::create_dir(&dir).map_err(|e| ImportError::io(&dir, "create folder", e))?;
+        Ok(Staging {
+            dir,
+            dest: dest.to_path_buf(),
+            committed: false,
+        })
+    }
+
+    /// Renames the folder into place, first moving an existing destination aside (checked
+    /// replaceable) and removing it once the new one is in.
+    fn commit(mut self, overwrite: bool) -> Result<(), ImportError> {
+        check_replaceable(&self.dest, overwrite)?;
+        let old = if std::fs::symlink_metadata(&self.dest).is_ok() {
+            let old = sibling(&self.dest, "replaced")?;
+            std::fs::rename(&self.dest, &old)
+                .map_err(|e| ImportError::io(&self.dest, "move aside", e))?;
+            Some(old)
+        } else {
+            None
+        };
+        if let Err(e) = std::fs::rename(&self.dir, &self.dest) {
+            if let Some(old) = &old {
+                // Put the previous package back; the new one is removed on drop.
+                let _ = std::fs::rename(old, &self.dest);
+            }
+            return Err(ImportError::io(
+                &self.dest,
+                "rename the imported folder to",
+                e,
+            ));
+        }
+        self.committed = true;
+        if let Some(old) = old {
+            std::fs::remove_dir_all(&old).map_err(|e| ImportError::io(&old, "remove", e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! GGUF tensors -> [`DecoderWeights`]: every tensor's shape checked against the
+//! architecture numbers, quantized weights repacked without requantization, and llama.cpp's
+//! Q/K row permutation undone.
+//!
+//! Tensor names follow llama.cpp (`gguf-py` `gguf/tensor_mapping.py`): `token_embd`,
+//! `output_norm`, `output` (absent when the head is tied to the embedding), `rope_freqs`,
+//! and per layer `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate,
+//! ffn_up, ffn_down}.weight` plus optional `attn_{q,k,v,output}.bias`. A tensor outside this
+//! list is an error: it would belong to a feature (QK-norm, MoE, ...) the graph lacks.
+//!
+//! # Undoing the Q/K permutation
+//!
+//! For Llama-family models llama.cpp's converter reorders each head's Q and K rows so that
+//! its interleaved ("GPT-J") rotary pairs rows `(2i, 2i + 1)`: `convert_hf_to_gguf.py`'s
+//! `permute` reshapes the rows as `(n_head, 2, head_size / 2)` and swaps the last two axes.
+//! The graph uses Hugging Face's `rotate_half` order (`rotary_interleaved = 0`, pairs
+//! `(i, i + head_size / 2)`) like onnxruntime-genai's builder, so the rows are put back:
+//! Hugging Face row `h·d + j·d/2 + i` is GGUF row `h·d + 2i + j`. A row is a whole output
+//! feature (its blocks, scales and zero points), so rows move intact: no requantization.
+
+use std::collections::HashSet;
+
+use oxgen_gguf::{GgmlType, GgufFile, TensorInfo};
+use oxgen_tensor::{AlignedBuf, Tensor};
+
+use crate::arch::HParams;
+use crate::genai_graph::{DecoderWeights, Embedding, LayerWeights, Linear, NBitsLinear};
+use crate::{ImportError, Progress, Stage};
+
+/// ggml types `MatMulNBits` / `GatherBlockQuantized` take as they are.
+const REPACKABLE: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+/// Float types kept as f32 `MatMul` / `Gather` weights.
+const FLOAT: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+
+struct Reader<'a> {
+    file: &'a GgufFile,
+    hp: &'a HParams,
+    used: HashSet<String>,
+    progress: &'a dyn Fn(&Progress),
+    total: usize,
+}
+
+impl Reader<'_> {
+    fn path(&self) -> std::path::PathBuf {
+        self.file.path().to_path_buf()
+    }
+
+    /// Tensor `name`, required, with GGUF dims `expected` (`[K, N]` for a weight).
+    fn tensor(
+        &mut self,
+        name: &str,
+        expected: &[usize],
+        why: &str,
+    ) -> Result<TensorInfo, ImportError> {
+        let t = self.file.tensor(name).map_err(|_| ImportError::Tensor {
+            file: self.path(),
+            tensor: name.to_string(),
+            problem: format!(
+                "is missing; a {} model needs it (the file is incomplete or of another architecture)",
+                self.hp.arch.name()
+            ),
+        })?;
+        let expected: Vec<u64> = expected.iter().map(|&d| d as u64).collect();
+        if t.dims != expected {
+            return Err(ImportError::BadShape {
+                file: self.path(),
+                tensor: name.to_string(),
+                found: t.dims.clone(),
+                expected,
+                why: why.to_string(),
+            });
+        }
+        self.used.insert(name.to_string());
+        (self.progress)(&Progress {
+            stage: Stage::Tensors,
+            done: self.used.len(),
+            total: self.total,
+            item: name,
+        });
+        Ok(t.clone())
+    }
+
+    fn unsupported(&self, t: &TensorInfo, role: &str, supported: &[GgmlType]) -> ImportError {
+        ImportError::Unsupported {
+            file: self.path(),
+            what: format!("tensor '{}' of type {} ({role})", t.name, t.ggml_type),
+            hint: format!(
+                "supported types here: {}; convert the model with one of them (K-quants come later)",
+                supported
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    /// A float vector (norm weight, bias, rope factors) as f32 `[len]`.
+    fn vector(&mut self, name: &str, len: usize, why: &str) -> Result<Tensor, ImportError> {
+        let t = self.tensor(name, &[len], why)?;
+        if !FLOAT.contains(&t.ggml_type) {
+            return Err(self.unsupported(&t, "a vector", &FLOAT));
+        }
+        Ok(self.file.dequantize(name)?)
+    }
+
+    fn optional_vector(
+        &mut self,
+        name: &str,
+        len: usize,
+        why: &str,
+    ) -> Result<Option<Tensor>, ImportError> {
+        if self.file.tensor(name).is_err() {
+            return Ok(None);
+        }
+        self.vector(name, len, why).map(Some)
+    }
+
+    /// A projection `[K, N]` (GGUF dims), rows un-permuted for `permute_heads` heads when set.
+    fn linear(
+        &mut self,
+        name: &str,
+        (k, n): (usize, usize),
+        why: &str,
+        permute_heads: Option<usize>,
+        bias: Option<Tensor>,
+    ) -> Result<Linear, ImportError> {
+        let t = self.tensor(name, &[k, n], why)?;
+        let unpermute = |t: Tensor| match permute_heads {
+            Some(heads) => unpermute_rows(t, n, heads),
+            None => t,
+        };
+        if REPACKABLE.contains(&t.ggml_type) {
+            let w = self.file.matmul_nbits(name)?;
+            return Ok(Linear::NBits(NBitsLinear {
+                k: w.k,
+                n: w.n,
+                bits: w.bits,
+                block_size: w.block_size,
+                b: unpermute(w.b),
+                scales: unpermute(w.scales),
+                zero_points: w.zero_points.map(unpermute),
+                bias,
+            }));
+        }
+        if FLOAT.contains(&t.ggml_type) {
+            let weight = unpermute(self.file.dequantize(name)?);
+            return Ok(Linear::Float { weight, bias });
+        }
+        let all: Vec<GgmlType> = REPACKABLE.iter().chain(&FLOAT).copied().collect();
+        Err(self.unsupported(&t, "a projection", &all))
+    }
+
+    fn bias(
+        &mut self,
+        name: &str,
+        n: usize,
+        permute_heads: Option<usize>,
+    ) -> Result<Option<Tensor>, ImportError> {
+        let b = self.optional_vector(name, n, "a bias has one value per output feature")?;
+        Ok(match permute_heads {
+            Some(heads) => b.map(|b| unpermute_rows(b, n, heads)),
+            None => b,
+        })
+    }
+}
+
+/// Undoes `permute` on a tensor whose bytes are `rows` equal rows (`heads` heads of
+/// `rows / heads` rows each): output row `h·d + j·d/2 + i` is input row `h·d + 2i + j`.
+fn unpermute_rows(t: Tensor, rows: usize, heads: usize) -> Tensor {
+    let bytes = t.as_bytes();
+    let row = bytes.len() / rows;
+    debug_assert_eq!(row * rows, bytes.len(), "tensor splits into whole rows");
+    let (d, half) = (rows / heads, rows / heads / 2);
+    let mut buf = AlignedBuf::zeroed(bytes.len());
+    let out = buf.as_mut_bytes();
+    for h in 0..heads {
+        for j in 0..2 {
+            for i in 0..half {
+                let (dst, src) = (h * d + j * half + i, h * d + 2 * i + j);
+                out[dst * row..(dst + 1) * row].copy_from_slice(&bytes[src * row..(src + 1) * row]);
+            }
+        }
+    }
+    Tensor::from_buf(t.dtype(), t.dims(), buf).expect("same dtype, dims and byte count")
+}
+
+/// Reads and converts all weights, reporting each tensor to `progress`.
+pub fn read(
+    file: &GgufFile,
+    hp: &HParams,
+    vocab: usize,
+    progress: &dyn Fn(&Progress),
+) -> Result<(DecoderWeights, Option<Vec<f32>>), ImportError> {
+    let mut r = Reader {
+        file,
+        hp,
+        used: HashSet::new(),
+        progress,
+        total: file.tensors().len(),
+    };
+    let (h, hd) = (hp.hidden, hp.head_size);
+    let (q_out, kv_out, ff) = (hp.heads * hd, hp.kv_heads * hd, hp.intermediate);
+    let why_q = format!(
+        "[embedding_length {h}, head_count {} × head size {hd}]",
+        hp.heads
+    );
+    let why_kv = format!(
+        "[embedding_length {h}, head_count_kv {} × head size {hd}]",
+        hp.kv_heads
+    );
+    let why_o = format!(
+        "[head_count {} × head size {hd}, embedding_length {h}]",
+        hp.heads
+    );
+    let why_up = format!("[embedding_length {h}, feed_forward_length {ff}]");
+    let why_down = format!("[feed_forward_length {ff}, embedding_length {h}]");
+    let why_norm = format!("[embedding_length {h}]");
+    let why_embd = format!("[embedding_length {h}, {vocab} tokens in tokenizer.ggml.tokens]");
+    let (qp, kp) = if hp.arch.permutes_qk() {
+        (Some(hp.heads), Some(hp.kv_heads))
+    } else {
+        (None, None)
+    };
+
+    let embd = r.tensor("token_embd.weight", &[h, vocab], &why_embd)?;
+    let embedding = match embd.ggml_type {
+        GgmlType::Q4_0 | GgmlType::Q8_0 => {
+            let w = file.gather_block_quantized("token_embd.weight")?;
+            Embedding::BlockQuantized {
+                data: w.data,
+                scales: w.scales,
+                bits: w.bits,
+                block_size: w.block_size,
+            }
+        }
+        // Q4_1's float minimum has no GatherBlockQuantized form (integer zero points only).
+        GgmlType::Q4_1 | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            Embedding::Float(file.dequantize("token_embd.weight")?)
+        }
+        _ => {
+            let supported = [
+                GgmlType::Q4_0,
+                GgmlType::Q8_0,
+                GgmlType::Q4_1,
+                GgmlType::F32,
+                GgmlType::F16,
+                GgmlType::BF16,
+            ];
+            return Err(r.unsupported(&embd, "the token embedding", &supported));
+        }
+    };
+    let head = if file.tensor("output.weight").is_ok() {
+        r.linear("output.weight", (h, vocab), &why_embd, None, None)?
+    } else {
+        // Tied: the head reads the embedding's bytes (already marked used).
+        r.used.remove("token_embd.weight");
+        r.linear("token_embd.weight", (h, vocab), &why_embd, None, None)?
+    };
+    let rope_freqs = r
+        .optional_vector(
+            "rope_freqs.weight",
+            hd / 2,
+            "one factor per rotary frequency",
+        )?
+        .map(|t| t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default());
+
+    let mut layers = Vec::with_capacity(hp.layers);
+    for l in 0..hp.layers {
+        let p = format!("blk.{l}");
+        let input_norm = r.vector(&format!("{p}.attn_norm.weight"), h, &why_norm)?;
+        let bq = r.bias(&format!("{p}.attn_q.bias"), q_out, qp)?;
+        let q = r.linear(&format!("{p}.attn_q.weight"), (h, q_out), &why_q, qp, bq)?;
+        let bk = r.bias(&format!("{p}.attn_k.bias"), kv_out, kp)?;
+        let k = r.linear(&format!("{p}.attn_k.weight"), (h, kv_out), &why_kv, kp, bk)?;
+        let bv = r.bias(&format!("{p}.attn_v.bias"), kv_out, None)?;
+        let v = r.linear(
+            &format!("{p}.attn_v.weight"),
+            (h, kv_out),
+            &why_kv,
+            None,
+            bv,
+        )?;
+        let bo = r.bias(&format!("{p}.attn_output.bias"), h, None)?;
+        let o = r.linear(
+            &format!("{p}.attn_output.weight"),
+            (q_out, h),
+            &why_o,
+            None,
+            bo,
+        )?;
+        let post_norm = r.vector(&format!("{p}.ffn_norm.weight"), h, &why_norm)?;
+        let gate = r.linear(
+            &format!("{p}.ffn_gate.weight"),
+            (h, ff),
+            &why_up,
+            None,
+            None,
+        )?;
+        let up = r.linear(&format!("{p}.ffn_up.weight"), (h, ff), &why_up, None, None)?;
+        let down = r.linear(
+            &format!("{p}.ffn_down.weight"),
+            (ff, h),
+            &why_down,
+            None,
+            None,
+        )?;
+        layers.push(LayerWeights {
+            input_norm,
+            q,
+            k,
+            v,
+            o,
+            post_norm,
+            gate,
+            up,
+            down,
+        });
+    }
+    let final_norm = r.vector("output_norm.weight", h, &why_norm)?;
+    if let Some(extra) = file.tensors().iter().find(|t| !r.used.contains(&t.name)) {
+        return Err(ImportError::Tensor {
+            file: r.path(),
+            tensor: extra.name.clone(),
+            problem: format!(
+                "is not part of the {} graph oxgen writes (a layer beyond block_count {}, or a \
+                 feature such as QK-norm or experts); importing without it would change the \
+                 model's results",
+                hp.arch.name(),
+                hp.layers
+            ),
+        });
+    }
+    let weights = DecoderWeights {
+        embedding,
+        layers,
+        final_norm,
+        head,
+    };
+    Ok((weights, rope_freqs))
+}

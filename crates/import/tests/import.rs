@@ -1,0 +1,377 @@
+//! The importer end to end on tiny synthetic GGUF models written with gguf-py
+//! (`tests/python/make_gguf.py`: llama, mistral and qwen2, random Q4_0 / Q4_1 / Q8_0 /
+//! F16 / F32 tensors, llama.cpp's Q/K permutation applied):
+//!
+//! (a) the imported package runs natively and through onnxruntime with matching logits
+//!     (accuracy_level 0, both f32), over a prefill and decode steps;
+//! (b) those logits match an independent NumPy forward pass on gguf-py's dequantized weights
+//!     (`tests/python/reference.py`, Hugging Face semantics, its own Q/K un-permute);
+//! (c) the tokenizer splits digits one by one under `smollm`, keeps merges under `gpt-2`, and
+//!     matches special tokens whole.
+//!
+//! Needs `OXGEN_PYTHON`: a Python with gguf 0.19.0, numpy and onnxruntime (`scripts/test.sh`
+//! sets it to `.cache/venv/bin/python`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use oxgen_exec::{ExecOptions, NativeLm};
+use oxgen_generate::Tokenizer;
+use oxgen_import::{ImportOptions, import_gguf};
+use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LogitsWanted, SeqStep, StepLogits};
+
+/// Native and onnxruntime compute in f32 from weights that dequantize identically (Q4_1
+/// within a few ulps of the block minimum, `oxgen_gguf::repack`); only summation order
+/// differs. Logits here are O(5); the observed difference is ~1e-6, and a semantic slip (a
+/// wrong rotary pairing, a missing bias) moves them by more than 0.1.
+const ORT_LOGIT_ATOL: f32 = 1e-4;
+
+/// Against the float64 NumPy reference: the package computes in f32 (relative rounding
+/// ~1e-7 per op, accumulated over 2-3 layers and 64-128-long dot products) on the same
+/// dequantized weights. Observed ~1e-5; 1e-3 keeps margin and still catches any semantic
+/// slip (> 0.1).
+const REFERENCE_LOGIT_ATOL: f32 = 1e-3;
+
+fn python() -> PathBuf {
+    std::env::var_os("OXGEN_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "OXGEN_PYTHON is not set: point it at a Python with gguf==0.19.0, numpy and \
+                 onnxruntime (scripts/test.sh sets it to .cache/venv/bin/python)"
+            )
+        })
+}
+
+fn script(name: &str, args: &[&str]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name);
+    let out = Command::new(python())
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run $OXGEN_PYTHON ({}): {e}", python().display()));
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed:\n{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes synthetic model `variant` into `dir`.
+fn make_gguf(variant: &str, dir: &Path) -> PathBuf {
+    let path = dir.join(format!("{variant}.gguf"));
+    script("make_gguf.py", &[variant, path.to_str().unwrap()]);
+    path
+}
+
+fn exact() -> ImportOptions<'static> {
+    ImportOptions {
+        accuracy_level: 0,
+        ..ImportOptions::default()
+    }
+}
+
+/// Every logits row of `spans` run on one fresh native sequence.
+fn native_rows(model: &Path, spans: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let m = oxgen_onnx::Model::load(model).unwrap();
+    let g = oxgen_graph::Graph::from_model(&m).unwrap();
+    let mut lm = NativeLm::new(g, &ExecOptions { threads: 2 }, &KvTemplates::default()).unwrap();
+    assert!(lm.shared_kv(), "GroupQueryAttention keeps KV in place");
+    let seq = lm.add_sequence(64).unwrap();
+    let mut out = StepLogits::default();
+    let mut rows = Vec::new();
+    let mut pos = 0;
+    for span in spans {
+        let step = [SeqStep {
+            seq,
+            tokens: span,
+            pos,
+            logits: LogitsWanted::All,
+        }];
+        lm.step(&Batch { steps: &step }, &mut out).unwrap();
+        rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));
+        pos += span.len();
+    }
+    rows
+}
+
+fn reference_rows(gguf: &Path, ids: &[u32], vocab: usize, dir: &Path) -> Vec<Vec<f32>> {
+    let out = dir.join("reference.f32");
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    script(
+        "reference.py",
+        &[
+            gguf.to_str().unwrap(),
+            &ids.join(","),
+            out.to_str().unwrap(),
+        ],
+    );
+    let values: Vec<f32> = std::fs::read(&out)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(values.len(), ids.len() * vocab);
+    values.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f32::max)
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
+}
+
+/// (a) and (b) for one variant: a 9-token prompt then 4 single-token steps.
+fn check_variant(variant: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = make_gguf(variant, dir.path());
+    let pkg = dir.path().join("pkg");
+    let imported = import_gguf(&gguf, &pkg, &exact()).unwrap();
+    assert_eq!(imported.architecture, variant);
+    let vocab = imported.spec.vocab;
+    let ids: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let mut spans = vec![ids[..9].to_vec()];
+    spans.extend(ids[9..].chunks(1).map(<[u32]>::to_vec));
+    let model = pkg.join("model.onnx");
+    let ours = native_rows(&model, &spans);
+
+    let theirs = oxgen_testkit::ort_oracle::step_lm(&model, &spans).unwrap();
+    assert_eq!(theirs.dims(), &[ids.len(), vocab]);
+    let theirs: Vec<Vec<f32>> = theirs
+        .as_slice::<f32>()
+        .unwrap()
+        .chunks(vocab)
+        .map(<[f32]>::to_vec)
+        .collect();
+    let ort_diff = max_diff(&ours, &theirs);
+    let reference = reference_rows(&gguf, &ids, vocab, dir.path());
+    let ref_diff = max_diff(&ours, &reference);
+    eprintln!(
+        "{variant}: max |native - onnxruntime| = {ort_diff:e}, max |native - numpy reference| = {ref_diff:e}"
+    );
+    assert!(
+        ort_diff <= ORT_LOGIT_ATOL,
+        "{variant}: {ort_diff:e} > {ORT_LOGIT_ATOL:e}"
+    );
+    assert!(
+        ref_diff <= REFERENCE_LOGIT_ATOL,
+        "{variant}: {ref_diff:e} > {REFERENCE_LOGIT_ATOL:e}"
+    );
+    for (r, (a, b)) in ours.iter().zip(&reference).enumerate() {
+        assert_eq!(
+            argmax(a),
+            argmax(b),
+            "{variant} row {r}: greedy token differs"
+        );
+    }
+}
+
+#[test]
+fn llama_with_q4_0_q4_1_q8_0_and_a_tied_q8_0_head_matches_onnxruntime_and_reference() {
+    check_variant("llama");
+}
+
+#[test]
+fn mistral_with_float_weights_biases_window_and_a_q4_1_embedding_matches() {
+    check_variant("mistral");
+}
+
+#[test]
+fn qwen2_with_qkv_biases_and_unpermuted_rows_matches() {
+    check_variant("qwen2");
+}
+
+fn tokenizer_of(variant: &str) -> (tempfile::TempDir, Tokenizer) {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = make_gguf(variant, dir.path());
+    let pkg = dir.path().join("pkg");
+    import_gguf(&gguf, &pkg, &ImportOptions::default()).unwrap();
+    let tok = Tokenizer::from_file(&pkg.join("tokenizer.json")).unwrap();
+    (dir, tok)
+}
+
+fn pieces(tok: &Tokenizer, text: &str) -> Vec<String> {
+    let ids = tok.encode(text, false).unwrap();
+    ids.iter()
+        .map(|&id| tok.decode(&[id], false).unwrap())
+        .collect()
+}
+
+#[test]
+fn smollm_pre_tokenizer_splits_digits_one_by_one_although_merges_join_them() {
+    let (_dir, tok) = tokenizer_of("llama");
+    assert_eq!(
+        pieces(&tok, " the cat 123"),
+        [" the", " cat", " ", "1", "2", "3"]
+    );
+    // Special and user-defined tokens are matched whole; decoding skips only specials.
+    let ids = tok.encode("<|im_start|>x<tool><|im_end|>", false).unwrap();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert_eq!(ids[0], 1);
+    assert_eq!(tok.decode(&ids, true).unwrap(), "x<tool>");
+}
+
+#[test]
+fn gpt2_pre_tokenizer_keeps_digit_merges() {
+    let (_dir, tok) = tokenizer_of("mistral");
+    assert_eq!(pieces(&tok, " the cat 123"), [" the", " cat", " ", "123"]);
+    assert_eq!(pieces(&tok, "1234"), ["12", "34"]);
+}
+
+#[test]
+fn qwen2_pre_tokenizer_splits_digits_and_keeps_the_space_apart() {
+    let (_dir, tok) = tokenizer_of("qwen2");
+    assert_eq!(
+        pieces(&tok, " the cat 123"),
+        [" the", " cat", " ", "1", "2", "3"]
+    );
+}
+
+#[test]
+fn llama_bpe_pre_tokenizer_groups_digits_by_three_and_uses_whole_vocab_words() {
+    // Under gpt-2's split the merge "3 4" (ranked first) would give " ", "12", "34".
+    let (_dir, tok) = tokenizer_of("llama3");
+    assert_eq!(
+        pieces(&tok, " the cat 1234"),
+        [" the", " cat", " ", "123", "4"]
+    );
+}
+
+#[test]
+fn package_files_carry_the_gguf_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = make_gguf("llama", dir.path());
+    let pkg = dir.path().join("pkg");
+    import_gguf(&gguf, &pkg, &ImportOptions::default()).unwrap();
+    let json = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(pkg.join(name)).unwrap()).unwrap()
+    };
+    let genai = json("genai_config.json");
+    assert_eq!(genai["model"]["type"], "llama");
+    assert_eq!(genai["model"]["context_length"], 64);
+    assert_eq!(genai["model"]["eos_token_id"], serde_json::json!([2]));
+    assert_eq!(genai["model"]["bos_token_id"], 1);
+    assert_eq!(genai["model"]["decoder"]["num_key_value_heads"], 2);
+    let config = json("tokenizer_config.json");
+    assert_eq!(config["eos_token"], "<|im_end|>");
+    assert!(
+        config["chat_template"]
+            .as_str()
+            .unwrap()
+            .contains("<|im_start|>")
+    );
+    assert_eq!(json("generation_config.json")["eos_token_id"], 2);
+    // accuracy_level defaults to 4 on every MatMulNBits.
+    let model = oxgen_onnx::Model::load(pkg.join("model.onnx")).unwrap();
+    let graph = model.proto().graph.as_ref().unwrap();
+    let levels: Vec<i64> = graph
+        .node
+        .iter()
+        .filter(|n| n.op_type.as_deref() == Some("MatMulNBits"))
+        .map(|n| {
+            n.attribute
+                .iter()
+                .find(|a| a.name.as_deref() == Some("accuracy_level"))
+                .and_then(|a| a.i)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(levels.len(), 2 * 7 + 1);
+    assert!(levels.iter().all(|&l| l == 4), "{levels:?}");
+}
+
+/// Imports `gguf` into `parent/out`, expecting an error containing each of `needles`, and
+/// checks that nothing was left in `parent` (no package, no temporary folder).
+fn expect_clean_error(gguf: &Path, needles: &[&str]) {
+    let parent = tempfile::tempdir().unwrap();
+    let e = import_gguf(gguf, &parent.path().join("out"), &exact())
+        .expect_err("the import must fail")
+        .to_string();
+    for needle in needles {
+        assert!(e.contains(needle), "error lacks {needle:?}: {e}");
+    }
+    let left: Vec<_> = std::fs::read_dir(parent.path()).unwrap().collect();
+    assert!(left.is_empty(), "a failed import left {left:?}");
+}
+
+#[test]
+fn bad_files_fail_cleanly_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    expect_clean_error(
+        &make_gguf("bad-arch", d),
+        &[
+            "general.architecture 'gptx' is not supported",
+            "llama, mistral, qwen2",
+        ],
+    );
+    expect_clean_error(
+        &make_gguf("bad-pre", d),
+        &["pre-tokenizer 'mystery'", "smollm"],
+    );
+    expect_clean_error(
+        &make_gguf("bad-shape", d),
+        &[
+            "blk.1.attn_q.weight",
+            "[64, 48]",
+            "[64, 64]",
+            "head_count 4",
+        ],
+    );
+    expect_clean_error(&make_gguf("bad-type", d), &["blk.0.ffn_up.weight", "Q5_0"]);
+    expect_clean_error(
+        &make_gguf("extra-tensor", d),
+        &["blk.0.attn_q_norm.weight", "QK-norm"],
+    );
+
+    let good = make_gguf("llama", d);
+    let bytes = std::fs::read(&good).unwrap();
+    let truncated = d.join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    expect_clean_error(&truncated, &["truncated.gguf", "truncated or corrupt"]);
+    expect_clean_error(&d.join("absent.gguf"), &["absent.gguf"]);
+}
+
+#[test]
+fn an_existing_output_folder_is_kept_unless_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = make_gguf("qwen2", dir.path());
+    let out = dir.path().join("pkg");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let e = import_gguf(&gguf, &out, &exact()).unwrap_err().to_string();
+    assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+    let force = ImportOptions {
+        overwrite: true,
+        ..exact()
+    };
+    let e = import_gguf(&gguf, &out, &force).unwrap_err().to_string();
+    assert!(e.contains("refusing to replace"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "mine"
+    );
+
+    std::fs::remove_dir_all(&out).unwrap();
+    import_gguf(&gguf, &out, &exact()).unwrap();
+    let before = std::fs::read(out.join("model.onnx")).unwrap();
+    import_gguf(&gguf, &out, &force).unwrap();
+    assert_eq!(std::fs::read(out.join("model.onnx")).unwrap(), before);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with(".pkg")),
+        "temporary folders left: {names:?}"
+    );
+}
