@@ -26,6 +26,9 @@ pub struct Args {
     /// Kernel threads (0: every core).
     #[arg(long, env = "OXGEN_THREADS", default_value_t = 0)]
     threads: usize,
+    /// f32 activations everywhere, whatever the model's accuracy_level allows.
+    #[arg(long, env = "OXGEN_EXACT")]
+    exact: bool,
     /// Context to size the KV cache for (default: the package's context length).
     #[arg(long, env = "OXGEN_CTX_SIZE")]
     ctx_size: Option<usize>,
@@ -41,6 +44,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let options = ModelOptions {
         threads: args.threads,
         context: args.ctx_size,
+        exact: args.exact,
     };
     let mut model = Model::open(&model_dir, &options)
         .with_context(|| format!("opening {}", model_dir.display()))?;

@@ -15,6 +15,9 @@ use crate::{Arena, ExecError, Plan};
 pub struct ExecOptions {
     /// Threads kernels may use (the calling thread included); 0 means all available cores.
     pub threads: usize,
+    /// f32 activations everywhere: `MatMulNBits` nodes with `accuracy_level` 4 run the f32
+    /// kernel instead of quantizing activations to int8.
+    pub exact: bool,
 }
 
 /// Measurements of the last run.
@@ -35,6 +38,7 @@ pub struct NativeSession {
     pool: Arc<ThreadPool>,
     slots: Vec<Option<Tensor>>,
     stats: RunStats,
+    exact: bool,
 }
 
 fn spec(graph: &Graph, id: ValueId) -> IoSpec {
@@ -52,11 +56,11 @@ impl NativeSession {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        Self::with_pool(graph, Arc::new(ThreadPool::new(threads)))
+        Self::with_pool(graph, Arc::new(ThreadPool::new(threads)), options.exact)
     }
 
     /// A session that shares an existing thread pool.
-    pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>) -> NativeSession {
+    pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
         let inputs = graph.inputs.iter().map(|&id| spec(&graph, id)).collect();
         let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
         let slots = vec![None; graph.values.len()];
@@ -68,6 +72,7 @@ impl NativeSession {
             pool,
             slots,
             stats: RunStats::default(),
+            exact,
         }
     }
 
@@ -139,6 +144,7 @@ impl NativeSession {
             let mut ctx = OpCtx {
                 arena: &mut self.arena,
                 pool: &self.pool,
+                exact: self.exact,
             };
             let produced = ops::run(
                 &node.op,

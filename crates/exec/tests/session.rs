@@ -37,7 +37,13 @@ fn chain(len: usize) -> ModelBuilder {
 
 #[test]
 fn dead_values_are_reused_and_the_peak_is_two_buffers() {
-    let mut s = NativeSession::new(graph(&chain(10)), &ExecOptions { threads: 1 });
+    let mut s = NativeSession::new(
+        graph(&chain(10)),
+        &ExecOptions {
+            threads: 1,
+            ..Default::default()
+        },
+    );
     let x = Tensor::from_slice([1024], &vec![1.5f32; 1024]).unwrap();
     let out = s.run(vec![("x".into(), x)]).unwrap();
     assert_eq!(out[0].1.as_slice::<f32>().unwrap()[0], 1.5);
@@ -91,11 +97,80 @@ fn matmul_results_do_not_depend_on_thread_count() {
             ("w".into(), Tensor::from_slice([70, 45], &w).unwrap()),
         ]
     };
-    let one = NativeSession::new(g.clone(), &ExecOptions { threads: 1 })
-        .run(inputs())
-        .unwrap();
-    let three = NativeSession::new(g, &ExecOptions { threads: 3 })
-        .run(inputs())
-        .unwrap();
+    let one = NativeSession::new(
+        g.clone(),
+        &ExecOptions {
+            threads: 1,
+            ..Default::default()
+        },
+    )
+    .run(inputs())
+    .unwrap();
+    let three = NativeSession::new(
+        g,
+        &ExecOptions {
+            threads: 3,
+            ..Default::default()
+        },
+    )
+    .run(inputs())
+    .unwrap();
     assert_eq!(one[0].1.as_bytes(), three[0].1.as_bytes());
+}
+
+/// `MatMulNBits` with `accuracy_level` 4 quantizes activations to int8 unless the session is
+/// exact; exact sessions compute what `accuracy_level` 0 computes, bit for bit.
+#[test]
+fn accuracy_level_4_uses_int8_activations_unless_exact() {
+    let (k, n) = (64usize, 8usize);
+    let model = |level: i64| {
+        let mut b = ModelBuilder::new("oxgen-test");
+        b.opset("", 21).opset("com.microsoft", 1);
+        b.input("a", DType::F32, &[Dim::Fixed(2), Dim::Fixed(k)]);
+        let codes: Vec<u8> = (0..n * k / 2).map(|i| (i * 37 % 251) as u8).collect();
+        b.initializer("w", Tensor::from_slice([n, k / 32, 16], &codes).unwrap());
+        let scales: Vec<f32> = (0..n * 2).map(|i| 0.01 + i as f32 * 1e-3).collect();
+        b.initializer("s", Tensor::from_slice([n * 2], &scales).unwrap());
+        let attrs = vec![
+            oxgen_onnx::writer::attr::int("K", k as i64),
+            oxgen_onnx::writer::attr::int("N", n as i64),
+            oxgen_onnx::writer::attr::int("bits", 4),
+            oxgen_onnx::writer::attr::int("block_size", 32),
+            oxgen_onnx::writer::attr::int("accuracy_level", level),
+        ];
+        b.node(
+            "MatMulNBits",
+            "com.microsoft",
+            "mm",
+            &["a", "w", "s"],
+            &["y"],
+            attrs,
+        );
+        b.output("y", DType::F32, &[Dim::Fixed(2), Dim::Fixed(n)]);
+        graph(&b)
+    };
+    let a: Vec<f32> = (0..2 * k)
+        .map(|i| ((i * 7919 % 200) as f32 - 100.0) / 33.0)
+        .collect();
+    let run = |g: Graph, exact: bool| {
+        let mut s = NativeSession::new(g, &ExecOptions { threads: 1, exact });
+        let out = s
+            .run(vec![("a".into(), Tensor::from_slice([2, k], &a).unwrap())])
+            .unwrap();
+        out[0].1.as_slice::<f32>().unwrap().to_vec()
+    };
+    let f32_path = run(model(0), false);
+    let int8 = run(model(4), false);
+    assert_eq!(
+        run(model(4), true),
+        f32_path,
+        "exact sessions ignore accuracy_level"
+    );
+    assert_ne!(int8, f32_path, "accuracy_level 4 quantizes activations");
+    let scale = f32_path.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(
+        int8.iter()
+            .zip(&f32_path)
+            .all(|(x, y)| (x - y).abs() < 0.02 * scale)
+    );
 }

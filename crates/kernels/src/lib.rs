@@ -13,6 +13,7 @@ pub mod gather;
 pub mod layout;
 pub mod matmul;
 pub mod matmul_nbits;
+pub mod matmul_nbits_int8;
 pub mod norm;
 pub mod num;
 pub mod par;

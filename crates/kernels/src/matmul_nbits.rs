@@ -103,7 +103,7 @@ pub struct QuantWeights<'a, S> {
 }
 
 impl<S> QuantWeights<'_, S> {
-    fn check(&self) -> Result<(), LayoutError> {
+    pub(crate) fn check(&self) -> Result<(), LayoutError> {
         let l = &self.layout;
         check_len(
             "B",

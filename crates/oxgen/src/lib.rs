@@ -53,6 +53,8 @@ pub struct ModelOptions {
     pub threads: usize,
     /// Context to size KV for; `None` takes the package's `context_length`.
     pub context: Option<usize>,
+    /// f32 activations whatever the model's `accuracy_level` allows (no int8 activations).
+    pub exact: bool,
 }
 
 /// What to generate.
@@ -125,6 +127,7 @@ impl Model {
             graph,
             &ExecOptions {
                 threads: options.threads,
+                exact: options.exact,
             },
             &config.kv,
         )?;

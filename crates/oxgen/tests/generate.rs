@@ -13,6 +13,7 @@ fn generates_the_same_greedy_tokens_as_stepping_by_hand() {
         &ModelOptions {
             threads: 1,
             context: Some(64),
+            exact: false,
         },
     )
     .unwrap();

@@ -23,6 +23,8 @@ use crate::{Arena, OpError};
 pub struct OpCtx<'a> {
     pub arena: &'a mut Arena,
     pub pool: &'a ThreadPool,
+    /// Compute in f32 whatever a node's `accuracy_level` allows (see [`crate::ExecOptions`]).
+    pub exact: bool,
 }
 
 impl OpCtx<'_> {

@@ -8,6 +8,10 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{GatherBlockQuantized, MatMulNBits};
 use oxgen_kernels::matmul_nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoints};
+use oxgen_kernels::matmul_nbits_int8 as kq8;
+
+/// The `accuracy_level` that selects int8 activations.
+const INT8_ACCURACY_LEVEL: u8 = 4;
 use oxgen_kernels::quant::{self, QuantRows};
 use oxgen_tensor::{DType, Tensor};
 
@@ -114,17 +118,43 @@ fn matmul_nbits(
     let mut out_dims = batch.to_vec();
     out_dims.push(n);
     let mut out = ctx.alloc(a.dtype(), out_dims)?;
-    dispatch!(a.dtype(), T => {
-        let zero_points = match zp {
-            None => ZeroPoints::Default,
-            Some(z) if z.dtype() == DType::U8 => ZeroPoints::Packed(z.as_slice::<u8>()?),
-            Some(z) => ZeroPoints::Float(z.as_slice::<T>()?),
+    // accuracy_level 4 asks for int8 activations (onnxruntime's "compute type int8"); it
+    // applies to f32 activations unless the session is exact. Other levels compute in f32.
+    if op.accuracy_level == INT8_ACCURACY_LEVEL && a.dtype() == DType::F32 && !ctx.exact {
+        let w = QuantWeights {
+            layout,
+            data: b.as_slice::<u8>()?,
+            scales: scales.as_slice::<f32>()?,
+            zero_points: zero_points(zp)?,
         };
-        let w = QuantWeights { layout, data: b.as_slice::<u8>()?, scales: scales.as_slice::<T>()?, zero_points };
+        let bias = bias.map(|t| t.as_slice::<f32>()).transpose()?;
+        kq8::matmul_nbits_int8(
+            a.as_slice::<f32>()?,
+            m,
+            &w,
+            bias,
+            out.as_mut_slice::<f32>()?,
+            ctx.pool,
+        )?;
+        return Ok(out);
+    }
+    dispatch!(a.dtype(), T => {
+        let w = QuantWeights { layout, data: b.as_slice::<u8>()?, scales: scales.as_slice::<T>()?, zero_points: zero_points(zp)? };
         let bias = bias.map(|t| t.as_slice::<T>()).transpose()?;
         kq::matmul_nbits(a.as_slice::<T>()?, m, &w, bias, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from)
     }; [F32, F16, BF16])?;
     Ok(out)
+}
+
+/// Packed uint8 zero points, or float ones in the scales' type `T`.
+fn zero_points<T: oxgen_tensor::Element>(
+    zp: Option<&Tensor>,
+) -> Result<ZeroPoints<'_, T>, OpError> {
+    Ok(match zp {
+        None => ZeroPoints::Default,
+        Some(z) if z.dtype() == DType::U8 => ZeroPoints::Packed(z.as_slice::<u8>()?),
+        Some(z) => ZeroPoints::Float(z.as_slice::<T>()?),
+    })
 }
 
 fn gather_block_quantized(
