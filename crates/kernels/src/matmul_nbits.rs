@@ -132,15 +132,44 @@ pub fn matmul_nbits<T: Accum<Acc = f32>>(
     out: &mut [T],
     pool: &ThreadPool,
 ) -> Result<(), LayoutError> {
+    check_args(a.len(), m, w, bias.map(<[T]>::len), out.len())?;
+    let k = w.layout.k;
+    par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
+        row_part(&a[i * k..][..k], w, bias, cols, out_row);
+    });
+    Ok(())
+}
+
+/// Checks the lengths of `A` (`m × K`), the weights, the bias (`N`) and the output (`m × N`).
+pub(crate) fn check_args<S>(
+    a_len: usize,
+    m: usize,
+    w: &QuantWeights<'_, S>,
+    bias_len: Option<usize>,
+    out_len: usize,
+) -> Result<(), LayoutError> {
     w.check()?;
     let NBitsLayout { n, k, .. } = w.layout;
-    check_len("A", a.len(), numel(&[m, k])?)?;
-    check_len("output", out.len(), numel(&[m, n])?)?;
-    if let Some(b) = bias {
-        check_len("bias", b.len(), n)?;
+    check_len("A", a_len, numel(&[m, k])?)?;
+    check_len("output", out_len, numel(&[m, n])?)?;
+    if let Some(b) = bias_len {
+        check_len("bias", b, n)?;
     }
+    Ok(())
+}
+
+/// Hands output rows (or, for few rows, column ranges of them) to pool tasks: `f(row, cols,
+/// out_row_part)`. Never splits K, so results do not depend on the split.
+pub(crate) fn par_output_rows<T: Send>(
+    pool: &ThreadPool,
+    m: usize,
+    layout: NBitsLayout,
+    out: &mut [T],
+    f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
+) {
+    let NBitsLayout { n, k, .. } = layout;
     if m == 0 || n == 0 {
-        return Ok(());
+        return;
     }
     let parts = parts_for(pool, m * n, k);
     let (rows_per_task, col_parts) = if parts <= m {
@@ -148,17 +177,7 @@ pub fn matmul_nbits<T: Accum<Acc = f32>>(
     } else {
         (1, parts.div_ceil(m).min(n))
     };
-    par_row_parts(
-        pool,
-        out,
-        n,
-        rows_per_task,
-        col_parts,
-        |i, cols, out_row| {
-            row_part(&a[i * k..][..k], w, bias, cols, out_row);
-        },
-    );
-    Ok(())
+    par_row_parts(pool, out, n, rows_per_task, col_parts, f);
 }
 
 /// Columns `cols` of one output row.

@@ -17,9 +17,8 @@
 use std::ops::Range;
 
 use crate::ThreadPool;
-use crate::layout::{LayoutError, check_len, numel};
-use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
-use crate::par::{par_row_parts, parts_for};
+use crate::layout::LayoutError;
+use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints, check_args, par_output_rows};
 use crate::quant::{code, default_zero_point};
 
 /// The largest int8 magnitude used: symmetric, so `-128` never appears.
@@ -51,22 +50,13 @@ pub fn matmul_nbits_int8(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), LayoutError> {
-    w.check()?;
+    check_args(a.len(), m, w, bias.map(<[f32]>::len), out.len())?;
     let NBitsLayout {
-        n,
         k,
         block_size,
         k_blocks,
         ..
     } = w.layout;
-    check_len("A", a.len(), numel(&[m, k])?)?;
-    check_len("output", out.len(), numel(&[m, n])?)?;
-    if let Some(b) = bias {
-        check_len("bias", b.len(), n)?;
-    }
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
     let mut qa = vec![0i8; m * k];
     let mut sa = vec![0f32; m * k_blocks];
     for i in 0..m {
@@ -77,29 +67,16 @@ pub fn matmul_nbits_int8(
             &mut sa[i * k_blocks..][..k_blocks],
         );
     }
-    let parts = parts_for(pool, m * n, k);
-    let (rows_per_task, col_parts) = if parts <= m {
-        (m.div_ceil(parts), 1)
-    } else {
-        (1, parts.div_ceil(m).min(n))
-    };
-    par_row_parts(
-        pool,
-        out,
-        n,
-        rows_per_task,
-        col_parts,
-        |i, cols, out_row| {
-            row_part(
-                &qa[i * k..][..k],
-                &sa[i * k_blocks..][..k_blocks],
-                w,
-                bias,
-                cols,
-                out_row,
-            );
-        },
-    );
+    par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
+        row_part(
+            &qa[i * k..][..k],
+            &sa[i * k_blocks..][..k_blocks],
+            w,
+            bias,
+            cols,
+            out_row,
+        );
+    });
     Ok(())
 }
 
