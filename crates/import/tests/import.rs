@@ -78,7 +78,15 @@ fn exact() -> ImportOptions<'static> {
 fn native_rows(model: &Path, spans: &[Vec<u32>]) -> Vec<Vec<f32>> {
     let m = oxgen_onnx::Model::load(model).unwrap();
     let g = oxgen_graph::Graph::from_model(&m).unwrap();
-    let mut lm = NativeLm::new(g, &ExecOptions { threads: 2, ..Default::default() }, &KvTemplates::default()).unwrap();
+    let mut lm = NativeLm::new(
+        g,
+        &ExecOptions {
+            threads: 2,
+            ..Default::default()
+        },
+        &KvTemplates::default(),
+    )
+    .unwrap();
     assert!(lm.shared_kv(), "GroupQueryAttention keeps KV in place");
     let seq = lm.add_sequence(64).unwrap();
     let mut out = StepLogits::default();

@@ -31,7 +31,10 @@ pub fn native_session(model: &Path) -> Result<Box<dyn Session>, String> {
     let graph = oxgen_graph::Graph::from_model(&model).map_err(|e| e.to_string())?;
     Ok(Box::new(oxgen_exec::NativeSession::new(
         graph,
-        &oxgen_exec::ExecOptions { threads: 1, ..Default::default() },
+        &oxgen_exec::ExecOptions {
+            threads: 1,
+            ..Default::default()
+        },
     )))
 }
 

@@ -27,7 +27,15 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
 fn lm(model: &Path, threads: usize) -> NativeLm {
     let m = oxgen_onnx::Model::load(model).unwrap();
     let g = oxgen_graph::Graph::from_model(&m).unwrap();
-    NativeLm::new(g, &ExecOptions { threads, ..Default::default() }, &KvTemplates::default()).unwrap()
+    NativeLm::new(
+        g,
+        &ExecOptions {
+            threads,
+            ..Default::default()
+        },
+        &KvTemplates::default(),
+    )
+    .unwrap()
 }
 
 fn tokens(seed: u64, n: usize) -> Vec<u32> {

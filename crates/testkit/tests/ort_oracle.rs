@@ -17,11 +17,22 @@ fn onnxruntime_and_native_agree_on_a_small_graph() {
     let path = dir.path().join("m.onnx");
     b.save(&path, None).unwrap();
     let a = Tensor::from_slice([2, 3], &[0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6]).unwrap();
-    let w = Tensor::from_slice([3, 4], &(0..12).map(|i| i as f32 / 7.0).collect::<Vec<_>>()).unwrap();
+    let w =
+        Tensor::from_slice([3, 4], &(0..12).map(|i| i as f32 / 7.0).collect::<Vec<_>>()).unwrap();
     let inputs = vec![("a".to_string(), a), ("b".to_string(), w)];
     let ort = oxgen_testkit::ort_oracle::run(&path, &inputs).unwrap();
     let mut native = oxgen_testkit::node_tests::native_session(&path).unwrap();
     let ours = native.run(inputs).unwrap();
     assert_eq!(ort.len(), 1);
-    assert_eq!(mismatch(&ours[0].1, &ort[0], Tolerance { rtol: 1e-6, atol: 1e-7 }), None);
+    assert_eq!(
+        mismatch(
+            &ours[0].1,
+            &ort[0],
+            Tolerance {
+                rtol: 1e-6,
+                atol: 1e-7
+            }
+        ),
+        None
+    );
 }

@@ -45,7 +45,13 @@ pub fn run_on(
     let bytes = prost::Message::encode_to_vec(&b.build());
     let model = oxgen_onnx::Model::from_bytes(bytes.into(), None).map_err(|e| e.to_string())?;
     let graph = Graph::from_model(&model).map_err(|e| e.to_string())?;
-    let mut s = NativeSession::new(graph, &ExecOptions { threads, ..Default::default() });
+    let mut s = NativeSession::new(
+        graph,
+        &ExecOptions {
+            threads,
+            ..Default::default()
+        },
+    );
     let out = s.run(feeds).map_err(|e| e.to_string())?;
     Ok(out.into_iter().map(|(_, t)| t).collect())
 }

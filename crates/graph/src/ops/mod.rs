@@ -11,8 +11,8 @@ mod quant;
 mod reduce;
 mod shape;
 
-pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 pub use attention::{GroupQueryAttention, Rotary, RotaryKind};
+pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 pub use nn::{Gemm, Norm, NormKind, SkipNorm};
 pub use quant::{GatherBlockQuantized, MatMulNBits};
 pub use reduce::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
