@@ -19,7 +19,7 @@ use oxgen_kernels::acc::Accum;
 use oxgen_kernels::broadcast::{self, broadcast_shape, broadcast_strides};
 use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm::{self as kn, LayerNormStats, Residual};
-use oxgen_tensor::{DType, Element, Tensor};
+use oxgen_tensor::{Element, Tensor};
 
 use super::{OpCtx, input, norm_axis, opt_input};
 use crate::OpError;
@@ -339,16 +339,7 @@ fn norm(
     ctx: &mut OpCtx,
 ) -> Result<Vec<Tensor>, OpError> {
     let x = input(inputs, 0)?;
-    match x.dtype() {
-        DType::F32 => norm_typed::<f32>(nm, x, inputs, n_outputs, ctx),
-        DType::F64 => norm_typed::<f64>(nm, x, inputs, n_outputs, ctx),
-        DType::F16 => norm_typed::<half::f16>(nm, x, inputs, n_outputs, ctx),
-        DType::BF16 => norm_typed::<half::bf16>(nm, x, inputs, n_outputs, ctx),
-        other => Err(OpError::DType {
-            dtype: other,
-            detail: " for a normalization: expected a float type".into(),
-        }),
-    }
+    dispatch_float!(x.dtype(), T => norm_typed::<T>(nm, x, inputs, n_outputs, ctx))
 }
 
 /// Checks `t` holds exactly `n` values shaped `[n]` (leading 1s allowed).
@@ -450,14 +441,5 @@ fn skip_norm(
     ctx: &mut OpCtx,
 ) -> Result<Vec<Tensor>, OpError> {
     let x = input(inputs, 0)?;
-    match x.dtype() {
-        DType::F32 => skip_norm_typed::<f32>(sn, x, inputs, n_outputs, ctx),
-        DType::F64 => skip_norm_typed::<f64>(sn, x, inputs, n_outputs, ctx),
-        DType::F16 => skip_norm_typed::<half::f16>(sn, x, inputs, n_outputs, ctx),
-        DType::BF16 => skip_norm_typed::<half::bf16>(sn, x, inputs, n_outputs, ctx),
-        other => Err(OpError::DType {
-            dtype: other,
-            detail: " for SkipSimplifiedLayerNormalization: expected a float type".into(),
-        }),
-    }
+    dispatch_float!(x.dtype(), T => skip_norm_typed::<T>(sn, x, inputs, n_outputs, ctx))
 }
