@@ -34,15 +34,19 @@ pub struct Generated {
     pub prompt_tokens: usize,
 }
 
-/// Index of the largest value; the first one on ties (what greedy decoding everywhere does).
-pub fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
+/// Index of the largest value not in `excluded`; the first one on ties (what greedy decoding
+/// everywhere does). Reads the row in place: nothing is copied per token.
+pub fn argmax_excluding(row: &[f32], excluded: &[u32]) -> usize {
+    let mut best: Option<(usize, f32)> = None;
     for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
+        if excluded.contains(&(i as u32)) {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
         }
     }
-    best
+    best.map_or(0, |(i, _)| i)
 }
 
 /// Generates greedily after `prompt`. `on_token` sees each new id and returns `false` to
@@ -96,17 +100,12 @@ fn decode_loop(
         lm.step(&Batch { steps: &step }, &mut logits)?;
         pos += span.len();
         let row = logits.row(0, 0);
-        let next = if options.ignore_eos {
-            let mut masked = row.to_vec();
-            for &e in &options.eos {
-                if let Some(v) = masked.get_mut(e as usize) {
-                    *v = f32::NEG_INFINITY;
-                }
-            }
-            argmax(&masked)
+        let masked: &[u32] = if options.ignore_eos {
+            &options.eos
         } else {
-            argmax(row)
-        } as u32;
+            &[]
+        };
+        let next = argmax_excluding(row, masked) as u32;
         tokens.push(next);
         if !options.ignore_eos && options.eos.contains(&next) {
             break StopReason::Eos;
