@@ -19,4 +19,4 @@ pub use arena::Arena;
 pub use error::{ExecError, OpError};
 pub use lm::NativeLm;
 pub use plan::Plan;
-pub use session::{ExecOptions, NativeSession, RunStats};
+pub use session::{ExecOptions, NativeSession, OpTime, RunStats};

@@ -125,6 +125,16 @@ impl NativeLm {
         })
     }
 
+    /// Times each op type from now on (see [`NativeSession::set_profiling`]).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.session.set_profiling(on);
+    }
+
+    /// Time per op type since profiling was switched on, most expensive first.
+    pub fn op_times(&self) -> Vec<crate::OpTime> {
+        self.session.op_times()
+    }
+
     /// Whether KV lives in context-sized buffers updated in place.
     pub fn shared_kv(&self) -> bool {
         self.shared_kv

@@ -1,6 +1,7 @@
 //! The native session: runs a plan over named inputs.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use oxgen_graph::{Graph, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
@@ -29,6 +30,46 @@ pub struct RunStats {
     pub nodes: usize,
 }
 
+/// Time spent in one op type (`domain::op_type` for non-ONNX domains).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTime {
+    pub op_type: String,
+    pub calls: u64,
+    pub total: Duration,
+}
+
+/// Per-node timing, on when profiling: each node's row in `times`.
+struct Profile {
+    row_of_node: Vec<usize>,
+    times: Vec<OpTime>,
+}
+
+impl Profile {
+    fn new(graph: &Graph) -> Profile {
+        let mut times: Vec<OpTime> = Vec::new();
+        let row_of_node = graph
+            .nodes
+            .iter()
+            .map(|node| {
+                let name = if node.domain.is_empty() {
+                    node.op_type.clone()
+                } else {
+                    format!("{}::{}", node.domain, node.op_type)
+                };
+                times.iter().position(|t| t.op_type == name).unwrap_or_else(|| {
+                    times.push(OpTime {
+                        op_type: name,
+                        calls: 0,
+                        total: Duration::ZERO,
+                    });
+                    times.len() - 1
+                })
+            })
+            .collect();
+        Profile { row_of_node, times }
+    }
+}
+
 /// A graph running on oxgen's own kernels.
 pub struct NativeSession {
     plan: Plan,
@@ -39,6 +80,7 @@ pub struct NativeSession {
     slots: Vec<Option<Tensor>>,
     stats: RunStats,
     exact: bool,
+    profile: Option<Profile>,
 }
 
 fn spec(graph: &Graph, id: ValueId) -> IoSpec {
@@ -73,11 +115,28 @@ impl NativeSession {
             slots,
             stats: RunStats::default(),
             exact,
+            profile: None,
         }
     }
 
     pub fn graph(&self) -> &Graph {
         &self.plan.graph
+    }
+
+    /// Times each node from now on (`true`, counters from zero) or stops timing.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(|| Profile::new(&self.plan.graph));
+    }
+
+    /// Time per op type since profiling was switched on, most expensive first.
+    pub fn op_times(&self) -> Vec<OpTime> {
+        let mut times: Vec<OpTime> = self
+            .profile
+            .iter()
+            .flat_map(|p| p.times.iter().filter(|t| t.calls > 0).cloned())
+            .collect();
+        times.sort_by(|a, b| b.total.cmp(&a.total));
+        times
     }
 
     /// Statistics of the last completed run.
@@ -141,6 +200,7 @@ impl NativeSession {
                 .iter()
                 .map(|v| v.and_then(|id| graph.initializers.get(&id).or(self.slots[id.0].as_ref())))
                 .collect();
+            let started = self.profile.is_some().then(Instant::now);
             let mut ctx = OpCtx {
                 arena: &mut self.arena,
                 pool: &self.pool,
@@ -157,6 +217,11 @@ impl NativeSession {
                 node: Box::new(node.node_ref()),
                 source,
             })?;
+            if let (Some(profile), Some(started)) = (&mut self.profile, started) {
+                let row = &mut profile.times[profile.row_of_node[i]];
+                row.calls += 1;
+                row.total += started.elapsed();
+            }
             if produced.len()
                 < node
                     .outputs
