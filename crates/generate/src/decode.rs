@@ -1,37 +1,235 @@
-//! Greedy decoding over a [`LanguageModel`]: prefill the prompt, then one token at a time
-//! until an end-of-sequence token, the token budget or the context runs out.
+//! One sequence's decoding, as a state machine any driver can step: feed [`Decoding::span`]
+//! to the model, hand the last logits row to [`Decoding::on_logits`], emit what it returns,
+//! repeat until it reports a [`FinishReason`].
+//!
+//! The state machine owns what belongs to the sequence (its sampler chain and RNG, the
+//! incremental detokenizer, the stop-string matcher, the ids) and nothing of the backend, so
+//! one driver can run it alone (with [`step_sequence`]) and a scheduler can run many in one batch.
 
-use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
+use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
 
-use crate::GenerateError;
+use crate::{
+    Detokenizer, GenerateError, Sampler, SamplingParams, StopCheck, StopStrings, Tokenizer,
+};
 
-/// What to generate.
+/// What to generate after a prompt.
 #[derive(Debug, Clone)]
-pub struct GenerateOptions {
+pub struct DecodeOptions {
     pub max_new_tokens: usize,
-    /// Token ids that end generation.
+    /// Token ids that end generation (the package's EOS ids).
     pub eos: Vec<u32>,
-    /// Mask the EOS logits so generation always runs to `max_new_tokens`.
+    /// Mask the EOS logits so generation runs to `max_new_tokens`.
     pub ignore_eos: bool,
-    /// Positions the sequence's KV is sized for (prompt + generated).
-    pub context: usize,
+    /// Strings that end generation; they are not emitted.
+    pub stop: Vec<String>,
+    pub sampling: SamplingParams,
 }
 
+/// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
+pub enum FinishReason {
+    /// An end-of-sequence token was generated.
     Eos,
-    MaxTokens,
+    /// Stop string number `.0` of [`DecodeOptions::stop`] appeared in the text.
+    StopString(usize),
+    /// `max_new_tokens` were generated.
+    Length,
+    /// The sequence filled its context.
     Context,
-    /// The token callback asked to stop.
-    Callback,
+    /// The caller cancelled.
+    Cancelled,
 }
 
-/// The result of a generation.
-#[derive(Debug, Clone)]
-pub struct Generated {
-    pub tokens: Vec<u32>,
-    pub stop: StopReason,
-    pub prompt_tokens: usize,
+impl FinishReason {
+    /// The OpenAI spelling: `stop`, `length` or `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos | FinishReason::StopString(_) => "stop",
+            FinishReason::Length | FinishReason::Context => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What one logits row produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Emitted {
+    /// The chosen id.
+    pub id: u32,
+    /// Set when the sequence is finished after this id.
+    pub finish: Option<FinishReason>,
+}
+
+/// The decoding state of one sequence.
+pub struct Decoding {
+    options: DecodeOptions,
+    context: usize,
+    sampler: Sampler,
+    detok: Detokenizer,
+    stops: StopStrings,
+    /// Prompt then generated ids: everything the KV will hold.
+    ids: Vec<u32>,
+    prompt_len: usize,
+    /// Ids before this index are in the KV cache.
+    fed: usize,
+    finish: Option<FinishReason>,
+    /// Text released to the caller but not yet taken.
+    text: String,
+}
+
+impl Decoding {
+    /// Starts decoding after `prompt`, whose first `cached` ids are already in the sequence's
+    /// KV (reused from an earlier turn). At least the last prompt id is always fed, since its
+    /// logits choose the first new id. `context` is the positions the sequence's KV holds.
+    pub fn new(
+        prompt: &[u32],
+        cached: usize,
+        context: usize,
+        options: DecodeOptions,
+    ) -> Result<Decoding, GenerateError> {
+        if prompt.is_empty() {
+            return Err(GenerateError::Prompt("the prompt has no tokens".into()));
+        }
+        if prompt.len() >= context {
+            return Err(GenerateError::Prompt(format!(
+                "the prompt has {} tokens but the context holds {context}; shorten the prompt \
+                 or raise the context (--ctx-size)",
+                prompt.len(),
+            )));
+        }
+        let mut sampler = Sampler::new(options.sampling.clone())?;
+        sampler.reset(prompt);
+        let mut ids = Vec::with_capacity((prompt.len() + options.max_new_tokens).min(context));
+        ids.extend_from_slice(prompt);
+        let stops = StopStrings::new(options.stop.clone());
+        let finish = (options.max_new_tokens == 0).then_some(FinishReason::Length);
+        Ok(Decoding {
+            options,
+            context,
+            sampler,
+            detok: Detokenizer::new(true),
+            stops,
+            prompt_len: prompt.len(),
+            fed: cached.min(prompt.len() - 1),
+            ids,
+            finish,
+            text: String::new(),
+        })
+    }
+
+    /// The ids to feed next and the position of the first: the uncached prompt at first, then
+    /// the last generated id.
+    pub fn span(&self) -> (usize, &[u32]) {
+        (self.fed, &self.ids[self.fed..])
+    }
+
+    /// How many ids the prompt has.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
+    /// Every id: the prompt, then the generated ones.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// The generated ids.
+    pub fn generated(&self) -> &[u32] {
+        &self.ids[self.prompt_len..]
+    }
+
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Chooses the next id from the logits of the last fed id, and advances.
+    pub fn on_logits(&mut self, row: &[f32], tok: &Tokenizer) -> Result<Emitted, GenerateError> {
+        if let Some(finish) = self.finish {
+            return Err(GenerateError::Prompt(format!(
+                "the sequence already finished ({finish:?})"
+            )));
+        }
+        self.fed = self.ids.len();
+        let masked: &[u32] = if self.options.ignore_eos {
+            &self.options.eos
+        } else {
+            &[]
+        };
+        let id = self.sampler.sample(row, masked);
+        self.sampler.accept(id);
+        self.ids.push(id);
+        let generated = self.ids.len() - self.prompt_len;
+        if !self.options.ignore_eos && self.options.eos.contains(&id) {
+            self.finish = Some(FinishReason::Eos);
+        } else {
+            let piece = self.detok.push(tok, id)?;
+            self.release(&piece);
+        }
+        if self.finish.is_none() {
+            if generated >= self.options.max_new_tokens {
+                self.finish = Some(FinishReason::Length);
+            } else if self.ids.len() >= self.context {
+                self.finish = Some(FinishReason::Context);
+            }
+        }
+        if self
+            .finish
+            .is_some_and(|f| !matches!(f, FinishReason::StopString(_)))
+        {
+            let rest = self.detok.flush(tok)?;
+            self.release(&rest);
+            if !matches!(self.finish, Some(FinishReason::StopString(_))) {
+                let held = self.stops.finish().to_string();
+                self.text.push_str(&held);
+            }
+        }
+        Ok(Emitted {
+            id,
+            finish: self.finish,
+        })
+    }
+
+    /// Stops the sequence (the caller cancelled); held-back text is dropped.
+    pub fn cancel(&mut self) {
+        self.finish.get_or_insert(FinishReason::Cancelled);
+    }
+
+    /// Text released since the last call: complete characters, with stop strings and what
+    /// may begin one held back.
+    pub fn take_text(&mut self) -> String {
+        std::mem::take(&mut self.text)
+    }
+
+    fn release(&mut self, piece: &str) {
+        if piece.is_empty() || matches!(self.finish, Some(FinishReason::StopString(_))) {
+            return;
+        }
+        match self.stops.push(piece) {
+            StopCheck::Continue(text) => self.text.push_str(text),
+            StopCheck::Stop { text, which } => {
+                self.text.push_str(text);
+                self.finish = Some(FinishReason::StopString(which));
+            }
+        }
+    }
+}
+
+/// Feeds `decoding`'s span to `seq` and returns the logits row of its last id.
+pub fn step_sequence<'l>(
+    lm: &mut dyn LanguageModel,
+    seq: SeqId,
+    decoding: &Decoding,
+    logits: &'l mut StepLogits,
+) -> Result<&'l [f32], GenerateError> {
+    let (pos, tokens) = decoding.span();
+    let step = [SeqStep {
+        seq,
+        tokens,
+        pos,
+        logits: LogitsWanted::Last,
+    }];
+    lm.step(&Batch { steps: &step }, logits)?;
+    Ok(logits.row(0, 0))
 }
 
 /// Index of the largest value not in `excluded`; the first one on ties (what greedy decoding
@@ -47,78 +245,4 @@ pub fn argmax_excluding(row: &[f32], excluded: &[u32]) -> usize {
         }
     }
     best.map_or(0, |(i, _)| i)
-}
-
-/// Generates greedily after `prompt`. `on_token` sees each new id and returns `false` to
-/// stop. The sequence is removed from the model afterwards, also on error.
-pub fn generate_greedy(
-    lm: &mut dyn LanguageModel,
-    prompt: &[u32],
-    options: &GenerateOptions,
-    mut on_token: impl FnMut(u32) -> bool,
-) -> Result<Generated, GenerateError> {
-    if prompt.is_empty() {
-        return Err(GenerateError::Prompt("the prompt has no tokens".into()));
-    }
-    if prompt.len() >= options.context {
-        return Err(GenerateError::Prompt(format!(
-            "the prompt has {} tokens but the context holds {}; shorten it or raise the context",
-            prompt.len(),
-            options.context
-        )));
-    }
-    let seq = lm.add_sequence(options.context)?;
-    let result = decode_loop(lm, seq, prompt, options, &mut on_token);
-    lm.remove_sequence(seq);
-    result
-}
-
-fn decode_loop(
-    lm: &mut dyn LanguageModel,
-    seq: oxgen_runtime::SeqId,
-    prompt: &[u32],
-    options: &GenerateOptions,
-    on_token: &mut impl FnMut(u32) -> bool,
-) -> Result<Generated, GenerateError> {
-    let mut logits = StepLogits::default();
-    let mut tokens = Vec::with_capacity(options.max_new_tokens);
-    let mut span: Vec<u32> = prompt.to_vec();
-    let mut pos = 0;
-    let stop = loop {
-        if tokens.len() >= options.max_new_tokens {
-            break StopReason::MaxTokens;
-        }
-        if pos + span.len() > options.context {
-            break StopReason::Context;
-        }
-        let step = [SeqStep {
-            seq,
-            tokens: &span,
-            pos,
-            logits: LogitsWanted::Last,
-        }];
-        lm.step(&Batch { steps: &step }, &mut logits)?;
-        pos += span.len();
-        let row = logits.row(0, 0);
-        let masked: &[u32] = if options.ignore_eos {
-            &options.eos
-        } else {
-            &[]
-        };
-        let next = argmax_excluding(row, masked) as u32;
-        tokens.push(next);
-        if !options.ignore_eos && options.eos.contains(&next) {
-            break StopReason::Eos;
-        }
-        if !on_token(next) {
-            break StopReason::Callback;
-        }
-        span.clear();
-        span.push(next);
-    };
-    Ok(Generated {
-        tokens,
-        stop,
-        prompt_tokens: prompt.len(),
-    })
 }

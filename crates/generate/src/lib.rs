@@ -4,16 +4,29 @@
 //!   a [`Detokenizer`] that streams text without ever splitting a UTF-8 character.
 //! - [`ChatTemplate`]: the package's Jinja chat template (minijinja with Python-compatible
 //!   methods, `raise_exception` and `strftime_now`).
-//! - [`generate_greedy`]: prefill then decode through any [`oxgen_runtime::LanguageModel`].
+//! - [`Sampler`]: the logits-processor chain (bias, penalties, temperature, top-k, top-p,
+//!   min-p) and seeded selection, matching Hugging Face transformers' processors.
+//! - [`StopStrings`]: stop strings matched across streamed pieces, held back until decided.
+//! - [`Decoding`]: one sequence's decoding state (sampler, detokenizer, stop strings), stepped
+//!   through any [`oxgen_runtime::LanguageModel`].
 //!
 //! This crate sees logits as `&[f32]` rows; it must never know which backend runs the model
 //! or read ONNX files.
 
 mod decode;
+mod sampling;
+mod stop;
 mod template;
 mod tokenizer;
 
-pub use decode::{GenerateOptions, Generated, StopReason, generate_greedy};
+pub use decode::{
+    DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence,
+};
+pub use sampling::{
+    Sampler, SamplingParams, Scratch, apply_frequency_presence, apply_logit_bias, apply_min_p,
+    apply_repetition_penalty, apply_temperature, apply_top_k, apply_top_p,
+};
+pub use stop::{StopCheck, StopStrings};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{Detokenizer, Tokenizer};
 
@@ -26,6 +39,8 @@ pub enum GenerateError {
     Template(String),
     #[error("prompt: {0}")]
     Prompt(String),
+    #[error("sampling: {0}")]
+    Sampling(String),
     #[error(transparent)]
     Runtime(#[from] oxgen_runtime::RuntimeError),
 }

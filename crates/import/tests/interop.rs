@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use oxgen::{GenerateOptions, Model, ModelOptions, Prompt, StopReason};
+use oxgen::{FinishReason, GenerateOptions, Model, ModelOptions, Prompt};
 use oxgen_import::{ImportOptions, import_gguf};
 
 /// New tokens per prompt and runtime. A kernel or graph difference between runtimes shows
@@ -267,6 +267,7 @@ fn accuracy_level_0_package_gives_the_same_greedy_ids_in_oxgen_onnxruntime_and_g
     let generate = GenerateOptions {
         max_new_tokens: NEW_TOKENS,
         ignore_eos: true,
+        ..GenerateOptions::default()
     };
     let mut ours = Vec::new();
     for case in &cases {
@@ -279,7 +280,7 @@ fn accuracy_level_0_package_gives_the_same_greedy_ids_in_oxgen_onnxruntime_and_g
         let out = model
             .generate(&Prompt::Tokens(prompt.clone()), &generate, |_| {})
             .expect("oxgen generates");
-        assert_eq!(out.stop, StopReason::MaxTokens, "{}", case.label());
+        assert_eq!(out.finish_reason, FinishReason::Length, "{}", case.label());
         ours.push((prompt, out.tokens));
     }
     drop(model);

@@ -1,29 +1,63 @@
 //! oxgen: run generative AI models stored as ONNX.
 //!
+//! Open a package, then generate with a callback per piece of text:
+//!
 //! ```no_run
-//! use oxgen::{Model, ModelOptions, Prompt, GenerateOptions};
+//! use oxgen::{GenerateOptions, Model, ModelOptions, Prompt};
 //!
 //! let mut model = Model::open("path/to/package", &ModelOptions::default())?;
 //! let prompt = Prompt::chat(&[("user", "Why is the sky blue?")]);
-//! let out = model.generate(&prompt, &GenerateOptions::default(), |text| print!("{text}"))?;
-//! eprintln!("{} tokens", out.tokens.len());
+//! let out = model.generate(&prompt, &model.default_options(), |text| print!("{text}"))?;
+//! eprintln!("{} tokens, {:.1} tok/s", out.usage.completion_tokens, out.timings.decode_tok_s);
 //! # Ok::<(), oxgen::Error>(())
 //! ```
 //!
-//! A package folder holds `model.onnx` (onnxruntime-genai layout: `genai_config.json`,
-//! `tokenizer.json`, `tokenizer_config.json`). The model's I/O contract comes from the graph
-//! and the config files, never from its name. This crate is the only one that picks a
-//! backend.
+//! or pull tokens as an iterator, with seeded sampling and a stop string:
+//!
+//! ```no_run
+//! use oxgen::{Model, ModelOptions, Prompt};
+//!
+//! let mut model = Model::open("path/to/package", &ModelOptions::default())?;
+//! let mut options = model.default_options();
+//! options.sampling.greedy = false;
+//! options.sampling.temperature = 0.7;
+//! options.sampling.top_p = 0.9;
+//! options.sampling.seed = 42;
+//! options.stop = vec!["\n\n".into()];
+//! let mut stream = model.stream(&Prompt::Text("Once upon a time".into()), &options)?;
+//! for token in &mut stream {
+//!     print!("{}", token?.text);
+//! }
+//! let out = stream.finish();
+//! eprintln!("finished: {:?}", out.finish_reason);
+//! # Ok::<(), oxgen::Error>(())
+//! ```
+//!
+//! A package folder holds the graph, its config and the tokenizer: onnxruntime-genai's layout
+//! (`genai_config.json`) or optimum's (`config.json`). The model's I/O contract comes from
+//! the graph and the config files, never from its name. This crate is the only one that
+//! picks a backend.
 
+mod chat;
+mod defaults;
 mod package;
+mod stream;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use oxgen_exec::{ExecOptions, NativeLm};
-use oxgen_generate::{ChatMessage, ChatTemplate, Detokenizer, Tokenizer};
-pub use oxgen_generate::{Generated, StopReason};
-use oxgen_runtime::LanguageModel;
+use oxgen_generate::{ChatTemplate, Tokenizer};
+use oxgen_runtime::{LanguageModel, SeqId};
+
+pub use chat::Chat;
+pub use defaults::PackageDefaults;
+pub use oxgen_exec::OpTime;
+pub use oxgen_generate::{ChatMessage, FinishReason, SamplingParams};
 pub use package::PackageConfig;
+pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
 
 /// Errors from opening a model or generating with it.
 #[derive(Debug, thiserror::Error)]
@@ -51,25 +85,60 @@ pub enum Error {
 pub struct ModelOptions {
     /// Kernel threads; 0 uses every core.
     pub threads: usize,
-    /// Context to size KV for; `None` takes the package's `context_length`.
+    /// Positions each sequence's KV holds. `None`: the prompt plus `max_new_tokens` of each
+    /// request, capped by the package's context length.
     pub context: Option<usize>,
     /// f32 activations whatever the model's `accuracy_level` allows (no int8 activations).
     pub exact: bool,
 }
 
-/// What to generate.
+/// Stops a generation from another thread (or a signal handler) at the next token.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Clears the flag, so the token can serve the next generation.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// What to generate. [`Model::default_options`] starts from the package's own defaults.
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Strings that end generation; they are not part of the text.
+    pub stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens (their logits are masked).
     pub ignore_eos: bool,
+    pub cancel: Option<Cancel>,
 }
 
 impl Default for GenerateOptions {
+    /// Greedy, 256 new tokens, no stop strings.
     fn default() -> Self {
         GenerateOptions {
             max_new_tokens: 256,
+            sampling: SamplingParams {
+                greedy: true,
+                ..SamplingParams::default()
+            },
+            stop: Vec::new(),
             ignore_eos: false,
+            cancel: None,
         }
     }
 }
@@ -94,23 +163,44 @@ impl Prompt {
     }
 }
 
-/// A loaded model with its tokenizer and chat template.
+/// The sequence whose KV outlives a generation, so the next prompt that starts with the same
+/// ids (the next turn of a chat) prefills only what it adds.
+struct CachedSeq {
+    seq: SeqId,
+    /// The ids whose KV the sequence holds.
+    ids: Vec<u32>,
+    capacity: usize,
+}
+
+/// A loaded model with its tokenizer, chat template and generation defaults.
 pub struct Model {
     lm: NativeLm,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     config: PackageConfig,
-    context: usize,
+    defaults: PackageDefaults,
+    context: Option<usize>,
+    cached: Option<CachedSeq>,
+    dir: PathBuf,
+    load_time: std::time::Duration,
 }
 
 impl Model {
-    /// Opens a package folder (or its `model.onnx`).
+    /// Opens a package folder (or its graph file).
     pub fn open(path: impl AsRef<Path>, options: &ModelOptions) -> Result<Model, Error> {
+        let start = Instant::now();
         let path = path.as_ref();
         let dir = if path.is_dir() {
             path.to_path_buf()
-        } else {
+        } else if path.exists() {
             path.parent().map(Path::to_path_buf).unwrap_or_default()
+        } else {
+            return Err(Error::Package {
+                path: path.display().to_string(),
+                reason: "no such file or folder; give a package folder (oxgen pull fetches \
+                         the default model, oxgen import converts a GGUF)"
+                    .into(),
+            });
         };
         let config = PackageConfig::read(&dir)?;
         let model_path = dir.join(&config.model_file);
@@ -138,16 +228,18 @@ impl Model {
         } else {
             None
         };
-        let context = options
-            .context
-            .unwrap_or(config.context_length)
-            .min(config.context_length);
+        let defaults = PackageDefaults::read(&dir)?;
+        let context = options.context.map(|c| c.min(config.context_length));
         Ok(Model {
             lm,
             tokenizer,
             template,
             config,
+            defaults,
             context,
+            cached: None,
+            dir,
+            load_time: start.elapsed(),
         })
     }
 
@@ -157,6 +249,53 @@ impl Model {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The package folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How long [`Model::open`] took.
+    pub fn load_time(&self) -> std::time::Duration {
+        self.load_time
+    }
+
+    /// The package's generation defaults (`generation_config.json`, `genai_config.json`).
+    pub fn defaults(&self) -> &PackageDefaults {
+        &self.defaults
+    }
+
+    /// Options with the package's defaults: its sampling settings, and its `max_new_tokens`
+    /// or 256.
+    pub fn default_options(&self) -> GenerateOptions {
+        GenerateOptions {
+            max_new_tokens: self.defaults.max_new_tokens.unwrap_or(256),
+            sampling: self.defaults.sampling.clone(),
+            ..GenerateOptions::default()
+        }
+    }
+
+    /// Bytes of KV cache a sequence of `positions` holds.
+    pub fn kv_bytes(&self, positions: usize) -> usize {
+        let c = self.lm.contract();
+        c.layers.len() * 2 * c.kv_heads * c.head_size * positions * c.kv_dtype.bits() / 8
+    }
+
+    /// Positions the KV kept from the last generation holds.
+    pub fn kv_positions(&self) -> Option<usize> {
+        self.cached.as_ref().map(|c| c.capacity)
+    }
+
+    /// Times every op type of the native backend from now on (a little slower); read them
+    /// with [`Model::op_times`].
+    pub fn set_profiling(&mut self, on: bool) {
+        self.lm.set_profiling(on);
+    }
+
+    /// Time per op type since profiling was switched on, most expensive first.
+    pub fn op_times(&self) -> Vec<OpTime> {
+        self.lm.op_times()
     }
 
     /// The token ids a prompt becomes.
@@ -175,40 +314,89 @@ impl Model {
         }
     }
 
-    /// Generates greedily, calling `on_text` with each complete piece of text.
+    /// Generates, calling `on_text` with each complete piece of text as it comes.
     pub fn generate(
         &mut self,
         prompt: &Prompt,
         options: &GenerateOptions,
         mut on_text: impl FnMut(&str),
-    ) -> Result<Generated, Error> {
+    ) -> Result<Output, Error> {
+        let mut stream = self.stream(prompt, options)?;
+        for token in &mut stream {
+            on_text(&token?.text);
+        }
+        Ok(stream.finish())
+    }
+
+    /// Starts a generation whose tokens are pulled as an iterator.
+    pub fn stream(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+    ) -> Result<Stream<'_>, Error> {
+        let start = Instant::now();
         let ids = self.encode(prompt)?;
-        let decode = oxgen_generate::GenerateOptions {
+        let context = self.context.unwrap_or_else(|| {
+            (ids.len() + options.max_new_tokens.max(1)).min(self.config.context_length)
+        });
+        if ids.len() >= context {
+            return Err(oxgen_generate::GenerateError::Prompt(format!(
+                "the prompt has {} tokens but the context holds {context}; shorten the prompt \
+                 or raise the context (--ctx-size, at most the model's {})",
+                ids.len(),
+                self.config.context_length
+            ))
+            .into());
+        }
+        let (seq, reused) = self.sequence_for(&ids, context)?;
+        let decode = oxgen_generate::DecodeOptions {
             max_new_tokens: options.max_new_tokens,
             eos: self.config.eos_token_ids.clone(),
             ignore_eos: options.ignore_eos,
-            context: self.context,
+            stop: options.stop.clone(),
+            sampling: options.sampling.clone(),
         };
-        let mut detok = Detokenizer::new(true);
-        let tokenizer = &self.tokenizer;
-        let mut text_error = None;
-        let lm: &mut dyn LanguageModel = &mut self.lm;
-        let out = oxgen_generate::generate_greedy(lm, &ids, &decode, |id| {
-            match detok.push(tokenizer, id) {
-                Ok(piece) => {
-                    on_text(&piece);
-                    true
-                }
-                Err(e) => {
-                    text_error = Some(e);
-                    false
-                }
+        let decoding = match oxgen_generate::Decoding::new(&ids, reused, context, decode) {
+            Ok(d) => d,
+            Err(e) => {
+                self.drop_cache();
+                return Err(e.into());
             }
-        })?;
-        if let Some(e) = text_error {
-            return Err(e.into());
+        };
+        Ok(Stream::new(
+            self,
+            seq,
+            context,
+            decoding,
+            options.cancel.clone(),
+            start,
+        ))
+    }
+
+    /// A sequence holding `ids`' longest cached prefix, and that prefix's length.
+    fn sequence_for(&mut self, ids: &[u32], context: usize) -> Result<(SeqId, usize), Error> {
+        if let Some(c) = self.cached.take() {
+            if c.capacity >= context {
+                let shared = c.ids.iter().zip(ids).take_while(|(a, b)| a == b).count();
+                return Ok((c.seq, shared));
+            }
+            self.lm.remove_sequence(c.seq);
         }
-        on_text(&detok.flush(tokenizer)?);
-        Ok(out)
+        Ok((self.lm.add_sequence(context)?, 0))
+    }
+
+    fn lm_remove(&mut self, seq: SeqId) {
+        self.lm.remove_sequence(seq);
+    }
+
+    fn drop_cache(&mut self) {
+        if let Some(c) = self.cached.take() {
+            self.lm.remove_sequence(c.seq);
+        }
+    }
+
+    /// Forgets the KV kept from the last generation.
+    pub fn reset(&mut self) {
+        self.drop_cache();
     }
 }

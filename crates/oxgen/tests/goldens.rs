@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use oxgen::{GenerateOptions, Model, ModelOptions, PackageConfig, Prompt, StopReason};
+use oxgen::{FinishReason, GenerateOptions, Model, ModelOptions, PackageConfig, Prompt};
 use oxgen_exec::{ExecOptions, NativeLm};
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 use serde::Deserialize;
@@ -131,6 +131,7 @@ fn greedy_ids_match_the_reference_exactly() {
     let options = GenerateOptions {
         max_new_tokens: n,
         ignore_eos: true,
+        ..GenerateOptions::default()
     };
     let mut failures = Vec::new();
     for g in &goldens.prompts {
@@ -138,7 +139,7 @@ fn greedy_ids_match_the_reference_exactly() {
         let out = model
             .generate(&Prompt::Tokens(g.prompt_ids.clone()), &options, |_| {})
             .expect("generating");
-        assert_eq!(out.stop, StopReason::MaxTokens, "{}", g.label());
+        assert_eq!(out.finish_reason, FinishReason::Length, "{}", g.label());
         let Some(at) = out
             .tokens
             .iter()

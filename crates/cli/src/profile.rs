@@ -1,0 +1,76 @@
+//! What `--profile` prints (to stderr), and the one-line summary after a generation.
+
+use std::time::Duration;
+
+use oxgen::{Model, Output, quantile};
+
+use crate::options::{mib, peak_rss_bytes};
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// prompt tokens (reused), TTFT, prefill and decode throughput, finish reason.
+pub fn summary(out: &Output) -> String {
+    let t = &out.timings;
+    format!(
+        "prompt {} tokens ({} reused) | TTFT {} | prefill {:.1} tok/s | {} tokens, decode {:.1} tok/s | {}",
+        out.usage.prompt_tokens,
+        out.usage.prefix_reused,
+        ms(t.ttft),
+        t.prefill_tok_s,
+        out.usage.completion_tokens,
+        t.decode_tok_s,
+        out.finish_reason.as_str()
+    )
+}
+
+/// The full profile of one or more generations with `model`.
+pub fn print(model: &Model, outs: &[Output]) {
+    let Some(last) = outs.last() else {
+        return;
+    };
+    let mut latencies: Vec<Duration> = outs
+        .iter()
+        .flat_map(|o| o.timings.inter_token.iter().copied())
+        .collect();
+    latencies.sort();
+    eprintln!("model load      {}", ms(model.load_time()));
+    eprintln!("TTFT            {}", ms(last.timings.ttft));
+    eprintln!("prefill         {:.1} tok/s", last.timings.prefill_tok_s);
+    eprintln!("decode          {:.1} tok/s", last.timings.decode_tok_s);
+    eprintln!(
+        "inter-token     p50 {} | p90 {} | p99 {}",
+        ms(quantile(&latencies, 0.5)),
+        ms(quantile(&latencies, 0.9)),
+        ms(quantile(&latencies, 0.99))
+    );
+    eprintln!("prefix reused: {} tokens", last.usage.prefix_reused);
+    if let Some(positions) = model.kv_positions() {
+        eprintln!(
+            "KV cache        {} ({positions} positions)",
+            mib(model.kv_bytes(positions) as u64)
+        );
+    }
+    if let Some(rss) = peak_rss_bytes() {
+        eprintln!("peak RSS        {}", mib(rss));
+    }
+    let times = model.op_times();
+    let total: Duration = times.iter().map(|t| t.total).sum();
+    if total.is_zero() {
+        return;
+    }
+    eprintln!(
+        "{:<48} {:>8} {:>11} {:>7}",
+        "op type", "calls", "total ms", "share"
+    );
+    for t in &times {
+        eprintln!(
+            "{:<48} {:>8} {:>11.1} {:>6.1}%",
+            t.op_type,
+            t.calls,
+            t.total.as_secs_f64() * 1e3,
+            100.0 * t.total.as_secs_f64() / total.as_secs_f64()
+        );
+    }
+}

@@ -1,0 +1,324 @@
+//! `oxgen generate`, `bench` and `run` (piped and under a pseudo-terminal) on a fixture
+//! package, and the one-line errors users get for bad input.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use oxgen_testkit::fixtures::{FixtureConfig, write_package};
+
+fn oxgen() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oxgen"));
+    // Flags under test must not be overridden by the environment running the tests.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("OXGEN_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().expect("oxgen runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn package() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    dir
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+#[test]
+fn generate_json_has_every_field() {
+    let dir = package();
+    let (code, stdout, stderr) = run(oxgen().args([
+        "generate",
+        path(dir.path()),
+        "the cat",
+        "--json",
+        "--max-new-tokens",
+        "7",
+        "--ignore-eos",
+        "--threads",
+        "1",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    let v = json(&stdout);
+    assert_eq!(v["token_ids"].as_array().unwrap().len(), 7);
+    assert_eq!(v["completion_tokens"], 7);
+    assert!(v["prompt_tokens"].as_u64().unwrap() > 2);
+    assert_eq!(v["finish_reason"], "length");
+    assert!(v["text"].is_string());
+    for key in ["load_ms", "ttft_ms", "prefill_tok_s", "decode_tok_s"] {
+        assert!(v["timings"][key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+}
+
+#[test]
+fn generate_reads_the_prompt_from_stdin_and_flags_from_the_environment() {
+    let dir = package();
+    let mut child = oxgen()
+        .args(["generate", path(dir.path()), "-", "--json", "--raw"])
+        .env("OXGEN_MAX_NEW_TOKENS", "3")
+        .env("OXGEN_IGNORE_EOS", "true")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"the dog and the cat")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(v["completion_tokens"], 3);
+    // --raw: the text alone, no template around it.
+    let model = oxgen::Model::open(dir.path(), &oxgen::ModelOptions::default()).unwrap();
+    let ids = model
+        .encode(&oxgen::Prompt::Text("the dog and the cat".into()))
+        .unwrap();
+    assert_eq!(v["prompt_tokens"], ids.len(), "{v}");
+}
+
+#[test]
+fn seeded_sampling_from_the_cli_repeats() {
+    let dir = package();
+    let args = [
+        "generate",
+        path(dir.path()),
+        "the cat",
+        "--json",
+        "--max-new-tokens",
+        "16",
+        "--ignore-eos",
+        "--temperature",
+        "1.3",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.95",
+        "--min-p",
+        "0.01",
+        "--repetition-penalty",
+        "1.1",
+        "--frequency-penalty",
+        "0.2",
+        "--presence-penalty",
+        "-0.1",
+        "--seed",
+        "11",
+    ];
+    let (_, a, _) = run(oxgen().args(args));
+    let (_, b, _) = run(oxgen().args(args));
+    let (code, greedy, stderr) = run(oxgen().args(args).arg("--greedy"));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json(&a)["token_ids"], json(&b)["token_ids"]);
+    assert_ne!(json(&a)["token_ids"], json(&greedy)["token_ids"]);
+}
+
+#[test]
+fn generate_profile_reports_the_figures() {
+    let dir = package();
+    let (code, _, stderr) = run(oxgen().args([
+        "generate",
+        path(dir.path()),
+        "the cat",
+        "--max-new-tokens",
+        "5",
+        "--ignore-eos",
+        "--profile",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    for needle in [
+        "model load",
+        "TTFT",
+        "prefill",
+        "decode",
+        "inter-token     p50",
+        "prefix reused: 0 tokens",
+        "KV cache",
+        "peak RSS",
+        "com.microsoft::MatMulNBits",
+        "share",
+    ] {
+        assert!(stderr.contains(needle), "no {needle:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn bench_json_reports_medians() {
+    let dir = package();
+    let (code, stdout, stderr) = run(oxgen().args([
+        "bench",
+        path(dir.path()),
+        "--prompt-len",
+        "12",
+        "--gen-len",
+        "6",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    let v = json(&stdout);
+    assert_eq!(v["prompt_len"], 12);
+    for key in ["prefill_tok_s", "decode_tok_s", "ttft_ms"] {
+        assert_eq!(v[key]["runs"].as_array().unwrap().len(), 3, "{v}");
+        assert!(v[key]["median"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v[key]["std"].as_f64().is_some(), "{v}");
+    }
+    assert!(v["peak_rss_bytes"].as_u64().unwrap() > 0);
+    // KV sized to prompt + generated tokens.
+    assert!(v["kv_cache_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn run_with_piped_stdin_answers_each_line() {
+    let dir = package();
+    let mut child = oxgen()
+        .args([
+            "run",
+            path(dir.path()),
+            "--max-new-tokens",
+            "4",
+            "--ignore-eos",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"the cat\n/set temperature 0\n\nthe dog\n/exit\nnever sent\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "two replies: {stdout:?}");
+    assert!(stderr.contains("temperature = 0"), "{stderr}");
+}
+
+#[test]
+fn run_under_a_terminal_chats_with_commands_and_stats() {
+    use expectrl::{Eof, Session};
+    let dir = package();
+    let history = dir.path().join("history");
+    let mut cmd = oxgen();
+    cmd.args([
+        "run",
+        path(dir.path()),
+        "--max-new-tokens",
+        "6",
+        "--ignore-eos",
+        "--history",
+        path(&history),
+    ]);
+    let mut s = Session::spawn(cmd).expect("spawning under a pty");
+    s.set_expect_timeout(Some(std::time::Duration::from_secs(30)));
+    s.expect(">>> ").unwrap();
+    s.send_line("/help").unwrap();
+    s.expect("/system TEXT").unwrap();
+    s.send_line("the cat").unwrap();
+    // The stats line after the reply.
+    s.expect("tok/s").unwrap();
+    s.send_line("the dog").unwrap();
+    s.expect("reused").unwrap();
+    s.send_line("/stats").unwrap();
+    s.expect("KV cache").unwrap();
+    s.send_line("/set top_p 2").unwrap();
+    s.expect("outside (0, 1]").unwrap();
+    s.send_line("/exit").unwrap();
+    s.expect(Eof).unwrap();
+    let saved = std::fs::read_to_string(&history).expect("the history file is written");
+    assert!(saved.contains("the dog"), "{saved}");
+}
+
+/// One line on stderr, starting with `error:` or clap's usage error, and the exit code.
+fn fails(args: &[&str], code: i32, needles: &[&str]) {
+    let (got, stdout, stderr) = run(oxgen().args(args));
+    assert_eq!(got, code, "{args:?}: {stderr}");
+    assert!(stdout.is_empty(), "{args:?} printed {stdout}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "{args:?}: no {n:?} in {stderr}");
+    }
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_never_a_panic() {
+    let dir = package();
+    let p = path(dir.path());
+    fails(
+        &["generate", p, "x", "--temperature", "-1"],
+        2,
+        &["negative"],
+    );
+    fails(&["generate", p, "x", "--top-p", "0"], 2, &["(0, 1]"]);
+    fails(&["generate", p, "x", "--top-p", "1.5"], 2, &["(0, 1]"]);
+    fails(&["generate", p, "x", "--min-p", "2"], 2, &["[0, 1]"]);
+    fails(
+        &["generate", p, "x", "--repetition-penalty", "0"],
+        2,
+        &["above 0"],
+    );
+    fails(
+        &["generate", p, "x", "--frequency-penalty", "3"],
+        2,
+        &["[-2, 2]"],
+    );
+    fails(
+        &["generate", p, "x", "--temperature", "NaN"],
+        2,
+        &["finite"],
+    );
+    fails(&["bench", p, "--runs", "0"], 2, &["--runs"]);
+    // A prompt longer than the context says both numbers.
+    fails(
+        &[
+            "generate",
+            p,
+            "the cat and the dog and the cat",
+            "--raw",
+            "--ctx-size",
+            "4",
+        ],
+        1,
+        &["error:", "13 tokens", "context holds 4"],
+    );
+    fails(
+        &["generate", "/no/such/model", "x"],
+        1,
+        &["error:", "/no/such/model", "no such file or folder"],
+    );
+    std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
+    fails(&["generate", p, "x"], 1, &["error:", "tokenizer.json"]);
+}

@@ -1,0 +1,198 @@
+//! A generation in progress, pulled token by token, and what it reports when done.
+
+use std::time::{Duration, Instant};
+
+use oxgen_generate::{Decoding, FinishReason, step_sequence};
+use oxgen_runtime::{SeqId, StepLogits};
+
+use crate::{CachedSeq, Cancel, Error, Model};
+
+/// One generated token and the text it completed (often the token's own text; empty while a
+/// multi-byte character or a possible stop string is held back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub id: u32,
+    pub text: String,
+}
+
+/// Token counts of a generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV was reused from the previous generation (not prefilled again).
+    pub prefix_reused: usize,
+}
+
+/// Where the time went.
+#[derive(Debug, Clone, Default)]
+pub struct Timings {
+    /// From the call to the first token: template, tokenizer, prefill and the first sample.
+    pub ttft: Duration,
+    /// Prompt tokens prefilled per second (reused ones not counted).
+    pub prefill_tok_s: f64,
+    /// Tokens per second after the first.
+    pub decode_tok_s: f64,
+    /// From the call to the last token.
+    pub total: Duration,
+    /// The time each token after the first took.
+    pub inter_token: Vec<Duration>,
+}
+
+/// The result of a generation.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub text: String,
+    /// Generated ids, including a final end-of-sequence id.
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+/// Tokens of one generation as an iterator; [`Stream::finish`] gives the [`Output`].
+///
+/// The stream borrows the model. Dropping it early ends the generation (the finish reason is
+/// then `Cancelled`) and keeps the KV for the next prompt that shares its ids.
+pub struct Stream<'m> {
+    model: &'m mut Model,
+    seq: SeqId,
+    capacity: usize,
+    decoding: Decoding,
+    cancel: Option<Cancel>,
+    logits: StepLogits,
+    start: Instant,
+    last: Instant,
+    prefilled: usize,
+    prefix_reused: usize,
+    text: String,
+    timings: Timings,
+    done: bool,
+    failed: bool,
+}
+
+impl<'m> Stream<'m> {
+    pub(crate) fn new(
+        model: &'m mut Model,
+        seq: SeqId,
+        capacity: usize,
+        decoding: Decoding,
+        cancel: Option<Cancel>,
+        start: Instant,
+    ) -> Stream<'m> {
+        let (reused, span) = decoding.span();
+        let (prefilled, done) = (span.len(), decoding.finish_reason().is_some());
+        Stream {
+            model,
+            seq,
+            capacity,
+            decoding,
+            cancel,
+            logits: StepLogits::default(),
+            start,
+            last: start,
+            prefilled,
+            prefix_reused: reused,
+            text: String::new(),
+            timings: Timings::default(),
+            done,
+            failed: false,
+        }
+    }
+
+    /// Ends the generation and reports it.
+    pub fn finish(mut self) -> Output {
+        let finish_reason = self.decoding.finish_reason().unwrap_or_else(|| {
+            self.decoding.cancel();
+            FinishReason::Cancelled
+        });
+        let tokens = self.decoding.generated().to_vec();
+        let t = &mut self.timings;
+        t.total = self.last - self.start;
+        let decode = t.total.saturating_sub(t.ttft).as_secs_f64();
+        if tokens.len() > 1 && decode > 0.0 {
+            t.decode_tok_s = (tokens.len() - 1) as f64 / decode;
+        }
+        Output {
+            text: std::mem::take(&mut self.text),
+            finish_reason,
+            usage: Usage {
+                prompt_tokens: self.decoding.prompt_len(),
+                completion_tokens: tokens.len(),
+                prefix_reused: self.prefix_reused,
+            },
+            tokens,
+            timings: std::mem::take(&mut self.timings),
+        }
+    }
+
+    fn step(&mut self) -> Result<Token, Error> {
+        let lm = &mut self.model.lm;
+        let row = step_sequence(lm, self.seq, &self.decoding, &mut self.logits)?;
+        let emitted = self.decoding.on_logits(row, &self.model.tokenizer)?;
+        let now = Instant::now();
+        if self.decoding.generated().len() == 1 {
+            self.timings.ttft = now - self.start;
+            let secs = self.timings.ttft.as_secs_f64();
+            if secs > 0.0 {
+                self.timings.prefill_tok_s = self.prefilled as f64 / secs;
+            }
+        } else {
+            self.timings.inter_token.push(now - self.last);
+        }
+        self.last = now;
+        self.done = emitted.finish.is_some();
+        let text = self.decoding.take_text();
+        self.text.push_str(&text);
+        Ok(Token {
+            id: emitted.id,
+            text,
+        })
+    }
+}
+
+impl Iterator for Stream<'_> {
+    type Item = Result<Token, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+            self.decoding.cancel();
+            self.done = true;
+            return None;
+        }
+        let token = self.step();
+        if token.is_err() {
+            self.done = true;
+            self.failed = true;
+        }
+        Some(token)
+    }
+}
+
+impl Drop for Stream<'_> {
+    /// Keeps the sequence for the next prompt, unless a failed step left its KV unknown.
+    fn drop(&mut self) {
+        if self.failed {
+            self.model.lm_remove(self.seq);
+            return;
+        }
+        let fed = self.decoding.span().0;
+        self.model.cached = Some(CachedSeq {
+            seq: self.seq,
+            ids: self.decoding.ids()[..fed].to_vec(),
+            capacity: self.capacity,
+        });
+    }
+}
+
+/// Durations' `q`-quantile (nearest rank), zero when empty.
+pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
