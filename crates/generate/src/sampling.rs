@@ -260,12 +260,12 @@ impl Sampler {
     /// A row where nothing can be chosen (all −inf or NaN, or everything masked) gives the
     /// first unmasked id, or 0; an empty row gives 0.
     pub fn sample(&mut self, logits: &[f32], masked: &[u32]) -> u32 {
-        self.history.ensure(logits.len().min(MAX_TRACKED_ID as usize));
+        self.history
+            .ensure(logits.len().min(MAX_TRACKED_ID as usize));
         // Top-p sorts only the finite logits, whose number varies per row: size for all.
+        // (`weights` needs no reserve: every categorical draw fills it with the whole row.)
         self.scratch.keys.clear();
         self.scratch.keys.reserve(logits.len());
-        self.scratch.weights.clear();
-        self.scratch.weights.reserve(logits.len());
         self.row.clear();
         self.row.extend_from_slice(logits);
         for &id in masked {
@@ -274,7 +274,12 @@ impl Sampler {
             }
         }
         sanitize(&mut self.row);
-        run_chain(&self.params, &self.history, &mut self.scratch, &mut self.row);
+        run_chain(
+            &self.params,
+            &self.history,
+            &mut self.scratch,
+            &mut self.row,
+        );
         let chosen = if self.params.is_greedy() {
             argmax(&self.row)
         } else {
@@ -330,11 +335,11 @@ fn run_chain(p: &SamplingParams, history: &History, scratch: &mut Scratch, row: 
     if p.temperature != 1.0 {
         apply_temperature(row, p.temperature);
     }
-    if p.top_p < 1.0 {
-        apply_top_p(row, p.top_p, scratch);
-    }
     if p.top_k > 0 {
         apply_top_k(row, p.top_k, scratch);
+    }
+    if p.top_p < 1.0 {
+        apply_top_p(row, p.top_p, scratch);
     }
     if p.min_p > 0.0 {
         apply_min_p(row, p.min_p);
@@ -440,7 +445,10 @@ pub fn apply_top_p(logits: &mut [f32], top_p: f32, scratch: &mut Scratch) {
     }
     keys.sort_unstable();
     weights.clear();
-    weights.extend(keys.iter().map(|&k| (key_value(k) as f64 - max as f64).exp()));
+    weights.extend(
+        keys.iter()
+            .map(|&k| (key_value(k) as f64 - max as f64).exp()),
+    );
     let total: f64 = weights.iter().sum();
     let cut = 1.0 - top_p as f64;
     let mut cumulative = 0.0;
