@@ -83,11 +83,19 @@ impl Detokenizer {
     /// Adds `id`; returns the new complete text, possibly empty.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, GenerateError> {
         self.ids.push(id);
-        let prefix = tok.decode(
+        let mut prefix = tok.decode(
             &self.ids[self.prefix_start..self.emitted_end],
             self.skip_special,
         )?;
-        let full = tok.decode(&self.ids[self.prefix_start..], self.skip_special)?;
+        let mut full = tok.decode(&self.ids[self.prefix_start..], self.skip_special)?;
+        if !full.starts_with(&prefix) {
+            // The new ids changed how the emitted ones decode (byte-fallback decoders turn a
+            // whole byte run into one U+FFFD per byte once it stops being valid UTF-8). What
+            // was emitted stays emitted: decode the new ids on their own from here on.
+            self.prefix_start = self.emitted_end;
+            prefix.clear();
+            full = tok.decode(&self.ids[self.prefix_start..], self.skip_special)?;
+        }
         if full.ends_with('\u{FFFD}')
             || full.len() <= prefix.len()
             || !full.is_char_boundary(prefix.len())

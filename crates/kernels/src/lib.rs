@@ -14,6 +14,7 @@ pub mod layout;
 pub mod matmul;
 pub mod matmul_nbits;
 pub mod matmul_nbits_int8;
+pub mod nbits_avx2;
 pub mod norm;
 pub mod num;
 pub mod par;

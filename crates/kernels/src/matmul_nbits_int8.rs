@@ -19,6 +19,7 @@ use std::ops::Range;
 use crate::ThreadPool;
 use crate::layout::LayoutError;
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints, check_args, par_output_rows};
+use crate::nbits_avx2;
 use crate::quant::{code, default_zero_point};
 
 /// The largest int8 magnitude used: symmetric, so `-128` never appears.
@@ -41,8 +42,37 @@ pub fn quantize_row(a: &[f32], block_size: usize, q: &mut [i8], scales: &mut [f3
     }
 }
 
-/// `out = a · dequant(w)ᵀ + bias` with `a` (`m × K`, f32) quantized to int8 per block.
+/// `out = a · dequant(w)ᵀ + bias` with `a` (`m × K`, f32) quantized to int8 per block: the
+/// AVX2 kernel ([`crate::nbits_avx2`]) where the CPU and layout allow, else the reference.
+/// Both give the same bits.
 pub fn matmul_nbits_int8(
+    a: &[f32],
+    m: usize,
+    w: &QuantWeights<'_, f32>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    if !nbits_avx2::supported(&w.layout) {
+        return matmul_nbits_int8_reference(a, m, w, bias, out, pool);
+    }
+    check_args(a.len(), m, w, bias.map(<[f32]>::len), out.len())?;
+    let k = w.layout.k;
+    nbits_avx2::with_rows(m, |rows| {
+        for (i, row) in rows.iter_mut().enumerate() {
+            row.quantize(&a[i * k..][..k], &w.layout);
+        }
+        let rows = &*rows;
+        par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
+            nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
+        });
+    });
+    Ok(())
+}
+
+/// The reference: scalar loops over the module doc's arithmetic, the oracle of the fast
+/// kernels.
+pub fn matmul_nbits_int8_reference(
     a: &[f32],
     m: usize,
     w: &QuantWeights<'_, f32>,

@@ -1,0 +1,76 @@
+//! `MatMulNBits` with 4-bit weights in blocks of 32 and int8 activations (accuracy_level 4),
+//! at the default model's shapes: the fast kernel and its reference, 1 and 2 threads.
+//! Names read `matmul_nbits/q4_int8_{fast,reference}/MxKxN/threads=T`.
+//! `cargo bench -p oxgen-kernels --bench matmul_nbits`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use oxgen_kernels::ThreadPool;
+use oxgen_kernels::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
+use oxgen_kernels::matmul_nbits_int8::{matmul_nbits_int8, matmul_nbits_int8_reference};
+
+/// (M, K, N): decode rows of the MLP up/down projections and the output head, a prefill chunk.
+const SHAPES: [(usize, usize, usize); 4] = [
+    (1, 576, 1536),
+    (1, 1536, 576),
+    (1, 576, 49152),
+    (128, 576, 1536),
+];
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matmul_nbits");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(700));
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for (m, k, n) in SHAPES {
+        let layout = NBitsLayout::new(n, k, 4, 32).expect("a valid layout");
+        let mut s = 1u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let data: Vec<u8> = (0..n * layout.k_blocks * layout.blob_size)
+            .map(|_| next() as u8)
+            .collect();
+        let scales: Vec<f32> = (0..n * layout.k_blocks)
+            .map(|_| (next() % 100) as f32 * 1e-4)
+            .collect();
+        let zp: Vec<f32> = (0..n * layout.k_blocks)
+            .map(|_| (next() % 16) as f32)
+            .collect();
+        let a: Vec<f32> = (0..m * k)
+            .map(|_| (next() % 2000) as f32 * 1e-3 - 1.0)
+            .collect();
+        let w = QuantWeights {
+            layout,
+            data: &data,
+            scales: &scales,
+            zero_points: ZeroPoints::Float(&zp),
+        };
+        let mut out = vec![0f32; m * n];
+        for pool in &pools {
+            let t = pool.threads();
+            g.bench_function(format!("q4_int8_fast/{m}x{k}x{n}/threads={t}"), |b| {
+                b.iter(|| {
+                    matmul_nbits_int8(black_box(&a), m, &w, None, &mut out, pool).expect("valid")
+                })
+            });
+            if m == 1 && n <= 1536 {
+                g.bench_function(format!("q4_int8_reference/{m}x{k}x{n}/threads={t}"), |b| {
+                    b.iter(|| {
+                        matmul_nbits_int8_reference(black_box(&a), m, &w, None, &mut out, pool)
+                            .expect("valid")
+                    })
+                });
+            }
+        }
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,250 @@
+//! AVX2 `MatMulNBits` with int8 activations, 4-bit weights and blocks of a multiple of 32:
+//! the same arithmetic as [`crate::matmul_nbits_int8`]'s reference, bit for bit.
+//!
+//! Why it is bit-identical: a block's dot product `Σ q_w·q_a` is an exact integer in any
+//! order, so it may be computed 32 products at a time (`vpmaddubsw` of the unsigned weight
+//! codes with the signed activation codes, then `vpmaddwd` by ones; a pair sum is at most
+//! 2·15·127, far from i16 saturation). The float part runs with eight output columns in the
+//! eight lanes and does exactly the reference's operations per column, in its order, with
+//! separate multiplies and adds (never FMA): `scale = s·scale_a`, `centered`, then
+//! `acc += scale · centered` block after block in K order, the bias last.
+//!
+//! Layout trick: a 4-bit blob stores element `2i` in the low nibble of byte `i` and `2i + 1`
+//! in the high one. Instead of interleaving nibbles for every weight block, each row's
+//! activation codes are permuted once per 32-value chunk into `[even | odd]` order, so a
+//! chunk's weights are just `[bytes & 15 | bytes >> 4]`.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
+use crate::matmul_nbits_int8::quantize_row;
+use crate::quant::code;
+
+/// Whether [`row_part`] handles this layout on this CPU.
+pub fn supported(layout: &NBitsLayout) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        layout.bits == 4
+            && layout.block_size % 32 == 0
+            && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = layout;
+        false
+    }
+}
+
+/// One row's activations, quantized and laid out for the kernel.
+#[derive(Default)]
+pub struct QuantizedRow {
+    /// Codes padded to whole blocks (zeros past `k`), each 32-chunk in `[even | odd]` order.
+    q: Vec<i8>,
+    /// Scale per block.
+    scales: Vec<f32>,
+    /// `Σ q_a` per block (over the real codes; padding is zero).
+    sums: Vec<i32>,
+    natural: Vec<i8>,
+}
+
+impl QuantizedRow {
+    /// Quantizes `a` (`k` values) with the reference's rounding; reuses its buffers.
+    pub fn quantize(&mut self, a: &[f32], layout: &NBitsLayout) {
+        let (bs, kb) = (layout.block_size, layout.k_blocks);
+        let padded = kb * bs;
+        self.natural.clear();
+        self.natural.resize(padded, 0);
+        self.scales.clear();
+        self.scales.resize(kb, 0.0);
+        quantize_row(a, bs, &mut self.natural[..a.len()], &mut self.scales);
+        self.sums.clear();
+        self.sums.extend(
+            self.natural
+                .chunks(bs)
+                .map(|b| b.iter().map(|&v| v as i32).sum::<i32>()),
+        );
+        self.q.clear();
+        self.q.resize(padded, 0);
+        for (src, dst) in self.natural.chunks(32).zip(self.q.chunks_mut(32)) {
+            for i in 0..16 {
+                dst[i] = src[2 * i];
+                dst[16 + i] = src[2 * i + 1];
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread activation buffers, so a decode step allocates nothing once warm.
+    static ROWS: RefCell<Vec<QuantizedRow>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `m` quantized-row buffers of this thread.
+pub fn with_rows<R>(m: usize, f: impl FnOnce(&mut [QuantizedRow]) -> R) -> R {
+    ROWS.with(|rows| {
+        let mut rows = rows.borrow_mut();
+        if rows.len() < m {
+            rows.resize_with(m, QuantizedRow::default);
+        }
+        f(&mut rows[..m])
+    })
+}
+
+/// Columns `cols` of one output row from its quantized activations. The caller checked
+/// [`supported`].
+pub fn row_part(
+    row: &QuantizedRow,
+    w: &QuantWeights<'_, f32>,
+    bias: Option<&[f32]>,
+    cols: Range<usize>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut j = cols.start;
+        let mut o = 0;
+        while j + 8 <= cols.end {
+            // SAFETY: `supported` checked AVX2 at run time; slices are bounds-checked
+            // inside (the caller validated the weight lengths with `check_args`).
+            unsafe { tile8(row, w, bias, j, &mut out[o..o + 8]) };
+            j += 8;
+            o += 8;
+        }
+        for (jj, o) in (j..cols.end).zip(&mut out[o..]) {
+            *o = column(row, w, bias, jj);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        for (j, o) in cols.zip(out) {
+            *o = column(row, w, bias, j);
+        }
+    }
+}
+
+/// The reference arithmetic for one column (for the columns that don't fill a tile).
+fn column(row: &QuantizedRow, w: &QuantWeights<'_, f32>, bias: Option<&[f32]>, j: usize) -> f32 {
+    let l = &w.layout;
+    let mut acc = 0f32;
+    for b in 0..l.k_blocks {
+        let blob = &w.data[(j * l.k_blocks + b) * l.blob_size..][..l.blob_size];
+        let qa = &row.natural[b * l.block_size..][..l.block_size];
+        let dot: i32 = qa
+            .iter()
+            .enumerate()
+            .map(|(e, &q)| code(blob, 4, e) as i32 * q as i32)
+            .sum();
+        let sum_a = row.sums[b];
+        let scale = w.scales[j * l.k_blocks + b] * row.scales[b];
+        let centered = match w.zero_points {
+            ZeroPoints::Default => (dot - 8 * sum_a) as f32,
+            ZeroPoints::Packed(z) => {
+                (dot - code(&z[j * l.zp_row_bytes..], 4, b) as i32 * sum_a) as f32
+            }
+            ZeroPoints::Float(z) => dot as f32 - z[j * l.k_blocks + b] * sum_a as f32,
+        };
+        acc += scale * centered;
+    }
+    if let Some(bias) = bias {
+        acc += bias[j];
+    }
+    acc
+}
+
+/// Eight output columns `j0..j0 + 8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tile8(
+    row: &QuantizedRow,
+    w: &QuantWeights<'_, f32>,
+    bias: Option<&[f32]>,
+    j0: usize,
+    out: &mut [f32],
+) {
+    let l = &w.layout;
+    let (kb, blob, bs) = (l.k_blocks, l.blob_size, l.block_size);
+    let row_bytes = kb * blob;
+    let cols: [&[u8]; 8] = std::array::from_fn(|c| &w.data[(j0 + c) * row_bytes..][..row_bytes]);
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    let mut scale_w = [0f32; 8];
+    let mut zp = [0f32; 8];
+    let mut zp_int = [0i32; 8];
+    for b in 0..kb {
+        let mut dots = [_mm256_setzero_si256(); 8];
+        for chunk in 0..bs / 32 {
+            let qa = &row.q[b * bs + chunk * 32..][..32];
+            // SAFETY: `qa` holds 32 bytes.
+            let a = unsafe { _mm256_loadu_si256(qa.as_ptr().cast()) };
+            for (c, dot) in dots.iter_mut().enumerate() {
+                let bytes = &cols[c][b * blob + chunk * 16..][..16];
+                // SAFETY: `bytes` holds 16 bytes.
+                let packed = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
+                let wide = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+                let codes = _mm256_and_si256(wide, low);
+                let pairs = _mm256_maddubs_epi16(codes, a);
+                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        let dot = hsum8(&dots);
+        let sum_a = row.sums[b];
+        for c in 0..8 {
+            scale_w[c] = w.scales[(j0 + c) * kb + b];
+        }
+        let centered = match w.zero_points {
+            ZeroPoints::Default => {
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(8 * sum_a)))
+            }
+            ZeroPoints::Packed(z) => {
+                for (c, v) in zp_int.iter_mut().enumerate() {
+                    *v = code(&z[(j0 + c) * l.zp_row_bytes..], 4, b) as i32 * sum_a;
+                }
+                // SAFETY: `zp_int` holds 8 i32.
+                let zs = unsafe { _mm256_loadu_si256(zp_int.as_ptr().cast()) };
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
+            }
+            ZeroPoints::Float(z) => {
+                for (c, v) in zp.iter_mut().enumerate() {
+                    *v = z[(j0 + c) * kb + b];
+                }
+                // SAFETY: `zp` holds 8 f32.
+                let zs = unsafe { _mm256_loadu_ps(zp.as_ptr()) };
+                _mm256_sub_ps(
+                    _mm256_cvtepi32_ps(dot),
+                    _mm256_mul_ps(zs, _mm256_set1_ps(sum_a as f32)),
+                )
+            }
+        };
+        // SAFETY: `scale_w` holds 8 f32.
+        let sw = unsafe { _mm256_loadu_ps(scale_w.as_ptr()) };
+        let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales[b]));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
+    }
+    if let Some(bias) = bias {
+        let bias = &bias[j0..j0 + 8];
+        // SAFETY: `bias` holds 8 f32.
+        acc = _mm256_add_ps(acc, unsafe { _mm256_loadu_ps(bias.as_ptr()) });
+    }
+    let out = &mut out[..8];
+    // SAFETY: `out` holds 8 f32.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+}
+
+/// The eight lane sums of eight vectors: lane `c` of the result is `Σ dots[c]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn hsum8(d: &[__m256i; 8]) -> __m256i {
+    let s01 = _mm256_hadd_epi32(d[0], d[1]);
+    let s23 = _mm256_hadd_epi32(d[2], d[3]);
+    let s45 = _mm256_hadd_epi32(d[4], d[5]);
+    let s67 = _mm256_hadd_epi32(d[6], d[7]);
+    let s0123 = _mm256_hadd_epi32(s01, s23);
+    let s4567 = _mm256_hadd_epi32(s45, s67);
+    let lo = _mm256_permute2x128_si256(s0123, s4567, 0x20);
+    let hi = _mm256_permute2x128_si256(s0123, s4567, 0x31);
+    _mm256_add_epi32(lo, hi)
+}

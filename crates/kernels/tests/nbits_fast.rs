@@ -1,0 +1,101 @@
+//! The fast int8-activation `MatMulNBits` kernel against its reference: the same bits for
+//! odd sizes, sizes around the 8-column tile and the 32-value chunk, every zero-point kind,
+//! with and without bias, any row count and thread count (DESIGN.md §6: a decode row equals
+//! the same row of a prefill).
+
+use oxgen_kernels::ThreadPool;
+use oxgen_kernels::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
+use oxgen_kernels::matmul_nbits_int8::{matmul_nbits_int8, matmul_nbits_int8_reference};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    fn f32(&mut self) -> f32 {
+        (self.next() % 20001) as f32 / 10000.0 - 1.0
+    }
+}
+
+#[test]
+fn fast_kernel_equals_the_reference_bit_for_bit() {
+    let mut rng = Rng(7);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    let mut cases = 0;
+    for &(n, k) in &[
+        (1, 32),
+        (7, 33),
+        (8, 64),
+        (9, 96),
+        (16, 100),
+        (17, 160),
+        (63, 576),
+        (64, 31),
+        (65, 257),
+    ] {
+        for block in [32, 64, 128] {
+            let layout = NBitsLayout::new(n, k, 4, block).unwrap();
+            let data: Vec<u8> = (0..n * layout.k_blocks * layout.blob_size)
+                .map(|_| rng.next() as u8)
+                .collect();
+            let scales: Vec<f32> = (0..n * layout.k_blocks)
+                .map(|_| 0.001 + 0.02 * rng.f32().abs())
+                .collect();
+            let zp_packed: Vec<u8> = (0..n * layout.zp_row_bytes)
+                .map(|_| rng.next() as u8)
+                .collect();
+            let zp_float: Vec<f32> = (0..n * layout.k_blocks)
+                .map(|_| 8.0 + 4.0 * rng.f32())
+                .collect();
+            let bias: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+            for m in [1, 2, 5] {
+                // Large and tiny activations, and an all-zero row.
+                let mut a: Vec<f32> = (0..m * k).map(|_| 5.0 * rng.f32()).collect();
+                if m > 1 {
+                    a[k..2 * k].fill(0.0);
+                }
+                for zp in [
+                    ZeroPoints::Default,
+                    ZeroPoints::Packed(&zp_packed),
+                    ZeroPoints::Float(&zp_float),
+                ] {
+                    let w = QuantWeights {
+                        layout,
+                        data: &data,
+                        scales: &scales,
+                        zero_points: zp,
+                    };
+                    for bias in [None, Some(&bias[..])] {
+                        let mut want = vec![0f32; m * n];
+                        matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();
+                        for pool in &pools {
+                            let mut got = vec![f32::NAN; m * n];
+                            matmul_nbits_int8(&a, m, &w, bias, &mut got, pool).unwrap();
+                            let same = want
+                                .iter()
+                                .zip(&got)
+                                .all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(
+                                same,
+                                "n {n} k {k} block {block} m {m} zp {zp:?}: {want:?} vs {got:?}"
+                            );
+                        }
+                        // Each row alone equals its row of the batch.
+                        let mut one = vec![0f32; n];
+                        matmul_nbits_int8(&a[(m - 1) * k..], 1, &w, bias, &mut one, &pools[1])
+                            .unwrap();
+                        assert_eq!(one, want[(m - 1) * n..]);
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 9 * 3 * 3 * 3 * 2);
+}
