@@ -7,15 +7,19 @@
 //! `present`, so a step copies nothing. Other graphs (optimum's `Concat(past, new)`) get the
 //! exact-length past and keep the grown present.
 //!
+//! Graphs are optimized first ([`crate::optimize`]): an optimum export's `Concat(past, new)`
+//! attention becomes `GroupQueryAttention`, so it gets the in-place buffers too.
+//!
 //! Sequences in a batch run one after another through the same graph, so a sequence's logits
 //! never depend on what it is batched with.
 
 use std::collections::HashMap;
 
-use oxgen_graph::{Graph, Op};
+use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
+use oxgen_graph::{Graph, Op, ValueId};
 use oxgen_runtime::{
-    Batch, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId, SeqStep,
-    Session, StepLogits,
+    Batch, IoSpec, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId,
+    SeqStep, Session, StepLogits,
 };
 use oxgen_tensor::{DType, Tensor, bf16, f16};
 
@@ -33,6 +37,7 @@ pub struct NativeLm {
     session: NativeSession,
     contract: LmContract,
     shared_kv: bool,
+    passes: PassReport,
     seqs: HashMap<SeqId, SeqState>,
     next_id: u64,
 }
@@ -107,22 +112,56 @@ fn logits_rows(
 }
 
 impl NativeLm {
-    /// Wraps a graph that fits the language-model contract (KV names per `kv`).
+    /// Wraps a graph that fits the language-model contract (KV names per `kv`), optimized
+    /// with the default passes (no rotary caches: see [`NativeLm::with_passes`]).
     pub fn new(
         graph: Graph,
         options: &ExecOptions,
         kv: &KvTemplates,
     ) -> Result<NativeLm, RuntimeError> {
+        Self::with_passes(graph, options, kv, &PassOptions::default())
+    }
+
+    /// Like [`NativeLm::new`], choosing the passes: `passes.max_positions` should be the
+    /// package's context length, so rotary embeddings fold into attention.
+    pub fn with_passes(
+        graph: Graph,
+        options: &ExecOptions,
+        kv: &KvTemplates,
+        passes: &PassOptions,
+    ) -> Result<NativeLm, RuntimeError> {
+        let spec = |id: &ValueId| {
+            let v = graph.value(*id);
+            IoSpec {
+                name: v.name.clone(),
+                dtype: v.dtype,
+                dims: v.dims.clone(),
+            }
+        };
+        let inputs: Vec<IoSpec> = graph.inputs.iter().map(spec).collect();
+        let outputs: Vec<IoSpec> = graph.outputs.iter().map(spec).collect();
+        let contract = LmContract::from_io(&inputs, &outputs, kv)?;
+        let (graph, report) = crate::optimize(graph, Some(&contract), passes);
         let session = NativeSession::new(graph, options);
-        let contract = LmContract::from_io(session.inputs(), session.outputs(), kv)?;
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
         Ok(NativeLm {
             session,
             contract,
             shared_kv,
+            passes: report,
             seqs: HashMap::new(),
             next_id: 0,
         })
+    }
+
+    /// What the graph passes did at load.
+    pub fn pass_report(&self) -> &PassReport {
+        &self.passes
+    }
+
+    /// The graph as it runs (after the passes).
+    pub fn graph(&self) -> &Graph {
+        self.session.graph()
     }
 
     /// Times each op type from now on (see [`NativeSession::set_profiling`]).

@@ -4,13 +4,16 @@
 //! carrying a typed [`Op`] built by the [`Registry`] from its `(domain, op_type, opset)`.
 //! Everything a kernel needs from attributes is validated here, so an unsupported op,
 //! opset, attribute or optional input fails at load, naming the node; nothing is matched
-//! by string at run time.
+//! by string at run time. [`passes`] rewrite a graph into fewer, fused ops (constant and
+//! shape folding, RMSNorm, rotary and attention fusion), running nodes only through an
+//! [`passes::Evaluator`] a backend supplies.
 //!
 //! This crate must never execute a graph or allocate activations.
 
 mod error;
 mod ir;
 pub mod ops;
+pub mod passes;
 mod registry;
 
 pub use error::{GraphError, NodeRef};

@@ -1,0 +1,121 @@
+//! Graph passes: rewrites that keep a graph's results and make it cheaper to run.
+//!
+//! Exporters such as optimum (`torch.onnx`) spell a decoder out in thousands of small ops:
+//! shape arithmetic through `Shape`/`Gather`/`Concat`, RMSNorm as seven element-wise ops,
+//! rotary embeddings through `Slice`/`Neg`/`Concat`, attention as `MatMul`/`Softmax` over KV
+//! grown by `Concat(past, new)`, which allocates and copies the whole cache every token. The
+//! passes, in order:
+//!
+//! 1. [`fold`]: constants, and shape arithmetic whose dimensions are known statically
+//!    ([`shapes`] infers dimensions symbolically, so `Shape(x)[3]` folds when `x`'s last
+//!    dimension is fixed even though its sequence length is not).
+//! 2. [`norm`]: the RMSNorm pattern → `SimplifiedLayerNormalization`; a residual `Add`
+//!    feeding it → `com.microsoft::SkipSimplifiedLayerNormalization`.
+//! 3. [`rotary`]: `x * cos + rotate_half(x) * sin` → `com.microsoft::RotaryEmbedding` with
+//!    cos/sin caches computed once from the model's own subgraph (needs
+//!    [`Options::max_positions`]).
+//! 4. [`attention`]: `Concat` KV, repeat_kv, `Q·Kᵀ`, scale, causal mask, `Softmax`, `·V` →
+//!    `com.microsoft::GroupQueryAttention`, which appends KV in place (needs the language-model
+//!    contract).
+//!
+//! Patterns are matched by structure (op types, edges, constant values, axes, inferred
+//! shapes), never by node or model names. A pattern that does not match exactly leaves the
+//! graph as it was: correct, only slower. Values that only a run can decide (a causal mask, a
+//! rotary table) are checked by running the model's own nodes through an [`Evaluator`] that
+//! the backend supplies, since this crate never executes.
+//!
+//! The language-model rewrites hold for the way language models are fed here (what
+//! `NativeLm` does): every sequence's `attention_mask` is all ones (no padding) and its
+//! `position_ids` run from its cached length on. `GroupQueryAttention` takes positions and
+//! key counts from the mask, so a graph rewritten by [`attention`] ignores other masks and
+//! positions.
+
+pub mod attention;
+mod edit;
+pub mod fold;
+pub mod norm;
+pub mod rotary;
+pub mod shapes;
+
+use oxgen_runtime::LmContract;
+use oxgen_tensor::Tensor;
+
+use crate::{Graph, ValueId};
+
+/// Runs nodes for the passes: the graph crate never executes, so a backend supplies this.
+pub trait Evaluator {
+    /// Computes `wanted` by running the nodes they depend on in `graph`. `feeds` gives values
+    /// for graph inputs (or for any value, which cuts the graph there); initializers are
+    /// read from the graph. Fails (with a reason) when a needed input is not fed or a node
+    /// fails.
+    fn evaluate(
+        &mut self,
+        graph: &Graph,
+        feeds: &[(ValueId, Tensor)],
+        wanted: &[ValueId],
+    ) -> Result<Vec<Tensor>, String>;
+}
+
+/// What the passes may assume and do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Run the passes at all (off keeps the graph as loaded, for comparisons).
+    pub enabled: bool,
+    /// Positions the rotary caches cover: the model's context length (`config.json`'s
+    /// `max_position_embeddings`). `None` leaves rotary embeddings spelled out, since a cache
+    /// needs a size; positions past it would fail at run time.
+    pub max_positions: Option<usize>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            enabled: true,
+            max_positions: None,
+        }
+    }
+}
+
+/// What the passes did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    /// Nodes replaced by initializers.
+    pub folded: usize,
+    pub rms_norms: usize,
+    pub skip_norms: usize,
+    pub rotaries: usize,
+    pub attentions: usize,
+    /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
+    pub skipped: Vec<String>,
+}
+
+/// Runs every pass on `graph` in place. `lm` is the language-model contract when the graph
+/// is stepped as one (the attention rewrite needs it: which inputs hold the mask, positions
+/// and KV). Never fails: a pass that cannot prove a rewrite leaves the graph alone.
+pub fn optimize(
+    graph: &mut Graph,
+    eval: &mut dyn Evaluator,
+    lm: Option<&LmContract>,
+    options: &Options,
+) -> Report {
+    let mut report = Report {
+        nodes_before: graph.nodes.len(),
+        ..Report::default()
+    };
+    if options.enabled {
+        report.folded += fold::run(graph, eval);
+        report.rms_norms = norm::fuse_rms_norm(graph);
+        report.skip_norms = norm::fuse_skip_norm(graph);
+        if let Some(max_positions) = options.max_positions {
+            report.rotaries = rotary::run(graph, eval, max_positions, &mut report.skipped);
+        }
+        if let Some(lm) = lm {
+            report.attentions = attention::run(graph, eval, lm, &mut report.skipped);
+        }
+        report.folded += fold::run(graph, eval);
+    }
+    report.nodes_after = graph.nodes.len();
+    report
+}
