@@ -118,36 +118,122 @@ fn op_histogram(lm: &NativeLm) -> BTreeMap<String, usize> {
     h
 }
 
-#[test]
-fn passes_leave_the_fused_graph() {
-    let cfg = FixtureConfig::default();
-    let (_dir, model) = fixture(&cfg);
-    let plain = unoptimized(&model);
-    let fused = optimized(&model, &cfg);
-    let r = fused.pass_report();
-    eprintln!("{r:#?}");
-    eprintln!("{:#?}", op_histogram(&fused));
-    eprintln!(
-        "nodes: {} -> {}",
-        plain.graph().nodes.len(),
-        fused.graph().nodes.len()
-    );
-    assert!(!plain.shared_kv());
-    assert!(fused.shared_kv());
+/// Prefill of 12 tokens, then 16 single-token decode steps.
+fn prefill_and_decode() -> (Vec<u32>, Vec<u32>) {
+    (tokens(1, 12), tokens(2, 16))
+}
+
+fn spans<'a>(prompt: &'a [u32], decode: &'a [u32]) -> Vec<&'a [u32]> {
+    let mut spans: Vec<&[u32]> = vec![prompt];
+    spans.extend(decode.chunks(1));
+    spans
+}
+
+/// Greedy ids: prefill `prompt`, then feed back the argmax `n` times.
+fn greedy(lm: &mut NativeLm, prompt: &[u32], n: usize) -> Vec<u32> {
+    let seq = lm.add_sequence(64).unwrap();
+    let mut out = StepLogits::default();
+    let mut ids = Vec::new();
+    let mut next: Vec<u32> = prompt.to_vec();
+    let mut pos = 0;
+    for _ in 0..n {
+        let step = [SeqStep {
+            seq,
+            tokens: &next,
+            pos,
+            logits: LogitsWanted::Last,
+        }];
+        lm.step(&Batch { steps: &step }, &mut out).unwrap();
+        pos += next.len();
+        let id = argmax(out.row(0, 0)) as u32;
+        ids.push(id);
+        next = vec![id];
+    }
+    ids
+}
+
+/// Per layer: input norm, q/k/v, attention, o, post-attention norm, gate, up, SiLU (Sigmoid,
+/// Mul), gate * up, down = 13; plus the embedding Gather, the final norm, the head and the
+/// five nodes computing seqlens_k and total_sequence_length from attention_mask.
+fn fused_node_count(layers: usize) -> usize {
+    13 * layers + 3 + 5
 }
 
 #[test]
-fn optimized_logits_equal_unoptimized() {
+fn passes_leave_the_fused_graph() {
+    // With repeat_kv (4 heads over 2 KV heads) and without (3 layers, 4 KV heads).
+    for cfg in [
+        FixtureConfig::default(),
+        FixtureConfig {
+            layers: 3,
+            kv_heads: 4,
+            ..FixtureConfig::default()
+        },
+    ] {
+        let (_dir, model) = fixture(&cfg);
+        let plain = unoptimized(&model);
+        let fused = optimized(&model, &cfg);
+        let l = cfg.layers;
+        eprintln!(
+            "{l} layers, {} KV heads: {} nodes -> {}",
+            cfg.kv_heads,
+            plain.graph().nodes.len(),
+            fused.graph().nodes.len()
+        );
+        let r = fused.pass_report();
+        assert!(r.skipped.is_empty(), "{:?}", r.skipped);
+        assert_eq!(
+            (r.rms_norms, r.skip_norms, r.rotaries, r.attentions),
+            (2 * l + 1, 2 * l, 2 * l, l)
+        );
+        assert_eq!(fused.graph().nodes.len(), fused_node_count(l));
+        let expected: BTreeMap<String, usize> = [
+            ("Cast", 2),
+            ("Gather", 1),
+            ("GroupQueryAttention", l),
+            ("MatMul", 7 * l + 1),
+            ("Mul", 2 * l),
+            ("ReduceSum", 1),
+            ("Shape", 1),
+            ("Sigmoid", l),
+            ("SimplifiedLayerNormalization", 1),
+            ("SkipSimplifiedLayerNormalization", 2 * l),
+            ("Sub", 1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(op_histogram(&fused), expected);
+        // Every present output now comes out of an attention node that appends in place.
+        let g = fused.graph();
+        for layer in &fused.contract().layers {
+            let id = g.find(&layer.present_key).unwrap();
+            let producer = g
+                .nodes
+                .iter()
+                .find(|n| n.outputs.contains(&Some(id)))
+                .unwrap();
+            assert_eq!(producer.op_type, "GroupQueryAttention");
+        }
+        assert!(!plain.shared_kv(), "the export grows KV by Concat");
+        assert!(
+            fused.shared_kv(),
+            "past KV is read only by GroupQueryAttention"
+        );
+    }
+}
+
+#[test]
+fn optimized_logits_equal_unoptimized_and_onnxruntime() {
     let cfg = FixtureConfig::default();
     let (_dir, model) = fixture(&cfg);
-    let prompt = tokens(1, 12);
-    let decode = tokens(2, 16);
-    let mut spans: Vec<&[u32]> = vec![&prompt];
-    spans.extend(decode.chunks(1));
+    let (prompt, decode) = prefill_and_decode();
+    let spans = spans(&prompt, &decode);
     let base = run_spans(&mut unoptimized(&model), &spans);
     let fused = run_spans(&mut optimized(&model, &cfg), &spans);
     let owned: Vec<Vec<u32>> = spans.iter().map(|s| s.to_vec()).collect();
     let theirs = oxgen_testkit::ort_oracle::step_lm(&model, &owned).unwrap();
+    assert_eq!(theirs.dims(), &[12 + 16, VOCAB_SIZE]);
     let theirs: Vec<Vec<f32>> = theirs
         .as_slice::<f32>()
         .unwrap()
@@ -160,11 +246,85 @@ fn optimized_logits_equal_unoptimized() {
         max_diff(&fused, &theirs),
     );
     eprintln!(
-        "max |unoptimized - ort| = {d_ort:e}, |optimized - unoptimized| = {d_fused:e}, |optimized - ort| = {d_fused_ort:e}"
+        "max |unoptimized - onnxruntime| = {d_ort:e}, |optimized - unoptimized| = {d_fused:e}, \
+         |optimized - onnxruntime| = {d_fused_ort:e} over 28 rows"
     );
-    for (r, (a, b)) in base.iter().zip(&fused).enumerate() {
-        assert_eq!(argmax(a), argmax(b), "row {r}");
+    assert!(
+        d_ort <= ORT_LOGIT_ATOL,
+        "unoptimized vs onnxruntime: {d_ort:e}"
+    );
+    assert!(
+        d_fused <= FUSED_LOGIT_ATOL,
+        "optimized vs unoptimized: {d_fused:e}"
+    );
+    assert!(
+        d_fused_ort <= ORT_LOGIT_ATOL,
+        "optimized vs onnxruntime: {d_fused_ort:e}"
+    );
+    for (r, ((a, b), c)) in base.iter().zip(&fused).zip(&theirs).enumerate() {
+        assert_eq!(
+            argmax(a),
+            argmax(b),
+            "row {r}: greedy token changed by the passes"
+        );
+        assert_eq!(
+            argmax(a),
+            argmax(c),
+            "row {r}: greedy token differs from onnxruntime"
+        );
     }
-    assert!(d_ort <= ORT_LOGIT_ATOL);
-    assert!(d_fused <= FUSED_LOGIT_ATOL);
+}
+
+#[test]
+fn greedy_ids_are_identical_with_and_without_the_passes() {
+    let cfg = FixtureConfig::default();
+    let (_dir, model) = fixture(&cfg);
+    let prompt = tokens(3, 9);
+    let base = greedy(&mut unoptimized(&model), &prompt, 24);
+    let fused = greedy(&mut optimized(&model, &cfg), &prompt, 24);
+    assert_eq!(base, fused);
+}
+
+#[test]
+fn without_rotary_caches_attention_still_fuses() {
+    // What `NativeLm::new` does when it is not told the context: rotary stays spelled out,
+    // attention reads the rotated heads back as rows.
+    let cfg = FixtureConfig::default();
+    let (_dir, model) = fixture(&cfg);
+    let mut fused = load(&model, &PassOptions::default());
+    let r = fused.pass_report().clone();
+    assert_eq!((r.rotaries, r.attentions), (0, cfg.layers));
+    assert!(fused.shared_kv());
+    let gqa: Vec<_> = fused
+        .graph()
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.op {
+            oxgen_graph::Op::GroupQueryAttention(g) => Some(g.do_rotary),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gqa, vec![false; cfg.layers]);
+    let (prompt, decode) = prefill_and_decode();
+    let spans = spans(&prompt, &decode);
+    let base = run_spans(&mut unoptimized(&model), &spans);
+    let ours = run_spans(&mut fused, &spans);
+    let d = max_diff(&base, &ours);
+    assert!(d <= FUSED_LOGIT_ATOL, "{d:e}");
+}
+
+#[test]
+fn chunked_prefill_on_the_fused_graph_is_bitwise_identical() {
+    let cfg = FixtureConfig::default();
+    let (_dir, model) = fixture(&cfg);
+    let mut fused = optimized(&model, &cfg);
+    let prompt = tokens(4, 13);
+    let whole = run_spans(&mut fused, &[&prompt]);
+    let chunked = run_spans(&mut fused, &[&prompt[..5], &prompt[5..9], &prompt[9..]]);
+    let bits = |rows: &[Vec<f32>]| -> Vec<Vec<u32>> {
+        rows.iter()
+            .map(|r| r.iter().map(|v| v.to_bits()).collect())
+            .collect()
+    };
+    assert_eq!(bits(&whole), bits(&chunked));
 }

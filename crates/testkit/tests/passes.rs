@@ -1,0 +1,372 @@
+//! The graph passes that run nodes (constant folding, rotary and attention fusion) with the
+//! native evaluator, on minimal graphs and on the optimum-style fixture: what matches is
+//! rewritten into values equal to the original's, and near-misses are left alone with a
+//! reason.
+
+use std::collections::BTreeMap;
+
+use oxgen_exec::{ExecOptions, NativeSession, PassOptions, optimize};
+use oxgen_graph::ops::{BinaryOp, Op};
+use oxgen_graph::{Graph, Node, ValueId, ValueInfo, ValueKind};
+use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
+use oxgen_runtime::{IoSpec, KvTemplates, LmContract, Session};
+use oxgen_tensor::{DType, Tensor};
+use oxgen_testkit::fixtures::{FixtureConfig, Rng, write_package};
+use oxgen_testkit::optimum;
+
+fn graph(b: &ModelBuilder) -> Graph {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.onnx");
+    b.save(&path, None).unwrap();
+    Graph::from_model(&oxgen_onnx::Model::load(&path).unwrap()).unwrap()
+}
+
+fn op_types(g: &Graph) -> Vec<String> {
+    g.nodes.iter().map(|n| n.op_type.clone()).collect()
+}
+
+fn passes(max_positions: Option<usize>) -> PassOptions {
+    PassOptions {
+        enabled: true,
+        max_positions,
+    }
+}
+
+fn run(g: Graph, inputs: &[(&str, Tensor)]) -> Vec<Tensor> {
+    let mut s = NativeSession::new(
+        g,
+        &ExecOptions {
+            threads: 1,
+            ..Default::default()
+        },
+    );
+    let inputs = inputs
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect();
+    s.run(inputs).unwrap().into_iter().map(|(_, t)| t).collect()
+}
+
+fn random(dims: &[usize], seed: u64) -> Tensor {
+    let mut rng = Rng::new(seed);
+    let v: Vec<f32> = (0..dims.iter().product::<usize>())
+        .map(|_| rng.uniform())
+        .collect();
+    Tensor::from_slice(dims, &v).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    let (a, b) = (a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn constant_subgraphs_fold_unless_they_would_grow_the_model() {
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    b.input("x", DType::F32, &[Dim::from("n"), Dim::Fixed(4)]);
+    b.initializer("w", random(&[4, 3], 1));
+    b.initializer("big", Tensor::from_slice([2], &[512i64, 512]).unwrap());
+    b.node(
+        "Transpose",
+        "",
+        "wt",
+        &["w"],
+        &["wt"],
+        vec![attr::ints("perm", &[1, 0])],
+    );
+    b.node(
+        "Transpose",
+        "",
+        "wtt",
+        &["wt"],
+        &["wtt"],
+        vec![attr::ints("perm", &[1, 0])],
+    );
+    b.node("MatMul", "", "mm", &["x", "wtt"], &["y"], vec![]);
+    // 1 MiB of zeros from 16 bytes: stays a node.
+    b.node("ConstantOfShape", "", "zeros", &["big"], &["z"], vec![]);
+    b.output("y", DType::F32, &[]);
+    b.output("z", DType::F32, &[]);
+    let g = graph(&b);
+    let x = random(&[2, 4], 2);
+    let before = run(g.clone(), &[("x", x.clone())]);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(report.folded, 2);
+    assert_eq!(op_types(&g), ["MatMul", "ConstantOfShape"]);
+    let after = run(g, &[("x", x)]);
+    assert_eq!(max_diff(&before[0], &after[0]), 0.0);
+}
+
+/// What the rotary test graph may get wrong.
+#[derive(Clone, Copy, PartialEq)]
+enum RotaryVariant {
+    Exact,
+    /// `Concat(Neg(x1), x2)`: not rotate_half.
+    SwappedHalves,
+    /// cos also depends on the rotated input.
+    CosReadsX,
+}
+
+/// `y = x * cos + rotate_half(x) * sin` with cos/sin from `position_ids` as transformers
+/// computes them; x is `[batch, 2, seq, 8]`.
+fn rotary_graph(variant: RotaryVariant) -> ModelBuilder {
+    let d = 8usize;
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    let (batch, seq) = (Dim::from("batch"), Dim::from("seq"));
+    b.input(
+        "x",
+        DType::F32,
+        &[batch.clone(), Dim::Fixed(2), seq.clone(), Dim::Fixed(d)],
+    );
+    b.input("position_ids", DType::I64, &[batch, seq]);
+    let inv: Vec<f32> = (0..d / 2)
+        .map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / d as f32))
+        .collect();
+    b.initializer("inv_freq", Tensor::from_slice([1, d / 2, 1], &inv).unwrap());
+    for (name, v) in [
+        ("ax1", vec![1i64]),
+        ("zero", vec![0]),
+        ("half", vec![d as i64 / 2]),
+        ("end", vec![i64::MAX]),
+        ("last", vec![-1]),
+    ] {
+        b.initializer(name, Tensor::from_slice([v.len()], &v).unwrap());
+    }
+    b.node(
+        "Unsqueeze",
+        "",
+        "",
+        &["position_ids", "ax1"],
+        &["p3"],
+        vec![],
+    );
+    b.node("Cast", "", "", &["p3"], &["pf"], vec![attr::int("to", 1)]);
+    b.node("MatMul", "", "", &["inv_freq", "pf"], &["freqs"], vec![]);
+    b.node(
+        "Transpose",
+        "",
+        "",
+        &["freqs"],
+        &["ft"],
+        vec![attr::ints("perm", &[0, 2, 1])],
+    );
+    b.node(
+        "Concat",
+        "",
+        "",
+        &["ft", "ft"],
+        &["emb"],
+        vec![attr::int("axis", -1)],
+    );
+    let emb = if variant == RotaryVariant::CosReadsX {
+        b.node(
+            "ReduceMean",
+            "",
+            "",
+            &["x"],
+            &["xm"],
+            vec![attr::int("keepdims", 0)],
+        );
+        b.node("Add", "", "", &["emb", "xm"], &["emb2"], vec![]);
+        "emb2"
+    } else {
+        "emb"
+    };
+    b.node("Cos", "", "", &[emb], &["cos"], vec![]);
+    b.node("Sin", "", "", &["emb"], &["sin"], vec![]);
+    b.node("Unsqueeze", "", "", &["cos", "ax1"], &["cos4"], vec![]);
+    b.node("Unsqueeze", "", "", &["sin", "ax1"], &["sin4"], vec![]);
+    b.node(
+        "Slice",
+        "",
+        "",
+        &["x", "zero", "half", "last"],
+        &["x1"],
+        vec![],
+    );
+    b.node(
+        "Slice",
+        "",
+        "",
+        &["x", "half", "end", "last"],
+        &["x2"],
+        vec![],
+    );
+    let (negated, kept) = if variant == RotaryVariant::SwappedHalves {
+        ("x1", "x2")
+    } else {
+        ("x2", "x1")
+    };
+    b.node("Neg", "", "", &[negated], &["neg"], vec![]);
+    b.node(
+        "Concat",
+        "",
+        "",
+        &["neg", kept],
+        &["rot"],
+        vec![attr::int("axis", -1)],
+    );
+    b.node("Mul", "", "", &["x", "cos4"], &["a"], vec![]);
+    b.node("Mul", "", "", &["sin4", "rot"], &["b"], vec![]);
+    b.node("Add", "", "", &["a", "b"], &["y"], vec![]);
+    b.output("y", DType::F32, &[]);
+    b
+}
+
+#[test]
+fn rotary_spelled_out_becomes_rotary_embedding_with_equal_values() {
+    let g = graph(&rotary_graph(RotaryVariant::Exact));
+    let x = random(&[1, 2, 5, 8], 3);
+    let pos = Tensor::from_slice([1, 5], &[3i64, 4, 5, 6, 7]).unwrap();
+    let before = run(
+        g.clone(),
+        &[("x", x.clone()), ("position_ids", pos.clone())],
+    );
+    let (fused, report) = optimize(g, None, &passes(Some(32)));
+    assert_eq!(report.rotaries, 1, "{report:?}");
+    assert_eq!(op_types(&fused), ["RotaryEmbedding"]);
+    let after = run(fused, &[("x", x), ("position_ids", pos)]);
+    let diff = max_diff(&before[0], &after[0]);
+    assert!(diff <= 1e-6, "{diff:e}");
+}
+
+#[test]
+fn rotary_near_misses_stay_spelled_out() {
+    for (variant, max_positions, reason) in [
+        (RotaryVariant::Exact, None, None),
+        (RotaryVariant::SwappedHalves, Some(32), None),
+        (
+            RotaryVariant::CosReadsX,
+            Some(32),
+            Some("more than one graph input"),
+        ),
+    ] {
+        let g = graph(&rotary_graph(variant));
+        let (after, report) = optimize(g, None, &passes(max_positions));
+        assert_eq!(report.rotaries, 0);
+        assert!(!op_types(&after).contains(&"RotaryEmbedding".to_string()));
+        if let Some(reason) = reason {
+            assert!(
+                report.skipped.iter().any(|s| s.contains(reason)),
+                "{:?}",
+                report.skipped
+            );
+        }
+    }
+}
+
+fn contract(g: &Graph) -> LmContract {
+    let spec = |id: &ValueId| {
+        let v = g.value(*id);
+        IoSpec {
+            name: v.name.clone(),
+            dtype: v.dtype,
+            dims: v.dims.clone(),
+        }
+    };
+    let inputs: Vec<IoSpec> = g.inputs.iter().map(spec).collect();
+    let outputs: Vec<IoSpec> = g.outputs.iter().map(spec).collect();
+    LmContract::from_io(&inputs, &outputs, &KvTemplates::default()).unwrap()
+}
+
+fn optimum_graph(cfg: &FixtureConfig) -> Graph {
+    graph(&optimum::build_model(cfg))
+}
+
+fn histogram(g: &Graph) -> BTreeMap<String, usize> {
+    let mut h = BTreeMap::new();
+    for t in op_types(g) {
+        *h.entry(t).or_insert(0) += 1;
+    }
+    h
+}
+
+#[test]
+fn attention_with_a_non_causal_mask_is_left_alone() {
+    let cfg = FixtureConfig::default();
+    let mut g = optimum_graph(&cfg);
+    // `keys > cache_position` masks the future; `<` masks the past instead.
+    let greater = g
+        .nodes
+        .iter_mut()
+        .find(|n| n.op_type == "Greater")
+        .expect("the fixture's mask compares key and query positions");
+    greater.op = Op::Binary(BinaryOp::Less);
+    let lm = contract(&g);
+    let (after, report) = optimize(g, Some(&lm), &passes(Some(cfg.context)));
+    assert_eq!(report.attentions, 0);
+    assert_eq!(report.skipped.len(), cfg.layers, "{:?}", report.skipped);
+    assert!(
+        report.skipped[0].contains("a causal mask gives"),
+        "{}",
+        report.skipped[0]
+    );
+    let h = histogram(&after);
+    assert_eq!(h.get("Softmax"), Some(&cfg.layers));
+    assert_eq!(h.get("GroupQueryAttention"), None);
+}
+
+#[test]
+fn attention_whose_kv_is_read_elsewhere_keeps_its_concat() {
+    let cfg = FixtureConfig::default();
+    let mut g = optimum_graph(&cfg);
+    // A second reader of layer 0's concatenated key: it would see the in-place buffer.
+    let present = g.find("present.0.key").unwrap();
+    let extra = ValueId(g.values.len());
+    g.values.push(ValueInfo {
+        name: "extra".into(),
+        kind: ValueKind::Node,
+        dtype: Some(DType::F32),
+        dims: None,
+    });
+    let mut node: Node = g.nodes[0].clone();
+    node.name = "extra_reader".into();
+    node.op_type = "Identity".into();
+    node.op = Op::Identity;
+    node.inputs = vec![Some(present)];
+    node.outputs = vec![Some(extra)];
+    g.nodes.push(node);
+    g.outputs.push(extra);
+    let lm = contract(&g);
+    let (after, report) = optimize(g, Some(&lm), &passes(Some(cfg.context)));
+    assert_eq!(report.attentions, cfg.layers - 1);
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.contains("reads the concatenated KV")),
+        "{:?}",
+        report.skipped
+    );
+    let h = histogram(&after);
+    assert_eq!(h.get("GroupQueryAttention"), Some(&(cfg.layers - 1)));
+    assert_eq!(h.get("Softmax"), Some(&1));
+}
+
+#[test]
+fn a_genai_graph_is_already_fused_and_stays_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    let m = oxgen_onnx::Model::load(dir.path().join("model.onnx")).unwrap();
+    let g = Graph::from_model(&m).unwrap();
+    let lm = contract(&g);
+    let before = op_types(&g);
+    let (after, report) = optimize(g, Some(&lm), &passes(Some(128)));
+    assert_eq!(op_types(&after), before);
+    assert_eq!(
+        (
+            report.folded,
+            report.rms_norms,
+            report.skip_norms,
+            report.rotaries,
+            report.attentions
+        ),
+        (0, 0, 0, 0, 0)
+    );
+}
