@@ -18,8 +18,7 @@ fn optimum_fixture() -> (tempfile::TempDir, FixtureConfig) {
 
 fn read_err(dir: &Path) -> String {
     PackageConfig::read(dir)
-        .err()
-        .expect("the folder is not a valid package")
+        .expect_err("the folder is not a valid package")
         .to_string()
 }
 

@@ -53,7 +53,7 @@ pub(crate) fn only_input(graph: &Graph, index: &Index, values: &[ValueId]) -> Op
 
 /// The `(first, count)` a `Slice` node takes along the last axis of a tensor of `width`
 /// there (step 1, one axis).
-fn last_axis_slice(graph: &Graph, facts: &Facts, node: &Node, width: i64) -> Option<(i64, i64)> {
+fn last_axis_slice(facts: &Facts, node: &Node, width: i64) -> Option<(i64, i64)> {
     let Op::Slice(s) = &node.op else {
         return None;
     };
@@ -65,11 +65,10 @@ fn last_axis_slice(graph: &Graph, facts: &Facts, node: &Node, width: i64) -> Opt
         _ => (
             param(1)?,
             param(2)?,
-            input(node, 3).map(|_| param(3)).flatten(),
-            input(node, 4).map(|_| param(4)).flatten(),
+            input(node, 3).and_then(|_| param(3)),
+            input(node, 4).and_then(|_| param(4)),
         ),
     };
-    let _ = graph;
     let axis = match axes.as_deref() {
         Some([a]) => *a,
         None if rank == 1 => 0,
@@ -113,10 +112,13 @@ fn rotate_half(graph: &Graph, index: &Index, facts: &Facts, v: ValueId) -> Optio
     let ok = rank == 4
         && width % 2 == 0
         && last
-        && last_axis_slice(graph, facts, first, width) == Some((0, half))
-        && last_axis_slice(graph, facts, second, width) == Some((half, half));
+        && last_axis_slice(facts, first, width) == Some((0, half))
+        && last_axis_slice(facts, second, width) == Some((half, half));
     ok.then_some(x)
 }
+
+/// What a fused node reads besides `x`: positions, cos cache, sin cache.
+type Fused = (ValueId, ValueId, ValueId);
 
 /// A match: `Add` node index, the rotated `x`, and the cos/sin values.
 struct Candidate {
@@ -262,14 +264,13 @@ pub fn run(
         .filter_map(|(i, node)| match_at(graph, &index, &facts, i, node))
         .collect();
     // Caches by (cos, sin) value, and distinct caches by content: layers share one pair.
-    let mut by_value: HashMap<(ValueId, ValueId), Option<(ValueId, ValueId, ValueId)>> =
-        HashMap::new();
+    let mut by_value: HashMap<(ValueId, ValueId), Option<Fused>> = HashMap::new();
     let mut tables: Vec<(Tensor, Tensor, ValueId, ValueId)> = Vec::new();
     let mut edits = Edits::default();
     for c in found {
         let node_name = graph.nodes[c.add].name.clone();
         let key = (c.cos, c.sin);
-        if !by_value.contains_key(&key) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = by_value.entry(key) {
             let width = match facts.dim(c.x, -1) {
                 Some(Sym::Known(w)) => w as usize,
                 _ => continue,
@@ -299,7 +300,7 @@ pub fn run(
                     None
                 }
             };
-            by_value.insert(key, entry);
+            slot.insert(entry);
         }
         let Some(Some((pos, cos_id, sin_id))) = by_value.get(&key).copied() else {
             continue;
