@@ -23,13 +23,13 @@ use oxgen_runtime::{
 };
 use oxgen_tensor::{DType, Tensor, bf16, f16};
 
-use crate::{ExecOptions, NativeSession};
+use crate::{ExecError, ExecOptions, NativeSession};
 
 struct SeqState {
     len: usize,
     max_context: usize,
-    /// Per layer: key and value.
-    kv: Vec<(Tensor, Tensor)>,
+    /// Per layer: key and value (taken while a step runs).
+    kv: Vec<[Option<Tensor>; 2]>,
 }
 
 /// A language model on the native backend.
@@ -40,6 +40,10 @@ pub struct NativeLm {
     passes: PassReport,
     seqs: HashMap<SeqId, SeqState>,
     next_id: u64,
+    io: IoIndex,
+    /// Inputs and outputs of a run, in declared order; reused so a step allocates nothing.
+    in_slots: Vec<Option<Tensor>>,
+    out_slots: Vec<Option<Tensor>>,
 }
 
 fn backend_error(msg: String) -> RuntimeError {
@@ -68,18 +72,6 @@ fn kv_is_shared_buffer(graph: &Graph, contract: &LmContract) -> bool {
                     .iter()
                     .all(|op| matches!(op, Op::GroupQueryAttention(_)))
         })
-}
-
-fn int_tensor(
-    dtype: DType,
-    shape: [usize; 2],
-    values: impl Iterator<Item = i64>,
-) -> Result<Tensor, RuntimeError> {
-    let t = match dtype {
-        DType::I32 => Tensor::from_slice(shape, &values.map(|v| v as i32).collect::<Vec<_>>()),
-        _ => Tensor::from_slice(shape, &values.collect::<Vec<_>>()),
-    };
-    t.map_err(|e| backend_error(e.to_string()))
 }
 
 fn logits_rows(
@@ -144,13 +136,17 @@ impl NativeLm {
         let (graph, report) = crate::optimize(graph, Some(&contract), passes);
         let session = NativeSession::new(graph, options);
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
+        let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         Ok(NativeLm {
+            in_slots: vec![None; session.inputs().len()],
+            out_slots: vec![None; session.outputs().len()],
             session,
             contract,
             shared_kv,
             passes: report,
             seqs: HashMap::new(),
             next_id: 0,
+            io,
         })
     }
 
@@ -202,66 +198,87 @@ impl NativeLm {
                 state.max_context
             )));
         }
-        let c = &self.contract;
-        let mut inputs = vec![(
-            c.input_ids.clone(),
-            int_tensor(
-                c.input_ids_dtype,
-                [1, n],
-                step.tokens.iter().map(|&t| t as i64),
-            )?,
-        )];
-        if let Some((name, dtype)) = &c.attention_mask {
-            inputs.push((
-                name.clone(),
-                int_tensor(*dtype, [1, end], std::iter::repeat_n(1, end))?,
-            ));
+        // Inputs come from the session's arena and go back to it after the run, so a step
+        // that repeats earlier shapes allocates nothing.
+        let (c, io, session) = (&self.contract, &self.io, &mut self.session);
+        let slots = &mut self.in_slots;
+        let mut int_input =
+            |index: usize, dtype: DType, len: usize, value: &dyn Fn(usize) -> i64| {
+                let mut t = session
+                    .alloc_input(dtype, &[1, len])
+                    .map_err(|e| backend_error(e.to_string()))?;
+                let err = |e: oxgen_tensor::TensorError| backend_error(e.to_string());
+                match dtype {
+                    DType::I32 => {
+                        for (i, v) in t.as_mut_slice::<i32>().map_err(err)?.iter_mut().enumerate() {
+                            *v = value(i) as i32;
+                        }
+                    }
+                    _ => {
+                        for (i, v) in t.as_mut_slice::<i64>().map_err(err)?.iter_mut().enumerate() {
+                            *v = value(i);
+                        }
+                    }
+                }
+                slots[index] = Some(t);
+                Ok::<(), RuntimeError>(())
+            };
+        int_input(io.input_ids, c.input_ids_dtype, n, &|i| {
+            step.tokens[i] as i64
+        })?;
+        if let (Some(index), Some((_, dtype))) = (io.attention_mask, &c.attention_mask) {
+            int_input(index, *dtype, end, &|_| 1)?;
         }
-        if let Some((name, dtype)) = &c.position_ids {
-            inputs.push((
-                name.clone(),
-                int_tensor(*dtype, [1, n], (step.pos..end).map(|p| p as i64))?,
-            ));
+        if let (Some(index), Some((_, dtype))) = (io.position_ids, &c.position_ids) {
+            int_input(index, *dtype, n, &|i| (step.pos + i) as i64)?;
         }
-        let kv = std::mem::take(&mut state.kv);
-        for (names, (k, v)) in c.layers.iter().zip(kv) {
+        for (&(ki, vi), kv) in io.past.iter().zip(state.kv.iter_mut()) {
+            let (k, v) = (kv[0].take(), kv[1].take());
+            let (Some(k), Some(v)) = (k, v) else {
+                return Err(seq_err("its KV was lost by an earlier failed step".into()));
+            };
             let (k, v) = if self.shared_kv {
                 (k, v)
             } else {
                 (truncate(k, step.pos)?, truncate(v, step.pos)?)
             };
-            inputs.push((names.past_key.clone(), k));
-            inputs.push((names.past_value.clone(), v));
+            self.in_slots[ki] = Some(k);
+            self.in_slots[vi] = Some(v);
         }
-        let result = self.session.run(inputs);
+        let result = self
+            .session
+            .run_ordered(&mut self.in_slots, &mut self.out_slots);
         let state = self
             .seqs
             .get_mut(&step.seq)
             .expect("the sequence was found above");
-        let mut outputs: HashMap<String, Tensor> = match result {
-            Ok(o) => o.into_iter().collect(),
-            Err(e) => {
-                // The KV went into the failed run: start the sequence over rather than keep a
-                // cache that may be half written.
-                state.len = 0;
-                state.kv = fresh_kv(c, self.shared_kv, state.max_context)?;
-                return Err(e);
-            }
+        if let Err(e) = result {
+            // The KV went into the failed run: start the sequence over rather than keep a
+            // cache that may be half written.
+            self.in_slots.iter_mut().for_each(|s| *s = None);
+            self.out_slots.iter_mut().for_each(|s| *s = None);
+            state.len = 0;
+            state.kv = fresh_kv(c, self.shared_kv, state.max_context)?;
+            return Err(match e {
+                ExecError::Runtime(r) => r,
+                other => RuntimeError::Backend(Box::new(other)),
+            });
+        }
+        let want = if self.shared_kv {
+            state.max_context
+        } else {
+            end
         };
-        for names in &c.layers {
-            let (Some(k), Some(v)) = (
-                outputs.remove(&names.present_key),
-                outputs.remove(&names.present_value),
-            ) else {
+        for (names, (&(ki, vi), kv)) in c
+            .layers
+            .iter()
+            .zip(io.present.iter().zip(state.kv.iter_mut()))
+        {
+            let (Some(k), Some(v)) = (self.out_slots[ki].take(), self.out_slots[vi].take()) else {
                 return Err(backend_error(format!(
                     "the run returned no '{}' / '{}'",
                     names.present_key, names.present_value
                 )));
-            };
-            let want = if self.shared_kv {
-                state.max_context
-            } else {
-                end
             };
             if k.dims().get(2) != Some(&want) || v.dims().get(2) != Some(&want) {
                 return Err(backend_error(format!(
@@ -270,41 +287,97 @@ impl NativeLm {
                     k.shape()
                 )));
             }
-            state.kv.push((k, v));
+            *kv = [Some(k), Some(v)];
         }
         state.len = end;
-        let logits = outputs
-            .get(&c.logits)
+        let logits = self.out_slots[io.logits]
+            .take()
             .ok_or_else(|| backend_error(format!("the run returned no '{}'", c.logits)))?;
-        let (rows_in_output, vocab) = match logits.dims() {
-            [1, s, v] => (*s, *v),
-            [1, v] => (1, *v),
-            other => {
-                return Err(backend_error(format!(
-                    "logits have shape {other:?}; expected [1, sequence, vocab]"
-                )));
-            }
-        };
-        if out.vocab != 0 && out.vocab != vocab {
+        let copied = copy_logits(&logits, step, n, out);
+        self.session.recycle(logits);
+        for t in self.out_slots.iter_mut().filter_map(Option::take) {
+            self.session.recycle(t);
+        }
+        copied
+    }
+}
+
+/// Appends the rows `step` wants from a `[1, sequence, vocab]` logits tensor to `out`.
+fn copy_logits(
+    logits: &Tensor,
+    step: &SeqStep,
+    n: usize,
+    out: &mut StepLogits,
+) -> Result<(), RuntimeError> {
+    let (rows_in_output, vocab) = match logits.dims() {
+        [1, s, v] => (*s, *v),
+        [1, v] => (1, *v),
+        other => {
             return Err(backend_error(format!(
-                "logits width {vocab} differs from this batch's {}",
-                out.vocab
+                "logits have shape {other:?}; expected [1, sequence, vocab]"
             )));
         }
-        out.vocab = vocab;
-        let rows = match step.logits {
-            LogitsWanted::None => 0..0,
-            LogitsWanted::Last => rows_in_output - 1..rows_in_output,
-            LogitsWanted::All if rows_in_output == n => 0..n,
-            LogitsWanted::All => {
-                return Err(backend_error(format!(
-                    "the graph returns {rows_in_output} logits rows for {n} tokens"
-                )));
-            }
+    };
+    if out.vocab != 0 && out.vocab != vocab {
+        return Err(backend_error(format!(
+            "logits width {vocab} differs from this batch's {}",
+            out.vocab
+        )));
+    }
+    out.vocab = vocab;
+    let rows = match step.logits {
+        LogitsWanted::None => 0..0,
+        LogitsWanted::Last => rows_in_output - 1..rows_in_output,
+        LogitsWanted::All if rows_in_output == n => 0..n,
+        LogitsWanted::All => {
+            return Err(backend_error(format!(
+                "the graph returns {rows_in_output} logits rows for {n} tokens"
+            )));
+        }
+    };
+    let first = out.data.len() / vocab.max(1);
+    out.rows.push(first..first + rows.len());
+    logits_rows(logits, rows, vocab, &mut out.data)
+}
+
+/// Where each contract name sits among the session's declared inputs and outputs.
+struct IoIndex {
+    input_ids: usize,
+    attention_mask: Option<usize>,
+    position_ids: Option<usize>,
+    /// Per layer: past key and value input positions.
+    past: Vec<(usize, usize)>,
+    /// Per layer: present key and value output positions.
+    present: Vec<(usize, usize)>,
+    logits: usize,
+}
+
+impl IoIndex {
+    fn new(c: &LmContract, inputs: &[IoSpec], outputs: &[IoSpec]) -> Result<IoIndex, RuntimeError> {
+        let find = |specs: &[IoSpec], name: &str| {
+            specs.iter().position(|s| s.name == name).ok_or_else(|| {
+                backend_error(format!(
+                    "the optimized graph lost its '{name}' input or output"
+                ))
+            })
         };
-        let first = out.data.len() / vocab.max(1);
-        out.rows.push(first..first + rows.len());
-        logits_rows(logits, rows, vocab, &mut out.data)
+        let (i, o) = (|n: &str| find(inputs, n), |n: &str| find(outputs, n));
+        Ok(IoIndex {
+            input_ids: i(&c.input_ids)?,
+            attention_mask: c.attention_mask.as_ref().map(|(n, _)| i(n)).transpose()?,
+            position_ids: c.position_ids.as_ref().map(|(n, _)| i(n)).transpose()?,
+            past: c
+                .layers
+                .iter()
+                .map(|l| Ok((i(&l.past_key)?, i(&l.past_value)?)))
+                .collect::<Result<_, RuntimeError>>()?,
+            present: c
+                .layers
+                .iter()
+                .map(|l| Ok((o(&l.present_key)?, o(&l.present_value)?)))
+                .collect::<Result<_, RuntimeError>>()?,
+            logits: o(&c.logits)?,
+        })
     }
 }
 
@@ -313,13 +386,16 @@ fn fresh_kv(
     c: &LmContract,
     shared: bool,
     max_context: usize,
-) -> Result<Vec<(Tensor, Tensor)>, RuntimeError> {
+) -> Result<Vec<[Option<Tensor>; 2]>, RuntimeError> {
     let len = if shared { max_context } else { 0 };
     let kv = || {
         Tensor::zeros(c.kv_dtype, [1, c.kv_heads, len, c.head_size])
             .map_err(|e| backend_error(e.to_string()))
     };
-    c.layers.iter().map(|_| Ok((kv()?, kv()?))).collect()
+    c.layers
+        .iter()
+        .map(|_| Ok([Some(kv()?), Some(kv()?)]))
+        .collect()
 }
 
 /// The first `len` positions of a `[1, heads, positions, head_size]` cache.

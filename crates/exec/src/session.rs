@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use oxgen_graph::{Graph, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
 use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
@@ -56,14 +58,17 @@ impl Profile {
                 } else {
                     format!("{}::{}", node.domain, node.op_type)
                 };
-                times.iter().position(|t| t.op_type == name).unwrap_or_else(|| {
-                    times.push(OpTime {
-                        op_type: name,
-                        calls: 0,
-                        total: Duration::ZERO,
-                    });
-                    times.len() - 1
-                })
+                times
+                    .iter()
+                    .position(|t| t.op_type == name)
+                    .unwrap_or_else(|| {
+                        times.push(OpTime {
+                            op_type: name,
+                            calls: 0,
+                            total: Duration::ZERO,
+                        });
+                        times.len() - 1
+                    })
             })
             .collect();
         Profile { row_of_node, times }
@@ -146,56 +151,113 @@ impl NativeSession {
 
     /// Runs the graph; errors name the failing node.
     pub fn run_graph(&mut self, inputs: Tensors) -> Result<Tensors, ExecError> {
-        let bound = oxgen_runtime::bind_inputs(&self.inputs, inputs)?;
+        let mut bound: Vec<Option<Tensor>> = oxgen_runtime::bind_inputs(&self.inputs, inputs)?
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut outputs = vec![None; self.outputs.len()];
+        self.run_ordered(&mut bound, &mut outputs)?;
+        Ok(self
+            .outputs
+            .iter()
+            .zip(outputs)
+            .map(|(spec, t)| {
+                (
+                    spec.name.clone(),
+                    t.expect("a successful run fills every output"),
+                )
+            })
+            .collect())
+    }
+
+    /// Runs the graph on inputs in declared order (`inputs[i]` feeds input `i` and is taken),
+    /// writing the outputs in declared order. The allocation-free entry point: with buffers
+    /// reused by the caller, a run that repeats earlier shapes touches no allocator.
+    pub fn run_ordered(
+        &mut self,
+        inputs: &mut [Option<Tensor>],
+        outputs: &mut [Option<Tensor>],
+    ) -> Result<(), ExecError> {
         let graph = &self.plan.graph;
-        for (&id, tensor) in graph.inputs.iter().zip(bound) {
-            self.slots[id.0] = Some(tensor);
+        if inputs.len() != graph.inputs.len() || outputs.len() != graph.outputs.len() {
+            return Err(ExecError::Runtime(RuntimeError::Contract(format!(
+                "{} inputs and {} outputs given; the graph declares {} and {}",
+                inputs.len(),
+                outputs.len(),
+                graph.inputs.len(),
+                graph.outputs.len()
+            ))));
+        }
+        for (spec, slot) in self.inputs.iter().zip(inputs.iter()) {
+            match slot {
+                Some(t) => spec.check(t)?,
+                None => {
+                    return Err(ExecError::Runtime(RuntimeError::MissingInput {
+                        name: spec.name.clone(),
+                    }));
+                }
+            }
+        }
+        for (&id, tensor) in graph.inputs.iter().zip(inputs.iter_mut()) {
+            self.slots[id.0] = tensor.take();
         }
         self.arena.reset_peak();
         let result = self.execute();
         let graph = &self.plan.graph;
-        let outputs = result.map(|()| {
-            graph
-                .outputs
-                .iter()
-                .map(|&id| {
-                    let value = graph.value(id);
-                    let tensor = match self.slots[id.0].take() {
-                        Some(t) => {
-                            self.arena.forget(&t);
-                            t
-                        }
-                        // An output that is an initializer (or an input listed again).
-                        None => graph
-                            .initializers
-                            .get(&id)
-                            .cloned()
-                            .expect("a graph output has a value after a successful run"),
-                    };
-                    (value.name.clone(), tensor)
-                })
-                .collect()
-        });
+        if result.is_ok() {
+            for (&id, out) in graph.outputs.iter().zip(outputs.iter_mut()) {
+                *out = Some(match self.slots[id.0].take() {
+                    Some(t) => {
+                        self.arena.forget(&t);
+                        t
+                    }
+                    // An output that is an initializer (or an input listed again).
+                    None => graph
+                        .initializers
+                        .get(&id)
+                        .cloned()
+                        .expect("a graph output has a value after a successful run"),
+                });
+            }
+        }
         // Whatever is left (inputs, values of a failed run) is released for reuse.
         for (id, slot) in self.slots.iter_mut().enumerate() {
             if let Some(t) = slot.take() {
                 dispose(&mut self.arena, graph, ValueId(id), t);
             }
         }
-        outputs
+        result
+    }
+
+    /// Returns a tensor's buffer (an output the caller is done with) to the arena.
+    pub fn recycle(&mut self, tensor: Tensor) {
+        self.arena.recycle(tensor);
+    }
+
+    /// A buffer from this session's arena (for inputs of the next run, so their memory comes
+    /// back to the arena after it).
+    pub fn alloc_input(
+        &mut self,
+        dtype: oxgen_tensor::DType,
+        dims: &[usize],
+    ) -> Result<Tensor, ExecError> {
+        self.arena
+            .alloc(dtype, dims)
+            .map_err(|e| ExecError::Runtime(RuntimeError::Contract(e.to_string())))
     }
 
     fn execute(&mut self) -> Result<(), ExecError> {
         let plan = &self.plan;
         let graph = &plan.graph;
         for (i, node) in graph.nodes.iter().enumerate() {
-            let mut donated: Vec<Option<Tensor>> = vec![None; node.inputs.len()];
+            let mut donated: SmallVec<[Option<Tensor>; 16]> =
+                smallvec::smallvec![None; node.inputs.len()];
             for &k in &plan.donations[i] {
                 if let Some(id) = node.inputs[k] {
                     donated[k] = self.slots[id.0].take();
                 }
             }
-            let inputs: Vec<Option<&Tensor>> = node
+            let inputs: SmallVec<[Option<&Tensor>; 16]> = node
                 .inputs
                 .iter()
                 .map(|v| v.and_then(|id| graph.initializers.get(&id).or(self.slots[id.0].as_ref())))
@@ -217,6 +279,7 @@ impl NativeSession {
                 node: Box::new(node.node_ref()),
                 source,
             })?;
+            drop(inputs);
             if let (Some(profile), Some(started)) = (&mut self.profile, started) {
                 let row = &mut profile.times[profile.row_of_node[i]];
                 row.calls += 1;

@@ -3,10 +3,15 @@
 //! Reference: ONNX `docs/Broadcasting.md`. Shapes align at the trailing dimension; a
 //! dimension of 1 stretches to match the other.
 
+use smallvec::{SmallVec, smallvec};
+
+/// Dimensions or strides, inline up to rank 8 (no allocation on the per-token path).
+pub type Dims = SmallVec<[usize; 8]>;
+
 /// The broadcast shape of `shapes`, or `None` when two dimensions differ and neither is 1.
-pub fn broadcast_shape(shapes: &[&[usize]]) -> Option<Vec<usize>> {
+pub fn broadcast_shape(shapes: &[&[usize]]) -> Option<Dims> {
     let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
-    let mut out = vec![1usize; rank];
+    let mut out: Dims = smallvec![1usize; rank];
     for shape in shapes {
         let offset = rank - shape.len();
         for (i, &d) in shape.iter().enumerate() {
@@ -22,9 +27,9 @@ pub fn broadcast_shape(shapes: &[&[usize]]) -> Option<Vec<usize>> {
 }
 
 /// Element strides of `shape` viewed as `out_shape`: 0 along broadcast dimensions.
-pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Dims {
     let offset = out_shape.len() - shape.len();
-    let mut strides = vec![0usize; out_shape.len()];
+    let mut strides: Dims = smallvec![0usize; out_shape.len()];
     let mut stride = 1;
     for i in (0..shape.len()).rev() {
         strides[offset + i] = if shape[i] == 1 { 0 } else { stride };
@@ -45,7 +50,7 @@ pub fn for_each_offset<const N: usize>(
         return;
     }
     let rank = out_shape.len();
-    let mut index = vec![0usize; rank];
+    let mut index: Dims = smallvec![0usize; rank];
     let mut offsets = [0usize; N];
     for i in 0..numel {
         f(i, offsets);
@@ -125,11 +130,20 @@ mod tests {
 
     #[test]
     fn shapes_broadcast_like_numpy() {
-        assert_eq!(broadcast_shape(&[&[2, 3, 4], &[4]]), Some(vec![2, 3, 4]));
-        assert_eq!(broadcast_shape(&[&[2, 1], &[1, 5]]), Some(vec![2, 5]));
+        assert_eq!(
+            broadcast_shape(&[&[2, 3, 4], &[4]]).as_deref(),
+            Some(&[2, 3, 4][..])
+        );
+        assert_eq!(
+            broadcast_shape(&[&[2, 1], &[1, 5]]).as_deref(),
+            Some(&[2, 5][..])
+        );
         assert_eq!(broadcast_shape(&[&[2, 3], &[4]]), None);
-        assert_eq!(broadcast_shape(&[&[], &[3]]), Some(vec![3]));
-        assert_eq!(broadcast_shape(&[&[0, 1], &[1, 3]]), Some(vec![0, 3]));
+        assert_eq!(broadcast_shape(&[&[], &[3]]).as_deref(), Some(&[3][..]));
+        assert_eq!(
+            broadcast_shape(&[&[0, 1], &[1, 3]]).as_deref(),
+            Some(&[0, 3][..])
+        );
     }
 
     #[test]

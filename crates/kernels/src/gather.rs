@@ -45,17 +45,18 @@ pub fn gather<T: Copy>(
     let inner: usize = data_dims[axis + 1..].iter().product();
     let out_len = numel(&[outer, indices.len(), inner])?;
     check_len("output", out.len(), out_len)?;
-    let rows: Vec<usize> = indices
-        .iter()
-        .map(|&i| resolve_index(i, axis, n))
-        .collect::<Result<_, _>>()?;
+    // Every index is checked before anything is written (and nothing is allocated).
+    for &i in indices {
+        resolve_index(i, axis, n)?;
+    }
     if out_len == 0 {
         return Ok(());
     }
     let mut chunks = out.chunks_exact_mut(inner);
     for o in 0..outer {
         let block = &data[o * n * inner..(o + 1) * n * inner];
-        for (&r, dst) in rows.iter().zip(&mut chunks) {
+        for (&i, dst) in indices.iter().zip(&mut chunks) {
+            let r = resolve_index(i, axis, n)?;
             dst.copy_from_slice(&block[r * inner..(r + 1) * inner]);
         }
     }

@@ -155,6 +155,10 @@ fn column(row: &QuantizedRow, w: &QuantWeights<'_, f32>, bias: Option<&[f32]>, j
 }
 
 /// Eight output columns `j0..j0 + 8`.
+///
+/// # Safety
+/// AVX2 must be available, `j0 + 8 <= n`, `out` must hold 8 values, and `w` must have passed
+/// `check_args` (so every pointer below stays inside its slice).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn tile8(
@@ -167,34 +171,52 @@ unsafe fn tile8(
     let l = &w.layout;
     let (kb, blob, bs) = (l.k_blocks, l.blob_size, l.block_size);
     let row_bytes = kb * blob;
-    let cols: [&[u8]; 8] = std::array::from_fn(|c| &w.data[(j0 + c) * row_bytes..][..row_bytes]);
+    assert!(
+        (j0 + 8) * row_bytes <= w.data.len()
+            && (j0 + 8) * kb <= w.scales.len()
+            && row.q.len() >= kb * bs
+            && row.sums.len() >= kb
+            && row.scales.len() >= kb
+            && out.len() >= 8,
+        "tile8 arguments were checked by check_args"
+    );
+    let data = w.data.as_ptr().wrapping_add(j0 * row_bytes);
+    let scales = w.scales.as_ptr().wrapping_add(j0 * kb);
+    // Column c's value for block b sits at `c * kb + b` in the scales and float zero points.
+    let stride = kb as i32;
+    let gather_idx = _mm256_setr_epi32(
+        0,
+        stride,
+        2 * stride,
+        3 * stride,
+        4 * stride,
+        5 * stride,
+        6 * stride,
+        7 * stride,
+    );
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
-    let mut scale_w = [0f32; 8];
-    let mut zp = [0f32; 8];
     let mut zp_int = [0i32; 8];
     for b in 0..kb {
         let mut dots = [_mm256_setzero_si256(); 8];
         for chunk in 0..bs / 32 {
-            let qa = &row.q[b * bs + chunk * 32..][..32];
-            // SAFETY: `qa` holds 32 bytes.
-            let a = unsafe { _mm256_loadu_si256(qa.as_ptr().cast()) };
-            for (c, dot) in dots.iter_mut().enumerate() {
-                let bytes = &cols[c][b * blob + chunk * 16..][..16];
-                // SAFETY: `bytes` holds 16 bytes.
-                let packed = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
-                let wide = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-                let codes = _mm256_and_si256(wide, low);
-                let pairs = _mm256_maddubs_epi16(codes, a);
-                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+            // SAFETY: the assert above bounds every offset: `b * bs + chunk * 32 + 32 <= kb * bs`
+            // and `c * row_bytes + b * blob + chunk * 16 + 16 <= 8 * row_bytes`.
+            unsafe {
+                let a = _mm256_loadu_si256(row.q.as_ptr().add(b * bs + chunk * 32).cast());
+                let wb = data.add(b * blob + chunk * 16);
+                for (c, dot) in dots.iter_mut().enumerate() {
+                    let packed = _mm_loadu_si128(wb.add(c * row_bytes).cast());
+                    let wide = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+                    let codes = _mm256_and_si256(wide, low);
+                    let pairs = _mm256_maddubs_epi16(codes, a);
+                    *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                }
             }
         }
         let dot = hsum8(&dots);
         let sum_a = row.sums[b];
-        for c in 0..8 {
-            scale_w[c] = w.scales[(j0 + c) * kb + b];
-        }
         let centered = match w.zero_points {
             ZeroPoints::Default => {
                 _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(8 * sum_a)))
@@ -208,19 +230,21 @@ unsafe fn tile8(
                 _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
             }
             ZeroPoints::Float(z) => {
-                for (c, v) in zp.iter_mut().enumerate() {
-                    *v = z[(j0 + c) * kb + b];
-                }
-                // SAFETY: `zp` holds 8 f32.
-                let zs = unsafe { _mm256_loadu_ps(zp.as_ptr()) };
+                assert!(
+                    (j0 + 8) * kb <= z.len(),
+                    "zero points checked by check_args"
+                );
+                // SAFETY: the largest index read is `(j0 + 7) * kb + b < (j0 + 8) * kb`.
+                let zs =
+                    unsafe { _mm256_i32gather_ps::<4>(z.as_ptr().add(j0 * kb + b), gather_idx) };
                 _mm256_sub_ps(
                     _mm256_cvtepi32_ps(dot),
                     _mm256_mul_ps(zs, _mm256_set1_ps(sum_a as f32)),
                 )
             }
         };
-        // SAFETY: `scale_w` holds 8 f32.
-        let sw = unsafe { _mm256_loadu_ps(scale_w.as_ptr()) };
+        // SAFETY: as for the zero points: indices below `(j0 + 8) * kb`.
+        let sw = unsafe { _mm256_i32gather_ps::<4>(scales.add(b), gather_idx) };
         let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales[b]));
         acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
     }
@@ -229,8 +253,7 @@ unsafe fn tile8(
         // SAFETY: `bias` holds 8 f32.
         acc = _mm256_add_ps(acc, unsafe { _mm256_loadu_ps(bias.as_ptr()) });
     }
-    let out = &mut out[..8];
-    // SAFETY: `out` holds 8 f32.
+    // SAFETY: `out` holds at least 8 f32 (asserted above).
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
 }
 

@@ -70,6 +70,12 @@ impl From<Vec<usize>> for Shape {
     }
 }
 
+impl From<SmallVec<[usize; 8]>> for Shape {
+    fn from(dims: SmallVec<[usize; 8]>) -> Self {
+        Shape(SmallVec::from_slice(&dims))
+    }
+}
+
 impl FromIterator<usize> for Shape {
     fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
         Shape(iter.into_iter().collect())

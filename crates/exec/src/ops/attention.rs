@@ -28,6 +28,9 @@ use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
 use oxgen_tensor::{DType, Element, Tensor};
 
 use super::{OpCtx, input, opt_input, owned_input, read_i64s};
+use smallvec::smallvec;
+
+use super::{Outputs, Small};
 use crate::OpError;
 
 pub(super) fn run(
@@ -36,7 +39,7 @@ pub(super) fn run(
     donated: &mut [Option<Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     let dtype = input(inputs, 0)?.dtype();
     match (op, dtype) {
         (Op::GroupQueryAttention(g), DType::F32) => gqa::<f32>(g, inputs, donated, n_outputs, ctx),
@@ -44,9 +47,9 @@ pub(super) fn run(
         (Op::GroupQueryAttention(g), DType::BF16) => {
             gqa::<bf16>(g, inputs, donated, n_outputs, ctx)
         }
-        (Op::Rotary(r), DType::F32) => rotary::<f32>(r, inputs, ctx).map(|t| vec![t]),
-        (Op::Rotary(r), DType::F16) => rotary::<f16>(r, inputs, ctx).map(|t| vec![t]),
-        (Op::Rotary(r), DType::BF16) => rotary::<bf16>(r, inputs, ctx).map(|t| vec![t]),
+        (Op::Rotary(r), DType::F32) => rotary::<f32>(r, inputs, ctx).map(|t| smallvec![t]),
+        (Op::Rotary(r), DType::F16) => rotary::<f16>(r, inputs, ctx).map(|t| smallvec![t]),
+        (Op::Rotary(r), DType::BF16) => rotary::<bf16>(r, inputs, ctx).map(|t| smallvec![t]),
         (Op::GroupQueryAttention(_) | Op::Rotary(_), other) => Err(OpError::DType {
             dtype: other,
             detail: ": expected float32, float16 or bfloat16".into(),
@@ -97,9 +100,9 @@ struct GqaPlan {
     /// Update past_key/past_value in place (shared buffer) instead of concatenating.
     in_place: bool,
     /// Absolute position of each entry's first query row.
-    start: Vec<usize>,
+    start: Small<usize>,
     /// Valid cache positions of each entry after the step (`seqlens_k + 1`).
-    kv_len: Vec<usize>,
+    kv_len: Small<usize>,
     /// `rotary_dim / 2` when rotating.
     rope_half: Option<usize>,
 }
@@ -210,8 +213,8 @@ fn plan(
             "a {seq}-token step after cached positions (total_sequence_length {total} != sequence length {seq}) needs batch size 1, got {batch}"
         )));
     }
-    let mut start = Vec::with_capacity(batch);
-    let mut kv_len = Vec::with_capacity(batch);
+    let mut start = Small::with_capacity(batch);
+    let mut kv_len = Small::with_capacity(batch);
     for (b, &sl) in seqlens.iter().enumerate() {
         let valid = sl
             .checked_add(1)
@@ -300,7 +303,7 @@ fn gqa<T: Accum<Acc = f32> + Element>(
     donated: &mut [Option<Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     let p = plan(g, inputs, donated)?;
     let GqaShape {
         batch,
@@ -429,7 +432,7 @@ fn gqa<T: Accum<Acc = f32> + Element>(
     {
         ctx.arena.release(t);
     }
-    let mut outputs = vec![out, pk, pv];
+    let mut outputs: Outputs = smallvec![out, pk, pv];
     for t in outputs.drain(n_outputs.clamp(1, 3)..) {
         ctx.arena.release(t);
     }

@@ -6,8 +6,9 @@ use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 use oxgen_kernels::broadcast::{self, broadcast_shape};
 use oxgen_kernels::{Float, Scalar};
 use oxgen_tensor::{DType, Element, Tensor};
+use smallvec::SmallVec;
 
-use super::{OpCtx, input, opt_input};
+use super::{OpCtx, Small, input, opt_input};
 use crate::OpError;
 
 pub(super) fn run(op: &Op, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
@@ -228,7 +229,7 @@ pub(super) fn unary(op: UnaryOp, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, 
     dispatch!(dtype, T => signed_unary::<T>(op, x, ctx); [I64, I32, I16, I8, U64, U32, U16, U8])
 }
 
-fn broadcast_out(a: &Tensor, b: &Tensor) -> Result<Vec<usize>, OpError> {
+fn broadcast_out(a: &Tensor, b: &Tensor) -> Result<Small<usize>, OpError> {
     broadcast_shape(&[a.dims(), b.dims()]).ok_or_else(|| {
         OpError::shape(format!(
             "input shapes {} and {} cannot broadcast",
@@ -423,7 +424,7 @@ fn fold<T: Scalar + Element>(
     ts: &[&Tensor],
     ctx: &mut OpCtx,
 ) -> Result<Tensor, OpError> {
-    let dims: Vec<&[usize]> = ts.iter().map(|t| t.dims()).collect();
+    let dims: SmallVec<[&[usize]; 4]> = ts.iter().map(|t| t.dims()).collect();
     let shape = broadcast_shape(&dims)
         .ok_or_else(|| OpError::shape(format!("input shapes {dims:?} cannot broadcast")))?;
     let f = match op {
@@ -481,7 +482,7 @@ pub(super) fn variadic(
     inputs: &[Option<&Tensor>],
     ctx: &mut OpCtx,
 ) -> Result<Tensor, OpError> {
-    let ts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
+    let ts: SmallVec<[&Tensor; 4]> = inputs.iter().flatten().copied().collect();
     let first = ts
         .first()
         .ok_or_else(|| OpError::value("needs at least one input"))?;

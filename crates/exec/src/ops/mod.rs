@@ -16,8 +16,12 @@ mod shape;
 use oxgen_graph::Op;
 use oxgen_kernels::ThreadPool;
 use oxgen_tensor::{DType, Shape, Tensor};
+use smallvec::{SmallVec, smallvec};
 
 use crate::{Arena, OpError};
+
+/// An op's outputs, in order (inline: no allocation for up to four).
+pub type Outputs = SmallVec<[Tensor; 4]>;
 
 /// What an op may use while it runs.
 pub struct OpCtx<'a> {
@@ -43,13 +47,13 @@ pub fn run(
     donated: &mut [Option<Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     match op {
         Op::Unary(_) | Op::Binary(_) | Op::Variadic(_) | Op::Where | Op::Clip(_) | Op::Cast(_) => {
-            elementwise::run(op, inputs, ctx).map(|t| vec![t])
+            elementwise::run(op, inputs, ctx).map(|t| smallvec![t])
         }
-        Op::Identity => Ok(vec![input(inputs, 0)?.clone()]),
-        Op::Constant(t) => Ok(vec![t.clone()]),
+        Op::Identity => Ok(smallvec![owned_input(inputs, donated, 0)?]),
+        Op::Constant(t) => Ok(smallvec![t.clone()]),
         Op::ConstantOfShape(_)
         | Op::Shape { .. }
         | Op::Size
@@ -67,7 +71,7 @@ pub fn run(
         | Op::Gather(_)
         | Op::GatherElements { .. }
         | Op::ScatterND(_)
-        | Op::Trilu { .. } => shape::run(op, inputs, n_outputs, ctx),
+        | Op::Trilu { .. } => shape::run(op, inputs, donated, n_outputs, ctx),
         Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => {
             reduce::run(op, inputs, n_outputs, ctx)
         }
@@ -108,10 +112,13 @@ pub fn opt_input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tens
     inputs.get(i).copied().flatten()
 }
 
+/// A short list (dims, axes) kept inline: no allocation up to rank 8.
+pub type Small<T> = SmallVec<[T; 8]>;
+
 /// Reads an int64 or int32 tensor (shapes, axes, indices given as data) as `i64`s.
-pub fn read_i64s(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
+pub fn read_i64s(t: &Tensor, what: &str) -> Result<Small<i64>, OpError> {
     match t.dtype() {
-        DType::I64 => Ok(t.as_slice::<i64>()?.to_vec()),
+        DType::I64 => Ok(SmallVec::from_slice(t.as_slice::<i64>()?)),
         DType::I32 => Ok(t.as_slice::<i32>()?.iter().map(|&v| v as i64).collect()),
         other => Err(OpError::DType {
             dtype: other,

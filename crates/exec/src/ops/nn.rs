@@ -22,6 +22,9 @@ use oxgen_kernels::norm::{self as kn, LayerNormStats, Residual};
 use oxgen_tensor::{Element, Tensor};
 
 use super::{OpCtx, input, norm_axis, opt_input};
+use smallvec::smallvec;
+
+use super::{Outputs, Small};
 use crate::OpError;
 
 pub(super) fn run(
@@ -29,10 +32,10 @@ pub(super) fn run(
     inputs: &[Option<&Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     match op {
-        Op::MatMul => matmul(input(inputs, 0)?, input(inputs, 1)?, ctx).map(|t| vec![t]),
-        Op::Gemm(g) => gemm(g, inputs, ctx).map(|t| vec![t]),
+        Op::MatMul => matmul(input(inputs, 0)?, input(inputs, 1)?, ctx).map(|t| smallvec![t]),
+        Op::Gemm(g) => gemm(g, inputs, ctx).map(|t| smallvec![t]),
         Op::Norm(n) => norm(n, inputs, n_outputs, ctx),
         Op::SkipNorm(s) => skip_norm(s, inputs, n_outputs, ctx),
         _ => unreachable!("ops::run routes only MatMul, Gemm and norms here"),
@@ -57,13 +60,13 @@ fn batch_offsets(
     batch: &[usize],
     a_size: usize,
     b_size: usize,
-) -> (Vec<usize>, Vec<usize>) {
+) -> (Small<usize>, Small<usize>) {
     let (sa, sb) = (
         broadcast_strides(a_batch, batch),
         broadcast_strides(b_batch, batch),
     );
     let count: usize = batch.iter().product();
-    let (mut ao, mut bo) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    let (mut ao, mut bo) = (Small::with_capacity(count), Small::with_capacity(count));
     broadcast::for_each_offset(batch, [&sa, &sb], |_, [ia, ib]| {
         ao.push(ia * a_size);
         bo.push(ib * b_size);
@@ -251,7 +254,7 @@ fn norm_typed<T: Accum + Element>(
     inputs: &[Option<&Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError>
+) -> Result<Outputs, OpError>
 where
     T::Acc: Element,
 {
@@ -264,7 +267,7 @@ where
     let scale = expand_param::<T>(scale_t, norm_dims, "Scale")?;
     let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
     // Mean / InvStdDev / inv_std_var keep the normalized axes as 1s, in the statistics type.
-    let stat_dims: Vec<usize> = dims
+    let stat_dims: Small<usize> = dims
         .iter()
         .enumerate()
         .map(|(i, &d)| if i < axis { d } else { 1 })
@@ -309,7 +312,7 @@ where
             ctx.pool,
         )
         .map_err(OpError::from)?;
-        return Ok(vec![y]);
+        return Ok(smallvec![y]);
     }
     let mut mean = ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice())?;
     let mut inv = ctx.alloc(T::Acc::DTYPE, stat_dims)?;
@@ -329,7 +332,7 @@ where
         ctx.pool,
     )
     .map_err(OpError::from)?;
-    Ok(vec![y, mean, inv])
+    Ok(smallvec![y, mean, inv])
 }
 
 fn norm(
@@ -337,7 +340,7 @@ fn norm(
     inputs: &[Option<&Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     let x = input(inputs, 0)?;
     dispatch_float!(x.dtype(), T => norm_typed::<T>(nm, x, inputs, n_outputs, ctx))
 }
@@ -362,7 +365,7 @@ fn skip_norm_typed<T: Accum + Element>(
     inputs: &[Option<&Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError>
+) -> Result<Outputs, OpError>
 where
     T::Acc: Element,
 {
@@ -394,7 +397,7 @@ where
         same_dtype(x, b, "bias")?;
         expect_vector(b, n, "bias")?;
     }
-    let mut stat_dims = lead.to_vec();
+    let mut stat_dims: Small<usize> = Small::from_slice(&lead);
     stat_dims.push(1);
     let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
     // onnxruntime returns zeros for the mean of this RMS norm; the slot is filled only when
@@ -439,7 +442,7 @@ fn skip_norm(
     inputs: &[Option<&Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     let x = input(inputs, 0)?;
     dispatch_float!(x.dtype(), T => skip_norm_typed::<T>(sn, x, inputs, n_outputs, ctx))
 }

@@ -16,6 +16,9 @@ use oxgen_kernels::quant::{self, QuantRows};
 use oxgen_tensor::{DType, Tensor};
 
 use super::{OpCtx, input, norm_axis, opt_input};
+use smallvec::smallvec;
+
+use super::{Outputs, Small};
 use crate::OpError;
 
 pub(super) fn run(
@@ -23,10 +26,10 @@ pub(super) fn run(
     inputs: &[Option<&Tensor>],
     _n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     match op {
-        Op::MatMulNBits(q) => matmul_nbits(q, inputs, ctx).map(|t| vec![t]),
-        Op::GatherBlockQuantized(g) => gather_block_quantized(g, inputs, ctx).map(|t| vec![t]),
+        Op::MatMulNBits(q) => matmul_nbits(q, inputs, ctx).map(|t| smallvec![t]),
+        Op::GatherBlockQuantized(g) => gather_block_quantized(g, inputs, ctx).map(|t| smallvec![t]),
         _ => unreachable!("ops::run routes only MatMulNBits and GatherBlockQuantized here"),
     }
 }
@@ -115,7 +118,7 @@ fn matmul_nbits(
         }
     }
     let m: usize = batch.iter().product();
-    let mut out_dims = batch.to_vec();
+    let mut out_dims: Small<usize> = Small::from_slice(&batch);
     out_dims.push(n);
     let mut out = ctx.alloc(a.dtype(), out_dims)?;
     // accuracy_level 4 asks for int8 activations (onnxruntime's "compute type int8"); it
@@ -185,9 +188,9 @@ fn gather_block_quantized(
         .ok_or_else(|| OpError::shape("data's last dimension overflows"))?;
     let blocks = cols.div_ceil(op.block_size);
     let lead = &dims[..rank - 1];
-    let mut scale_dims = lead.to_vec();
+    let mut scale_dims: Small<usize> = Small::from_slice(&lead);
     scale_dims.push(blocks);
-    if scales.dims() != scale_dims {
+    if scales.dims() != &scale_dims[..] {
         return Err(OpError::shape(format!(
             "scales must have shape {scale_dims:?} (data {} holds {cols} {}-bit codes per row, \
              {blocks} blocks of {}), got {}",
@@ -200,16 +203,16 @@ fn gather_block_quantized(
     let zp = opt_input(inputs, 3);
     if let Some(z) = zp {
         expect_dtype(z, DType::U8, "zero_points (like data)")?;
-        let mut zp_dims = lead.to_vec();
+        let mut zp_dims: Small<usize> = Small::from_slice(&lead);
         zp_dims.push(blocks.div_ceil(codes_per_byte));
-        if z.dims() != zp_dims {
+        if z.dims() != &zp_dims[..] {
             return Err(OpError::shape(format!(
                 "zero_points must have shape {zp_dims:?} ({codes_per_byte} per byte), got {}",
                 z.shape()
             )));
         }
     }
-    let mut out_dims = indices.dims().to_vec();
+    let mut out_dims: Small<usize> = Small::from_slice(&indices.dims());
     out_dims.extend_from_slice(&lead[1..]);
     out_dims.push(cols);
     let mut out = ctx.alloc(scales.dtype(), out_dims)?;

@@ -14,6 +14,9 @@ use oxgen_kernels::softmax::{self as ks, SoftmaxKind};
 use oxgen_tensor::{DType, Element, Tensor};
 
 use super::{OpCtx, input, norm_axis, opt_input, read_i64s};
+use smallvec::smallvec;
+
+use super::{Outputs, Small};
 use crate::OpError;
 
 pub(super) fn run(
@@ -21,13 +24,13 @@ pub(super) fn run(
     inputs: &[Option<&Tensor>],
     _n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     match op {
-        Op::Reduce(r) => reduce(r, inputs, ctx).map(|t| vec![t]),
-        Op::ArgReduce(a) => arg_reduce(a, input(inputs, 0)?, ctx).map(|t| vec![t]),
+        Op::Reduce(r) => reduce(r, inputs, ctx).map(|t| smallvec![t]),
+        Op::ArgReduce(a) => arg_reduce(a, input(inputs, 0)?, ctx).map(|t| smallvec![t]),
         Op::TopK(t) => top_k(t, inputs, ctx),
-        Op::CumSum(c) => cumsum(c, input(inputs, 0)?, input(inputs, 1)?, ctx).map(|t| vec![t]),
-        Op::Softmax(s) => softmax(s, input(inputs, 0)?, ctx).map(|t| vec![t]),
+        Op::CumSum(c) => cumsum(c, input(inputs, 0)?, input(inputs, 1)?, ctx).map(|t| smallvec![t]),
+        Op::Softmax(s) => softmax(s, input(inputs, 0)?, ctx).map(|t| smallvec![t]),
         _ => unreachable!("ops::run routes only reductions here"),
     }
 }
@@ -57,16 +60,20 @@ fn reduce_op(kind: ReduceKind) -> ReduceOp {
 }
 
 /// Which axes of a rank-`rank` input a reduction folds, from the attribute or input 1.
-fn reduced_axes(r: &Reduce, inputs: &[Option<&Tensor>], rank: usize) -> Result<Vec<bool>, OpError> {
-    let axes = match (&r.axes, opt_input(inputs, 1)) {
-        (Some(a), _) => a.clone(),
+fn reduced_axes(
+    r: &Reduce,
+    inputs: &[Option<&Tensor>],
+    rank: usize,
+) -> Result<Small<bool>, OpError> {
+    let axes: Small<i64> = match (&r.axes, opt_input(inputs, 1)) {
+        (Some(a), _) => Small::from_slice(a),
         (None, Some(t)) => read_i64s(t, "axes")?,
-        (None, None) => Vec::new(),
+        (None, None) => Small::new(),
     };
     if axes.is_empty() {
-        return Ok(vec![!r.noop_with_empty_axes; rank]);
+        return Ok(smallvec![!r.noop_with_empty_axes; rank]);
     }
-    let mut reduced = vec![false; rank];
+    let mut reduced: Small<bool> = smallvec![false; rank];
     for &a in &axes {
         let ax = norm_axis(a, rank)?;
         if std::mem::replace(&mut reduced[ax], true) {
@@ -90,7 +97,7 @@ struct Plan {
 fn plan(dims: &[usize], reduced: &[bool]) -> Plan {
     // Size-1 axes neither move data nor change the order, so only the others decide whether
     // the reduced axes form one block.
-    let mut groups: Vec<(bool, usize)> = Vec::new();
+    let mut groups: Small<(bool, usize)> = Small::new();
     for (&d, &r) in dims.iter().zip(reduced).filter(|(d, _)| **d != 1) {
         match groups.last_mut() {
             Some((gr, size)) if *gr == r => *size *= d,
@@ -173,7 +180,7 @@ fn reduce(r: &Reduce, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Ten
     let x = input(inputs, 0)?;
     let dims = x.dims();
     let reduced = reduced_axes(r, inputs, dims.len())?;
-    let out_dims: Vec<usize> = dims
+    let out_dims: Small<usize> = dims
         .iter()
         .zip(&reduced)
         .filter_map(|(&d, &red)| {
@@ -212,7 +219,7 @@ fn arg_reduce(a: &ArgReduce, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpEr
             x.shape()
         )));
     }
-    let out_dims: Vec<usize> = dims
+    let out_dims: Small<usize> = dims
         .iter()
         .enumerate()
         .filter_map(|(i, &d)| {
@@ -231,7 +238,7 @@ fn arg_reduce(a: &ArgReduce, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpEr
     Ok(out)
 }
 
-fn top_k(t: &TopK, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Vec<Tensor>, OpError> {
+fn top_k(t: &TopK, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Outputs, OpError> {
     let x = input(inputs, 0)?;
     let k = match t.k {
         Some(k) => k,
@@ -254,13 +261,13 @@ fn top_k(t: &TopK, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Vec<Te
             x.shape()
         ))
     })?;
-    let mut out_dims = dims.to_vec();
+    let mut out_dims: Small<usize> = Small::from_slice(&dims);
     out_dims[axis] = k;
     let mut values = ctx.alloc(x.dtype(), out_dims.as_slice())?;
     let mut indices = ctx.alloc(DType::I64, out_dims)?;
     let largest = t.largest;
     dispatch_num!(x.dtype(), T => kr::top_k(x.as_slice::<T>()?, outer, n, inner, k, largest, values.as_mut_slice::<T>()?, indices.as_mut_slice::<i64>()?, ctx.pool).map_err(OpError::from))?;
-    Ok(vec![values, indices])
+    Ok(smallvec![values, indices])
 }
 
 fn cumsum(c: &CumSum, x: &Tensor, axis: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {

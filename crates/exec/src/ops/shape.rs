@@ -16,25 +16,30 @@ use oxgen_kernels::{Scalar, gather, transpose};
 use oxgen_tensor::{DType, Element, Tensor};
 
 use super::{OpCtx, input, norm_axis, opt_input, read_i64s};
+use smallvec::{SmallVec, smallvec};
+
+use super::{Outputs, Small, owned_input};
 use crate::OpError;
 
 pub(super) fn run(
     op: &Op,
     inputs: &[Option<&Tensor>],
+    donated: &mut [Option<Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
-    let one = |t: Tensor| vec![t];
+) -> Result<Outputs, OpError> {
+    let one = |t: Tensor| -> Outputs { smallvec![t] };
+    // The view ops own their input when the executor donates it (its last use), so they
+    // relabel the buffer instead of copying it.
+    let mut x = || owned_input(inputs, donated, 0);
     match op {
         Op::ConstantOfShape(value) => constant_of_shape(value, input(inputs, 0)?, ctx).map(one),
         Op::Shape { start, end } => shape(input(inputs, 0)?, *start, *end, ctx).map(one),
         Op::Size => size(input(inputs, 0)?, ctx).map(one),
-        Op::Reshape { allowzero } => {
-            reshape(input(inputs, 0)?, input(inputs, 1)?, *allowzero).map(one)
-        }
-        Op::Flatten { axis } => flatten(input(inputs, 0)?, *axis).map(one),
-        Op::Squeeze(s) => squeeze(s, inputs).map(one),
-        Op::Unsqueeze(s) => unsqueeze(s, inputs).map(one),
+        Op::Reshape { allowzero } => reshape(x()?, input(inputs, 1)?, *allowzero).map(one),
+        Op::Flatten { axis } => flatten(x()?, *axis).map(one),
+        Op::Squeeze(s) => squeeze(s, x()?, inputs).map(one),
+        Op::Unsqueeze(s) => unsqueeze(s, x()?, inputs).map(one),
         Op::Transpose { perm } => transpose_op(input(inputs, 0)?, perm.as_deref(), ctx).map(one),
         Op::Concat { axis } => concat(inputs, *axis, ctx).map(one),
         Op::Split(s) => split(s, inputs, n_outputs, ctx),
@@ -60,7 +65,7 @@ pub(super) fn run(
 }
 
 /// Reads a 1-D (or scalar) int tensor of non-negative sizes, such as a shape or repeats.
-fn read_sizes(t: &Tensor, what: &str) -> Result<Vec<usize>, OpError> {
+fn read_sizes(t: &Tensor, what: &str) -> Result<Small<usize>, OpError> {
     if t.rank() > 1 {
         return Err(OpError::shape(format!(
             "{what} must be 1-D, got shape {}",
@@ -88,8 +93,8 @@ fn read_scalar_i64(t: &Tensor, what: &str) -> Result<i64, OpError> {
 }
 
 /// Normalizes a list of axes against `rank`, rejecting repeats.
-fn norm_axes(axes: &[i64], rank: usize, what: &str) -> Result<Vec<usize>, OpError> {
-    let mut seen = vec![false; rank];
+fn norm_axes(axes: &[i64], rank: usize, what: &str) -> Result<Small<usize>, OpError> {
+    let mut seen: Small<bool> = smallvec![false; rank];
     axes.iter()
         .map(|&a| {
             let a = norm_axis(a, rank).map_err(|e| OpError::value(format!("{what}: {e}")))?;
@@ -129,7 +134,7 @@ fn shape(x: &Tensor, start: i64, end: Option<i64>, ctx: &mut OpCtx) -> Result<Te
     let r = x.rank() as i64;
     let clamp = |v: i64| (if v < 0 { v.saturating_add(r) } else { v }).clamp(0, r) as usize;
     let (s, e) = (clamp(start), clamp(end.unwrap_or(r)));
-    let dims: Vec<i64> = x.dims()[s..e.max(s)].iter().map(|&d| d as i64).collect();
+    let dims: Small<i64> = x.dims()[s..e.max(s)].iter().map(|&d| d as i64).collect();
     i64_vector(&dims, ctx)
 }
 
@@ -141,7 +146,7 @@ fn size(x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
 
 /// Reshape: 0 copies the input dimension at the same index (or means 0 with `allowzero`),
 /// -1 is inferred from the remaining elements.
-fn reshape(x: &Tensor, shape: &Tensor, allowzero: bool) -> Result<Tensor, OpError> {
+fn reshape(x: Tensor, shape: &Tensor, allowzero: bool) -> Result<Tensor, OpError> {
     if shape.rank() != 1 {
         return Err(OpError::shape(format!(
             "Reshape's shape input must be 1-D, got shape {}",
@@ -189,11 +194,11 @@ fn reshape(x: &Tensor, shape: &Tensor, allowzero: bool) -> Result<Tensor, OpErro
             x.shape()
         )));
     }
-    Ok(x.clone().reshape(dims)?)
+    Ok(x.reshape(dims)?)
 }
 
 /// Flatten: `[Π dims[..axis], Π dims[axis..]]`, with `-rank <= axis <= rank`.
-fn flatten(x: &Tensor, axis: i64) -> Result<Tensor, OpError> {
+fn flatten(x: Tensor, axis: i64) -> Result<Tensor, OpError> {
     let r = x.rank() as i64;
     if axis < -r || axis > r {
         return Err(OpError::value(format!(
@@ -203,21 +208,20 @@ fn flatten(x: &Tensor, axis: i64) -> Result<Tensor, OpError> {
     let axis = if axis < 0 { axis + r } else { axis } as usize;
     let outer: usize = x.dims()[..axis].iter().product();
     let inner: usize = x.dims()[axis..].iter().product();
-    Ok(x.clone().reshape([outer, inner])?)
+    Ok(x.reshape([outer, inner])?)
 }
 
 /// Axes from the attribute (opset < 13) or the optional input 1 (opset 13+).
-fn squeeze_axes(s: &Squeeze, inputs: &[Option<&Tensor>]) -> Result<Option<Vec<i64>>, OpError> {
+fn squeeze_axes(s: &Squeeze, inputs: &[Option<&Tensor>]) -> Result<Option<Small<i64>>, OpError> {
     match (&s.axes, opt_input(inputs, 1)) {
-        (Some(a), _) => Ok(Some(a.clone())),
+        (Some(a), _) => Ok(Some(Small::from_slice(a))),
         (None, Some(t)) => Ok(Some(read_i64s(t, "axes")?)),
         (None, None) => Ok(None),
     }
 }
 
-fn squeeze(s: &Squeeze, inputs: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
-    let x = input(inputs, 0)?;
-    let dims: Vec<usize> = match squeeze_axes(s, inputs)? {
+fn squeeze(s: &Squeeze, x: Tensor, inputs: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
+    let dims: Small<usize> = match squeeze_axes(s, inputs)? {
         None => x.dims().iter().copied().filter(|&d| d != 1).collect(),
         Some(axes) => {
             let axes = norm_axes(&axes, x.rank(), "Squeeze axes")?;
@@ -235,17 +239,16 @@ fn squeeze(s: &Squeeze, inputs: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
                 .collect()
         }
     };
-    Ok(x.clone().reshape(dims)?)
+    Ok(x.reshape(dims)?)
 }
 
-fn unsqueeze(s: &Squeeze, inputs: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
-    let x = input(inputs, 0)?;
+fn unsqueeze(s: &Squeeze, x: Tensor, inputs: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
     let axes =
         squeeze_axes(s, inputs)?.ok_or_else(|| OpError::value("Unsqueeze needs axes (input 1)"))?;
     let rank = x.rank() + axes.len();
     let axes = norm_axes(&axes, rank, "Unsqueeze axes")?;
     let mut src = x.dims().iter();
-    let dims: Vec<usize> = (0..rank)
+    let dims: Small<usize> = (0..rank)
         .map(|i| {
             if axes.contains(&i) {
                 Some(1)
@@ -255,12 +258,12 @@ fn unsqueeze(s: &Squeeze, inputs: &[Option<&Tensor>]) -> Result<Tensor, OpError>
         })
         .collect::<Option<_>>()
         .ok_or_else(|| OpError::shape("Unsqueeze output rank mismatch"))?;
-    Ok(x.clone().reshape(dims)?)
+    Ok(x.reshape(dims)?)
 }
 
 fn transpose_op(x: &Tensor, perm: Option<&[i64]>, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     let rank = x.rank();
-    let perm: Vec<usize> = match perm {
+    let perm: Small<usize> = match perm {
         Some(p) => {
             if p.len() != rank {
                 return Err(OpError::value(format!(
@@ -279,7 +282,7 @@ fn transpose_op(x: &Tensor, perm: Option<&[i64]>, ctx: &mut OpCtx) -> Result<Ten
 }
 
 fn concat(inputs: &[Option<&Tensor>], axis: i64, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
-    let parts: Vec<&Tensor> = (0..inputs.len())
+    let parts: SmallVec<[&Tensor; 8]> = (0..inputs.len())
         .map(|i| input(inputs, i))
         .collect::<Result<_, _>>()?;
     let first = *parts
@@ -287,7 +290,7 @@ fn concat(inputs: &[Option<&Tensor>], axis: i64, ctx: &mut OpCtx) -> Result<Tens
         .ok_or_else(|| OpError::value("Concat needs at least one input"))?;
     let rank = first.rank();
     let axis = norm_axis(axis, rank)?;
-    let mut out_dims = first.dims().to_vec();
+    let mut out_dims: Small<usize> = Small::from_slice(&first.dims());
     out_dims[axis] = 0;
     for (i, p) in parts.iter().enumerate() {
         if p.dtype() != first.dtype() {
@@ -319,10 +322,10 @@ fn concat(inputs: &[Option<&Tensor>], axis: i64, ctx: &mut OpCtx) -> Result<Tens
     checked_numel(&out_dims)?;
     let outer: usize = first.dims()[..axis].iter().product();
     let inner: usize = first.dims()[axis + 1..].iter().product();
-    let part_inner: Vec<usize> = parts.iter().map(|p| p.dims()[axis] * inner).collect();
+    let part_inner: Small<usize> = parts.iter().map(|p| p.dims()[axis] * inner).collect();
     let mut out = ctx.alloc(first.dtype(), out_dims)?;
     dispatch_any!(first.dtype(), T => {
-        let slices: Vec<&[T]> = parts.iter().map(|p| p.as_slice::<T>()).collect::<Result<_, _>>()?;
+        let slices: SmallVec<[&[T]; 8]> = parts.iter().map(|p| p.as_slice::<T>()).collect::<Result<_, _>>()?;
         layout::concat(&slices, outer, &part_inner, out.as_mut_slice::<T>()?).map_err(OpError::from)
     })?;
     Ok(out)
@@ -339,7 +342,7 @@ fn split_sizes(
     let given = match (&s.split, opt_input(inputs, 1)) {
         (Some(v), _) => Some(v.clone()),
         // An empty split tensor means "not given", as onnxruntime reads it.
-        (None, Some(t)) if t.numel() > 0 => Some(read_i64s(t, "Split's split input")?),
+        (None, Some(t)) if t.numel() > 0 => Some(read_i64s(t, "Split's split input")?.to_vec()),
         (None, _) => None,
     };
     let sizes = match given {
@@ -386,7 +389,7 @@ fn split(
     inputs: &[Option<&Tensor>],
     n_outputs: usize,
     ctx: &mut OpCtx,
-) -> Result<Vec<Tensor>, OpError> {
+) -> Result<Outputs, OpError> {
     let x = input(inputs, 0)?;
     let axis = norm_axis(s.axis, x.rank())?;
     let sizes = split_sizes(s, inputs, x.dims()[axis], n_outputs)?;
@@ -394,16 +397,16 @@ fn split(
     let inner: usize = x.dims()[axis + 1..].iter().product();
     let mut outs = Vec::with_capacity(sizes.len());
     for &size in &sizes {
-        let mut dims = x.dims().to_vec();
+        let mut dims: Small<usize> = Small::from_slice(&x.dims());
         dims[axis] = size;
         outs.push(ctx.alloc(x.dtype(), dims)?);
     }
-    let part_inner: Vec<usize> = sizes.iter().map(|&s| s * inner).collect();
+    let part_inner: Small<usize> = sizes.iter().map(|&s| s * inner).collect();
     dispatch_any!(x.dtype(), T => {
         let mut slices: Vec<&mut [T]> = outs.iter_mut().map(|o| o.as_mut_slice::<T>()).collect::<Result<_, _>>()?;
         layout::split(x.as_slice::<T>()?, outer, &part_inner, &mut slices).map_err(OpError::from)
     })?;
-    Ok(outs)
+    Ok(outs.into())
 }
 
 /// One axis of a slice after the spec's clamping: first element, step and output length.
@@ -442,7 +445,7 @@ fn slice(s: &Slice, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tenso
         |attr: &Option<Vec<i64>>, i: usize, what: &str| -> Result<Option<Vec<i64>>, OpError> {
             match (attr, opt_input(inputs, i)) {
                 (Some(v), _) => Ok(Some(v.clone())),
-                (None, Some(t)) => Ok(Some(read_i64s(t, what)?)),
+                (None, Some(t)) => Ok(Some(read_i64s(t, what)?.to_vec())),
                 (None, None) => Ok(None),
             }
         };
@@ -465,7 +468,7 @@ fn slice(s: &Slice, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tenso
     let axes = norm_axes(&axes, rank, "Slice axes")?;
     let mut first = vec![0usize; rank];
     let mut step = vec![1isize; rank];
-    let mut out_dims = x.dims().to_vec();
+    let mut out_dims: Small<usize> = Small::from_slice(&x.dims());
     for (k, &a) in axes.iter().enumerate() {
         if steps[k] == 0 {
             return Err(OpError::value(format!("Slice step for axis {a} is 0")));
@@ -501,7 +504,7 @@ fn tile(x: &Tensor, repeats: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError
             x.rank()
         )));
     }
-    let out_dims: Vec<usize> = x
+    let out_dims: Small<usize> = x
         .dims()
         .iter()
         .zip(&reps)
@@ -609,7 +612,7 @@ fn gather_op(
     let axis = norm_axis(axis, data.rank())?;
     let idx = read_i64s(indices, "Gather indices")?;
     let dd = data.dims();
-    let out_dims: Vec<usize> = dd[..axis]
+    let out_dims: Small<usize> = dd[..axis]
         .iter()
         .chain(indices.dims())
         .chain(&dd[axis + 1..])
@@ -697,7 +700,7 @@ fn scatter_nd(
             data.shape()
         )));
     }
-    let want: Vec<usize> = batch.iter().chain(&data.dims()[k..]).copied().collect();
+    let want: Small<usize> = batch.iter().chain(&data.dims()[k..]).copied().collect();
     if updates.dims() != want.as_slice() {
         return Err(OpError::shape(format!(
             "ScatterND updates have shape {} but indices {} and data {} need {want:?}",

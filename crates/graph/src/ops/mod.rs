@@ -92,6 +92,12 @@ impl Op {
         match self {
             // past_key, past_value: with a shared past/present buffer they become present.
             Op::GroupQueryAttention(_) => &[3, 4],
+            // View ops: the output is the input's buffer under another shape.
+            Op::Identity
+            | Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Squeeze(_)
+            | Op::Unsqueeze(_) => &[0],
             _ => &[],
         }
     }
