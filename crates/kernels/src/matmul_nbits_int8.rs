@@ -17,6 +17,7 @@
 use std::ops::Range;
 
 use crate::ThreadPool;
+use crate::par::{par_row_tiles, parts_for};
 use crate::layout::LayoutError;
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints, check_args, par_output_rows};
 use crate::nbits_avx2;
@@ -63,9 +64,20 @@ pub fn matmul_nbits_int8(
             row.quantize(&a[i * k..][..k], &w.layout);
         }
         let rows = &*rows;
-        par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
-            nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
-        });
+        if m == 1 {
+            par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
+                nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
+            });
+        } else {
+            // Tasks take column blocks in whole tiles and walk every row over their block, so
+            // its weights (64 columns: 18 KiB at K = 576) stay in cache across the rows.
+            let n = w.layout.n;
+            let tiles = n.div_ceil(nbits_avx2::TILE);
+            let parts = parts_for(pool, tiles, m * k).max(n.div_ceil(64));
+            par_row_tiles(pool, out, n, nbits_avx2::TILE, m, parts, |i, cols, out_row| {
+                nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
+            });
+        }
     });
     Ok(())
 }

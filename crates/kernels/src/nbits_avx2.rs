@@ -23,6 +23,9 @@ use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::matmul_nbits_int8::quantize_row;
 use crate::quant::code;
 
+/// Output columns one kernel call computes together.
+pub const TILE: usize = 8;
+
 /// Whether [`row_part`] handles this layout on this CPU.
 pub fn supported(layout: &NBitsLayout) -> bool {
     #[cfg(target_arch = "x86_64")]

@@ -122,17 +122,34 @@ pub fn par_row_parts<T: Send>(
     col_parts: usize,
     f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
 ) {
+    par_row_tiles(pool, out, row_len, 1, rows_per_task, col_parts, f);
+}
+
+/// Like [`par_row_parts`], with column ranges made of whole tiles of `tile` columns (the last
+/// tile of a row may be short), for kernels that work `tile` columns at a time.
+pub fn par_row_tiles<T: Send>(
+    pool: &ThreadPool,
+    out: &mut [T],
+    row_len: usize,
+    tile: usize,
+    rows_per_task: usize,
+    col_parts: usize,
+    f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
+) {
     if row_len == 0 {
         return;
     }
+    let tile = tile.max(1);
+    let tiles = row_len.div_ceil(tile);
     let rows = out.len() / row_len;
     let rows_per_task = rows_per_task.max(1);
-    let col_parts = col_parts.clamp(1, row_len);
+    let col_parts = col_parts.clamp(1, tiles);
     let row_blocks = rows.div_ceil(rows_per_task);
     let shared = Shared::new(out);
     pool.run(row_blocks * col_parts, &|t| {
         let (block, part) = (t / col_parts, t % col_parts);
-        let cols = chunk(row_len, col_parts, part);
+        let tiles = chunk(tiles, col_parts, part);
+        let cols = tiles.start * tile..(tiles.end * tile).min(row_len);
         for row in block * rows_per_task..((block + 1) * rows_per_task).min(rows) {
             let start = row * row_len;
             // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
@@ -169,6 +186,19 @@ mod tests {
         });
         assert_eq!(b, [0, 1, 2, 3]);
         assert!(a.iter().enumerate().all(|(j, &v)| v == j / 3));
+    }
+
+    #[test]
+    fn row_tiles_align_ranges_to_the_tile() {
+        let pool = ThreadPool::new(3);
+        let mut out = vec![0usize; 3 * 37];
+        par_row_tiles(&pool, &mut out, 37, 8, 3, 4, |row, cols, part| {
+            assert!(cols.start % 8 == 0, "{cols:?}");
+            for (j, v) in cols.zip(part.iter_mut()) {
+                *v += row * 37 + j + 1;
+            }
+        });
+        assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1));
     }
 
     #[test]
