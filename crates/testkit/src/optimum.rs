@@ -13,8 +13,9 @@
 //! rotary:  q * cos + Concat(Neg(q[..., d/2:]), q[..., :d/2]) * sin, cos/sin computed from
 //!          position_ids through inv_freq MatMul, Concat, Cos/Sin, scaling, Cast, Unsqueeze
 //! KV:      Concat(past, new, axis=2) -> present; repeat_kv: Unsqueeze/Expand/Reshape
-//! scores:  MatMul(q, Transpose(k)) * scale + mask[..., :t] -> Softmax -> Cast -> MatMul(., v)
-//!          -> Transpose -> Reshape -> o_proj MatMul -> residual Add
+//! scores:  MatMul(q, Transpose(k)) * scale (or / sqrt(d)) + mask[..., :t] -> Softmax, with a
+//!          Cast after (or before) -> MatMul(., v) -> Transpose -> Reshape -> o_proj MatMul
+//!          -> residual Add
 //! MLP:     RMSNorm -> gate MatMul -> Sigmoid * gate, * up MatMul -> down MatMul -> residual Add
 //! ```
 //!
@@ -385,15 +386,27 @@ pub fn build_model(cfg: &FixtureConfig) -> ModelBuilder {
             vec![attr::ints("perm", &[0, 1, 3, 2])],
         );
         let scores = g.op("MatMul", &[&q, &kt], vec![]);
-        let scale = g.float(scale);
-        let scores = g.op("Mul", &[&scores, &scale], vec![]);
+        // Newer transformers multiply by `scaling`, older ones divide by sqrt(head_dim).
+        let scores = if l % 2 == 0 {
+            let scale = g.float(scale);
+            g.op("Mul", &[&scores, &scale], vec![])
+        } else {
+            let root = g.float((d as f32).sqrt());
+            g.op("Div", &[&scores, &root], vec![])
+        };
         let t = g.dim(&ok, 2);
         let t = g.unsqueeze(&t, &[0]);
         let (zero, three) = (g.ints(&[0]), g.ints(&[3]));
         let layer_mask = g.op("Slice", &[&mask, &zero, &t, &three], vec![]);
         let scores = g.op("Add", &[&scores, &layer_mask], vec![]);
-        let probs = g.op("Softmax", &[&scores], vec![attr::int("axis", -1)]);
-        let probs = g.cast_f32(&probs);
+        // `softmax(x, dtype=float32).to(dtype)`: the cast lands before or after the Softmax.
+        let probs = if l % 2 == 0 {
+            let probs = g.op("Softmax", &[&scores], vec![attr::int("axis", -1)]);
+            g.cast_f32(&probs)
+        } else {
+            let scores = g.cast_f32(&scores);
+            g.op("Softmax", &[&scores], vec![attr::int("axis", -1)])
+        };
         let out = g.op("MatMul", &[&probs, &values], vec![]);
         let out = g.op(
             "Transpose",

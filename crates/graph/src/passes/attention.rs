@@ -9,7 +9,7 @@
 //! K = Concat(past_key, k4, axis=2) -> present.key    V = Concat(past_value, v4, axis=2)
 //! Kx = Reshape(Expand(Unsqueeze(K, [2]), [b, kv, n_rep, t, d]), [b, H, t, d])   (repeat_kv;
 //!      absent when H == kv)
-//! P  = Softmax(Add(Mul(MatMul(q4, Transpose(Kx, [0,1,3,2])), scale), mask), axis=-1)
+//! P  = Softmax(Cast?(Add(Mul(MatMul(q4, Transpose(Kx, [0,1,3,2])), scale), mask)), axis=-1)
 //! o  = Reshape(Transpose(MatMul(Cast?(P), Vx), [0,2,1,3]), [b, s, H*d])
 //! ```
 //!
@@ -205,7 +205,19 @@ impl Matcher<'_> {
         let Op::Softmax(s) = sm.op else {
             return None;
         };
-        let scores = input(sm, 0)?;
+        let mut scores = input(sm, 0)?;
+        // `softmax(x, dtype=torch.float32)` may export a cast in front.
+        if let Some((_, cast)) = self.node(scores)
+            && matches!(
+                &cast.op,
+                Op::Cast(Cast {
+                    to: Some(DType::F32),
+                    ..
+                })
+            )
+        {
+            scores = input(cast, 0)?;
+        }
         if s.log || s.hard || f.rank(scores) != Some(4) || !(s.axis == -1 || s.axis == 3) {
             return None;
         }
