@@ -41,6 +41,8 @@ pub struct NativeLm {
     seqs: HashMap<SeqId, SeqState>,
     next_id: u64,
     io: IoIndex,
+    /// The node computing the logits, when it can compute the last row alone.
+    logits_node: Option<usize>,
     /// Inputs and outputs of a run, in declared order; reused so a step allocates nothing.
     in_slots: Vec<Option<Tensor>>,
     out_slots: Vec<Option<Tensor>>,
@@ -137,7 +139,9 @@ impl NativeLm {
         let session = NativeSession::new(graph, options);
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
+        let logits_node = session.row_wise_producer(io.logits);
         Ok(NativeLm {
+            logits_node,
             in_slots: vec![None; session.inputs().len()],
             out_slots: vec![None; session.outputs().len()],
             session,
@@ -245,6 +249,11 @@ impl NativeLm {
             self.in_slots[ki] = Some(k);
             self.in_slots[vi] = Some(v);
         }
+        // A prompt chunk that wants the last token's logits computes only that row of the
+        // output head.
+        let last_row = !matches!(step.logits, LogitsWanted::All) && n > 1;
+        self.session
+            .set_last_row_only(self.logits_node.filter(|_| last_row));
         let result = self
             .session
             .run_ordered(&mut self.in_slots, &mut self.out_slots);

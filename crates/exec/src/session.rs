@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use oxgen_graph::{Graph, ValueId, ValueKind};
+use oxgen_graph::{Graph, Op, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
 use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
 use crate::ops::{self, OpCtx};
-use crate::{Arena, ExecError, Plan};
+use crate::{Arena, ExecError, OpError, Plan};
 
 /// Options for a native session.
 #[derive(Debug, Clone, Default)]
@@ -86,6 +86,9 @@ pub struct NativeSession {
     stats: RunStats,
     exact: bool,
     profile: Option<Profile>,
+    /// A node that computes only the last row of its input 0 in the next runs (see
+    /// [`NativeSession::set_last_row_only`]).
+    last_row_node: Option<usize>,
 }
 
 fn spec(graph: &Graph, id: ValueId) -> IoSpec {
@@ -121,6 +124,7 @@ impl NativeSession {
             stats: RunStats::default(),
             exact,
             profile: None,
+            last_row_node: None,
         }
     }
 
@@ -229,6 +233,36 @@ impl NativeSession {
         result
     }
 
+    /// The node producing graph output `output` when it is a row-wise product (`MatMulNBits`,
+    /// or `MatMul` by a 2-D initializer): each output row depends on its input row alone.
+    pub fn row_wise_producer(&self, output: usize) -> Option<usize> {
+        let graph = &self.plan.graph;
+        let id = *graph.outputs.get(output)?;
+        let (i, node) = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.outputs.contains(&Some(id)))?;
+        let row_wise = match &node.op {
+            Op::MatMulNBits(_) => true,
+            Op::MatMul => node
+                .inputs
+                .get(1)
+                .copied()
+                .flatten()
+                .is_some_and(|b| graph.initializers.get(&b).is_some_and(|t| t.rank() == 2)),
+            _ => false,
+        };
+        row_wise.then_some(i)
+    }
+
+    /// Makes node `node` (from [`NativeSession::row_wise_producer`]) compute only the last
+    /// row of a batch-1 input in the runs that follow, or every row again (`None`). A prompt
+    /// step needs the logits of its last token only; the output head is the largest matrix.
+    pub fn set_last_row_only(&mut self, node: Option<usize>) {
+        self.last_row_node = node;
+    }
+
     /// Returns a tensor's buffer (an output the caller is done with) to the arena.
     pub fn recycle(&mut self, tensor: Tensor) {
         self.arena.recycle(tensor);
@@ -257,11 +291,22 @@ impl NativeSession {
                     donated[k] = self.slots[id.0].take();
                 }
             }
-            let inputs: SmallVec<[Option<&Tensor>; 16]> = node
+            let last_row = match self.last_row_node {
+                Some(n) if n == i => last_row_of(&mut self.arena, node, graph, &self.slots)
+                    .map_err(|source| ExecError::Node {
+                        node: Box::new(node.node_ref()),
+                        source,
+                    })?,
+                _ => None,
+            };
+            let mut inputs: SmallVec<[Option<&Tensor>; 16]> = node
                 .inputs
                 .iter()
                 .map(|v| v.and_then(|id| graph.initializers.get(&id).or(self.slots[id.0].as_ref())))
                 .collect();
+            if let Some(row) = &last_row {
+                inputs[0] = Some(row);
+            }
             let started = self.profile.is_some().then(Instant::now);
             let mut ctx = OpCtx {
                 arena: &mut self.arena,
@@ -280,6 +325,9 @@ impl NativeSession {
                 source,
             })?;
             drop(inputs);
+            if let Some(row) = last_row {
+                self.arena.recycle(row);
+            }
             if let (Some(profile), Some(started)) = (&mut self.profile, started) {
                 let row = &mut profile.times[profile.row_of_node[i]];
                 row.calls += 1;
@@ -326,6 +374,35 @@ impl NativeSession {
         };
         Ok(())
     }
+}
+
+/// The last row of `node`'s input 0 (`[1, .., rows, k]` → `[1, .., 1, k]`) in an arena
+/// buffer, when it has more than one row.
+fn last_row_of(
+    arena: &mut Arena,
+    node: &oxgen_graph::Node,
+    graph: &Graph,
+    slots: &[Option<Tensor>],
+) -> Result<Option<Tensor>, OpError> {
+    let Some(Some(id)) = node.inputs.first() else {
+        return Ok(None);
+    };
+    let Some(x) = graph.initializers.get(id).or(slots[id.0].as_ref()) else {
+        return Ok(None);
+    };
+    let dims = x.dims();
+    let rank = dims.len();
+    if rank < 2 || dims[rank - 2] <= 1 || dims[..rank - 2].iter().any(|&d| d != 1) {
+        return Ok(None);
+    }
+    let mut shape: SmallVec<[usize; 8]> = SmallVec::from_slice(dims);
+    shape[rank - 2] = 1;
+    let mut row = arena.alloc(x.dtype(), &shape[..])?;
+    let bytes = x.as_bytes();
+    let width = row.nbytes();
+    row.as_mut_bytes()
+        .copy_from_slice(&bytes[bytes.len() - width..]);
+    Ok(Some(row))
 }
 
 /// Returns a dead value's buffer to the arena; graph inputs were never counted live.

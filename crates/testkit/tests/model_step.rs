@@ -146,6 +146,28 @@ fn prefill_in_one_step_in_chunks_or_token_by_token_is_bitwise_identical() {
 }
 
 #[test]
+fn a_prompt_step_that_wants_the_last_row_computes_the_same_bits() {
+    // With `LogitsWanted::Last` the output head runs on the last prompt row alone; that row
+    // must be the one a full prefill computes, bit for bit (rows of a product are
+    // independent, DESIGN.md §6).
+    let (_dir, model) = fixture();
+    let mut lm = lm(&model, 2);
+    let prompt = tokens(9, 13);
+    let all = run_spans(&mut lm, &[&prompt]);
+    let seq = lm.add_sequence(64).unwrap();
+    let mut out = StepLogits::default();
+    let step = [SeqStep {
+        seq,
+        tokens: &prompt,
+        pos: 0,
+        logits: LogitsWanted::Last,
+    }];
+    lm.step(&Batch { steps: &step }, &mut out).unwrap();
+    assert_eq!(out.rows, vec![0..1]);
+    assert_eq!(bits(&[out.row(0, 0).to_vec()]), bits(&all[12..]));
+}
+
+#[test]
 fn sequences_stepped_together_match_each_stepped_alone() {
     let (_dir, model) = fixture();
     let (a, b) = (tokens(4, 9), tokens(5, 4));
