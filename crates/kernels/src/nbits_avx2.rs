@@ -1,5 +1,5 @@
-//! AVX2 `MatMulNBits` with int8 activations, 4-bit weights and blocks of a multiple of 32:
-//! the same arithmetic as [`crate::matmul_nbits_int8`]'s reference, bit for bit.
+//! AVX2 `MatMulNBits` with int8 activations, 4- or 8-bit weights and blocks of a multiple of
+//! 32: the same arithmetic as [`crate::matmul_nbits_int8`]'s reference, bit for bit.
 //!
 //! Why it is bit-identical: a block's dot product `Σ q_w·q_a` is an exact integer in any
 //! order, so it may be computed 32 products at a time (`vpmaddubsw` of the unsigned weight
@@ -8,6 +8,11 @@
 //! eight lanes and does exactly the reference's operations per column, in its order, with
 //! separate multiplies and adds (never FMA): `scale = s·scale_a`, `centered`, then
 //! `acc += scale · centered` block after block in K order, the bias last.
+//!
+//! 8-bit codes (0..=255) times int8 activations would saturate `vpmaddubsw`'s pair sums, so
+//! they are recentred to `w - 128` (signed) and multiplied as `|w - 128|` (unsigned, at most
+//! 128) by the activation carrying the sign of `w - 128` (`vpsignb`): pair sums stay within
+//! 2·128·127. The exact dot is then `Σ (w - 128)·a + 128·Σ a`.
 //!
 //! Layout trick: a 4-bit blob stores element `2i` in the low nibble of byte `i` and `2i + 1`
 //! in the high one. Instead of interleaving nibbles for every weight block, each row's
@@ -21,7 +26,7 @@ use std::ops::Range;
 
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::matmul_nbits_int8::quantize_row;
-use crate::quant::code;
+use crate::quant::{code, default_zero_point};
 
 /// Output columns one kernel call computes together.
 pub const TILE: usize = 8;
@@ -30,7 +35,7 @@ pub const TILE: usize = 8;
 pub fn supported(layout: &NBitsLayout) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        layout.bits == 4
+        (layout.bits == 4 || layout.bits == 8)
             && layout.block_size % 32 == 0
             && std::arch::is_x86_feature_detected!("avx2")
     }
@@ -112,7 +117,13 @@ pub fn row_part(
         while j + 8 <= cols.end {
             // SAFETY: `supported` checked AVX2 at run time; slices are bounds-checked
             // inside (the caller validated the weight lengths with `check_args`).
-            unsafe { tile8(row, w, bias, j, &mut out[o..o + 8]) };
+            unsafe {
+                if w.layout.bits == 4 {
+                    tile8::<4>(row, w, bias, j, &mut out[o..o + 8])
+                } else {
+                    tile8::<8>(row, w, bias, j, &mut out[o..o + 8])
+                }
+            };
             j += 8;
             o += 8;
         }
@@ -131,6 +142,7 @@ pub fn row_part(
 /// The reference arithmetic for one column (for the columns that don't fill a tile).
 fn column(row: &QuantizedRow, w: &QuantWeights<'_, f32>, bias: Option<&[f32]>, j: usize) -> f32 {
     let l = &w.layout;
+    let bits = l.bits;
     let mut acc = 0f32;
     for b in 0..l.k_blocks {
         let blob = &w.data[(j * l.k_blocks + b) * l.blob_size..][..l.blob_size];
@@ -138,14 +150,14 @@ fn column(row: &QuantizedRow, w: &QuantWeights<'_, f32>, bias: Option<&[f32]>, j
         let dot: i32 = qa
             .iter()
             .enumerate()
-            .map(|(e, &q)| code(blob, 4, e) as i32 * q as i32)
+            .map(|(e, &q)| code(blob, bits, e) as i32 * q as i32)
             .sum();
         let sum_a = row.sums[b];
         let scale = w.scales[j * l.k_blocks + b] * row.scales[b];
         let centered = match w.zero_points {
-            ZeroPoints::Default => (dot - 8 * sum_a) as f32,
+            ZeroPoints::Default => (dot - default_zero_point(bits) as i32 * sum_a) as f32,
             ZeroPoints::Packed(z) => {
-                (dot - code(&z[j * l.zp_row_bytes..], 4, b) as i32 * sum_a) as f32
+                (dot - code(&z[j * l.zp_row_bytes..], bits, b) as i32 * sum_a) as f32
             }
             ZeroPoints::Float(z) => dot as f32 - z[j * l.k_blocks + b] * sum_a as f32,
         };
@@ -164,7 +176,7 @@ fn column(row: &QuantizedRow, w: &QuantWeights<'_, f32>, bias: Option<&[f32]>, j
 /// `check_args` (so every pointer below stays inside its slice).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn tile8(
+unsafe fn tile8<const BITS: u32>(
     row: &QuantizedRow,
     w: &QuantWeights<'_, f32>,
     bias: Option<&[f32]>,
@@ -178,6 +190,7 @@ unsafe fn tile8(
         (j0 + 8) * row_bytes <= w.data.len()
             && (j0 + 8) * kb <= w.scales.len()
             && row.q.len() >= kb * bs
+            && row.natural.len() >= kb * bs
             && row.sums.len() >= kb
             && row.scales.len() >= kb
             && out.len() >= 8,
@@ -198,6 +211,8 @@ unsafe fn tile8(
         7 * stride,
     );
     let low = _mm256_set1_epi8(0x0F);
+    // XOR with 0x80 turns an unsigned code w into the signed byte w - 128.
+    let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     let mut zp_int = [0i32; 8];
@@ -205,28 +220,49 @@ unsafe fn tile8(
         let mut dots = [_mm256_setzero_si256(); 8];
         for chunk in 0..bs / 32 {
             // SAFETY: the assert above bounds every offset: `b * bs + chunk * 32 + 32 <= kb * bs`
-            // and `c * row_bytes + b * blob + chunk * 16 + 16 <= 8 * row_bytes`.
+            // and `c * row_bytes + b * blob + chunk * BITS * 4 + BITS * 4 <= 8 * row_bytes`.
             unsafe {
-                let a = _mm256_loadu_si256(row.q.as_ptr().add(b * bs + chunk * 32).cast());
-                let wb = data.add(b * blob + chunk * 16);
-                for (c, dot) in dots.iter_mut().enumerate() {
-                    let packed = _mm_loadu_si128(wb.add(c * row_bytes).cast());
-                    let wide = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-                    let codes = _mm256_and_si256(wide, low);
-                    let pairs = _mm256_maddubs_epi16(codes, a);
-                    *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                if BITS == 4 {
+                    let a = _mm256_loadu_si256(row.q.as_ptr().add(b * bs + chunk * 32).cast());
+                    let wb = data.add(b * blob + chunk * 16);
+                    for (c, dot) in dots.iter_mut().enumerate() {
+                        let packed = _mm_loadu_si128(wb.add(c * row_bytes).cast());
+                        let wide = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+                        let codes = _mm256_and_si256(wide, low);
+                        let pairs = _mm256_maddubs_epi16(codes, a);
+                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                    }
+                } else {
+                    let a =
+                        _mm256_loadu_si256(row.natural.as_ptr().add(b * bs + chunk * 32).cast());
+                    let wb = data.add(b * blob + chunk * 32);
+                    for (c, dot) in dots.iter_mut().enumerate() {
+                        let codes = _mm256_loadu_si256(wb.add(c * row_bytes).cast());
+                        let signed = _mm256_xor_si256(codes, flip);
+                        let pairs = _mm256_maddubs_epi16(
+                            _mm256_abs_epi8(signed),
+                            _mm256_sign_epi8(a, signed),
+                        );
+                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                    }
                 }
             }
         }
-        let dot = hsum8(&dots);
         let sum_a = row.sums[b];
+        let dot = if BITS == 4 {
+            hsum8(&dots)
+        } else {
+            // Σ w·a = Σ (w - 128)·a + 128·Σ a.
+            _mm256_add_epi32(hsum8(&dots), _mm256_set1_epi32(128 * sum_a))
+        };
         let centered = match w.zero_points {
             ZeroPoints::Default => {
-                _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(8 * sum_a)))
+                let zs = (1 << (BITS - 1)) * sum_a;
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
             }
             ZeroPoints::Packed(z) => {
                 for (c, v) in zp_int.iter_mut().enumerate() {
-                    *v = code(&z[(j0 + c) * l.zp_row_bytes..], 4, b) as i32 * sum_a;
+                    *v = code(&z[(j0 + c) * l.zp_row_bytes..], BITS, b) as i32 * sum_a;
                 }
                 // SAFETY: `zp_int` holds 8 i32.
                 let zs = unsafe { _mm256_loadu_si256(zp_int.as_ptr().cast()) };

@@ -39,8 +39,8 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
         (64, 31),
         (65, 257),
     ] {
-        for block in [32, 64, 128] {
-            let layout = NBitsLayout::new(n, k, 4, block).unwrap();
+        for (bits, block) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64)] {
+            let layout = NBitsLayout::new(n, k, bits, block).unwrap();
             let data: Vec<u8> = (0..n * layout.k_blocks * layout.blob_size)
                 .map(|_| rng.next() as u8)
                 .collect();
@@ -51,7 +51,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                 .map(|_| rng.next() as u8)
                 .collect();
             let zp_float: Vec<f32> = (0..n * layout.k_blocks)
-                .map(|_| 8.0 + 4.0 * rng.f32())
+                .map(|_| (1 << (bits - 1)) as f32 + 4.0 * rng.f32())
                 .collect();
             let bias: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
             for m in [1, 2, 5] {
@@ -97,5 +97,5 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
             }
         }
     }
-    assert_eq!(cases, 9 * 3 * 3 * 3 * 2);
+    assert_eq!(cases, 9 * 5 * 3 * 3 * 2);
 }
