@@ -144,7 +144,7 @@ impl NativeSession {
             .iter()
             .flat_map(|p| p.times.iter().filter(|t| t.calls > 0).cloned())
             .collect();
-        times.sort_by(|a, b| b.total.cmp(&a.total));
+        times.sort_by_key(|t| std::cmp::Reverse(t.total));
         times
     }
 

@@ -19,9 +19,7 @@ mod stop;
 mod template;
 mod tokenizer;
 
-pub use decode::{
-    DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence,
-};
+pub use decode::{DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence};
 pub use sampling::{
     Sampler, SamplingParams, Scratch, apply_frequency_presence, apply_logit_bias, apply_min_p,
     apply_repetition_penalty, apply_temperature, apply_top_k, apply_top_p,

@@ -17,10 +17,10 @@
 use std::ops::Range;
 
 use crate::ThreadPool;
-use crate::par::{par_row_tiles, parts_for};
 use crate::layout::LayoutError;
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints, check_args, par_output_rows};
 use crate::nbits_avx2;
+use crate::par::{par_row_tiles, parts_for};
 use crate::quant::{code, default_zero_point};
 
 /// The largest int8 magnitude used: symmetric, so `-128` never appears.
@@ -74,9 +74,17 @@ pub fn matmul_nbits_int8(
             let n = w.layout.n;
             let tiles = n.div_ceil(nbits_avx2::TILE);
             let parts = parts_for(pool, tiles, m * k).max(n.div_ceil(64));
-            par_row_tiles(pool, out, n, nbits_avx2::TILE, m, parts, |i, cols, out_row| {
-                nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
-            });
+            par_row_tiles(
+                pool,
+                out,
+                n,
+                nbits_avx2::TILE,
+                m,
+                parts,
+                |i, cols, out_row| {
+                    nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
+                },
+            );
         }
     });
     Ok(())

@@ -36,7 +36,7 @@ pub fn supported(layout: &NBitsLayout) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         (layout.bits == 4 || layout.bits == 8)
-            && layout.block_size % 32 == 0
+            && layout.block_size.is_multiple_of(32)
             && std::arch::is_x86_feature_detected!("avx2")
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -230,8 +230,7 @@ fn a_prompt_over_the_context_names_both_numbers() {
     let ids: Vec<u32> = (0..20).map(|i| 3 + i % 5).collect();
     let e = model
         .generate(&Prompt::Tokens(ids), &greedy(4), |_| {})
-        .err()
-        .expect("20 tokens do not fit 16 positions");
+        .expect_err("20 tokens do not fit 16 positions");
     let text = e.to_string();
     assert!(text.contains("20 tokens") && text.contains("16"), "{text}");
 }

@@ -94,7 +94,7 @@ fn allocations_per_decode_step(dir: &std::path::Path) -> Vec<(usize, Vec<usize>)
         max_positions: Some(64),
         ..PassOptions::default()
     };
-    let model = oxgen_onnx::Model::load(&dir.join("model.onnx")).unwrap();
+    let model = oxgen_onnx::Model::load(dir.join("model.onnx")).unwrap();
     let graph = oxgen_graph::Graph::from_model(&model).unwrap();
     let mut found = Vec::new();
     for threads in [1, 2] {

@@ -397,7 +397,7 @@ where
         same_dtype(x, b, "bias")?;
         expect_vector(b, n, "bias")?;
     }
-    let mut stat_dims: Small<usize> = Small::from_slice(&lead);
+    let mut stat_dims: Small<usize> = Small::from_slice(lead);
     stat_dims.push(1);
     let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
     // onnxruntime returns zeros for the mean of this RMS norm; the slot is filled only when

@@ -118,7 +118,7 @@ fn matmul_nbits(
         }
     }
     let m: usize = batch.iter().product();
-    let mut out_dims: Small<usize> = Small::from_slice(&batch);
+    let mut out_dims: Small<usize> = Small::from_slice(batch);
     out_dims.push(n);
     let mut out = ctx.alloc(a.dtype(), out_dims)?;
     // accuracy_level 4 asks for int8 activations (onnxruntime's "compute type int8"); it
@@ -188,7 +188,7 @@ fn gather_block_quantized(
         .ok_or_else(|| OpError::shape("data's last dimension overflows"))?;
     let blocks = cols.div_ceil(op.block_size);
     let lead = &dims[..rank - 1];
-    let mut scale_dims: Small<usize> = Small::from_slice(&lead);
+    let mut scale_dims: Small<usize> = Small::from_slice(lead);
     scale_dims.push(blocks);
     if scales.dims() != &scale_dims[..] {
         return Err(OpError::shape(format!(
@@ -203,7 +203,7 @@ fn gather_block_quantized(
     let zp = opt_input(inputs, 3);
     if let Some(z) = zp {
         expect_dtype(z, DType::U8, "zero_points (like data)")?;
-        let mut zp_dims: Small<usize> = Small::from_slice(&lead);
+        let mut zp_dims: Small<usize> = Small::from_slice(lead);
         zp_dims.push(blocks.div_ceil(codes_per_byte));
         if z.dims() != &zp_dims[..] {
             return Err(OpError::shape(format!(
@@ -212,7 +212,7 @@ fn gather_block_quantized(
             )));
         }
     }
-    let mut out_dims: Small<usize> = Small::from_slice(&indices.dims());
+    let mut out_dims: Small<usize> = Small::from_slice(indices.dims());
     out_dims.extend_from_slice(&lead[1..]);
     out_dims.push(cols);
     let mut out = ctx.alloc(scales.dtype(), out_dims)?;

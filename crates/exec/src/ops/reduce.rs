@@ -261,7 +261,7 @@ fn top_k(t: &TopK, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Output
             x.shape()
         ))
     })?;
-    let mut out_dims: Small<usize> = Small::from_slice(&dims);
+    let mut out_dims: Small<usize> = Small::from_slice(dims);
     out_dims[axis] = k;
     let mut values = ctx.alloc(x.dtype(), out_dims.as_slice())?;
     let mut indices = ctx.alloc(DType::I64, out_dims)?;

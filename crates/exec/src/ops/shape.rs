@@ -290,7 +290,7 @@ fn concat(inputs: &[Option<&Tensor>], axis: i64, ctx: &mut OpCtx) -> Result<Tens
         .ok_or_else(|| OpError::value("Concat needs at least one input"))?;
     let rank = first.rank();
     let axis = norm_axis(axis, rank)?;
-    let mut out_dims: Small<usize> = Small::from_slice(&first.dims());
+    let mut out_dims: Small<usize> = Small::from_slice(first.dims());
     out_dims[axis] = 0;
     for (i, p) in parts.iter().enumerate() {
         if p.dtype() != first.dtype() {
@@ -397,7 +397,7 @@ fn split(
     let inner: usize = x.dims()[axis + 1..].iter().product();
     let mut outs = Vec::with_capacity(sizes.len());
     for &size in &sizes {
-        let mut dims: Small<usize> = Small::from_slice(&x.dims());
+        let mut dims: Small<usize> = Small::from_slice(x.dims());
         dims[axis] = size;
         outs.push(ctx.alloc(x.dtype(), dims)?);
     }
@@ -468,7 +468,7 @@ fn slice(s: &Slice, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tenso
     let axes = norm_axes(&axes, rank, "Slice axes")?;
     let mut first = vec![0usize; rank];
     let mut step = vec![1isize; rank];
-    let mut out_dims: Small<usize> = Small::from_slice(&x.dims());
+    let mut out_dims: Small<usize> = Small::from_slice(x.dims());
     for (k, &a) in axes.iter().enumerate() {
         if steps[k] == 0 {
             return Err(OpError::value(format!("Slice step for axis {a} is 0")));
