@@ -33,6 +33,7 @@
 
 use crate::ThreadPool;
 use crate::acc::Accum;
+use crate::attention_avx2 as avx2;
 use crate::layout::{LayoutError, check_len};
 use crate::par::{par_chunks2, parts_for};
 use crate::rotary::{Positions, Rope, rotate_one};
@@ -289,6 +290,44 @@ pub fn attention<T: Accum<Acc = f32>>(
     scratch: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), LayoutError> {
+    attention_with(
+        shape, score, q, k, v, start, kv_len, out, scratch, pool, true,
+    )
+}
+
+/// [`attention`] on the scalar reference alone (no AVX2): the oracle of the fast rows.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_reference<T: Accum<Acc = f32>>(
+    shape: &GqaShape,
+    score: &ScoreMod,
+    q: &Rows<T>,
+    k: &[T],
+    v: &[T],
+    start: &[usize],
+    kv_len: &[usize],
+    out: &mut [T],
+    scratch: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    attention_with(
+        shape, score, q, k, v, start, kv_len, out, scratch, pool, false,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_with<T: Accum<Acc = f32>>(
+    shape: &GqaShape,
+    score: &ScoreMod,
+    q: &Rows<T>,
+    k: &[T],
+    v: &[T],
+    start: &[usize],
+    kv_len: &[usize],
+    out: &mut [T],
+    scratch: &mut [f32],
+    pool: &ThreadPool,
+    simd: bool,
+) -> Result<(), LayoutError> {
     shape.check()?;
     let GqaShape {
         batch,
@@ -354,6 +393,7 @@ pub fn attention<T: Accum<Acc = f32>>(
                         scores,
                         &mut acc[..hs],
                         row,
+                        simd,
                     );
                 }
             }
@@ -373,6 +413,7 @@ fn attend_row<T: Accum<Acc = f32>>(
     scores: &mut [f32],
     acc: &mut [f32],
     out: &mut [T],
+    simd: bool,
 ) {
     let hs = q.len();
     if keys.is_empty() {
@@ -380,13 +421,34 @@ fn attend_row<T: Accum<Acc = f32>>(
         return;
     }
     let scores = &mut scores[..keys.len()];
-    let mut max = f32::NEG_INFINITY;
-    for (x, j) in scores.iter_mut().zip(keys.clone()) {
-        let kj = &k[j * hs..][..hs];
-        let mut dot = 0f32;
-        for d in 0..hs {
-            dot += q[d].widen() * kj[d].widen();
+    let fast = as_f32(q)
+        .zip(as_f32(k))
+        .zip(as_f32(v))
+        .filter(|_| simd && avx2::supported(hs));
+    // Keys handled eight at a time by the AVX2 dot products (same bits; see attention_avx2).
+    let mut simd_keys = 0;
+    #[cfg(target_arch = "x86_64")]
+    if let Some(((q32, k32), _)) = fast {
+        simd_keys = keys.len() / 8 * 8;
+        let mut dots = [0f32; 8];
+        for (group, x) in scores[..simd_keys].chunks_exact_mut(8).enumerate() {
+            // SAFETY: `supported` checked AVX2 and hs % 8; the keys lie in `k`.
+            unsafe { avx2::scores8(q32, k32, keys.start + group * 8, &mut dots) };
+            x.copy_from_slice(&dots);
         }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for (i, (x, j)) in scores.iter_mut().zip(keys.clone()).enumerate() {
+        let dot = if i < simd_keys {
+            *x
+        } else {
+            let kj = &k[j * hs..][..hs];
+            let mut dot = 0f32;
+            for d in 0..hs {
+                dot += q[d].widen() * kj[d].widen();
+            }
+            dot
+        };
         let mut s = dot * score.scale;
         if score.softcap > 0.0 {
             s = score.softcap * (s / score.softcap).tanh();
@@ -402,6 +464,12 @@ fn attend_row<T: Accum<Acc = f32>>(
     acc.fill(0.0);
     for (&e, j) in scores.iter().zip(keys) {
         let p = e / sum;
+        #[cfg(target_arch = "x86_64")]
+        if let Some((_, v32)) = fast {
+            // SAFETY: `supported` checked AVX2; `acc` and the value row both hold hs values.
+            unsafe { avx2::weighted_add(acc, p, &v32[j * hs..][..hs]) };
+            continue;
+        }
         let vj = &v[j * hs..][..hs];
         for d in 0..hs {
             acc[d] += p * vj[d].widen();
@@ -410,6 +478,14 @@ fn attend_row<T: Accum<Acc = f32>>(
     for (o, &a) in out.iter_mut().zip(acc.iter()) {
         *o = T::narrow(a);
     }
+}
+
+/// `values` as f32, when `T` is f32 (the AVX2 paths are f32-only).
+fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()).then(|| {
+        // SAFETY: `T` is `f32`, so the slice is already a `[f32]`.
+        unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<f32>(), values.len()) }
+    })
 }
 
 /// Transposes `(batch, heads, seq, head_size)` into `(batch, seq, heads * head_size)`.

@@ -376,3 +376,83 @@ fn halves_compute_in_f32() {
         "one rounding of the f32 result"
     );
 }
+
+#[test]
+fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
+    // Key counts around the 8-key groups, head sizes with and without the 8-wide path,
+    // windows and softcap, prefill and decode rows.
+    let mut rng = XorShift(0x5eed);
+    let mut cases = 0;
+    for head_size in [8, 12, 64] {
+        for (seq, past) in [(1, 0), (1, 7), (1, 8), (1, 9), (1, 23), (5, 11), (17, 0)] {
+            for score in [
+                ScoreMod {
+                    scale: 0.125,
+                    softcap: 0.0,
+                    window: None,
+                },
+                ScoreMod {
+                    scale: 0.3,
+                    softcap: 5.0,
+                    window: Some(6),
+                },
+            ] {
+                let shape = GqaShape {
+                    batch: 1,
+                    seq,
+                    heads: 4,
+                    kv_heads: 2,
+                    head_size,
+                    capacity: past + seq + 3,
+                };
+                let q = rng.values(seq * 4 * head_size);
+                let k = rng.values(shape.cache_len());
+                let v = rng.values(shape.cache_len());
+                let (start, kv_len) = ([past], [past + seq]);
+                let pool = ThreadPool::new(2);
+                let rows = Rows {
+                    data: &q[..],
+                    stride: 4 * head_size,
+                    offset: 0,
+                };
+                let mut scratch = vec![0f32; scratch_len(&shape, &pool)];
+                let n = seq * 4 * head_size;
+                let (mut fast, mut reference) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                attention(
+                    &shape,
+                    &score,
+                    &rows,
+                    &k,
+                    &v,
+                    &start,
+                    &kv_len,
+                    &mut fast,
+                    &mut scratch,
+                    &pool,
+                )
+                .unwrap();
+                attention_reference(
+                    &shape,
+                    &score,
+                    &rows,
+                    &k,
+                    &v,
+                    &start,
+                    &kv_len,
+                    &mut reference,
+                    &mut scratch,
+                    &pool,
+                )
+                .unwrap();
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&fast),
+                    bits(&reference),
+                    "head_size {head_size} seq {seq} past {past} {score:?}"
+                );
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 3 * 7 * 2);
+}

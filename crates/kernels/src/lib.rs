@@ -8,6 +8,7 @@
 
 pub mod acc;
 pub mod attention;
+pub mod attention_avx2;
 pub mod broadcast;
 pub mod gather;
 pub mod layout;
