@@ -2,11 +2,12 @@
 //! package folder (`oxgen_import::import_gguf`). Progress goes to stderr, and only when
 //! stderr is a terminal; a one-line summary follows.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
 use oxgen_import::{ImportOptions, Progress, Stage, import_gguf};
 
 #[derive(clap::Args)]
@@ -42,26 +43,31 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// Imports `gguf` into `out`, with progress on a terminal and a summary on stderr.
 pub fn import(gguf: &Path, out: &Path, accuracy_level: u8, overwrite: bool) -> anyhow::Result<()> {
     let start = Instant::now();
-    let terminal = std::io::stderr().is_terminal();
-    let show = |p: &Progress| {
-        let line = match p.stage {
-            Stage::Tensors => format!("converting tensor {}/{}: {}", p.done, p.total, p.item),
-            Stage::Writing => format!("writing {}", p.item),
-        };
-        // \r and "erase line" (ESC [ K) redraw one status line in place.
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r\x1b[K{line}");
-        let _ = err.flush();
+    // A progress bar over the tensors on a terminal (indicatif draws nothing otherwise).
+    let bar = ProgressBar::new(0);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} tensors {msg} {elapsed}")
+    {
+        bar.set_style(style);
+    }
+    let show = |p: &Progress| match p.stage {
+        Stage::Tensors => {
+            bar.set_length(p.total as u64);
+            bar.set_position(p.done as u64);
+            bar.set_message(p.item.to_string());
+        }
+        Stage::Writing => bar.set_message(format!("writing {}", p.item)),
     };
     let options = ImportOptions {
         accuracy_level,
         overwrite,
-        progress: if terminal { Some(&show) } else { None },
+        progress: if std::io::stderr().is_terminal() {
+            Some(&show)
+        } else {
+            None
+        },
     };
     let result = import_gguf(gguf, out, &options);
-    if terminal {
-        eprint!("\r\x1b[K");
-    }
+    bar.finish_and_clear();
     let imported =
         result.with_context(|| format!("importing {} into {}", gguf.display(), out.display()))?;
     let s = &imported.spec;

