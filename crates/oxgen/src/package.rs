@@ -34,6 +34,8 @@ pub struct DeclaredShape {
     pub layers: Option<usize>,
     pub kv_heads: Option<usize>,
     pub head_size: Option<usize>,
+    /// The key(s) `head_size` came from, for messages.
+    pub head_size_key: &'static str,
 }
 
 /// What oxgen reads from a package's config files.
@@ -168,6 +170,7 @@ impl PackageConfig {
                 layers: count(decoder.get("num_hidden_layers")),
                 kv_heads: count(decoder.get("num_key_value_heads")),
                 head_size: count(decoder.get("head_size")),
+                head_size_key: "model.decoder.head_size",
             },
         })
     }
@@ -222,12 +225,16 @@ impl PackageConfig {
             )));
         }
         let heads = count(config.get("num_attention_heads"));
-        let head_size = count(config.get("head_dim")).or_else(|| {
-            let hidden = count(config.get("hidden_size"))?;
-            heads
-                .filter(|&h| h > 0 && hidden % h == 0)
-                .map(|h| hidden / h)
-        });
+        let (head_size, head_size_key) = match count(config.get("head_dim")) {
+            Some(d) => (Some(d), "head_dim"),
+            None => {
+                let hidden = count(config.get("hidden_size"));
+                let derived = hidden
+                    .zip(heads)
+                    .and_then(|(hidden, h)| (h > 0 && hidden % h == 0).then_some(hidden / h));
+                (derived, "hidden_size / num_attention_heads")
+            }
+        };
         Ok(PackageConfig {
             format: PackageFormat::Optimum,
             model_file: OPTIMUM_MODEL.to_string(),
@@ -240,6 +247,7 @@ impl PackageConfig {
                 layers: count(config.get("num_hidden_layers")),
                 kv_heads: count(config.get("num_key_value_heads")).or(heads),
                 head_size,
+                head_size_key,
             },
         })
     }
@@ -247,18 +255,14 @@ impl PackageConfig {
     /// Checks what the config declares against the contract read from the graph: a config
     /// and a model.onnx from different exports fail here, naming both numbers.
     pub fn check_contract(&self, contract: &LmContract) -> Result<(), Error> {
-        let (layer_key, kv_key, head_key) = match self.format {
+        let (layer_key, kv_key) = match self.format {
             PackageFormat::Genai => (
                 "model.decoder.num_hidden_layers",
                 "model.decoder.num_key_value_heads",
-                "model.decoder.head_size",
             ),
-            PackageFormat::Optimum => (
-                "num_hidden_layers",
-                "num_key_value_heads",
-                "head_dim (or hidden_size / num_attention_heads)",
-            ),
+            PackageFormat::Optimum => ("num_hidden_layers", "num_key_value_heads"),
         };
+        let head_key = self.declared.head_size_key;
         let first = contract.layers.first().map_or("", |l| l.past_key.as_str());
         let file = &self.model_file;
         let checks = [
