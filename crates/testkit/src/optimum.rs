@@ -22,8 +22,9 @@
 //! The mask is built once from `attention_mask` and the cache length the way transformers'
 //! `_update_causal_mask` does (`ConstantOfShape(min)`, `Trilu`, `Range`/`Greater`, `Where`
 //! over padding). Half sizes in `rotate_half` and the shapes of reshapes come from `Shape`
-//! arithmetic, not constants. Next to it: `config.json`, `generation_config.json` and the test
-//! tokenizer.
+//! arithmetic, not constants. Weights are random float32 (the fixture config's
+//! `block_size` and `accuracy_level` do not apply). Next to it: `config.json`,
+//! `generation_config.json` and the test tokenizer.
 
 use std::path::Path;
 

@@ -37,9 +37,11 @@ use super::shapes::{Facts, Sym, reshape_dims};
 use crate::ops::{BinaryOp, Cast, GroupQueryAttention, Op, Reduce, ReduceKind, RotaryKind};
 use crate::{Graph, Node, ValueId, ValueKind};
 
-/// A masked score plus this is at most `-1e4 + |score|`, whose `exp` underflows to 0 in f32
-/// (below about -104) for any score under 9_896 in magnitude: the key gets exactly no
-/// weight, as in `GroupQueryAttention`, which skips it.
+/// Softmax subtracts the row maximum, so a key masked by at most this gets
+/// `exp(score - 1e4 - max) <= exp(2|s| - 1e4)`, which underflows to exactly 0 in f32 (below
+/// about -104) while scores stay under ~4_900 in magnitude: no weight, as in
+/// `GroupQueryAttention`, which skips the key. Exporters use -1e4 (older transformers) or the
+/// float32 minimum.
 pub const MASKED_MAX: f32 = -1e4;
 
 /// (batch, cached positions, new positions) the mask is checked at: a prompt, a chunk after
