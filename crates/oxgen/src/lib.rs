@@ -56,7 +56,7 @@ pub use chat::Chat;
 pub use defaults::PackageDefaults;
 pub use oxgen_exec::OpTime;
 pub use oxgen_generate::{ChatMessage, FinishReason, SamplingParams};
-pub use package::PackageConfig;
+pub use package::{DeclaredShape, PackageConfig, PackageFormat};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
 
 /// Errors from opening a model or generating with it.
@@ -213,14 +213,21 @@ impl Model {
             path: shown.clone(),
             source: Box::new(e),
         })?;
-        let lm = NativeLm::new(
+        // The graph passes size rotary caches to the package's context.
+        let passes = oxgen_graph::passes::Options {
+            max_positions: Some(config.context_length),
+            ..Default::default()
+        };
+        let lm = NativeLm::with_passes(
             graph,
             &ExecOptions {
                 threads: options.threads,
                 exact: options.exact,
             },
             &config.kv,
+            &passes,
         )?;
+        config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let tokenizer_config = dir.join("tokenizer_config.json");
         let template = if tokenizer_config.exists() {
@@ -400,3 +407,8 @@ impl Model {
         self.drop_cache();
     }
 }
+
+/// The README's Rust examples compile as doctests (a README that stops compiling fails CI).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
