@@ -44,7 +44,7 @@ fn a_genai_package_is_read_from_genai_config() {
     let cfg = FixtureConfig::default();
     write_package(dir.path(), &cfg).unwrap();
     let config = PackageConfig::read(dir.path()).unwrap();
-    assert_eq!(format!("{:?}", config.format), "Genai");
+    assert_eq!(config.format, oxgen::PackageFormat::Genai);
     assert_eq!(config.model_file, "model.onnx");
     assert_eq!(config.context_length, cfg.context);
     assert_eq!(config.eos_token_ids, [tokenizer::EOS as u32]);
@@ -58,7 +58,7 @@ fn a_genai_package_is_read_from_genai_config() {
 fn an_optimum_export_is_read_from_config_and_generation_config() {
     let (dir, cfg) = optimum_fixture();
     let config = PackageConfig::read(dir.path()).unwrap();
-    assert_eq!(format!("{:?}", config.format), "Optimum");
+    assert_eq!(config.format, oxgen::PackageFormat::Optimum);
     assert_eq!(config.model_file, "model.onnx");
     assert_eq!(config.context_length, cfg.context);
     assert_eq!(config.eos_token_ids, [tokenizer::EOS as u32]);
