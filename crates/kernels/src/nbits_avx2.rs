@@ -28,6 +28,9 @@ use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::matmul_nbits_int8::quantize_row;
 use crate::quant::{code, default_zero_point};
 
+/// How far ahead of the current block each weight stream is prefetched, in bytes.
+const PREFETCH_AHEAD: usize = 512;
+
 /// Output columns one kernel call computes together.
 pub const TILE: usize = 8;
 
@@ -217,6 +220,15 @@ unsafe fn tile8<const BITS: u32>(
     let mut acc = _mm256_setzero_ps();
     let mut zp_int = [0i32; 8];
     for b in 0..kb {
+        // Eight weight streams, one per column: ask for each stream's data a few cache lines
+        // ahead (a hint only; never faults, so the address may run past the row).
+        if (b * blob).is_multiple_of(64) {
+            for c in 0..8 {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    data.wrapping_add(c * row_bytes + b * blob + PREFETCH_AHEAD).cast(),
+                );
+            }
+        }
         let mut dots = [_mm256_setzero_si256(); 8];
         for chunk in 0..bs / 32 {
             // SAFETY: the assert above bounds every offset: `b * bs + chunk * 32 + 32 <= kb * bs`
