@@ -44,8 +44,8 @@ pub fn quantize_row(a: &[f32], block_size: usize, q: &mut [i8], scales: &mut [f3
 }
 
 /// `out = a · dequant(w)ᵀ + bias` with `a` (`m × K`, f32) quantized to int8 per block: the
-/// AVX2 kernel ([`crate::nbits_avx2`]) where the CPU and layout allow, else the reference.
-/// Both give the same bits.
+/// AVX2 kernel ([`crate::nbits_avx2`], with AVX-VNNI where present) where the CPU and layout
+/// allow, else the reference. Every path gives the same bits.
 pub fn matmul_nbits_int8(
     a: &[f32],
     m: usize,
@@ -57,7 +57,27 @@ pub fn matmul_nbits_int8(
     if !nbits_avx2::supported(&w.layout) {
         return matmul_nbits_int8_reference(a, m, w, bias, out, pool);
     }
+    matmul_nbits_int8_isa(a, m, w, bias, out, pool, nbits_avx2::Isa::best())
+}
+
+/// [`matmul_nbits_int8`] on one kernel variant (`isa` from [`nbits_avx2::Isa::available`],
+/// and a layout [`nbits_avx2::supported`] accepts), to test each against the reference.
+pub fn matmul_nbits_int8_isa(
+    a: &[f32],
+    m: usize,
+    w: &QuantWeights<'_, f32>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    isa: nbits_avx2::Isa,
+) -> Result<(), LayoutError> {
     check_args(a.len(), m, w, bias.map(<[f32]>::len), out.len())?;
+    if !nbits_avx2::supported(&w.layout) || !nbits_avx2::Isa::available().contains(&isa) {
+        return Err(LayoutError::Shape(format!(
+            "the {isa:?} kernel does not run {}-bit blocks of {} on this CPU",
+            w.layout.bits, w.layout.block_size
+        )));
+    }
     let k = w.layout.k;
     nbits_avx2::with_rows(m, |rows| {
         for (i, row) in rows.iter_mut().enumerate() {
@@ -66,7 +86,7 @@ pub fn matmul_nbits_int8(
         let rows = &*rows;
         if m == 1 {
             par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
-                nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
+                nbits_avx2::row_part(&rows[i], w, bias, cols, out_row, isa);
             });
         } else {
             // Tasks take column blocks in whole tiles and walk every row over their block, so
@@ -82,7 +102,7 @@ pub fn matmul_nbits_int8(
                 m,
                 parts,
                 |i, cols, out_row| {
-                    nbits_avx2::row_part(&rows[i], w, bias, cols, out_row);
+                    nbits_avx2::row_part(&rows[i], w, bias, cols, out_row, isa);
                 },
             );
         }

@@ -34,6 +34,47 @@ const PREFETCH_AHEAD: usize = 512;
 /// Output columns one kernel call computes together.
 pub const TILE: usize = 8;
 
+/// The instruction sets the kernel has variants for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Avx2,
+    /// AVX2 with AVX-VNNI's `vpdpbusd`.
+    AvxVnni,
+}
+
+impl Isa {
+    /// Every variant this CPU runs.
+    pub fn available() -> Vec<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut isas = Vec::new();
+            if std::arch::is_x86_feature_detected!("avx2") {
+                isas.push(Isa::Avx2);
+                if std::arch::is_x86_feature_detected!("avxvnni") {
+                    isas.push(Isa::AvxVnni);
+                }
+            }
+            isas
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Vec::new()
+    }
+
+    /// The fastest variant here, checked once. `OXGEN_NO_VNNI` (set to anything) keeps to
+    /// AVX2, to compare the two.
+    pub fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let vnni = Isa::available().contains(&Isa::AvxVnni);
+            if vnni && std::env::var_os("OXGEN_NO_VNNI").is_none() {
+                Isa::AvxVnni
+            } else {
+                Isa::Avx2
+            }
+        })
+    }
+}
+
 /// Whether [`row_part`] handles this layout on this CPU.
 pub fn supported(layout: &NBitsLayout) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -112,19 +153,23 @@ pub fn row_part(
     bias: Option<&[f32]>,
     cols: Range<usize>,
     out: &mut [f32],
+    isa: Isa,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         let mut j = cols.start;
         let mut o = 0;
         while j + 8 <= cols.end {
-            // SAFETY: `supported` checked AVX2 at run time; slices are bounds-checked
-            // inside (the caller validated the weight lengths with `check_args`).
+            // SAFETY: `supported` checked AVX2 at run time and the caller passes an `isa`
+            // from `Isa::available`; the tile asserts its bounds (the caller validated the
+            // weight lengths with `check_args`).
             unsafe {
-                if w.layout.bits == 4 {
-                    tile8::<4>(row, w, bias, j, &mut out[o..o + 8])
-                } else {
-                    tile8::<8>(row, w, bias, j, &mut out[o..o + 8])
+                let out = &mut out[o..o + 8];
+                match (w.layout.bits, isa) {
+                    (4, Isa::AvxVnni) => tile8_vnni::<4>(row, w, bias, j, out),
+                    (4, Isa::Avx2) => tile8_avx2::<4>(row, w, bias, j, out),
+                    (_, Isa::AvxVnni) => tile8_vnni::<8>(row, w, bias, j, out),
+                    (_, Isa::Avx2) => tile8_avx2::<8>(row, w, bias, j, out),
                 }
             };
             j += 8;
@@ -136,6 +181,7 @@ pub fn row_part(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = isa;
         for (j, o) in cols.zip(out) {
             *o = column(row, w, bias, j);
         }
@@ -172,141 +218,163 @@ fn column(row: &QuantizedRow, w: &QuantWeights<'_, f32>, bias: Option<&[f32]>, j
     acc
 }
 
-/// Eight output columns `j0..j0 + 8`.
+/// Defines a kernel over eight output columns `j0..j0 + 8`, for AVX2 alone or with AVX-VNNI
+/// (`vpdpbusd` does the multiply, pair sums and accumulation of the AVX2 sequence in one
+/// instruction, in i32, so 8-bit codes need no recentring). Both give the same integers.
 ///
 /// # Safety
-/// AVX2 must be available, `j0 + 8 <= n`, `out` must hold 8 values, and `w` must have passed
-/// `check_args` (so every pointer below stays inside its slice).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn tile8<const BITS: u32>(
-    row: &QuantizedRow,
-    w: &QuantWeights<'_, f32>,
-    bias: Option<&[f32]>,
-    j0: usize,
-    out: &mut [f32],
-) {
-    let l = &w.layout;
-    let (kb, blob, bs) = (l.k_blocks, l.blob_size, l.block_size);
-    let row_bytes = kb * blob;
-    assert!(
-        (j0 + 8) * row_bytes <= w.data.len()
-            && (j0 + 8) * kb <= w.scales.len()
-            && row.q.len() >= kb * bs
-            && row.natural.len() >= kb * bs
-            && row.sums.len() >= kb
-            && row.scales.len() >= kb
-            && out.len() >= 8,
-        "tile8 arguments were checked by check_args"
-    );
-    let data = w.data.as_ptr().wrapping_add(j0 * row_bytes);
-    let scales = w.scales.as_ptr().wrapping_add(j0 * kb);
-    // Column c's value for block b sits at `c * kb + b` in the scales and float zero points.
-    let stride = kb as i32;
-    let gather_idx = _mm256_setr_epi32(
-        0,
-        stride,
-        2 * stride,
-        3 * stride,
-        4 * stride,
-        5 * stride,
-        6 * stride,
-        7 * stride,
-    );
-    let low = _mm256_set1_epi8(0x0F);
-    // XOR with 0x80 turns an unsigned code w into the signed byte w - 128.
-    let flip = _mm256_set1_epi8(-128);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    let mut zp_int = [0i32; 8];
-    for b in 0..kb {
-        // Eight weight streams, one per column: ask for each stream's data a few cache lines
-        // ahead (a hint only; never faults, so the address may run past the row).
-        if (b * blob).is_multiple_of(64) {
-            for c in 0..8 {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    data.wrapping_add(c * row_bytes + b * blob + PREFETCH_AHEAD).cast(),
-                );
-            }
-        }
-        let mut dots = [_mm256_setzero_si256(); 8];
-        for chunk in 0..bs / 32 {
-            // SAFETY: the assert above bounds every offset: `b * bs + chunk * 32 + 32 <= kb * bs`
-            // and `c * row_bytes + b * blob + chunk * BITS * 4 + BITS * 4 <= 8 * row_bytes`.
-            unsafe {
-                if BITS == 4 {
-                    let a = _mm256_loadu_si256(row.q.as_ptr().add(b * bs + chunk * 32).cast());
-                    let wb = data.add(b * blob + chunk * 16);
-                    for (c, dot) in dots.iter_mut().enumerate() {
-                        let packed = _mm_loadu_si128(wb.add(c * row_bytes).cast());
-                        let wide = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-                        let codes = _mm256_and_si256(wide, low);
-                        let pairs = _mm256_maddubs_epi16(codes, a);
-                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
-                    }
-                } else {
-                    let a =
-                        _mm256_loadu_si256(row.natural.as_ptr().add(b * bs + chunk * 32).cast());
-                    let wb = data.add(b * blob + chunk * 32);
-                    for (c, dot) in dots.iter_mut().enumerate() {
-                        let codes = _mm256_loadu_si256(wb.add(c * row_bytes).cast());
-                        let signed = _mm256_xor_si256(codes, flip);
-                        let pairs = _mm256_maddubs_epi16(
-                            _mm256_abs_epi8(signed),
-                            _mm256_sign_epi8(a, signed),
+/// The named CPU features must be available, `j0 + 8 <= n`, `out` must hold 8 values, and `w`
+/// must have passed `check_args` (so every pointer below stays inside its slice).
+macro_rules! tile8_kernel {
+    ($name:ident, $features:literal, $vnni:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const BITS: u32>(
+            row: &QuantizedRow,
+            w: &QuantWeights<'_, f32>,
+            bias: Option<&[f32]>,
+            j0: usize,
+            out: &mut [f32],
+        ) {
+            let l = &w.layout;
+            let (kb, blob, bs) = (l.k_blocks, l.blob_size, l.block_size);
+            let row_bytes = kb * blob;
+            assert!(
+                (j0 + 8) * row_bytes <= w.data.len()
+                    && (j0 + 8) * kb <= w.scales.len()
+                    && row.q.len() >= kb * bs
+                    && row.natural.len() >= kb * bs
+                    && row.sums.len() >= kb
+                    && row.scales.len() >= kb
+                    && out.len() >= 8,
+                "tile8 arguments were checked by check_args"
+            );
+            let data = w.data.as_ptr().wrapping_add(j0 * row_bytes);
+            let scales = w.scales.as_ptr().wrapping_add(j0 * kb);
+            // Column c's value for block b sits at `c * kb + b` in the scales and float zero points.
+            let stride = kb as i32;
+            let gather_idx = _mm256_setr_epi32(
+                0,
+                stride,
+                2 * stride,
+                3 * stride,
+                4 * stride,
+                5 * stride,
+                6 * stride,
+                7 * stride,
+            );
+            let low = _mm256_set1_epi8(0x0F);
+            // XOR with 0x80 turns an unsigned code w into the signed byte w - 128.
+            let flip = _mm256_set1_epi8(-128);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = _mm256_setzero_ps();
+            let mut zp_int = [0i32; 8];
+            for b in 0..kb {
+                // Eight weight streams, one per column: ask for each stream's data a few cache lines
+                // ahead (a hint only; never faults, so the address may run past the row).
+                if (b * blob).is_multiple_of(64) {
+                    for c in 0..8 {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            data.wrapping_add(c * row_bytes + b * blob + PREFETCH_AHEAD)
+                                .cast(),
                         );
-                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
                     }
                 }
-            }
-        }
-        let sum_a = row.sums[b];
-        let dot = if BITS == 4 {
-            hsum8(&dots)
-        } else {
-            // Σ w·a = Σ (w - 128)·a + 128·Σ a.
-            _mm256_add_epi32(hsum8(&dots), _mm256_set1_epi32(128 * sum_a))
-        };
-        let centered = match w.zero_points {
-            ZeroPoints::Default => {
-                let zs = (1 << (BITS - 1)) * sum_a;
-                _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
-            }
-            ZeroPoints::Packed(z) => {
-                for (c, v) in zp_int.iter_mut().enumerate() {
-                    *v = code(&z[(j0 + c) * l.zp_row_bytes..], BITS, b) as i32 * sum_a;
+                let mut dots = [_mm256_setzero_si256(); 8];
+                for chunk in 0..bs / 32 {
+                    // SAFETY: the assert above bounds every offset: `b * bs + chunk * 32 + 32 <= kb * bs`
+                    // and `c * row_bytes + b * blob + chunk * BITS * 4 + BITS * 4 <= 8 * row_bytes`.
+                    unsafe {
+                        if BITS == 4 {
+                            let a =
+                                _mm256_loadu_si256(row.q.as_ptr().add(b * bs + chunk * 32).cast());
+                            let wb = data.add(b * blob + chunk * 16);
+                            for (c, dot) in dots.iter_mut().enumerate() {
+                                let packed = _mm_loadu_si128(wb.add(c * row_bytes).cast());
+                                let wide = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+                                let codes = _mm256_and_si256(wide, low);
+                                *dot = if $vnni {
+                                    _mm256_dpbusd_avx_epi32(*dot, codes, a)
+                                } else {
+                                    let pairs = _mm256_maddubs_epi16(codes, a);
+                                    _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones))
+                                };
+                            }
+                        } else {
+                            let a = _mm256_loadu_si256(
+                                row.natural.as_ptr().add(b * bs + chunk * 32).cast(),
+                            );
+                            let wb = data.add(b * blob + chunk * 32);
+                            for (c, dot) in dots.iter_mut().enumerate() {
+                                let codes = _mm256_loadu_si256(wb.add(c * row_bytes).cast());
+                                *dot = if $vnni {
+                                    // Four-product sums in i32: no saturation, no recentring.
+                                    _mm256_dpbusd_avx_epi32(*dot, codes, a)
+                                } else {
+                                    let signed = _mm256_xor_si256(codes, flip);
+                                    let pairs = _mm256_maddubs_epi16(
+                                        _mm256_abs_epi8(signed),
+                                        _mm256_sign_epi8(a, signed),
+                                    );
+                                    _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones))
+                                };
+                            }
+                        }
+                    }
                 }
-                // SAFETY: `zp_int` holds 8 i32.
-                let zs = unsafe { _mm256_loadu_si256(zp_int.as_ptr().cast()) };
-                _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
+                let sum_a = row.sums[b];
+                let dot = if BITS == 4 || $vnni {
+                    hsum8(&dots)
+                } else {
+                    // Σ w·a = Σ (w - 128)·a + 128·Σ a.
+                    _mm256_add_epi32(hsum8(&dots), _mm256_set1_epi32(128 * sum_a))
+                };
+                let centered = match w.zero_points {
+                    ZeroPoints::Default => {
+                        let zs = (1 << (BITS - 1)) * sum_a;
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
+                    }
+                    ZeroPoints::Packed(z) => {
+                        for (c, v) in zp_int.iter_mut().enumerate() {
+                            *v = code(&z[(j0 + c) * l.zp_row_bytes..], BITS, b) as i32 * sum_a;
+                        }
+                        // SAFETY: `zp_int` holds 8 i32.
+                        let zs = unsafe { _mm256_loadu_si256(zp_int.as_ptr().cast()) };
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
+                    }
+                    ZeroPoints::Float(z) => {
+                        assert!(
+                            (j0 + 8) * kb <= z.len(),
+                            "zero points checked by check_args"
+                        );
+                        // SAFETY: the largest index read is `(j0 + 7) * kb + b < (j0 + 8) * kb`.
+                        let zs = unsafe {
+                            _mm256_i32gather_ps::<4>(z.as_ptr().add(j0 * kb + b), gather_idx)
+                        };
+                        _mm256_sub_ps(
+                            _mm256_cvtepi32_ps(dot),
+                            _mm256_mul_ps(zs, _mm256_set1_ps(sum_a as f32)),
+                        )
+                    }
+                };
+                // SAFETY: as for the zero points: indices below `(j0 + 8) * kb`.
+                let sw = unsafe { _mm256_i32gather_ps::<4>(scales.add(b), gather_idx) };
+                let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales[b]));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
             }
-            ZeroPoints::Float(z) => {
-                assert!(
-                    (j0 + 8) * kb <= z.len(),
-                    "zero points checked by check_args"
-                );
-                // SAFETY: the largest index read is `(j0 + 7) * kb + b < (j0 + 8) * kb`.
-                let zs =
-                    unsafe { _mm256_i32gather_ps::<4>(z.as_ptr().add(j0 * kb + b), gather_idx) };
-                _mm256_sub_ps(
-                    _mm256_cvtepi32_ps(dot),
-                    _mm256_mul_ps(zs, _mm256_set1_ps(sum_a as f32)),
-                )
+            if let Some(bias) = bias {
+                let bias = &bias[j0..j0 + 8];
+                // SAFETY: `bias` holds 8 f32.
+                acc = _mm256_add_ps(acc, unsafe { _mm256_loadu_ps(bias.as_ptr()) });
             }
-        };
-        // SAFETY: as for the zero points: indices below `(j0 + 8) * kb`.
-        let sw = unsafe { _mm256_i32gather_ps::<4>(scales.add(b), gather_idx) };
-        let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales[b]));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
-    }
-    if let Some(bias) = bias {
-        let bias = &bias[j0..j0 + 8];
-        // SAFETY: `bias` holds 8 f32.
-        acc = _mm256_add_ps(acc, unsafe { _mm256_loadu_ps(bias.as_ptr()) });
-    }
-    // SAFETY: `out` holds at least 8 f32 (asserted above).
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+            // SAFETY: `out` holds at least 8 f32 (asserted above).
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+        }
+    };
 }
+
+tile8_kernel!(tile8_avx2, "avx2", false);
+tile8_kernel!(tile8_vnni, "avx2,avxvnni", true);
 
 /// The eight lane sums of eight vectors: lane `c` of the result is `Σ dots[c]`.
 #[cfg(target_arch = "x86_64")]

@@ -5,7 +5,10 @@
 
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
-use oxgen_kernels::matmul_nbits_int8::{matmul_nbits_int8, matmul_nbits_int8_reference};
+use oxgen_kernels::matmul_nbits_int8::{
+    matmul_nbits_int8, matmul_nbits_int8_isa, matmul_nbits_int8_reference,
+};
+use oxgen_kernels::nbits_avx2::Isa;
 
 struct Rng(u64);
 
@@ -74,9 +77,12 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                     for bias in [None, Some(&bias[..])] {
                         let mut want = vec![0f32; m * n];
                         matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();
-                        for pool in &pools {
+                        for (pool, isa) in pools
+                            .iter()
+                            .flat_map(|p| Isa::available().into_iter().map(move |i| (p, i)))
+                        {
                             let mut got = vec![f32::NAN; m * n];
-                            matmul_nbits_int8(&a, m, &w, bias, &mut got, pool).unwrap();
+                            matmul_nbits_int8_isa(&a, m, &w, bias, &mut got, pool, isa).unwrap();
                             let same = want
                                 .iter()
                                 .zip(&got)
@@ -98,4 +104,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
         }
     }
     assert_eq!(cases, 9 * 5 * 3 * 3 * 2);
+    // On an x86-64 machine at least the AVX2 kernel ran (CI machines have AVX2).
+    #[cfg(target_arch = "x86_64")]
+    assert!(Isa::available().contains(&Isa::Avx2));
 }
