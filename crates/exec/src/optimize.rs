@@ -97,6 +97,7 @@ impl Evaluator for NativeEvaluator {
                 arena: &mut self.arena,
                 pool: &self.pool,
                 exact: true,
+                packed: None,
             };
             let produced = ops::run(
                 &node.op,

@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use oxgen_graph::{Graph, Op, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::nbits_packed::PackedNBits;
 use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
@@ -89,6 +90,8 @@ pub struct NativeSession {
     /// A node that computes only the last row of its input 0 in the next runs (see
     /// [`NativeSession::set_last_row_only`]).
     last_row_node: Option<usize>,
+    /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
+    packed: Vec<Option<PackedNBits>>,
 }
 
 fn spec(graph: &Graph, id: ValueId) -> IoSpec {
@@ -111,6 +114,8 @@ impl NativeSession {
 
     /// A session that shares an existing thread pool.
     pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
+        let mut graph = graph;
+        let packed = prepack_weights(&mut graph, exact);
         let inputs = graph.inputs.iter().map(|&id| spec(&graph, id)).collect();
         let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
         let slots = vec![None; graph.values.len()];
@@ -125,6 +130,7 @@ impl NativeSession {
             exact,
             profile: None,
             last_row_node: None,
+            packed,
         }
     }
 
@@ -312,6 +318,7 @@ impl NativeSession {
                 arena: &mut self.arena,
                 pool: &self.pool,
                 exact: self.exact,
+                packed: self.packed[i].as_ref(),
             };
             let produced = ops::run(
                 &node.op,
@@ -374,6 +381,84 @@ impl NativeSession {
         };
         Ok(())
     }
+}
+
+/// Repacks the weights of every int8-activation `MatMulNBits` node whose weights are
+/// initializers ([`oxgen_kernels::nbits_packed`]), then lets go of the originals: an
+/// initializer only packed nodes read leaves the graph, and the file pages it was read from
+/// are handed back to the OS, so the weights are not resident twice.
+fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
+    let mut packed: Vec<Option<PackedNBits>> = vec![None; graph.nodes.len()];
+    for (slot, node) in packed.iter_mut().zip(&graph.nodes) {
+        let Op::MatMulNBits(op) = &node.op else {
+            continue;
+        };
+        let input = |k: usize| node.inputs.get(k).copied().flatten();
+        if !ops::quant::int8_activations(op, exact) || input(4).is_some() {
+            continue;
+        }
+        let init = |id: Option<ValueId>| id.and_then(|id| graph.initializers.get(&id));
+        let (Some(b), Some(scales)) = (init(input(1)), init(input(2))) else {
+            continue;
+        };
+        let zero_points = match input(3) {
+            None => None,
+            Some(id) => match graph.initializers.get(&id) {
+                Some(t) => Some(t),
+                None => continue,
+            },
+        };
+        *slot = ops::quant::prepack(op, b, scales, zero_points);
+        if slot.is_some() {
+            // Right away, so the load never holds every matrix twice.
+            for t in [Some(b), Some(scales), zero_points].into_iter().flatten() {
+                page_out(t);
+            }
+        }
+    }
+    let weights: Vec<ValueId> = graph
+        .nodes
+        .iter()
+        .zip(&packed)
+        .filter(|(_, p)| p.is_some())
+        .flat_map(|(n, _)| n.inputs[1..n.inputs.len().min(4)].iter().flatten().copied())
+        .collect();
+    for id in weights {
+        let only_packed_readers = graph
+            .nodes
+            .iter()
+            .zip(&packed)
+            .filter(|(n, _)| n.inputs.contains(&Some(id)))
+            .all(|(_, p)| p.is_some());
+        if only_packed_readers && !graph.outputs.contains(&id) {
+            graph.initializers.remove(&id);
+        }
+    }
+    packed
+}
+
+/// Hands the resident pages of a tensor mapped from the model file back to the OS; they are
+/// read from the file again if something touches them. `MADV_PAGEOUT` is only a hint: it never
+/// changes what the memory holds.
+fn page_out(t: &Tensor) {
+    #[cfg(target_os = "linux")]
+    if t.is_shared() {
+        let bytes = t.as_bytes();
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let (addr, len) = (bytes.as_ptr() as usize, bytes.len());
+        let start = addr.next_multiple_of(page);
+        let end = (addr + len) / page * page;
+        if end > start {
+            // SAFETY: whole pages inside the tensor's live bytes; PAGEOUT does not alter their
+            // contents (mapped file pages are re-read on the next access).
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = t;
 }
 
 /// The last row of `node`'s input 0 (`[1, .., rows, k]` → `[1, .., 1, k]`) in an arena

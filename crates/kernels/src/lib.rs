@@ -16,6 +16,7 @@ pub mod matmul;
 pub mod matmul_nbits;
 pub mod matmul_nbits_int8;
 pub mod nbits_avx2;
+pub mod nbits_packed;
 pub mod norm;
 pub mod num;
 pub mod par;

@@ -149,7 +149,18 @@ pub(crate) fn check_args<S>(
     out_len: usize,
 ) -> Result<(), LayoutError> {
     w.check()?;
-    let NBitsLayout { n, k, .. } = w.layout;
+    check_io(a_len, m, &w.layout, bias_len, out_len)
+}
+
+/// The lengths of `A`, the bias and the output against a layout.
+pub(crate) fn check_io(
+    a_len: usize,
+    m: usize,
+    layout: &NBitsLayout,
+    bias_len: Option<usize>,
+    out_len: usize,
+) -> Result<(), LayoutError> {
+    let NBitsLayout { n, k, .. } = *layout;
     check_len("A", a_len, numel(&[m, k])?)?;
     check_len("output", out_len, numel(&[m, n])?)?;
     if let Some(b) = bias_len {

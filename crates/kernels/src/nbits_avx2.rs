@@ -103,6 +103,21 @@ pub struct QuantizedRow {
 }
 
 impl QuantizedRow {
+    /// Codes in K order, padded with zeros to whole blocks.
+    pub(crate) fn natural(&self) -> &[i8] {
+        &self.natural
+    }
+
+    /// `Σ q_a` per block.
+    pub(crate) fn sums(&self) -> &[i32] {
+        &self.sums
+    }
+
+    /// Scale per block.
+    pub(crate) fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
     /// Quantizes `a` (`k` values) with the reference's rounding; reuses its buffers.
     pub fn quantize(&mut self, a: &[f32], layout: &NBitsLayout) {
         let (bs, kb) = (layout.block_size, layout.k_blocks);

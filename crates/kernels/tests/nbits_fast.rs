@@ -9,6 +9,7 @@ use oxgen_kernels::matmul_nbits_int8::{
     matmul_nbits_int8, matmul_nbits_int8_isa, matmul_nbits_int8_reference,
 };
 use oxgen_kernels::nbits_avx2::Isa;
+use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed};
 
 struct Rng(u64);
 
@@ -90,6 +91,25 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                             assert!(
                                 same,
                                 "n {n} k {k} block {block} m {m} zp {zp:?}: {want:?} vs {got:?}"
+                            );
+                        }
+                        // The column-interleaved repack gives the same bits too.
+                        let packed = PackedNBits::pack(&w)
+                            .unwrap()
+                            .expect("AVX2 runs this layout");
+                        for (pool, isa) in pools
+                            .iter()
+                            .flat_map(|p| Isa::available().into_iter().map(move |i| (p, i)))
+                        {
+                            let mut got = vec![f32::NAN; m * n];
+                            matmul_packed(&a, m, &packed, bias, &mut got, pool, isa).unwrap();
+                            let same = want
+                                .iter()
+                                .zip(&got)
+                                .all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(
+                                same,
+                                "packed {isa:?} bits {bits} n {n} k {k} block {block} m {m} zp {zp:?}: {want:?} vs {got:?}"
                             );
                         }
                         // Each row alone equals its row of the batch.

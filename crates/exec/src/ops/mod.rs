@@ -9,12 +9,13 @@ mod dispatch;
 mod attention;
 mod elementwise;
 mod nn;
-mod quant;
+pub(crate) mod quant;
 mod reduce;
 mod shape;
 
 use oxgen_graph::Op;
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::nbits_packed::PackedNBits;
 use oxgen_tensor::{DType, Shape, Tensor};
 use smallvec::{SmallVec, smallvec};
 
@@ -29,6 +30,8 @@ pub struct OpCtx<'a> {
     pub pool: &'a ThreadPool,
     /// Compute in f32 whatever a node's `accuracy_level` allows (see [`crate::ExecOptions`]).
     pub exact: bool,
+    /// The node's weights repacked at load for the int8 `MatMulNBits` kernel, if they were.
+    pub packed: Option<&'a PackedNBits>,
 }
 
 impl OpCtx<'_> {

@@ -9,6 +9,8 @@ use oxgen_graph::Op;
 use oxgen_graph::ops::{GatherBlockQuantized, MatMulNBits};
 use oxgen_kernels::matmul_nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoints};
 use oxgen_kernels::matmul_nbits_int8 as kq8;
+use oxgen_kernels::nbits_avx2::Isa;
+use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed};
 
 /// The `accuracy_level` that selects int8 activations.
 const INT8_ACCURACY_LEVEL: u8 = 4;
@@ -68,6 +70,9 @@ fn matmul_nbits(
     inputs: &[Option<&Tensor>],
     ctx: &mut OpCtx,
 ) -> Result<Tensor, OpError> {
+    if let Some(packed) = ctx.packed {
+        return matmul_prepacked(op, packed, inputs, ctx);
+    }
     let (a, b, scales) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
     if opt_input(inputs, 4).is_some() {
         return Err(OpError::value("input g_idx is not supported"));
@@ -146,6 +151,88 @@ fn matmul_nbits(
         let bias = bias.map(|t| t.as_slice::<T>()).transpose()?;
         kq::matmul_nbits(a.as_slice::<T>()?, m, &w, bias, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from)
     }; [F32, F16, BF16])?;
+    Ok(out)
+}
+
+/// Whether `op` computes with int8 activations in a session that is `exact` or not.
+pub(crate) fn int8_activations(op: &MatMulNBits, exact: bool) -> bool {
+    op.accuracy_level == INT8_ACCURACY_LEVEL && !exact
+}
+
+/// Repacks a `MatMulNBits` node's weights for the int8 kernel when they are initializers
+/// (`b`, `scales`, optional `zero_points`) in a layout the kernel runs on this CPU. Anything
+/// unusual returns `None`: the node then checks and runs its inputs as they are.
+pub(crate) fn prepack(
+    op: &MatMulNBits,
+    b: &Tensor,
+    scales: &Tensor,
+    zero_points: Option<&Tensor>,
+) -> Option<PackedNBits> {
+    let layout = NBitsLayout::new(op.n, op.k, op.bits, op.block_size).ok()?;
+    if b.dtype() != DType::U8 || scales.dtype() != DType::F32 {
+        return None;
+    }
+    let zero_points = match zero_points {
+        None => ZeroPoints::Default,
+        Some(z) if z.dtype() == DType::U8 => ZeroPoints::Packed(z.as_slice::<u8>().ok()?),
+        Some(z) if z.dtype() == DType::F32 => ZeroPoints::Float(z.as_slice::<f32>().ok()?),
+        Some(_) => return None,
+    };
+    let w = QuantWeights {
+        layout,
+        data: b.as_slice::<u8>().ok()?,
+        scales: scales.as_slice::<f32>().ok()?,
+        zero_points,
+    };
+    PackedNBits::pack(&w).ok().flatten()
+}
+
+/// `MatMulNBits` on weights repacked at load: only A and the bias are checked here.
+fn matmul_prepacked(
+    op: &MatMulNBits,
+    packed: &PackedNBits,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
+    let a = input(inputs, 0)?;
+    expect_dtype(a, DType::F32, "input A (float32 for int8 activations)")?;
+    let Some((&a_k, batch)) = a.dims().split_last() else {
+        return Err(OpError::shape(
+            "input A must have rank 1 or more, got a scalar",
+        ));
+    };
+    if a_k != op.k {
+        return Err(OpError::shape(format!(
+            "input A's last dimension must equal attribute K = {}, got shape {}",
+            op.k,
+            a.shape()
+        )));
+    }
+    let bias = opt_input(inputs, 5);
+    if let Some(bias) = bias {
+        expect_dtype(bias, DType::F32, "bias (like input A)")?;
+        if bias.dims() != [op.n] {
+            return Err(OpError::shape(format!(
+                "bias must have shape [{}], got {}",
+                op.n,
+                bias.shape()
+            )));
+        }
+    }
+    let m: usize = batch.iter().product();
+    let mut out_dims: Small<usize> = Small::from_slice(batch);
+    out_dims.push(op.n);
+    let mut out = ctx.alloc(DType::F32, out_dims)?;
+    let bias = bias.map(|t| t.as_slice::<f32>()).transpose()?;
+    matmul_packed(
+        a.as_slice::<f32>()?,
+        m,
+        packed,
+        bias,
+        out.as_mut_slice::<f32>()?,
+        ctx.pool,
+        Isa::best(),
+    )?;
     Ok(out)
 }
 

@@ -1,0 +1,328 @@
+//! `MatMulNBits` weights repacked once at load into column-interleaved tiles, and the AVX2 /
+//! AVX-VNNI int8-activation kernel over them: the same arithmetic as
+//! [`crate::matmul_nbits_int8`]'s reference, bit for bit.
+//!
+//! Layout: output columns in tiles of eight (the last padded with zero codes and zero scales).
+//! Within a tile, block after block in K order; within a block, 32-value chunks; a chunk holds
+//! the eight columns' codes in groups of four consecutive `k`:
+//! - 8-bit: eight 32-byte rows, row `g` byte `j` = column `j / 4`, `k = 4g + j % 4`;
+//! - 4-bit: four 32-byte rows, row `i` byte `j` = that code for group `2i` in the low nibble
+//!   and for group `2i + 1` in the high nibble.
+//!
+//! So one 32-byte load (and a nibble split) gives, per i32 lane, the four codes of one column
+//! that meet the same four activations: `vpdpbusd` (or `vpmaddubsw` + `vpmaddwd`) with those
+//! four activations broadcast adds each column's partial dot into its own lane. The lanes hold
+//! output columns from the start: no horizontal sums, and the scales and zero points of a tile's
+//! block are one contiguous load. Integer dots are exact in any order; the float part per
+//! column is the reference's, operation for operation, without FMA.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::ThreadPool;
+use crate::layout::LayoutError;
+use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints, check_io};
+use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
+use crate::par::{par_row_tiles, parts_for};
+use crate::quant::code;
+
+/// Zero points in tile order.
+#[derive(Debug, Clone)]
+enum PackedZp {
+    /// `2^(bits-1)` for every block.
+    Default,
+    /// Integer codes (from packed uint8 zero points), `[tile][block][8]`.
+    Codes(Vec<i32>),
+    /// Float zero points, `[tile][block][8]`.
+    Float(Vec<f32>),
+}
+
+/// A weight matrix in the kernel's tile layout (see the module doc).
+#[derive(Debug, Clone)]
+pub struct PackedNBits {
+    layout: NBitsLayout,
+    tiles: usize,
+    data: Vec<u8>,
+    /// `[tile][block][8]`.
+    scales: Vec<f32>,
+    zero_points: PackedZp,
+}
+
+impl PackedNBits {
+    /// Repacks `w`; `None` when the tile kernel does not run this layout on this CPU.
+    pub fn pack(w: &QuantWeights<'_, f32>) -> Result<Option<PackedNBits>, LayoutError> {
+        w.check()?;
+        let l = w.layout;
+        if !supported(&l) {
+            return Ok(None);
+        }
+        let (kb, bs, bits) = (l.k_blocks, l.block_size, l.bits);
+        let tiles = l.n.div_ceil(TILE);
+        let chunk_bytes = 32 * bits as usize; // 8 columns x 32 codes x bits / 8
+        let mut data = vec![0u8; tiles * kb * (bs / 32) * chunk_bytes];
+        let mut scales = vec![0f32; tiles * kb * TILE];
+        let mut zp_codes = vec![0i32; tiles * kb * TILE];
+        let mut zp_float = vec![0f32; tiles * kb * TILE];
+        let row_bytes = kb * l.blob_size;
+        for j in 0..l.n {
+            let (t, c) = (j / TILE, j % TILE);
+            let codes = &w.data[j * row_bytes..][..row_bytes];
+            for b in 0..kb {
+                let at = (t * kb + b) * TILE + c;
+                scales[at] = w.scales[j * kb + b];
+                match w.zero_points {
+                    ZeroPoints::Default => {}
+                    ZeroPoints::Packed(z) => {
+                        zp_codes[at] = code(&z[j * l.zp_row_bytes..], bits, b) as i32
+                    }
+                    ZeroPoints::Float(z) => zp_float[at] = z[j * kb + b],
+                }
+                let blob = &codes[b * l.blob_size..][..l.blob_size];
+                for sub in 0..bs / 32 {
+                    let chunk = ((t * kb + b) * (bs / 32) + sub) * chunk_bytes;
+                    for e in 0..32 {
+                        let v = code(blob, bits, sub * 32 + e);
+                        let (g, kk) = (e / 4, e % 4);
+                        let byte = c * 4 + kk;
+                        if bits == 8 {
+                            data[chunk + g * 32 + byte] = v;
+                        } else {
+                            data[chunk + (g / 2) * 32 + byte] |= v << (4 * (g % 2));
+                        }
+                    }
+                }
+            }
+        }
+        let zero_points = match w.zero_points {
+            ZeroPoints::Default => PackedZp::Default,
+            ZeroPoints::Packed(_) => PackedZp::Codes(zp_codes),
+            ZeroPoints::Float(_) => PackedZp::Float(zp_float),
+        };
+        Ok(Some(PackedNBits {
+            layout: l,
+            tiles,
+            data,
+            scales,
+            zero_points,
+        }))
+    }
+
+    pub fn layout(&self) -> &NBitsLayout {
+        &self.layout
+    }
+
+    /// Bytes the packed matrix holds.
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+            + 4 * self.scales.len()
+            + match &self.zero_points {
+                PackedZp::Default => 0,
+                PackedZp::Codes(z) => 4 * z.len(),
+                PackedZp::Float(z) => 4 * z.len(),
+            }
+    }
+}
+
+/// `out = a · dequant(w)ᵀ + bias` (`a`: `m × K`) over packed weights, with `isa` from
+/// [`Isa::available`]. The same bits as the reference on the unpacked matrix.
+pub fn matmul_packed(
+    a: &[f32],
+    m: usize,
+    w: &PackedNBits,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    isa: Isa,
+) -> Result<(), LayoutError> {
+    let l = w.layout;
+    check_io(a.len(), m, &l, bias.map(<[f32]>::len), out.len())?;
+    if !Isa::available().contains(&isa) {
+        return Err(LayoutError::Shape(format!(
+            "{isa:?} is not available on this CPU"
+        )));
+    }
+    with_rows(m, |rows| {
+        for (i, row) in rows.iter_mut().enumerate() {
+            row.quantize(&a[i * l.k..][..l.k], &l);
+        }
+        let rows = &*rows;
+        let parts = parts_for(pool, w.tiles, m * l.k).max(if m > 1 { l.n.div_ceil(64) } else { 1 });
+        par_row_tiles(pool, out, l.n, TILE, m, parts, |i, cols, out_row| {
+            row_tiles(&rows[i], w, bias, cols, out_row, isa);
+        });
+    });
+    Ok(())
+}
+
+/// Columns `cols` (whole tiles, the last possibly short) of one output row.
+fn row_tiles(
+    row: &QuantizedRow,
+    w: &PackedNBits,
+    bias: Option<&[f32]>,
+    cols: Range<usize>,
+    out: &mut [f32],
+    isa: Isa,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut lanes = [0f32; TILE];
+        for (o, j0) in (cols.start..cols.end).step_by(TILE).enumerate() {
+            let t = j0 / TILE;
+            // SAFETY: `matmul_packed` checked `isa` is available; `t < w.tiles` and the
+            // row's buffers hold whole blocks (asserted inside).
+            unsafe {
+                match (w.layout.bits, isa) {
+                    (4, Isa::AvxVnni) => tile_vnni::<4>(row, w, t, &mut lanes),
+                    (4, Isa::Avx2) => tile_avx2::<4>(row, w, t, &mut lanes),
+                    (_, Isa::AvxVnni) => tile_vnni::<8>(row, w, t, &mut lanes),
+                    (_, Isa::Avx2) => tile_avx2::<8>(row, w, t, &mut lanes),
+                }
+            }
+            let n = (cols.end - j0).min(TILE);
+            for (c, (dst, &v)) in out[o * TILE..][..n].iter_mut().zip(&lanes).enumerate() {
+                *dst = match bias {
+                    Some(b) => v + b[j0 + c],
+                    None => v,
+                };
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (row, w, bias, cols, out, isa);
+        unreachable!("supported() is false off x86-64, so nothing is packed");
+    }
+}
+
+/// Defines the tile kernel for AVX2 alone or with AVX-VNNI (see [`crate::nbits_avx2`]).
+macro_rules! packed_tile {
+    ($name:ident, $features:literal, $vnni:literal) => {
+        /// Tile `t`'s eight column sums (before the bias) into `out`.
+        ///
+        /// # Safety
+        /// The named CPU features must be available and `t < w.tiles`.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const BITS: u32>(
+            row: &QuantizedRow,
+            w: &PackedNBits,
+            t: usize,
+            out: &mut [f32; TILE],
+        ) {
+            let l = &w.layout;
+            let (kb, bs) = (l.k_blocks, l.block_size);
+            let chunk_bytes = 32 * BITS as usize;
+            let tile_bytes = kb * (bs / 32) * chunk_bytes;
+            let natural = row.natural();
+            assert!(
+                t < w.tiles
+                    && w.data.len() >= (t + 1) * tile_bytes
+                    && w.scales.len() >= (t + 1) * kb * TILE
+                    && natural.len() >= kb * bs
+                    && row.sums().len() >= kb
+                    && row.scales().len() >= kb,
+                "packed tile arguments are consistent"
+            );
+            let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
+            let low = _mm256_set1_epi8(0x0F);
+            let flip = _mm256_set1_epi8(-128);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..kb {
+                let mut dot = _mm256_setzero_si256();
+                for sub in 0..bs / 32 {
+                    let chunk = data.wrapping_add((b * (bs / 32) + sub) * chunk_bytes);
+                    let a = natural.as_ptr().wrapping_add(b * bs + sub * 32);
+                    // SAFETY: the chunk and the 32 activations lie inside the buffers asserted
+                    // above; unaligned loads.
+                    unsafe {
+                        macro_rules! group {
+                            ($g:expr) => {
+                                _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    a.add(4 * $g).cast::<i32>(),
+                                ))
+                            };
+                        }
+                        macro_rules! mul {
+                            ($w:expr, $g:expr) => {
+                                if $vnni {
+                                    _mm256_dpbusd_avx_epi32(dot, $w, group!($g))
+                                } else if BITS == 4 {
+                                    let pairs = _mm256_maddubs_epi16($w, group!($g));
+                                    _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones))
+                                } else {
+                                    // 8-bit codes: recentred to signed, as in nbits_avx2.
+                                    let signed = _mm256_xor_si256($w, flip);
+                                    let pairs = _mm256_maddubs_epi16(
+                                        _mm256_abs_epi8(signed),
+                                        _mm256_sign_epi8(group!($g), signed),
+                                    );
+                                    _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones))
+                                }
+                            };
+                        }
+                        if BITS == 4 {
+                            for i in 0..4 {
+                                let x = _mm256_loadu_si256(chunk.add(32 * i).cast());
+                                let lo = _mm256_and_si256(x, low);
+                                let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+                                dot = mul!(lo, 2 * i);
+                                dot = mul!(hi, 2 * i + 1);
+                            }
+                        } else {
+                            for g in 0..8 {
+                                dot = mul!(_mm256_loadu_si256(chunk.add(32 * g).cast()), g);
+                            }
+                        }
+                    }
+                }
+                let sum_a = row.sums()[b];
+                if BITS == 8 && !$vnni {
+                    // Σ w·a = Σ (w - 128)·a + 128·Σ a.
+                    dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum_a));
+                }
+                let at = (t * kb + b) * TILE;
+                let centered = match &w.zero_points {
+                    PackedZp::Default => {
+                        let zs = (1 << (BITS - 1)) * sum_a;
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
+                    }
+                    PackedZp::Codes(z) => {
+                        let z = &z[at..at + TILE];
+                        // SAFETY: `z` holds 8 i32.
+                        let z = unsafe { _mm256_loadu_si256(z.as_ptr().cast()) };
+                        let zs = _mm256_mullo_epi32(z, _mm256_set1_epi32(sum_a));
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
+                    }
+                    PackedZp::Float(z) => {
+                        let z = &z[at..at + TILE];
+                        // SAFETY: `z` holds 8 f32.
+                        let z = unsafe { _mm256_loadu_ps(z.as_ptr()) };
+                        _mm256_sub_ps(
+                            _mm256_cvtepi32_ps(dot),
+                            _mm256_mul_ps(z, _mm256_set1_ps(sum_a as f32)),
+                        )
+                    }
+                };
+                let s = &w.scales[at..at + TILE];
+                // SAFETY: `s` holds 8 f32.
+                let sw = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+                let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
+            }
+            // SAFETY: `out` holds 8 f32.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+        }
+    };
+}
+
+packed_tile!(tile_avx2, "avx2", false);
+packed_tile!(tile_vnni, "avx2,avxvnni", true);
+
+// The padded columns of the last tile carry zero codes and zero scales; their lanes are never
+// stored, so their values do not matter.
+const _: () = assert!(
+    TILE == 8,
+    "the tile kernels hold eight columns in one 256-bit vector"
+);
