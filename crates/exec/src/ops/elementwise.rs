@@ -4,7 +4,7 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 use oxgen_kernels::broadcast::{self, broadcast_shape};
-use oxgen_kernels::{Float, Scalar};
+use oxgen_kernels::{Float, Scalar, par};
 use oxgen_tensor::{DType, Element, Tensor};
 use smallvec::SmallVec;
 
@@ -36,13 +36,42 @@ fn map<T: Element, O: Element>(
     Ok(out)
 }
 
-fn float_map<T: Float + Element>(
+/// Transcendental maps (f64 `exp`, `erf`, ...) cost tens of simple operations per element:
+/// worth splitting over the pool from a few thousand elements.
+const TRANSCENDENTAL_WORK: usize = 32;
+
+/// Elements per task when a float map is split.
+const FLOAT_MAP_CHUNK: usize = 512;
+
+fn float_map<T: Float + Element + Send + Sync>(
     x: &Tensor,
     ctx: &mut OpCtx,
-    f32_fn: impl Fn(f32) -> f32,
-    f64_fn: impl Fn(f64) -> f64,
+    f32_fn: impl Fn(f32) -> f32 + Sync,
+    f64_fn: impl Fn(f64) -> f64 + Sync,
 ) -> Result<Tensor, OpError> {
-    map::<T, T>(x, x.dtype(), ctx, |v| v.map(&f32_fn, &f64_fn))
+    let n = x.numel();
+    if par::parts_for(
+        ctx.pool,
+        n.div_ceil(FLOAT_MAP_CHUNK),
+        FLOAT_MAP_CHUNK * TRANSCENDENTAL_WORK,
+    ) <= 1
+    {
+        return map::<T, T>(x, x.dtype(), ctx, |v| v.map(&f32_fn, &f64_fn));
+    }
+    // Each element's value does not depend on the split: the same bits on any thread count.
+    let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
+    let src = x.as_slice::<T>()?;
+    par::par_chunks(
+        ctx.pool,
+        out.as_mut_slice::<T>()?,
+        FLOAT_MAP_CHUNK,
+        |start, part| {
+            for (o, &v) in part.iter_mut().zip(&src[start..]) {
+                *o = v.map(&f32_fn, &f64_fn);
+            }
+        },
+    );
+    Ok(out)
 }
 
 /// The error function in f64: its Taylor series below 2 (alternating terms shrink past
