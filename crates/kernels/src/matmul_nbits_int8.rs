@@ -150,7 +150,9 @@ pub fn matmul_nbits_int8_reference(
     Ok(())
 }
 
-fn row_part(
+/// Columns `cols` of one output row from its int8 codes `qa` (whole blocks; padding codes are
+/// zero) and block scales `sa`: the reference arithmetic.
+pub(crate) fn row_part(
     qa: &[i8],
     sa: &[f32],
     w: &QuantWeights<'_, f32>,

@@ -25,8 +25,8 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
-use crate::matmul_nbits_int8::quantize_row;
-use crate::quant::{code, default_zero_point};
+use crate::matmul_nbits_int8::{quantize_row, row_part as reference_row_part};
+use crate::quant::code;
 
 /// How far ahead of the current block each weight stream is prefetched, in bytes.
 const PREFETCH_AHEAD: usize = 512;
@@ -190,47 +190,21 @@ pub fn row_part(
             j += 8;
             o += 8;
         }
-        for (jj, o) in (j..cols.end).zip(&mut out[o..]) {
-            *o = column(row, w, bias, jj);
-        }
+        // The columns that don't fill a tile run the reference.
+        reference_row_part(
+            &row.natural,
+            &row.scales,
+            w,
+            bias,
+            j..cols.end,
+            &mut out[o..],
+        );
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
-        for (j, o) in cols.zip(out) {
-            *o = column(row, w, bias, j);
-        }
+        reference_row_part(&row.natural, &row.scales, w, bias, cols, out);
     }
-}
-
-/// The reference arithmetic for one column (for the columns that don't fill a tile).
-fn column(row: &QuantizedRow, w: &QuantWeights<'_, f32>, bias: Option<&[f32]>, j: usize) -> f32 {
-    let l = &w.layout;
-    let bits = l.bits;
-    let mut acc = 0f32;
-    for b in 0..l.k_blocks {
-        let blob = &w.data[(j * l.k_blocks + b) * l.blob_size..][..l.blob_size];
-        let qa = &row.natural[b * l.block_size..][..l.block_size];
-        let dot: i32 = qa
-            .iter()
-            .enumerate()
-            .map(|(e, &q)| code(blob, bits, e) as i32 * q as i32)
-            .sum();
-        let sum_a = row.sums[b];
-        let scale = w.scales[j * l.k_blocks + b] * row.scales[b];
-        let centered = match w.zero_points {
-            ZeroPoints::Default => (dot - default_zero_point(bits) as i32 * sum_a) as f32,
-            ZeroPoints::Packed(z) => {
-                (dot - code(&z[j * l.zp_row_bytes..], bits, b) as i32 * sum_a) as f32
-            }
-            ZeroPoints::Float(z) => dot as f32 - z[j * l.k_blocks + b] * sum_a as f32,
-        };
-        acc += scale * centered;
-    }
-    if let Some(bias) = bias {
-        acc += bias[j];
-    }
-    acc
 }
 
 /// Defines a kernel over eight output columns `j0..j0 + 8`, for AVX2 alone or with AVX-VNNI
