@@ -48,7 +48,10 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             let mut isas = Vec::new();
-            if std::arch::is_x86_feature_detected!("avx2") {
+            // Every AVX2 CPU has F16C; the packed kernel's f16 scales need it.
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
                 isas.push(Isa::Avx2);
                 if std::arch::is_x86_feature_detected!("avxvnni") {
                     isas.push(Isa::AvxVnni);
@@ -82,6 +85,7 @@ pub fn supported(layout: &NBitsLayout) -> bool {
         (layout.bits == 4 || layout.bits == 8)
             && layout.block_size.is_multiple_of(32)
             && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -27,6 +27,55 @@ use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
 use crate::par::{par_row_tiles, parts_for};
 use crate::quant::code;
 
+/// Float values in tile order, `[tile][block][8]`: as f16 when every value is exactly an f16
+/// (weights imported from GGUF keep f16 scales), which halves their memory and converts back
+/// to the same f32 bits; else as f32.
+#[derive(Debug, Clone)]
+enum Floats {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+}
+
+impl Floats {
+    fn new(values: Vec<f32>) -> Floats {
+        let exact = values
+            .iter()
+            .all(|&v| half::f16::from_f32(v).to_f32().to_bits() == v.to_bits());
+        if exact {
+            Floats::F16(
+                values
+                    .iter()
+                    .map(|&v| half::f16::from_f32(v).to_bits())
+                    .collect(),
+            )
+        } else {
+            Floats::F32(values)
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Floats::F32(v) => v.len(),
+            Floats::F16(v) => v.len(),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Floats::F32(v) => 4 * v.len(),
+            Floats::F16(v) => 2 * v.len(),
+        }
+    }
+
+    /// The f32 or f16 data, for the kernel's unchecked loads (length checked by the caller).
+    fn ptrs(&self) -> (*const f32, *const u16) {
+        match self {
+            Floats::F32(v) => (v.as_ptr(), std::ptr::null()),
+            Floats::F16(v) => (std::ptr::null(), v.as_ptr()),
+        }
+    }
+}
+
 /// Zero points in tile order.
 #[derive(Debug, Clone)]
 enum PackedZp {
@@ -34,8 +83,8 @@ enum PackedZp {
     Default,
     /// Integer codes (from packed uint8 zero points), `[tile][block][8]`.
     Codes(Vec<i32>),
-    /// Float zero points, `[tile][block][8]`.
-    Float(Vec<f32>),
+    /// Float zero points.
+    Float(Floats),
 }
 
 /// A weight matrix in the kernel's tile layout (see the module doc).
@@ -44,8 +93,7 @@ pub struct PackedNBits {
     layout: NBitsLayout,
     tiles: usize,
     data: Vec<u8>,
-    /// `[tile][block][8]`.
-    scales: Vec<f32>,
+    scales: Floats,
     zero_points: PackedZp,
 }
 
@@ -97,13 +145,13 @@ impl PackedNBits {
         let zero_points = match w.zero_points {
             ZeroPoints::Default => PackedZp::Default,
             ZeroPoints::Packed(_) => PackedZp::Codes(zp_codes),
-            ZeroPoints::Float(_) => PackedZp::Float(zp_float),
+            ZeroPoints::Float(_) => PackedZp::Float(Floats::new(zp_float)),
         };
         Ok(Some(PackedNBits {
             layout: l,
             tiles,
             data,
-            scales,
+            scales: Floats::new(scales),
             zero_points,
         }))
     }
@@ -115,11 +163,11 @@ impl PackedNBits {
     /// Bytes the packed matrix holds.
     pub fn nbytes(&self) -> usize {
         self.data.len()
-            + 4 * self.scales.len()
+            + self.scales.nbytes()
             + match &self.zero_points {
                 PackedZp::Default => 0,
                 PackedZp::Codes(z) => 4 * z.len(),
-                PackedZp::Float(z) => 4 * z.len(),
+                PackedZp::Float(z) => z.nbytes(),
             }
     }
 }
@@ -224,6 +272,28 @@ macro_rules! packed_tile {
                     && row.scales().len() >= kb,
                 "packed tile arguments are consistent"
             );
+            let zp_floats = match &w.zero_points {
+                PackedZp::Float(z) => Some(z),
+                _ => None,
+            };
+            assert!(
+                zp_floats.is_none_or(|z| z.len() == w.scales.len()),
+                "float zero points come one per scale"
+            );
+            let scale_ptrs = w.scales.ptrs();
+            let zp_ptrs = zp_floats.map_or((std::ptr::null(), std::ptr::null()), Floats::ptrs);
+            // Eight f32 lanes at `at` from f32 or f16 storage (the branch is the same for the
+            // whole call).
+            macro_rules! load8 {
+                ($ptrs:expr, $at:expr) => {{
+                    let (p32, p16): (*const f32, *const u16) = $ptrs;
+                    if p16.is_null() {
+                        _mm256_loadu_ps(p32.add($at))
+                    } else {
+                        _mm256_cvtph_ps(_mm_loadu_si128(p16.add($at).cast()))
+                    }
+                }};
+            }
             let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
             let low = _mm256_set1_epi8(0x0F);
             let flip = _mm256_set1_epi8(-128);
@@ -295,19 +365,17 @@ macro_rules! packed_tile {
                         let zs = _mm256_mullo_epi32(z, _mm256_set1_epi32(sum_a));
                         _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
                     }
-                    PackedZp::Float(z) => {
-                        let z = &z[at..at + TILE];
-                        // SAFETY: `z` holds 8 f32.
-                        let z = unsafe { _mm256_loadu_ps(z.as_ptr()) };
+                    PackedZp::Float(_) => {
+                        // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
+                        let z = unsafe { load8!(zp_ptrs, at) };
                         _mm256_sub_ps(
                             _mm256_cvtepi32_ps(dot),
                             _mm256_mul_ps(z, _mm256_set1_ps(sum_a as f32)),
                         )
                     }
                 };
-                let s = &w.scales[at..at + TILE];
-                // SAFETY: `s` holds 8 f32.
-                let sw = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+                // SAFETY: `at + 8 <= (t + 1) * kb * 8 <= len` (asserted above).
+                let sw = unsafe { load8!(scale_ptrs, at) };
                 let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
             }
@@ -317,8 +385,8 @@ macro_rules! packed_tile {
     };
 }
 
-packed_tile!(tile_avx2, "avx2", false);
-packed_tile!(tile_vnni, "avx2,avxvnni", true);
+packed_tile!(tile_avx2, "avx2,f16c", false);
+packed_tile!(tile_vnni, "avx2,avxvnni,f16c", true);
 
 // The padded columns of the last tile carry zero codes and zero scales; their lanes are never
 // stored, so their values do not matter.

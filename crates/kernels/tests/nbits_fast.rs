@@ -58,6 +58,16 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                 .map(|_| (1 << (bits - 1)) as f32 + 4.0 * rng.f32())
                 .collect();
             let bias: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+            // Half the shapes get scales and zero points that are exact f16 values (as GGUF
+            // imports have), which the packed layout stores as f16.
+            let (scales, zp_float) = if (n + k).is_multiple_of(2) {
+                let f16 = |v: &Vec<f32>| -> Vec<f32> {
+                    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+                };
+                (f16(&scales), f16(&zp_float))
+            } else {
+                (scales, zp_float)
+            };
             for m in [1, 2, 5] {
                 // Large and tiny activations, and an all-zero row.
                 let mut a: Vec<f32> = (0..m * k).map(|_| 5.0 * rng.f32()).collect();
