@@ -128,15 +128,24 @@ impl PackedNBits {
                 }
                 let blob = &codes[b * l.blob_size..][..l.blob_size];
                 for sub in 0..bs / 32 {
-                    let chunk = ((t * kb + b) * (bs / 32) + sub) * chunk_bytes;
-                    for e in 0..32 {
-                        let v = code(blob, bits, sub * 32 + e);
-                        let (g, kk) = (e / 4, e % 4);
-                        let byte = c * 4 + kk;
-                        if bits == 8 {
-                            data[chunk + g * 32 + byte] = v;
-                        } else {
-                            data[chunk + (g / 2) * 32 + byte] |= v << (4 * (g % 2));
+                    let chunk =
+                        &mut data[((t * kb + b) * (bs / 32) + sub) * chunk_bytes..][..chunk_bytes];
+                    if bits == 8 {
+                        // Group g's four codes are bytes 4g..4g + 4 of the chunk's 32.
+                        let src = &blob[sub * 32..][..32];
+                        for (g, four) in src.chunks_exact(4).enumerate() {
+                            chunk[g * 32 + c * 4..][..4].copy_from_slice(four);
+                        }
+                    } else {
+                        // Element e is the (e % 2) nibble of byte e / 2; row i pairs group
+                        // 2i (elements 8i..8i + 4) with group 2i + 1 (8i + 4..8i + 8).
+                        let src = &blob[sub * 16..][..16];
+                        let nibble = |e: usize| (src[e / 2] >> (4 * (e % 2))) & 0x0F;
+                        for i in 0..4 {
+                            for kk in 0..4 {
+                                chunk[i * 32 + c * 4 + kk] =
+                                    nibble(8 * i + kk) | (nibble(8 * i + 4 + kk) << 4);
+                            }
                         }
                     }
                 }
