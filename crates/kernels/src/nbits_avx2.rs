@@ -43,11 +43,13 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// Every variant this CPU runs.
-    pub fn available() -> Vec<Isa> {
-        #[cfg(target_arch = "x86_64")]
-        {
+    /// Every variant this CPU runs (checked once: kernels ask on every call, so this must
+    /// not allocate).
+    pub fn available() -> &'static [Isa] {
+        static AVAILABLE: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(|| {
             let mut isas = Vec::new();
+            #[cfg(target_arch = "x86_64")]
             // Every AVX2 CPU has F16C; the packed kernel's f16 scales need it.
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("f16c")
@@ -58,9 +60,7 @@ impl Isa {
                 }
             }
             isas
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Vec::new()
+        })
     }
 
     /// The fastest variant here, checked once. `OXGEN_NO_VNNI` (set to anything) keeps to

@@ -90,7 +90,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                         matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();
                         for (pool, isa) in pools
                             .iter()
-                            .flat_map(|p| Isa::available().into_iter().map(move |i| (p, i)))
+                            .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
                         {
                             let mut got = vec![f32::NAN; m * n];
                             matmul_nbits_int8_isa(&a, m, &w, bias, &mut got, pool, isa).unwrap();
@@ -109,7 +109,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                             .expect("AVX2 runs this layout");
                         for (pool, isa) in pools
                             .iter()
-                            .flat_map(|p| Isa::available().into_iter().map(move |i| (p, i)))
+                            .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
                         {
                             let mut got = vec![f32::NAN; m * n];
                             matmul_packed(&a, m, &packed, bias, &mut got, pool, isa).unwrap();

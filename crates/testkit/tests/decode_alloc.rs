@@ -150,9 +150,17 @@ fn assert_no_allocations(found: &[(usize, Vec<usize>)]) {
 #[test]
 fn steady_state_decode_allocates_nothing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    write_package(dir.path(), &FixtureConfig::default()).unwrap();
-    assert_no_allocations(&allocations_per_decode_step(dir.path()));
+    // accuracy_level 0 runs f32 activations; 4 the int8 kernels on weights repacked at load
+    // (the default model's path).
+    for accuracy_level in [0, 4] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = FixtureConfig {
+            accuracy_level,
+            ..FixtureConfig::default()
+        };
+        write_package(dir.path(), &cfg).unwrap();
+        assert_no_allocations(&allocations_per_decode_step(dir.path()));
+    }
 }
 
 /// An optimum export writes KV as `Concat(past, new)`; after the graph passes it decodes in
