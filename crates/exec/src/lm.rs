@@ -175,6 +175,11 @@ impl NativeLm {
     }
 
     /// Whether KV lives in context-sized buffers updated in place.
+    /// Sequences added and not removed.
+    pub fn sequence_count(&self) -> usize {
+        self.seqs.len()
+    }
+
     pub fn shared_kv(&self) -> bool {
         self.shared_kv
     }

@@ -40,7 +40,9 @@
 
 mod chat;
 mod defaults;
+mod encoder;
 mod package;
+mod sequence;
 mod stream;
 
 use std::path::{Path, PathBuf};
@@ -54,9 +56,11 @@ use oxgen_runtime::{LanguageModel, SeqId};
 
 pub use chat::Chat;
 pub use defaults::PackageDefaults;
+pub use encoder::Encoder;
 pub use oxgen_exec::OpTime;
-pub use oxgen_generate::{ChatMessage, FinishReason, SamplingParams};
+pub use oxgen_generate::{ChatMessage, FinishReason, GenerateError, SamplingParams};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
+pub use sequence::{Logprobs, Sequence, Step};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
 
 /// Errors from opening a model or generating with it.
@@ -175,12 +179,13 @@ struct CachedSeq {
 /// A loaded model with its tokenizer, chat template and generation defaults.
 pub struct Model {
     lm: NativeLm,
-    tokenizer: Tokenizer,
-    template: Option<ChatTemplate>,
+    encoder: Encoder,
     config: PackageConfig,
     defaults: PackageDefaults,
     context: Option<usize>,
     cached: Option<CachedSeq>,
+    /// Logits of the last step of [`Model::advance`].
+    scratch: oxgen_runtime::StepLogits,
     dir: PathBuf,
     load_time: std::time::Duration,
 }
@@ -239,12 +244,12 @@ impl Model {
         let context = options.context.map(|c| c.min(config.context_length));
         Ok(Model {
             lm,
-            tokenizer,
-            template,
+            encoder: Encoder::new(tokenizer, template),
             config,
             defaults,
             context,
             cached: None,
+            scratch: Default::default(),
             dir,
             load_time: start.elapsed(),
         })
@@ -255,7 +260,12 @@ impl Model {
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.encoder.tokenizer()
+    }
+
+    /// The tokenizer and chat template, to share with other threads.
+    pub fn encoder(&self) -> &Encoder {
+        &self.encoder
     }
 
     /// The package folder.
@@ -307,18 +317,7 @@ impl Model {
 
     /// The token ids a prompt becomes.
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
-        match prompt {
-            Prompt::Tokens(ids) => Ok(ids.clone()),
-            Prompt::Text(text) => Ok(self.tokenizer.encode(text, false)?),
-            Prompt::Chat(messages) => {
-                let template = self.template.as_ref().ok_or_else(|| Error::Package {
-                    path: "tokenizer_config.json".into(),
-                    reason: "the package has no chat_template; send the prompt as raw text".into(),
-                })?;
-                let text = template.render(messages, true)?;
-                Ok(self.tokenizer.encode(&text, false)?)
-            }
-        }
+        self.encoder.encode(prompt)
     }
 
     /// Generates, calling `on_text` with each complete piece of text as it comes.
@@ -356,13 +355,7 @@ impl Model {
             .into());
         }
         let (seq, reused) = self.sequence_for(&ids, context)?;
-        let decode = oxgen_generate::DecodeOptions {
-            max_new_tokens: options.max_new_tokens,
-            eos: self.config.eos_token_ids.clone(),
-            ignore_eos: options.ignore_eos,
-            stop: options.stop.clone(),
-            sampling: options.sampling.clone(),
-        };
+        let decode = self.decode_options(options);
         let decoding = match oxgen_generate::Decoding::new(&ids, reused, context, decode) {
             Ok(d) => d,
             Err(e) => {
@@ -378,6 +371,16 @@ impl Model {
             options.cancel.clone(),
             start,
         ))
+    }
+
+    fn decode_options(&self, options: &GenerateOptions) -> oxgen_generate::DecodeOptions {
+        oxgen_generate::DecodeOptions {
+            max_new_tokens: options.max_new_tokens,
+            eos: self.config.eos_token_ids.clone(),
+            ignore_eos: options.ignore_eos,
+            stop: options.stop.clone(),
+            sampling: options.sampling.clone(),
+        }
     }
 
     /// A sequence holding `ids`' longest cached prefix, and that prefix's length.

@@ -129,7 +129,9 @@ impl<'m> Stream<'m> {
     fn step(&mut self) -> Result<Token, Error> {
         let lm = &mut self.model.lm;
         let row = step_sequence(lm, self.seq, &self.decoding, &mut self.logits)?;
-        let emitted = self.decoding.on_logits(row, &self.model.tokenizer)?;
+        let emitted = self
+            .decoding
+            .on_logits(row, self.model.encoder.tokenizer())?;
         let now = Instant::now();
         if self.decoding.generated().len() == 1 {
             self.timings.ttft = now - self.start;

@@ -1,0 +1,126 @@
+//! `oxgen serve [MODEL]`: the OpenAI-compatible HTTP server.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use oxgen::{Model, ModelOptions};
+use oxgen_server::{Config, Server};
+
+use crate::options::{RunArgs, model_dir};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A package folder; without it the default model is used, pulled first if needed.
+    model: Option<String>,
+    /// Address to listen on.
+    #[arg(long, env = "OXGEN_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the address is printed).
+    #[arg(long, env = "OXGEN_PORT", default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long, env = "OXGEN_API_KEY", conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the API key from this file (its first line).
+    #[arg(long, env = "OXGEN_API_KEY_FILE")]
+    api_key_file: Option<std::path::PathBuf>,
+    /// The model id clients send in `model` (default: the package folder's name).
+    #[arg(long, env = "OXGEN_MODEL_ID")]
+    model_id: Option<String>,
+    /// Another name accepted in `model` (repeatable; comma-separated in the variable).
+    #[arg(long, env = "OXGEN_ALIAS", value_delimiter = ',')]
+    alias: Vec<String>,
+    /// Requests that may wait for a slot; more get 429 with Retry-After.
+    #[arg(long, env = "OXGEN_MAX_QUEUE", default_value_t = 64)]
+    max_queue: usize,
+    /// Sequences generating at once (a request with n choices counts n); also bounds n.
+    #[arg(long, env = "OXGEN_MAX_BATCH", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_batch: u64,
+    /// The most tokens a request may ask for, and what it gets when it asks for none (always
+    /// capped by the context left after the prompt).
+    #[arg(long, env = "OXGEN_MAX_TOKENS_LIMIT", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_tokens_limit: u64,
+    /// Seconds a request may take from arrival to its last token (0: no limit).
+    #[arg(long, env = "OXGEN_REQUEST_TIMEOUT", default_value_t = 600)]
+    request_timeout: u64,
+    /// Largest request body in bytes; bigger ones get 413.
+    #[arg(long, env = "OXGEN_MAX_BODY", default_value_t = 4 << 20)]
+    max_body: usize,
+    /// Seconds running requests get to finish after SIGTERM before they are failed.
+    #[arg(long, env = "OXGEN_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    shutdown_timeout: u64,
+    /// Which backend runs the model: native (oxgen's kernels) or auto (native; ONNX Runtime
+    /// when this build has it and the graph needs an op native lacks).
+    #[arg(long, env = "OXGEN_BACKEND", default_value = "auto",
+          value_parser = ["native", "ort", "auto"])]
+    backend: String,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.backend == "ort" {
+        bail!("--backend ort: this build has no ONNX Runtime backend yet; use --backend native");
+    }
+    let dir = model_dir(args.model.as_deref())?;
+    if !dir.exists() {
+        bail!(
+            "{}: no such package folder (oxgen pull fetches the default model, oxgen import converts a GGUF)",
+            dir.display()
+        );
+    }
+    let api_key = match (&args.api_key, &args.api_key_file) {
+        (Some(key), _) => Some(key.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the API key file {}", path.display()))?;
+            let key = text.lines().next().unwrap_or_default().trim().to_string();
+            if key.is_empty() {
+                bail!("{}: the API key file is empty", path.display());
+            }
+            Some(key)
+        }
+        (None, None) => None,
+    };
+    let model_id = args.model_id.clone().unwrap_or_else(|| {
+        dir.canonicalize()
+            .unwrap_or_else(|_| dir.clone())
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let config = Config {
+        model_id,
+        aliases: args.alias.clone(),
+        api_key,
+        max_queue: args.max_queue,
+        max_batch: args.max_batch as usize,
+        max_tokens_limit: args.max_tokens_limit as usize,
+        ctx_size: args.run.ctx_size.map(|c| c as usize),
+        request_timeout: (args.request_timeout > 0)
+            .then(|| Duration::from_secs(args.request_timeout)),
+        max_body: args.max_body,
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+        handle_signals: true,
+    };
+    let options = ModelOptions {
+        threads: args.run.threads,
+        context: None,
+        exact: args.run.exact,
+    };
+    let addr = format!("{}:{}", args.host, args.port);
+    let open_dir = dir.clone();
+    let server = Server::start(
+        config,
+        &addr,
+        Box::new(move || Model::open(&open_dir, &options).map_err(|e| e.to_string())),
+    )
+    .map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "oxgen serve: listening on http://{} (model {})",
+        server.addr(),
+        dir.display()
+    );
+    server.wait().map_err(anyhow::Error::msg)
+}

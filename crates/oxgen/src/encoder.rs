@@ -1,0 +1,54 @@
+//! Prompts to token ids and back, shareable across threads (a server tokenizes requests on
+//! its HTTP threads while the model runs elsewhere).
+
+use std::sync::Arc;
+
+use oxgen_generate::{ChatTemplate, Tokenizer};
+
+use crate::{Error, Prompt};
+
+/// A package's tokenizer and chat template; cloning shares them.
+#[derive(Clone)]
+pub struct Encoder {
+    tokenizer: Arc<Tokenizer>,
+    template: Option<Arc<ChatTemplate>>,
+}
+
+impl Encoder {
+    pub(crate) fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> Encoder {
+        Encoder {
+            tokenizer: Arc::new(tokenizer),
+            template: template.map(Arc::new),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Whether the package has a chat template (chat prompts need one).
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// The token ids a prompt becomes.
+    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        match prompt {
+            Prompt::Tokens(ids) => Ok(ids.clone()),
+            Prompt::Text(text) => Ok(self.tokenizer.encode(text, false)?),
+            Prompt::Chat(messages) => {
+                let template = self.template.as_ref().ok_or_else(|| Error::Package {
+                    path: "tokenizer_config.json".into(),
+                    reason: "the package has no chat_template; send the prompt as raw text".into(),
+                })?;
+                let text = template.render(messages, true)?;
+                Ok(self.tokenizer.encode(&text, false)?)
+            }
+        }
+    }
+
+    /// The text of `ids`, special tokens included unless `skip_special`.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, Error> {
+        Ok(self.tokenizer.decode(ids, skip_special)?)
+    }
+}

@@ -1,0 +1,486 @@
+//! Request bodies: parsed strictly (a field this server does not know is a 400 naming it),
+//! validated, and turned into what the engine runs.
+
+use std::collections::BTreeMap;
+
+use oxgen::{ChatMessage, GenerateOptions, Prompt, SamplingParams};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// Fields both completion endpoints take.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "user",
+    "ignore_eos",
+];
+
+/// Chat fields beyond the common ones. `store`, `metadata` and `service_tier` are accepted
+/// and ignored (the README lists them).
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "store",
+    "metadata",
+    "service_tier",
+];
+
+const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
+
+/// At most this many stop strings (OpenAI's limit).
+const MAX_STOP: usize = 4;
+/// At most this many alternatives per token.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+#[derive(Deserialize)]
+struct Common {
+    model: String,
+    max_tokens: Option<i64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    min_p: Option<f64>,
+    n: Option<i64>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    stop: Option<Value>,
+    seed: Option<i64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    repetition_penalty: Option<f64>,
+    logit_bias: Option<BTreeMap<String, f64>>,
+    #[allow(dead_code)]
+    user: Option<String>,
+    ignore_eos: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct ChatFields {
+    messages: Vec<Map<String, Value>>,
+    max_completion_tokens: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    response_format: Option<ResponseFormat>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResponseFormat {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct CompletionFields {
+    prompt: Value,
+    logprobs: Option<i64>,
+}
+
+/// A completion request, validated.
+#[derive(Debug)]
+pub struct Request {
+    pub model: String,
+    pub prompt: Prompt,
+    /// Sampling and stopping; `max_new_tokens` is set once the prompt length is known.
+    pub options: GenerateOptions,
+    /// `max_tokens` as asked, if it was.
+    pub max_tokens: Option<usize>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Alternatives per token when log-probabilities were asked for.
+    pub top_logprobs: Option<usize>,
+}
+
+/// What requests are checked against.
+pub struct Bounds<'a> {
+    pub defaults: &'a SamplingParams,
+    pub vocab: usize,
+    /// `n` at most.
+    pub max_n: usize,
+    pub max_tokens_limit: usize,
+}
+
+/// The body as a JSON object.
+pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid(
+            "",
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::invalid(
+            "",
+            format!("the request body is not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// Deserializes `map` as `T`, naming the field at fault.
+pub fn typed<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, ApiError> {
+    let value = Value::Object(map.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let param = if path == "." { String::new() } else { path };
+        ApiError::invalid(param.clone(), format!("{param}: {}", e.into_inner()))
+    })
+}
+
+/// Rejects keys outside `known`, naming the first.
+pub fn known_fields(map: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
+    match map
+        .keys()
+        .find(|k| !known.iter().any(|set| set.contains(&k.as_str())))
+    {
+        Some(k) => Err(ApiError::invalid(
+            k.clone(),
+            format!("unsupported field '{k}': this server does not implement it"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn range(param: &str, v: f64, lo: f64, hi: f64) -> Result<f32, ApiError> {
+    if (lo..=hi).contains(&v) {
+        Ok(v as f32)
+    } else {
+        Err(ApiError::invalid(
+            param,
+            format!("{param} must be between {lo} and {hi}, got {v}"),
+        ))
+    }
+}
+
+fn count(param: &str, v: i64, lo: i64, hi: usize) -> Result<usize, ApiError> {
+    if v >= lo && v as u64 <= hi as u64 {
+        Ok(v as usize)
+    } else {
+        Err(ApiError::invalid(
+            param,
+            format!("{param} must be between {lo} and {hi}, got {v}"),
+        ))
+    }
+}
+
+/// A seed for requests that give none, different each time.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
+    let strings = match stop {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(ApiError::invalid(
+                    "stop",
+                    "stop must be a string or strings",
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "stop must be a string or an array of strings",
+            ));
+        }
+    };
+    if strings.len() > MAX_STOP {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOP} stop strings, got {}", strings.len()),
+        ));
+    }
+    if strings.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "a stop string is empty"));
+    }
+    Ok(strings)
+}
+
+impl Common {
+    /// Everything but the prompt and the log-probabilities.
+    fn into_request(
+        self,
+        prompt: Prompt,
+        max_tokens: Option<i64>,
+        top_logprobs: Option<usize>,
+        bounds: &Bounds,
+    ) -> Result<Request, ApiError> {
+        let mut s = bounds.defaults.clone();
+        if let Some(t) = self.temperature {
+            let t = range("temperature", t, 0.0, 2.0)?;
+            s.greedy = t == 0.0;
+            if t > 0.0 {
+                s.temperature = t;
+            }
+        }
+        if let Some(p) = self.top_p {
+            if p <= 0.0 {
+                return Err(ApiError::invalid(
+                    "top_p",
+                    format!("top_p must be in (0, 1], got {p}"),
+                ));
+            }
+            s.top_p = range("top_p", p, 0.0, 1.0)?;
+        }
+        if let Some(k) = self.top_k {
+            s.top_k = count("top_k", k, 0, bounds.vocab)?;
+        }
+        if let Some(p) = self.min_p {
+            s.min_p = range("min_p", p, 0.0, 1.0)?;
+        }
+        if let Some(p) = self.presence_penalty {
+            s.presence_penalty = range("presence_penalty", p, -2.0, 2.0)?;
+        }
+        if let Some(p) = self.frequency_penalty {
+            s.frequency_penalty = range("frequency_penalty", p, -2.0, 2.0)?;
+        }
+        if let Some(p) = self.repetition_penalty {
+            if p <= 0.0 {
+                return Err(ApiError::invalid(
+                    "repetition_penalty",
+                    format!("repetition_penalty must be positive, got {p}"),
+                ));
+            }
+            s.repetition_penalty = range("repetition_penalty", p, 0.0, 10.0)?;
+        }
+        for (key, bias) in self.logit_bias.unwrap_or_default() {
+            let id = key
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < bounds.vocab);
+            let Some(id) = id else {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!(
+                        "logit_bias key '{key}' is not a token id below {}",
+                        bounds.vocab
+                    ),
+                ));
+            };
+            s.logit_bias
+                .push((id, range("logit_bias", bias, -100.0, 100.0)?));
+        }
+        s.seed = self.seed.map_or_else(fresh_seed, |v| v as u64);
+        s.validate()
+            .map_err(|e| ApiError::invalid("", e.to_string()))?;
+        let max_tokens = max_tokens
+            .map(|m| count("max_tokens", m, 1, bounds.max_tokens_limit))
+            .transpose()
+            .map_err(|mut e| {
+                e.message.push_str(" (this server's --max-tokens-limit)");
+                e
+            })?;
+        let n = count("n", self.n.unwrap_or(1), 1, bounds.max_n)?;
+        let stream = self.stream.unwrap_or(false);
+        if self.stream_options.is_some() && !stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options is only allowed with stream: true",
+            ));
+        }
+        Ok(Request {
+            model: self.model,
+            prompt,
+            options: GenerateOptions {
+                max_new_tokens: 0,
+                sampling: s,
+                stop: stop_strings(self.stop)?,
+                ignore_eos: self.ignore_eos.unwrap_or(false),
+                cancel: None,
+            },
+            max_tokens,
+            n,
+            stream,
+            include_usage: self
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+            top_logprobs,
+        })
+    }
+}
+
+/// A chat message's text: a string, or text parts.
+fn message_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    match content {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (i, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some("text"), None) => {
+                        return Err(ApiError::invalid(
+                            format!("{at}.content[{i}].text"),
+                            "a text part needs a string 'text'",
+                        ));
+                    }
+                    (kind, _) => {
+                        return Err(ApiError::invalid(
+                            format!("{at}.content[{i}].type"),
+                            format!(
+                                "content part type {} is not supported; only 'text'",
+                                kind.map_or("(missing)".into(), |k| format!("'{k}'"))
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid(
+            format!("{at}.content"),
+            "content must be a string or an array of text parts",
+        )),
+    }
+}
+
+fn chat_messages(messages: Vec<Map<String, Value>>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages is empty"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let at = format!("messages[{i}]");
+            if let Some(k) = m
+                .keys()
+                .find(|k| !["role", "content", "name"].contains(&k.as_str()))
+            {
+                return Err(ApiError::invalid(
+                    format!("{at}.{k}"),
+                    format!("unsupported message field '{k}' (tools are not supported)"),
+                ));
+            }
+            let role = match m.get("role").and_then(Value::as_str) {
+                Some("developer") => "system",
+                Some(r @ ("system" | "user" | "assistant")) => r,
+                other => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.role"),
+                        format!(
+                            "role {} is not supported; use system, developer, user or assistant",
+                            other.map_or("(missing)".into(), |r| format!("'{r}'"))
+                        ),
+                    ));
+                }
+            };
+            Ok(ChatMessage::new(
+                role,
+                &message_text(m.get("content"), &at)?,
+            ))
+        })
+        .collect()
+}
+
+/// `POST /v1/chat/completions`.
+pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
+    let map = object(body)?;
+    known_fields(&map, &[COMMON_FIELDS, CHAT_FIELDS])?;
+    let common: Common = typed(&map)?;
+    let chat: ChatFields = typed(&map)?;
+    if let Some(f) = chat.response_format
+        && f.kind != "text"
+    {
+        return Err(ApiError::invalid(
+            "response_format",
+            format!("response_format '{}' is not supported; only 'text'", f.kind),
+        ));
+    }
+    let top_logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
+        (true, top) => Some(count(
+            "top_logprobs",
+            top.unwrap_or(0),
+            0,
+            MAX_TOP_LOGPROBS,
+        )?),
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ));
+        }
+        (false, None) => None,
+    };
+    let max_tokens = chat.max_completion_tokens.or(common.max_tokens);
+    let prompt = Prompt::Chat(chat_messages(chat.messages)?);
+    common.into_request(prompt, max_tokens, top_logprobs, bounds)
+}
+
+/// `POST /v1/completions`: the prompt is a string or token ids (or a list of one of them).
+pub fn completion(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
+    let map = object(body)?;
+    known_fields(&map, &[COMMON_FIELDS, COMPLETION_FIELDS])?;
+    let common: Common = typed(&map)?;
+    let fields: CompletionFields = typed(&map)?;
+    let prompt = completion_prompt(fields.prompt, bounds.vocab)?;
+    let top_logprobs = fields
+        .logprobs
+        .map(|n| count("logprobs", n, 0, MAX_TOP_LOGPROBS))
+        .transpose()?;
+    let max_tokens = common.max_tokens;
+    common.into_request(prompt, max_tokens, top_logprobs, bounds)
+}
+
+fn completion_prompt(prompt: Value, vocab: usize) -> Result<Prompt, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            "prompt must be a string or an array of token ids (batches of prompts are not supported)",
+        )
+    };
+    match prompt {
+        Value::String(s) => Ok(Prompt::Text(s)),
+        Value::Array(items) if items.len() == 1 && !items[0].is_number() => {
+            completion_prompt(items.into_iter().next().expect("one item"), vocab)
+        }
+        Value::Array(items) if items.iter().all(Value::is_number) => {
+            let ids = items
+                .iter()
+                .map(|v| v.as_u64().filter(|&id| (id as usize) < vocab))
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "prompt",
+                        format!("token ids must be integers below {vocab}"),
+                    )
+                })?;
+            Ok(Prompt::Tokens(
+                ids.into_iter().map(|id| id as u32).collect(),
+            ))
+        }
+        _ => Err(bad()),
+    }
+}

@@ -1,0 +1,237 @@
+//! The scheduler loop: one thread owns the model; requests arrive through a channel, each
+//! with its own sender for what it produces. Every turn admits queued requests into the
+//! running set (up to `--max-batch` sequences), then gives each running sequence one token,
+//! so requests join and leave at token boundaries. A request whose receiver is gone (the
+//! client disconnected) is cancelled at the next turn and its KV freed.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use oxgen::{GenerateOptions, Model, Sequence, Step};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// A request for the engine: `n` generations of one prompt.
+pub struct Job {
+    pub ids: Vec<u32>,
+    pub options: GenerateOptions,
+    pub n: usize,
+    /// KV positions each sequence may hold (prompt plus new tokens, within the context).
+    pub capacity: usize,
+    pub top_logprobs: Option<usize>,
+    pub arrived: Instant,
+    pub deadline: Option<Instant>,
+    pub events: UnboundedSender<Event>,
+}
+
+/// What a request produces, in order: tokens (each choice's last one carries its finish
+/// reason), then `Done`; or an `Error` at any point, after which nothing follows.
+#[derive(Debug)]
+pub enum Event {
+    Token {
+        choice: usize,
+        step: Step,
+    },
+    Done {
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Error(ApiError),
+}
+
+/// A request in the running set.
+struct Running {
+    job: Job,
+    /// One per choice; `None` once it finished and its KV was freed.
+    seqs: Vec<Option<Sequence>>,
+    last_token: Vec<Option<Instant>>,
+    completion_tokens: usize,
+    done: bool,
+}
+
+impl Running {
+    fn live(&self) -> usize {
+        self.seqs.iter().flatten().count()
+    }
+
+    /// Frees every sequence still held.
+    fn end(&mut self, model: &mut Model) {
+        for s in self.seqs.iter_mut().filter_map(Option::take) {
+            model.end(s);
+        }
+        self.done = true;
+    }
+
+    fn fail(&mut self, model: &mut Model, error: ApiError) {
+        let _ = self.job.events.send(Event::Error(error));
+        self.end(model);
+    }
+
+    /// One token for every unfinished choice.
+    fn step(&mut self, model: &mut Model, metrics: &Metrics, timeout: Option<Duration>) {
+        if self.job.events.is_closed() {
+            return self.end(model);
+        }
+        if self.job.deadline.is_some_and(|d| Instant::now() >= d) {
+            return self.fail(model, timed_out(timeout));
+        }
+        let mut failure = None;
+        for (choice, slot) in self.seqs.iter_mut().enumerate() {
+            let Some(seq) = slot else { continue };
+            let step = match model.advance(seq) {
+                Ok(step) => step,
+                Err(e) => {
+                    failure = Some(ApiError::internal(format!("generation failed: {e}")));
+                    break;
+                }
+            };
+            let now = Instant::now();
+            match self.last_token[choice].replace(now) {
+                Some(last) => metrics.inter_token.observe(now - last),
+                None if choice == 0 => metrics.ttft.observe(now - self.job.arrived),
+                None => {}
+            }
+            metrics.generated_tokens.fetch_add(1, Relaxed);
+            self.completion_tokens += 1;
+            if step.finish.is_some() {
+                if let Some(s) = slot.take() {
+                    model.end(s);
+                }
+            }
+            let _ = self.job.events.send(Event::Token { choice, step });
+        }
+        if let Some(error) = failure {
+            self.fail(model, error);
+        } else if self.live() == 0 {
+            let _ = self.job.events.send(Event::Done {
+                prompt_tokens: self.job.ids.len(),
+                completion_tokens: self.completion_tokens,
+            });
+            self.done = true;
+        }
+    }
+}
+
+fn timed_out(timeout: Option<Duration>) -> ApiError {
+    let secs = timeout.map_or(0, |t| t.as_secs());
+    ApiError::unavailable(
+        "timeout",
+        format!("the request took longer than {secs} s (--request-timeout)"),
+    )
+}
+
+/// Starts every choice of `job`; on failure the job gets the error and nothing is held.
+fn admit(model: &mut Model, job: Job, metrics: &Metrics) -> Option<Running> {
+    let mut seqs = Vec::with_capacity(job.n);
+    for choice in 0..job.n {
+        let mut options = job.options.clone();
+        options.sampling.seed = options.sampling.seed.wrapping_add(choice as u64);
+        match model.start(&job.ids, &options, job.capacity, job.top_logprobs) {
+            Ok(s) => seqs.push(Some(s)),
+            Err(e) => {
+                for s in seqs.into_iter().flatten() {
+                    model.end(s);
+                }
+                let _ = job
+                    .events
+                    .send(Event::Error(ApiError::invalid("", e.to_string())));
+                return None;
+            }
+        }
+    }
+    metrics
+        .prompt_tokens
+        .fetch_add(job.ids.len() as u64, Relaxed);
+    Some(Running {
+        last_token: vec![None; job.n],
+        seqs,
+        job,
+        completion_tokens: 0,
+        done: false,
+    })
+}
+
+/// How the loop runs.
+pub struct Limits {
+    /// Sequences stepped per turn at most (a request with `n` choices counts `n`).
+    pub max_batch: usize,
+    pub request_timeout: Option<Duration>,
+}
+
+/// Runs requests from `jobs` until every sender is gone or `stop` returns true; then fails
+/// whatever is left with a 503.
+pub fn run(
+    model: &mut Model,
+    jobs: &Receiver<Job>,
+    limits: &Limits,
+    metrics: &Metrics,
+    stop: &dyn Fn() -> bool,
+) {
+    let mut pending: VecDeque<Job> = VecDeque::new();
+    let mut running: Vec<Running> = Vec::new();
+    loop {
+        if stop() {
+            break;
+        }
+        if running.is_empty() && pending.is_empty() {
+            // Idle: wait for work, waking now and then to see `stop`.
+            match jobs.recv_timeout(Duration::from_millis(100)) {
+                Ok(job) => pending.push_back(job),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        pending.extend(jobs.try_iter());
+        // Drop queued requests whose client left or whose time ran out.
+        let now = Instant::now();
+        pending.retain(|job| {
+            let expired = job.deadline.is_some_and(|d| now >= d);
+            if expired {
+                let _ = job
+                    .events
+                    .send(Event::Error(timed_out(limits.request_timeout)));
+            }
+            let keep = !expired && !job.events.is_closed();
+            if !keep {
+                metrics.queued.fetch_sub(1, Relaxed);
+            }
+            keep
+        });
+        while let Some(job) = pending.front() {
+            let busy: usize = running.iter().map(Running::live).sum();
+            if busy > 0 && busy + job.n > limits.max_batch {
+                break;
+            }
+            let job = pending.pop_front().expect("front exists");
+            metrics.queued.fetch_sub(1, Relaxed);
+            if let Some(r) = admit(model, job, metrics) {
+                running.push(r);
+                metrics.running.fetch_add(1, Relaxed);
+            }
+        }
+        for r in &mut running {
+            r.step(model, metrics, limits.request_timeout);
+        }
+        running.retain(|r| {
+            if r.done {
+                metrics.running.fetch_sub(1, Relaxed);
+            }
+            !r.done
+        });
+        metrics.kv_sequences.store(model.live_sequences(), Relaxed);
+    }
+    let stopping = || ApiError::unavailable("shutting_down", "the server is shutting down");
+    for mut r in running {
+        r.fail(model, stopping());
+        metrics.running.fetch_sub(1, Relaxed);
+    }
+    for job in pending.into_iter().chain(jobs.try_iter()) {
+        let _ = job.events.send(Event::Error(stopping()));
+        metrics.queued.fetch_sub(1, Relaxed);
+    }
+    metrics.kv_sequences.store(model.live_sequences(), Relaxed);
+}

@@ -1,0 +1,138 @@
+//! Errors in OpenAI's envelope: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    /// The request field at fault.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400: the request is malformed or a value is out of range.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+        let param = param.into();
+        let mut e = ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message);
+        e.param = (!param.is_empty()).then_some(param);
+        e
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", message);
+        e.code = Some("invalid_api_key");
+        e
+    }
+
+    pub fn model_not_found(asked: &str, served: &[String]) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!(
+                "the model '{asked}' does not exist here; this server serves {}",
+                served
+                    .iter()
+                    .map(|m| format!("'{m}'"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
+        );
+        e.param = Some("model".into());
+        e.code = Some("model_not_found");
+        e
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", message);
+        e.code = Some("not_found");
+        e
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is over this server's limit of {limit} bytes (--max-body)"),
+        );
+        e.code = Some("request_too_large");
+        e
+    }
+
+    /// 422: well-formed, but the model cannot take it (the chat template refused the
+    /// conversation).
+    pub fn unprocessable(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request_error",
+            message,
+        )
+    }
+
+    /// 429: the queue is full; retry after a second.
+    pub fn queue_full(limit: usize) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "the server is busy: {limit} requests are already waiting (--max-queue); retry shortly"
+            ),
+        );
+        e.code = Some("queue_full");
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// 503: loading, shutting down, failed or timed out.
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message);
+        e.code = Some(code);
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// 500: the model failed on this request.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// The JSON body, also sent as a streaming error chunk.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

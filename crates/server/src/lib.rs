@@ -1,0 +1,363 @@
+//! oxgen-server: an OpenAI-compatible HTTP API over one [`oxgen::Model`].
+//!
+//! Two kinds of threads: a small tokio runtime (one worker) answers HTTP, tokenizes prompts
+//! and streams results; one engine thread owns the model and runs the scheduler loop
+//! ([`engine`]), its kernels fanning out over the model's own compute pool. So the busy
+//! threads never outnumber the cores the model was given, plus an HTTP thread that mostly
+//! sleeps.
+//!
+//! ```no_run
+//! use oxgen_server::{Config, Server};
+//!
+//! let config = Config::new("my-model");
+//! let server = Server::start(config, "127.0.0.1:8080", Box::new(|| {
+//!     oxgen::Model::open("path/to/package", &Default::default()).map_err(|e| e.to_string())
+//! }))?;
+//! server.wait()?; // until SIGTERM / Ctrl-C (with `config.handle_signals`) or `shutdown`
+//! # Ok::<(), String>(())
+//! ```
+
+mod api;
+mod engine;
+mod error;
+mod metrics;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use oxgen::{Encoder, Model, SamplingParams};
+use tokio::sync::Notify;
+
+pub use error::ApiError;
+pub use metrics::Metrics;
+
+use engine::Job;
+
+/// How the server behaves; the CLI fills it from flags and `OXGEN_*` variables.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The id clients name in `model`.
+    pub model_id: String,
+    /// Other names accepted in `model`.
+    pub aliases: Vec<String>,
+    /// When set, every endpoint but `/health` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Requests waiting beyond this many get 429.
+    pub max_queue: usize,
+    /// Sequences generating at once (a request with `n` choices counts `n`); also bounds `n`.
+    pub max_batch: usize,
+    /// The most tokens one request may ask for, and what it gets when it asks for none.
+    pub max_tokens_limit: usize,
+    /// Positions a sequence may hold; `None`: the model's context length.
+    pub ctx_size: Option<usize>,
+    /// From arrival to the last token; `None`: no limit.
+    pub request_timeout: Option<Duration>,
+    /// Request bodies over this many bytes get 413.
+    pub max_body: usize,
+    /// On shutdown, how long running requests may take to finish.
+    pub shutdown_timeout: Duration,
+    /// Stop on SIGTERM and Ctrl-C (the CLI; in-process tests call [`Server::shutdown`]).
+    pub handle_signals: bool,
+}
+
+impl Config {
+    pub fn new(model_id: &str) -> Config {
+        Config {
+            model_id: model_id.into(),
+            aliases: Vec::new(),
+            api_key: None,
+            max_queue: 64,
+            max_batch: 8,
+            max_tokens_limit: 4096,
+            ctx_size: None,
+            request_timeout: Some(Duration::from_secs(600)),
+            max_body: 4 << 20,
+            shutdown_timeout: Duration::from_secs(30),
+            handle_signals: false,
+        }
+    }
+}
+
+/// What the HTTP side needs of the loaded model.
+pub(crate) struct Loaded {
+    encoder: Encoder,
+    /// Positions a sequence may hold.
+    context: usize,
+    vocab: usize,
+    sampling: SamplingParams,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    Loading = 0,
+    Ready = 1,
+    Draining = 2,
+    Failed = 3,
+}
+
+/// State shared by the HTTP handlers and the engine thread.
+pub(crate) struct App {
+    config: Config,
+    jobs: std::sync::mpsc::Sender<Job>,
+    phase: AtomicU8,
+    loaded: OnceLock<Loaded>,
+    failure: OnceLock<String>,
+    /// Tells the engine to fail what is left and stop.
+    abort: AtomicBool,
+    /// Wakes the HTTP side to shut down (signal, `Server::shutdown`, failed load).
+    stop: Notify,
+    metrics: Metrics,
+    /// Unix seconds at start, the `created` of `/v1/models`.
+    started: u64,
+}
+
+impl App {
+    fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Loading,
+            1 => Phase::Ready,
+            2 => Phase::Draining,
+            _ => Phase::Failed,
+        }
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+    }
+
+    fn fail(&self, reason: String) {
+        eprintln!("oxgen serve: {reason}");
+        let _ = self.failure.set(reason);
+        self.set_phase(Phase::Failed);
+        self.stop.notify_one();
+    }
+
+    /// The loaded model, or why requests cannot run now.
+    fn ready(&self) -> Result<&Loaded, ApiError> {
+        match (self.phase(), self.loaded.get()) {
+            (Phase::Ready, Some(loaded)) => Ok(loaded),
+            (Phase::Loading, _) | (Phase::Ready, None) => Err(ApiError::unavailable(
+                "loading",
+                "the model is still loading; retry shortly",
+            )),
+            (Phase::Draining, _) => Err(ApiError::unavailable(
+                "shutting_down",
+                "the server is shutting down",
+            )),
+            (Phase::Failed, _) => Err(ApiError::unavailable(
+                "engine_failed",
+                format!(
+                    "the engine failed: {}",
+                    self.failure.get().map_or("unknown", String::as_str)
+                ),
+            )),
+        }
+    }
+
+    /// Names clients may use in `model`.
+    fn model_names(&self) -> Vec<String> {
+        std::iter::once(&self.config.model_id)
+            .chain(&self.config.aliases)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Sets the phase to failed if the engine thread unwinds.
+struct PanicGuard<'a>(&'a App);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.0.failure.set("the engine thread panicked".into());
+            self.0.set_phase(Phase::Failed);
+        }
+    }
+}
+
+/// Opens the model on the engine thread.
+pub type Open = Box<dyn FnOnce() -> Result<Model, String> + Send>;
+
+fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
+    let mut model = match open() {
+        Ok(model) => model,
+        Err(e) => return app.fail(format!("loading the model: {e}")),
+    };
+    let package_context = model.config().context_length;
+    let context = app
+        .config
+        .ctx_size
+        .map_or(package_context, |c| c.min(package_context));
+    let loaded = Loaded {
+        encoder: model.encoder().clone(),
+        context,
+        vocab: model.tokenizer().vocab_size(),
+        sampling: model.default_options().sampling,
+    };
+    let _ = app.loaded.set(loaded);
+    app.set_phase(Phase::Ready);
+    eprintln!(
+        "oxgen serve: model '{}' loaded in {:.2} s; context {context}",
+        app.config.model_id,
+        model.load_time().as_secs_f64()
+    );
+    let _guard = PanicGuard(&app);
+    let limits = engine::Limits {
+        max_batch: app.config.max_batch,
+        request_timeout: app.config.request_timeout,
+    };
+    engine::run(&mut model, &jobs, &limits, &app.metrics, &|| {
+        app.abort.load(Ordering::Relaxed)
+    });
+}
+
+/// A running server: an HTTP thread and an engine thread.
+pub struct Server {
+    addr: SocketAddr,
+    app: Arc<App>,
+    http: std::thread::JoinHandle<Result<(), String>>,
+}
+
+impl Server {
+    /// Binds `addr` (port 0 picks a free one) and starts serving; the model loads in the
+    /// background while `/health` answers 503.
+    pub fn start(config: Config, addr: &str, open: Open) -> Result<Server, String> {
+        let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+            format!("cannot listen on {addr}: {e} (is another server using the port? pick one with --port)")
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (jobs, queue) = std::sync::mpsc::channel();
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let app = Arc::new(App {
+            config,
+            jobs,
+            phase: AtomicU8::new(Phase::Loading as u8),
+            loaded: OnceLock::new(),
+            failure: OnceLock::new(),
+            abort: AtomicBool::new(false),
+            stop: Notify::new(),
+            metrics: Metrics::default(),
+            started,
+        });
+        let engine_app = app.clone();
+        std::thread::Builder::new()
+            .name("oxgen-engine".into())
+            .spawn(move || engine_main(engine_app, queue, open))
+            .map_err(|e| format!("starting the engine thread: {e}"))?;
+        let http_app = app.clone();
+        let http = std::thread::Builder::new()
+            .name("oxgen-http".into())
+            .spawn(move || serve_http(http_app, listener))
+            .map_err(|e| format!("starting the HTTP thread: {e}"))?;
+        Ok(Server { addr, app, http })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops as SIGTERM does: new requests get 503, running ones finish (up to
+    /// [`Config::shutdown_timeout`]), then the server exits.
+    pub fn shutdown(self) -> Result<(), String> {
+        self.app.stop.notify_one();
+        self.wait()
+    }
+
+    /// Blocks until the server stops; an error if the model failed to load.
+    pub fn wait(self) -> Result<(), String> {
+        let served = self
+            .http
+            .join()
+            .map_err(|_| "the HTTP thread panicked".to_string())?;
+        served?;
+        match self.app.failure.get() {
+            Some(reason) if self.app.loaded.get().is_none() => Err(reason.clone()),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn serve_http(app: Arc<App>, listener: std::net::TcpListener) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("oxgen-http-io")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the HTTP runtime: {e}"))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+        let router = routes::router(app.clone());
+        let (stopped, on_stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = {
+            let app = app.clone();
+            async move {
+                wait_for_stop(&app).await;
+                drain(&app).await;
+                let _ = stopped.send(());
+            }
+        };
+        let serve = axum::serve(listener, router).with_graceful_shutdown(shutdown);
+        // After the drain, connections that do not close within a few seconds are dropped.
+        let grace = async {
+            let _ = on_stopped.await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        };
+        tokio::select! {
+            served = serve => served.map_err(|e| e.to_string()),
+            () = grace => Ok(()),
+        }
+    })
+}
+
+/// Resolves on `Server::shutdown`, a failed load, or (when handled) SIGTERM / Ctrl-C.
+async fn wait_for_stop(app: &App) {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    if app.config.handle_signals {
+        tokio::select! {
+            () = app.stop.notified() => {}
+            () = terminate => eprintln!("oxgen serve: SIGTERM, draining"),
+            _ = tokio::signal::ctrl_c() => eprintln!("oxgen serve: interrupted, draining"),
+        }
+    } else {
+        app.stop.notified().await;
+    }
+}
+
+/// New requests get 503 from here on; running and queued ones get until the shutdown
+/// timeout to finish, then the engine fails what is left.
+async fn drain(app: &App) {
+    if app.phase() != Phase::Failed {
+        app.set_phase(Phase::Draining);
+    }
+    let deadline = Instant::now() + app.config.shutdown_timeout;
+    while app.metrics.live() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.abort.store(true, Ordering::Relaxed);
+    // Let the engine answer what it still held.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while app.metrics.live() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

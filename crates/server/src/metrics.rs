@@ -1,0 +1,189 @@
+//! Counters the engine and the HTTP layer update, rendered in Prometheus' text format.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Latency buckets in seconds, shared by TTFT and inter-token latency.
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// A cumulative histogram of durations.
+pub struct Histogram {
+    /// One count per bucket (non-cumulative), then the overflow.
+    counts: [AtomicU64; BUCKETS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new() -> Histogram {
+        Histogram {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let bucket = BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(BUCKETS.len());
+        self.counts[bucket].fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut total = 0;
+        for (i, count) in self.counts.iter().enumerate() {
+            total += count.load(Relaxed);
+            let le = BUCKETS.get(i).map_or("+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {total}");
+        }
+        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {total}");
+    }
+}
+
+/// Everything `/metrics` reports.
+pub struct Metrics {
+    /// Responses by (endpoint, status).
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    /// Requests waiting for a slot in the running set.
+    pub queued: AtomicUsize,
+    /// Requests in the running set.
+    pub running: AtomicUsize,
+    /// Sequences whose KV the model holds.
+    pub kv_sequences: AtomicUsize,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Mutex::default(),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            ttft: Histogram::new(),
+            inter_token: Histogram::new(),
+            queued: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            kv_sequences: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn count_request(&self, endpoint: &str, status: u16) {
+        let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        *requests.entry((endpoint.to_string(), status)).or_default() += 1;
+    }
+
+    /// Requests queued or running.
+    pub fn live(&self) -> usize {
+        self.queued.load(Relaxed) + self.running.load(Relaxed)
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "# HELP oxgen_requests_total HTTP responses by endpoint and status.\n\
+             # TYPE oxgen_requests_total counter\n",
+        );
+        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        for ((endpoint, status), n) in requests.iter() {
+            let _ = writeln!(
+                out,
+                "oxgen_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+            );
+        }
+        drop(requests);
+        let counters = [
+            (
+                "oxgen_prompt_tokens_total",
+                "Prompt tokens of admitted requests.",
+                self.prompt_tokens.load(Relaxed),
+            ),
+            (
+                "oxgen_generation_tokens_total",
+                "Tokens generated.",
+                self.generated_tokens.load(Relaxed),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        }
+        let gauges = [
+            (
+                "oxgen_queue_depth",
+                "Requests waiting to run.",
+                self.queued.load(Relaxed),
+            ),
+            (
+                "oxgen_running_requests",
+                "Requests generating.",
+                self.running.load(Relaxed),
+            ),
+            (
+                "oxgen_kv_sequences",
+                "Sequences whose KV cache is held.",
+                self.kv_sequences.load(Relaxed),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        }
+        self.ttft.render(
+            &mut out,
+            "oxgen_time_to_first_token_seconds",
+            "From a request's arrival to its first generated token.",
+        );
+        self.inter_token.render(
+            &mut out,
+            "oxgen_inter_token_latency_seconds",
+            "Between consecutive tokens of one sequence.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_with_sum_and_count() {
+        let m = Metrics::default();
+        m.ttft.observe(Duration::from_millis(3));
+        m.ttft.observe(Duration::from_millis(40));
+        m.ttft.observe(Duration::from_secs(100));
+        m.count_request("/v1/chat/completions", 200);
+        m.count_request("/v1/chat/completions", 200);
+        let text = m.render();
+        for line in [
+            "oxgen_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0",
+            "oxgen_time_to_first_token_seconds_bucket{le=\"0.005\"} 1",
+            "oxgen_time_to_first_token_seconds_bucket{le=\"0.05\"} 2",
+            "oxgen_time_to_first_token_seconds_bucket{le=\"30\"} 2",
+            "oxgen_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3",
+            "oxgen_time_to_first_token_seconds_sum 100.043",
+            "oxgen_time_to_first_token_seconds_count 3",
+            "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,617 @@
+//! The endpoints: OpenAI's completion APIs, models, tokenize/detokenize, health, metrics.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::to_bytes;
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use oxgen::{Logprobs, Prompt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::api::{self, Bounds};
+use crate::engine::{Event, Job};
+use crate::error::ApiError;
+use crate::{App, Loaded, Phase};
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(app.clone(), guard))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .with_state(app)
+}
+
+/// Checks the API key (all but `/health`) and counts responses by endpoint and status.
+async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("other".to_string(), |m| m.as_str().to_string());
+    let response = match &app.config.api_key {
+        Some(key) if endpoint != "/health" && !authorized(request.headers(), key) => {
+            ApiError::unauthorized(
+                "missing or wrong API key: send 'Authorization: Bearer KEY' with the server's --api-key",
+            )
+            .into_response()
+        }
+        _ => next.run(request).await,
+    };
+    app.metrics
+        .count_request(&endpoint, response.status().as_u16());
+    response
+}
+
+/// `Authorization: Bearer KEY`, compared in constant time.
+fn authorized(headers: &HeaderMap, key: &str) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    given.len() == key.len()
+        && given
+            .bytes()
+            .zip(key.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// The body, refused with 413 over the limit.
+async fn body(request: Request, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| ApiError::too_large(limit))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A response id: the endpoint's prefix and 24 hex digits.
+fn response_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let a = RandomState::new().hash_one(Instant::now());
+    let b = RandomState::new().hash_one(a);
+    format!("{prefix}-{a:016x}{:08x}", b as u32)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// A request on its way: what the response needs besides the engine's events.
+struct Pending {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    stream: bool,
+    include_usage: bool,
+    logprobs: bool,
+    events: UnboundedReceiver<Event>,
+    encoder: oxgen::Encoder,
+}
+
+impl App {
+    fn bounds<'a>(&self, loaded: &'a Loaded) -> Bounds<'a> {
+        Bounds {
+            defaults: &loaded.sampling,
+            vocab: loaded.vocab,
+            max_n: self.config.max_batch,
+            max_tokens_limit: self.config.max_tokens_limit,
+        }
+    }
+
+    /// Tokenizes, sizes and queues a request.
+    fn submit(
+        &self,
+        loaded: &Loaded,
+        kind: Kind,
+        mut req: api::Request,
+    ) -> Result<Pending, ApiError> {
+        if !self.model_names().contains(&req.model) {
+            return Err(ApiError::model_not_found(&req.model, &self.model_names()));
+        }
+        let ids = loaded.encoder.encode(&req.prompt).map_err(|e| match e {
+            oxgen::Error::Generate(oxgen::GenerateError::Template(m)) => {
+                ApiError::unprocessable(format!("the chat template refused the messages: {m}"))
+            }
+            other => ApiError::invalid("", other.to_string()),
+        })?;
+        let param = if kind == Kind::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid(param, "the prompt has no tokens"));
+        }
+        if ids.len() >= loaded.context {
+            let mut e = ApiError::invalid(
+                param,
+                format!(
+                    "the prompt has {} tokens but the context holds {}; shorten it (or start \
+                     the server with a larger --ctx-size)",
+                    ids.len(),
+                    loaded.context
+                ),
+            );
+            e.code = Some("context_length_exceeded");
+            return Err(e);
+        }
+        let room = loaded.context - ids.len();
+        req.options.max_new_tokens = req
+            .max_tokens
+            .unwrap_or(self.config.max_tokens_limit)
+            .min(room);
+        if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= self.config.max_queue {
+            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(ApiError::queue_full(self.config.max_queue));
+        }
+        let (events, receiver) = unbounded_channel();
+        let arrived = Instant::now();
+        let job = Job {
+            capacity: ids.len() + req.options.max_new_tokens,
+            ids,
+            options: req.options,
+            n: req.n,
+            top_logprobs: req.top_logprobs,
+            arrived,
+            deadline: self.config.request_timeout.map(|t| arrived + t),
+            events,
+        };
+        if self.jobs.send(job).is_err() {
+            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(ApiError::unavailable(
+                "engine_failed",
+                "the engine has stopped",
+            ));
+        }
+        Ok(Pending {
+            kind,
+            id: response_id(if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            }),
+            created: unix_now(),
+            model: req.model,
+            n: req.n,
+            stream: req.stream,
+            include_usage: req.include_usage,
+            logprobs: req.top_logprobs.is_some(),
+            events: receiver,
+            encoder: loaded.encoder.clone(),
+        })
+    }
+}
+
+async fn chat_completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    complete(app, request, Kind::Chat).await
+}
+
+async fn completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    complete(app, request, Kind::Completion).await
+}
+
+async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
+    let pending = async {
+        let loaded = app.ready()?;
+        let body = body(request, app.config.max_body).await?;
+        let bounds = app.bounds(loaded);
+        let req = match kind {
+            Kind::Chat => api::chat(&body, &bounds)?,
+            Kind::Completion => api::completion(&body, &bounds)?,
+        };
+        app.submit(loaded, kind, req)
+    };
+    match pending.await {
+        Err(e) => e.into_response(),
+        Ok(p) if p.stream => stream(p).into_response(),
+        Ok(p) => match collect(p).await {
+            Ok(body) => axum::Json(body).into_response(),
+            Err(e) => e.into_response(),
+        },
+    }
+}
+
+/// One choice being assembled.
+#[derive(Default, Clone)]
+struct Choice {
+    text: String,
+    finish: Option<&'static str>,
+    /// (id, log-probabilities) per token.
+    logprobs: Vec<(u32, Logprobs)>,
+}
+
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+fn token_text(encoder: &oxgen::Encoder, id: u32) -> String {
+    encoder.decode(&[id], false).unwrap_or_default()
+}
+
+impl Pending {
+    /// The `logprobs` object of a choice, in the endpoint's shape.
+    fn logprobs_json(&self, tokens: &[(u32, Logprobs)], text_start: usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => {
+                let entry = |id: u32, logprob: f32| {
+                    let token = token_text(&self.encoder, id);
+                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+                };
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|(id, lp)| {
+                        let mut e = entry(*id, lp.logprob);
+                        e["top_logprobs"] = lp
+                            .top
+                            .iter()
+                            .map(|&(t, l)| entry(t, l))
+                            .collect::<Vec<_>>()
+                            .into();
+                        e
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Completion => {
+                let mut offset = text_start;
+                let (mut texts, mut lps, mut tops, mut offsets) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for (id, lp) in tokens {
+                    let token = token_text(&self.encoder, *id);
+                    offsets.push(offset);
+                    offset += token.len();
+                    texts.push(token);
+                    lps.push(lp.logprob);
+                    let top: serde_json::Map<String, Value> = lp
+                        .top
+                        .iter()
+                        .map(|&(t, l)| (token_text(&self.encoder, t), json!(l)))
+                        .collect();
+                    tops.push(top);
+                }
+                json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops,
+                       "text_offset": offsets})
+            }
+        }
+    }
+
+    fn object(&self) -> &'static str {
+        match (self.kind, self.stream) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": Value::Null,
+            "choices": choices,
+        })
+    }
+
+    /// A choice of a response or a chunk: `text` as the message, delta or text.
+    fn choice(&self, index: usize, text: Value, logprobs: Value, finish: Option<&str>) -> Value {
+        let mut c = json!({"index": index, "logprobs": logprobs, "finish_reason": finish});
+        match (self.kind, self.stream) {
+            (Kind::Chat, false) => c["message"] = json!({"role": "assistant", "content": text}),
+            (Kind::Chat, true) => c["delta"] = text,
+            (Kind::Completion, _) => c["text"] = text,
+        }
+        c
+    }
+}
+
+/// Waits for the whole generation.
+async fn collect(mut p: Pending) -> Result<Value, ApiError> {
+    let mut choices = vec![Choice::default(); p.n];
+    loop {
+        match p.events.recv().await {
+            Some(Event::Token { choice, step }) => {
+                let c = &mut choices[choice];
+                c.text.push_str(&step.text);
+                if let Some(lp) = step.logprobs {
+                    c.logprobs.push((step.id, lp));
+                }
+                c.finish = step.finish.map(|f| f.as_str());
+            }
+            Some(Event::Done {
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                let choices = choices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        let logprobs = p.logprobs_json(&c.logprobs, 0);
+                        p.choice(i, json!(c.text), logprobs, c.finish)
+                    })
+                    .collect();
+                let mut body = p.envelope(choices);
+                body["usage"] = usage(prompt_tokens, completion_tokens);
+                return Ok(body);
+            }
+            Some(Event::Error(e)) => return Err(e),
+            None => {
+                return Err(ApiError::unavailable(
+                    "engine_failed",
+                    "the engine stopped before the request finished",
+                ));
+            }
+        }
+    }
+}
+
+/// Server-sent events: a role chunk first (chat), content chunks, a finish chunk per
+/// choice, the usage chunk when asked, then `[DONE]`; an error becomes an error chunk
+/// followed by `[DONE]`. Dropping the stream (the client left) drops the receiver, which
+/// cancels the request at the engine's next turn.
+fn stream(p: Pending) -> impl IntoResponse {
+    let data = |v: Value| Sse::default().data(v.to_string());
+    let mut first = Vec::new();
+    if p.kind == Kind::Chat {
+        let role = (0..p.n)
+            .map(|i| {
+                p.choice(
+                    i,
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null,
+                    None,
+                )
+            })
+            .collect();
+        first.push(p.chunk(role));
+    }
+    let offsets = vec![0usize; p.n];
+    let head = futures_util::stream::iter(first.into_iter().map(data));
+    let body = futures_util::stream::unfold(Some((p, offsets)), move |state| async move {
+        let (mut p, mut offsets) = state?;
+        let out = match p.events.recv().await {
+            Some(Event::Token { choice, step }) => {
+                let mut out = Vec::new();
+                if !step.text.is_empty() || step.logprobs.is_some() {
+                    let tokens: Vec<_> =
+                        step.logprobs.map(|lp| (step.id, lp)).into_iter().collect();
+                    let logprobs = p.logprobs_json(&tokens, offsets[choice]);
+                    offsets[choice] += step.text.len();
+                    let text = match p.kind {
+                        Kind::Chat => json!({"content": step.text}),
+                        Kind::Completion => json!(step.text),
+                    };
+                    out.push(p.chunk(vec![p.choice(choice, text, logprobs, None)]));
+                }
+                if let Some(f) = step.finish {
+                    let empty = match p.kind {
+                        Kind::Chat => json!({}),
+                        Kind::Completion => json!(""),
+                    };
+                    out.push(p.chunk(vec![p.choice(choice, empty, Value::Null, Some(f.as_str()))]));
+                }
+                return Some((
+                    out.into_iter().map(data).collect::<Vec<_>>(),
+                    Some((p, offsets)),
+                ));
+            }
+            Some(Event::Done {
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                let mut out = Vec::new();
+                if p.include_usage {
+                    let mut chunk = p.envelope(Vec::new());
+                    chunk["usage"] = usage(prompt_tokens, completion_tokens);
+                    out.push(data(chunk));
+                }
+                out
+            }
+            Some(Event::Error(e)) => vec![data(e.body())],
+            None => vec![data(
+                ApiError::unavailable("engine_failed", "the engine stopped").body(),
+            )],
+        };
+        let mut out = out;
+        out.push(Sse::default().data("[DONE]"));
+        Some((out, None))
+    })
+    .flat_map(futures_util::stream::iter);
+    let events = head.chain(body).map(Ok::<_, Infallible>);
+    axum::response::Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
+}
+
+impl Pending {
+    /// A streaming chunk; with `include_usage` every chunk carries `"usage": null`.
+    fn chunk(&self, choices: Vec<Value>) -> Value {
+        let mut chunk = self.envelope(choices);
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_card(&app)]})).into_response()
+}
+
+async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    if app.model_names().contains(&id) {
+        axum::Json(model_card(&app)).into_response()
+    } else {
+        ApiError::model_not_found(&id, &app.model_names()).into_response()
+    }
+}
+
+fn model_card(app: &App) -> Value {
+    json!({
+        "id": app.config.model_id,
+        "object": "model",
+        "created": app.started,
+        "owned_by": "oxgen",
+        "aliases": app.config.aliases,
+        "meta": {
+            "backend": "native",
+            "context_length": app.loaded.get().map(|l| l.context),
+            "max_batch": app.config.max_batch,
+            "max_tokens_limit": app.config.max_tokens_limit,
+            "batching": "requests join and leave at token boundaries; each running sequence is stepped in turn",
+        },
+    })
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let live = json!({
+        "queued": app.metrics.queued.load(Ordering::Relaxed),
+        "running": app.metrics.running.load(Ordering::Relaxed),
+        "kv_sequences": app.metrics.kv_sequences.load(Ordering::Relaxed),
+    });
+    let (status, state) = match app.phase() {
+        Phase::Ready => (StatusCode::OK, "ok"),
+        Phase::Loading => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
+        Phase::Draining => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        Phase::Failed => (StatusCode::SERVICE_UNAVAILABLE, "failed"),
+    };
+    let mut body = json!({"status": state, "requests": live});
+    if let Some(reason) = app.failure.get() {
+        body["error"] = json!(reason);
+    }
+    (status, axum::Json(body)).into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+/// `POST /tokenize`: `{"prompt": "..."}` or `{"messages": [...]}` (rendered with the chat
+/// template) → `{"tokens": [...], "count": n, "max_model_len": context}`.
+async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
+    let result = async {
+        let loaded = app.ready()?;
+        let map = api::object(&body(request, app.config.max_body).await?)?;
+        api::known_fields(&map, &[&["model", "prompt", "messages"]])?;
+        check_model(&app, &map)?;
+        let prompt = match (map.get("prompt"), map.get("messages")) {
+            (Some(Value::String(text)), None) => Prompt::Text(text.clone()),
+            (None, Some(_)) => {
+                let mut chat = map.clone();
+                chat.insert("model".into(), json!(app.config.model_id));
+                chat.remove("prompt");
+                api::chat(
+                    &Value::Object(chat).to_string().into_bytes(),
+                    &app.bounds(loaded),
+                )?
+                .prompt
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "give either 'prompt' (a string) or 'messages'",
+                ));
+            }
+        };
+        let ids = loaded
+            .encoder
+            .encode(&prompt)
+            .map_err(|e| ApiError::invalid("", e.to_string()))?;
+        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.context}))
+    };
+    match result.await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}` → `{"prompt": "text"}`.
+async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
+    let result = async {
+        let loaded = app.ready()?;
+        let map = api::object(&body(request, app.config.max_body).await?)?;
+        api::known_fields(&map, &[&["model", "tokens"]])?;
+        check_model(&app, &map)?;
+        #[derive(serde::Deserialize)]
+        struct Tokens {
+            tokens: Vec<u32>,
+        }
+        let Tokens { tokens } = api::typed(&map)?;
+        if let Some(bad) = tokens.iter().find(|&&id| id as usize >= loaded.vocab) {
+            return Err(ApiError::invalid(
+                "tokens",
+                format!(
+                    "token id {bad} is not below the vocabulary size {}",
+                    loaded.vocab
+                ),
+            ));
+        }
+        let text = loaded
+            .encoder
+            .decode(&tokens, false)
+            .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        Ok(json!({ "prompt": text }))
+    };
+    match result.await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// An optional `model` must name the served model.
+fn check_model(app: &App, map: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    match map.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if app.model_names().contains(m) => Ok(()),
+        Some(other) => {
+            let asked = other.as_str().map_or(other.to_string(), str::to_string);
+            Err(ApiError::model_not_found(&asked, &app.model_names()))
+        }
+    }
+}
