@@ -88,6 +88,11 @@ impl PackageDefaults {
         {
             apply(search, &mut sampling, None);
         }
+        // A greedy package's `top_k: 1` (onnxruntime-genai's builder writes it) spells greedy
+        // out; kept, it would make every sampled request greedy too.
+        if sampling.greedy && sampling.top_k == 1 {
+            sampling.top_k = 0;
+        }
         sampling.validate().map_err(|e| Error::Package {
             path: dir.display().to_string(),
             reason: format!("the package's generation defaults are invalid: {e}"),

@@ -248,6 +248,8 @@ fn package_generation_defaults_fill_the_options() {
     // it wins over generation_config.json.
     let model = Model::open(dir.path(), &ModelOptions::default()).unwrap();
     assert!(model.default_options().sampling.greedy);
+    // Its top_k of 1 spells greedy out; a request that turns sampling on must not inherit it.
+    assert_eq!(model.default_options().sampling.top_k, 0);
     let genai = dir.path().join("genai_config.json");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&genai).unwrap()).unwrap();

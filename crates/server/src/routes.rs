@@ -305,11 +305,11 @@ impl Pending {
                     offset += token.len();
                     texts.push(token);
                     lps.push(lp.logprob);
-                    let top: serde_json::Map<String, Value> = lp
-                        .top
-                        .iter()
-                        .map(|&(t, l)| (token_text(&self.encoder, t), json!(l)))
-                        .collect();
+                    // Keyed by text: ids that decode alike keep the likeliest one's value.
+                    let mut top = serde_json::Map::new();
+                    for &(t, l) in &lp.top {
+                        top.entry(token_text(&self.encoder, t)).or_insert(json!(l));
+                    }
                     tops.push(top);
                 }
                 json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops,

@@ -1,0 +1,551 @@
+//! The HTTP API on a fixture package: response shapes, streaming, every bad request with its
+//! status code (and the server still serving after each), keys, limits and timeouts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{get, post, request, start};
+use oxgen_server::Config;
+use oxgen_testkit::fixtures::{FixtureConfig, tokenizer, write_package};
+use serde_json::{Value, json};
+
+const MODEL: &str = "fixture";
+
+fn fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    dir
+}
+
+fn config() -> Config {
+    let mut c = Config::new(MODEL);
+    c.aliases = vec!["other-name".into()];
+    c.max_body = 4096;
+    c.max_tokens_limit = 64;
+    c
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "be brief"},
+                     {"role": "user", "content": "the cat and the dog"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": true,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        if v.is_null() {
+            body.as_object_mut().unwrap().remove(k);
+        } else {
+            body[k] = v.clone();
+        }
+    }
+    body
+}
+
+#[test]
+fn chat_completion_has_the_openai_shape() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let r = post(addr, "/v1/chat/completions", &chat(json!({})));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], MODEL);
+    let choice = &v["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["finish_reason"], "length");
+    assert!(choice["logprobs"].is_null());
+    let text = choice["message"]["content"].as_str().unwrap().to_string();
+    let u = &v["usage"];
+    assert_eq!(u["completion_tokens"], 8);
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + 8)
+    );
+    // The alias names the same model; greedy is deterministic.
+    let again = post(
+        addr,
+        "/v1/chat/completions",
+        &chat(json!({"model": "other-name"})),
+    );
+    assert_eq!(again.json()["choices"][0]["message"]["content"], text);
+    // `developer` is a system message; text parts are concatenated.
+    let parts = post(
+        addr,
+        "/v1/chat/completions",
+        &chat(json!({"messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "the cat "},
+                                         {"type": "text", "text": "and the dog"}]}]})),
+    );
+    assert_eq!(parts.json()["choices"][0]["message"]["content"], text);
+    // n = 2: two choices, each generating its own 8 tokens.
+    let two = post(addr, "/v1/chat/completions", &chat(json!({"n": 2}))).json();
+    assert_eq!(two["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(two["choices"][1]["index"], 1);
+    assert_eq!(two["choices"][1]["message"]["content"], text);
+    assert_eq!(two["usage"]["completion_tokens"], 16);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn streaming_sends_role_first_one_id_usage_and_done() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let plain = post(addr, "/v1/chat/completions", &chat(json!({}))).json();
+    let want = plain["choices"][0]["message"]["content"].as_str().unwrap();
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &chat(json!({"stream": true, "stream_options": {"include_usage": true}})),
+    );
+    assert_eq!(r.status, 200);
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(chunks.iter().all(|c| c["id"] == id), "one id across chunks");
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let (usage_chunk, rest) = chunks.split_last().unwrap();
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(usage_chunk["usage"]["completion_tokens"], 8);
+    assert!(rest.iter().all(|c| c["usage"].is_null()));
+    let text: String = rest
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, want, "streamed text equals the whole response");
+    let finishes: Vec<&Value> = rest
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finishes, [&json!("length")]);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn completions_take_text_or_ids_and_report_logprobs() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let ids = post(addr, "/tokenize", &json!({"prompt": "the cat and the dog"})).json();
+    let tokens = ids["tokens"].clone();
+    assert_eq!(ids["count"], tokens.as_array().unwrap().len());
+    assert_eq!(ids["max_model_len"], 128);
+    let back = post(addr, "/detokenize", &json!({"tokens": tokens})).json();
+    assert_eq!(back["prompt"], "the cat and the dog");
+    let body = |prompt: Value| {
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 0,
+               "ignore_eos": true, "logprobs": 3})
+    };
+    let by_text = post(addr, "/v1/completions", &body(json!("the cat and the dog"))).json();
+    let by_ids = post(addr, "/v1/completions", &body(tokens)).json();
+    assert_eq!(by_text["object"], "text_completion");
+    assert!(by_text["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(by_text["choices"][0]["text"], by_ids["choices"][0]["text"]);
+    let lp = &by_text["choices"][0]["logprobs"];
+    let token_lps = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(token_lps.len(), 6);
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let values: Vec<f64> = top
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert!(!values.is_empty() && values.len() <= 3);
+        // Greedy: the chosen token is the most likely one.
+        let best = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        assert!((token_lps[i].as_f64().unwrap() - best).abs() < 1e-6);
+        assert!(best <= 0.0);
+    }
+    let offsets = lp["text_offset"].as_array().unwrap();
+    assert_eq!(offsets[0], 0);
+    // Chat logprobs: entries sorted, the chosen one first under greedy.
+    let chat_lp = post(
+        addr,
+        "/v1/chat/completions",
+        &chat(json!({"logprobs": true, "top_logprobs": 2})),
+    )
+    .json();
+    let content = chat_lp["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert_eq!(content.len(), 8);
+    for entry in content {
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(entry["token"], top[0]["token"]);
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+        assert_eq!(
+            entry["bytes"],
+            json!(entry["token"].as_str().unwrap().as_bytes())
+        );
+    }
+    server.shutdown().unwrap();
+}
+
+/// Every request here is refused with its status code, and the server keeps serving.
+#[test]
+fn bad_requests_get_their_status_and_the_server_keeps_serving() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let chat_path = "/v1/chat/completions";
+    let long_prompt = "the cat and the dog ".repeat(60);
+    let cases: Vec<(&str, &str, Vec<u8>, u16, Option<&str>)> = vec![
+        ("malformed JSON", chat_path, b"{\"model\":".to_vec(), 400, None),
+        ("not an object", chat_path, b"[1, 2]".to_vec(), 400, None),
+        (
+            "invalid UTF-8",
+            chat_path,
+            b"{\"model\":\"fixture\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}"
+                .to_vec(),
+            400,
+            None,
+        ),
+        (
+            "wrong type",
+            chat_path,
+            chat(json!({"temperature": "hot"})).to_string().into_bytes(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "negative temperature",
+            chat_path,
+            chat(json!({"temperature": -1})).to_string().into_bytes(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "negative max_tokens",
+            chat_path,
+            chat(json!({"max_tokens": -5})).to_string().into_bytes(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "absurd max_tokens",
+            chat_path,
+            chat(json!({"max_tokens": 1_000_000_000_000u64}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "n zero",
+            chat_path,
+            chat(json!({"n": 0})).to_string().into_bytes(),
+            400,
+            Some("n"),
+        ),
+        (
+            "absurd n",
+            chat_path,
+            chat(json!({"n": 100000})).to_string().into_bytes(),
+            400,
+            Some("n"),
+        ),
+        (
+            "absurd top_logprobs",
+            chat_path,
+            chat(json!({"logprobs": true, "top_logprobs": 99}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            "top_logprobs without logprobs",
+            chat_path,
+            chat(json!({"top_logprobs": 2})).to_string().into_bytes(),
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            "top_p zero",
+            chat_path,
+            chat(json!({"top_p": 0})).to_string().into_bytes(),
+            400,
+            Some("top_p"),
+        ),
+        (
+            "unknown field",
+            chat_path,
+            chat(json!({"frobnicate": 1})).to_string().into_bytes(),
+            400,
+            Some("frobnicate"),
+        ),
+        (
+            "tools",
+            chat_path,
+            chat(json!({"tools": []})).to_string().into_bytes(),
+            400,
+            Some("tools"),
+        ),
+        (
+            "tool role",
+            chat_path,
+            chat(json!({"messages": [{"role": "tool", "content": "x"}]}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            "image part",
+            chat_path,
+            chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("messages[0].content[0].type"),
+        ),
+        (
+            "no messages",
+            chat_path,
+            chat(json!({"messages": []})).to_string().into_bytes(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "missing messages",
+            chat_path,
+            chat(json!({"messages": null})).to_string().into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "missing model",
+            chat_path,
+            chat(json!({"model": null})).to_string().into_bytes(),
+            400,
+            None,
+        ),
+        (
+            "five stop strings",
+            chat_path,
+            chat(json!({"stop": ["a", "b", "c", "d", "e"]}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("stop"),
+        ),
+        (
+            "logit_bias key",
+            chat_path,
+            chat(json!({"logit_bias": {"99999999": 5}}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            "json response format",
+            chat_path,
+            chat(json!({"response_format": {"type": "json_object"}}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "stream_options without stream",
+            chat_path,
+            chat(json!({"stream_options": {"include_usage": true}}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("stream_options"),
+        ),
+        (
+            "prompt over the context",
+            chat_path,
+            chat(json!({"messages": [{"role": "user", "content": long_prompt}]}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "unknown model",
+            chat_path,
+            chat(json!({"model": "gpt-4"})).to_string().into_bytes(),
+            404,
+            Some("model"),
+        ),
+        (
+            "batch of prompts",
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": ["a", "b"]})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "token id past the vocabulary",
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": [1, 999999]})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "detokenize past the vocabulary",
+            "/detokenize",
+            json!({"tokens": [999999]}).to_string().into_bytes(),
+            400,
+            Some("tokens"),
+        ),
+        (
+            "body over the limit",
+            chat_path,
+            chat(json!({"user": "x".repeat(5000)}))
+                .to_string()
+                .into_bytes(),
+            413,
+            None,
+        ),
+        ("no such endpoint", "/v1/embeddings", b"{}".to_vec(), 404, None),
+    ];
+    for (what, path, body, status, param) in cases {
+        let r = request(addr, "POST", path, &[], &body);
+        assert_eq!(
+            r.status,
+            status,
+            "{what}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let error = &r.json()["error"];
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}: {error}"
+        );
+        assert!(error["type"].is_string(), "{what}: {error}");
+        if let Some(param) = param {
+            assert_eq!(error["param"], param, "{what}: {error}");
+        }
+        assert_eq!(get(addr, "/health").status, 200, "{what}: server down");
+    }
+    let over = post(
+        addr,
+        chat_path,
+        &chat(json!({"messages": [{"role": "user", "content": long_prompt}]})),
+    );
+    assert_eq!(over.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(
+        post(addr, chat_path, &chat(json!({"model": "gpt-4"}))).json()["error"]["code"],
+        "model_not_found"
+    );
+    // Still serving, and the refusals were counted by status.
+    assert_eq!(post(addr, chat_path, &chat(json!({}))).status, 200);
+    common::wait_idle(addr);
+    let metrics = String::from_utf8(get(addr, "/metrics").body).unwrap();
+    for line in [
+        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
+        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"} 1",
+        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 2",
+        "oxgen_generation_tokens_total 8",
+        "oxgen_time_to_first_token_seconds_count 1",
+        "oxgen_inter_token_latency_seconds_count 7",
+        "oxgen_queue_depth 0",
+        "oxgen_running_requests 0",
+    ] {
+        assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+    }
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn an_api_key_guards_everything_but_health() {
+    let dir = fixture();
+    let mut c = config();
+    c.api_key = Some("sekrit".into());
+    let server = start(dir.path(), 1, c);
+    let addr = server.addr();
+    let body = chat(json!({})).to_string();
+    let with = |auth: &[(&str, &str)]| {
+        request(addr, "POST", "/v1/chat/completions", auth, body.as_bytes())
+    };
+    let missing = with(&[]);
+    assert_eq!(missing.status, 401);
+    assert_eq!(missing.json()["error"]["code"], "invalid_api_key");
+    assert_eq!(with(&[("Authorization", "Bearer wrong")]).status, 401);
+    assert_eq!(with(&[("Authorization", "Bearer sekrit")]).status, 200);
+    assert_eq!(request(addr, "GET", "/v1/models", &[], b"").status, 401);
+    assert_eq!(get(addr, "/health").status, 200);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn models_lists_the_served_model() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let v = get(addr, "/v1/models").json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], MODEL);
+    assert_eq!(v["data"][0]["meta"]["context_length"], 128);
+    assert_eq!(get(addr, "/v1/models/other-name").json()["id"], MODEL);
+    assert_eq!(get(addr, "/v1/models/nope").status, 404);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_request_over_its_time_gets_503_and_frees_everything() {
+    let dir = fixture();
+    let mut c = config();
+    c.request_timeout = Some(Duration::ZERO);
+    let server = start(dir.path(), 1, c);
+    let addr = server.addr();
+    let r = post(addr, "/v1/chat/completions", &chat(json!({})));
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "timeout");
+    // Streaming: headers went out first, so the error is a chunk, then [DONE].
+    let s = post(addr, "/v1/chat/completions", &chat(json!({"stream": true})));
+    assert_eq!(s.status, 200);
+    let events = s.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "timeout");
+    common::wait_idle(addr);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn the_fixture_vocabulary_is_what_the_server_checks_ids_against() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let last = tokenizer::VOCAB_SIZE - 1;
+    let ok = post(addr, "/detokenize", &json!({"tokens": [last]}));
+    assert_eq!(ok.status, 200);
+    let past = post(addr, "/detokenize", &json!({"tokens": [last + 1]}));
+    assert_eq!(past.status, 400);
+    server.shutdown().unwrap();
+}

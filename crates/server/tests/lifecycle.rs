@@ -1,0 +1,164 @@
+//! Requests over their lifetime on the default model (its generations are long enough to
+//! interrupt): clients that leave mid-stream, while queued or while waiting for a whole
+//! response free everything they held; a full queue answers 429; shutdown drains.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{default_model, get, live, open, post, start, wait_idle};
+use oxgen_server::Config;
+use serde_json::{Value, json};
+
+const MODEL: &str = "smollm2";
+
+fn body(max_tokens: usize, stream: bool) -> Vec<u8> {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": stream,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// Polls `/health` until `pred` holds for (queued, running, kv sequences).
+fn wait_for(addr: std::net::SocketAddr, what: &str, pred: impl Fn((u64, u64, u64)) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !pred(live(addr)) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still {:?} after 60 s",
+            live(addr)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn clients_that_leave_free_what_they_held_and_a_full_queue_answers_429() {
+    let mut config = Config::new(MODEL);
+    config.max_batch = 1;
+    config.max_queue = 1;
+    let server = start(&default_model(), 2, config);
+    let addr = server.addr();
+
+    // A runs; B waits in the queue; C finds the queue full.
+    let mut a = open(addr, "POST", CHAT, &[], &body(4000, true));
+    assert_eq!(a.status, 200);
+    let role = a.next_event().unwrap();
+    assert!(role.contains("\"role\":\"assistant\""), "{role}");
+    let first: Value = serde_json::from_str(&a.next_event().unwrap()).unwrap();
+    assert!(first["choices"][0]["delta"]["content"].is_string());
+    let b = open(addr, "POST", CHAT, &[], &body(4000, true));
+    assert_eq!(b.status, 200);
+    wait_for(addr, "B queued", |(q, r, _)| q == 1 && r == 1);
+    let c = post(
+        addr,
+        CHAT,
+        &serde_json::from_slice(&body(4, false)).unwrap(),
+    );
+    assert_eq!(c.status, 429, "{}", String::from_utf8_lossy(&c.body));
+    assert_eq!(c.header("retry-after"), Some("1"));
+    assert_eq!(c.json()["error"]["code"], "queue_full");
+
+    // B leaves while queued: the queue empties, A keeps running.
+    drop(b);
+    wait_for(addr, "B gone from the queue", |(q, r, k)| {
+        q == 0 && r == 1 && k == 1
+    });
+    // A leaves mid-stream: its sequence and KV are freed.
+    drop(a);
+    wait_idle(addr);
+
+    // D waits for a whole (non-streaming) response, then leaves.
+    let d = common::send(addr, "POST", CHAT, &[], &body(4000, false));
+    wait_for(addr, "D running", |(_, r, _)| r == 1);
+    drop(d);
+    wait_idle(addr);
+
+    // Everything freed, and the server still answers.
+    let ok = post(
+        addr,
+        CHAT,
+        &serde_json::from_slice(&body(3, false)).unwrap(),
+    );
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.json()["usage"]["completion_tokens"], 3);
+    wait_idle(addr);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn shutdown_drains_running_requests_and_refuses_new_ones() {
+    let server = start(&default_model(), 2, Config::new(MODEL));
+    let addr = server.addr();
+    let mut a = open(addr, "POST", CHAT, &[], &body(48, true));
+    a.next_event().unwrap();
+    a.next_event().unwrap();
+    let stopping = std::thread::spawn(move || server.shutdown());
+    // While A runs, the server is draining: health and new requests answer 503.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(addr, "/health").status != 503 {
+        assert!(Instant::now() < deadline, "health never went 503");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let refused = post(
+        addr,
+        CHAT,
+        &serde_json::from_slice(&body(4, false)).unwrap(),
+    );
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.json()["error"]["code"], "shutting_down");
+    // A finishes normally.
+    let rest = a.finish().events();
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"));
+    let finish: Value = serde_json::from_str(&rest[rest.len() - 2]).unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    stopping.join().unwrap().unwrap();
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "still listening after shutdown"
+    );
+}
+
+#[test]
+fn requests_still_running_at_the_shutdown_timeout_get_an_error() {
+    let mut config = Config::new(MODEL);
+    config.shutdown_timeout = Duration::from_millis(300);
+    let server = start(&default_model(), 2, config);
+    let addr = server.addr();
+    let mut a = open(addr, "POST", CHAT, &[], &body(4000, true));
+    a.next_event().unwrap();
+    server.shutdown().unwrap();
+    let rest = a.finish().events();
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"));
+    let error: Value = serde_json::from_str(&rest[rest.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "shutting_down", "{error}");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_text_and_others_differ() {
+    let server = start(&default_model(), 2, Config::new(MODEL));
+    let addr = server.addr();
+    let sample = |seed: u64| {
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Write a sentence about the sea."}],
+            "max_tokens": 12, "temperature": 1.0, "seed": seed,
+        });
+        post(addr, CHAT, &body).json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(sample(42), sample(42));
+    let texts: std::collections::BTreeSet<String> = (0..4).map(sample).collect();
+    assert!(texts.len() > 1, "four seeds gave one text: {texts:?}");
+    server.shutdown().unwrap();
+}
