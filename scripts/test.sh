@@ -4,14 +4,15 @@
 #   - a Python virtual environment with the pinned onnx wheel (its backend node tests are the
 #     op conformance suite), onnxruntime (the oracle native kernels are compared with),
 #     gguf (the reference GGUF dequantizer) and onnxruntime-genai (runs imported packages in
-#     the interoperability test; it loads this onnxruntime);
+#     the interoperability test; it loads this onnxruntime) and the official openai client
+#     (run against `oxgen serve`);
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
 # then runs the conformance suite and every crate's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0
-    onnxruntime-genai==0.18.0)
+    onnxruntime-genai==0.18.0 openai==3.57.0)
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
 VENV="$CACHE/venv"
 STAMP="$VENV/.installed-$(echo "${PY_PACKAGES[*]}" | cksum | cut -d' ' -f1)"

@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Exercises `oxgen serve` with the official `openai` Python client.
+
+Usage: python openai_client.py BASE_URL MODEL_ID [API_KEY]
+  BASE_URL  e.g. http://127.0.0.1:8123/v1
+  MODEL_ID  the id the server serves, e.g. SmolLM2-135M-Instruct
+  API_KEY   the server's --api-key, if it was started with one
+
+Prints `ok NAME` per check passed; exits 0 when all pass, otherwise prints
+`FAILED NAME: reason` and exits 1.
+"""
+
+import json
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+import openai
+
+if len(sys.argv) not in (3, 4):
+    sys.exit(__doc__)
+
+BASE_URL = sys.argv[1].rstrip("/")
+MODEL = sys.argv[2]
+API_KEY = sys.argv[3] if len(sys.argv) == 4 else None
+ROOT = BASE_URL[: -len("/v1")] if BASE_URL.endswith("/v1") else BASE_URL
+
+client = openai.OpenAI(
+    base_url=BASE_URL, api_key=API_KEY or "unused", max_retries=0, timeout=60
+)
+
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Tell me a short fact about the moon."},
+]
+
+
+def http(path, body=None):
+    """GET (or POST `body` as JSON) ROOT + path; returns (status, parsed JSON)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(ROOT + path, data=data)
+    req.add_header("Content-Type", "application/json")
+    if API_KEY:
+        req.add_header("Authorization", f"Bearer {API_KEY}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def wait_ready(seconds=120):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            status, _ = http("/health")
+            if status == 200:
+                return
+        except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{ROOT}/health did not answer 200 within {seconds} s")
+        time.sleep(0.2)
+
+
+def chat(**kw):
+    args = {"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 16}
+    args.update(kw)
+    return client.chat.completions.create(**args)
+
+
+def expect_error(cls, status, **kw):
+    """Runs chat(**kw), which must raise `cls` with `status`; returns the exception."""
+    try:
+        r = chat(**kw)
+    except cls as e:
+        assert e.status_code == status, f"status {e.status_code}, wanted {status}"
+        assert isinstance(e.body, dict), f"error body is not an object: {e.body!r}"
+        full = e.response.json()
+        assert set(full) == {"error"}, f"error envelope: {full}"
+        for key in ("message", "type", "param", "code"):
+            assert key in full["error"], f"error has no '{key}': {full}"
+        assert full["error"]["message"], f"empty error message: {full}"
+        return e
+    except openai.APIError as e:
+        raise AssertionError(f"wanted {cls.__name__}, got {type(e).__name__}: {e}")
+    raise AssertionError(f"wanted {cls.__name__}, but the request succeeded: {r}")
+
+
+def greedy_content(r):
+    c = r.choices[0].message.content
+    assert isinstance(c, str) and c, f"content is empty or not a string: {c!r}"
+    return c
+
+
+# --- the checks ---------------------------------------------------------------------------
+
+
+def check_models():
+    ids = [m.id for m in client.models.list()]
+    assert MODEL in ids, f"{MODEL!r} not in {ids}"
+    m = client.models.retrieve(MODEL)
+    assert m.id == MODEL, f"retrieve gave {m.id!r}"
+
+
+def check_chat():
+    r = chat()
+    assert r.object == "chat.completion", f"object {r.object!r}"
+    assert r.model == MODEL, f"model {r.model!r}"
+    assert len(r.choices) == 1, f"{len(r.choices)} choices"
+    c = r.choices[0]
+    assert c.index == 0, f"index {c.index}"
+    assert c.message.role == "assistant", f"role {c.message.role!r}"
+    content = greedy_content(r)
+    assert c.finish_reason in ("stop", "length"), f"finish_reason {c.finish_reason!r}"
+    u = r.usage
+    assert u is not None, "no usage"
+    assert u.prompt_tokens > 0, f"prompt_tokens {u.prompt_tokens}"
+    assert 1 <= u.completion_tokens <= 16, f"completion_tokens {u.completion_tokens}"
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens, f"usage {u}"
+    if c.finish_reason == "length":
+        assert u.completion_tokens == 16, f"finish 'length' after {u.completion_tokens}"
+    again = greedy_content(chat())
+    assert again == content, f"greedy differs between calls: {content!r} vs {again!r}"
+
+
+def check_message_forms():
+    r = chat(
+        messages=[
+            {"role": "developer", "content": "You are terse."},
+            {"role": "user", "content": "Name a colour."},
+        ],
+        max_tokens=8,
+    )
+    greedy_content(r)
+    parts = chat(
+        messages=[
+            {"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Tell me a short "},
+                    {"type": "text", "text": "fact about the moon."},
+                ],
+            },
+        ]
+    )
+    # Text parts are joined, so this is the same prompt as MESSAGES.
+    plain = chat()
+    assert greedy_content(parts) == greedy_content(plain), "text parts differ from plain strings"
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens, "text parts: prompt_tokens differ"
+    # A conversation with an earlier assistant turn.
+    r = chat(
+        messages=[
+            {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": "Name a fruit."},
+        ],
+        max_tokens=8,
+    )
+    greedy_content(r)
+
+
+def check_stream():
+    want = chat(max_tokens=16)
+    chunks = list(
+        chat(max_tokens=16, stream=True, stream_options={"include_usage": True})
+    )
+    assert len(chunks) >= 3, f"only {len(chunks)} chunks"
+    ids = {ch.id for ch in chunks}
+    assert len(ids) == 1, f"chunk ids differ: {ids}"
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks), "chunk object"
+    first = chunks[0]
+    assert first.choices and first.choices[0].delta.role == "assistant", f"first chunk {first}"
+    *body, last = chunks
+    assert last.choices == [], f"last chunk has choices: {last}"
+    assert last.usage is not None, "last chunk has no usage"
+    assert last.usage.completion_tokens > 0, f"usage {last.usage}"
+    assert last.usage.completion_tokens == want.usage.completion_tokens, (
+        f"stream usage {last.usage} vs {want.usage}"
+    )
+    assert last.usage.prompt_tokens == want.usage.prompt_tokens, "stream prompt_tokens"
+    for ch in body:
+        assert ch.usage is None, f"usage before the last chunk: {ch}"
+        assert len(ch.choices) == 1, f"chunk with {len(ch.choices)} choices"
+        assert ch.choices[0].index == 0, "chunk choice index"
+    finishes = [ch.choices[0].finish_reason for ch in body if ch.choices[0].finish_reason]
+    assert len(finishes) == 1, f"finish reasons {finishes}"
+    assert finishes[0] == want.choices[0].finish_reason, (
+        f"stream finish {finishes[0]!r} vs {want.choices[0].finish_reason!r}"
+    )
+    assert body[-1].choices[0].finish_reason is not None, "finish_reason is not on the last choice chunk"
+    text = "".join(ch.choices[0].delta.content or "" for ch in body)
+    assert text == greedy_content(want), f"stream {text!r} vs non-stream {want.choices[0].message.content!r}"
+    # Without stream_options no chunk has usage and none is choice-less.
+    plain = list(chat(max_tokens=4, stream=True))
+    assert all(ch.usage is None and ch.choices for ch in plain), "usage sent without include_usage"
+
+
+def check_stop():
+    base = greedy_content(chat(max_tokens=24))
+    words = base.split()
+    assert len(words) >= 4, f"greedy output too short to pick a stop word: {base!r}"
+    # A word in the middle whose first occurrence is not at the start.
+    stop = next((w for w in words[2:] if base.find(w) > 0), None)
+    assert stop is not None, f"no usable stop word in {base!r}"
+    cut = base[: base.index(stop)]
+    r = chat(max_tokens=24, stop=[stop])
+    c = r.choices[0]
+    assert c.finish_reason == "stop", f"finish_reason {c.finish_reason!r} with stop={stop!r}"
+    assert stop not in (c.message.content or ""), f"stop string {stop!r} in {c.message.content!r}"
+    assert c.message.content == cut, f"stop={stop!r}: {c.message.content!r}, wanted {cut!r}"
+    # The same stop string given as a plain string, and streamed.
+    r = chat(max_tokens=24, stop=stop, stream=True)
+    chunks = list(r)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == cut, f"streamed stop={stop!r}: {text!r}, wanted {cut!r}"
+    fin = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert fin == ["stop"], f"streamed stop finish reasons {fin}"
+
+
+def seeded(kw, seeds):
+    return [chat(seed=s, **kw).choices[0].message.content for s in seeds]
+
+
+def distinct_outputs(kw, seeds):
+    """The texts for `seeds`, stopping once two differ."""
+    outs = set()
+    for s in seeds:
+        outs.add(chat(seed=s, **kw).choices[0].message.content)
+        if len(outs) > 1:
+            break
+    return outs
+
+
+def check_seed():
+    # Plain OpenAI parameters: temperature 1 must sample, so different seeds must not all
+    # give the same text, while one seed always gives the same text.
+    kw = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 16}
+    a, b = seeded(kw, [1234, 1234])
+    assert a == b, f"same seed, different outputs: {a!r} vs {b!r}"
+    outs = distinct_outputs(kw, range(1, 7))
+    assert len(outs) > 1, (
+        f"seeds 1..6 at temperature=1.0, top_p=0.95 all gave {outs} (sampling does not sample)"
+    )
+
+
+def check_seed_top_k():
+    # The same with the server's `top_k` extension set to 0 (no top-k cut), which rules out
+    # the package's top-k default.
+    kw = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 16, "extra_body": {"top_k": 0}}
+    a, b = seeded(kw, [1234, 1234])
+    assert a == b, f"same seed, different outputs: {a!r} vs {b!r}"
+    outs = distinct_outputs(kw, range(1, 7))
+    assert len(outs) > 1, f"seeds 1..6 at temperature=1.0, top_k=0 all gave {outs}"
+
+
+def check_logprobs():
+    # This prompt ends with the end-of-sequence token well within 24 tokens, so the EOS
+    # entry is covered; the server reports an entry for every generated token, EOS included.
+    r = chat(
+        messages=[
+            {"role": "system", "content": "Answer with a single word."},
+            {"role": "user", "content": "Say yes."},
+        ],
+        max_tokens=24,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    c = r.choices[0]
+    assert c.logprobs is not None and c.logprobs.content is not None, "no logprobs.content"
+    entries = c.logprobs.content
+    n = r.usage.completion_tokens
+    assert len(entries) == n, f"{len(entries)} logprob entries for {n} completion tokens"
+    for i, e in enumerate(entries):
+        assert e.logprob <= 0, f"entry {i}: logprob {e.logprob}"
+        assert isinstance(e.token, str), f"entry {i}: token {e.token!r}"
+        assert e.bytes == list(e.token.encode()), f"entry {i}: bytes {e.bytes} for {e.token!r}"
+        top = e.top_logprobs
+        assert len(top) == 3, f"entry {i}: {len(top)} top_logprobs"
+        lps = [t.logprob for t in top]
+        assert lps == sorted(lps, reverse=True), f"entry {i}: top not descending {lps}"
+        assert all(lp <= 0 for lp in lps), f"entry {i}: positive top logprob {lps}"
+        assert abs(e.logprob - top[0].logprob) <= 1e-6, (
+            f"entry {i}: greedy chose {e.token!r} ({e.logprob}) but top is {top[0].token!r} ({top[0].logprob})"
+        )
+        assert e.token == top[0].token, f"entry {i}: token {e.token!r} vs top {top[0].token!r}"
+    content = greedy_content(r)
+    if c.finish_reason == "stop":
+        # Ended by EOS: its entry is last, and the others spell the content.
+        spelled = "".join(e.token for e in entries[:-1])
+        if content.isascii():
+            assert spelled == content, f"tokens spell {spelled!r}, content {content!r}"
+        assert entries[-1].token not in content, f"EOS token {entries[-1].token!r} in content"
+    else:
+        assert len(entries) == 24, f"finish {c.finish_reason!r} after {len(entries)} tokens"
+    # Same text as without logprobs.
+    plain = chat(messages=[
+        {"role": "system", "content": "Answer with a single word."},
+        {"role": "user", "content": "Say yes."},
+    ], max_tokens=24)
+    assert greedy_content(plain) == content, "logprobs changed the output"
+    assert plain.choices[0].logprobs is None, "logprobs returned without being asked for"
+    # logprobs without top_logprobs: entries with no alternatives.
+    r = chat(max_tokens=4, logprobs=True)
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == r.usage.completion_tokens, "logprobs=True alone: entry count"
+    assert all(e.top_logprobs == [] for e in entries), "logprobs=True alone: top_logprobs not empty"
+
+
+def check_n():
+    r = chat(n=2, max_tokens=12)
+    assert len(r.choices) == 2, f"{len(r.choices)} choices"
+    assert [c.index for c in sorted(r.choices, key=lambda c: c.index)] == [0, 1], "indices"
+    a, b = (c.message.content for c in sorted(r.choices, key=lambda c: c.index))
+    assert a and a == b, f"greedy n=2 differ: {a!r} vs {b!r}"
+    one = chat(max_tokens=12)
+    assert a == greedy_content(one), f"n=2 {a!r} vs n=1 {one.choices[0].message.content!r}"
+    assert r.usage.completion_tokens == 2 * one.usage.completion_tokens, (
+        f"n=2 usage {r.usage.completion_tokens} vs 2 x {one.usage.completion_tokens}"
+    )
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens, "n=2 prompt_tokens"
+
+
+def check_completions():
+    prompt = "The capital of France is"
+    kw = {"model": MODEL, "max_tokens": 8, "temperature": 0}
+    r = client.completions.create(prompt=prompt, **kw)
+    assert r.object == "text_completion", f"object {r.object!r}"
+    assert len(r.choices) == 1, f"{len(r.choices)} choices"
+    text = r.choices[0].text
+    assert isinstance(text, str) and text, f"text {text!r}"
+    assert r.choices[0].finish_reason in ("stop", "length"), f"finish {r.choices[0].finish_reason!r}"
+    u = r.usage
+    assert u is not None and u.prompt_tokens > 0 and 1 <= u.completion_tokens <= 8, f"usage {u}"
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens, f"usage {u}"
+
+    chunks = list(client.completions.create(prompt=prompt, stream=True, **kw))
+    streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert streamed == text, f"stream {streamed!r} vs non-stream {text!r}"
+    fin = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert fin == [r.choices[0].finish_reason], f"stream finish reasons {fin}"
+
+    status, tok = http("/tokenize", {"prompt": prompt})
+    assert status == 200, f"/tokenize answered {status}: {tok}"
+    ids = tok["tokens"]
+    assert ids and all(isinstance(i, int) for i in ids), f"tokens {ids}"
+    assert tok["count"] == len(ids), f"count {tok['count']} for {len(ids)} ids"
+    assert tok["max_model_len"] > 0, f"max_model_len {tok['max_model_len']}"
+    assert tok["count"] == u.prompt_tokens, f"/tokenize count {tok['count']} vs usage {u.prompt_tokens}"
+    by_ids = client.completions.create(prompt=ids, **kw)
+    assert by_ids.choices[0].text == text, f"token-id prompt {by_ids.choices[0].text!r} vs {text!r}"
+    assert by_ids.usage.prompt_tokens == len(ids), f"token-id prompt usage {by_ids.usage}"
+
+
+def check_errors():
+    e = expect_error(openai.NotFoundError, 404, model="no-such-model")
+    assert e.body["code"] == "model_not_found", f"body {e.body}"
+    assert e.response.json()["error"]["code"] == "model_not_found", f"{e.response.json()}"
+    assert e.code == "model_not_found" and e.param == "model", f"code {e.code!r} param {e.param!r}"
+
+    e = expect_error(openai.BadRequestError, 400, temperature=-1)
+    assert e.param == "temperature", f"param {e.param!r}"
+    assert e.type == "invalid_request_error", f"type {e.type!r}"
+
+    e = expect_error(openai.BadRequestError, 400, n=1000)
+    assert e.param == "n", f"param {e.param!r}"
+    e = expect_error(openai.BadRequestError, 400, max_tokens=-5)
+    assert e.param == "max_tokens", f"param {e.param!r}"
+    e = expect_error(openai.BadRequestError, 400, logprobs=True, top_logprobs=99)
+    assert e.param == "top_logprobs", f"param {e.param!r}"
+
+    e = expect_error(openai.BadRequestError, 400, extra_body={"frobnicate": 1})
+    assert "frobnicate" in e.body["message"], f"message {e.body['message']!r}"
+    assert e.param == "frobnicate", f"param {e.param!r}"
+
+    e = expect_error(
+        openai.BadRequestError,
+        400,
+        messages=[
+            {"role": "user", "content": "What is the weather?"},
+            {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        ],
+    )
+    assert "tool" in e.body["message"], f"message {e.body['message']!r}"
+    assert (e.param or "").startswith("messages[1]"), f"param {e.param!r}"
+
+    e = expect_error(
+        openai.BadRequestError,
+        400,
+        messages=[{"role": "user", "content": "word " * 9000}],
+        max_tokens=1,
+    )
+    assert e.code == "context_length_exceeded", f"code {e.code!r}: {e.body}"
+    assert e.param == "messages", f"param {e.param!r}"
+
+    e = expect_error(openai.BadRequestError, 400, temperature=5, stream=True)
+    assert e.param == "temperature", f"param {e.param!r}"
+
+    if API_KEY:
+        bad = openai.OpenAI(base_url=BASE_URL, api_key=API_KEY + "-wrong", max_retries=0, timeout=60)
+        for call in (
+            lambda: bad.models.list(),
+            lambda: bad.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4),
+        ):
+            try:
+                call()
+            except openai.AuthenticationError as e:
+                assert e.status_code == 401, f"status {e.status_code}"
+                assert e.code == "invalid_api_key", f"code {e.code!r}"
+            else:
+                raise AssertionError("a wrong API key was accepted")
+        greedy_content(chat(max_tokens=4))  # the good key works
+
+    # The server still answers normally.
+    greedy_content(chat(max_tokens=8))
+
+
+CHECKS = [
+    ("models", check_models),
+    ("chat", check_chat),
+    ("message forms", check_message_forms),
+    ("stream", check_stream),
+    ("stop", check_stop),
+    ("seed", check_seed),
+    ("seed top_k=0", check_seed_top_k),
+    ("logprobs", check_logprobs),
+    ("n", check_n),
+    ("completions", check_completions),
+    ("errors", check_errors),
+]
+
+
+def main():
+    started = time.monotonic()
+    try:
+        wait_ready()
+    except AssertionError as e:
+        print(f"FAILED health: {e}")
+        return 1
+    failed = []
+    for name, check in CHECKS:
+        try:
+            check()
+        except Exception as e:  # noqa: BLE001 - report any failure under the check's name
+            traceback.print_exc()
+            print(f"FAILED {name}: {type(e).__name__}: {e}", flush=True)
+            failed.append(name)
+            continue
+        print(f"ok {name}", flush=True)
+    took = time.monotonic() - started
+    if failed:
+        print(f"{len(failed)} of {len(CHECKS)} checks FAILED ({', '.join(failed)}) in {took:.1f} s")
+        return 1
+    print(f"all {len(CHECKS)} checks passed in {took:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
