@@ -549,3 +549,47 @@ fn the_fixture_vocabulary_is_what_the_server_checks_ids_against() {
     assert_eq!(past.status, 400);
     server.shutdown().unwrap();
 }
+
+#[test]
+fn health_is_503_while_loading_and_a_failed_load_stops_the_server() {
+    let dir = fixture();
+    let path = dir.path().to_path_buf();
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    let server = oxgen_server::Server::start(
+        config(),
+        "127.0.0.1:0",
+        Box::new(move || {
+            // The load blocks until the test has seen the server answer while loading.
+            let _ = gate.recv();
+            oxgen::Model::open(&path, &Default::default()).map_err(|e| e.to_string())
+        }),
+    )
+    .unwrap();
+    let addr = server.addr();
+    let loading = get(addr, "/health");
+    assert_eq!(loading.status, 503);
+    assert_eq!(loading.json()["status"], "loading");
+    let early = post(addr, "/v1/chat/completions", &chat(json!({})));
+    assert_eq!(early.status, 503);
+    assert_eq!(early.json()["error"]["code"], "loading");
+    release.send(()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get(addr, "/health").status != 200 {
+        assert!(std::time::Instant::now() < deadline, "never loaded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        post(addr, "/v1/chat/completions", &chat(json!({}))).status,
+        200
+    );
+    server.shutdown().unwrap();
+
+    let failing = oxgen_server::Server::start(
+        config(),
+        "127.0.0.1:0",
+        Box::new(|| Err("no model here".to_string())),
+    )
+    .unwrap();
+    let e = failing.wait().expect_err("a failed load ends the server");
+    assert!(e.contains("no model here"), "{e}");
+}
