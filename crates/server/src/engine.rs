@@ -97,10 +97,10 @@ impl Running {
             }
             metrics.generated_tokens.fetch_add(1, Relaxed);
             self.completion_tokens += 1;
-            if step.finish.is_some() {
-                if let Some(s) = slot.take() {
-                    model.end(s);
-                }
+            if step.finish.is_some()
+                && let Some(s) = slot.take()
+            {
+                model.end(s);
             }
             let _ = self.job.events.send(Event::Token { choice, step });
         }

@@ -214,7 +214,9 @@ fn bad_requests_get_their_status_and_the_server_keeps_serving() {
     let addr = server.addr();
     let chat_path = "/v1/chat/completions";
     let long_prompt = "the cat and the dog ".repeat(60);
-    let cases: Vec<(&str, &str, Vec<u8>, u16, Option<&str>)> = vec![
+    // (what, path, body, status, the `param` the error names)
+    type Case<'a> = (&'a str, &'a str, Vec<u8>, u16, Option<&'a str>);
+    let cases: Vec<Case> = vec![
         ("malformed JSON", chat_path, b"{\"model\":".to_vec(), 400, None),
         ("not an object", chat_path, b"[1, 2]".to_vec(), 400, None),
         (
