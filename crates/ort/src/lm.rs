@@ -1,0 +1,325 @@
+//! A language model stepped through ONNX Runtime, each sequence's KV bound across steps.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use ort::value::DynTensor;
+use oxgen_runtime::{
+    Batch, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId, SeqStep,
+    StepLogits,
+};
+use oxgen_tensor::DType;
+
+use crate::session::{io_spec, open_session};
+use crate::{OrtError, element_type, into_tensor, ort_bytes};
+
+struct SeqState {
+    len: usize,
+    max_context: usize,
+    /// Per layer: key and value. Shared-buffer graphs: `[1, heads, max_context, size]`,
+    /// written in place by the run; otherwise the last run's present (`len` positions).
+    kv: Vec<[DynTensor; 2]>,
+}
+
+/// A decoder-only language model run by ONNX Runtime.
+pub struct OrtLm {
+    session: ort::session::Session,
+    contract: LmContract,
+    shared_kv: bool,
+    seqs: HashMap<SeqId, SeqState>,
+    next_id: u64,
+}
+
+fn err(e: impl std::fmt::Display) -> RuntimeError {
+    OrtError::Ort(e.to_string()).into()
+}
+
+impl OrtLm {
+    /// Opens the graph at `model` (KV names per `kv`). `shared_kv`: the graph's attention is
+    /// `GroupQueryAttention`, whose past and present may share one context-sized buffer.
+    pub fn open(
+        model: &Path,
+        lib: Option<&Path>,
+        threads: usize,
+        kv: &KvTemplates,
+        shared_kv: bool,
+    ) -> Result<OrtLm, RuntimeError> {
+        let session = open_session(model, lib, threads)?;
+        let inputs: Vec<_> = session.inputs().iter().map(io_spec).collect();
+        let outputs: Vec<_> = session.outputs().iter().map(io_spec).collect();
+        let contract = LmContract::from_io(&inputs, &outputs, kv)?;
+        Ok(OrtLm {
+            session,
+            contract,
+            shared_kv,
+            seqs: HashMap::new(),
+            next_id: 0,
+        })
+    }
+
+    /// Whether past and present KV share one buffer per layer.
+    pub fn shared_kv(&self) -> bool {
+        self.shared_kv
+    }
+
+    /// A `[1, heads, positions, size]` KV tensor.
+    fn kv_tensor(&self, positions: usize) -> Result<DynTensor, RuntimeError> {
+        let c = &self.contract;
+        let dims = [1, c.kv_heads as i64, positions as i64, c.head_size as i64];
+        DynTensor::new(self.session.allocator(), element_type(c.kv_dtype)?, dims).map_err(err)
+    }
+
+    /// An integer input `[1, len]`.
+    fn int_input(
+        &self,
+        dtype: DType,
+        len: usize,
+        value: impl Fn(usize) -> i64,
+    ) -> Result<DynTensor, RuntimeError> {
+        let mut t = DynTensor::new(
+            self.session.allocator(),
+            element_type(dtype)?,
+            [1, len as i64],
+        )
+        .map_err(err)?;
+        if len > 0 {
+            let ptr = t.data_ptr_mut();
+            // SAFETY: the tensor was just allocated with `len` elements of `dtype`.
+            unsafe {
+                match dtype {
+                    DType::I32 => {
+                        let s = std::slice::from_raw_parts_mut(ptr.cast::<i32>(), len);
+                        s.iter_mut()
+                            .enumerate()
+                            .for_each(|(i, v)| *v = value(i) as i32);
+                    }
+                    _ => {
+                        let s = std::slice::from_raw_parts_mut(ptr.cast::<i64>(), len);
+                        s.iter_mut().enumerate().for_each(|(i, v)| *v = value(i));
+                    }
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// The first `len` positions of a concatenated-KV tensor (a step that rewinds).
+    fn truncate(&self, t: &DynTensor, len: usize) -> Result<DynTensor, RuntimeError> {
+        let (dtype, dims, bytes) = ort_bytes(t)?;
+        let (heads, have, width) = (dims[1], dims[2], dims[3] * dtype.bits() / 8);
+        let mut out = self.kv_tensor(len)?;
+        if len * width > 0 {
+            // SAFETY: `out` holds heads × len × width bytes, the source heads × have × width.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(out.data_ptr_mut().cast::<u8>(), heads * len * width)
+            };
+            for h in 0..heads {
+                let src = &bytes[h * have * width..][..len * width];
+                dst[h * len * width..][..len * width].copy_from_slice(src);
+            }
+        }
+        Ok(out)
+    }
+
+    fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
+        let seq_err = |msg: String| RuntimeError::Sequence(step.seq.0, msg);
+        let state = self
+            .seqs
+            .get(&step.seq)
+            .ok_or_else(|| seq_err("no such sequence".into()))?;
+        let n = step.tokens.len();
+        if n == 0 {
+            return Err(seq_err("a step needs at least one token".into()));
+        }
+        if step.pos > state.len {
+            return Err(seq_err(format!(
+                "position {} is past the sequence's length {}",
+                step.pos, state.len
+            )));
+        }
+        let end = step.pos + n;
+        if end > state.max_context {
+            return Err(seq_err(format!(
+                "{end} positions exceed the context of {} this sequence was added with",
+                state.max_context
+            )));
+        }
+        let c = &self.contract;
+        let mut binding = self.session.create_binding().map_err(err)?;
+        let ids = self.int_input(c.input_ids_dtype, n, |i| step.tokens[i] as i64)?;
+        binding.bind_input(&c.input_ids, &ids).map_err(err)?;
+        if let Some((name, dtype)) = &c.attention_mask {
+            let mask = self.int_input(*dtype, end, |_| 1)?;
+            binding.bind_input(name, &mask).map_err(err)?;
+        }
+        if let Some((name, dtype)) = &c.position_ids {
+            let positions = self.int_input(*dtype, n, |i| (step.pos + i) as i64)?;
+            binding.bind_input(name, &positions).map_err(err)?;
+        }
+        let cpu = ort::memory::MemoryInfo::new(
+            ort::memory::AllocationDevice::CPU,
+            0,
+            ort::memory::AllocatorType::Device,
+            ort::memory::MemoryType::Default,
+        )
+        .map_err(err)?;
+        // A rewinding step on concatenated KV starts from a truncated copy.
+        if !self.shared_kv && step.pos < state.len {
+            let truncated = state
+                .kv
+                .iter()
+                .map(|[k, v]| Ok([self.truncate(k, step.pos)?, self.truncate(v, step.pos)?]))
+                .collect::<Result<Vec<_>, RuntimeError>>()?;
+            self.seqs.get_mut(&step.seq).expect("found above").kv = truncated;
+        }
+        let state = self.seqs.get_mut(&step.seq).expect("found above");
+        for (names, [k, v]) in c.layers.iter().zip(state.kv.iter_mut()) {
+            binding.bind_input(&names.past_key, &*k).map_err(err)?;
+            binding.bind_input(&names.past_value, &*v).map_err(err)?;
+            if self.shared_kv {
+                // Present is the same buffer: the run appends in place.
+                binding
+                    .bind_output(&names.present_key, &mut *k)
+                    .map_err(err)?;
+                binding
+                    .bind_output(&names.present_value, &mut *v)
+                    .map_err(err)?;
+            } else {
+                binding
+                    .bind_output_to_device(&names.present_key, &cpu)
+                    .map_err(err)?;
+                binding
+                    .bind_output_to_device(&names.present_value, &cpu)
+                    .map_err(err)?;
+            }
+        }
+        binding
+            .bind_output_to_device(&c.logits, &cpu)
+            .map_err(err)?;
+        let mut outputs = self.session.run_binding(&binding).map_err(err)?;
+        let logits = outputs
+            .remove(&c.logits)
+            .ok_or_else(|| err(format!("the run returned no '{}'", c.logits)))?;
+        copy_logits(&into_tensor(logits)?, step, n, out)?;
+        if !self.shared_kv {
+            for (names, kv) in c.layers.iter().zip(state.kv.iter_mut()) {
+                let mut take = |name: &str| {
+                    outputs
+                        .remove(name)
+                        .ok_or_else(|| err(format!("the run returned no '{name}'")))
+                        .and_then(|v| into_tensor(v).map_err(RuntimeError::from))
+                };
+                *kv = [take(&names.present_key)?, take(&names.present_value)?];
+            }
+        }
+        state.len = end;
+        Ok(())
+    }
+}
+
+/// Appends the rows `step` wants from `[1, sequence, vocab]` logits to `out`.
+fn copy_logits(
+    logits: &DynTensor,
+    step: &SeqStep,
+    n: usize,
+    out: &mut StepLogits,
+) -> Result<(), RuntimeError> {
+    let (dtype, dims, bytes) = ort_bytes(logits)?;
+    let (rows_in_output, vocab) = match dims.as_slice() {
+        [1, s, v] => (*s, *v),
+        [1, v] => (1, *v),
+        other => return Err(err(format!("logits have shape {other:?}"))),
+    };
+    if out.vocab != 0 && out.vocab != vocab {
+        return Err(err(format!(
+            "logits width {vocab} differs from this batch's {}",
+            out.vocab
+        )));
+    }
+    out.vocab = vocab;
+    let rows = match step.logits {
+        LogitsWanted::None => 0..0,
+        LogitsWanted::Last => rows_in_output - 1..rows_in_output,
+        LogitsWanted::All if rows_in_output == n => 0..n,
+        LogitsWanted::All => {
+            return Err(err(format!(
+                "the graph returns {rows_in_output} logits rows for {n} tokens"
+            )));
+        }
+    };
+    let first = out.data.len() / vocab.max(1);
+    out.rows.push(first..first + rows.len());
+    let size = dtype.bits() / 8;
+    let bytes = &bytes[rows.start * vocab * size..rows.end * vocab * size];
+    match dtype {
+        DType::F32 => out.data.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        DType::F16 => out.data.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        DType::BF16 => out.data.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        other => {
+            return Err(err(format!(
+                "logits are {other}; expected float32, float16 or bfloat16"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl LanguageModel for OrtLm {
+    fn contract(&self) -> &LmContract {
+        &self.contract
+    }
+
+    fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
+        if max_context == 0 {
+            return Err(err("a sequence needs a context of at least one position"));
+        }
+        let positions = if self.shared_kv { max_context } else { 0 };
+        let kv = (0..self.contract.layers.len())
+            .map(|_| Ok([self.kv_tensor(positions)?, self.kv_tensor(positions)?]))
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.seqs.insert(
+            id,
+            SeqState {
+                len: 0,
+                max_context,
+                kv,
+            },
+        );
+        Ok(id)
+    }
+
+    fn remove_sequence(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+    }
+
+    fn sequence_len(&self, seq: SeqId) -> Option<usize> {
+        self.seqs.get(&seq).map(|s| s.len)
+    }
+
+    fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
+        out.vocab = 0;
+        out.rows.clear();
+        out.data.clear();
+        // One run per sequence: onnxruntime's GroupQueryAttention refuses a multi-token step
+        // with past KV at batch > 1, and sequences of different lengths need padding anyway.
+        for step in batch.steps {
+            self.step_one(step, out)?;
+        }
+        Ok(())
+    }
+}
