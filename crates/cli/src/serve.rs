@@ -9,6 +9,10 @@ use oxgen_server::{Config, Server};
 use crate::options::{RunArgs, model_dir};
 
 #[derive(clap::Args)]
+#[command(mut_arg("threads", |a| a.help(
+    "Kernel threads (0: every core but one, which is left to the HTTP worker and the \
+     tokenizing thread)"
+)))]
 pub struct Args {
     /// A package folder; without it the default model is used, pulled first if needed.
     model: Option<String>,
@@ -30,9 +34,10 @@ pub struct Args {
     /// Another name accepted in `model` (repeatable; comma-separated in the variable).
     #[arg(long, env = "OXGEN_ALIAS", value_delimiter = ',')]
     alias: Vec<String>,
-    /// Requests that may wait for a slot; more get 429 with Retry-After.
-    #[arg(long, env = "OXGEN_MAX_QUEUE", default_value_t = 64)]
-    max_queue: usize,
+    /// Requests that may wait for a slot (at least 1); more get 429 with Retry-After.
+    #[arg(long, env = "OXGEN_MAX_QUEUE", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_queue: u64,
     /// Sequences generating at once (a request with n choices counts n); also bounds n.
     #[arg(long, env = "OXGEN_MAX_BATCH", default_value_t = 8,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -94,7 +99,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         model_id,
         aliases: args.alias.clone(),
         api_key,
-        max_queue: args.max_queue,
+        max_queue: args.max_queue as usize,
         max_batch: args.max_batch as usize,
         max_tokens_limit: args.max_tokens_limit as usize,
         ctx_size: args.run.ctx_size.map(|c| c as usize),
@@ -105,9 +110,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         handle_signals: true,
     };
     let options = ModelOptions {
-        threads: args.run.threads,
+        threads: kernel_threads(args.run.threads),
         context: None,
         exact: args.run.exact,
+        ..Default::default()
     };
     let addr = format!("{}:{}", args.host, args.port);
     let open_dir = dir.clone();
@@ -123,4 +129,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         dir.display()
     );
     server.wait().map_err(anyhow::Error::msg)
+}
+
+/// `--threads`, where 0 leaves one core to the HTTP side (a worker and a tokenizing thread)
+/// instead of giving the kernels every core.
+fn kernel_threads(asked: usize) -> usize {
+    if asked > 0 {
+        return asked;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(1)
+        .max(1)
 }

@@ -122,3 +122,23 @@ fn sigterm_lets_running_requests_finish_then_exits_0() {
     assert_eq!(finish["choices"][0]["finish_reason"], "length", "{finish}");
     assert_eq!(exit_code(child, Duration::from_secs(60)), Some(0));
 }
+
+#[test]
+fn serve_refuses_an_empty_queue_and_leaves_a_core_to_http_by_default() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+        .args(["serve", "--max-queue", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "clap's usage error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--max-queue"), "{stderr}");
+    let help = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("every core but one"),
+        "serve's --threads help says what 0 means: {help}"
+    );
+}

@@ -51,6 +51,12 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The vocabulary string of `id` (byte-level BPE spells bytes in GPT-2's alphabet:
+    /// `Ġ` for a space), before any decoder runs.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

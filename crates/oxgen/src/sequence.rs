@@ -14,26 +14,6 @@ pub struct Sequence {
     top_logprobs: Option<usize>,
 }
 
-impl Sequence {
-    pub fn prompt_len(&self) -> usize {
-        self.decoding.prompt_len()
-    }
-
-    /// The ids generated so far.
-    pub fn generated(&self) -> &[u32] {
-        self.decoding.generated()
-    }
-
-    pub fn finish_reason(&self) -> Option<FinishReason> {
-        self.decoding.finish_reason()
-    }
-
-    /// Ends the generation at the current token (the finish reason becomes `Cancelled`).
-    pub fn cancel(&mut self) {
-        self.decoding.cancel();
-    }
-}
-
 /// One generated token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use oxgen::{ChatMessage, GenerateOptions, Prompt, SamplingParams};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -141,9 +140,9 @@ pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-/// Deserializes `map` as `T`, naming the field at fault.
-pub fn typed<T: DeserializeOwned>(map: &Map<String, Value>) -> Result<T, ApiError> {
-    let value = Value::Object(map.clone());
+/// Deserializes `value` as `T`, naming the field at fault. Reads through the reference, so
+/// each struct pulled from one body copies only the fields it keeps.
+pub fn typed<'de, T: Deserialize<'de>>(value: &'de Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = if path == "." { String::new() } else { path };
@@ -236,12 +235,31 @@ impl Common {
         bounds: &Bounds,
     ) -> Result<Request, ApiError> {
         let mut s = bounds.defaults.clone();
-        if let Some(t) = self.temperature {
-            let t = range("temperature", t, 0.0, 2.0)?;
-            s.greedy = t == 0.0;
-            if t > 0.0 {
-                s.temperature = t;
+        let n = count("n", self.n.unwrap_or(1), 1, bounds.max_n)?;
+        match self.temperature {
+            Some(t) => {
+                let t = range("temperature", t, 0.0, 2.0)?;
+                s.greedy = t == 0.0;
+                if t > 0.0 {
+                    s.temperature = t;
+                }
             }
+            // As the CLI: asking for a sampling control, a seed or several choices turns
+            // sampling on, at the package's temperature; otherwise these would be ignored
+            // on a greedy package.
+            None if self.top_p.is_some()
+                || self.top_k.is_some()
+                || self.min_p.is_some()
+                || self.seed.is_some()
+                || n > 1 =>
+            {
+                s.greedy = false;
+                if s.temperature == 0.0 {
+                    // A package spelling greedy as temperature 0: sample at the neutral 1.
+                    s.temperature = 1.0;
+                }
+            }
+            None => {}
         }
         if let Some(p) = self.top_p {
             if p <= 0.0 {
@@ -300,7 +318,6 @@ impl Common {
                 e.message.push_str(" (this server's --max-tokens-limit)");
                 e
             })?;
-        let n = count("n", self.n.unwrap_or(1), 1, bounds.max_n)?;
         let stream = self.stream.unwrap_or(false);
         if self.stream_options.is_some() && !stream {
             return Err(ApiError::invalid(
@@ -366,7 +383,11 @@ fn message_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
     }
 }
 
-fn chat_messages(messages: Vec<Map<String, Value>>) -> Result<Vec<ChatMessage>, ApiError> {
+/// Validates chat messages: roles (`developer` is taken as `system`), text content; a
+/// message's `name` is accepted and ignored.
+pub(crate) fn chat_messages(
+    messages: Vec<Map<String, Value>>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages is empty"));
     }
@@ -409,8 +430,9 @@ fn chat_messages(messages: Vec<Map<String, Value>>) -> Result<Vec<ChatMessage>, 
 pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     let map = object(body)?;
     known_fields(&map, &[COMMON_FIELDS, CHAT_FIELDS])?;
-    let common: Common = typed(&map)?;
-    let chat: ChatFields = typed(&map)?;
+    let value = Value::Object(map);
+    let common: Common = typed(&value)?;
+    let chat: ChatFields = typed(&value)?;
     if let Some(f) = chat.response_format
         && f.kind != "text"
     {
@@ -443,8 +465,9 @@ pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
 pub fn completion(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     let map = object(body)?;
     known_fields(&map, &[COMMON_FIELDS, COMPLETION_FIELDS])?;
-    let common: Common = typed(&map)?;
-    let fields: CompletionFields = typed(&map)?;
+    let value = Value::Object(map);
+    let common: Common = typed(&value)?;
+    let fields: CompletionFields = typed(&value)?;
     let prompt = completion_prompt(fields.prompt, bounds.vocab)?;
     let top_logprobs = fields
         .logprobs

@@ -5,7 +5,7 @@
 //! client disconnected) is cancelled at the next turn and its KV freed.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -124,7 +124,9 @@ fn timed_out(timeout: Option<Duration>) -> ApiError {
     )
 }
 
-/// Starts every choice of `job`; on failure the job gets the error and nothing is held.
+/// Starts every choice of `job`; on failure (the KV could not be allocated) the job gets a
+/// 500 and nothing is held. The request was validated before it was queued, so a failure here
+/// is the server's.
 fn admit(model: &mut Model, job: Job, metrics: &Metrics) -> Option<Running> {
     let mut seqs = Vec::with_capacity(job.n);
     for choice in 0..job.n {
@@ -136,9 +138,9 @@ fn admit(model: &mut Model, job: Job, metrics: &Metrics) -> Option<Running> {
                 for s in seqs.into_iter().flatten() {
                     model.end(s);
                 }
-                let _ = job
-                    .events
-                    .send(Event::Error(ApiError::invalid("", e.to_string())));
+                let _ = job.events.send(Event::Error(ApiError::internal(format!(
+                    "starting the generation failed: {e}"
+                ))));
                 return None;
             }
         }
@@ -207,10 +209,16 @@ pub fn run(
                 break;
             }
             let job = pending.pop_front().expect("front exists");
-            metrics.queued.fetch_sub(1, Relaxed);
-            if let Some(r) = admit(model, job, metrics) {
-                running.push(r);
-                metrics.running.fetch_add(1, Relaxed);
+            // Counted as running before it stops counting as queued, so `Metrics::live`
+            // never reads 0 while a request is being admitted (a drain would take that for
+            // idle and abort it).
+            metrics.running.fetch_add(1, Relaxed);
+            metrics.queued.fetch_sub(1, Release);
+            match admit(model, job, metrics) {
+                Some(r) => running.push(r),
+                None => {
+                    metrics.running.fetch_sub(1, Relaxed);
+                }
             }
         }
         for r in &mut running {

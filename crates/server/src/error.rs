@@ -67,6 +67,17 @@ impl ApiError {
         e
     }
 
+    /// 405: the endpoint exists but not with this method.
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            format!("{path} does not take {method} requests"),
+        );
+        e.code = Some("method_not_allowed");
+        e
+    }
+
     pub fn too_large(limit: usize) -> ApiError {
         let mut e = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

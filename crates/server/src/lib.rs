@@ -1,10 +1,12 @@
 //! oxgen-server: an OpenAI-compatible HTTP API over one [`oxgen::Model`].
 //!
-//! Two kinds of threads: a small tokio runtime (one worker) answers HTTP, tokenizes prompts
-//! and streams results; one engine thread owns the model and runs the scheduler loop
-//! ([`engine`]), its kernels fanning out over the model's own compute pool. So the busy
-//! threads never outnumber the cores the model was given, plus an HTTP thread that mostly
-//! sleeps.
+//! Threads: a small tokio runtime answers HTTP and streams results on one worker, and
+//! tokenizes prompts on at most one blocking thread (so a huge prompt does not stall every
+//! other connection); one engine thread owns the model and runs the scheduler loop
+//! ([`engine`]), its kernels fanning out over the model's own compute pool. The pool's size
+//! is the caller's choice: the kernels plus these two HTTP threads should not outnumber the
+//! cores, which is why `oxgen serve` gives the kernels every core but one by default
+//! (`--threads 0`).
 //!
 //! ```no_run
 //! use oxgen_server::{Config, Server};
@@ -46,7 +48,8 @@ pub struct Config {
     pub aliases: Vec<String>,
     /// When set, every endpoint but `/health` needs `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
-    /// Requests waiting beyond this many get 429.
+    /// Requests waiting for a slot in the running set beyond this many get 429. At least 1
+    /// (0 is taken as 1: every request waits in the queue, however briefly, on its way in).
     pub max_queue: usize,
     /// Sequences generating at once (a request with `n` choices counts `n`); also bounds `n`.
     pub max_batch: usize,
@@ -54,11 +57,12 @@ pub struct Config {
     pub max_tokens_limit: usize,
     /// Positions a sequence may hold; `None`: the model's context length.
     pub ctx_size: Option<usize>,
-    /// From arrival to the last token; `None`: no limit.
+    /// From arrival to the last token; `None` (or one too large to add to a time): no limit.
     pub request_timeout: Option<Duration>,
     /// Request bodies over this many bytes get 413.
     pub max_body: usize,
-    /// On shutdown, how long running requests may take to finish.
+    /// On shutdown, how long running requests may take to finish (one too large to add to a
+    /// time: no limit).
     pub shutdown_timeout: Duration,
     /// Stop on SIGTERM and Ctrl-C (the CLI; in-process tests call [`Server::shutdown`]).
     pub handle_signals: bool,
@@ -130,6 +134,26 @@ impl App {
         self.phase.store(phase as u8, Ordering::Release);
     }
 
+    /// Loading → Ready; a shutdown (or failure) that began during the load stands.
+    fn mark_ready(&self) {
+        let _ = self.phase.compare_exchange(
+            Phase::Loading as u8,
+            Phase::Ready as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Any phase but Failed → Draining.
+    fn begin_drain(&self) {
+        let _ = self
+            .phase
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (p != Phase::Failed as u8).then_some(Phase::Draining as u8)
+            });
+    }
+
+    /// Records why the engine stopped, and stops the server.
     fn fail(&self, reason: String) {
         eprintln!("oxgen serve: {reason}");
         let _ = self.failure.set(reason);
@@ -168,14 +192,13 @@ impl App {
     }
 }
 
-/// Sets the phase to failed if the engine thread unwinds.
+/// Fails the server (and so stops it) if the engine thread unwinds, loading or running.
 struct PanicGuard<'a>(&'a App);
 
 impl Drop for PanicGuard<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let _ = self.0.failure.set("the engine thread panicked".into());
-            self.0.set_phase(Phase::Failed);
+            self.0.fail("the engine thread panicked".into());
         }
     }
 }
@@ -184,6 +207,7 @@ impl Drop for PanicGuard<'_> {
 pub type Open = Box<dyn FnOnce() -> Result<Model, String> + Send>;
 
 fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
+    let _guard = PanicGuard(&app);
     let mut model = match open() {
         Ok(model) => model,
         Err(e) => return app.fail(format!("loading the model: {e}")),
@@ -200,13 +224,13 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         sampling: model.default_options().sampling,
     };
     let _ = app.loaded.set(loaded);
-    app.set_phase(Phase::Ready);
+    // When a shutdown began during the load, the loop below sees `abort` soon.
+    app.mark_ready();
     eprintln!(
         "oxgen serve: model '{}' loaded in {:.2} s; context {context}",
         app.config.model_id,
         model.load_time().as_secs_f64()
     );
-    let _guard = PanicGuard(&app);
     let limits = engine::Limits {
         max_batch: app.config.max_batch,
         request_timeout: app.config.request_timeout,
@@ -274,7 +298,8 @@ impl Server {
         self.wait()
     }
 
-    /// Blocks until the server stops; an error if the model failed to load.
+    /// Blocks until the server stops; an error if the engine failed (the model did not load,
+    /// or the engine thread panicked).
     pub fn wait(self) -> Result<(), String> {
         let served = self
             .http
@@ -282,8 +307,8 @@ impl Server {
             .map_err(|_| "the HTTP thread panicked".to_string())?;
         served?;
         match self.app.failure.get() {
-            Some(reason) if self.app.loaded.get().is_none() => Err(reason.clone()),
-            _ => Ok(()),
+            Some(reason) => Err(reason.clone()),
+            None => Ok(()),
         }
     }
 }
@@ -291,6 +316,8 @@ impl Server {
 fn serve_http(app: Arc<App>, listener: std::net::TcpListener) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        // Prompts are tokenized here (`spawn_blocking`): one thread keeps the budget.
+        .max_blocking_threads(1)
         .thread_name("oxgen-http-io")
         .enable_all()
         .build()
@@ -345,19 +372,30 @@ async fn wait_for_stop(app: &App) {
 }
 
 /// New requests get 503 from here on; running and queued ones get until the shutdown
-/// timeout to finish, then the engine fails what is left.
+/// timeout to finish, then the engine fails what is left. A failed engine answers nothing
+/// more (its requests already got errors when it went), so there is nothing to wait for.
 async fn drain(app: &App) {
-    if app.phase() != Phase::Failed {
-        app.set_phase(Phase::Draining);
+    app.begin_drain();
+    if app.phase() == Phase::Failed {
+        return;
     }
-    let deadline = Instant::now() + app.config.shutdown_timeout;
-    while app.metrics.live() > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Pairs with the fence in `submit` between counting a request and its last look at the
+    // phase: either that look sees Draining, or `live` below counts the request.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    settle(app, app.config.shutdown_timeout).await;
     app.abort.store(true, Ordering::Relaxed);
     // Let the engine answer what it still held.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while app.metrics.live() > 0 && Instant::now() < deadline {
+    settle(app, ENGINE_STOP_GRACE).await;
+}
+
+/// How long the engine gets to fail what it held once told to stop.
+const ENGINE_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits until no request is queued or running, or `within` has passed (a `within` too
+/// large to add to a time: no limit).
+async fn settle(app: &App, within: Duration) {
+    let deadline = Instant::now().checked_add(within);
+    while app.metrics.live() > 0 && deadline.is_none_or(|d| Instant::now() < d) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

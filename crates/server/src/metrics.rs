@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Latency buckets in seconds, shared by TTFT and inter-token latency.
@@ -86,9 +86,12 @@ impl Metrics {
         *requests.entry((endpoint.to_string(), status)).or_default() += 1;
     }
 
-    /// Requests queued or running.
+    /// Requests queued or running. The engine counts a request as running before it stops
+    /// counting it as queued (that decrement releasing the increment), and `queued` is read
+    /// first, acquiring it: a request being admitted is never missed.
     pub fn live(&self) -> usize {
-        self.queued.load(Relaxed) + self.running.load(Relaxed)
+        let queued = self.queued.load(Acquire);
+        queued + self.running.load(Relaxed)
     }
 
     pub fn render(&self) -> String {

@@ -6,16 +6,15 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::to_bytes;
 use axum::extract::{MatchedPath, Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
 use oxgen::{Logprobs, Prompt};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::api::{self, Bounds};
@@ -28,13 +27,16 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+        .route("/v1/models/{*id}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(app.clone(), guard))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::method_not_allowed(method.as_str(), uri.path())
+        })
         .with_state(app)
 }
 
@@ -75,8 +77,9 @@ fn authorized(headers: &HeaderMap, key: &str) -> bool {
             == 0
 }
 
-/// The body, refused with 413 over the limit.
-async fn body(request: Request, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+/// The body: 413 over the limit, 400 when it cannot be read (the client sent less than it
+/// declared, or bad chunked encoding).
+async fn body(request: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -85,9 +88,36 @@ async fn body(request: Request, limit: usize) -> Result<axum::body::Bytes, ApiEr
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    to_bytes(request.into_body(), limit)
+    let mut data = request.into_body().into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = data.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::invalid("", format!("could not read the request body: {e}")))?;
+        if bytes.len() + chunk.len() > limit {
+            return Err(ApiError::too_large(limit));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
+/// The ids of `prompt`, tokenized on the runtime's blocking thread so that a huge prompt
+/// does not hold up the worker answering every other connection. A chat template that
+/// refuses the messages is a 422.
+async fn encode(loaded: &Loaded, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    if let Prompt::Tokens(ids) = prompt {
+        return Ok(ids);
+    }
+    let encoder = loaded.encoder.clone();
+    tokio::task::spawn_blocking(move || encoder.encode(&prompt))
         .await
-        .map_err(|_| ApiError::too_large(limit))
+        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?
+        .map_err(|e| match e {
+            oxgen::Error::Generate(oxgen::GenerateError::Template(m)) => {
+                ApiError::unprocessable(format!("the chat template refused the messages: {m}"))
+            }
+            other => ApiError::invalid("", other.to_string()),
+        })
 }
 
 fn unix_now() -> u64 {
@@ -135,21 +165,14 @@ impl App {
     }
 
     /// Tokenizes, sizes and queues a request.
-    fn submit(
-        &self,
-        loaded: &Loaded,
-        kind: Kind,
-        mut req: api::Request,
-    ) -> Result<Pending, ApiError> {
+    async fn submit(&self, kind: Kind, mut req: api::Request) -> Result<Pending, ApiError> {
         if !self.model_names().contains(&req.model) {
             return Err(ApiError::model_not_found(&req.model, &self.model_names()));
         }
-        let ids = loaded.encoder.encode(&req.prompt).map_err(|e| match e {
-            oxgen::Error::Generate(oxgen::GenerateError::Template(m)) => {
-                ApiError::unprocessable(format!("the chat template refused the messages: {m}"))
-            }
-            other => ApiError::invalid("", other.to_string()),
-        })?;
+        // Again: a shutdown may have begun while the body arrived.
+        let loaded = self.ready()?;
+        let prompt = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
+        let ids = encode(loaded, prompt).await?;
         let param = if kind == Kind::Chat {
             "messages"
         } else {
@@ -176,9 +199,18 @@ impl App {
             .max_tokens
             .unwrap_or(self.config.max_tokens_limit)
             .min(room);
-        if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= self.config.max_queue {
+        // Every request passes through the queue, so a limit of 0 would refuse them all.
+        let max_queue = self.config.max_queue.max(1);
+        if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= max_queue {
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(ApiError::queue_full(self.config.max_queue));
+            return Err(ApiError::queue_full(max_queue));
+        }
+        // Counted as queued before this last look, and fenced as `drain` is after it marks
+        // the phase: a drain that began meanwhile is seen here, or it sees this request.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Err(e) = self.ready() {
+            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(e);
         }
         let (events, receiver) = unbounded_channel();
         let arrived = Instant::now();
@@ -189,7 +221,11 @@ impl App {
             n: req.n,
             top_logprobs: req.top_logprobs,
             arrived,
-            deadline: self.config.request_timeout.map(|t| arrived + t),
+            // A timeout too large to add to a time is no limit.
+            deadline: self
+                .config
+                .request_timeout
+                .and_then(|t| arrived.checked_add(t)),
             events,
         };
         if self.jobs.send(job).is_err() {
@@ -235,7 +271,7 @@ async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
             Kind::Chat => api::chat(&body, &bounds)?,
             Kind::Completion => api::completion(&body, &bounds)?,
         };
-        app.submit(loaded, kind, req)
+        app.submit(kind, req).await
     };
     match pending.await {
         Err(e) => e.into_response(),
@@ -264,21 +300,27 @@ fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
     })
 }
 
+/// The text of token `id` alone: U+FFFD where it holds part of a character.
 fn token_text(encoder: &oxgen::Encoder, id: u32) -> String {
     encoder.decode(&[id], false).unwrap_or_default()
 }
 
 impl Pending {
-    /// The `logprobs` object of a choice, in the endpoint's shape.
-    fn logprobs_json(&self, tokens: &[(u32, Logprobs)], text_start: usize) -> Value {
+    /// The `logprobs` object of a choice's `tokens`, in the endpoint's shape, and the
+    /// `text_offset` after them: completions' offsets run over the token texts (whether the
+    /// tokens arrive at once or chunk by chunk), from `text_start`.
+    fn logprobs_json(&self, tokens: &[(u32, Logprobs)], text_start: usize) -> (Value, usize) {
         if !self.logprobs {
-            return Value::Null;
+            return (Value::Null, text_start);
         }
         match self.kind {
             Kind::Chat => {
                 let entry = |id: u32, logprob: f32| {
-                    let token = token_text(&self.encoder, id);
-                    json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()})
+                    json!({
+                        "token": token_text(&self.encoder, id),
+                        "logprob": logprob,
+                        "bytes": self.encoder.token_bytes(id),
+                    })
                 };
                 let content: Vec<Value> = tokens
                     .iter()
@@ -293,7 +335,7 @@ impl Pending {
                         e
                     })
                     .collect();
-                json!({ "content": content })
+                (json!({ "content": content }), text_start)
             }
             Kind::Completion => {
                 let mut offset = text_start;
@@ -312,8 +354,9 @@ impl Pending {
                     }
                     tops.push(top);
                 }
-                json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops,
-                       "text_offset": offsets})
+                let v = json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops,
+                       "text_offset": offsets});
+                (v, offset)
             }
         }
     }
@@ -335,6 +378,15 @@ impl Pending {
             "system_fingerprint": Value::Null,
             "choices": choices,
         })
+    }
+
+    /// A streaming chunk; with `include_usage` every chunk carries `"usage": null`.
+    fn chunk(&self, choices: Vec<Value>) -> Value {
+        let mut chunk = self.envelope(choices);
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
     }
 
     /// A choice of a response or a chunk: `text` as the message, delta or text.
@@ -370,7 +422,7 @@ async fn collect(mut p: Pending) -> Result<Value, ApiError> {
                     .iter()
                     .enumerate()
                     .map(|(i, c)| {
-                        let logprobs = p.logprobs_json(&c.logprobs, 0);
+                        let (logprobs, _) = p.logprobs_json(&c.logprobs, 0);
                         p.choice(i, json!(c.text), logprobs, c.finish)
                     })
                     .collect();
@@ -419,8 +471,8 @@ fn stream(p: Pending) -> impl IntoResponse {
                 if !step.text.is_empty() || step.logprobs.is_some() {
                     let tokens: Vec<_> =
                         step.logprobs.map(|lp| (step.id, lp)).into_iter().collect();
-                    let logprobs = p.logprobs_json(&tokens, offsets[choice]);
-                    offsets[choice] += step.text.len();
+                    let (logprobs, end) = p.logprobs_json(&tokens, offsets[choice]);
+                    offsets[choice] = end;
                     let text = match p.kind {
                         Kind::Chat => json!({"content": step.text}),
                         Kind::Completion => json!(step.text),
@@ -463,17 +515,6 @@ fn stream(p: Pending) -> impl IntoResponse {
     .flat_map(futures_util::stream::iter);
     let events = head.chain(body).map(Ok::<_, Infallible>);
     axum::response::Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(1)))
-}
-
-impl Pending {
-    /// A streaming chunk; with `include_usage` every chunk carries `"usage": null`.
-    fn chunk(&self, choices: Vec<Value>) -> Value {
-        let mut chunk = self.envelope(choices);
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
-    }
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
@@ -543,14 +584,13 @@ async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
         let prompt = match (map.get("prompt"), map.get("messages")) {
             (Some(Value::String(text)), None) => Prompt::Text(text.clone()),
             (None, Some(_)) => {
-                let mut chat = map.clone();
-                chat.insert("model".into(), json!(app.config.model_id));
-                chat.remove("prompt");
-                api::chat(
-                    &Value::Object(chat).to_string().into_bytes(),
-                    &app.bounds(loaded),
-                )?
-                .prompt
+                #[derive(serde::Deserialize)]
+                struct Messages {
+                    messages: Vec<Map<String, Value>>,
+                }
+                let value = Value::Object(map);
+                let Messages { messages } = api::typed(&value)?;
+                Prompt::Chat(api::chat_messages(messages)?)
             }
             _ => {
                 return Err(ApiError::invalid(
@@ -559,10 +599,7 @@ async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
                 ));
             }
         };
-        let ids = loaded
-            .encoder
-            .encode(&prompt)
-            .map_err(|e| ApiError::invalid("", e.to_string()))?;
+        let ids = encode(loaded, prompt).await?;
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.context}))
     };
     match result.await {
@@ -582,7 +619,8 @@ async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
         struct Tokens {
             tokens: Vec<u32>,
         }
-        let Tokens { tokens } = api::typed(&map)?;
+        let value = Value::Object(map);
+        let Tokens { tokens } = api::typed(&value)?;
         if let Some(bad) = tokens.iter().find(|&&id| id as usize >= loaded.vocab) {
             return Err(ApiError::invalid(
                 "tokens",
@@ -605,7 +643,7 @@ async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
 }
 
 /// An optional `model` must name the served model.
-fn check_model(app: &App, map: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+fn check_model(app: &App, map: &Map<String, Value>) -> Result<(), ApiError> {
     match map.get("model") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if app.model_names().contains(m) => Ok(()),

@@ -20,7 +20,7 @@ fn fixture() -> tempfile::TempDir {
 
 fn config() -> Config {
     let mut c = Config::new(MODEL);
-    c.aliases = vec!["other-name".into()];
+    c.aliases = vec!["other-name".into(), "org/fixture".into()];
     c.max_body = 4096;
     c.max_tokens_limit = 64;
     c
@@ -198,10 +198,9 @@ fn completions_take_text_or_ids_and_report_logprobs() {
         assert_eq!(top.len(), 2);
         assert_eq!(entry["token"], top[0]["token"]);
         assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
-        assert_eq!(
-            entry["bytes"],
-            json!(entry["token"].as_str().unwrap().as_bytes())
-        );
+        // `token` is the lossy text of `bytes` (which may hold part of a character).
+        let bytes: Vec<u8> = serde_json::from_value(entry["bytes"].clone()).unwrap();
+        assert_eq!(entry["token"], json!(String::from_utf8_lossy(&bytes)));
     }
     server.shutdown().unwrap();
 }
@@ -515,6 +514,9 @@ fn models_lists_the_served_model() {
     assert_eq!(v["data"][0]["meta"]["context_length"], 128);
     assert_eq!(get(addr, "/v1/models/other-name").json()["id"], MODEL);
     assert_eq!(get(addr, "/v1/models/nope").status, 404);
+    // Hugging Face style ids hold slashes.
+    assert_eq!(get(addr, "/v1/models/org/fixture").json()["id"], MODEL);
+    assert_eq!(get(addr, "/v1/models/org/nope").status, 404);
     server.shutdown().unwrap();
 }
 
@@ -594,4 +596,261 @@ fn health_is_503_while_loading_and_a_failed_load_stops_the_server() {
     .unwrap();
     let e = failing.wait().expect_err("a failed load ends the server");
     assert!(e.contains("no model here"), "{e}");
+}
+
+/// Without `temperature`, a greedy package samples when a request gives a sampling control,
+/// a seed or `n > 1` (the CLI's rule), instead of ignoring them.
+#[test]
+fn sampling_controls_without_a_temperature_turn_sampling_on() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let texts = |extra: Value| -> Vec<String> {
+        let r = post(
+            addr,
+            "/v1/chat/completions",
+            &chat(json!({"temperature": null, "max_tokens": 12, "n": 3}).merge(extra)),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let sampled = texts(json!({"top_p": 0.9, "seed": 3}));
+    assert!(
+        sampled.iter().any(|t| *t != sampled[0]),
+        "n = 3 with top_p and a seed gave three identical choices: {sampled:?}"
+    );
+    // The same seed gives the same choices.
+    assert_eq!(texts(json!({"top_p": 0.9, "seed": 3})), sampled);
+    // temperature 0 stays greedy whatever else is given.
+    let greedy = texts(json!({"temperature": 0, "top_p": 0.9, "seed": 3}));
+    assert!(greedy.iter().all(|t| *t == greedy[0]), "{greedy:?}");
+    server.shutdown().unwrap();
+}
+
+trait Merge {
+    fn merge(self, other: Value) -> Value;
+}
+
+impl Merge for Value {
+    /// `self` with `other`'s keys laid over it.
+    fn merge(mut self, other: Value) -> Value {
+        for (k, v) in other.as_object().unwrap() {
+            self[k] = v.clone();
+        }
+        self
+    }
+}
+
+#[test]
+fn completion_text_offsets_are_the_same_streamed_or_not() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let body = |stream: bool| {
+        json!({"model": MODEL, "prompt": "the cat and the dog", "max_tokens": 10,
+               "temperature": 0, "ignore_eos": true, "logprobs": 1, "stream": stream})
+    };
+    let whole = post(addr, "/v1/completions", &body(false)).json();
+    let lp = &whole["choices"][0]["logprobs"];
+    let offsets = lp["text_offset"].as_array().unwrap().clone();
+    let streamed: Vec<Value> = post(addr, "/v1/completions", &body(true))
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["logprobs"]["text_offset"]
+                .as_array()
+                .cloned()
+        })
+        .flatten()
+        .collect();
+    assert_eq!(streamed, offsets);
+    // Each offset is the previous one plus that token's text.
+    let tokens = lp["tokens"].as_array().unwrap();
+    for i in 1..offsets.len() {
+        assert_eq!(
+            offsets[i].as_u64().unwrap(),
+            offsets[i - 1].as_u64().unwrap() + tokens[i - 1].as_str().unwrap().len() as u64
+        );
+    }
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn wrong_methods_slash_ids_and_unreadable_bodies_get_openai_errors() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let wrong = get(addr, "/v1/chat/completions");
+    assert_eq!(wrong.status, 405);
+    assert_eq!(wrong.json()["error"]["code"], "method_not_allowed");
+    assert!(wrong.json()["error"]["message"].is_string());
+    // A body shorter than its Content-Length: the client hung up mid-body. The declared
+    // length is under the limit, so this is not a 413.
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    use std::io::Write;
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: 1000\r\n\r\n{{\"model\":"
+    )
+    .unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let short = common::Conn::read_head(stream).finish();
+    assert_eq!(
+        short.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&short.body)
+    );
+    assert!(
+        short.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not read the request body")
+    );
+    assert_eq!(
+        post(addr, "/v1/chat/completions", &chat(json!({}))).status,
+        200
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_queue_of_zero_and_huge_timeouts_still_serve() {
+    let dir = fixture();
+    let mut c = config();
+    c.max_queue = 0;
+    c.request_timeout = Some(Duration::MAX);
+    c.shutdown_timeout = Duration::MAX;
+    let server = start(dir.path(), 1, c);
+    let addr = server.addr();
+    let r = post(addr, "/v1/chat/completions", &chat(json!({})));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    server.shutdown().unwrap();
+}
+
+/// The fixture package with a chat template that refuses system messages.
+fn fixture_refusing_system_messages() -> tempfile::TempDir {
+    let dir = fixture();
+    let path = dir.path().join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let template = config["chat_template"].as_str().unwrap();
+    config["chat_template"] = json!(format!(
+        "{{% for m in messages %}}{{% if m['role'] == 'system' %}}\
+         {{{{ raise_exception('no system messages here') }}}}{{% endif %}}{{% endfor %}}{template}"
+    ));
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn a_template_refusal_is_422_in_chat_and_in_tokenize() {
+    let dir = fixture_refusing_system_messages();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let user_only = json!([{"role": "user", "content": "the cat", "name": "ann"}]);
+    let with_system = chat(json!({}))["messages"].clone();
+    let ok = post(addr, "/tokenize", &json!({"messages": user_only}));
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+    let chat_ok = post(
+        addr,
+        "/v1/chat/completions",
+        &chat(json!({"messages": user_only})),
+    );
+    assert_eq!(
+        ok.json()["count"],
+        chat_ok.json()["usage"]["prompt_tokens"],
+        "/tokenize counts what chat completions run"
+    );
+    for (path, body) in [
+        ("/tokenize", json!({"messages": with_system})),
+        ("/v1/chat/completions", chat(json!({}))),
+    ] {
+        let r = post(addr, path, &body);
+        assert_eq!(
+            r.status,
+            422,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains("no system messages here"),
+            "{path}: {message}"
+        );
+    }
+    // Message validation is the chat endpoint's.
+    let bad = post(
+        addr,
+        "/tokenize",
+        &json!({"messages": [{"role": "tool", "content": "x"}]}),
+    );
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["param"], "messages[0].role");
+    server.shutdown().unwrap();
+}
+
+/// Tokenizing runs off the HTTP worker: while a huge prompt is being tokenized, other
+/// connections are answered at once.
+#[test]
+fn a_huge_prompt_does_not_hold_up_other_connections() {
+    let dir = fixture();
+    let mut c = config();
+    c.max_body = 64 << 20;
+    let server = start(dir.path(), 1, c);
+    let addr = server.addr();
+    let prompt = "the cat and the dog ".repeat(1 << 18);
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1})
+        .to_string()
+        .into_bytes();
+    let (sent, on_sent) = std::sync::mpsc::channel();
+    let huge = std::thread::spawn(move || {
+        let stream = common::send(addr, "POST", "/v1/completions", &[], &body);
+        sent.send(()).unwrap();
+        let reply = common::Conn::read_head(stream).finish();
+        (reply, std::time::Instant::now())
+    });
+    on_sent.recv().unwrap();
+    // Give the server a moment to start tokenizing what it received.
+    std::thread::sleep(Duration::from_millis(100));
+    let asked = std::time::Instant::now();
+    assert_eq!(get(addr, "/health").status, 200);
+    let answered = std::time::Instant::now();
+    let (reply, huge_done) = huge.join().unwrap();
+    assert_eq!(reply.json()["error"]["code"], "context_length_exceeded");
+    assert!(
+        answered + Duration::from_millis(200) < huge_done,
+        "/health took {:?} and came back {:?} before the huge prompt's answer; it waited for \
+         the tokenizer",
+        answered - asked,
+        huge_done.saturating_duration_since(answered)
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn an_engine_that_panics_stops_the_server_with_an_error() {
+    let server = oxgen_server::Server::start(
+        config(),
+        "127.0.0.1:0",
+        Box::new(|| panic!("a bug while loading")),
+    )
+    .unwrap();
+    let (done, on_done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(server.wait()));
+    let waited = on_done
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server kept running after its engine panicked");
+    let e = waited.expect_err("an engine panic is an error");
+    assert!(e.contains("panicked"), "{e}");
 }

@@ -162,3 +162,44 @@ fn the_same_seed_gives_the_same_text_and_others_differ() {
     assert!(texts.len() > 1, "four seeds gave one text: {texts:?}");
     server.shutdown().unwrap();
 }
+
+/// Logprob `bytes` are each token's raw bytes: an emoji spans several byte-level tokens, each
+/// of whose text alone is U+FFFD, yet their bytes joined are the content's UTF-8.
+#[test]
+fn logprob_bytes_join_into_the_content() {
+    let server = start(&default_model(), 2, Config::new(MODEL));
+    let addr = server.addr();
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Reply with just this emoji and nothing else: 🐉"}],
+        // 🐉 is three tokens here (F0 9F, 90, 89); six end on a character boundary.
+        "max_tokens": 6, "temperature": 0, "logprobs": true, "top_logprobs": 2,
+    });
+    let v = post(addr, CHAT, &body).json();
+    let choice = &v["choices"][0];
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert!(
+        content.contains('🐉'),
+        "the model did not answer with the emoji: {content:?}"
+    );
+    let mut entries = choice["logprobs"]["content"].as_array().unwrap().clone();
+    if choice["finish_reason"] == "stop" {
+        // The end-of-sequence token has a log-probability but no text.
+        entries.pop();
+    }
+    let bytes = |e: &Value| -> Vec<u8> { serde_json::from_value(e["bytes"].clone()).unwrap() };
+    let joined: Vec<u8> = entries.iter().flat_map(bytes).collect();
+    assert_eq!(String::from_utf8_lossy(&joined), content);
+    assert_eq!(joined, content.as_bytes());
+    assert!(
+        entries.iter().any(|e| e["token"] == "\u{FFFD}"),
+        "no token held part of a character: {entries:?}"
+    );
+    for e in &entries {
+        assert_eq!(e["token"], json!(String::from_utf8_lossy(&bytes(e))));
+        for top in e["top_logprobs"].as_array().unwrap() {
+            assert_eq!(top["token"], json!(String::from_utf8_lossy(&bytes(top))));
+        }
+    }
+    server.shutdown().unwrap();
+}
