@@ -6,7 +6,7 @@ use std::io::Write;
 use oxgen::{GenerateOptions, Output, Prompt};
 use serde_json::json;
 
-use crate::options::{RunArgs, model_dir, open_model, peak_rss_bytes};
+use crate::options::{BackendArgs, RunArgs, model_dir, open_model, peak_rss_bytes};
 use crate::profile;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -47,6 +47,8 @@ pub struct Args {
     profile: bool,
     #[command(flatten)]
     run: RunArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 const FIXED_TEXT: &str = "The quick brown fox jumps over the lazy dog while the river runs \
@@ -79,7 +81,7 @@ fn stats(values: &[f64]) -> serde_json::Value {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = model_dir(args.model.as_deref())?;
     let (prompt_len, gen_len) = (args.prompt_len as usize, args.gen_len as usize);
-    let mut model = open_model(&dir, &args.run, Some(prompt_len + gen_len))?;
+    let mut model = open_model(&dir, &args.run, &args.backend, Some(prompt_len + gen_len))?;
     let ids = match args.prompt {
         PromptKind::Random => {
             let vocab = model.tokenizer().vocab_size().max(1) as u64;

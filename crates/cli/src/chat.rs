@@ -12,7 +12,7 @@ use anyhow::Context;
 use oxgen::{Cancel, Chat, GenerateOptions, Model, Output};
 use rustyline::error::ReadlineError;
 
-use crate::options::{RunArgs, SampleArgs, model_dir, open_model, set_param};
+use crate::options::{BackendArgs, RunArgs, SampleArgs, model_dir, open_model, set_param};
 use crate::profile;
 
 #[derive(clap::Args)]
@@ -28,6 +28,8 @@ pub struct Args {
     history: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
     #[command(flatten)]
     sample: SampleArgs,
 }
@@ -137,7 +139,7 @@ impl Session {
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = model_dir(args.model.as_deref())?;
-    let model = open_model(&dir, &args.run, Some(DEFAULT_CHAT_CONTEXT))?;
+    let model = open_model(&dir, &args.run, &args.backend, Some(DEFAULT_CHAT_CONTEXT))?;
     let options = args.sample.options(&model);
     let mut session = Session {
         model,

@@ -6,7 +6,7 @@ use anyhow::Context;
 use oxgen::{Output, Prompt};
 use serde_json::json;
 
-use crate::options::{RunArgs, SampleArgs, model_dir, open_model};
+use crate::options::{BackendArgs, RunArgs, SampleArgs, model_dir, open_model};
 use crate::profile;
 
 #[derive(clap::Args)]
@@ -38,6 +38,8 @@ pub struct Args {
     #[command(flatten)]
     run: RunArgs,
     #[command(flatten)]
+    backend: BackendArgs,
+    #[command(flatten)]
     sample: SampleArgs,
 }
 
@@ -57,7 +59,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         prompt
     };
     let dir = model_dir(model)?;
-    let mut model = open_model(&dir, &args.run, None)?;
+    let mut model = open_model(&dir, &args.run, &args.backend, None)?;
     model.set_profiling(args.profile);
     let prompt = if args.raw {
         Prompt::Text(prompt)

@@ -51,6 +51,14 @@ struct Report {
     external_files: Vec<ExternalFile>,
     /// `domain::op_type` the native backend has no kernel for.
     native_unsupported: Vec<String>,
+    /// What `--backend auto` picks (`native` or `ort`) and why.
+    auto_backend: AutoBackend,
+}
+
+#[derive(Serialize)]
+struct AutoBackend {
+    backend: &'static str,
+    why: String,
 }
 
 fn io(v: &proto::ValueInfoProto) -> Io {
@@ -97,8 +105,6 @@ fn report(args: &Args) -> anyhow::Result<Report> {
     let m = model.proto();
     let g = model.graph();
     let mut ops: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
-    let registry = oxgen_graph::Registry::default();
-    let mut unsupported = std::collections::BTreeSet::new();
     for node in &g.node {
         let domain = if node.domain().is_empty() {
             "ai.onnx"
@@ -109,10 +115,26 @@ fn report(args: &Args) -> anyhow::Result<Report> {
             .or_default()
             .entry(node.op_type().to_string())
             .or_default() += 1;
-        if !registry.knows(node.domain(), node.op_type()) {
-            unsupported.insert(format!("{domain}::{}", node.op_type()));
-        }
     }
+    let unsupported = oxgen::native_unsupported(&model);
+    // Auto picks native when the graph loads there (ops, opsets and attributes all known).
+    let auto_backend = match oxgen_graph::Graph::from_model(&model) {
+        Ok(_) => AutoBackend {
+            backend: "native",
+            why: "the native backend loads every node".into(),
+        },
+        Err(e) => AutoBackend {
+            backend: if oxgen::HAS_ORT { "ort" } else { "none" },
+            why: if unsupported.is_empty() {
+                format!("the native backend cannot load it: {e}")
+            } else {
+                format!(
+                    "the native backend has no kernel for {}",
+                    unsupported.join(", ")
+                )
+            },
+        },
+    };
     let init_names: std::collections::HashSet<&str> =
         g.initializer.iter().map(|i| i.name()).collect();
     let external_files = model
@@ -172,7 +194,8 @@ fn report(args: &Args) -> anyhow::Result<Report> {
         initializers: g.initializer.len(),
         initializer_bytes: g.initializer.iter().map(tensor_bytes).sum(),
         external_files,
-        native_unsupported: unsupported.into_iter().collect(),
+        native_unsupported: unsupported,
+        auto_backend,
     })
 }
 
@@ -253,5 +276,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             r.native_unsupported.join(", ")
         );
     }
+    println!(
+        "backend:      auto runs it on {} ({})",
+        r.auto_backend.backend, r.auto_backend.why
+    );
     Ok(())
 }

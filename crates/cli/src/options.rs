@@ -24,6 +24,26 @@ pub struct RunArgs {
     pub ctx_size: Option<u64>,
 }
 
+/// Which backend runs the model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BackendArgs {
+    /// native (oxgen's kernels), ort (ONNX Runtime) or auto (native unless the graph needs an
+    /// op native lacks, then ONNX Runtime with a note saying which).
+    #[arg(long, env = "OXGEN_BACKEND", default_value = "auto",
+          value_parser = ["native", "ort", "auto"])]
+    pub backend: String,
+    /// ONNX Runtime's shared library (libonnxruntime.so, or the onnxruntime wheel's folder);
+    /// else ORT_DYLIB_PATH, else the one Python's onnxruntime package ships.
+    #[arg(long, env = "OXGEN_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
+}
+
+impl BackendArgs {
+    pub fn backend(&self) -> oxgen::Backend {
+        oxgen::Backend::parse(&self.backend).unwrap_or_default()
+    }
+}
+
 fn parse_f32(s: &str) -> Result<f32, String> {
     let v: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
     if v.is_finite() {
@@ -175,21 +195,28 @@ pub fn with_spinner<T>(message: String, work: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Opens the model at `dir` behind a spinner.
+/// Opens the model at `dir` behind a spinner; says why when `auto` picked ONNX Runtime.
 pub fn open_model(
     dir: &std::path::Path,
     run: &RunArgs,
+    backend: &BackendArgs,
     default_ctx: Option<usize>,
 ) -> anyhow::Result<Model> {
     let options = ModelOptions {
         threads: run.threads,
         context: run.ctx_size.map(|c| c as usize).or(default_ctx),
         exact: run.exact,
+        backend: backend.backend(),
+        ort_lib: backend.ort_lib.clone(),
     };
-    with_spinner(format!("loading {}", dir.display()), || {
+    let model = with_spinner(format!("loading {}", dir.display()), || {
         Model::open(dir, &options)
     })
-    .with_context(|| format!("opening {}", dir.display()))
+    .with_context(|| format!("opening {}", dir.display()))?;
+    if let Some(note) = model.backend_note() {
+        eprintln!("note: {note}");
+    }
+    Ok(model)
 }
 
 /// Peak resident memory of this process (`VmHWM`), when the OS reports it.

@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use oxgen::{Model, ModelOptions};
 use oxgen_server::{Config, Server};
 
-use crate::options::{RunArgs, model_dir};
+use crate::options::{BackendArgs, RunArgs, model_dir};
 
 #[derive(clap::Args)]
 #[command(mut_arg("threads", |a| a.help(
@@ -56,19 +56,13 @@ pub struct Args {
     /// Seconds running requests get to finish after SIGTERM before they are failed.
     #[arg(long, env = "OXGEN_SHUTDOWN_TIMEOUT", default_value_t = 30)]
     shutdown_timeout: u64,
-    /// Which backend runs the model: native (oxgen's kernels) or auto (native; ONNX Runtime
-    /// when this build has it and the graph needs an op native lacks).
-    #[arg(long, env = "OXGEN_BACKEND", default_value = "auto",
-          value_parser = ["native", "ort", "auto"])]
-    backend: String,
+    #[command(flatten)]
+    backend: BackendArgs,
     #[command(flatten)]
     run: RunArgs,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    if args.backend == "ort" {
-        bail!("--backend ort: this build has no ONNX Runtime backend yet; use --backend native");
-    }
     let dir = model_dir(args.model.as_deref())?;
     if !dir.exists() {
         bail!(
@@ -113,14 +107,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         threads: kernel_threads(args.run.threads),
         context: None,
         exact: args.run.exact,
-        ..Default::default()
+        backend: args.backend.backend(),
+        ort_lib: args.backend.ort_lib.clone(),
     };
     let addr = format!("{}:{}", args.host, args.port);
     let open_dir = dir.clone();
     let server = Server::start(
         config,
         &addr,
-        Box::new(move || Model::open(&open_dir, &options).map_err(|e| e.to_string())),
+        Box::new(move || {
+            let model = Model::open(&open_dir, &options).map_err(|e| e.to_string())?;
+            if let Some(note) = model.backend_note() {
+                eprintln!("note: {note}");
+            }
+            Ok(model)
+        }),
     )
     .map_err(anyhow::Error::msg)?;
     eprintln!(

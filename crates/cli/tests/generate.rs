@@ -322,3 +322,47 @@ fn bad_input_is_a_one_line_error_never_a_panic() {
     std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
     fails(&["generate", p, "x"], 1, &["error:", "tokenizer.json"]);
 }
+
+/// `--backend ort` runs the package through ONNX Runtime (the wheel's library, found through
+/// `$OXGEN_PYTHON`) with the same greedy text as native on this f32 package.
+#[test]
+fn generate_runs_on_onnxruntime_with_the_same_greedy_text() {
+    let dir = package();
+    let python = std::env::var("OXGEN_PYTHON")
+        .expect("OXGEN_PYTHON is not set: run scripts/test.sh (its venv has onnxruntime)");
+    let text = |backend: &str| {
+        let (code, stdout, stderr) = run(oxgen().env("OXGEN_PYTHON", &python).args([
+            "generate",
+            path(dir.path()),
+            "the cat and the dog",
+            "--max-new-tokens",
+            "12",
+            "--ignore-eos",
+            "--json",
+            "--backend",
+            backend,
+        ]));
+        assert_eq!(code, 0, "{backend}: {stderr}");
+        json(&stdout)
+    };
+    let (native, ort) = (text("native"), text("ort"));
+    assert_eq!(native["token_ids"], ort["token_ids"]);
+    assert_eq!(native["text"], ort["text"]);
+
+    // A library that is not there: one line naming what was looked for, exit 1.
+    let (code, _, stderr) = run(oxgen().args([
+        "generate",
+        path(dir.path()),
+        "hi",
+        "--backend",
+        "ort",
+        "--ort-lib",
+        "/nonexistent/libonnxruntime.so",
+    ]));
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/libonnxruntime.so") && stderr.contains("pip install"),
+        "{stderr}"
+    );
+}

@@ -63,6 +63,7 @@ fn inspect_reports_io_ops_and_external_data() {
     assert_eq!(ext["referenced_bytes"], 64 * 32 * 4);
     assert!(ext["warning"].is_null());
     assert_eq!(r["native_unsupported"], serde_json::json!([]));
+    assert_eq!(r["auto_backend"]["backend"], "native");
 
     let text = oxgen(&["inspect", dir.path().join("model.onnx").to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&text.stdout);
@@ -125,5 +126,12 @@ fn inspect_names_ops_without_a_native_kernel() {
     assert_eq!(
         r["native_unsupported"],
         serde_json::json!(["com.microsoft::FancyOp"])
+    );
+    assert_eq!(r["auto_backend"]["backend"], "ort");
+    assert!(
+        r["auto_backend"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("com.microsoft::FancyOp")
     );
 }

@@ -81,8 +81,8 @@ pub fn environment(
 }
 
 /// The ONNX Runtime element type of a dtype.
-fn element_type(dtype: DType) -> Result<TensorElementType, OrtError> {
-    Ok(match dtype {
+fn element_type(dtype: DType) -> TensorElementType {
+    match dtype {
         DType::F32 => TensorElementType::Float32,
         DType::F64 => TensorElementType::Float64,
         DType::F16 => TensorElementType::Float16,
@@ -96,12 +96,10 @@ fn element_type(dtype: DType) -> Result<TensorElementType, OrtError> {
         DType::U16 => TensorElementType::Uint16,
         DType::U8 => TensorElementType::Uint8,
         DType::Bool => TensorElementType::Bool,
-        DType::U4 | DType::I4 => {
-            return Err(OrtError::Ort(format!(
-                "{dtype:?} tensors cannot be passed to ONNX Runtime by oxgen"
-            )));
-        }
-    })
+        // Both pack two values per byte, the first in the low nibble.
+        DType::U4 => TensorElementType::Uint4,
+        DType::I4 => TensorElementType::Int4,
+    }
 }
 
 fn dtype_of(ty: TensorElementType) -> Option<DType> {
@@ -119,6 +117,8 @@ fn dtype_of(ty: TensorElementType) -> Option<DType> {
         TensorElementType::Uint16 => DType::U16,
         TensorElementType::Uint8 => DType::U8,
         TensorElementType::Bool => DType::Bool,
+        TensorElementType::Uint4 => DType::U4,
+        TensorElementType::Int4 => DType::I4,
         _ => return None,
     })
 }
@@ -126,7 +126,7 @@ fn dtype_of(ty: TensorElementType) -> Option<DType> {
 /// A new ONNX Runtime tensor holding a copy of `t`.
 fn to_ort(allocator: &ort::memory::Allocator, t: &Tensor) -> Result<DynTensor, OrtError> {
     let dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
-    let mut value = DynTensor::new(allocator, element_type(t.dtype())?, dims)?;
+    let mut value = DynTensor::new(allocator, element_type(t.dtype()), dims)?;
     let bytes = t.as_bytes();
     if !bytes.is_empty() {
         // SAFETY: the tensor was just allocated with `t`'s dtype and shape, so it holds exactly
@@ -155,7 +155,7 @@ fn ort_bytes(tensor: &DynTensor) -> Result<(DType, Vec<usize>, &[u8]), OrtError>
     let dtype = dtype_of(ty)
         .ok_or_else(|| OrtError::Ort(format!("outputs of type {ty:?} are not supported")))?;
     let dims: Vec<usize> = tensor.shape().iter().map(|&d| d.max(0) as usize).collect();
-    let len = dims.iter().product::<usize>() * dtype.bits() / 8;
+    let len = (dims.iter().product::<usize>() * dtype.bits()).div_ceil(8);
     let bytes = if len == 0 {
         &[][..]
     } else {

@@ -58,6 +58,11 @@ impl OrtLm {
         })
     }
 
+    /// Sequences added and not removed.
+    pub fn sequence_count(&self) -> usize {
+        self.seqs.len()
+    }
+
     /// Whether past and present KV share one buffer per layer.
     pub fn shared_kv(&self) -> bool {
         self.shared_kv
@@ -67,7 +72,7 @@ impl OrtLm {
     fn kv_tensor(&self, positions: usize) -> Result<DynTensor, RuntimeError> {
         let c = &self.contract;
         let dims = [1, c.kv_heads as i64, positions as i64, c.head_size as i64];
-        DynTensor::new(self.session.allocator(), element_type(c.kv_dtype)?, dims).map_err(err)
+        DynTensor::new(self.session.allocator(), element_type(c.kv_dtype), dims).map_err(err)
     }
 
     /// An integer input `[1, len]`.
@@ -79,7 +84,7 @@ impl OrtLm {
     ) -> Result<DynTensor, RuntimeError> {
         let mut t = DynTensor::new(
             self.session.allocator(),
-            element_type(dtype)?,
+            element_type(dtype),
             [1, len as i64],
         )
         .map_err(err)?;

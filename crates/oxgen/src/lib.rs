@@ -38,6 +38,7 @@
 //! the graph and the config files, never from its name. This crate is the only one that
 //! picks a backend.
 
+mod backend;
 mod chat;
 mod defaults;
 mod encoder;
@@ -50,10 +51,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use oxgen_exec::{ExecOptions, NativeLm};
 use oxgen_generate::{ChatTemplate, Tokenizer};
 use oxgen_runtime::{LanguageModel, SeqId};
 
+pub use backend::{Backend, HAS_ORT, native_unsupported};
 pub use chat::Chat;
 pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
@@ -92,8 +93,12 @@ pub struct ModelOptions {
     /// Positions each sequence's KV holds. `None`: the prompt plus `max_new_tokens` of each
     /// request, capped by the package's context length.
     pub context: Option<usize>,
-    /// f32 activations whatever the model's `accuracy_level` allows (no int8 activations).
+    /// f32 activations whatever the model's `accuracy_level` allows (no int8 activations;
+    /// native backend only).
     pub exact: bool,
+    pub backend: Backend,
+    /// ONNX Runtime's shared library (else `ORT_DYLIB_PATH`, else the Python wheel's).
+    pub ort_lib: Option<PathBuf>,
 }
 
 /// Stops a generation from another thread (or a signal handler) at the next token.
@@ -178,7 +183,9 @@ struct CachedSeq {
 
 /// A loaded model with its tokenizer, chat template and generation defaults.
 pub struct Model {
-    lm: NativeLm,
+    lm: backend::Lm,
+    /// Why `auto` picked ONNX Runtime.
+    backend_note: Option<String>,
     encoder: Encoder,
     config: PackageConfig,
     defaults: PackageDefaults,
@@ -209,29 +216,14 @@ impl Model {
         };
         let config = PackageConfig::read(&dir)?;
         let model_path = dir.join(&config.model_file);
-        let shown = model_path.display().to_string();
-        let onnx = oxgen_onnx::Model::load(&model_path).map_err(|e| Error::Onnx {
-            path: shown.clone(),
-            source: Box::new(e),
+        let (lm, backend_note) = backend::open(&backend::Open {
+            model_path: &model_path,
+            config: &config,
+            threads: options.threads,
+            exact: options.exact,
+            backend: options.backend,
+            ort_lib: options.ort_lib.as_deref(),
         })?;
-        let graph = oxgen_graph::Graph::from_model(&onnx).map_err(|e| Error::Graph {
-            path: shown.clone(),
-            source: Box::new(e),
-        })?;
-        // The graph passes size rotary caches to the package's context.
-        let passes = oxgen_graph::passes::Options {
-            max_positions: Some(config.context_length),
-            ..Default::default()
-        };
-        let lm = NativeLm::with_passes(
-            graph,
-            &ExecOptions {
-                threads: options.threads,
-                exact: options.exact,
-            },
-            &config.kv,
-            &passes,
-        )?;
         config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let tokenizer_config = dir.join("tokenizer_config.json");
@@ -244,6 +236,7 @@ impl Model {
         let context = options.context.map(|c| c.min(config.context_length));
         Ok(Model {
             lm,
+            backend_note,
             encoder: Encoder::new(tokenizer, template),
             config,
             defaults,
@@ -266,6 +259,16 @@ impl Model {
     /// The tokenizer and chat template, to share with other threads.
     pub fn encoder(&self) -> &Encoder {
         &self.encoder
+    }
+
+    /// `native` or `ort`.
+    pub fn backend(&self) -> &'static str {
+        self.lm.name()
+    }
+
+    /// Why the `auto` backend chose ONNX Runtime, when it did.
+    pub fn backend_note(&self) -> Option<&str> {
+        self.backend_note.as_deref()
     }
 
     /// The package folder.

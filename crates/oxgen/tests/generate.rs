@@ -16,6 +16,7 @@ fn generates_the_same_greedy_tokens_as_stepping_by_hand() {
             threads: 1,
             context: Some(64),
             exact: false,
+            ..ModelOptions::default()
         },
     )
     .unwrap();
@@ -64,6 +65,7 @@ fn fixture_model(context: Option<usize>) -> (tempfile::TempDir, Model) {
             threads: 1,
             context,
             exact: false,
+            ..ModelOptions::default()
         },
     )
     .unwrap();

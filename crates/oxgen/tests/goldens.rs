@@ -91,6 +91,7 @@ fn open_default_model() -> Model {
         threads: 0,
         context: Some(CONTEXT),
         exact: true,
+        ..ModelOptions::default()
     };
     Model::open(default_model_dir(), &options).expect("opening the default model")
 }

@@ -202,6 +202,7 @@ fn an_optimum_export_opens_and_generates() {
             threads: 1,
             context: Some(64),
             exact: false,
+            ..ModelOptions::default()
         },
     )
     .unwrap();

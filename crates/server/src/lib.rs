@@ -93,6 +93,8 @@ pub(crate) struct Loaded {
     context: usize,
     vocab: usize,
     sampling: SamplingParams,
+    /// `native` or `ort`.
+    backend: &'static str,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +224,7 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         context,
         vocab: model.tokenizer().vocab_size(),
         sampling: model.default_options().sampling,
+        backend: model.backend(),
     };
     let _ = app.loaded.set(loaded);
     // When a shutdown began during the load, the loop below sees `abort` soon.

@@ -537,11 +537,11 @@ fn model_card(app: &App) -> Value {
         "owned_by": "oxgen",
         "aliases": app.config.aliases,
         "meta": {
-            "backend": "native",
+            "backend": app.loaded.get().map(|l| l.backend),
             "context_length": app.loaded.get().map(|l| l.context),
             "max_batch": app.config.max_batch,
             "max_tokens_limit": app.config.max_tokens_limit,
-            "batching": "requests join and leave at token boundaries; each running sequence is stepped in turn",
+            "batching": "requests join and leave at token boundaries; each running sequence is stepped in turn, one at a time on either backend",
         },
     })
 }

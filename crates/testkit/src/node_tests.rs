@@ -38,6 +38,14 @@ pub fn native_session(model: &Path) -> Result<Box<dyn Session>, String> {
     )))
 }
 
+/// ONNX Runtime (the `onnxruntime` wheel's library) on one thread: a check of the runner
+/// itself, since ONNX Runtime should pass nearly every case.
+pub fn ort_session(model: &Path) -> Result<Box<dyn Session>, String> {
+    oxgen_ort::OrtSession::open(model, None, 1)
+        .map(|s| Box::new(s) as Box<dyn Session>)
+        .map_err(|e| e.to_string())
+}
+
 fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut files: Vec<(usize, PathBuf)> = std::fs::read_dir(dir)
         .into_iter()

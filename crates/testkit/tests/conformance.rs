@@ -1,4 +1,5 @@
-//! The ONNX backend node-test suite on the native backend.
+//! The ONNX backend node-test suite on the native backend, and through ONNX Runtime as a
+//! check of the runner itself.
 //!
 //! Runs every case under `$OXGEN_ONNX_NODE_TESTS` (set by `scripts/test.sh`, which extracts
 //! them from the pinned `onnx` wheel) in its own `oxgen-node-test` process with a timeout,
@@ -62,8 +63,9 @@ fn tolerance_args(overrides: &BTreeMap<String, String>, case: &str) -> Vec<Strin
         .unwrap_or_default()
 }
 
-fn run_one(case: &Path, tol: &[String]) -> Result_ {
+fn run_one(case: &Path, ort: bool, tol: &[String]) -> Result_ {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oxgen-node-test"))
+        .args(ort.then_some("--ort"))
         .arg(case)
         .args(tol)
         .stdout(Stdio::piped())
@@ -117,8 +119,8 @@ fn case_ops(case: &Path) -> Option<BTreeSet<String>> {
     )
 }
 
-#[test]
-fn onnx_node_tests() {
+/// Every case folder under `$OXGEN_ONNX_NODE_TESTS`, sorted.
+fn all_cases() -> (PathBuf, Vec<String>) {
     let Some(root) = std::env::var_os("OXGEN_ONNX_NODE_TESTS") else {
         panic!(
             "OXGEN_ONNX_NODE_TESTS is not set: run the suite with scripts/test.sh, which fetches the onnx wheel's node tests"
@@ -138,11 +140,16 @@ fn onnx_node_tests() {
         root.display(),
         cases.len()
     );
+    (root, cases)
+}
 
-    let passing = read_list("passing.txt");
-    let unsupported = read_list("unsupported.txt");
-    let tolerances = read_list("tolerances.txt");
-
+/// Runs every case, a few processes at a time.
+fn run_all(
+    root: &Path,
+    cases: &[String],
+    ort: bool,
+    tolerances: &BTreeMap<String, String>,
+) -> BTreeMap<String, Result_> {
     let results: Mutex<BTreeMap<String, Result_>> = Mutex::new(BTreeMap::new());
     let next = Mutex::new(0usize);
     let workers = std::thread::available_parallelism()
@@ -158,13 +165,54 @@ fn onnx_node_tests() {
                         *n - 1
                     };
                     let Some(case) = cases.get(i) else { break };
-                    let r = run_one(&root.join(case), &tolerance_args(&tolerances, case));
+                    let r = run_one(&root.join(case), ort, &tolerance_args(tolerances, case));
                     results.lock().unwrap().insert(case.clone(), r);
                 }
             });
         }
     });
-    let results = results.into_inner().unwrap();
+    results.into_inner().unwrap()
+}
+
+/// ONNX Runtime should pass nearly every case it can load; if it does not, the runner (input
+/// binding, tensor files, comparison) is wrong, not the native backend. Cases it cannot load
+/// (ops it lacks, training ops, string or float8 tensors the runner does not read) are counted
+/// apart.
+#[test]
+fn onnx_node_tests_through_onnxruntime() {
+    let (root, cases) = all_cases();
+    let tolerances = read_list("tolerances.txt");
+    let results = run_all(&root, &cases, true, &tolerances);
+    let count = |f: &dyn Fn(&Result_) -> bool| results.values().filter(|r| f(r)).count();
+    let passed = count(&|r| *r == Result_::Outcome(Outcome::Pass));
+    let unloadable = count(&|r| matches!(r, Result_::Outcome(Outcome::Unsupported(_))));
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|(_, r)| !matches!(r, Result_::Outcome(Outcome::Pass | Outcome::Unsupported(_))))
+        .map(|(c, r)| format!("{c}: {r:?}"))
+        .collect();
+    eprintln!(
+        "conformance (onnxruntime): {passed} passed, {} failed, {unloadable} not loadable",
+        failed.len()
+    );
+    for f in &failed {
+        eprintln!("  {}", f.chars().take(300).collect::<String>());
+    }
+    assert!(
+        failed.len() * 100 <= (passed + failed.len()) * 2,
+        "onnxruntime fails {} of the {} cases it loads through the runner",
+        failed.len(),
+        passed + failed.len()
+    );
+}
+
+#[test]
+fn onnx_node_tests() {
+    let (root, cases) = all_cases();
+    let passing = read_list("passing.txt");
+    let unsupported = read_list("unsupported.txt");
+    let tolerances = read_list("tolerances.txt");
+    let results = run_all(&root, &cases, false, &tolerances);
 
     let passed: BTreeSet<&String> = results
         .iter()

@@ -1,17 +1,22 @@
-//! Runs one ONNX node-test case on the native backend and prints its outcome as one JSON
-//! line. The conformance suite starts one process per case so a hang or a crash is contained.
+//! Runs one ONNX node-test case on the native backend (or ONNX Runtime) and prints its
+//! outcome as one JSON line. The conformance suite starts one process per case so a hang or a
+//! crash is contained.
 //!
-//! Usage: `oxgen-node-test CASE_DIR [RTOL ATOL]`
+//! Usage: `oxgen-node-test [--ort] CASE_DIR [RTOL ATOL]`
 
 use std::path::Path;
 
 use oxgen_testkit::compare::Tolerance;
-use oxgen_testkit::node_tests::{Outcome, native_session, run_case};
+use oxgen_testkit::node_tests::{Outcome, native_session, ort_session, run_case};
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let ort = args.get(1).is_some_and(|a| a == "--ort");
+    if ort {
+        args.remove(1);
+    }
     let Some(case) = args.get(1) else {
-        eprintln!("usage: oxgen-node-test CASE_DIR [RTOL ATOL]");
+        eprintln!("usage: oxgen-node-test [--ort] CASE_DIR [RTOL ATOL]");
         std::process::exit(2);
     };
     let mut tol = Tolerance::ONNX;
@@ -24,7 +29,8 @@ fn main() {
             }
         }
     }
-    let outcome = std::panic::catch_unwind(|| run_case(Path::new(case), &native_session, tol))
+    let factory = if ort { ort_session } else { native_session };
+    let outcome = std::panic::catch_unwind(|| run_case(Path::new(case), &factory, tol))
         .unwrap_or_else(|_| Outcome::Fail("panicked (see stderr)".into()));
     println!(
         "{}",
