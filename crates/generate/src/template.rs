@@ -80,23 +80,49 @@ impl ChatTemplate {
         })
     }
 
-    /// Reads `chat_template`, `bos_token` and `eos_token` from a `tokenizer_config.json`.
-    /// `Ok(None)` when the file has no template.
-    pub fn from_tokenizer_config(path: &Path) -> Result<Option<ChatTemplate>, GenerateError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| GenerateError::Template(format!("reading {}: {e}", path.display())))?;
-        let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            GenerateError::Template(format!("{}: invalid JSON: {e}", path.display()))
-        })?;
-        let Some(source) = config.get("chat_template").and_then(|t| t.as_str()) else {
-            return Ok(None);
+    /// The chat template of a package folder: `chat_template` in `tokenizer_config.json` (a
+    /// string, or named templates of which `default` is taken), else the `chat_template.jinja`
+    /// file recent transformers versions save beside it; `bos_token` and `eos_token` from
+    /// `tokenizer_config.json`. `Ok(None)` when the package has no template.
+    pub fn from_package(dir: &Path) -> Result<Option<ChatTemplate>, GenerateError> {
+        let config_path = dir.join("tokenizer_config.json");
+        let config: serde_json::Value = if config_path.exists() {
+            let text = std::fs::read_to_string(&config_path).map_err(|e| {
+                GenerateError::Template(format!("reading {}: {e}", config_path.display()))
+            })?;
+            serde_json::from_str(&text).map_err(|e| {
+                GenerateError::Template(format!("{}: invalid JSON: {e}", config_path.display()))
+            })?
+        } else {
+            serde_json::Value::Null
+        };
+        let named = |list: &Vec<serde_json::Value>| {
+            list.iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let (source, from) = match config.get("chat_template") {
+            Some(serde_json::Value::String(t)) => (t.clone(), config_path),
+            Some(serde_json::Value::Array(list)) if named(list).is_some() => {
+                (named(list).expect("checked"), config_path)
+            }
+            _ if jinja.exists() => {
+                let text = std::fs::read_to_string(&jinja).map_err(|e| {
+                    GenerateError::Template(format!("reading {}: {e}", jinja.display()))
+                })?;
+                (text, jinja)
+            }
+            _ => return Ok(None),
         };
         let template = ChatTemplate::new(
-            source,
+            &source,
             &token_string(config.get("bos_token")),
             &token_string(config.get("eos_token")),
         )
-        .map_err(|e| GenerateError::Template(format!("{}: {e}", path.display())))?;
+        .map_err(|e| GenerateError::Template(format!("{}: {e}", from.display())))?;
         Ok(Some(template))
     }
 

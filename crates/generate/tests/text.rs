@@ -56,15 +56,32 @@ fn the_detokenizer_never_splits_a_character() {
 #[test]
 fn the_chat_template_renders_messages_and_the_generation_prompt() {
     let dir = package();
-    let template = ChatTemplate::from_tokenizer_config(&dir.path().join("tokenizer_config.json"))
-        .unwrap()
-        .unwrap();
+    let template = ChatTemplate::from_package(dir.path()).unwrap().unwrap();
     let text = template
         .render(&[ChatMessage::new("user", "Hi")], true)
         .unwrap();
     assert_eq!(
         text,
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // Recent transformers versions save the template as chat_template.jinja instead.
+    let config = dir.path().join("tokenizer_config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&config, json.to_string()).unwrap();
+    assert!(ChatTemplate::from_package(dir.path()).unwrap().is_none());
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for m in messages %}[{{ m['content'] }}]{% endfor %}",
+    )
+    .unwrap();
+    let from_file = ChatTemplate::from_package(dir.path()).unwrap().unwrap();
+    assert_eq!(
+        from_file
+            .render(&[ChatMessage::new("user", "Hi")], true)
+            .unwrap(),
+        "[Hi]"
     );
 }
 

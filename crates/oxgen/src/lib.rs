@@ -226,12 +226,7 @@ impl Model {
         })?;
         config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
-        let tokenizer_config = dir.join("tokenizer_config.json");
-        let template = if tokenizer_config.exists() {
-            ChatTemplate::from_tokenizer_config(&tokenizer_config)?
-        } else {
-            None
-        };
+        let template = ChatTemplate::from_package(&dir)?;
         let defaults = PackageDefaults::read(&dir)?;
         let context = options.context.map(|c| c.min(config.context_length));
         Ok(Model {

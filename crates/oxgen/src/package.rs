@@ -150,6 +150,8 @@ impl PackageConfig {
                 outputs.and_then(|o| o.get("present_value_names")),
                 &defaults.present_value,
             ),
+            kv_heads: count(decoder.get("num_key_value_heads")),
+            head_size: count(decoder.get("head_size")),
         };
         let context_length = count(model.get("context_length"))
             .or_else(|| count(config.get("search").and_then(|s| s.get("max_length"))))
@@ -241,7 +243,11 @@ impl PackageConfig {
             context_length,
             eos_token_ids,
             bos_token_id: token("bos_token_id").first().copied(),
-            kv: KvTemplates::default(),
+            kv: KvTemplates {
+                kv_heads: count(config.get("num_key_value_heads")).or(heads),
+                head_size,
+                ..KvTemplates::default()
+            },
             config_file: OPTIMUM_CONFIG,
             declared: DeclaredShape {
                 layers: count(config.get("num_hidden_layers")),

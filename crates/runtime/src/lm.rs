@@ -47,6 +47,10 @@ pub struct KvTemplates {
     pub past_value: String,
     pub present_key: String,
     pub present_value: String,
+    /// KV heads and head size from the package's config, used where the graph declares them
+    /// symbolically (onnxruntime-genai's builder names the head size `kv_cache_dim`).
+    pub kv_heads: Option<usize>,
+    pub head_size: Option<usize>,
 }
 
 impl Default for KvTemplates {
@@ -56,6 +60,8 @@ impl Default for KvTemplates {
             past_value: "past_key_values.%d.value".into(),
             present_key: "present.%d.key".into(),
             present_value: "present.%d.value".into(),
+            kv_heads: None,
+            head_size: None,
         }
     }
 }
@@ -124,14 +130,23 @@ impl LmContract {
                     )));
                 }
             }
+            // Fixed in the graph, else the config's value.
+            let fixed = |d: &Dim, hint: Option<usize>| match d {
+                Dim::Fixed(v) => Some(*v),
+                _ => hint,
+            };
             let shape = match (past_key.dims.as_deref(), past_key.dtype) {
-                (Some([_, Dim::Fixed(h), _, Dim::Fixed(d)]), Some(dtype)) => (*h, *d, dtype),
-                _ => {
-                    return Err(RuntimeError::Contract(format!(
-                        "'{}' must be declared [batch, kv_heads, sequence, head_size] with fixed kv_heads and head_size",
-                        names.past_key
-                    )));
-                }
+                (Some([_, h, _, d]), Some(dtype)) => fixed(h, kv.kv_heads)
+                    .zip(fixed(d, kv.head_size))
+                    .map(|(h, d)| (h, d, dtype)),
+                _ => None,
+            };
+            let Some(shape) = shape else {
+                return Err(RuntimeError::Contract(format!(
+                    "'{}' must be declared [batch, kv_heads, sequence, head_size] with kv_heads \
+                     and head_size fixed in the graph or given by the package's config",
+                    names.past_key
+                )));
             };
             if kv_shape.is_some_and(|s| s != shape) {
                 return Err(RuntimeError::Contract(format!(
