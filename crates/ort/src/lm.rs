@@ -6,8 +6,8 @@ use std::path::Path;
 use half::{bf16, f16};
 use ort::value::DynTensor;
 use oxgen_runtime::{
-    Batch, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId, SeqStep,
-    StepLogits,
+    Batch, Capabilities, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId,
+    SeqStep, StepLogits,
 };
 use oxgen_tensor::DType;
 
@@ -316,12 +316,20 @@ impl LanguageModel for OrtLm {
         self.seqs.get(&seq).map(|s| s.len)
     }
 
+    /// One sequence per run: onnxruntime's `GroupQueryAttention` refuses a multi-token step
+    /// with past KV at batch > 1, and sequences of different lengths would need padding.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fused_decode: false,
+            fused_prefill_with_past: false,
+        }
+    }
+
     fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
         out.vocab = 0;
         out.rows.clear();
         out.data.clear();
-        // One run per sequence: onnxruntime's GroupQueryAttention refuses a multi-token step
-        // with past KV at batch > 1, and sequences of different lengths need padding anyway.
+        // See `capabilities`: each sequence runs alone.
         for step in batch.steps {
             self.step_one(step, out)?;
         }

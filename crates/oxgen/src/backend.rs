@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use oxgen_exec::{ExecOptions, NativeLm, OpTime};
-use oxgen_runtime::{Batch, LanguageModel, LmContract, RuntimeError, SeqId, StepLogits};
+use oxgen_runtime::{
+    Batch, Capabilities, LanguageModel, LmContract, RuntimeError, SeqId, StepLogits,
+};
 
 use crate::{Error, PackageConfig};
 
@@ -96,6 +98,10 @@ impl Lm {
 impl LanguageModel for Lm {
     fn contract(&self) -> &LmContract {
         self.inner_ref().contract()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner_ref().capabilities()
     }
 
     fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {

@@ -60,6 +60,7 @@ pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
 pub use oxgen_exec::OpTime;
 pub use oxgen_generate::{ChatMessage, FinishReason, GenerateError, SamplingParams};
+pub use oxgen_runtime::Capabilities;
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
 pub use sequence::{Logprobs, Sequence, Step};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
@@ -259,6 +260,11 @@ impl Model {
     /// `native` or `ort`.
     pub fn backend(&self) -> &'static str {
         self.lm.name()
+    }
+
+    /// What the backend can run in one forward (fused batches of sequences).
+    pub fn capabilities(&self) -> Capabilities {
+        self.lm.capabilities()
     }
 
     /// Why the `auto` backend chose ONNX Runtime, when it did.

@@ -11,8 +11,8 @@
 mod lm;
 
 pub use lm::{
-    Batch, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId, SeqStep,
-    StepLogits,
+    Batch, Capabilities, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId,
+    SeqStep, StepLogits,
 };
 
 use oxgen_tensor::{DType, Tensor};

@@ -225,9 +225,25 @@ impl StepLogits {
     }
 }
 
+/// What a backend can run in one forward; a driver adapts to what it cannot (a step over
+/// several sequences still works everywhere: a backend without fused runs steps them one by
+/// one inside [`LanguageModel::step`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Several sequences' decode tokens in one forward (one pass over the weights).
+    pub fused_decode: bool,
+    /// A multi-token span of a sequence with past KV inside a fused batch of several
+    /// sequences (onnxruntime's `GroupQueryAttention` refuses it).
+    pub fused_prefill_with_past: bool,
+}
+
 /// A decoder-only language model stepped token span by token span.
 pub trait LanguageModel: Send {
     fn contract(&self) -> &LmContract;
+    /// What one forward can hold; by default one sequence per forward.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
     /// Adds a sequence whose KV holds up to `max_context` positions.
     fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError>;
     /// Frees a sequence's KV; unknown ids are ignored.

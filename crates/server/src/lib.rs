@@ -95,6 +95,7 @@ pub(crate) struct Loaded {
     sampling: SamplingParams,
     /// `native` or `ort`.
     backend: &'static str,
+    capabilities: oxgen::Capabilities,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,6 +226,7 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         vocab: model.tokenizer().vocab_size(),
         sampling: model.default_options().sampling,
         backend: model.backend(),
+        capabilities: model.capabilities(),
     };
     let _ = app.loaded.set(loaded);
     // When a shutdown began during the load, the loop below sees `abort` soon.

@@ -541,7 +541,9 @@ fn model_card(app: &App) -> Value {
             "context_length": app.loaded.get().map(|l| l.context),
             "max_batch": app.config.max_batch,
             "max_tokens_limit": app.config.max_tokens_limit,
-            "batching": "requests join and leave at token boundaries; each running sequence is stepped in turn, one at a time on either backend",
+            "batching": "requests join and leave the running set at token boundaries",
+            "fused_decode": app.loaded.get().map(|l| l.capabilities.fused_decode),
+            "fused_prefill_with_past": app.loaded.get().map(|l| l.capabilities.fused_prefill_with_past),
         },
     })
 }

@@ -63,9 +63,14 @@ fn tolerance_args(overrides: &BTreeMap<String, String>, case: &str) -> Vec<Strin
         .unwrap_or_default()
 }
 
-fn run_one(case: &Path, ort: bool, tol: &[String]) -> Result_ {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oxgen-node-test"))
-        .args(ort.then_some("--ort"))
+/// Runs one case in its own process; `ort`: through ONNX Runtime loaded from that library.
+fn run_one(case: &Path, ort: Option<&Path>, tol: &[String]) -> Result_ {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oxgen-node-test"));
+    if let Some(lib) = ort {
+        // Located once by the parent: asking Python in every case would cost more than the case.
+        cmd.arg("--ort").env("ORT_DYLIB_PATH", lib);
+    }
+    let mut child = cmd
         .arg(case)
         .args(tol)
         .stdout(Stdio::piped())
@@ -147,7 +152,7 @@ fn all_cases() -> (PathBuf, Vec<String>) {
 fn run_all(
     root: &Path,
     cases: &[String],
-    ort: bool,
+    ort: Option<&Path>,
     tolerances: &BTreeMap<String, String>,
 ) -> BTreeMap<String, Result_> {
     let results: Mutex<BTreeMap<String, Result_>> = Mutex::new(BTreeMap::new());
@@ -182,7 +187,8 @@ fn run_all(
 fn onnx_node_tests_through_onnxruntime() {
     let (root, cases) = all_cases();
     let tolerances = read_list("tolerances.txt");
-    let results = run_all(&root, &cases, true, &tolerances);
+    let lib = oxgen_ort::locate_library(None).unwrap_or_else(|e| panic!("{e}"));
+    let results = run_all(&root, &cases, Some(&lib), &tolerances);
     let count = |f: &dyn Fn(&Result_) -> bool| results.values().filter(|r| f(r)).count();
     let passed = count(&|r| *r == Result_::Outcome(Outcome::Pass));
     let unloadable = count(&|r| matches!(r, Result_::Outcome(Outcome::Unsupported(_))));
@@ -212,7 +218,7 @@ fn onnx_node_tests() {
     let passing = read_list("passing.txt");
     let unsupported = read_list("unsupported.txt");
     let tolerances = read_list("tolerances.txt");
-    let results = run_all(&root, &cases, false, &tolerances);
+    let results = run_all(&root, &cases, None, &tolerances);
 
     let passed: BTreeSet<&String> = results
         .iter()
