@@ -186,27 +186,9 @@ impl NativeLm {
 
     fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
         let seq_err = |msg: String| RuntimeError::Sequence(step.seq.0, msg);
-        let state = self
-            .seqs
-            .get_mut(&step.seq)
-            .ok_or_else(|| seq_err("no such sequence".into()))?;
+        let end = step.check(self.seqs.get(&step.seq).map(|s| (s.len, s.max_context)))?;
         let n = step.tokens.len();
-        if n == 0 {
-            return Err(seq_err("a step needs at least one token".into()));
-        }
-        if step.pos > state.len {
-            return Err(seq_err(format!(
-                "position {} is past the sequence's length {}",
-                step.pos, state.len
-            )));
-        }
-        let end = step.pos + n;
-        if end > state.max_context {
-            return Err(seq_err(format!(
-                "{end} positions exceed the context of {} this sequence was added with",
-                state.max_context
-            )));
-        }
+        let state = self.seqs.get_mut(&step.seq).expect("checked above");
         // Inputs come from the session's arena and go back to it after the run, so a step
         // that repeats earlier shapes allocates nothing.
         let (c, io, session) = (&self.contract, &self.io, &mut self.session);
@@ -307,7 +289,7 @@ impl NativeLm {
         let logits = self.out_slots[io.logits]
             .take()
             .ok_or_else(|| backend_error(format!("the run returned no '{}'", c.logits)))?;
-        let copied = copy_logits(&logits, step, n, out);
+        let copied = copy_logits(&logits, step, out);
         self.session.recycle(logits);
         for t in self.out_slots.iter_mut().filter_map(Option::take) {
             self.session.recycle(t);
@@ -317,40 +299,9 @@ impl NativeLm {
 }
 
 /// Appends the rows `step` wants from a `[1, sequence, vocab]` logits tensor to `out`.
-fn copy_logits(
-    logits: &Tensor,
-    step: &SeqStep,
-    n: usize,
-    out: &mut StepLogits,
-) -> Result<(), RuntimeError> {
-    let (rows_in_output, vocab) = match logits.dims() {
-        [1, s, v] => (*s, *v),
-        [1, v] => (1, *v),
-        other => {
-            return Err(backend_error(format!(
-                "logits have shape {other:?}; expected [1, sequence, vocab]"
-            )));
-        }
-    };
-    if out.vocab != 0 && out.vocab != vocab {
-        return Err(backend_error(format!(
-            "logits width {vocab} differs from this batch's {}",
-            out.vocab
-        )));
-    }
-    out.vocab = vocab;
-    let rows = match step.logits {
-        LogitsWanted::None => 0..0,
-        LogitsWanted::Last => rows_in_output - 1..rows_in_output,
-        LogitsWanted::All if rows_in_output == n => 0..n,
-        LogitsWanted::All => {
-            return Err(backend_error(format!(
-                "the graph returns {rows_in_output} logits rows for {n} tokens"
-            )));
-        }
-    };
-    let first = out.data.len() / vocab.max(1);
-    out.rows.push(first..first + rows.len());
+fn copy_logits(logits: &Tensor, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
+    let rows = out.rows_for(step, logits.dims())?;
+    let vocab = out.vocab;
     logits_rows(logits, rows, vocab, &mut out.data)
 }
 

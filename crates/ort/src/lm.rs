@@ -6,8 +6,8 @@ use std::path::Path;
 use half::{bf16, f16};
 use ort::value::DynTensor;
 use oxgen_runtime::{
-    Batch, Capabilities, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId,
-    SeqStep, StepLogits,
+    Batch, Capabilities, KvTemplates, LanguageModel, LmContract, RuntimeError, SeqId, SeqStep,
+    StepLogits,
 };
 use oxgen_tensor::DType;
 
@@ -128,28 +128,10 @@ impl OrtLm {
     }
 
     fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
-        let seq_err = |msg: String| RuntimeError::Sequence(step.seq.0, msg);
-        let state = self
-            .seqs
-            .get(&step.seq)
-            .ok_or_else(|| seq_err("no such sequence".into()))?;
+        let state = self.seqs.get(&step.seq);
+        let end = step.check(state.map(|s| (s.len, s.max_context)))?;
+        let state = state.expect("checked above");
         let n = step.tokens.len();
-        if n == 0 {
-            return Err(seq_err("a step needs at least one token".into()));
-        }
-        if step.pos > state.len {
-            return Err(seq_err(format!(
-                "position {} is past the sequence's length {}",
-                step.pos, state.len
-            )));
-        }
-        let end = step.pos + n;
-        if end > state.max_context {
-            return Err(seq_err(format!(
-                "{end} positions exceed the context of {} this sequence was added with",
-                state.max_context
-            )));
-        }
         let c = &self.contract;
         let mut binding = self.session.create_binding().map_err(err)?;
         let ids = self.int_input(c.input_ids_dtype, n, |i| step.tokens[i] as i64)?;
@@ -206,7 +188,7 @@ impl OrtLm {
         let logits = outputs
             .remove(&c.logits)
             .ok_or_else(|| err(format!("the run returned no '{}'", c.logits)))?;
-        copy_logits(&into_tensor(logits)?, step, n, out)?;
+        copy_logits(&into_tensor(logits)?, step, out)?;
         if !self.shared_kv {
             for (names, kv) in c.layers.iter().zip(state.kv.iter_mut()) {
                 let mut take = |name: &str| {
@@ -227,34 +209,11 @@ impl OrtLm {
 fn copy_logits(
     logits: &DynTensor,
     step: &SeqStep,
-    n: usize,
     out: &mut StepLogits,
 ) -> Result<(), RuntimeError> {
     let (dtype, dims, bytes) = ort_bytes(logits)?;
-    let (rows_in_output, vocab) = match dims.as_slice() {
-        [1, s, v] => (*s, *v),
-        [1, v] => (1, *v),
-        other => return Err(err(format!("logits have shape {other:?}"))),
-    };
-    if out.vocab != 0 && out.vocab != vocab {
-        return Err(err(format!(
-            "logits width {vocab} differs from this batch's {}",
-            out.vocab
-        )));
-    }
-    out.vocab = vocab;
-    let rows = match step.logits {
-        LogitsWanted::None => 0..0,
-        LogitsWanted::Last => rows_in_output - 1..rows_in_output,
-        LogitsWanted::All if rows_in_output == n => 0..n,
-        LogitsWanted::All => {
-            return Err(err(format!(
-                "the graph returns {rows_in_output} logits rows for {n} tokens"
-            )));
-        }
-    };
-    let first = out.data.len() / vocab.max(1);
-    out.rows.push(first..first + rows.len());
+    let rows = out.rows_for(step, &dims)?;
+    let vocab = out.vocab;
     let size = dtype.bits() / 8;
     let bytes = &bytes[rows.start * vocab * size..rows.end * vocab * size];
     match dtype {

@@ -202,6 +202,31 @@ pub struct SeqStep<'a> {
     pub logits: LogitsWanted,
 }
 
+impl SeqStep<'_> {
+    /// Checks the step against its sequence (`None`: not found), which holds `len`
+    /// positions of at most `max_context`; returns the position after the span.
+    pub fn check(&self, seq: Option<(usize, usize)>) -> Result<usize, RuntimeError> {
+        let err = |msg: String| RuntimeError::Sequence(self.seq.0, msg);
+        let (len, max_context) = seq.ok_or_else(|| err("no such sequence".into()))?;
+        if self.tokens.is_empty() {
+            return Err(err("a step needs at least one token".into()));
+        }
+        if self.pos > len {
+            return Err(err(format!(
+                "position {} is past the sequence's length {len}",
+                self.pos
+            )));
+        }
+        let end = self.pos + self.tokens.len();
+        if end > max_context {
+            return Err(err(format!(
+                "{end} positions exceed the context of {max_context} this sequence was added with"
+            )));
+        }
+        Ok(end)
+    }
+}
+
 /// One forward over several sequences.
 #[derive(Debug, Clone, Copy)]
 pub struct Batch<'a> {
@@ -218,6 +243,47 @@ pub struct StepLogits {
 }
 
 impl StepLogits {
+    /// Makes room for `step`'s rows of a logits output shaped `[1, rows, vocab]` (or
+    /// `[1, vocab]`): checks the shape and the vocabulary against this batch's, records the
+    /// step's rows, and returns which output rows to append to `data`.
+    pub fn rows_for(
+        &mut self,
+        step: &SeqStep,
+        dims: &[usize],
+    ) -> Result<std::ops::Range<usize>, RuntimeError> {
+        let backend = |msg: String| RuntimeError::Backend(msg.into());
+        let n = step.tokens.len();
+        let (rows_in_output, vocab) = match dims {
+            [1, s, v] => (*s, *v),
+            [1, v] => (1, *v),
+            other => {
+                return Err(backend(format!(
+                    "logits have shape {other:?}; expected [1, sequence, vocab]"
+                )));
+            }
+        };
+        if self.vocab != 0 && self.vocab != vocab {
+            return Err(backend(format!(
+                "logits width {vocab} differs from this batch's {}",
+                self.vocab
+            )));
+        }
+        self.vocab = vocab;
+        let rows = match step.logits {
+            LogitsWanted::None => 0..0,
+            LogitsWanted::Last => rows_in_output.saturating_sub(1)..rows_in_output,
+            LogitsWanted::All if rows_in_output == n => 0..n,
+            LogitsWanted::All => {
+                return Err(backend(format!(
+                    "the graph returns {rows_in_output} logits rows for {n} tokens"
+                )));
+            }
+        };
+        let first = self.data.len() / vocab.max(1);
+        self.rows.push(first..first + rows.len());
+        Ok(rows)
+    }
+
     /// Row `r` of step `s`.
     pub fn row(&self, s: usize, r: usize) -> &[f32] {
         let row = self.rows[s].start + r;
