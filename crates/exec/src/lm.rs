@@ -13,24 +13,15 @@
 //! Sequences in a batch run one after another through the same graph, so a sequence's logits
 //! never depend on what it is batched with.
 
-use std::collections::HashMap;
-
 use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 use oxgen_graph::{Graph, Op, ValueId};
 use oxgen_runtime::{
     Batch, IoSpec, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId,
-    SeqStep, Session, StepLogits,
+    SeqStep, SeqTable, Session, StepLogits, check_context,
 };
 use oxgen_tensor::{DType, Tensor, bf16, f16};
 
 use crate::{ExecError, ExecOptions, NativeSession};
-
-struct SeqState {
-    len: usize,
-    max_context: usize,
-    /// Per layer: key and value (taken while a step runs).
-    kv: Vec<[Option<Tensor>; 2]>,
-}
 
 /// A language model on the native backend.
 pub struct NativeLm {
@@ -38,8 +29,8 @@ pub struct NativeLm {
     contract: LmContract,
     shared_kv: bool,
     passes: PassReport,
-    seqs: HashMap<SeqId, SeqState>,
-    next_id: u64,
+    /// Per sequence and layer: key and value. Taken while a step runs.
+    seqs: SeqTable<Vec<[Option<Tensor>; 2]>>,
     io: IoIndex,
     /// The node computing the logits, when it can compute the last row alone.
     logits_node: Option<usize>,
@@ -148,8 +139,7 @@ impl NativeLm {
             contract,
             shared_kv,
             passes: report,
-            seqs: HashMap::new(),
-            next_id: 0,
+            seqs: SeqTable::default(),
             io,
         })
     }
@@ -177,7 +167,7 @@ impl NativeLm {
     /// Whether KV lives in context-sized buffers updated in place.
     /// Sequences added and not removed.
     pub fn sequence_count(&self) -> usize {
-        self.seqs.len()
+        self.seqs.count()
     }
 
     pub fn shared_kv(&self) -> bool {
@@ -186,9 +176,9 @@ impl NativeLm {
 
     fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
         let seq_err = |msg: String| RuntimeError::Sequence(step.seq.0, msg);
-        let end = step.check(self.seqs.get(&step.seq).map(|s| (s.len, s.max_context)))?;
+        let end = self.seqs.check(step)?;
         let n = step.tokens.len();
-        let state = self.seqs.get_mut(&step.seq).expect("checked above");
+        let state = self.seqs.get_mut(step.seq).expect("checked above");
         // Inputs come from the session's arena and go back to it after the run, so a step
         // that repeats earlier shapes allocates nothing.
         let (c, io, session) = (&self.contract, &self.io, &mut self.session);
@@ -246,7 +236,7 @@ impl NativeLm {
             .run_ordered(&mut self.in_slots, &mut self.out_slots);
         let state = self
             .seqs
-            .get_mut(&step.seq)
+            .get_mut(step.seq)
             .expect("the sequence was found above");
         if let Err(e) = result {
             // The KV went into the failed run: start the sequence over rather than keep a
@@ -390,37 +380,21 @@ impl LanguageModel for NativeLm {
     }
 
     fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
-        if max_context == 0 {
-            return Err(backend_error(
-                "a sequence needs a context of at least one position".into(),
-            ));
-        }
+        check_context(max_context)?;
         let kv = fresh_kv(&self.contract, self.shared_kv, max_context)?;
-        let id = SeqId(self.next_id);
-        self.next_id += 1;
-        self.seqs.insert(
-            id,
-            SeqState {
-                len: 0,
-                max_context,
-                kv,
-            },
-        );
-        Ok(id)
+        Ok(self.seqs.add(max_context, kv))
     }
 
     fn remove_sequence(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq);
+        self.seqs.remove(seq);
     }
 
     fn sequence_len(&self, seq: SeqId) -> Option<usize> {
-        self.seqs.get(&seq).map(|s| s.len)
+        self.seqs.get(seq).map(|s| s.len)
     }
 
     fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
-        out.vocab = 0;
-        out.rows.clear();
-        out.data.clear();
+        out.clear();
         for step in batch.steps {
             self.step_one(step, out)?;
         }

@@ -1,34 +1,25 @@
 //! A language model stepped through ONNX Runtime, each sequence's KV bound across steps.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use half::{bf16, f16};
 use ort::value::DynTensor;
 use oxgen_runtime::{
     Batch, Capabilities, KvTemplates, LanguageModel, LmContract, RuntimeError, SeqId, SeqStep,
-    StepLogits,
+    SeqTable, StepLogits, check_context,
 };
 use oxgen_tensor::DType;
 
 use crate::session::{io_spec, open_session};
 use crate::{OrtError, element_type, into_tensor, ort_bytes};
 
-struct SeqState {
-    len: usize,
-    max_context: usize,
-    /// Per layer: key and value. Shared-buffer graphs: `[1, heads, max_context, size]`,
-    /// written in place by the run; otherwise the last run's present (`len` positions).
-    kv: Vec<[DynTensor; 2]>,
-}
-
 /// A decoder-only language model run by ONNX Runtime.
 pub struct OrtLm {
     session: ort::session::Session,
     contract: LmContract,
     shared_kv: bool,
-    seqs: HashMap<SeqId, SeqState>,
-    next_id: u64,
+    /// Per sequence and layer: key and value. Shared-buffer graphs: `[1, heads, max_context, size]`, written in place by the run; otherwise the last run's present (`len` positions).
+    seqs: SeqTable<Vec<[DynTensor; 2]>>,
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -53,14 +44,13 @@ impl OrtLm {
             session,
             contract,
             shared_kv,
-            seqs: HashMap::new(),
-            next_id: 0,
+            seqs: SeqTable::default(),
         })
     }
 
     /// Sequences added and not removed.
     pub fn sequence_count(&self) -> usize {
-        self.seqs.len()
+        self.seqs.count()
     }
 
     /// Whether past and present KV share one buffer per layer.
@@ -128,9 +118,8 @@ impl OrtLm {
     }
 
     fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
-        let state = self.seqs.get(&step.seq);
-        let end = step.check(state.map(|s| (s.len, s.max_context)))?;
-        let state = state.expect("checked above");
+        let end = self.seqs.check(step)?;
+        let state = self.seqs.get(step.seq).expect("checked above");
         let n = step.tokens.len();
         let c = &self.contract;
         let mut binding = self.session.create_binding().map_err(err)?;
@@ -158,9 +147,9 @@ impl OrtLm {
                 .iter()
                 .map(|[k, v]| Ok([self.truncate(k, step.pos)?, self.truncate(v, step.pos)?]))
                 .collect::<Result<Vec<_>, RuntimeError>>()?;
-            self.seqs.get_mut(&step.seq).expect("found above").kv = truncated;
+            self.seqs.get_mut(step.seq).expect("checked above").kv = truncated;
         }
-        let state = self.seqs.get_mut(&step.seq).expect("found above");
+        let state = self.seqs.get_mut(step.seq).expect("checked above");
         for (names, [k, v]) in c.layers.iter().zip(state.kv.iter_mut()) {
             binding.bind_input(&names.past_key, &*k).map_err(err)?;
             binding.bind_input(&names.past_value, &*v).map_err(err)?;
@@ -247,32 +236,20 @@ impl LanguageModel for OrtLm {
     }
 
     fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
-        if max_context == 0 {
-            return Err(err("a sequence needs a context of at least one position"));
-        }
+        check_context(max_context)?;
         let positions = if self.shared_kv { max_context } else { 0 };
         let kv = (0..self.contract.layers.len())
             .map(|_| Ok([self.kv_tensor(positions)?, self.kv_tensor(positions)?]))
             .collect::<Result<Vec<_>, RuntimeError>>()?;
-        let id = SeqId(self.next_id);
-        self.next_id += 1;
-        self.seqs.insert(
-            id,
-            SeqState {
-                len: 0,
-                max_context,
-                kv,
-            },
-        );
-        Ok(id)
+        Ok(self.seqs.add(max_context, kv))
     }
 
     fn remove_sequence(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq);
+        self.seqs.remove(seq);
     }
 
     fn sequence_len(&self, seq: SeqId) -> Option<usize> {
-        self.seqs.get(&seq).map(|s| s.len)
+        self.seqs.get(seq).map(|s| s.len)
     }
 
     /// One sequence per run: onnxruntime's `GroupQueryAttention` refuses a multi-token step
@@ -285,9 +262,7 @@ impl LanguageModel for OrtLm {
     }
 
     fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
-        out.vocab = 0;
-        out.rows.clear();
-        out.data.clear();
+        out.clear();
         // See `capabilities`: each sequence runs alone.
         for step in batch.steps {
             self.step_one(step, out)?;

@@ -12,7 +12,7 @@ mod lm;
 
 pub use lm::{
     Batch, Capabilities, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId,
-    SeqStep, StepLogits,
+    SeqSlot, SeqStep, SeqTable, StepLogits, check_context,
 };
 
 use oxgen_tensor::{DType, Tensor};

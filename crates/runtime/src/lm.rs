@@ -202,6 +202,80 @@ pub struct SeqStep<'a> {
     pub logits: LogitsWanted,
 }
 
+/// One sequence a backend holds: positions filled, the context it was added with, and the
+/// backend's KV for it.
+#[derive(Debug)]
+pub struct SeqSlot<K> {
+    pub len: usize,
+    pub max_context: usize,
+    pub kv: K,
+}
+
+/// Fails for a context of zero positions (before a backend allocates KV for it).
+pub fn check_context(max_context: usize) -> Result<(), RuntimeError> {
+    if max_context == 0 {
+        return Err(RuntimeError::Backend(
+            "a sequence needs a context of at least one position".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The sequences a backend holds, by id.
+#[derive(Debug)]
+pub struct SeqTable<K> {
+    seqs: std::collections::HashMap<SeqId, SeqSlot<K>>,
+    next_id: u64,
+}
+
+impl<K> Default for SeqTable<K> {
+    fn default() -> Self {
+        SeqTable {
+            seqs: std::collections::HashMap::new(),
+            next_id: 0,
+        }
+    }
+}
+
+impl<K> SeqTable<K> {
+    /// Adds an empty sequence holding `kv`.
+    pub fn add(&mut self, max_context: usize, kv: K) -> SeqId {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.seqs.insert(
+            id,
+            SeqSlot {
+                len: 0,
+                max_context,
+                kv,
+            },
+        );
+        id
+    }
+
+    pub fn remove(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+    }
+
+    pub fn get(&self, seq: SeqId) -> Option<&SeqSlot<K>> {
+        self.seqs.get(&seq)
+    }
+
+    pub fn get_mut(&mut self, seq: SeqId) -> Option<&mut SeqSlot<K>> {
+        self.seqs.get_mut(&seq)
+    }
+
+    /// Sequences held.
+    pub fn count(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Checks `step` against its sequence; returns the position after the span.
+    pub fn check(&self, step: &SeqStep) -> Result<usize, RuntimeError> {
+        step.check(self.get(step.seq).map(|s| (s.len, s.max_context)))
+    }
+}
+
 impl SeqStep<'_> {
     /// Checks the step against its sequence (`None`: not found), which holds `len`
     /// positions of at most `max_context`; returns the position after the span.
@@ -243,6 +317,13 @@ pub struct StepLogits {
 }
 
 impl StepLogits {
+    /// Empties it for the next step (keeping its memory).
+    pub fn clear(&mut self) {
+        self.vocab = 0;
+        self.rows.clear();
+        self.data.clear();
+    }
+
     /// Makes room for `step`'s rows of a logits output shaped `[1, rows, vocab]` (or
     /// `[1, vocab]`): checks the shape and the vocabulary against this batch's, records the
     /// step's rows, and returns which output rows to append to `data`.
