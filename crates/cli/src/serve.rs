@@ -9,10 +9,6 @@ use oxgen_server::{Config, Server};
 use crate::options::{BackendArgs, RunArgs, model_dir};
 
 #[derive(clap::Args)]
-#[command(mut_arg("threads", |a| a.help(
-    "Kernel threads (0: every core but one, which is left to the HTTP worker and the \
-     tokenizing thread)"
-)))]
 pub struct Args {
     /// A package folder; without it the default model is used, pulled first if needed.
     model: Option<String>,
@@ -104,7 +100,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         handle_signals: true,
     };
     let options = ModelOptions {
-        threads: kernel_threads(args.run.threads),
+        threads: args.run.threads,
         context: None,
         exact: args.run.exact,
         backend: args.backend.backend(),
@@ -130,16 +126,4 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         dir.display()
     );
     server.wait().map_err(anyhow::Error::msg)
-}
-
-/// `--threads`, where 0 leaves one core to the HTTP side (a worker and a tokenizing thread)
-/// instead of giving the kernels every core.
-fn kernel_threads(asked: usize) -> usize {
-    if asked > 0 {
-        return asked;
-    }
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .saturating_sub(1)
-        .max(1)
 }
