@@ -60,16 +60,23 @@ impl From<OrtError> for RuntimeError {
 static ENVIRONMENT: OnceLock<Result<(PathBuf, ort::environment::Environment), String>> =
     OnceLock::new();
 
-/// Loads ONNX Runtime (once per process) and returns its environment and the library path.
+/// Serializes the first load (two sessions opened at once must not both load the library).
+static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Loads ONNX Runtime (once per process; a failed lookup may be retried with another path)
+/// and returns its environment and the library path.
 pub fn environment(
     lib: Option<&Path>,
 ) -> Result<(&'static Path, &'static ort::environment::Environment), OrtError> {
     if ENVIRONMENT.get().is_none() {
-        let path = locate_library(lib)?;
-        let loaded = ort::init_from(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| b.with_name("oxgen").build().map_err(|e| e.to_string()));
-        let _ = ENVIRONMENT.set(loaded.map(|env| (path.clone(), env)));
+        let _loading = LOADING.lock().unwrap_or_else(|e| e.into_inner());
+        if ENVIRONMENT.get().is_none() {
+            let path = locate_library(lib)?;
+            let loaded = ort::init_from(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| b.with_name("oxgen").build().map_err(|e| e.to_string()));
+            let _ = ENVIRONMENT.set(loaded.map(|env| (path, env)));
+        }
     }
     match ENVIRONMENT.get().expect("set above") {
         Ok((path, env)) => Ok((path.as_path(), env)),
