@@ -36,8 +36,8 @@ pub enum OrtError {
     )]
     NotFound { looked: String },
     #[error(
-        "loading ONNX Runtime from {path}: {reason} (oxgen needs onnxruntime 1.21 or newer, \
-         API 31; pip install -U onnxruntime)"
+        "loading ONNX Runtime from {path}: {reason} (oxgen needs onnxruntime 1.31 or newer \
+         (API 31); pip install -U onnxruntime)"
     )]
     Load { path: String, reason: String },
     #[error("ONNX Runtime: {0}")]
@@ -57,14 +57,16 @@ impl From<OrtError> for RuntimeError {
 }
 
 /// The process's one ONNX Runtime environment, loaded from the first library asked for.
-static ENVIRONMENT: OnceLock<Result<(PathBuf, ort::environment::Environment), String>> =
+/// The process's one ONNX Runtime environment and the library it came from (or why that
+/// library did not load).
+static ENVIRONMENT: OnceLock<(PathBuf, Result<ort::environment::Environment, String>)> =
     OnceLock::new();
 
 /// Serializes the first load (two sessions opened at once must not both load the library).
 static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Loads ONNX Runtime (once per process; a failed lookup may be retried with another path)
-/// and returns its environment and the library path.
+/// Loads ONNX Runtime (once per process: the first library found is the one used; a lookup
+/// that found nothing may be retried) and returns its environment and the library path.
 pub fn environment(
     lib: Option<&Path>,
 ) -> Result<(&'static Path, &'static ort::environment::Environment), OrtError> {
@@ -75,13 +77,14 @@ pub fn environment(
             let loaded = ort::init_from(&path)
                 .map_err(|e| e.to_string())
                 .and_then(|b| b.with_name("oxgen").build().map_err(|e| e.to_string()));
-            let _ = ENVIRONMENT.set(loaded.map(|env| (path, env)));
+            let _ = ENVIRONMENT.set((path, loaded));
         }
     }
-    match ENVIRONMENT.get().expect("set above") {
-        Ok((path, env)) => Ok((path.as_path(), env)),
+    let (path, loaded) = ENVIRONMENT.get().expect("set above");
+    match loaded {
+        Ok(env) => Ok((path.as_path(), env)),
         Err(reason) => Err(OrtError::Load {
-            path: lib.map_or_else(|| "the located library".into(), |p| p.display().to_string()),
+            path: path.display().to_string(),
             reason: reason.clone(),
         }),
     }

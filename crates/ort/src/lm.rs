@@ -89,9 +89,14 @@ impl OrtLm {
                             .enumerate()
                             .for_each(|(i, v)| *v = value(i) as i32);
                     }
-                    _ => {
+                    DType::I64 => {
                         let s = std::slice::from_raw_parts_mut(ptr.cast::<i64>(), len);
                         s.iter_mut().enumerate().for_each(|(i, v)| *v = value(i));
+                    }
+                    other => {
+                        return Err(err(format!(
+                            "integer inputs must be int32 or int64, this one is {other}"
+                        )));
                     }
                 }
             }
@@ -102,7 +107,17 @@ impl OrtLm {
     /// The first `len` positions of a concatenated-KV tensor (a step that rewinds).
     fn truncate(&self, t: &DynTensor, len: usize) -> Result<DynTensor, RuntimeError> {
         let (dtype, dims, bytes) = ort_bytes(t)?;
-        let (heads, have, width) = (dims[1], dims[2], dims[3] * dtype.bits() / 8);
+        let c = &self.contract;
+        let [1, heads, have, size] = dims[..] else {
+            return Err(err(format!("a present KV output has shape {dims:?}")));
+        };
+        if heads != c.kv_heads || size != c.head_size || have < len {
+            return Err(err(format!(
+                "a present KV output has shape {dims:?}, expected [1, {}, >= {len}, {}]",
+                c.kv_heads, c.head_size
+            )));
+        }
+        let width = size * dtype.bits() / 8;
         let mut out = self.kv_tensor(len)?;
         if len * width > 0 {
             // SAFETY: `out` holds heads × len × width bytes, the source heads × have × width.
@@ -117,8 +132,34 @@ impl OrtLm {
         Ok(out)
     }
 
+    /// KV for a new (or restarted) sequence.
+    fn fresh_kv(&self, max_context: usize) -> Result<Vec<[DynTensor; 2]>, RuntimeError> {
+        let positions = if self.shared_kv { max_context } else { 0 };
+        (0..self.contract.layers.len())
+            .map(|_| Ok([self.kv_tensor(positions)?, self.kv_tensor(positions)?]))
+            .collect()
+    }
+
     fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
         let end = self.seqs.check(step)?;
+        let result = self.run_step(step, end, out);
+        if result.is_err() {
+            // As on native: the KV went into a failed run, so the sequence starts over rather
+            // than keep a cache that may be half written.
+            let max_context = self.seqs.get(step.seq).expect("checked above").max_context;
+            let kv = self.fresh_kv(max_context)?;
+            let slot = self.seqs.get_mut(step.seq).expect("checked above");
+            (slot.len, slot.kv) = (0, kv);
+        }
+        result
+    }
+
+    fn run_step(
+        &mut self,
+        step: &SeqStep,
+        end: usize,
+        out: &mut StepLogits,
+    ) -> Result<(), RuntimeError> {
         let state = self.seqs.get(step.seq).expect("checked above");
         let n = step.tokens.len();
         let c = &self.contract;
@@ -237,10 +278,7 @@ impl LanguageModel for OrtLm {
 
     fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
         check_context(max_context)?;
-        let positions = if self.shared_kv { max_context } else { 0 };
-        let kv = (0..self.contract.layers.len())
-            .map(|_| Ok([self.kv_tensor(positions)?, self.kv_tensor(positions)?]))
-            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let kv = self.fresh_kv(max_context)?;
         Ok(self.seqs.add(max_context, kv))
     }
 

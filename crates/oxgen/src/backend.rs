@@ -200,15 +200,38 @@ pub(crate) fn open(o: &Open) -> Result<(Lm, Option<String>), Error> {
     Ok((Lm::Native(lm), None))
 }
 
+/// Whether every past-KV input is read only by `GroupQueryAttention` nodes, which may share
+/// one context-sized buffer between past and present (the rule native applies to its own
+/// graph after its passes; ONNX Runtime runs the graph as written).
+#[cfg(feature = "ort")]
+fn shared_kv(onnx: &oxgen_onnx::Model, kv: &oxgen_runtime::KvTemplates) -> bool {
+    let g = onnx.graph();
+    let only_gqa = |name: &str| {
+        let mut readers = g
+            .node
+            .iter()
+            .filter(|n| n.input.iter().any(|i| i == name))
+            .peekable();
+        readers.peek().is_some() && readers.all(|n| n.op_type() == "GroupQueryAttention")
+    };
+    let mut layers = 0;
+    loop {
+        let key = kv.past_key.replace("%d", &layers.to_string());
+        if !g.input.iter().any(|i| i.name() == key) {
+            return layers > 0;
+        }
+        let value = kv.past_value.replace("%d", &layers.to_string());
+        if !only_gqa(&key) || !only_gqa(&value) {
+            return false;
+        }
+        layers += 1;
+    }
+}
+
 #[cfg(feature = "ort")]
 fn open_ort(o: &Open, onnx: &oxgen_onnx::Model) -> Result<Lm, Error> {
-    // GroupQueryAttention graphs keep past and present in one context-sized buffer.
-    let shared_kv = onnx
-        .graph()
-        .node
-        .iter()
-        .any(|n| n.op_type() == "GroupQueryAttention");
-    let lm = oxgen_ort::OrtLm::open(o.model_path, o.ort_lib, o.threads, &o.config.kv, shared_kv)?;
+    let shared = shared_kv(onnx, &o.config.kv);
+    let lm = oxgen_ort::OrtLm::open(o.model_path, o.ort_lib, o.threads, &o.config.kv, shared)?;
     Ok(Lm::Ort(lm))
 }
 

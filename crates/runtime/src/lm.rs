@@ -94,8 +94,16 @@ impl LmContract {
                     ids.dtype
                 ))
             })?;
-        let int_input =
-            |name: &str| find_in(name).and_then(|s| s.dtype.map(|d| (s.name.clone(), d)));
+        // Optional integer inputs; one of another type is a contract error, not a guess.
+        let int_input = |name: &str| -> Result<Option<(String, DType)>, RuntimeError> {
+            match find_in(name).map(|s| (s.name.clone(), s.dtype)) {
+                None => Ok(None),
+                Some((n, Some(d @ (DType::I64 | DType::I32)))) => Ok(Some((n, d))),
+                Some((n, d)) => Err(RuntimeError::Contract(format!(
+                    "input '{n}' must be int64 or int32, is {d:?}"
+                ))),
+            }
+        };
         let logits = find_out("logits")
             .ok_or_else(|| RuntimeError::Contract("the graph has no 'logits' output".into()))?;
         let vocab_size = match logits.dims.as_deref() {
@@ -166,8 +174,8 @@ impl LmContract {
         Ok(LmContract {
             input_ids: ids.name.clone(),
             input_ids_dtype,
-            attention_mask: int_input("attention_mask"),
-            position_ids: int_input("position_ids"),
+            attention_mask: int_input("attention_mask")?,
+            position_ids: int_input("position_ids")?,
             logits: logits.name.clone(),
             layers,
             kv_heads,

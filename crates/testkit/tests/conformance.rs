@@ -204,6 +204,11 @@ fn onnx_node_tests_through_onnxruntime() {
     for f in &failed {
         eprintln!("  {}", f.chars().take(300).collect::<String>());
     }
+    // A library that never loads would make every case "not loadable".
+    assert!(
+        passed >= 1000,
+        "onnxruntime passes only {passed} cases: is its library loading?"
+    );
     assert!(
         failed.len() * 100 <= (passed + failed.len()) * 2,
         "onnxruntime fails {} of the {} cases it loads through the runner",
