@@ -26,7 +26,7 @@ pub use sampling::{
 };
 pub use stop::{StopCheck, StopStrings};
 pub use template::{ChatMessage, ChatTemplate};
-pub use tokenizer::{Detokenizer, Tokenizer};
+pub use tokenizer::{Detokenizer, Tokenizer, byte_level_char};
 
 /// Errors from tokenizing, templating or decoding.
 #[derive(Debug, thiserror::Error)]

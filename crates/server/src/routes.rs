@@ -276,10 +276,15 @@ async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
     match pending.await {
         Err(e) => e.into_response(),
         Ok(p) if p.stream => stream(p).into_response(),
-        Ok(p) => match collect(p).await {
-            Ok(body) => axum::Json(body).into_response(),
-            Err(e) => e.into_response(),
-        },
+        Ok(p) => reply(collect(p).await),
+    }
+}
+
+/// A JSON body, or the error in OpenAI's envelope.
+fn reply(result: Result<Value, ApiError>) -> Response {
+    match result {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -604,10 +609,7 @@ async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
         let ids = encode(loaded, prompt).await?;
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.context}))
     };
-    match result.await {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    reply(result.await)
 }
 
 /// `POST /detokenize`: `{"tokens": [ids]}` → `{"prompt": "text"}`.
@@ -638,10 +640,7 @@ async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
             .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
         Ok(json!({ "prompt": text }))
     };
-    match result.await {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    reply(result.await)
 }
 
 /// An optional `model` must name the served model.

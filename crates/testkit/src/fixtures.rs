@@ -263,20 +263,7 @@ pub mod tokenizer {
 
     /// GPT-2's reversible byte → printable char table.
     pub fn byte_chars() -> Vec<char> {
-        let printable = |b: u32| {
-            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b)
-        };
-        let mut extra = 0;
-        (0..256u32)
-            .map(|b| {
-                if printable(b) {
-                    char::from_u32(b).expect("printable latin-1")
-                } else {
-                    extra += 1;
-                    char::from_u32(255 + extra).expect("a code point above latin-1")
-                }
-            })
-            .collect()
+        (0..=u8::MAX).map(oxgen_generate::byte_level_char).collect()
     }
 
     pub fn json() -> String {
