@@ -8,11 +8,14 @@
 //!
 //! This crate must never depend on a backend, parse model files or run kernels.
 
+mod blocks;
 mod lm;
+
+pub use blocks::{BlockCopy, BlockPool, BlockTable, KvUsage};
 
 pub use lm::{
     Batch, Capabilities, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId,
-    SeqSlot, SeqStep, SeqTable, StepLogits, check_context,
+    SeqSlot, SeqStep, SeqTable, StepCounters, StepLogits, check_context,
 };
 
 use oxgen_tensor::{DType, Tensor};

@@ -6,7 +6,7 @@
 
 use oxgen_tensor::DType;
 
-use crate::{Dim, IoSpec, RuntimeError};
+use crate::{Dim, IoSpec, KvUsage, RuntimeError};
 
 /// The names of one layer's KV inputs and outputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,4 +407,36 @@ pub trait LanguageModel: Send {
     fn sequence_len(&self, seq: SeqId) -> Option<usize>;
     /// Runs one forward over `batch`, replacing `out` with the logits asked for.
     fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError>;
+    /// Adds a sequence for `prompt` and fills what it can of its KV from a prefix cache;
+    /// returns the sequence and the prompt positions already filled (a prefix of at most
+    /// `prompt.len() - 1`, so the last prompt id is always fed). By default nothing is cached.
+    fn start_sequence(
+        &mut self,
+        max_context: usize,
+        prompt: &[u32],
+    ) -> Result<(SeqId, usize), RuntimeError> {
+        let _ = prompt;
+        Ok((self.add_sequence(max_context)?, 0))
+    }
+    /// How full the paged KV pool is, for a backend that pages its KV.
+    fn kv_usage(&self) -> Option<KvUsage> {
+        None
+    }
+    /// What the steps so far cost.
+    fn counters(&self) -> StepCounters {
+        StepCounters::default()
+    }
+}
+
+/// Work done by a backend's steps since it was loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepCounters {
+    /// Calls to [`LanguageModel::step`].
+    pub steps: u64,
+    /// Graph runs (one per step when the batch is fused, one per sequence otherwise).
+    pub forwards: u64,
+    /// Tokens fed.
+    pub tokens: u64,
+    /// Bytes of weights read (each forward reads every weight once).
+    pub weight_bytes: u64,
 }

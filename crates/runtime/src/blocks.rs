@@ -1,0 +1,486 @@
+//! Paged KV bookkeeping: a pool of fixed-size blocks handed to sequences through block tables,
+//! with prefix caching. Backend-free: which block holds which positions, who shares it, and
+//! which token prefix it caches. The backend owns the memory and applies the copies this
+//! asks for.
+//!
+//! - **Reservation.** A sequence reserves the blocks its whole context needs when it starts
+//!   ([`BlockPool::reserve`]), so a running sequence never finds the pool empty: blocks held by
+//!   live sequences never exceed what they reserved, and the rest (free or cached) can always
+//!   be handed out. A scheduler admits a request when [`KvUsage::available`] covers it.
+//! - **Prefix caching.** A block that fills up is registered under its token prefix: the
+//!   block's tokens and the block before it in the sequence (a chain, so equal tokens after
+//!   different prefixes never match). A new sequence attaches the cached blocks of its
+//!   prompt's longest cached prefix ([`BlockPool::attach_prefix`]) and prefills only the rest.
+//!   Matches compare tokens and parents exactly; the hash only finds candidates.
+//! - **Sharing and copy-on-write.** Blocks are reference-counted. Writing into a block that
+//!   another sequence also holds copies it first ([`BlockPool::prepare_write`] lists the
+//!   copies); writing into a cached block this sequence alone holds unregisters it.
+//! - **Eviction.** A cached block nobody holds stays cached until the free list runs dry;
+//!   then the least recently released one is reused.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::RuntimeError;
+
+const NONE: u32 = u32::MAX;
+
+/// How full a pool is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvUsage {
+    /// Positions per block.
+    pub block_size: usize,
+    pub total: usize,
+    /// Blocks held by sequences.
+    pub used: usize,
+    /// Blocks holding a cached prefix (held or not).
+    pub cached: usize,
+    /// Blocks reserved by live sequences (at least `used`).
+    pub reserved: usize,
+    /// Full prompt blocks looked up in the prefix cache, and those found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
+impl KvUsage {
+    /// Blocks a new sequence may still reserve.
+    pub fn available(&self) -> usize {
+        self.total.saturating_sub(self.reserved)
+    }
+
+    /// Blocks not held by any sequence (free or cached for later).
+    pub fn free(&self) -> usize {
+        self.total - self.used
+    }
+
+    /// Blocks a sequence of `positions` reserves.
+    pub fn blocks_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.block_size.max(1))
+    }
+}
+
+/// One sequence's blocks: `blocks[i]` holds positions `i * block_size..(i + 1) * block_size`.
+#[derive(Debug, Default)]
+pub struct BlockTable {
+    pub blocks: Vec<u32>,
+    /// Blocks reserved for this sequence.
+    reserved: usize,
+    /// Leading blocks registered in (or matched from) the prefix cache.
+    registered: usize,
+}
+
+impl BlockTable {
+    /// Positions its blocks can hold.
+    pub fn capacity(&self, block_size: usize) -> usize {
+        self.reserved * block_size
+    }
+}
+
+/// A block copy the backend must make before the next forward: `src`'s contents into `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    pub src: u32,
+    pub dst: u32,
+}
+
+/// The block pool.
+#[derive(Debug)]
+pub struct BlockPool {
+    block_size: usize,
+    refs: Vec<u32>,
+    /// Unheld, uncached blocks; the next one handed out is the last.
+    free: Vec<u32>,
+    /// Cached blocks nobody holds, by release order (oldest first), and each one's key there.
+    idle: BTreeMap<u64, u32>,
+    idle_key: Vec<u64>,
+    tick: u64,
+    /// Per block: its cache key when registered, its parent block and its tokens.
+    key: Vec<Option<u64>>,
+    parent: Vec<u32>,
+    tokens: Vec<u32>,
+    by_key: HashMap<u64, u32>,
+    reserved: usize,
+    used: usize,
+    queries: u64,
+    hits: u64,
+    copies: Vec<BlockCopy>,
+}
+
+/// The cache key of a block of `tokens` after the block `parent` (FNV-1a over both).
+fn block_key(parent: u32, tokens: &[u32]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in std::iter::once(parent).chain(tokens.iter().copied()) {
+        for b in v.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl BlockPool {
+    /// A pool of `blocks` blocks of `block_size` positions.
+    pub fn new(blocks: usize, block_size: usize) -> Result<BlockPool, RuntimeError> {
+        if block_size == 0 || blocks == 0 || blocks >= NONE as usize {
+            return Err(RuntimeError::Backend(
+                format!(
+                    "a KV pool needs at least one block of at least one position, and fewer \
+                     than {NONE} blocks (asked for {blocks} of {block_size})"
+                )
+                .into(),
+            ));
+        }
+        Ok(BlockPool {
+            block_size,
+            refs: vec![0; blocks],
+            free: (0..blocks as u32).rev().collect(),
+            idle: BTreeMap::new(),
+            idle_key: vec![0; blocks],
+            tick: 0,
+            key: vec![None; blocks],
+            parent: vec![NONE; blocks],
+            tokens: vec![0; blocks * block_size],
+            by_key: HashMap::new(),
+            reserved: 0,
+            used: 0,
+            queries: 0,
+            hits: 0,
+            copies: Vec::new(),
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn usage(&self) -> KvUsage {
+        KvUsage {
+            block_size: self.block_size,
+            total: self.refs.len(),
+            used: self.used,
+            cached: self.by_key.len(),
+            reserved: self.reserved,
+            prefix_queries: self.queries,
+            prefix_hits: self.hits,
+        }
+    }
+
+    /// Reserves the blocks of a sequence of up to `positions` positions; fails when the pool
+    /// cannot promise them.
+    pub fn reserve(&mut self, positions: usize) -> Result<BlockTable, RuntimeError> {
+        let usage = self.usage();
+        let need = usage.blocks_for(positions);
+        if need > usage.available() {
+            return Err(RuntimeError::Backend(
+                format!(
+                    "the KV cache cannot hold another {positions} positions: that needs {need} \
+                     blocks of {}, and {} of its {} blocks are free to reserve; raise \
+                     --kv-blocks, or wait for running sequences to finish",
+                    self.block_size,
+                    usage.available(),
+                    usage.total
+                )
+                .into(),
+            ));
+        }
+        self.reserved += need;
+        Ok(BlockTable {
+            blocks: Vec::with_capacity(need),
+            reserved: need,
+            registered: 0,
+        })
+    }
+
+    /// Gives back a sequence's blocks and reservation.
+    pub fn release(&mut self, table: BlockTable) {
+        for &b in table.blocks.iter().rev() {
+            self.unref(b);
+        }
+        self.reserved -= table.reserved;
+    }
+
+    fn unref(&mut self, b: u32) {
+        let i = b as usize;
+        self.refs[i] -= 1;
+        if self.refs[i] > 0 {
+            return;
+        }
+        self.used -= 1;
+        if self.key[i].is_some() {
+            self.tick += 1;
+            self.idle.insert(self.tick, b);
+            self.idle_key[i] = self.tick;
+        } else {
+            self.free.push(b);
+        }
+    }
+
+    /// Holds block `b` once more.
+    fn hold(&mut self, b: u32) {
+        let i = b as usize;
+        if self.refs[i] == 0 {
+            self.used += 1;
+            if self.key[i].is_some() {
+                self.idle.remove(&self.idle_key[i]);
+            }
+        }
+        self.refs[i] += 1;
+    }
+
+    /// A block for new contents: a free one, else the longest-idle cached one.
+    fn take_block(&mut self) -> u32 {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self
+                    .idle
+                    .pop_first()
+                    .expect("reservations leave a free or idle block for every held one");
+                self.unregister(b);
+                b
+            }
+        };
+        self.refs[b as usize] = 1;
+        self.used += 1;
+        b
+    }
+
+    fn unregister(&mut self, b: u32) {
+        if let Some(k) = self.key[b as usize].take()
+            && self.by_key.get(&k) == Some(&b)
+        {
+            self.by_key.remove(&k);
+        }
+    }
+
+    /// The block caching `tokens` after `parent`, if any.
+    fn lookup(&self, parent: u32, tokens: &[u32]) -> Option<u32> {
+        let b = *self.by_key.get(&block_key(parent, tokens))?;
+        let i = b as usize;
+        let bs = self.block_size;
+        (self.parent[i] == parent && self.tokens[i * bs..(i + 1) * bs] == *tokens).then_some(b)
+    }
+
+    /// Attaches to an empty `table` the cached blocks of `prompt`'s longest cached prefix
+    /// (whole blocks, at most `limit` positions); returns the positions they hold.
+    pub fn attach_prefix(&mut self, table: &mut BlockTable, prompt: &[u32], limit: usize) -> usize {
+        let bs = self.block_size;
+        let whole = (prompt.len().min(limit) / bs).min(table.reserved);
+        let mut parent = NONE;
+        for chunk in prompt.chunks_exact(bs).take(whole) {
+            self.queries += 1;
+            let Some(b) = self.lookup(parent, chunk) else {
+                break;
+            };
+            self.hits += 1;
+            self.hold(b);
+            table.blocks.push(b);
+            parent = b;
+        }
+        table.registered = table.blocks.len();
+        table.blocks.len() * bs
+    }
+
+    /// Makes positions `pos..end` of `table` writable: new blocks past its end, a private copy
+    /// of any shared block in range (the copies to make are in [`BlockPool::copies`]), and
+    /// cached blocks in range taken out of the cache. Blocks wholly past `end` are let go (a
+    /// rewind). `end` must be within the reservation.
+    pub fn prepare_write(
+        &mut self,
+        table: &mut BlockTable,
+        pos: usize,
+        end: usize,
+    ) -> Result<(), RuntimeError> {
+        let bs = self.block_size;
+        if pos >= end || end > table.reserved * bs || pos > table.blocks.len() * bs {
+            return Err(RuntimeError::Backend(
+                format!(
+                    "positions {pos}..{end} cannot be written to a sequence of {} blocks \
+                     reserved and {} held",
+                    table.reserved,
+                    table.blocks.len()
+                )
+                .into(),
+            ));
+        }
+        let (first, last) = (pos / bs, (end - 1) / bs);
+        while table.blocks.len() > last + 1 {
+            let b = table.blocks.pop().expect("longer than last + 1");
+            self.unref(b);
+        }
+        table.registered = table.registered.min(first);
+        for i in first..=last {
+            if i == table.blocks.len() {
+                let b = self.take_block();
+                table.blocks.push(b);
+                continue;
+            }
+            let b = table.blocks[i];
+            if self.refs[b as usize] > 1 {
+                let copy = self.take_block();
+                self.copies.push(BlockCopy { src: b, dst: copy });
+                self.unref(b);
+                table.blocks[i] = copy;
+            } else {
+                self.unregister(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies [`BlockPool::prepare_write`] asked for since the last call.
+    pub fn take_copies(&mut self) -> impl Iterator<Item = BlockCopy> + '_ {
+        self.copies.drain(..)
+    }
+
+    /// Registers the blocks of `table` that `ids` (the sequence's ids, position 0 on) fills,
+    /// so later prompts with the same prefix can share them.
+    pub fn register_full(&mut self, table: &mut BlockTable, ids: &[u32]) {
+        let bs = self.block_size;
+        let full = (ids.len() / bs).min(table.blocks.len());
+        while table.registered < full {
+            let i = table.registered;
+            let b = table.blocks[i];
+            let parent = if i == 0 { NONE } else { table.blocks[i - 1] };
+            let tokens = &ids[i * bs..(i + 1) * bs];
+            if self.key[b as usize].is_none() && self.lookup(parent, tokens).is_none() {
+                let k = block_key(parent, tokens);
+                // A different block already under this key (a hash collision) keeps it.
+                if let std::collections::hash_map::Entry::Vacant(e) = self.by_key.entry(k) {
+                    e.insert(b);
+                    let j = b as usize;
+                    self.key[j] = Some(k);
+                    self.parent[j] = parent;
+                    self.tokens[j * bs..(j + 1) * bs].copy_from_slice(tokens);
+                }
+            }
+            table.registered += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize, salt: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 7 + salt).collect()
+    }
+
+    /// Writes `ids[pos..]` as a step would and registers the full blocks.
+    fn write(pool: &mut BlockPool, t: &mut BlockTable, ids: &[u32], pos: usize) {
+        pool.prepare_write(t, pos, ids.len()).unwrap();
+        pool.register_full(t, ids);
+    }
+
+    #[test]
+    fn blocks_come_back_after_release() {
+        let mut pool = BlockPool::new(8, 4).unwrap();
+        let mut a = pool.reserve(10).unwrap();
+        assert_eq!(pool.usage().reserved, 3);
+        write(&mut pool, &mut a, &ids(10, 0), 0);
+        assert_eq!(a.blocks, [0, 1, 2]);
+        assert_eq!(pool.usage().used, 3);
+        assert_eq!(pool.usage().cached, 2, "two full blocks registered");
+        pool.release(a);
+        let u = pool.usage();
+        assert_eq!((u.used, u.reserved, u.free()), (0, 0, 8));
+    }
+
+    #[test]
+    fn reservation_refuses_what_it_cannot_promise() {
+        let mut pool = BlockPool::new(4, 4).unwrap();
+        let a = pool.reserve(12).unwrap();
+        let err = pool.reserve(8).unwrap_err().to_string();
+        assert!(
+            err.contains("needs 2 blocks") && err.contains("--kv-blocks"),
+            "{err}"
+        );
+        assert!(pool.reserve(4).is_ok());
+        pool.release(a);
+        assert!(pool.reserve(8).is_ok());
+    }
+
+    #[test]
+    fn a_shared_prefix_is_found_and_shared() {
+        let mut pool = BlockPool::new(16, 4).unwrap();
+        let prompt = ids(11, 0);
+        let mut a = pool.reserve(16).unwrap();
+        write(&mut pool, &mut a, &prompt, 0);
+        // Same first 9 ids, then different.
+        let mut other = prompt[..9].to_vec();
+        other.extend([1000, 1001, 1002]);
+        let mut b = pool.reserve(16).unwrap();
+        let cached = pool.attach_prefix(&mut b, &other, other.len() - 1);
+        assert_eq!(cached, 8);
+        assert_eq!(b.blocks, a.blocks[..2]);
+        assert_eq!(pool.usage().prefix_hits, 2);
+        // A different first block finds nothing, even with the same later blocks.
+        let mut shifted = vec![5u32; 4];
+        shifted.extend(&prompt[4..]);
+        let mut c = pool.reserve(16).unwrap();
+        assert_eq!(pool.attach_prefix(&mut c, &shifted, 16), 0);
+        pool.release(c);
+        // Writing the shared second block copies it first.
+        pool.prepare_write(&mut b, 6, 9).unwrap();
+        let copies: Vec<BlockCopy> = pool.take_copies().collect();
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0].src, a.blocks[1]);
+        assert_eq!(b.blocks[1], copies[0].dst);
+        assert_eq!(b.blocks[0], a.blocks[0], "the untouched block stays shared");
+        pool.release(a);
+        pool.release(b);
+        assert_eq!(pool.usage().used, 0);
+    }
+
+    #[test]
+    fn idle_cached_blocks_are_reused_then_evicted_oldest_first() {
+        let mut pool = BlockPool::new(4, 2).unwrap();
+        let p = ids(4, 0);
+        let mut a = pool.reserve(4).unwrap();
+        write(&mut pool, &mut a, &p, 0);
+        pool.release(a);
+        assert_eq!(pool.usage().cached, 2);
+        // Still found after release.
+        let mut b = pool.reserve(4).unwrap();
+        assert_eq!(pool.attach_prefix(&mut b, &p, 4), 4);
+        pool.release(b);
+        // Filling the pool with other ids evicts them.
+        let mut c = pool.reserve(8).unwrap();
+        write(&mut pool, &mut c, &ids(8, 1), 0);
+        pool.release(c);
+        let mut d = pool.reserve(4).unwrap();
+        assert_eq!(pool.attach_prefix(&mut d, &p, 4), 0);
+    }
+
+    #[test]
+    fn a_rewind_lets_go_of_later_blocks_and_unregisters_rewritten_ones() {
+        let mut pool = BlockPool::new(8, 2).unwrap();
+        let p = ids(6, 0);
+        let mut a = pool.reserve(8).unwrap();
+        write(&mut pool, &mut a, &p, 0);
+        assert_eq!(pool.usage().cached, 3);
+        pool.prepare_write(&mut a, 3, 4).unwrap();
+        assert_eq!(a.blocks.len(), 2);
+        assert_eq!(pool.usage().used, 2);
+        // Block 1 (positions 2, 3) is being rewritten: no longer cached.
+        assert_eq!(pool.usage().cached, 2);
+        let mut q = p[..3].to_vec();
+        q.push(99);
+        pool.register_full(&mut a, &q);
+        let mut b = pool.reserve(8).unwrap();
+        assert_eq!(pool.attach_prefix(&mut b, &q, 8), 4);
+        assert_eq!(b.blocks, a.blocks);
+    }
+
+    #[test]
+    fn bad_writes_are_errors() {
+        let mut pool = BlockPool::new(8, 2).unwrap();
+        let mut a = pool.reserve(4).unwrap();
+        assert!(
+            pool.prepare_write(&mut a, 0, 5).is_err(),
+            "past the reservation"
+        );
+        assert!(pool.prepare_write(&mut a, 2, 3).is_err(), "a gap");
+        assert!(pool.prepare_write(&mut a, 1, 1).is_err(), "empty");
+        assert!(BlockPool::new(0, 2).is_err());
+    }
+}
