@@ -100,7 +100,7 @@ pub struct Rows<'a, T> {
 
 impl<T> Rows<'_, T> {
     /// Checks that `tokens` rows of `heads` heads lie inside `data`.
-    fn check(
+    pub(crate) fn check(
         &self,
         tokens: usize,
         heads: usize,
@@ -125,7 +125,7 @@ impl<T> Rows<'_, T> {
         }
     }
 
-    fn head(&self, token: usize, h: usize, head_size: usize) -> &[T] {
+    pub(crate) fn head(&self, token: usize, h: usize, head_size: usize) -> &[T] {
         &self.data[self.offset + token * self.stride + h * head_size..][..head_size]
     }
 }
@@ -415,46 +415,73 @@ fn attend_row<T: Accum<Acc = f32>>(
     out: &mut [T],
     simd: bool,
 ) {
+    attend_row_pieces(
+        q,
+        std::iter::once((k, v, keys)),
+        score,
+        scores,
+        acc,
+        out,
+        simd,
+    );
+}
+
+/// One query row over keys given in position order as pieces `(k, v, rows)`: rows `rows` of
+/// the head-size rows of `k` and `v` (one piece for a contiguous cache, one per block for a
+/// paged one). The arithmetic is [`attend_row`]'s whatever the pieces, so a paged cache gives
+/// the bits of a contiguous one.
+pub(crate) fn attend_row_pieces<'a, T: Accum<Acc = f32> + 'a>(
+    q: &[T],
+    pieces: impl Iterator<Item = (&'a [T], &'a [T], std::ops::Range<usize>)> + Clone,
+    score: &ScoreMod,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    out: &mut [T],
+    simd: bool,
+) {
     let hs = q.len();
-    if keys.is_empty() {
+    let n: usize = pieces.clone().map(|p| p.2.len()).sum();
+    if n == 0 {
         out.fill(T::ZERO);
         return;
     }
-    let scores = &mut scores[..keys.len()];
-    let fast = as_f32(q)
-        .zip(as_f32(k))
-        .zip(as_f32(v))
-        .filter(|_| simd && avx2::supported(hs));
-    // Keys handled eight at a time by the AVX2 dot products (same bits; see attention_avx2).
-    let mut simd_keys = 0;
-    #[cfg(target_arch = "x86_64")]
-    if let Some(((q32, k32), _)) = fast {
-        simd_keys = keys.len() / 8 * 8;
-        let mut dots = [0f32; 8];
-        for (group, x) in scores[..simd_keys].chunks_exact_mut(8).enumerate() {
-            // SAFETY: `supported` checked AVX2 and hs % 8; the keys lie in `k`.
-            unsafe { avx2::scores8(q32, k32, keys.start + group * 8, &mut dots) };
-            x.copy_from_slice(&dots);
-        }
-    }
+    let scores = &mut scores[..n];
+    let simd = simd && avx2::supported(hs);
     let mut max = f32::NEG_INFINITY;
-    for (i, (x, j)) in scores.iter_mut().zip(keys.clone()).enumerate() {
-        let dot = if i < simd_keys {
-            *x
-        } else {
-            let kj = &k[j * hs..][..hs];
-            let mut dot = 0f32;
-            for d in 0..hs {
-                dot += q[d].widen() * kj[d].widen();
+    let mut at = 0;
+    for (k, _, keys) in pieces.clone() {
+        let xs = &mut scores[at..at + keys.len()];
+        at += keys.len();
+        // Keys handled eight at a time by the AVX2 dot products (same bits; see attention_avx2).
+        let mut simd_keys = 0;
+        #[cfg(target_arch = "x86_64")]
+        if let Some((q32, k32)) = as_f32(q).zip(as_f32(k)).filter(|_| simd) {
+            simd_keys = keys.len() / 8 * 8;
+            let mut dots = [0f32; 8];
+            for (group, x) in xs[..simd_keys].chunks_exact_mut(8).enumerate() {
+                // SAFETY: `supported` checked AVX2 and hs % 8; the keys lie in `k`.
+                unsafe { avx2::scores8(q32, k32, keys.start + group * 8, &mut dots) };
+                x.copy_from_slice(&dots);
             }
-            dot
-        };
-        let mut s = dot * score.scale;
-        if score.softcap > 0.0 {
-            s = score.softcap * (s / score.softcap).tanh();
         }
-        *x = s;
-        max = max.max(s);
+        for (i, (x, j)) in xs.iter_mut().zip(keys).enumerate() {
+            let dot = if i < simd_keys {
+                *x
+            } else {
+                let kj = &k[j * hs..][..hs];
+                let mut dot = 0f32;
+                for d in 0..hs {
+                    dot += q[d].widen() * kj[d].widen();
+                }
+                dot
+            };
+            let mut s = dot * score.scale;
+            if score.softcap > 0.0 {
+                s = score.softcap * (s / score.softcap).tanh();
+            }
+            *x = s;
+            max = max.max(s);
+        }
     }
     let mut sum = 0f32;
     for x in scores.iter_mut() {
@@ -462,17 +489,25 @@ fn attend_row<T: Accum<Acc = f32>>(
         sum += *x;
     }
     acc.fill(0.0);
-    for (&e, j) in scores.iter().zip(keys) {
-        let p = e / sum;
-        #[cfg(target_arch = "x86_64")]
-        if let Some((_, v32)) = fast {
-            // SAFETY: `supported` checked AVX2; `acc` and the value row both hold hs values.
-            unsafe { avx2::weighted_add(acc, p, &v32[j * hs..][..hs]) };
-            continue;
-        }
-        let vj = &v[j * hs..][..hs];
-        for d in 0..hs {
-            acc[d] += p * vj[d].widen();
+    let mut at = 0;
+    for (_, v, keys) in pieces {
+        let es = &scores[at..at + keys.len()];
+        at += keys.len();
+        let v32 = as_f32(v).filter(|_| simd);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = v32;
+        for (&e, j) in es.iter().zip(keys) {
+            let p = e / sum;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(v32) = v32 {
+                // SAFETY: `supported` checked AVX2; `acc` and the value row both hold hs values.
+                unsafe { avx2::weighted_add(acc, p, &v32[j * hs..][..hs]) };
+                continue;
+            }
+            let vj = &v[j * hs..][..hs];
+            for d in 0..hs {
+                acc[d] += p * vj[d].widen();
+            }
         }
     }
     for (o, &a) in out.iter_mut().zip(acc.iter()) {

@@ -9,6 +9,7 @@
 pub mod acc;
 pub mod attention;
 pub mod attention_avx2;
+pub mod attention_paged;
 pub mod broadcast;
 pub mod gather;
 pub mod layout;

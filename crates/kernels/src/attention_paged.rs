@@ -1,0 +1,526 @@
+//! Causal grouped-query attention over a paged KV cache, for a ragged batch: the new tokens of
+//! several sequences stacked as one set of rows, each sequence's keys and values kept in
+//! fixed-size blocks that its block table names.
+//!
+//! Cache layout (one per K and V of a layer): `[blocks, kv_heads, block_size, head_size]`, so
+//! one block of one KV head is `block_size` contiguous head vectors. Position `p` of a sequence
+//! lives in block `table[p / block_size]`, row `p % block_size`.
+//!
+//! Each row's arithmetic is [`crate::attention`]'s (the same dot products, softmax and
+//! weighted sum, walked in absolute position order): a sequence's rows get the same bits
+//! whatever it is batched with, however its prompt was chunked, and paged or contiguous
+//! (tested below). Threads split heads, never a row.
+
+use std::ops::Range;
+
+use crate::ThreadPool;
+use crate::acc::Accum;
+use crate::attention::{Rows, ScoreMod, attend_row_pieces};
+use crate::layout::{LayoutError, check_len};
+use crate::par::{par_chunks2, parts_for};
+use crate::rotary::{Rope, rotate_one};
+
+/// The shape of one layer's K (or V) block pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedLayout {
+    pub blocks: usize,
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_size: usize,
+}
+
+impl PagedLayout {
+    /// Values one cache holds.
+    pub fn cache_len(&self) -> Option<usize> {
+        self.blocks
+            .checked_mul(self.kv_heads)?
+            .checked_mul(self.block_size)?
+            .checked_mul(self.head_size)
+    }
+
+    /// Where KV head `h` of `block` starts in a cache.
+    fn head_start(&self, block: u32, h: usize) -> usize {
+        (block as usize * self.kv_heads + h) * self.block_size * self.head_size
+    }
+}
+
+/// One sequence's part of a ragged batch: rows `rows` of the batch are its tokens at
+/// positions `start..start + rows.len()`, and `tables[table]` is its block table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub rows: Range<usize>,
+    pub start: usize,
+    pub table: Range<usize>,
+}
+
+/// Checks that `segments` tile rows `0..tokens` in order and that every position they write
+/// has a block of the pool.
+fn check_segments(
+    layout: &PagedLayout,
+    segments: &[Segment],
+    tables: &[u32],
+    tokens: usize,
+) -> Result<(), LayoutError> {
+    let err = |i: usize, msg: String| Err(LayoutError::Shape(format!("segment {i}: {msg}")));
+    let mut next = 0;
+    for (i, s) in segments.iter().enumerate() {
+        if s.rows.start != next || s.rows.end < s.rows.start {
+            return err(i, format!("rows {:?} do not follow row {next}", s.rows));
+        }
+        next = s.rows.end;
+        let Some(table) = tables.get(s.table.clone()) else {
+            return err(i, format!("block table {:?} is out of range", s.table));
+        };
+        let end = s.start.checked_add(s.rows.len());
+        if end.is_none_or(|e| e > table.len().saturating_mul(layout.block_size)) {
+            return err(
+                i,
+                format!(
+                    "positions {}..{} do not fit in {} blocks of {}",
+                    s.start,
+                    s.start.saturating_add(s.rows.len()),
+                    table.len(),
+                    layout.block_size
+                ),
+            );
+        }
+        if let Some(&b) = table.iter().find(|&&b| b as usize >= layout.blocks) {
+            return err(
+                i,
+                format!("block {b} is outside the pool of {}", layout.blocks),
+            );
+        }
+    }
+    if next != tokens {
+        return Err(LayoutError::Shape(format!(
+            "the segments cover {next} rows of {tokens}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<(), LayoutError> {
+    let want = layout
+        .cache_len()
+        .ok_or_else(|| LayoutError::Shape(format!("{layout:?} overflows")))?;
+    check_len(what, len, want)
+}
+
+/// Writes each segment's new head vectors (`src`, `kv_heads` heads per row) into `cache` at
+/// their positions, rotated by `rope` when set.
+pub fn paged_append<T: Accum<Acc = f32>>(
+    src: &Rows<T>,
+    layout: &PagedLayout,
+    segments: &[Segment],
+    tables: &[u32],
+    rope: Option<&Rope<T>>,
+    cache: &mut [T],
+) -> Result<(), LayoutError> {
+    let (bs, hs) = (layout.block_size, layout.head_size);
+    let tokens = segments.last().map_or(0, |s| s.rows.end);
+    check_segments(layout, segments, tables, tokens)?;
+    check_pool(layout, cache.len(), "KV pool")?;
+    src.check(tokens, layout.kv_heads, hs, "new keys/values")?;
+    for s in segments {
+        let table = &tables[s.table.clone()];
+        for (i, t) in s.rows.clone().enumerate() {
+            let p = s.start + i;
+            for h in 0..layout.kv_heads {
+                let at = layout.head_start(table[p / bs], h) + p % bs * hs;
+                let dst = &mut cache[at..at + hs];
+                let x = src.head(t, h, hs);
+                match rope {
+                    Some(r) => rotate_one(x, position(p, r)?, r, dst)?,
+                    None => dst.copy_from_slice(x),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn position<T>(p: usize, rope: &Rope<T>) -> Result<usize, LayoutError> {
+    if p < rope.rows() {
+        Ok(p)
+    } else {
+        Err(LayoutError::Shape(format!(
+            "position {p} is out of range for cos/sin caches of {} rows",
+            rope.rows()
+        )))
+    }
+}
+
+/// Rotates every query head of `q` at its segment's positions into `out`, laid out
+/// `(tokens, heads * head_size)`.
+pub fn paged_rotate_query<T: Accum<Acc = f32>>(
+    q: &Rows<T>,
+    heads: usize,
+    head_size: usize,
+    segments: &[Segment],
+    rope: &Rope<T>,
+    out: &mut [T],
+) -> Result<(), LayoutError> {
+    let tokens = segments.last().map_or(0, |s| s.rows.end);
+    q.check(tokens, heads, head_size, "query")?;
+    check_len("rotated query", out.len(), tokens * heads * head_size)?;
+    for s in segments {
+        for (i, t) in s.rows.clone().enumerate() {
+            let row = position(s.start + i, rope)?;
+            for h in 0..heads {
+                let dst = &mut out[(t * heads + h) * head_size..][..head_size];
+                rotate_one(q.head(t, h, head_size), row, rope, dst)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parts the heads are split into, and the positions a row may see at most.
+fn split(
+    layout: &PagedLayout,
+    heads: usize,
+    segments: &[Segment],
+    pool: &ThreadPool,
+) -> (usize, usize) {
+    let positions = segments
+        .iter()
+        .map(|s| s.start + s.rows.len())
+        .max()
+        .unwrap_or(0);
+    let work: usize = segments
+        .iter()
+        .map(|s| s.rows.len().saturating_mul(s.start + s.rows.len()))
+        .fold(0usize, usize::saturating_add)
+        .saturating_mul(layout.head_size);
+    (parts_for(pool, heads, work), positions)
+}
+
+/// The f32 scratch [`paged_attention`] needs on `pool`.
+pub fn paged_scratch_len(
+    layout: &PagedLayout,
+    heads: usize,
+    segments: &[Segment],
+    pool: &ThreadPool,
+) -> usize {
+    let (parts, positions) = split(layout, heads, segments, pool);
+    parts * (positions + layout.head_size)
+}
+
+/// Attention of every row of `q` over its segment's cached keys, causally (the row at
+/// position `p` sees positions `..=p`, and only the `window` last of them when set), written
+/// to `out` laid out `(heads, tokens, head_size)`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention<T: Accum<Acc = f32>>(
+    heads: usize,
+    layout: &PagedLayout,
+    score: &ScoreMod,
+    q: &Rows<T>,
+    k: &[T],
+    v: &[T],
+    segments: &[Segment],
+    tables: &[u32],
+    out: &mut [T],
+    scratch: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    let PagedLayout {
+        block_size: bs,
+        kv_heads,
+        head_size: hs,
+        ..
+    } = *layout;
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(LayoutError::Shape(format!(
+            "num_heads {heads} is not a multiple of kv_num_heads {kv_heads}"
+        )));
+    }
+    let tokens = segments.last().map_or(0, |s| s.rows.end);
+    check_segments(layout, segments, tables, tokens)?;
+    check_pool(layout, k.len(), "key pool")?;
+    check_pool(layout, v.len(), "value pool")?;
+    q.check(tokens, heads, hs, "query")?;
+    check_len("attention output", out.len(), heads * tokens * hs)?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    let (parts, positions) = split(layout, heads, segments, pool);
+    let per_part = positions + hs;
+    if scratch.len() < parts * per_part {
+        return Err(LayoutError::Length {
+            what: "attention scratch",
+            expected: parts * per_part,
+            actual: scratch.len(),
+        });
+    }
+    let heads_per_part = heads.div_ceil(parts);
+    let group = heads / kv_heads;
+    par_chunks2(
+        pool,
+        out,
+        heads_per_part * tokens * hs,
+        scratch,
+        per_part,
+        |part, out, scratch| {
+            let (scores, acc) = scratch.split_at_mut(positions);
+            for (i, head_out) in out.chunks_mut(tokens * hs).enumerate() {
+                let n = part * heads_per_part + i;
+                let kvh = n / group;
+                for s in segments {
+                    let table = &tables[s.table.clone()];
+                    for (r, t) in s.rows.clone().enumerate() {
+                        let p = s.start + r;
+                        let lo = score.window.map_or(0, |w| (p + 1).saturating_sub(w));
+                        let end = p + 1;
+                        let pieces = (lo / bs..end.div_ceil(bs)).map(|bi| {
+                            let base = layout.head_start(table[bi], kvh);
+                            let keys = lo.max(bi * bs) - bi * bs..end.min((bi + 1) * bs) - bi * bs;
+                            (&k[base..base + bs * hs], &v[base..base + bs * hs], keys)
+                        });
+                        attend_row_pieces(
+                            q.head(t, n, hs),
+                            pieces,
+                            score,
+                            scores,
+                            &mut acc[..hs],
+                            &mut head_out[t * hs..][..hs],
+                            true,
+                        );
+                    }
+                }
+            }
+        },
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::{GqaShape, attention, scratch_len};
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// One sequence of `len` positions attended contiguously, and the same in a paged pool
+    /// with scattered blocks inside a batch with another sequence: identical bits.
+    fn check(len: usize, new: usize, bs: usize, hs: usize, window: Option<usize>, threads: usize) {
+        let (heads, kv_heads) = (4, 2);
+        let pool = ThreadPool::new(threads);
+        let keys = values(kv_heads * len * hs, 1);
+        let vals = values(kv_heads * len * hs, 2);
+        let q = values(new * heads * hs, 3);
+        let score = ScoreMod {
+            scale: 0.3,
+            softcap: 0.0,
+            window,
+        };
+        // Contiguous: the last `new` positions as queries.
+        let shape = GqaShape {
+            batch: 1,
+            seq: new,
+            heads,
+            kv_heads,
+            head_size: hs,
+            capacity: len,
+        };
+        let rows = Rows {
+            data: &q[..],
+            stride: heads * hs,
+            offset: 0,
+        };
+        let mut want = vec![0f32; heads * new * hs];
+        let mut scratch = vec![0f32; scratch_len(&shape, &pool)];
+        attention(
+            &shape,
+            &score,
+            &rows,
+            &keys,
+            &vals,
+            &[len - new],
+            &[len],
+            &mut want,
+            &mut scratch,
+            &pool,
+        )
+        .unwrap();
+
+        // Paged: an unrelated 3-row sequence first, then ours, blocks in reverse order.
+        let blocks = len.div_ceil(bs) + 4;
+        let layout = PagedLayout {
+            blocks,
+            block_size: bs,
+            kv_heads,
+            head_size: hs,
+        };
+        let cache = layout.cache_len().unwrap();
+        let (mut kp, mut vp) = (values(cache, 4), values(cache, 5));
+        let ours: Vec<u32> = (0..len.div_ceil(bs) as u32).rev().map(|b| b + 1).collect();
+        let mut tables = vec![0u32];
+        tables.extend(&ours);
+        for (p, b) in (0..len).map(|p| (p, ours[p / bs])) {
+            for h in 0..kv_heads {
+                let at = layout.head_start(b, h) + p % bs * hs;
+                kp[at..at + hs].copy_from_slice(&keys[(h * len + p) * hs..][..hs]);
+                vp[at..at + hs].copy_from_slice(&vals[(h * len + p) * hs..][..hs]);
+            }
+        }
+        let other = values(3 * heads * hs, 6);
+        let mut q2 = other.clone();
+        q2.extend(&q);
+        let segments = [
+            Segment {
+                rows: 0..3,
+                start: 0,
+                table: 0..1,
+            },
+            Segment {
+                rows: 3..3 + new,
+                start: len - new,
+                table: 1..1 + ours.len(),
+            },
+        ];
+        let tokens = 3 + new;
+        let mut got = vec![0f32; heads * tokens * hs];
+        let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, &pool)];
+        let rows = Rows {
+            data: &q2[..],
+            stride: heads * hs,
+            offset: 0,
+        };
+        paged_attention(
+            heads,
+            &layout,
+            &score,
+            &rows,
+            &kp,
+            &vp,
+            &segments,
+            &tables,
+            &mut got,
+            &mut scratch,
+            &pool,
+        )
+        .unwrap();
+        for h in 0..heads {
+            for s in 0..new {
+                let a = &want[(h * new + s) * hs..][..hs];
+                let b = &got[(h * tokens + 3 + s) * hs..][..hs];
+                let (a, b): (Vec<u32>, Vec<u32>) = (
+                    a.iter().map(|x| x.to_bits()).collect(),
+                    b.iter().map(|x| x.to_bits()).collect(),
+                );
+                assert_eq!(a, b, "head {h} row {s} (len {len}, bs {bs}, hs {hs})");
+            }
+        }
+    }
+
+    #[test]
+    fn paged_rows_equal_contiguous_rows_bit_for_bit() {
+        for (len, new, bs, hs, window, threads) in [
+            (1, 1, 16, 8, None, 1),
+            (37, 1, 16, 64, None, 2),
+            (37, 5, 4, 64, None, 2),
+            (64, 64, 16, 32, None, 3),
+            (50, 7, 8, 12, None, 1),
+            (50, 7, 16, 64, Some(9), 2),
+            (300, 2, 32, 64, None, 2),
+        ] {
+            check(len, new, bs, hs, window, threads);
+        }
+    }
+
+    #[test]
+    fn append_writes_each_position_to_its_block() {
+        let layout = PagedLayout {
+            blocks: 4,
+            block_size: 2,
+            kv_heads: 1,
+            head_size: 2,
+        };
+        let src = [1f32, 2., 3., 4., 5., 6.];
+        let rows = Rows {
+            data: &src[..],
+            stride: 2,
+            offset: 0,
+        };
+        let mut cache = vec![0f32; 16];
+        let segments = [Segment {
+            rows: 0..3,
+            start: 1,
+            table: 0..2,
+        }];
+        paged_append(&rows, &layout, &segments, &[3, 0], None, &mut cache).unwrap();
+        // Position 1 → block 3 row 1; positions 2, 3 → block 0 rows 0, 1.
+        assert_eq!(&cache[14..16], &[1., 2.]);
+        assert_eq!(&cache[0..4], &[3., 4., 5., 6.]);
+    }
+
+    #[test]
+    fn bad_segments_are_errors() {
+        let layout = PagedLayout {
+            blocks: 2,
+            block_size: 2,
+            kv_heads: 1,
+            head_size: 2,
+        };
+        let src = [0f32; 8];
+        let rows = Rows {
+            data: &src[..],
+            stride: 2,
+            offset: 0,
+        };
+        let mut cache = vec![0f32; 8];
+        let bad = [
+            // A position past its table.
+            (
+                vec![Segment {
+                    rows: 0..3,
+                    start: 0,
+                    table: 0..1,
+                }],
+                vec![0u32],
+            ),
+            // A block outside the pool.
+            (
+                vec![Segment {
+                    rows: 0..1,
+                    start: 0,
+                    table: 0..1,
+                }],
+                vec![7],
+            ),
+            // A table range outside the tables.
+            (
+                vec![Segment {
+                    rows: 0..1,
+                    start: 0,
+                    table: 0..3,
+                }],
+                vec![0],
+            ),
+            // Rows that skip row 0.
+            (
+                vec![Segment {
+                    rows: 1..2,
+                    start: 0,
+                    table: 0..1,
+                }],
+                vec![0],
+            ),
+        ];
+        for (segments, tables) in bad {
+            let r = paged_append(&rows, &layout, &segments, &tables, None, &mut cache);
+            assert!(r.is_err(), "{segments:?} {tables:?}");
+        }
+    }
+}
