@@ -12,6 +12,7 @@
 
 mod arena;
 mod error;
+mod kv;
 mod lm;
 pub mod ops;
 mod optimize;
@@ -20,6 +21,7 @@ mod session;
 
 pub use arena::Arena;
 pub use error::{ExecError, OpError};
+pub use kv::{KvStore, PagedLayer, PagedStep};
 pub use lm::NativeLm;
 pub use optimize::{NativeEvaluator, optimize};
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};

@@ -1,27 +1,64 @@
-//! The native backend as a [`LanguageModel`]: KV caches owned per sequence, fed to the graph
-//! as its past inputs and taken back from its present outputs.
+//! The native backend as a [`LanguageModel`].
 //!
-//! When every past-KV input feeds a `GroupQueryAttention` node, each sequence gets one
-//! buffer per layer sized to its context (`[1, kv_heads, max_context, head_size]`); the node
-//! writes new entries in place (the executor donates the buffer) and returns the same buffer as
-//! `present`, so a step copies nothing. Other graphs (optimum's `Concat(past, new)`) get the
-//! exact-length past and keep the grown present.
+//! **Paged and fused** (graphs whose every past-KV input feeds one `GroupQueryAttention`
+//! node per layer): KV lives in a block pool ([`oxgen_runtime::BlockPool`] for the
+//! bookkeeping, [`KvStore`] for the memory) shared by all sequences, with prefix caching. A
+//! step runs every sequence of the batch in **one** forward: their tokens (prefill chunks and
+//! decode tokens alike) are stacked as the rows of one `(1, tokens)` input, every op but
+//! attention is row-wise, and each attention node reads and writes the pool through the
+//! sequences' block tables ([`PagedStep`]). So the weights are read once per step whatever the
+//! batch, and a sequence's logits are the same bits alone or batched (the kernels' reduction
+//! contract: a row never depends on the other rows).
+//!
+//! **Dense** (other graphs, e.g. `Concat(past, new)` attention that the passes could not turn
+//! into `GroupQueryAttention`): each sequence owns its past tensors, fed to the graph and
+//! taken back from its present outputs, and sequences of a batch run one after another.
+//! (A shared-buffer graph whose attention nodes cannot be matched to layers gets
+//! context-sized buffers updated in place.)
 //!
 //! Graphs are optimized first ([`crate::optimize`]): an optimum export's `Concat(past, new)`
-//! attention becomes `GroupQueryAttention`, so it gets the in-place buffers too.
-//!
-//! Sequences in a batch run one after another through the same graph, so a sequence's logits
-//! never depend on what it is batched with.
+//! attention becomes `GroupQueryAttention`, so it is paged too.
 
 use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 use oxgen_graph::{Graph, Op, ValueId};
+use oxgen_kernels::attention_paged::{PagedLayout, Segment};
 use oxgen_runtime::{
-    Batch, IoSpec, KvTemplates, LanguageModel, LmContract, LogitsWanted, RuntimeError, SeqId,
-    SeqStep, SeqTable, Session, StepLogits, check_context,
+    Batch, BlockPool, BlockTable, Capabilities, IoSpec, KvTemplates, KvUsage, LanguageModel,
+    LmContract, LogitsWanted, RuntimeError, SeqId, SeqStep, SeqTable, Session, StepCounters,
+    StepLogits, check_context,
 };
 use oxgen_tensor::{DType, Tensor, bf16, f16};
 
+use crate::kv::{KvStore, PagedStep};
 use crate::{ExecError, ExecOptions, NativeSession};
+
+/// Positions per KV block.
+pub const KV_BLOCK_SIZE: usize = 16;
+/// Blocks in the pool unless [`NativeLm::set_kv_blocks`] says otherwise (address space is
+/// reserved for them; memory is committed as blocks are written).
+pub const DEFAULT_KV_BLOCKS: usize = 1024;
+
+/// One sequence's KV.
+enum SeqKv {
+    /// Per layer: key and value. Taken while a step runs.
+    Dense(Vec<[Option<Tensor>; 2]>),
+    /// Blocks of the pool, and the ids they hold (for the prefix cache).
+    Paged { table: BlockTable, ids: Vec<u32> },
+}
+
+/// The paged KV of a fused model, and buffers a step reuses.
+struct Paged {
+    pool: BlockPool,
+    store: KvStore,
+    /// Per node: the layer a `GroupQueryAttention` node reads.
+    layer_of_node: Vec<Option<usize>>,
+    /// Per layer: the empty past tensors fed to the graph (attention reads the pool).
+    empty: Vec<[Option<Tensor>; 2]>,
+    segments: Vec<Segment>,
+    tables: Vec<u32>,
+    /// Rows of the stacked batch whose logits are wanted.
+    rows: Vec<usize>,
+}
 
 /// A language model on the native backend.
 pub struct NativeLm {
@@ -29,8 +66,9 @@ pub struct NativeLm {
     contract: LmContract,
     shared_kv: bool,
     passes: PassReport,
-    /// Per sequence and layer: key and value. Taken while a step runs.
-    seqs: SeqTable<Vec<[Option<Tensor>; 2]>>,
+    seqs: SeqTable<SeqKv>,
+    paged: Option<Paged>,
+    counters: StepCounters,
     io: IoIndex,
     /// The node computing the logits, when it can compute the last row alone.
     logits_node: Option<usize>,
@@ -131,7 +169,8 @@ impl NativeLm {
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         let logits_node = session.row_wise_producer(io.logits);
-        Ok(NativeLm {
+        let layer_of_node = attention_layers(session.graph(), &contract).filter(|_| shared_kv);
+        let mut lm = NativeLm {
             logits_node,
             in_slots: vec![None; session.inputs().len()],
             out_slots: vec![None; session.outputs().len()],
@@ -140,8 +179,57 @@ impl NativeLm {
             shared_kv,
             passes: report,
             seqs: SeqTable::default(),
+            paged: None,
+            counters: StepCounters::default(),
             io,
+        };
+        if let Some(layer_of_node) = layer_of_node {
+            lm.paged = Some(lm.new_paged(layer_of_node, DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE)?);
+        }
+        Ok(lm)
+    }
+
+    fn new_paged(
+        &self,
+        layer_of_node: Vec<Option<usize>>,
+        blocks: usize,
+        block_size: usize,
+    ) -> Result<Paged, RuntimeError> {
+        let c = &self.contract;
+        let layout = PagedLayout {
+            blocks,
+            block_size,
+            kv_heads: c.kv_heads,
+            head_size: c.head_size,
+        };
+        Ok(Paged {
+            pool: BlockPool::new(blocks, block_size)?,
+            store: KvStore::new(c.kv_dtype, layout, c.layers.len())?,
+            layer_of_node,
+            empty: fresh_kv(c, false, 0)?,
+            segments: Vec::new(),
+            tables: Vec::new(),
+            rows: Vec::new(),
         })
+    }
+
+    /// Resizes the paged KV pool to `blocks` blocks of `block_size` positions. Only while no
+    /// sequence is live; a no-op for a dense model.
+    pub fn set_kv_blocks(&mut self, blocks: usize, block_size: usize) -> Result<(), RuntimeError> {
+        if self.seqs.count() > 0 {
+            return Err(backend_error(
+                "the KV pool cannot be resized while sequences are live".into(),
+            ));
+        }
+        if let Some(p) = self.paged.take() {
+            self.paged = Some(self.new_paged(p.layer_of_node, blocks, block_size)?);
+        }
+        Ok(())
+    }
+
+    /// Bytes of KV one block holds across every layer (0 for a dense model).
+    pub fn kv_block_bytes(&self) -> usize {
+        self.paged.as_ref().map_or(0, |p| p.store.block_bytes())
     }
 
     /// What the graph passes did at load.
@@ -164,56 +252,166 @@ impl NativeLm {
         self.session.op_times()
     }
 
-    /// Whether KV lives in context-sized buffers updated in place.
     /// Sequences added and not removed.
     pub fn sequence_count(&self) -> usize {
         self.seqs.count()
     }
 
+    /// Whether KV is updated in place (paged, or context-sized buffers) rather than grown.
     pub fn shared_kv(&self) -> bool {
         self.shared_kv
+    }
+
+    /// Whether KV is paged and a batch runs as one forward.
+    pub fn paged(&self) -> bool {
+        self.paged.is_some()
+    }
+
+    /// Bytes of weight matrices one forward streams.
+    pub fn weight_bytes(&self) -> u64 {
+        self.session.weight_bytes()
+    }
+
+    fn count(&mut self, forwards: u64, tokens: usize) {
+        let c = &mut self.counters;
+        c.forwards += forwards;
+        c.tokens += tokens as u64;
+        c.weight_bytes += forwards * self.session.weight_bytes();
+    }
+
+    /// One forward over every step of `batch` (see the module doc).
+    fn step_paged(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
+        for (i, step) in batch.steps.iter().enumerate() {
+            self.seqs.check(step)?;
+            if batch.steps[..i].iter().any(|s| s.seq == step.seq) {
+                return Err(RuntimeError::Sequence(
+                    step.seq.0,
+                    "appears twice in one batch".into(),
+                ));
+            }
+        }
+        let p = self.paged.as_mut().expect("called for a paged model");
+        let (c, io, session) = (&self.contract, &self.io, &mut self.session);
+        p.segments.clear();
+        p.tables.clear();
+        p.rows.clear();
+        let mut row = 0;
+        for step in batch.steps {
+            let n = step.tokens.len();
+            let slot = self.seqs.get_mut(step.seq).expect("checked above");
+            let SeqKv::Paged { table, .. } = &mut slot.kv else {
+                unreachable!("a paged model holds paged sequences")
+            };
+            p.pool.prepare_write(table, step.pos, step.pos + n)?;
+            let first = p.tables.len();
+            p.tables.extend_from_slice(&table.blocks);
+            p.segments.push(Segment {
+                rows: row..row + n,
+                start: step.pos,
+                table: first..p.tables.len(),
+            });
+            match step.logits {
+                LogitsWanted::Last => p.rows.push(row + n - 1),
+                LogitsWanted::All => p.rows.extend(row..row + n),
+                LogitsWanted::None => {}
+            }
+            row += n;
+        }
+        for copy in p.pool.take_copies() {
+            p.store.copy_block(copy.src, copy.dst);
+        }
+        let tokens = row;
+        let token = |i: usize| {
+            let s = p.segments.partition_point(|s| s.rows.end <= i);
+            let step = &batch.steps[s];
+            (step.tokens[i - p.segments[s].rows.start], step.pos + i - p.segments[s].rows.start)
+        };
+        let slots = &mut self.in_slots;
+        slots[io.input_ids] = Some(int_tensor(session, c.input_ids_dtype, tokens, &|i| {
+            i64::from(token(i).0)
+        })?);
+        if let (Some(index), Some((_, dtype))) = (io.attention_mask, &c.attention_mask) {
+            slots[index] = Some(int_tensor(session, *dtype, tokens, &|_| 1)?);
+        }
+        if let (Some(index), Some((_, dtype))) = (io.position_ids, &c.position_ids) {
+            slots[index] = Some(int_tensor(session, *dtype, tokens, &|i| token(i).1 as i64)?);
+        }
+        for (&(ki, vi), kv) in io.past.iter().zip(p.empty.iter_mut()) {
+            slots[ki] = kv[0].take();
+            slots[vi] = kv[1].take();
+        }
+        session.set_rows_only(self.logits_node, &p.rows);
+        let mut paged = PagedStep {
+            store: &mut p.store,
+            segments: &p.segments,
+            tables: &p.tables,
+            layer_of_node: &p.layer_of_node,
+        };
+        let result = session.run_ordered_paged(slots, &mut self.out_slots, Some(&mut paged));
+        if let Err(e) = result {
+            // Nothing advanced: the sequences keep their lengths, and what the run wrote past
+            // them is overwritten by the next step.
+            self.in_slots.iter_mut().for_each(|s| *s = None);
+            self.out_slots.iter_mut().for_each(|s| *s = None);
+            p.empty = fresh_kv(c, false, 0)?;
+            return Err(match e {
+                ExecError::Runtime(r) => r,
+                other => RuntimeError::Backend(Box::new(other)),
+            });
+        }
+        for (&(ki, vi), kv) in io.present.iter().zip(p.empty.iter_mut()) {
+            *kv = [self.out_slots[ki].take(), self.out_slots[vi].take()];
+        }
+        if p.empty.iter().flatten().any(Option::is_none) {
+            p.empty = fresh_kv(c, false, 0)?;
+        }
+        let logits = self.out_slots[io.logits]
+            .take()
+            .ok_or_else(|| backend_error(format!("the run returned no '{}'", c.logits)))?;
+        let copied = copy_rows(&logits, batch, &p.rows, tokens, out);
+        self.session.recycle(logits);
+        for t in self.out_slots.iter_mut().filter_map(Option::take) {
+            self.session.recycle(t);
+        }
+        copied?;
+        for step in batch.steps {
+            let slot = self.seqs.get_mut(step.seq).expect("checked above");
+            let end = step.pos + step.tokens.len();
+            slot.len = end;
+            if let SeqKv::Paged { table, ids } = &mut slot.kv {
+                ids.truncate(step.pos);
+                ids.extend_from_slice(step.tokens);
+                p.pool.register_full(table, ids);
+            }
+        }
+        self.count(1, tokens);
+        Ok(())
     }
 
     fn step_one(&mut self, step: &SeqStep, out: &mut StepLogits) -> Result<(), RuntimeError> {
         let seq_err = |msg: String| RuntimeError::Sequence(step.seq.0, msg);
         let end = self.seqs.check(step)?;
         let n = step.tokens.len();
-        let state = self.seqs.get_mut(step.seq).expect("checked above");
         // Inputs come from the session's arena and go back to it after the run, so a step
         // that repeats earlier shapes allocates nothing.
         let (c, io, session) = (&self.contract, &self.io, &mut self.session);
         let slots = &mut self.in_slots;
-        let mut int_input =
-            |index: usize, dtype: DType, len: usize, value: &dyn Fn(usize) -> i64| {
-                let mut t = session
-                    .alloc_input(dtype, &[1, len])
-                    .map_err(|e| backend_error(e.to_string()))?;
-                let err = |e: oxgen_tensor::TensorError| backend_error(e.to_string());
-                match dtype {
-                    DType::I32 => {
-                        for (i, v) in t.as_mut_slice::<i32>().map_err(err)?.iter_mut().enumerate() {
-                            *v = value(i) as i32;
-                        }
-                    }
-                    _ => {
-                        for (i, v) in t.as_mut_slice::<i64>().map_err(err)?.iter_mut().enumerate() {
-                            *v = value(i);
-                        }
-                    }
-                }
-                slots[index] = Some(t);
-                Ok::<(), RuntimeError>(())
-            };
-        int_input(io.input_ids, c.input_ids_dtype, n, &|i| {
-            step.tokens[i] as i64
-        })?;
+        slots[io.input_ids] = Some(int_tensor(session, c.input_ids_dtype, n, &|i| {
+            i64::from(step.tokens[i])
+        })?);
         if let (Some(index), Some((_, dtype))) = (io.attention_mask, &c.attention_mask) {
-            int_input(index, *dtype, end, &|_| 1)?;
+            slots[index] = Some(int_tensor(session, *dtype, end, &|_| 1)?);
         }
         if let (Some(index), Some((_, dtype))) = (io.position_ids, &c.position_ids) {
-            int_input(index, *dtype, n, &|i| (step.pos + i) as i64)?;
+            slots[index] = Some(int_tensor(session, *dtype, n, &|i| {
+                (step.pos + i) as i64
+            })?);
         }
-        for (&(ki, vi), kv) in io.past.iter().zip(state.kv.iter_mut()) {
+        let state = self.seqs.get_mut(step.seq).expect("checked above");
+        let SeqKv::Dense(kv) = &mut state.kv else {
+            unreachable!("a dense model holds dense sequences")
+        };
+        for (&(ki, vi), kv) in io.past.iter().zip(kv.iter_mut()) {
             let (k, v) = (kv[0].take(), kv[1].take());
             let (Some(k), Some(v)) = (k, v) else {
                 return Err(seq_err("its KV was lost by an earlier failed step".into()));
@@ -230,7 +428,7 @@ impl NativeLm {
         // output head.
         let last_row = !matches!(step.logits, LogitsWanted::All) && n > 1;
         self.session
-            .set_last_row_only(self.logits_node.filter(|_| last_row));
+            .set_rows_only(self.logits_node.filter(|_| last_row), &[n - 1]);
         let result = self
             .session
             .run_ordered(&mut self.in_slots, &mut self.out_slots);
@@ -244,7 +442,7 @@ impl NativeLm {
             self.in_slots.iter_mut().for_each(|s| *s = None);
             self.out_slots.iter_mut().for_each(|s| *s = None);
             state.len = 0;
-            state.kv = fresh_kv(c, self.shared_kv, state.max_context)?;
+            state.kv = SeqKv::Dense(fresh_kv(c, self.shared_kv, state.max_context)?);
             return Err(match e {
                 ExecError::Runtime(r) => r,
                 other => RuntimeError::Backend(Box::new(other)),
@@ -255,10 +453,10 @@ impl NativeLm {
         } else {
             end
         };
-        for (names, (&(ki, vi), kv)) in c
-            .layers
-            .iter()
-            .zip(io.present.iter().zip(state.kv.iter_mut()))
+        let SeqKv::Dense(kv) = &mut state.kv else {
+            unreachable!("a dense model holds dense sequences")
+        };
+        for (names, (&(ki, vi), kv)) in c.layers.iter().zip(io.present.iter().zip(kv.iter_mut()))
         {
             let (Some(k), Some(v)) = (self.out_slots[ki].take(), self.out_slots[vi].take()) else {
                 return Err(backend_error(format!(
@@ -284,8 +482,106 @@ impl NativeLm {
         for t in self.out_slots.iter_mut().filter_map(Option::take) {
             self.session.recycle(t);
         }
+        self.count(1, n);
         copied
     }
+}
+
+/// A `[1, len]` integer input of `dtype` (int32 or int64) from the session's arena, element
+/// `i` being `value(i)`.
+fn int_tensor(
+    session: &mut NativeSession,
+    dtype: DType,
+    len: usize,
+    value: &dyn Fn(usize) -> i64,
+) -> Result<Tensor, RuntimeError> {
+    let err = |e: String| backend_error(e);
+    let mut t = session
+        .alloc_input(dtype, &[1, len])
+        .map_err(|e| err(e.to_string()))?;
+    match dtype {
+        DType::I32 => {
+            let s = t.as_mut_slice::<i32>().map_err(|e| err(e.to_string()))?;
+            for (i, v) in s.iter_mut().enumerate() {
+                *v = value(i) as i32;
+            }
+        }
+        _ => {
+            let s = t.as_mut_slice::<i64>().map_err(|e| err(e.to_string()))?;
+            for (i, v) in s.iter_mut().enumerate() {
+                *v = value(i);
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// For each layer, the one `GroupQueryAttention` node reading its past key and value (as
+/// inputs 3 and 4); `None` unless every layer has exactly one such node and no other node reads
+/// them (the condition for paging).
+fn attention_layers(graph: &Graph, c: &LmContract) -> Option<Vec<Option<usize>>> {
+    let mut layer_of_node = vec![None; graph.nodes.len()];
+    for (l, names) in c.layers.iter().enumerate() {
+        let (k, v) = (graph.find(&names.past_key)?, graph.find(&names.past_value)?);
+        let mut readers = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.inputs.contains(&Some(k)) || n.inputs.contains(&Some(v)));
+        let (i, node) = readers.next()?;
+        let reads_both = node.inputs.get(3) == Some(&Some(k)) && node.inputs.get(4) == Some(&Some(v));
+        if readers.next().is_some()
+            || !reads_both
+            || !matches!(node.op, Op::GroupQueryAttention(_))
+            || layer_of_node[i].is_some()
+        {
+            return None;
+        }
+        layer_of_node[i] = Some(l);
+    }
+    Some(layer_of_node)
+}
+
+/// Appends to `out` the logits rows each step of `batch` wants from the `logits` of a
+/// stacked batch of `tokens` rows, which holds either those rows or only rows `rows`.
+fn copy_rows(
+    logits: &Tensor,
+    batch: &Batch,
+    rows: &[usize],
+    tokens: usize,
+    out: &mut StepLogits,
+) -> Result<(), RuntimeError> {
+    let (have, vocab) = match logits.dims() {
+        [1, r, v] => (*r, *v),
+        other => {
+            return Err(backend_error(format!(
+                "logits have shape {other:?}; expected [1, tokens, vocab]"
+            )));
+        }
+    };
+    let selected = have == rows.len();
+    if !selected && have != tokens {
+        return Err(backend_error(format!(
+            "the graph returns {have} logits rows for {tokens} tokens"
+        )));
+    }
+    out.vocab = vocab;
+    let mut next = 0;
+    for step in batch.steps {
+        let want = match step.logits {
+            LogitsWanted::Last => 1,
+            LogitsWanted::All => step.tokens.len(),
+            LogitsWanted::None => 0,
+        };
+        let first = out.data.len() / vocab.max(1);
+        out.rows.push(first..first + want);
+        for &r in &rows[next..next + want] {
+            let r = if selected { next } else { r };
+            logits_rows(logits, r..r + 1, vocab, &mut out.data)?;
+            next += 1;
+        }
+    }
+    Ok(())
 }
 
 /// Appends the rows `step` wants from a `[1, sequence, vocab]` logits tensor to `out`.
@@ -379,14 +675,44 @@ impl LanguageModel for NativeLm {
         &self.contract
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fused_decode: self.paged.is_some(),
+            fused_prefill_with_past: self.paged.is_some(),
+        }
+    }
+
     fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
+        self.start_sequence(max_context, &[]).map(|(seq, _)| seq)
+    }
+
+    fn start_sequence(
+        &mut self,
+        max_context: usize,
+        prompt: &[u32],
+    ) -> Result<(SeqId, usize), RuntimeError> {
         check_context(max_context)?;
-        let kv = fresh_kv(&self.contract, self.shared_kv, max_context)?;
-        Ok(self.seqs.add(max_context, kv))
+        let Some(p) = &mut self.paged else {
+            let kv = fresh_kv(&self.contract, self.shared_kv, max_context)?;
+            return Ok((self.seqs.add(max_context, SeqKv::Dense(kv)), 0));
+        };
+        let mut table = p.pool.reserve(max_context)?;
+        let cached = p
+            .pool
+            .attach_prefix(&mut table, prompt, prompt.len().saturating_sub(1));
+        let mut ids = Vec::with_capacity(max_context);
+        ids.extend_from_slice(&prompt[..cached]);
+        let seq = self.seqs.add(max_context, SeqKv::Paged { table, ids });
+        self.seqs.get_mut(seq).expect("just added").len = cached;
+        Ok((seq, cached))
     }
 
     fn remove_sequence(&mut self, seq: SeqId) {
-        self.seqs.remove(seq);
+        if let Some(slot) = self.seqs.take(seq)
+            && let (SeqKv::Paged { table, .. }, Some(p)) = (slot.kv, &mut self.paged)
+        {
+            p.pool.release(table);
+        }
     }
 
     fn sequence_len(&self, seq: SeqId) -> Option<usize> {
@@ -395,9 +721,21 @@ impl LanguageModel for NativeLm {
 
     fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
         out.clear();
+        self.counters.steps += 1;
+        if self.paged.is_some() {
+            return self.step_paged(batch, out);
+        }
         for step in batch.steps {
             self.step_one(step, out)?;
         }
         Ok(())
+    }
+
+    fn kv_usage(&self) -> Option<KvUsage> {
+        self.paged.as_ref().map(|p| p.pool.usage())
+    }
+
+    fn counters(&self) -> StepCounters {
+        self.counters
     }
 }

@@ -98,6 +98,7 @@ impl Evaluator for NativeEvaluator {
                 pool: &self.pool,
                 exact: true,
                 packed: None,
+                paged: None,
             };
             let produced = ops::run(
                 &node.op,

@@ -12,6 +12,7 @@ use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
 use crate::ops::{self, OpCtx};
+use crate::kv::{PagedLayer, PagedStep};
 use crate::{Arena, ExecError, OpError, Plan};
 
 /// Options for a native session.
@@ -87,9 +88,12 @@ pub struct NativeSession {
     stats: RunStats,
     exact: bool,
     profile: Option<Profile>,
-    /// A node that computes only the last row of its input 0 in the next runs (see
-    /// [`NativeSession::set_last_row_only`]).
-    last_row_node: Option<usize>,
+    /// A node that computes only some rows of its input 0 in the next runs, and which (see
+    /// [`NativeSession::set_rows_only`]).
+    row_node: Option<usize>,
+    rows: Vec<usize>,
+    /// Bytes of weight matrices one run streams.
+    weight_bytes: u64,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
 }
@@ -119,6 +123,7 @@ impl NativeSession {
         let inputs = graph.inputs.iter().map(|&id| spec(&graph, id)).collect();
         let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
         let slots = vec![None; graph.values.len()];
+        let weight_bytes = matrix_bytes(&graph, &packed);
         NativeSession {
             plan: Plan::new(graph),
             inputs,
@@ -129,7 +134,9 @@ impl NativeSession {
             stats: RunStats::default(),
             exact,
             profile: None,
-            last_row_node: None,
+            row_node: None,
+            rows: Vec::new(),
+            weight_bytes,
             packed,
         }
     }
@@ -188,6 +195,18 @@ impl NativeSession {
         inputs: &mut [Option<Tensor>],
         outputs: &mut [Option<Tensor>],
     ) -> Result<(), ExecError> {
+        self.run_ordered_paged(inputs, outputs, None)
+    }
+
+    /// [`NativeSession::run_ordered`] as one ragged step over a paged KV cache: the
+    /// `GroupQueryAttention` nodes `paged` names read and write its pools for its segments
+    /// instead of their past/present inputs, which pass through unchanged.
+    pub fn run_ordered_paged(
+        &mut self,
+        inputs: &mut [Option<Tensor>],
+        outputs: &mut [Option<Tensor>],
+        paged: Option<&mut PagedStep>,
+    ) -> Result<(), ExecError> {
         let graph = &self.plan.graph;
         if inputs.len() != graph.inputs.len() || outputs.len() != graph.outputs.len() {
             return Err(ExecError::Runtime(RuntimeError::Contract(format!(
@@ -212,7 +231,7 @@ impl NativeSession {
             self.slots[id.0] = tensor.take();
         }
         self.arena.reset_peak();
-        let result = self.execute();
+        let result = self.execute(paged);
         let graph = &self.plan.graph;
         if result.is_ok() {
             for (&id, out) in graph.outputs.iter().zip(outputs.iter_mut()) {
@@ -262,11 +281,21 @@ impl NativeSession {
         row_wise.then_some(i)
     }
 
-    /// Makes node `node` (from [`NativeSession::row_wise_producer`]) compute only the last
-    /// row of a batch-1 input in the runs that follow, or every row again (`None`). A prompt
-    /// step needs the logits of its last token only; the output head is the largest matrix.
-    pub fn set_last_row_only(&mut self, node: Option<usize>) {
-        self.last_row_node = node;
+    /// Makes node `node` (from [`NativeSession::row_wise_producer`]) compute only rows
+    /// `rows` (ascending) of a batch-1 input in the runs that follow, or every row again
+    /// (`None`). A prompt step needs the logits of its last token only, a batch those of each
+    /// sequence's last token; the output head is the largest matrix.
+    pub fn set_rows_only(&mut self, node: Option<usize>, rows: &[usize]) {
+        self.row_node = node;
+        self.rows.clear();
+        self.rows.extend_from_slice(rows);
+    }
+
+    /// Bytes of weight matrices one run streams: every `MatMulNBits`, `MatMul` and `Gemm`
+    /// weight initializer (repacked ones at their packed size). Embedding lookups read only
+    /// the rows they gather and are not counted.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
     }
 
     /// Returns a tensor's buffer (an output the caller is done with) to the arena.
@@ -286,7 +315,7 @@ impl NativeSession {
             .map_err(|e| ExecError::Runtime(RuntimeError::Contract(e.to_string())))
     }
 
-    fn execute(&mut self) -> Result<(), ExecError> {
+    fn execute(&mut self, mut paged: Option<&mut PagedStep>) -> Result<(), ExecError> {
         let plan = &self.plan;
         let graph = &plan.graph;
         for (i, node) in graph.nodes.iter().enumerate() {
@@ -297,8 +326,8 @@ impl NativeSession {
                     donated[k] = self.slots[id.0].take();
                 }
             }
-            let last_row = match self.last_row_node {
-                Some(n) if n == i => last_row_of(&mut self.arena, node, graph, &self.slots)
+            let last_row = match self.row_node {
+                Some(n) if n == i => rows_of(&mut self.arena, node, graph, &self.slots, &self.rows)
                     .map_err(|source| ExecError::Node {
                         node: Box::new(node.node_ref()),
                         source,
@@ -319,6 +348,15 @@ impl NativeSession {
                 pool: &self.pool,
                 exact: self.exact,
                 packed: self.packed[i].as_ref(),
+                paged: paged.as_deref_mut().and_then(|p| {
+                    let layer = p.layer_of_node.get(i).copied().flatten()?;
+                    Some(PagedLayer {
+                        store: &mut *p.store,
+                        layer,
+                        segments: p.segments,
+                        tables: p.tables,
+                    })
+                }),
             };
             let produced = ops::run(
                 &node.op,
@@ -461,13 +499,14 @@ fn page_out(t: &Tensor) {
     let _ = t;
 }
 
-/// The last row of `node`'s input 0 (`[1, .., rows, k]` → `[1, .., 1, k]`) in an arena
-/// buffer, when it has more than one row.
-fn last_row_of(
+/// Rows `rows` of `node`'s input 0 (`[1, .., r, k]` → `[1, .., rows.len(), k]`) in an arena
+/// buffer, unless that is every row already.
+fn rows_of(
     arena: &mut Arena,
     node: &oxgen_graph::Node,
     graph: &Graph,
     slots: &[Option<Tensor>],
+    rows: &[usize],
 ) -> Result<Option<Tensor>, OpError> {
     let Some(Some(id)) = node.inputs.first() else {
         return Ok(None);
@@ -477,17 +516,46 @@ fn last_row_of(
     };
     let dims = x.dims();
     let rank = dims.len();
-    if rank < 2 || dims[rank - 2] <= 1 || dims[..rank - 2].iter().any(|&d| d != 1) {
+    if rank < 2 || dims[..rank - 2].iter().any(|&d| d != 1) {
         return Ok(None);
     }
+    let have = dims[rank - 2];
+    if rows.iter().enumerate().all(|(i, &r)| i == r) && rows.len() == have {
+        return Ok(None);
+    }
+    if let Some(&r) = rows.iter().find(|&&r| r >= have) {
+        return Err(OpError::shape(format!(
+            "row {r} was asked for, but the input has {have} rows"
+        )));
+    }
     let mut shape: SmallVec<[usize; 8]> = SmallVec::from_slice(dims);
-    shape[rank - 2] = 1;
-    let mut row = arena.alloc(x.dtype(), &shape[..])?;
+    shape[rank - 2] = rows.len();
+    let mut out = arena.alloc(x.dtype(), &shape[..])?;
     let bytes = x.as_bytes();
-    let width = row.nbytes();
-    row.as_mut_bytes()
-        .copy_from_slice(&bytes[bytes.len() - width..]);
-    Ok(Some(row))
+    let width = bytes.len() / have.max(1);
+    for (dst, &r) in out.as_mut_bytes().chunks_exact_mut(width).zip(rows) {
+        dst.copy_from_slice(&bytes[r * width..(r + 1) * width]);
+    }
+    Ok(Some(out))
+}
+
+/// Bytes of the weight matrices a run streams (see [`NativeSession::weight_bytes`]).
+fn matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> u64 {
+    let init = |id: &Option<ValueId>| {
+        id.and_then(|id| graph.initializers.get(&id))
+            .map_or(0, |t| t.nbytes() as u64)
+    };
+    graph
+        .nodes
+        .iter()
+        .zip(packed)
+        .map(|(node, p)| match (&node.op, p) {
+            (Op::MatMulNBits(_), Some(p)) => p.nbytes() as u64,
+            (Op::MatMulNBits(_), None) => node.inputs.iter().skip(1).take(3).map(init).sum(),
+            (Op::MatMul | Op::Gemm(_), _) => node.inputs.iter().take(2).map(init).sum(),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Returns a dead value's buffer to the arena; graph inputs were never counted live.

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use oxgen_exec::{ExecOptions, NativeLm, OpTime};
 use oxgen_runtime::{
-    Batch, Capabilities, LanguageModel, LmContract, RuntimeError, SeqId, StepLogits,
+    Batch, Capabilities, KvUsage, LanguageModel, LmContract, RuntimeError, SeqId, StepCounters,
+    StepLogits,
 };
 
 use crate::{Error, PackageConfig};
@@ -118,6 +119,22 @@ impl LanguageModel for Lm {
 
     fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
         self.inner().step(batch, out)
+    }
+
+    fn start_sequence(
+        &mut self,
+        max_context: usize,
+        prompt: &[u32],
+    ) -> Result<(SeqId, usize), RuntimeError> {
+        self.inner().start_sequence(max_context, prompt)
+    }
+
+    fn kv_usage(&self) -> Option<KvUsage> {
+        self.inner_ref().kv_usage()
+    }
+
+    fn counters(&self) -> StepCounters {
+        self.inner_ref().counters()
     }
 }
 

@@ -265,6 +265,11 @@ impl<K> SeqTable<K> {
         self.seqs.remove(&seq);
     }
 
+    /// Removes a sequence and hands back what it held.
+    pub fn take(&mut self, seq: SeqId) -> Option<SeqSlot<K>> {
+        self.seqs.remove(&seq)
+    }
+
     pub fn get(&self, seq: SeqId) -> Option<&SeqSlot<K>> {
         self.seqs.get(&seq)
     }

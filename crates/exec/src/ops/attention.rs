@@ -24,6 +24,7 @@ use oxgen_graph::Op;
 use oxgen_graph::ops::{GroupQueryAttention, Rotary, RotaryKind};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::attention::{self as ka, GqaShape, Rows, ScoreMod};
+use oxgen_kernels::attention_paged as kp;
 use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
 use oxgen_tensor::{DType, Element, Tensor};
 
@@ -107,21 +108,9 @@ struct GqaPlan {
     rope_half: Option<usize>,
 }
 
-fn plan(
-    g: &GroupQueryAttention,
-    inputs: &[Option<&Tensor>],
-    donated: &[Option<Tensor>],
-) -> Result<GqaPlan, OpError> {
-    let q = input(inputs, 0)?;
-    let &[batch, seq, q_width] = q.dims() else {
-        return Err(OpError::shape(format!(
-            "query must be 3-D (batch, sequence, hidden), got shape {}",
-            q.shape()
-        )));
-    };
+/// The head size of a query row of `q_width` values (packed QKV rows hold every head).
+fn head_size_of(g: &GroupQueryAttention, q_width: usize, packed: bool) -> Result<usize, OpError> {
     let (heads, kv_heads) = (g.num_heads, g.kv_num_heads);
-    let (key, value) = (opt_input(inputs, 1), opt_input(inputs, 2));
-    let packed = key.is_none();
     let per_row = if packed {
         kv_heads.checked_mul(2).and_then(|k| k.checked_add(heads))
     } else {
@@ -143,6 +132,53 @@ fn plan(
             }
         )));
     }
+    Ok(head_size)
+}
+
+/// With do_rotary: the cos/sin caches' `(rows, rotary_dim / 2)`, checked against the query.
+fn rope_dims(
+    g: &GroupQueryAttention,
+    inputs: &[Option<&Tensor>],
+    q: &Tensor,
+    head_size: usize,
+) -> Result<Option<(usize, usize)>, OpError> {
+    if !g.do_rotary {
+        return Ok(None);
+    }
+    let (cos, sin) = (input(inputs, 7)?, input(inputs, 8)?);
+    let &[rows, half] = cos.dims() else {
+        return Err(OpError::shape(format!(
+            "cos_cache must be 2-D (positions, rotary_dim / 2), got {}",
+            cos.shape()
+        )));
+    };
+    same_dtype(q, cos, "cos_cache")?;
+    same_dtype(q, sin, "sin_cache")?;
+    expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
+    if half == 0 || 2 * half > head_size {
+        return Err(OpError::shape(format!(
+            "cos_cache has {half} columns: rotary_dim = 2 * {half} must lie in 1..=head_size ({head_size})"
+        )));
+    }
+    Ok(Some((rows, half)))
+}
+
+fn plan(
+    g: &GroupQueryAttention,
+    inputs: &[Option<&Tensor>],
+    donated: &[Option<Tensor>],
+) -> Result<GqaPlan, OpError> {
+    let q = input(inputs, 0)?;
+    let &[batch, seq, q_width] = q.dims() else {
+        return Err(OpError::shape(format!(
+            "query must be 3-D (batch, sequence, hidden), got shape {}",
+            q.shape()
+        )));
+    };
+    let (heads, kv_heads) = (g.num_heads, g.kv_num_heads);
+    let (key, value) = (opt_input(inputs, 1), opt_input(inputs, 2));
+    let packed = key.is_none();
+    let head_size = head_size_of(g, q_width, packed)?;
     match (key, value) {
         (None, None) => {}
         (Some(k), Some(v)) => {
@@ -250,32 +286,18 @@ fn plan(
             }
         )));
     }
-    let rope_half = if g.do_rotary {
-        let (cos, sin) = (input(inputs, 7)?, input(inputs, 8)?);
-        let &[rows, half] = cos.dims() else {
-            return Err(OpError::shape(format!(
-                "cos_cache must be 2-D (positions, rotary_dim / 2), got {}",
-                cos.shape()
-            )));
-        };
-        same_dtype(q, cos, "cos_cache")?;
-        same_dtype(q, sin, "sin_cache")?;
-        expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
-        if half == 0 || 2 * half > head_size {
-            return Err(OpError::shape(format!(
-                "cos_cache has {half} columns: rotary_dim = 2 * {half} must lie in 1..=head_size ({head_size})"
-            )));
+    let rope_half = match rope_dims(g, inputs, q, head_size)? {
+        Some((rows, half)) => {
+            // Checked before any cache is touched: a shared buffer is updated in place.
+            if let Some(b) = start.iter().position(|&p| p.saturating_add(seq) > rows) {
+                return Err(OpError::value(format!(
+                    "batch entry {b} needs rotary positions up to {}, but cos_cache has {rows} rows",
+                    start[b] + seq - 1
+                )));
+            }
+            Some(half)
         }
-        // Checked before any cache is touched: a shared buffer is updated in place.
-        if let Some(b) = start.iter().position(|&p| p.saturating_add(seq) > rows) {
-            return Err(OpError::value(format!(
-                "batch entry {b} needs rotary positions up to {}, but cos_cache has {rows} rows",
-                start[b] + seq - 1
-            )));
-        }
-        Some(half)
-    } else {
-        None
+        None => None,
     };
     let shape = GqaShape {
         batch,
@@ -304,6 +326,9 @@ fn gqa<T: Accum<Acc = f32> + Element>(
     n_outputs: usize,
     ctx: &mut OpCtx,
 ) -> Result<Outputs, OpError> {
+    if let Some(paged) = ctx.paged.take() {
+        return gqa_paged::<T>(g, inputs, donated, n_outputs, ctx, paged);
+    }
     let p = plan(g, inputs, donated)?;
     let GqaShape {
         batch,
@@ -435,6 +460,155 @@ fn gqa<T: Accum<Acc = f32> + Element>(
     let mut outputs: Outputs = smallvec![out, pk, pv];
     for t in outputs.drain(n_outputs.clamp(1, 3)..) {
         ctx.arena.release(t);
+    }
+    Ok(outputs)
+}
+
+/// One ragged step over a paged KV cache: the query rows are every sequence's new tokens
+/// (`(1, tokens, hidden)`), the new keys and values go into the pool at each segment's
+/// positions, and each row attends over its own sequence's blocks. `seqlens_k` and
+/// `total_sequence_length` are not read (the segments say it all); the past inputs pass
+/// through as the present outputs.
+fn gqa_paged<T: Accum<Acc = f32> + Element>(
+    g: &GroupQueryAttention,
+    inputs: &[Option<&Tensor>],
+    donated: &mut [Option<Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+    paged: crate::kv::PagedLayer,
+) -> Result<Outputs, OpError> {
+    let x = input(inputs, 0)?;
+    let &[1, tokens, q_width] = x.dims() else {
+        return Err(OpError::shape(format!(
+            "a paged step needs the query as (1, tokens, hidden), got shape {}",
+            x.shape()
+        )));
+    };
+    let (heads, kv_heads) = (g.num_heads, g.kv_num_heads);
+    let packed = opt_input(inputs, 1).is_none();
+    let hs = head_size_of(g, q_width, packed)?;
+    let layout = *paged.store.layout();
+    if layout.kv_heads != kv_heads || layout.head_size != hs {
+        return Err(OpError::shape(format!(
+            "the KV cache holds {} heads of {}, this node {kv_heads} of {hs}",
+            layout.kv_heads, layout.head_size
+        )));
+    }
+    if !packed {
+        for (i, what) in [(1, "key"), (2, "value")] {
+            let t = input(inputs, i)?;
+            same_dtype(x, t, what)?;
+            expect_dims(
+                t,
+                &[1, tokens, kv_heads * hs],
+                what,
+                "(1, tokens, kv_num_heads * head_size)",
+            )?;
+        }
+    }
+    let dtype = x.dtype();
+    let q = x.as_slice::<T>()?;
+    let rope = match rope_dims(g, inputs, x, hs)? {
+        Some((_, half)) => Some(
+            Rope::new(
+                input(inputs, 7)?.as_slice::<T>()?,
+                input(inputs, 8)?.as_slice::<T>()?,
+                half,
+                g.rotary_interleaved,
+            )
+            .map_err(OpError::from)?,
+        ),
+        None => None,
+    };
+    let new_kv = |i: usize, offset: usize| -> Result<Rows<T>, OpError> {
+        Ok(if packed {
+            Rows {
+                data: q,
+                stride: q_width,
+                offset,
+            }
+        } else {
+            Rows {
+                data: input(inputs, i)?.as_slice::<T>()?,
+                stride: kv_heads * hs,
+                offset: 0,
+            }
+        })
+    };
+    let (segments, tables) = (paged.segments, paged.tables);
+    let (kc, vc) = paged.store.layer_mut::<T>(paged.layer)?;
+    let k_new = new_kv(1, heads * hs)?;
+    kp::paged_append(&k_new, &layout, segments, tables, rope.as_ref(), kc)
+        .map_err(OpError::from)?;
+    let v_new = new_kv(2, (heads + kv_heads) * hs)?;
+    kp::paged_append(&v_new, &layout, segments, tables, None, vc).map_err(OpError::from)?;
+    let mut rotated = None;
+    if let Some(rope) = &rope {
+        let mut t = ctx.alloc(dtype, [1, tokens, heads * hs])?;
+        let rows = Rows {
+            data: q,
+            stride: q_width,
+            offset: 0,
+        };
+        kp::paged_rotate_query(&rows, heads, hs, segments, rope, t.as_mut_slice::<T>()?)
+            .map_err(OpError::from)?;
+        rotated = Some(t);
+    }
+    let q_rows = match &rotated {
+        Some(t) => Rows {
+            data: t.as_slice::<T>()?,
+            stride: heads * hs,
+            offset: 0,
+        },
+        None => Rows {
+            data: q,
+            stride: q_width,
+            offset: 0,
+        },
+    };
+    let score = ScoreMod {
+        scale: g.scale.unwrap_or(1.0 / (hs as f32).sqrt()),
+        softcap: g.softcap,
+        window: g.local_window_size,
+    };
+    let mut by_head = ctx.alloc(dtype, [heads, tokens, hs])?;
+    let scratch_len = kp::paged_scratch_len(&layout, heads, segments, ctx.pool);
+    let mut scratch = ctx.alloc(DType::F32, [scratch_len])?;
+    kp::paged_attention(
+        heads,
+        &layout,
+        &score,
+        &q_rows,
+        kc,
+        vc,
+        segments,
+        tables,
+        by_head.as_mut_slice::<T>()?,
+        scratch.as_mut_slice::<f32>()?,
+        ctx.pool,
+    )
+    .map_err(OpError::from)?;
+    let shape = GqaShape {
+        batch: 1,
+        seq: tokens,
+        heads,
+        kv_heads,
+        head_size: hs,
+        capacity: 0,
+    };
+    let mut out = ctx.alloc(dtype, [1, tokens, heads * hs])?;
+    ka::heads_to_rows(by_head.as_slice::<T>()?, &shape, out.as_mut_slice::<T>()?)
+        .map_err(OpError::from)?;
+    for t in [Some(by_head), Some(scratch), rotated]
+        .into_iter()
+        .flatten()
+    {
+        ctx.arena.release(t);
+    }
+    let mut outputs: Outputs = smallvec![out];
+    if n_outputs > 1 {
+        outputs.push(owned_input(inputs, donated, 3)?);
+        outputs.push(owned_input(inputs, donated, 4)?);
     }
     Ok(outputs)
 }

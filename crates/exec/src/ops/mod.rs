@@ -32,6 +32,8 @@ pub struct OpCtx<'a> {
     pub exact: bool,
     /// The node's weights repacked at load for the int8 `MatMulNBits` kernel, if they were.
     pub packed: Option<&'a PackedNBits>,
+    /// For a `GroupQueryAttention` node in a ragged step: the paged KV it reads and writes.
+    pub paged: Option<crate::kv::PagedLayer<'a>>,
 }
 
 impl OpCtx<'_> {
