@@ -208,6 +208,7 @@ pub fn open_model(
         exact: run.exact,
         backend: backend.backend(),
         ort_lib: backend.ort_lib.clone(),
+        ..ModelOptions::default()
     };
     let model = with_spinner(format!("loading {}", dir.display()), || {
         Model::open(dir, &options)

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oxgen::{Model, ModelOptions};
+use oxgen::{KvBudget, Model, ModelOptions};
 use oxgen_server::{Config, Server};
 
 use crate::options::{BackendArgs, RunArgs, model_dir};
@@ -38,6 +38,23 @@ pub struct Args {
     #[arg(long, env = "OXGEN_MAX_BATCH", default_value_t = 8,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_batch: u64,
+    /// Prompt tokens a sequence prefills per step; longer prompts go a chunk per step while
+    /// the running streams keep decoding.
+    #[arg(long, env = "OXGEN_PREFILL_CHUNK", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_chunk: u64,
+    /// KV cache blocks (16 positions each) shared by all requests; a request waits until
+    /// the blocks for its prompt plus max_tokens are free (default: enough for --max-batch
+    /// sequences of the whole context).
+    #[arg(long, env = "OXGEN_KV_BLOCKS", conflicts_with = "kv_memory",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    kv_blocks: Option<u64>,
+    /// KV cache budget in MiB, instead of --kv-blocks.
+    #[arg(long, env = "OXGEN_KV_MEMORY", value_parser = clap::value_parser!(u64).range(1..))]
+    kv_memory: Option<u64>,
+    /// Do not keep prompt blocks for later requests with the same prefix.
+    #[arg(long, env = "OXGEN_NO_PREFIX_CACHE")]
+    no_prefix_cache: bool,
     /// The most tokens a request may ask for, and what it gets when it asks for none (always
     /// capped by the context left after the prompt).
     #[arg(long, env = "OXGEN_MAX_TOKENS_LIMIT", default_value_t = 4096,
@@ -91,6 +108,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         api_key,
         max_queue: args.max_queue as usize,
         max_batch: args.max_batch as usize,
+        prefill_chunk: args.prefill_chunk as usize,
         max_tokens_limit: args.max_tokens_limit as usize,
         ctx_size: args.run.ctx_size.map(|c| c as usize),
         request_timeout: (args.request_timeout > 0)
@@ -105,6 +123,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         exact: args.run.exact,
         backend: args.backend.backend(),
         ort_lib: args.backend.ort_lib.clone(),
+        kv: match (args.kv_blocks, args.kv_memory) {
+            (Some(blocks), _) => KvBudget::Blocks(blocks as usize),
+            (None, Some(mib)) => KvBudget::Bytes((mib as usize).saturating_mul(1 << 20)),
+            (None, None) => KvBudget::Sequences(args.max_batch as usize),
+        },
+        prefix_cache: !args.no_prefix_cache,
     };
     let addr = format!("{}:{}", args.host, args.port);
     let open_dir = dir.clone();

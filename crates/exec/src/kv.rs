@@ -39,7 +39,11 @@ impl KvStore {
             .checked_mul(2 * layers)
             .and_then(|n| n.checked_mul(dtype.bits() / 8))
             .filter(|&b| b <= isize::MAX as usize / 2)
-            .ok_or_else(|| fail(format!("a KV pool of {layout:?} x {layers} layers overflows")))?;
+            .ok_or_else(|| {
+                fail(format!(
+                    "a KV pool of {layout:?} x {layers} layers overflows"
+                ))
+            })?;
         let words = bytes.div_ceil(8);
         let too_big = || {
             fail(format!(

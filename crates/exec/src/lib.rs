@@ -22,7 +22,7 @@ mod session;
 pub use arena::Arena;
 pub use error::{ExecError, OpError};
 pub use kv::{KvStore, PagedLayer, PagedStep};
-pub use lm::NativeLm;
+pub use lm::{DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvConfig, NativeLm};
 pub use optimize::{NativeEvaluator, optimize};
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 pub use plan::Plan;

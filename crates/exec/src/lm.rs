@@ -34,9 +34,30 @@ use crate::{ExecError, ExecOptions, NativeSession};
 
 /// Positions per KV block.
 pub const KV_BLOCK_SIZE: usize = 16;
-/// Blocks in the pool unless [`NativeLm::set_kv_blocks`] says otherwise (address space is
+/// Blocks in the pool unless [`NativeLm::configure_kv`] says otherwise (address space is
 /// reserved for them; memory is committed as blocks are written).
 pub const DEFAULT_KV_BLOCKS: usize = 1024;
+
+/// The paged KV pool of a [`NativeLm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvConfig {
+    pub blocks: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Keep full blocks for later sequences with the same prefix. Off, a finished sequence's
+    /// blocks are reused first (their memory is already committed).
+    pub prefix_cache: bool,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        KvConfig {
+            blocks: DEFAULT_KV_BLOCKS,
+            block_size: KV_BLOCK_SIZE,
+            prefix_cache: false,
+        }
+    }
+}
 
 /// One sequence's KV.
 enum SeqKv {
@@ -49,6 +70,7 @@ enum SeqKv {
 /// The paged KV of a fused model, and buffers a step reuses.
 struct Paged {
     pool: BlockPool,
+    prefix_cache: bool,
     store: KvStore,
     /// Per node: the layer a `GroupQueryAttention` node reads.
     layer_of_node: Vec<Option<usize>>,
@@ -184,7 +206,7 @@ impl NativeLm {
             io,
         };
         if let Some(layer_of_node) = layer_of_node {
-            lm.paged = Some(lm.new_paged(layer_of_node, DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE)?);
+            lm.paged = Some(lm.new_paged(layer_of_node, &KvConfig::default())?);
         }
         Ok(lm)
     }
@@ -192,18 +214,18 @@ impl NativeLm {
     fn new_paged(
         &self,
         layer_of_node: Vec<Option<usize>>,
-        blocks: usize,
-        block_size: usize,
+        kv: &KvConfig,
     ) -> Result<Paged, RuntimeError> {
         let c = &self.contract;
         let layout = PagedLayout {
-            blocks,
-            block_size,
+            blocks: kv.blocks,
+            block_size: kv.block_size,
             kv_heads: c.kv_heads,
             head_size: c.head_size,
         };
         Ok(Paged {
-            pool: BlockPool::new(blocks, block_size)?,
+            pool: BlockPool::new(kv.blocks, kv.block_size)?,
+            prefix_cache: kv.prefix_cache,
             store: KvStore::new(c.kv_dtype, layout, c.layers.len())?,
             layer_of_node,
             empty: fresh_kv(c, false, 0)?,
@@ -213,16 +235,16 @@ impl NativeLm {
         })
     }
 
-    /// Resizes the paged KV pool to `blocks` blocks of `block_size` positions. Only while no
-    /// sequence is live; a no-op for a dense model.
-    pub fn set_kv_blocks(&mut self, blocks: usize, block_size: usize) -> Result<(), RuntimeError> {
+    /// Sets up the paged KV pool anew. Only while no sequence is live; a no-op for a dense
+    /// model.
+    pub fn configure_kv(&mut self, kv: &KvConfig) -> Result<(), RuntimeError> {
         if self.seqs.count() > 0 {
             return Err(backend_error(
                 "the KV pool cannot be resized while sequences are live".into(),
             ));
         }
         if let Some(p) = self.paged.take() {
-            self.paged = Some(self.new_paged(p.layer_of_node, blocks, block_size)?);
+            self.paged = Some(self.new_paged(p.layer_of_node, kv)?);
         }
         Ok(())
     }
@@ -324,7 +346,10 @@ impl NativeLm {
         let token = |i: usize| {
             let s = p.segments.partition_point(|s| s.rows.end <= i);
             let step = &batch.steps[s];
-            (step.tokens[i - p.segments[s].rows.start], step.pos + i - p.segments[s].rows.start)
+            (
+                step.tokens[i - p.segments[s].rows.start],
+                step.pos + i - p.segments[s].rows.start,
+            )
         };
         let slots = &mut self.in_slots;
         slots[io.input_ids] = Some(int_tensor(session, c.input_ids_dtype, tokens, &|i| {
@@ -381,7 +406,9 @@ impl NativeLm {
             if let SeqKv::Paged { table, ids } = &mut slot.kv {
                 ids.truncate(step.pos);
                 ids.extend_from_slice(step.tokens);
-                p.pool.register_full(table, ids);
+                if p.prefix_cache {
+                    p.pool.register_full(table, ids);
+                }
             }
         }
         self.count(1, tokens);
@@ -403,9 +430,7 @@ impl NativeLm {
             slots[index] = Some(int_tensor(session, *dtype, end, &|_| 1)?);
         }
         if let (Some(index), Some((_, dtype))) = (io.position_ids, &c.position_ids) {
-            slots[index] = Some(int_tensor(session, *dtype, n, &|i| {
-                (step.pos + i) as i64
-            })?);
+            slots[index] = Some(int_tensor(session, *dtype, n, &|i| (step.pos + i) as i64)?);
         }
         let state = self.seqs.get_mut(step.seq).expect("checked above");
         let SeqKv::Dense(kv) = &mut state.kv else {
@@ -456,8 +481,7 @@ impl NativeLm {
         let SeqKv::Dense(kv) = &mut state.kv else {
             unreachable!("a dense model holds dense sequences")
         };
-        for (names, (&(ki, vi), kv)) in c.layers.iter().zip(io.present.iter().zip(kv.iter_mut()))
-        {
+        for (names, (&(ki, vi), kv)) in c.layers.iter().zip(io.present.iter().zip(kv.iter_mut())) {
             let (Some(k), Some(v)) = (self.out_slots[ki].take(), self.out_slots[vi].take()) else {
                 return Err(backend_error(format!(
                     "the run returned no '{}' / '{}'",
@@ -529,7 +553,8 @@ fn attention_layers(graph: &Graph, c: &LmContract) -> Option<Vec<Option<usize>>>
             .enumerate()
             .filter(|(_, n)| n.inputs.contains(&Some(k)) || n.inputs.contains(&Some(v)));
         let (i, node) = readers.next()?;
-        let reads_both = node.inputs.get(3) == Some(&Some(k)) && node.inputs.get(4) == Some(&Some(v));
+        let reads_both =
+            node.inputs.get(3) == Some(&Some(k)) && node.inputs.get(4) == Some(&Some(v));
         if readers.next().is_some()
             || !reads_both
             || !matches!(node.op, Op::GroupQueryAttention(_))
@@ -697,9 +722,12 @@ impl LanguageModel for NativeLm {
             return Ok((self.seqs.add(max_context, SeqKv::Dense(kv)), 0));
         };
         let mut table = p.pool.reserve(max_context)?;
-        let cached = p
-            .pool
-            .attach_prefix(&mut table, prompt, prompt.len().saturating_sub(1));
+        let cached = if p.prefix_cache {
+            p.pool
+                .attach_prefix(&mut table, prompt, prompt.len().saturating_sub(1))
+        } else {
+            0
+        };
         let mut ids = Vec::with_capacity(max_context);
         ids.extend_from_slice(&prompt[..cached]);
         let seq = self.seqs.add(max_context, SeqKv::Paged { table, ids });

@@ -11,8 +11,8 @@ use oxgen_kernels::nbits_packed::PackedNBits;
 use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
-use crate::ops::{self, OpCtx};
 use crate::kv::{PagedLayer, PagedStep};
+use crate::ops::{self, OpCtx};
 use crate::{Arena, ExecError, OpError, Plan};
 
 /// Options for a native session.

@@ -123,6 +123,20 @@ impl Decoding {
         (self.fed, &self.ids[self.fed..])
     }
 
+    /// Marks the first `n` ids of [`Decoding::span`] as fed without their logits (a prompt
+    /// chunk); the span must keep at least one id, whose logits choose the next.
+    pub fn feed_prompt(&mut self, n: usize) -> Result<(), GenerateError> {
+        if self.fed + n >= self.ids.len() {
+            return Err(GenerateError::Prompt(format!(
+                "a prompt chunk of {n} ids would feed all {} unfed ids; the last one's logits \
+                 are needed",
+                self.ids.len() - self.fed
+            )));
+        }
+        self.fed += n;
+        Ok(())
+    }
+
     /// How many ids the prompt has.
     pub fn prompt_len(&self) -> usize {
         self.prompt_len

@@ -2,13 +2,13 @@
 
 use std::path::Path;
 
-use oxgen_exec::{ExecOptions, NativeLm, OpTime};
+use oxgen_exec::{DEFAULT_KV_BLOCKS, ExecOptions, KV_BLOCK_SIZE, KvConfig, NativeLm, OpTime};
 use oxgen_runtime::{
     Batch, Capabilities, KvUsage, LanguageModel, LmContract, RuntimeError, SeqId, StepCounters,
     StepLogits,
 };
 
-use crate::{Error, PackageConfig};
+use crate::{Error, KvBudget, PackageConfig};
 
 /// The backend asked for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -164,6 +164,8 @@ pub(crate) struct Open<'a> {
     pub backend: Backend,
     #[cfg_attr(not(feature = "ort"), allow(dead_code))]
     pub ort_lib: Option<&'a Path>,
+    pub kv: KvBudget,
+    pub prefix_cache: bool,
 }
 
 /// Opens the model on the backend `open.backend` asks for; the note says why `auto` chose
@@ -205,7 +207,7 @@ pub(crate) fn open(o: &Open) -> Result<(Lm, Option<String>), Error> {
         max_positions: Some(o.config.context_length),
         ..Default::default()
     };
-    let lm = NativeLm::with_passes(
+    let mut lm = NativeLm::with_passes(
         graph,
         &ExecOptions {
             threads: o.threads,
@@ -214,6 +216,17 @@ pub(crate) fn open(o: &Open) -> Result<(Lm, Option<String>), Error> {
         &o.config.kv,
         &passes,
     )?;
+    let whole_context = o.config.context_length.div_ceil(KV_BLOCK_SIZE);
+    let blocks = match o.kv {
+        KvBudget::Sequences(n) => DEFAULT_KV_BLOCKS.max(n.saturating_mul(whole_context)),
+        KvBudget::Blocks(n) => n,
+        KvBudget::Bytes(b) => (b / lm.kv_block_bytes().max(1)).max(1),
+    };
+    lm.configure_kv(&KvConfig {
+        blocks,
+        block_size: KV_BLOCK_SIZE,
+        prefix_cache: o.prefix_cache,
+    })?;
     Ok((Lm::Native(lm), None))
 }
 

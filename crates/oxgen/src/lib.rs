@@ -60,7 +60,7 @@ pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
 pub use oxgen_exec::OpTime;
 pub use oxgen_generate::{ChatMessage, FinishReason, GenerateError, SamplingParams};
-pub use oxgen_runtime::Capabilities;
+pub use oxgen_runtime::{Capabilities, KvUsage, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
 pub use sequence::{Logprobs, Sequence, Step};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
@@ -100,6 +100,29 @@ pub struct ModelOptions {
     pub backend: Backend,
     /// ONNX Runtime's shared library (else `ORT_DYLIB_PATH`, else the Python wheel's).
     pub ort_lib: Option<PathBuf>,
+    /// The size of the native backend's paged KV pool. Address space is reserved for all of
+    /// it; memory is committed as blocks are first written.
+    pub kv: KvBudget,
+    /// Keep full KV blocks for later sequences that start with the same ids (a server's
+    /// shared system prompt is then prefilled once).
+    pub prefix_cache: bool,
+}
+
+/// How big the paged KV pool is (blocks of 16 positions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvBudget {
+    /// Enough for this many sequences of the package's whole context (and at least 1024
+    /// blocks).
+    Sequences(usize),
+    Blocks(usize),
+    /// As many blocks as fit in this many bytes (at least one).
+    Bytes(usize),
+}
+
+impl Default for KvBudget {
+    fn default() -> Self {
+        KvBudget::Sequences(2)
+    }
 }
 
 /// Stops a generation from another thread (or a signal handler) at the next token.
@@ -224,6 +247,8 @@ impl Model {
             exact: options.exact,
             backend: options.backend,
             ort_lib: options.ort_lib.as_deref(),
+            kv: options.kv,
+            prefix_cache: options.prefix_cache,
         })?;
         config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
@@ -301,6 +326,16 @@ impl Model {
     pub fn kv_bytes(&self, positions: usize) -> usize {
         let c = self.lm.contract();
         c.layers.len() * 2 * c.kv_heads * c.head_size * positions * c.kv_dtype.bits() / 8
+    }
+
+    /// How full the paged KV pool is (native backend on a paged graph).
+    pub fn kv_usage(&self) -> Option<oxgen_runtime::KvUsage> {
+        self.lm.kv_usage()
+    }
+
+    /// Steps, graph runs, tokens fed and weight bytes read since the model was opened.
+    pub fn counters(&self) -> oxgen_runtime::StepCounters {
+        self.lm.counters()
     }
 
     /// Positions the KV kept from the last generation holds.

@@ -1,9 +1,9 @@
-//! Generations stepped side by side, one token at a time, by a caller that owns the loop (a
-//! server's running set): [`Model::start`] → [`Model::advance`] until finished →
-//! [`Model::end`].
+//! Generations stepped side by side by a caller that owns the loop (a server's running set):
+//! [`Model::start`] → [`Model::advance_batch`] (every running sequence in one forward where
+//! the backend fuses batches) until finished → [`Model::end`].
 
-use oxgen_generate::{Decoding, FinishReason, step_sequence};
-use oxgen_runtime::{LanguageModel, SeqId};
+use oxgen_generate::{Decoding, FinishReason};
+use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep};
 
 use crate::{Error, GenerateOptions, Model};
 
@@ -12,6 +12,24 @@ pub struct Sequence {
     seq: SeqId,
     decoding: Decoding,
     top_logprobs: Option<usize>,
+    cached: usize,
+}
+
+impl Sequence {
+    /// Prompt ids whose KV came from the prefix cache (not prefilled).
+    pub fn cached(&self) -> usize {
+        self.cached
+    }
+
+    /// Whether its prompt is still being prefilled (no token generated yet).
+    pub fn prefilling(&self) -> bool {
+        self.decoding.generated().is_empty()
+    }
+
+    /// Ids the next step feeds unless a prompt chunk limit cuts it.
+    pub fn pending(&self) -> usize {
+        self.decoding.span().1.len()
+    }
 }
 
 /// One generated token.
@@ -71,28 +89,101 @@ impl Model {
         top_logprobs: Option<usize>,
     ) -> Result<Sequence, Error> {
         let capacity = capacity.min(self.config.context_length);
-        let decoding = Decoding::new(ids, 0, capacity, self.decode_options(options))?;
-        let seq = self.lm.add_sequence(capacity)?;
+        // Checked before any KV is reserved.
+        Decoding::new(ids, 0, capacity, self.decode_options(options))?;
+        let (seq, cached) = self.lm.start_sequence(capacity, ids)?;
+        let decoding = match Decoding::new(ids, cached, capacity, self.decode_options(options)) {
+            Ok(d) => d,
+            Err(e) => {
+                self.lm.remove_sequence(seq);
+                return Err(e.into());
+            }
+        };
         Ok(Sequence {
             seq,
             decoding,
             top_logprobs,
+            cached,
         })
     }
 
     /// Generates the sequence's next token: prefills the prompt on the first call.
     pub fn advance(&mut self, s: &mut Sequence) -> Result<Step, Error> {
-        let row = step_sequence(&mut self.lm, s.seq, &s.decoding, &mut self.scratch)?;
-        let emitted = s.decoding.on_logits(row, self.encoder.tokenizer())?;
-        let logprobs = s
-            .top_logprobs
-            .map(|top| Logprobs::from_logits(self.scratch.row(0, 0), emitted.id, top));
-        Ok(Step {
-            id: emitted.id,
-            text: s.decoding.take_text(),
-            finish: emitted.finish,
-            logprobs,
-        })
+        let mut steps = self.step_fused(&mut [s], usize::MAX)?;
+        Ok(steps.pop().flatten().expect("a whole span yields a token"))
+    }
+
+    /// Runs one step over `seqs` (one forward when the backend fuses batches): each feeds
+    /// its pending ids, a prompt at most `prompt_chunk` ids at a time, and gets its next
+    /// token once its whole prompt is in (`None` after a partial prompt chunk). If the fused
+    /// step fails, each sequence is stepped alone so one bad sequence fails only itself.
+    pub fn advance_batch(
+        &mut self,
+        seqs: &mut [&mut Sequence],
+        prompt_chunk: usize,
+    ) -> Vec<Result<Option<Step>, Error>> {
+        match self.step_fused(seqs, prompt_chunk) {
+            Ok(steps) => steps.into_iter().map(Ok).collect(),
+            Err(e) if seqs.len() == 1 => vec![Err(e)],
+            Err(_) => seqs
+                .iter_mut()
+                .map(|s| {
+                    let mut one = self.step_fused(&mut [&mut **s], prompt_chunk)?;
+                    Ok(one.pop().flatten())
+                })
+                .collect(),
+        }
+    }
+
+    fn step_fused(
+        &mut self,
+        seqs: &mut [&mut Sequence],
+        prompt_chunk: usize,
+    ) -> Result<Vec<Option<Step>>, Error> {
+        let chunk = prompt_chunk.max(1);
+        let steps: Vec<SeqStep> = seqs
+            .iter()
+            .map(|s| {
+                let (pos, span) = s.decoding.span();
+                let n = span.len().min(chunk);
+                SeqStep {
+                    seq: s.seq,
+                    tokens: &span[..n],
+                    pos,
+                    logits: if n == span.len() {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
+                }
+            })
+            .collect();
+        let fed: Vec<(usize, bool)> = steps
+            .iter()
+            .map(|s| (s.tokens.len(), s.logits == LogitsWanted::Last))
+            .collect();
+        self.lm.step(&Batch { steps: &steps }, &mut self.scratch)?;
+        drop(steps);
+        let mut out = Vec::with_capacity(seqs.len());
+        for (i, (s, (n, whole))) in seqs.iter_mut().zip(fed).enumerate() {
+            if !whole {
+                s.decoding.feed_prompt(n)?;
+                out.push(None);
+                continue;
+            }
+            let row = self.scratch.row(i, 0);
+            let emitted = s.decoding.on_logits(row, self.encoder.tokenizer())?;
+            let logprobs = s
+                .top_logprobs
+                .map(|top| Logprobs::from_logits(row, emitted.id, top));
+            out.push(Some(Step {
+                id: emitted.id,
+                text: s.decoding.take_text(),
+                finish: emitted.finish,
+                logprobs,
+            }));
+        }
+        Ok(out)
     }
 
     /// Frees the sequence's KV.

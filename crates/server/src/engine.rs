@@ -1,8 +1,12 @@
 //! The scheduler loop: one thread owns the model; requests arrive through a channel, each
 //! with its own sender for what it produces. Every turn admits queued requests into the
-//! running set (up to `--max-batch` sequences), then gives each running sequence one token,
-//! so requests join and leave at token boundaries. A request whose receiver is gone (the
-//! client disconnected) is cancelled at the next turn and its KV freed.
+//! running set (up to `--max-batch` sequences, and only when the KV pool can reserve their
+//! blocks; otherwise they wait), then runs **one step over every running sequence**: decode
+//! tokens and prompt chunks of at most `--prefill-chunk` ids together, in one forward where
+//! the backend fuses batches (native on paged graphs). Requests join and leave at token
+//! boundaries, and a long prompt is prefilled a chunk per turn while the others keep
+//! decoding. A request whose receiver is gone (the client disconnected) is cancelled at the
+//! next turn and its KV freed.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -10,10 +14,13 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use oxgen::{GenerateOptions, Model, Sequence, Step};
+
+/// Prompt ids a sequence feeds per step unless `--prefill-chunk` says otherwise.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{EngineStats, Metrics};
 
 /// A request for the engine: `n` generations of one prompt.
 pub struct Job {
@@ -71,42 +78,50 @@ impl Running {
         self.end(model);
     }
 
-    /// One token for every unfinished choice.
-    fn step(&mut self, model: &mut Model, metrics: &Metrics, timeout: Option<Duration>) {
+    /// Ends the request if its client left or its time ran out; true if it is still on.
+    fn check(&mut self, model: &mut Model, timeout: Option<Duration>) -> bool {
         if self.job.events.is_closed() {
-            return self.end(model);
+            self.end(model);
+        } else if self.job.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.fail(model, timed_out(timeout));
         }
-        if self.job.deadline.is_some_and(|d| Instant::now() >= d) {
-            return self.fail(model, timed_out(timeout));
+        !self.done
+    }
+
+    /// What one step gave choice `choice`: a token, nothing yet (a prompt chunk), or an
+    /// error that fails the request.
+    fn on_step(
+        &mut self,
+        choice: usize,
+        result: Result<Option<Step>, oxgen::Error>,
+        model: &mut Model,
+        metrics: &Metrics,
+    ) {
+        if self.done {
+            return;
         }
-        let mut failure = None;
-        for (choice, slot) in self.seqs.iter_mut().enumerate() {
-            let Some(seq) = slot else { continue };
-            let step = match model.advance(seq) {
-                Ok(step) => step,
-                Err(e) => {
-                    failure = Some(ApiError::internal(format!("generation failed: {e}")));
-                    break;
-                }
-            };
-            let now = Instant::now();
-            match self.last_token[choice].replace(now) {
-                Some(last) => metrics.inter_token.observe(now - last),
-                None if choice == 0 => metrics.ttft.observe(now - self.job.arrived),
-                None => {}
+        let step = match result {
+            Ok(Some(step)) => step,
+            Ok(None) => return,
+            Err(e) => {
+                return self.fail(model, ApiError::internal(format!("generation failed: {e}")));
             }
-            metrics.generated_tokens.fetch_add(1, Relaxed);
-            self.completion_tokens += 1;
-            if step.finish.is_some()
-                && let Some(s) = slot.take()
-            {
-                model.end(s);
-            }
-            let _ = self.job.events.send(Event::Token { choice, step });
+        };
+        let now = Instant::now();
+        match self.last_token[choice].replace(now) {
+            Some(last) => metrics.inter_token.observe(now - last),
+            None if choice == 0 => metrics.ttft.observe(now - self.job.arrived),
+            None => {}
         }
-        if let Some(error) = failure {
-            self.fail(model, error);
-        } else if self.live() == 0 {
+        metrics.generated_tokens.fetch_add(1, Relaxed);
+        self.completion_tokens += 1;
+        if step.finish.is_some()
+            && let Some(s) = self.seqs[choice].take()
+        {
+            model.end(s);
+        }
+        let _ = self.job.events.send(Event::Token { choice, step });
+        if self.live() == 0 {
             let _ = self.job.events.send(Event::Done {
                 prompt_tokens: self.job.ids.len(),
                 completion_tokens: self.completion_tokens,
@@ -114,6 +129,38 @@ impl Running {
             self.done = true;
         }
     }
+}
+
+/// One step over every running sequence (see the module doc); returns how many ran.
+fn step_all(
+    running: &mut [Running],
+    model: &mut Model,
+    metrics: &Metrics,
+    limits: &Limits,
+) -> usize {
+    let mut owners = Vec::new();
+    let mut seqs: Vec<&mut Sequence> = Vec::new();
+    for (r, request) in running.iter_mut().enumerate() {
+        if !request.check(model, limits.request_timeout) {
+            continue;
+        }
+        for (choice, slot) in request.seqs.iter_mut().enumerate() {
+            if let Some(s) = slot {
+                owners.push((r, choice));
+                seqs.push(s);
+            }
+        }
+    }
+    if seqs.is_empty() {
+        return 0;
+    }
+    let results = model.advance_batch(&mut seqs, limits.prefill_chunk);
+    drop(seqs);
+    let ran = owners.len();
+    for ((r, choice), result) in owners.into_iter().zip(results) {
+        running[r].on_step(choice, result, model, metrics);
+    }
+    ran
 }
 
 fn timed_out(timeout: Option<Duration>) -> ApiError {
@@ -161,7 +208,32 @@ fn admit(model: &mut Model, job: Job, metrics: &Metrics) -> Option<Running> {
 pub struct Limits {
     /// Sequences stepped per turn at most (a request with `n` choices counts `n`).
     pub max_batch: usize,
+    /// Prompt ids a sequence feeds per step at most.
+    pub prefill_chunk: usize,
     pub request_timeout: Option<Duration>,
+}
+
+/// Whether `job` can start now: a free slot in the running set and KV blocks to reserve.
+/// `Err` when it can never run (it needs more blocks than the whole pool has).
+fn fits(job: &Job, busy: usize, model: &Model, limits: &Limits) -> Result<bool, ApiError> {
+    if busy > 0 && busy + job.n > limits.max_batch {
+        return Ok(false);
+    }
+    let Some(kv) = model.kv_usage() else {
+        return Ok(true);
+    };
+    let need = job.n * kv.blocks_for(job.capacity);
+    if need > kv.total {
+        return Err(ApiError::unavailable(
+            "kv_cache_full",
+            format!(
+                "the request needs {need} KV blocks ({} sequences of {} positions) and the \
+                 pool has {}; lower max_tokens or n, or raise --kv-blocks",
+                job.n, job.capacity, kv.total
+            ),
+        ));
+    }
+    Ok(need <= kv.available())
 }
 
 /// Runs requests from `jobs` until every sender is gone or `stop` returns true; then fails
@@ -205,8 +277,15 @@ pub fn run(
         });
         while let Some(job) = pending.front() {
             let busy: usize = running.iter().map(Running::live).sum();
-            if busy > 0 && busy + job.n > limits.max_batch {
-                break;
+            match fits(job, busy, model, limits) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    let job = pending.pop_front().expect("front exists");
+                    let _ = job.events.send(Event::Error(e));
+                    metrics.queued.fetch_sub(1, Relaxed);
+                    continue;
+                }
             }
             let job = pending.pop_front().expect("front exists");
             // Counted as running before it stops counting as queued, so `Metrics::live`
@@ -221,9 +300,7 @@ pub fn run(
                 }
             }
         }
-        for r in &mut running {
-            r.step(model, metrics, limits.request_timeout);
-        }
+        let batch = step_all(&mut running, model, metrics, limits);
         running.retain(|r| {
             if r.done {
                 metrics.running.fetch_sub(1, Relaxed);
@@ -231,6 +308,11 @@ pub fn run(
             !r.done
         });
         metrics.kv_sequences.store(model.live_sequences(), Relaxed);
+        *metrics.engine.lock().unwrap_or_else(|e| e.into_inner()) = EngineStats {
+            kv: model.kv_usage(),
+            counters: model.counters(),
+            batch,
+        };
     }
     let stopping = || ApiError::unavailable("shutting_down", "the server is shutting down");
     for mut r in running {

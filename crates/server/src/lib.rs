@@ -54,6 +54,9 @@ pub struct Config {
     pub max_queue: usize,
     /// Sequences generating at once (a request with `n` choices counts `n`); also bounds `n`.
     pub max_batch: usize,
+    /// Prompt ids a sequence feeds per step: longer prompts are prefilled a chunk per step,
+    /// between the decode steps of the others.
+    pub prefill_chunk: usize,
     /// The most tokens one request may ask for, and what it gets when it asks for none.
     pub max_tokens_limit: usize,
     /// Positions a sequence may hold; `None`: the model's context length.
@@ -77,6 +80,7 @@ impl Config {
             api_key: None,
             max_queue: 64,
             max_batch: 8,
+            prefill_chunk: engine::DEFAULT_PREFILL_CHUNK,
             max_tokens_limit: 4096,
             ctx_size: None,
             request_timeout: Some(Duration::from_secs(600)),
@@ -239,6 +243,7 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
     );
     let limits = engine::Limits {
         max_batch: app.config.max_batch,
+        prefill_chunk: app.config.prefill_chunk.max(1),
         request_timeout: app.config.request_timeout,
     };
     engine::run(&mut model, &jobs, &limits, &app.metrics, &|| {

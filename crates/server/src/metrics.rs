@@ -63,6 +63,17 @@ pub struct Metrics {
     pub running: AtomicUsize,
     /// Sequences whose KV the model holds.
     pub kv_sequences: AtomicUsize,
+    /// The engine's view of the model after its last step.
+    pub engine: Mutex<EngineStats>,
+}
+
+/// What the engine reports after each step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineStats {
+    pub kv: Option<oxgen::KvUsage>,
+    pub counters: oxgen::StepCounters,
+    /// Sequences in the last step.
+    pub batch: usize,
 }
 
 impl Default for Metrics {
@@ -76,6 +87,7 @@ impl Default for Metrics {
             queued: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             kv_sequences: AtomicUsize::new(0),
+            engine: Mutex::default(),
         }
     }
 }
@@ -149,6 +161,8 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
             );
         }
+        let engine = *self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        render_engine(&mut out, &engine, self.generated_tokens.load(Relaxed));
         self.ttft.render(
             &mut out,
             "oxgen_time_to_first_token_seconds",
@@ -161,6 +175,98 @@ impl Metrics {
         );
         out
     }
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
+}
+
+/// KV pool, prefix cache and amortization figures.
+fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
+    let c = &e.counters;
+    metric(
+        out,
+        "oxgen_batch_size",
+        "gauge",
+        "Sequences in the last step.",
+        e.batch,
+    );
+    metric(
+        out,
+        "oxgen_steps_total",
+        "counter",
+        "Model steps (one per turn).",
+        c.steps,
+    );
+    metric(
+        out,
+        "oxgen_forwards_total",
+        "counter",
+        "Graph runs (one per step when batches are fused, one per sequence otherwise).",
+        c.forwards,
+    );
+    metric(
+        out,
+        "oxgen_weight_bytes_read_total",
+        "counter",
+        "Bytes of weight matrices streamed by all forwards.",
+        c.weight_bytes,
+    );
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    metric(
+        out,
+        "oxgen_weight_bytes_per_step",
+        "gauge",
+        "Weight bytes read per step, since start.",
+        ratio(c.weight_bytes, c.steps),
+    );
+    metric(
+        out,
+        "oxgen_weight_bytes_per_token",
+        "gauge",
+        "Weight bytes read per generated token, since start.",
+        ratio(c.weight_bytes, generated),
+    );
+    let Some(kv) = e.kv else { return };
+    let _ = writeln!(
+        out,
+        "# HELP oxgen_kv_blocks KV cache blocks ({} positions each) by state.\n\
+         # TYPE oxgen_kv_blocks gauge",
+        kv.block_size
+    );
+    for (state, n) in [
+        ("total", kv.total),
+        ("used", kv.used),
+        ("free", kv.free()),
+        ("cached", kv.cached),
+        ("reserved", kv.reserved),
+    ] {
+        let _ = writeln!(out, "oxgen_kv_blocks{{state=\"{state}\"}} {n}");
+    }
+    metric(
+        out,
+        "oxgen_prefix_cache_queries_total",
+        "counter",
+        "Full prompt blocks looked up in the prefix cache.",
+        kv.prefix_queries,
+    );
+    metric(
+        out,
+        "oxgen_prefix_cache_hits_total",
+        "counter",
+        "Prompt blocks found in the prefix cache (not prefilled).",
+        kv.prefix_hits,
+    );
+    metric(
+        out,
+        "oxgen_prefix_cache_hit_rate",
+        "gauge",
+        "Hits per query since start.",
+        ratio(kv.prefix_hits, kv.prefix_queries),
+    );
 }
 
 #[cfg(test)]
