@@ -1,9 +1,13 @@
 //! `oxgen bench [MODEL]`: prefill and decode throughput over repeated runs of a prompt of an
-//! exact length, each from an empty KV cache (no prefix reuse between runs).
+//! exact length, each from an empty KV cache (no prefix reuse between runs). With `--batch N`,
+//! N sequences of the prompt run side by side, each step one forward over all of them
+//! (aggregate throughput, and the weight bytes read per step and per generated token).
 
 use std::io::Write;
 
-use oxgen::{GenerateOptions, Output, Prompt};
+use std::time::Instant;
+
+use oxgen::{GenerateOptions, Model, Output, Prompt, Sequence, StepCounters};
 use serde_json::json;
 
 use crate::options::{BackendArgs, RunArgs, model_dir, open_model, peak_rss_bytes};
@@ -45,6 +49,9 @@ pub struct Args {
     /// Also print latency percentiles, KV bytes and time per op type (stderr).
     #[arg(long, env = "OXGEN_PROFILE")]
     profile: bool,
+    /// Sequences decoded side by side (one forward per step over all of them).
+    #[arg(long, env = "OXGEN_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    batch: u64,
     #[command(flatten)]
     run: RunArgs,
     #[command(flatten)]
@@ -105,13 +112,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             piece.iter().copied().cycle().take(prompt_len).collect()
         }
     };
-    let prompt = Prompt::Tokens(ids);
     let options = GenerateOptions {
         max_new_tokens: gen_len,
         ignore_eos: true,
         ..GenerateOptions::default()
     };
+    if args.batch > 1 {
+        return run_batch(args, &mut model, &ids, &options);
+    }
+    let prompt = Prompt::Tokens(ids);
     let mut outs: Vec<Output> = Vec::new();
+    let counters = model.counters();
     for i in 0..args.warmup + args.runs {
         if i == args.warmup {
             model.set_profiling(args.profile);
@@ -142,6 +153,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "load_ms": model.load_time().as_secs_f64() * 1e3,
         "kv_cache_bytes": model.kv_positions().map(|p| model.kv_bytes(p)),
         "peak_rss_bytes": peak_rss_bytes(),
+        "weight_bytes_per_token": weight_bytes_per_token(&model, counters),
     });
     let mut stdout = std::io::stdout().lock();
     if args.json {
@@ -178,6 +190,127 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     if args.profile {
         profile::print(&model, &outs);
+    }
+    Ok(())
+}
+
+/// Weight bytes read per token fed since `since` (prefill and decode), when the backend
+/// counts them.
+fn weight_bytes_per_token(model: &Model, since: StepCounters) -> Option<f64> {
+    let now = model.counters();
+    let tokens = now.tokens - since.tokens;
+    (now.weight_bytes > 0 && tokens > 0)
+        .then(|| (now.weight_bytes - since.weight_bytes) as f64 / tokens as f64)
+}
+
+/// `--batch N`: per run, N sequences of the prompt prefilled in one step, then decoded in
+/// lockstep; aggregate throughput and weight bytes per decode step and per decoded token.
+fn run_batch(
+    args: &Args,
+    model: &mut Model,
+    ids: &[u32],
+    options: &GenerateOptions,
+) -> anyhow::Result<()> {
+    let n = args.batch as usize;
+    let capacity = ids.len() + options.max_new_tokens;
+    let (mut prefill, mut decode, mut per_step, mut per_token) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..args.warmup + args.runs {
+        if i == args.warmup {
+            model.set_profiling(args.profile);
+        }
+        model.reset();
+        let mut seqs = (0..n)
+            .map(|_| model.start(ids, options, capacity, None))
+            .collect::<Result<Vec<Sequence>, _>>()?;
+        let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
+        let started = Instant::now();
+        for r in model.advance_batch(&mut refs, usize::MAX) {
+            r?;
+        }
+        let prefilled = started.elapsed().as_secs_f64();
+        let (before, started) = (model.counters(), Instant::now());
+        let mut steps = 0u64;
+        while refs.iter().all(|s| s.pending() > 0) && steps + 1 < options.max_new_tokens as u64 {
+            for r in model.advance_batch(&mut refs, usize::MAX) {
+                r?;
+            }
+            steps += 1;
+        }
+        let decoded = started.elapsed().as_secs_f64();
+        let after = model.counters();
+        for s in seqs {
+            model.end(s);
+        }
+        if i < args.warmup {
+            continue;
+        }
+        prefill.push((n * ids.len()) as f64 / prefilled);
+        decode.push((n as u64 * steps) as f64 / decoded);
+        let bytes = (after.weight_bytes - before.weight_bytes) as f64;
+        per_step.push(bytes / steps.max(1) as f64);
+        per_token.push(bytes / (n as u64 * steps).max(1) as f64);
+        if !args.json {
+            eprintln!(
+                "run {}: batch {n} | prefill {:.1} tok/s | decode {:.1} tok/s aggregate, {:.1} per sequence | weights {:.1} MB per step, {:.2} MB per token",
+                i - args.warmup + 1,
+                prefill.last().unwrap_or(&0.0),
+                decode.last().unwrap_or(&0.0),
+                decode.last().unwrap_or(&0.0) / n as f64,
+                per_step.last().unwrap_or(&0.0) / 1e6,
+                per_token.last().unwrap_or(&0.0) / 1e6,
+            );
+        }
+    }
+    let report = json!({
+        "model": model.dir().display().to_string(),
+        "threads": args.run.threads,
+        "batch": n,
+        "prompt_len": ids.len(),
+        "gen_len": options.max_new_tokens,
+        "runs": args.runs,
+        "prefill_tok_s": stats(&prefill),
+        "decode_tok_s": stats(&decode),
+        "weight_bytes_per_step": stats(&per_step),
+        "weight_bytes_per_token": stats(&per_token),
+        "peak_rss_bytes": peak_rss_bytes(),
+    });
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        writeln!(stdout, "{report}")?;
+    } else {
+        let median = |k: &str| report[k]["median"].as_f64().unwrap_or_default();
+        writeln!(
+            stdout,
+            "{}\nbatch {n}, prompt {} tokens, {} generated, {} runs after {} warm-up",
+            model.dir().display(),
+            ids.len(),
+            options.max_new_tokens,
+            args.runs,
+            args.warmup
+        )?;
+        writeln!(
+            stdout,
+            "prefill  median {:>8.1} tok/s aggregate",
+            median("prefill_tok_s")
+        )?;
+        writeln!(
+            stdout,
+            "decode   median {:>8.1} tok/s aggregate",
+            median("decode_tok_s")
+        )?;
+        writeln!(
+            stdout,
+            "weights  {:.1} MB per step, {:.2} MB per generated token",
+            median("weight_bytes_per_step") / 1e6,
+            median("weight_bytes_per_token") / 1e6
+        )?;
+        if let Some(rss) = peak_rss_bytes() {
+            writeln!(stdout, "peak RSS {}", crate::options::mib(rss))?;
+        }
+    }
+    if args.profile {
+        profile::print_ops(model);
     }
     Ok(())
 }

@@ -55,6 +55,22 @@ pub fn print(model: &Model, outs: &[Output]) {
     if let Some(rss) = peak_rss_bytes() {
         eprintln!("peak RSS        {}", mib(rss));
     }
+    print_ops(model);
+}
+
+/// Weight bytes read per step and per token so far, and the time per op type.
+pub fn print_ops(model: &Model) {
+    let c = model.counters();
+    if c.steps > 0 && c.weight_bytes > 0 {
+        eprintln!(
+            "weights read    {:.1} MB per step, {:.2} MB per token fed ({} steps, {} forwards, {} tokens)",
+            c.weight_bytes as f64 / c.steps as f64 / 1e6,
+            c.weight_bytes as f64 / c.tokens.max(1) as f64 / 1e6,
+            c.steps,
+            c.forwards,
+            c.tokens
+        );
+    }
     let times = model.op_times();
     let total: Duration = times.iter().map(|t| t.total).sum();
     if total.is_zero() {
