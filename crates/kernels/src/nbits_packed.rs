@@ -24,7 +24,7 @@ use crate::ThreadPool;
 use crate::layout::LayoutError;
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints, check_io};
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
-use crate::par::{par_row_tiles, parts_for};
+use crate::par::{par_row_blocks, parts_for};
 use crate::quant::code;
 
 /// Float values in tile order, `[tile][block][8]`: as f16 when every value is exactly an f16
@@ -205,82 +205,133 @@ pub fn matmul_packed(
         }
         let rows = &*rows;
         let parts = parts_for(pool, w.tiles, m * l.k).max(if m > 1 { l.n.div_ceil(64) } else { 1 });
-        par_row_tiles(pool, out, l.n, TILE, m, parts, |i, cols, out_row| {
-            row_tiles(&rows[i], w, bias, cols, out_row, isa);
-        });
+        par_row_blocks(
+            pool,
+            out,
+            l.n,
+            TILE,
+            ROW_BLOCK,
+            parts,
+            |first, cols, outs| {
+                row_block_tiles(&rows[first..first + outs.len()], w, bias, cols, outs, isa);
+            },
+        );
     });
     Ok(())
 }
 
-/// Columns `cols` (whole tiles, the last possibly short) of one output row.
-fn row_tiles(
-    row: &QuantizedRow,
+/// Rows a task takes at once (each weight tile it loads serves all of them).
+const ROW_BLOCK: usize = 8;
+
+/// Columns `cols` (whole tiles, the last possibly short) of the output rows `outs` (one per
+/// row of `rows`): tile by tile, four rows per pass over the tile's weights, then one at a
+/// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
+/// many rows share the call.
+fn row_block_tiles(
+    rows: &[QuantizedRow],
     w: &PackedNBits,
     bias: Option<&[f32]>,
     cols: Range<usize>,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
     isa: Isa,
 ) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut lanes = [0f32; TILE];
-        for (o, j0) in (cols.start..cols.end).step_by(TILE).enumerate() {
-            let t = j0 / TILE;
-            // SAFETY: `matmul_packed` checked `isa` is available; `t < w.tiles` and the
-            // row's buffers hold whole blocks (asserted inside).
-            unsafe {
-                match (w.layout.bits, isa) {
-                    (4, Isa::AvxVnni) => tile_vnni::<4>(row, w, t, &mut lanes),
-                    (4, Isa::Avx2) => tile_avx2::<4>(row, w, t, &mut lanes),
-                    (_, Isa::AvxVnni) => tile_vnni::<8>(row, w, t, &mut lanes),
-                    (_, Isa::Avx2) => tile_avx2::<8>(row, w, t, &mut lanes),
-                }
-            }
-            let n = (cols.end - j0).min(TILE);
-            for (c, (dst, &v)) in out[o * TILE..][..n].iter_mut().zip(&lanes).enumerate() {
+    for (o, j0) in (cols.start..cols.end).step_by(TILE).enumerate() {
+        let t = j0 / TILE;
+        let n = (cols.end - j0).min(TILE);
+        let mut store = |r: usize, lanes: &[f32; TILE]| {
+            let dst = &mut outs[r][o * TILE..][..n];
+            for (c, (dst, &v)) in dst.iter_mut().zip(lanes).enumerate() {
                 *dst = match bias {
                     Some(b) => v + b[j0 + c],
                     None => v,
                 };
             }
+        };
+        let mut r = 0;
+        while r + 4 <= rows.len() {
+            let mut lanes = [[0f32; TILE]; 4];
+            let group = [&rows[r], &rows[r + 1], &rows[r + 2], &rows[r + 3]];
+            // SAFETY: `matmul_packed` checked `isa` is available; `t < w.tiles` and the
+            // rows' buffers hold whole blocks (asserted inside).
+            unsafe { tile(group, w, t, &mut lanes, isa) };
+            for (i, l) in lanes.iter().enumerate() {
+                store(r + i, l);
+            }
+            r += 4;
+        }
+        for r in r..rows.len() {
+            let mut lanes = [[0f32; TILE]; 1];
+            // SAFETY: as above.
+            unsafe { tile([&rows[r]], w, t, &mut lanes, isa) };
+            store(r, &lanes[0]);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (row, w, bias, cols, out, isa);
+        let _ = (rows, w, bias, cols, outs, isa);
         unreachable!("supported() is false off x86-64, so nothing is packed");
+    }
+}
+
+/// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa`.
+///
+/// # Safety
+/// `isa` must be available and `t < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile<const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; TILE]; R],
+    isa: Isa,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match (w.layout.bits, isa) {
+            (4, Isa::AvxVnni) => tile_vnni::<4, R>(rows, w, t, out),
+            (4, Isa::Avx2) => tile_avx2::<4, R>(rows, w, t, out),
+            (_, Isa::AvxVnni) => tile_vnni::<8, R>(rows, w, t, out),
+            (_, Isa::Avx2) => tile_avx2::<8, R>(rows, w, t, out),
+        }
     }
 }
 
 /// Defines the tile kernel for AVX2 alone or with AVX-VNNI (see [`crate::nbits_avx2`]).
 macro_rules! packed_tile {
     ($name:ident, $features:literal, $vnni:literal) => {
-        /// Tile `t`'s eight column sums (before the bias) into `out`.
+        /// Tile `t`'s eight column sums (before the bias) for each of the `R` rows into
+        /// `out`: each 32-byte weight load serves every row.
         ///
         /// # Safety
         /// The named CPU features must be available and `t < w.tiles`.
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const BITS: u32>(
-            row: &QuantizedRow,
+        unsafe fn $name<const BITS: u32, const R: usize>(
+            rows: [&QuantizedRow; R],
             w: &PackedNBits,
             t: usize,
-            out: &mut [f32; TILE],
+            out: &mut [[f32; TILE]; R],
         ) {
             let l = &w.layout;
             let (kb, bs) = (l.k_blocks, l.block_size);
             let chunk_bytes = 32 * BITS as usize;
             let tile_bytes = kb * (bs / 32) * chunk_bytes;
-            let natural = row.natural();
             assert!(
                 t < w.tiles
                     && w.data.len() >= (t + 1) * tile_bytes
-                    && w.scales.len() >= (t + 1) * kb * TILE
-                    && natural.len() >= kb * bs
-                    && row.sums().len() >= kb
-                    && row.scales().len() >= kb,
+                    && w.scales.len() >= (t + 1) * kb * TILE,
                 "packed tile arguments are consistent"
             );
+            for row in rows {
+                assert!(
+                    row.natural().len() >= kb * bs
+                        && row.sums().len() >= kb
+                        && row.scales().len() >= kb,
+                    "quantized rows hold whole blocks"
+                );
+            }
+            let naturals = rows.map(|r| r.natural().as_ptr());
             let zp_floats = match &w.zero_points {
                 PackedZp::Float(z) => Some(z),
                 _ => None,
@@ -307,37 +358,37 @@ macro_rules! packed_tile {
             let low = _mm256_set1_epi8(0x0F);
             let flip = _mm256_set1_epi8(-128);
             let ones = _mm256_set1_epi16(1);
-            let mut acc = _mm256_setzero_ps();
+            let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..kb {
-                let mut dot = _mm256_setzero_si256();
+                let mut dots = [_mm256_setzero_si256(); R];
                 for sub in 0..bs / 32 {
                     let chunk = data.wrapping_add((b * (bs / 32) + sub) * chunk_bytes);
-                    let a = natural.as_ptr().wrapping_add(b * bs + sub * 32);
-                    // SAFETY: the chunk and the 32 activations lie inside the buffers asserted
-                    // above; unaligned loads.
+                    let at = b * bs + sub * 32;
+                    // SAFETY: the chunk and the 32 activations of each row lie inside the
+                    // buffers asserted above; unaligned loads.
                     unsafe {
                         macro_rules! group {
-                            ($g:expr) => {
+                            ($r:expr, $g:expr) => {
                                 _mm256_set1_epi32(std::ptr::read_unaligned(
-                                    a.add(4 * $g).cast::<i32>(),
+                                    naturals[$r].add(at + 4 * $g).cast::<i32>(),
                                 ))
                             };
                         }
                         macro_rules! mul {
-                            ($w:expr, $g:expr) => {
+                            ($dot:expr, $w:expr, $r:expr, $g:expr) => {
                                 if $vnni {
-                                    _mm256_dpbusd_avx_epi32(dot, $w, group!($g))
+                                    _mm256_dpbusd_avx_epi32($dot, $w, group!($r, $g))
                                 } else if BITS == 4 {
-                                    let pairs = _mm256_maddubs_epi16($w, group!($g));
-                                    _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones))
+                                    let pairs = _mm256_maddubs_epi16($w, group!($r, $g));
+                                    _mm256_add_epi32($dot, _mm256_madd_epi16(pairs, ones))
                                 } else {
                                     // 8-bit codes: recentred to signed, as in nbits_avx2.
                                     let signed = _mm256_xor_si256($w, flip);
                                     let pairs = _mm256_maddubs_epi16(
                                         _mm256_abs_epi8(signed),
-                                        _mm256_sign_epi8(group!($g), signed),
+                                        _mm256_sign_epi8(group!($r, $g), signed),
                                     );
-                                    _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones))
+                                    _mm256_add_epi32($dot, _mm256_madd_epi16(pairs, ones))
                                 }
                             };
                         }
@@ -346,50 +397,60 @@ macro_rules! packed_tile {
                                 let x = _mm256_loadu_si256(chunk.add(32 * i).cast());
                                 let lo = _mm256_and_si256(x, low);
                                 let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
-                                dot = mul!(lo, 2 * i);
-                                dot = mul!(hi, 2 * i + 1);
+                                for (r, dot) in dots.iter_mut().enumerate() {
+                                    *dot = mul!(*dot, lo, r, 2 * i);
+                                    *dot = mul!(*dot, hi, r, 2 * i + 1);
+                                }
                             }
                         } else {
                             for g in 0..8 {
-                                dot = mul!(_mm256_loadu_si256(chunk.add(32 * g).cast()), g);
+                                let x = _mm256_loadu_si256(chunk.add(32 * g).cast());
+                                for (r, dot) in dots.iter_mut().enumerate() {
+                                    *dot = mul!(*dot, x, r, g);
+                                }
                             }
                         }
                     }
                 }
-                let sum_a = row.sums()[b];
-                if BITS == 8 && !$vnni {
-                    // Σ w·a = Σ (w - 128)·a + 128·Σ a.
-                    dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum_a));
-                }
                 let at = (t * kb + b) * TILE;
-                let centered = match &w.zero_points {
-                    PackedZp::Default => {
-                        let zs = (1 << (BITS - 1)) * sum_a;
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
-                    }
-                    PackedZp::Codes(z) => {
-                        let z = &z[at..at + TILE];
-                        // SAFETY: `z` holds 8 i32.
-                        let z = unsafe { _mm256_loadu_si256(z.as_ptr().cast()) };
-                        let zs = _mm256_mullo_epi32(z, _mm256_set1_epi32(sum_a));
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
-                    }
-                    PackedZp::Float(_) => {
-                        // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
-                        let z = unsafe { load8!(zp_ptrs, at) };
-                        _mm256_sub_ps(
-                            _mm256_cvtepi32_ps(dot),
-                            _mm256_mul_ps(z, _mm256_set1_ps(sum_a as f32)),
-                        )
-                    }
-                };
                 // SAFETY: `at + 8 <= (t + 1) * kb * 8 <= len` (asserted above).
                 let sw = unsafe { load8!(scale_ptrs, at) };
-                let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
+                for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
+                    let mut dot = *dot;
+                    let sum_a = row.sums()[b];
+                    if BITS == 8 && !$vnni {
+                        // Σ w·a = Σ (w - 128)·a + 128·Σ a.
+                        dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum_a));
+                    }
+                    let centered = match &w.zero_points {
+                        PackedZp::Default => {
+                            let zs = (1 << (BITS - 1)) * sum_a;
+                            _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
+                        }
+                        PackedZp::Codes(z) => {
+                            let z = &z[at..at + TILE];
+                            // SAFETY: `z` holds 8 i32.
+                            let z = unsafe { _mm256_loadu_si256(z.as_ptr().cast()) };
+                            let zs = _mm256_mullo_epi32(z, _mm256_set1_epi32(sum_a));
+                            _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
+                        }
+                        PackedZp::Float(_) => {
+                            // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
+                            let z = unsafe { load8!(zp_ptrs, at) };
+                            _mm256_sub_ps(
+                                _mm256_cvtepi32_ps(dot),
+                                _mm256_mul_ps(z, _mm256_set1_ps(sum_a as f32)),
+                            )
+                        }
+                    };
+                    let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(scale, centered));
+                }
             }
-            // SAFETY: `out` holds 8 f32.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+            for (o, acc) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` holds 8 f32.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), acc) };
+            }
         }
     };
 }

@@ -160,6 +160,49 @@ pub fn par_row_tiles<T: Send>(
     });
 }
 
+/// The most rows [`par_row_blocks`] hands one task.
+pub const MAX_ROW_BLOCK: usize = 8;
+
+/// Like [`par_row_tiles`], handing each task its `rows_per_task` rows (at most
+/// [`MAX_ROW_BLOCK`]) of one column range at once: `f(first_row, cols, parts)` with
+/// `parts[i] = &mut out[(first_row + i) * row_len..][cols]`, so a kernel can use what it
+/// loads for several rows.
+pub fn par_row_blocks<T: Send>(
+    pool: &ThreadPool,
+    out: &mut [T],
+    row_len: usize,
+    tile: usize,
+    rows_per_task: usize,
+    col_parts: usize,
+    f: impl Fn(usize, Range<usize>, &mut [&mut [T]]) + Sync,
+) {
+    if row_len == 0 {
+        return;
+    }
+    let tile = tile.max(1);
+    let tiles = row_len.div_ceil(tile);
+    let rows = out.len() / row_len;
+    let rows_per_task = rows_per_task.clamp(1, MAX_ROW_BLOCK);
+    let col_parts = col_parts.clamp(1, tiles);
+    let row_blocks = rows.div_ceil(rows_per_task);
+    let shared = Shared::new(out);
+    pool.run(row_blocks * col_parts, &|t| {
+        let (block, part) = (t / col_parts, t % col_parts);
+        let tiles = chunk(tiles, col_parts, part);
+        let cols = tiles.start * tile..(tiles.end * tile).min(row_len);
+        let first = block * rows_per_task;
+        let count = rows_per_task.min(rows - first);
+        let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
+        for (i, p) in parts.iter_mut().take(count).enumerate() {
+            let start = (first + i) * row_len;
+            // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
+            // are disjoint, so no two tasks get overlapping ranges.
+            *p = unsafe { shared.range(start + cols.start..start + cols.end) };
+        }
+        f(first, cols.clone(), &mut parts[..count]);
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,6 +239,21 @@ mod tests {
             assert!(cols.start % 8 == 0, "{cols:?}");
             for (j, v) in cols.zip(part.iter_mut()) {
                 *v += row * 37 + j + 1;
+            }
+        });
+        assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1));
+    }
+
+    #[test]
+    fn row_blocks_cover_every_element_once() {
+        let pool = ThreadPool::new(3);
+        let mut out = vec![0usize; 11 * 19];
+        par_row_blocks(&pool, &mut out, 19, 8, 4, 2, |first, cols, parts| {
+            assert!(parts.len() <= 4 && cols.start % 8 == 0);
+            for (i, part) in parts.iter_mut().enumerate() {
+                for (j, v) in cols.clone().zip(part.iter_mut()) {
+                    *v += (first + i) * 19 + j + 1;
+                }
             }
         });
         assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1));
