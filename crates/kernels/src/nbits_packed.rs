@@ -260,11 +260,11 @@ fn row_block_tiles(
             }
             r += 4;
         }
-        for r in r..rows.len() {
+        for (i, row) in rows.iter().enumerate().skip(r) {
             let mut lanes = [[0f32; TILE]; 1];
             // SAFETY: as above.
-            unsafe { tile([&rows[r]], w, t, &mut lanes, isa) };
-            store(r, &lanes[0]);
+            unsafe { tile([row], w, t, &mut lanes, isa) };
+            store(i, &lanes[0]);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
