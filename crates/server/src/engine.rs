@@ -236,6 +236,17 @@ fn fits(job: &Job, busy: usize, model: &Model, limits: &Limits) -> Result<bool, 
     Ok(need <= kv.available())
 }
 
+/// Updates what `/metrics` and `/health` report of the model after a step of `batch`
+/// sequences.
+fn publish(model: &Model, metrics: &Metrics, batch: usize) {
+    metrics.kv_sequences.store(model.live_sequences(), Relaxed);
+    *metrics.engine.lock().unwrap_or_else(|e| e.into_inner()) = EngineStats {
+        kv: model.kv_usage(),
+        counters: model.counters(),
+        batch,
+    };
+}
+
 /// Runs requests from `jobs` until every sender is gone or `stop` returns true; then fails
 /// whatever is left with a 503.
 pub fn run(
@@ -247,6 +258,7 @@ pub fn run(
 ) {
     let mut pending: VecDeque<Job> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
+    publish(model, metrics, 0);
     loop {
         if stop() {
             break;
@@ -307,12 +319,7 @@ pub fn run(
             }
             !r.done
         });
-        metrics.kv_sequences.store(model.live_sequences(), Relaxed);
-        *metrics.engine.lock().unwrap_or_else(|e| e.into_inner()) = EngineStats {
-            kv: model.kv_usage(),
-            counters: model.counters(),
-            batch,
-        };
+        publish(model, metrics, batch);
     }
     let stopping = || ApiError::unavailable("shutting_down", "the server is shutting down");
     for mut r in running {

@@ -1,12 +1,14 @@
 //! Requests over their lifetime on the default model (its generations are long enough to
 //! interrupt): clients that leave mid-stream, while queued or while waiting for a whole
-//! response free everything they held; a full queue answers 429; shutdown drains.
+//! response free everything they held (sequences and KV blocks); a full queue answers 429;
+//! a full KV pool makes requests wait; shutdown drains.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{default_model, get, live, open, post, start, wait_idle};
+use common::{default_model, get, live, metric, open, post, start, start_with, wait_idle};
+use oxgen::{KvBudget, ModelOptions};
 use oxgen_server::Config;
 use serde_json::{Value, json};
 
@@ -91,6 +93,127 @@ fn clients_that_leave_free_what_they_held_and_a_full_queue_answers_429() {
     assert_eq!(ok.status, 200);
     assert_eq!(ok.json()["usage"]["completion_tokens"], 3);
     wait_idle(addr);
+    server.shutdown().unwrap();
+}
+
+fn kv_blocks(addr: std::net::SocketAddr, state: &str) -> f64 {
+    metric(addr, &format!("oxgen_kv_blocks{{state=\"{state}\"}}"))
+}
+
+fn chat(prompt: &str, max_tokens: usize) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+    })
+}
+
+#[test]
+fn cancelled_failed_and_finished_requests_return_every_kv_block() {
+    let mut config = Config::new(MODEL);
+    config.max_batch = 4;
+    config.request_timeout = Some(Duration::from_millis(1500));
+    let server = start(&default_model(), 2, config);
+    let addr = server.addr();
+    let total = kv_blocks(addr, "total");
+    assert_eq!(total, (4 * 8192 / 16) as f64, "--max-batch whole contexts");
+    assert_eq!(
+        (kv_blocks(addr, "used"), kv_blocks(addr, "reserved")),
+        (0.0, 0.0)
+    );
+
+    // Cancelled: a stream dropped mid-way, while another request runs beside it.
+    let mut a = open(addr, "POST", CHAT, &[], &body(4000, true));
+    a.next_event().unwrap();
+    a.next_event().unwrap();
+    let beside = std::thread::spawn(move || post(addr, CHAT, &chat("Name three colors.", 12)));
+    wait_for(addr, "both running", |(_, r, _)| r == 2);
+    assert!(
+        kv_blocks(addr, "reserved") > 250.0,
+        "A reserved its 4000 tokens"
+    );
+    drop(a);
+    assert_eq!(beside.join().unwrap().status, 200);
+    wait_idle(addr);
+    // Failed: a request that runs past --request-timeout.
+    let failed = post(addr, CHAT, &chat("Tell me a long story.", 4000));
+    assert_eq!(
+        failed.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&failed.body)
+    );
+    assert_eq!(failed.json()["error"]["code"], "timeout");
+    wait_idle(addr);
+    assert_eq!(
+        (kv_blocks(addr, "used"), kv_blocks(addr, "reserved")),
+        (0.0, 0.0),
+        "every block is back after cancelled, failed and finished requests"
+    );
+    assert_eq!(kv_blocks(addr, "free"), total);
+
+    // A second request with the same long system prompt prefills only what differs.
+    let system = "You are a careful assistant. Answer briefly and plainly. ".repeat(8);
+    let ask = |q: &str| {
+        json!({
+            "model": MODEL,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            "max_tokens": 4,
+            "temperature": 0,
+        })
+    };
+    let hits = metric(addr, "oxgen_prefix_cache_hits_total");
+    assert_eq!(post(addr, CHAT, &ask("What is 2 + 2?")).status, 200);
+    assert_eq!(post(addr, CHAT, &ask("Name a planet.")).status, 200);
+    assert!(
+        metric(addr, "oxgen_prefix_cache_hits_total") >= hits + 5.0,
+        "the shared system prompt's blocks were reused"
+    );
+    assert!(metric(addr, "oxgen_prefix_cache_hit_rate") > 0.0);
+    assert!(metric(addr, "oxgen_weight_bytes_per_step") > 0.0);
+    assert!(metric(addr, "oxgen_weight_bytes_per_token") > 0.0);
+    wait_idle(addr);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
+    let mut config = Config::new(MODEL);
+    config.max_batch = 4;
+    let options = ModelOptions {
+        threads: 2,
+        kv: KvBudget::Blocks(20),
+        ..ModelOptions::default()
+    };
+    let server = start_with(&default_model(), options, config);
+    let addr = server.addr();
+    // 4000 tokens need ~250 blocks: never fits.
+    let big = post(addr, CHAT, &chat("Hello.", 4000));
+    assert_eq!(big.status, 503, "{}", String::from_utf8_lossy(&big.body));
+    assert_eq!(big.json()["error"]["code"], "kv_cache_full");
+    assert!(
+        big.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--kv-blocks")
+    );
+    // Two requests of ~12 blocks each: the second waits for the first's blocks, then runs.
+    let first = std::thread::spawn(move || post(addr, CHAT, &chat("Count to five.", 150)));
+    wait_for(addr, "the first running", |(_, r, _)| r == 1);
+    let second = post(addr, CHAT, &chat("Count to five.", 150));
+    assert_eq!(second.status, 200);
+    let first = first.join().unwrap();
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.json()["choices"],
+        second.json()["choices"],
+        "same prompt, same text"
+    );
+    assert!(metric(addr, "oxgen_batch_size") <= 1.0);
+    wait_idle(addr);
+    assert_eq!(kv_blocks(addr, "reserved"), 0.0);
     server.shutdown().unwrap();
 }
 

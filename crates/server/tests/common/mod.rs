@@ -8,23 +8,30 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use oxgen::{Model, ModelOptions};
+use oxgen::{KvBudget, Model, ModelOptions};
 use oxgen_server::{Config, Server};
 use serde_json::Value;
 
 /// Starts a server on a free port over the package at `dir`, and waits until it is ready.
+/// The model is opened as `oxgen serve` opens it (prefix cache on, KV for `max_batch` whole
+/// contexts).
 pub fn start(dir: &Path, threads: usize, config: Config) -> Server {
+    let options = ModelOptions {
+        threads,
+        kv: KvBudget::Sequences(config.max_batch),
+        prefix_cache: true,
+        ..Default::default()
+    };
+    start_with(dir, options, config)
+}
+
+/// [`start`] with the model options given.
+pub fn start_with(dir: &Path, options: ModelOptions, config: Config) -> Server {
     let dir = dir.to_path_buf();
     let server = Server::start(
         config,
         "127.0.0.1:0",
-        Box::new(move || {
-            let options = ModelOptions {
-                threads,
-                ..Default::default()
-            };
-            Model::open(&dir, &options).map_err(|e| e.to_string())
-        }),
+        Box::new(move || Model::open(&dir, &options).map_err(|e| e.to_string())),
     )
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -33,6 +40,15 @@ pub fn start(dir: &Path, threads: usize, config: Config) -> Server {
         std::thread::sleep(Duration::from_millis(20));
     }
     server
+}
+
+/// The value of the `/metrics` line `series` (a name with its labels, if any).
+#[allow(dead_code)]
+pub fn metric(addr: SocketAddr, series: &str) -> f64 {
+    let text = String::from_utf8(get(addr, "/metrics").body).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
 }
 
 /// The default model package (`$OXGEN_DEFAULT_MODEL`, set by scripts/test.sh).
