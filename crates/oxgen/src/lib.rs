@@ -214,6 +214,7 @@ pub struct Model {
     config: PackageConfig,
     defaults: PackageDefaults,
     context: Option<usize>,
+    prefix_cache: bool,
     cached: Option<CachedSeq>,
     /// Logits of the last step of [`Model::advance`].
     scratch: oxgen_runtime::StepLogits,
@@ -262,6 +263,7 @@ impl Model {
             config,
             defaults,
             context,
+            prefix_cache: options.prefix_cache,
             cached: None,
             scratch: Default::default(),
             dir,
@@ -331,6 +333,11 @@ impl Model {
     /// How full the paged KV pool is (native backend on a paged graph).
     pub fn kv_usage(&self) -> Option<oxgen_runtime::KvUsage> {
         self.lm.kv_usage()
+    }
+
+    /// Whether sequences share cached prefix blocks (asked for, and the KV is paged).
+    pub fn prefix_cache(&self) -> bool {
+        self.prefix_cache && self.lm.kv_usage().is_some()
     }
 
     /// Steps, graph runs, tokens fed and weight bytes read since the model was opened.

@@ -101,6 +101,9 @@ pub(crate) struct Loaded {
     /// `native` or `ort`.
     backend: &'static str,
     capabilities: oxgen::Capabilities,
+    /// The paged KV pool at load, when the backend pages KV.
+    kv: Option<oxgen::KvUsage>,
+    prefix_cache: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +235,8 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         sampling: model.default_options().sampling,
         backend: model.backend(),
         capabilities: model.capabilities(),
+        kv: model.kv_usage(),
+        prefix_cache: model.prefix_cache(),
     };
     let _ = app.loaded.set(loaded);
     // When a shutdown began during the load, the loop below sees `abort` soon.

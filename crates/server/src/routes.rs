@@ -534,6 +534,21 @@ async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response 
     }
 }
 
+/// How the engine batches on this backend.
+fn batching(app: &App) -> &'static str {
+    match app.loaded.get().map(|l| l.capabilities.fused_decode) {
+        Some(true) => {
+            "continuous: each step runs every running sequence (decode tokens and prompt \
+             chunks) in one forward over paged KV"
+        }
+        Some(false) => {
+            "requests join and leave at token boundaries; each sequence runs its own forward \
+             (this backend does not fuse a batch)"
+        }
+        None => "loading",
+    }
+}
+
 fn model_card(app: &App) -> Value {
     json!({
         "id": app.config.model_id,
@@ -546,9 +561,16 @@ fn model_card(app: &App) -> Value {
             "context_length": app.loaded.get().map(|l| l.context),
             "max_batch": app.config.max_batch,
             "max_tokens_limit": app.config.max_tokens_limit,
-            "batching": "requests join and leave the running set at token boundaries",
+            "batching": batching(app),
+            "prefill_chunk": app.config.prefill_chunk,
             "fused_decode": app.loaded.get().map(|l| l.capabilities.fused_decode),
             "fused_prefill_with_past": app.loaded.get().map(|l| l.capabilities.fused_prefill_with_past),
+            "kv_cache": app.loaded.get().and_then(|l| l.kv.map(|kv| json!({
+                "paged": true,
+                "block_size": kv.block_size,
+                "blocks": kv.total,
+                "prefix_cache": l.prefix_cache,
+            }))),
         },
     })
 }

@@ -117,6 +117,12 @@ fn cancelled_failed_and_finished_requests_return_every_kv_block() {
     config.request_timeout = Some(Duration::from_millis(1500));
     let server = start(&default_model(), 2, config);
     let addr = server.addr();
+    let models = get(addr, "/v1/models").json();
+    let meta = &models["data"][0]["meta"];
+    assert_eq!(meta["fused_decode"], true, "{meta}");
+    assert_eq!(meta["kv_cache"]["paged"], true, "{meta}");
+    assert_eq!(meta["kv_cache"]["prefix_cache"], true, "{meta}");
+    assert!(meta["batching"].as_str().unwrap().starts_with("continuous"));
     let total = kv_blocks(addr, "total");
     assert_eq!(total, (4 * 8192 / 16) as f64, "--max-batch whole contexts");
     assert_eq!(
