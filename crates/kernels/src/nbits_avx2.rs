@@ -122,8 +122,10 @@ impl QuantizedRow {
         &self.scales
     }
 
-    /// Quantizes `a` (`k` values) with the reference's rounding; reuses its buffers.
-    pub fn quantize(&mut self, a: &[f32], layout: &NBitsLayout) {
+    /// Quantizes `a` (`k` values) with the reference's rounding; reuses its buffers. The
+    /// even/odd interleaved codes the stored-layout kernel reads are made only when
+    /// `interleave` (the packed kernel reads the natural order).
+    pub fn quantize(&mut self, a: &[f32], layout: &NBitsLayout, interleave: bool) {
         let (bs, kb) = (layout.block_size, layout.k_blocks);
         let padded = kb * bs;
         self.natural.clear();
@@ -138,6 +140,9 @@ impl QuantizedRow {
                 .map(|b| b.iter().map(|&v| v as i32).sum::<i32>()),
         );
         self.q.clear();
+        if !interleave {
+            return;
+        }
         self.q.resize(padded, 0);
         for (src, dst) in self.natural.chunks(32).zip(self.q.chunks_mut(32)) {
             for i in 0..16 {

@@ -201,7 +201,7 @@ pub fn matmul_packed(
     }
     with_rows(m, |rows| {
         for (i, row) in rows.iter_mut().enumerate() {
-            row.quantize(&a[i * l.k..][..l.k], &l);
+            row.quantize(&a[i * l.k..][..l.k], &l, false);
         }
         let rows = &*rows;
         let parts = parts_for(pool, w.tiles, m * l.k).max(if m > 1 { l.n.div_ceil(64) } else { 1 });
