@@ -491,9 +491,19 @@ pub(crate) fn attend_row_pieces<'a, T: Accum<Acc = f32> + 'a>(
     acc.fill(0.0);
     let mut at = 0;
     for (_, v, keys) in pieces {
-        let es = &scores[at..at + keys.len()];
+        let es = &mut scores[at..at + keys.len()];
         at += keys.len();
         let v32 = as_f32(v).filter(|_| simd);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v32) = v32.filter(|_| hs == 64) {
+            for e in es.iter_mut() {
+                *e /= sum;
+            }
+            // SAFETY: `supported` checked AVX2; `acc` holds 64 values and the keys' value
+            // rows lie in `v`.
+            unsafe { avx2::weighted_sum64(acc, es, v32, keys.start) };
+            continue;
+        }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = v32;
         for (&e, j) in es.iter().zip(keys) {

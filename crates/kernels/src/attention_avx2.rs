@@ -82,6 +82,37 @@ pub unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
     }
 }
 
+/// `acc[d] += ps[j] * v[(j0 + j) * hs + d]` for every `j` ascending and every `d`, with
+/// `hs == acc.len() == 64`: the eight accumulator vectors stay in registers across the keys
+/// (each element sees the same additions in the same order as [`weighted_add`] per key).
+///
+/// # Safety
+/// AVX2 must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
+    assert!(
+        acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
+        "weighted_sum64 arguments were checked by the caller"
+    );
+    // SAFETY: `acc` holds 64 f32 (asserted above).
+    let mut a: [__m256; 8] =
+        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(acc.as_ptr().add(8 * i)) });
+    for (j, &p) in ps.iter().enumerate() {
+        let pv = _mm256_set1_ps(p);
+        let row = v.as_ptr().wrapping_add((j0 + j) * 64);
+        for (i, a) in a.iter_mut().enumerate() {
+            // SAFETY: row `j0 + j` lies inside `v` (asserted above).
+            let x = unsafe { _mm256_loadu_ps(row.add(8 * i)) };
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, x));
+        }
+    }
+    for (i, a) in a.iter().enumerate() {
+        // SAFETY: as for the loads.
+        unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(8 * i), *a) };
+    }
+}
+
 /// The 8×8 transpose: lane `r` of result `i` is lane `i` of input `r`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
