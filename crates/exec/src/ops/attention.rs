@@ -163,6 +163,82 @@ fn rope_dims(
     Ok(Some((rows, half)))
 }
 
+/// The rotary tables when rotating (`half` = rotary_dim / 2, from the checks).
+fn rope_tables<'a, T: Element>(
+    g: &GroupQueryAttention,
+    inputs: &[Option<&'a Tensor>],
+    half: Option<usize>,
+) -> Result<Option<Rope<'a, T>>, OpError> {
+    let Some(half) = half else {
+        return Ok(None);
+    };
+    let (cos, sin) = (
+        input(inputs, 7)?.as_slice::<T>()?,
+        input(inputs, 8)?.as_slice::<T>()?,
+    );
+    Ok(Some(
+        Rope::new(cos, sin, half, g.rotary_interleaved).map_err(OpError::from)?,
+    ))
+}
+
+/// The new keys (`i` = 1) or values (`i` = 2) as rows: their own input, or their slice of
+/// the packed QKV rows `q`.
+#[allow(clippy::too_many_arguments)]
+fn new_rows<'a, T: Element>(
+    inputs: &[Option<&'a Tensor>],
+    q: &'a [T],
+    packed: bool,
+    q_width: usize,
+    heads: usize,
+    kv_heads: usize,
+    hs: usize,
+    i: usize,
+) -> Result<Rows<'a, T>, OpError> {
+    Ok(if packed {
+        Rows {
+            data: q,
+            stride: q_width,
+            offset: (heads + (i - 1) * kv_heads) * hs,
+        }
+    } else {
+        Rows {
+            data: input(inputs, i)?.as_slice::<T>()?,
+            stride: kv_heads * hs,
+            offset: 0,
+        }
+    })
+}
+
+/// The query rows attention reads: the rotated copy when there is one, else the input's.
+fn query_rows<'a, T: Element>(
+    rotated: Option<&'a Tensor>,
+    q: &'a [T],
+    q_width: usize,
+    heads: usize,
+    hs: usize,
+) -> Result<Rows<'a, T>, OpError> {
+    Ok(match rotated {
+        Some(t) => Rows {
+            data: t.as_slice::<T>()?,
+            stride: heads * hs,
+            offset: 0,
+        },
+        None => Rows {
+            data: q,
+            stride: q_width,
+            offset: 0,
+        },
+    })
+}
+
+fn score_mod(g: &GroupQueryAttention, hs: usize) -> ScoreMod {
+    ScoreMod {
+        scale: g.scale.unwrap_or(1.0 / (hs as f32).sqrt()),
+        softcap: g.softcap,
+        window: g.local_window_size,
+    }
+}
+
 fn plan(
     g: &GroupQueryAttention,
     inputs: &[Option<&Tensor>],
@@ -365,34 +441,9 @@ fn gqa<T: Accum<Acc = f32> + Element>(
         (pk, pv)
     };
     let q = input(inputs, 0)?.as_slice::<T>()?;
-    let rope = match p.rope_half {
-        Some(half) => Some(
-            Rope::new(
-                input(inputs, 7)?.as_slice::<T>()?,
-                input(inputs, 8)?.as_slice::<T>()?,
-                half,
-                g.rotary_interleaved,
-            )
-            .map_err(OpError::from)?,
-        ),
-        None => None,
-    };
-    let new_kv = |i: usize, offset: usize| -> Result<Rows<T>, OpError> {
-        Ok(if p.packed {
-            Rows {
-                data: q,
-                stride: p.q_width,
-                offset,
-            }
-        } else {
-            Rows {
-                data: input(inputs, i)?.as_slice::<T>()?,
-                stride: kv_heads * hs,
-                offset: 0,
-            }
-        })
-    };
-    let (k_new, v_new) = (new_kv(1, heads * hs)?, new_kv(2, (heads + kv_heads) * hs)?);
+    let rope = rope_tables::<T>(g, inputs, p.rope_half)?;
+    let new_kv = |i: usize| new_rows(inputs, q, p.packed, p.q_width, heads, kv_heads, hs, i);
+    let (k_new, v_new) = (new_kv(1)?, new_kv(2)?);
     ka::append_kv(
         &k_new,
         &p.shape,
@@ -416,23 +467,8 @@ fn gqa<T: Accum<Acc = f32> + Element>(
             .map_err(OpError::from)?;
         rotated = Some(t);
     }
-    let q_rows = match &rotated {
-        Some(t) => Rows {
-            data: t.as_slice::<T>()?,
-            stride: heads * hs,
-            offset: 0,
-        },
-        None => Rows {
-            data: q,
-            stride: p.q_width,
-            offset: 0,
-        },
-    };
-    let score = ScoreMod {
-        scale: g.scale.unwrap_or(1.0 / (hs as f32).sqrt()),
-        softcap: g.softcap,
-        window: g.local_window_size,
-    };
+    let q_rows = query_rows(rotated.as_ref(), q, p.q_width, heads, hs)?;
+    let score = score_mod(g, hs);
     let mut by_head = ctx.alloc(dtype, [batch, heads, seq, hs])?;
     let mut scratch = ctx.alloc(DType::F32, [ka::scratch_len(&p.shape, ctx.pool)])?;
     ka::attention(
@@ -508,39 +544,15 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
     }
     let dtype = x.dtype();
     let q = x.as_slice::<T>()?;
-    let rope = match rope_dims(g, inputs, x, hs)? {
-        Some((_, half)) => Some(
-            Rope::new(
-                input(inputs, 7)?.as_slice::<T>()?,
-                input(inputs, 8)?.as_slice::<T>()?,
-                half,
-                g.rotary_interleaved,
-            )
-            .map_err(OpError::from)?,
-        ),
-        None => None,
-    };
-    let new_kv = |i: usize, offset: usize| -> Result<Rows<T>, OpError> {
-        Ok(if packed {
-            Rows {
-                data: q,
-                stride: q_width,
-                offset,
-            }
-        } else {
-            Rows {
-                data: input(inputs, i)?.as_slice::<T>()?,
-                stride: kv_heads * hs,
-                offset: 0,
-            }
-        })
-    };
+    let half = rope_dims(g, inputs, x, hs)?.map(|(_, half)| half);
+    let rope = rope_tables::<T>(g, inputs, half)?;
+    let new_kv = |i: usize| new_rows(inputs, q, packed, q_width, heads, kv_heads, hs, i);
     let (segments, tables) = (paged.segments, paged.tables);
     let (kc, vc) = paged.store.layer_mut::<T>(paged.layer)?;
-    let k_new = new_kv(1, heads * hs)?;
+    let k_new = new_kv(1)?;
     kp::paged_append(&k_new, &layout, segments, tables, rope.as_ref(), kc)
         .map_err(OpError::from)?;
-    let v_new = new_kv(2, (heads + kv_heads) * hs)?;
+    let v_new = new_kv(2)?;
     kp::paged_append(&v_new, &layout, segments, tables, None, vc).map_err(OpError::from)?;
     let mut rotated = None;
     if let Some(rope) = &rope {
@@ -554,23 +566,8 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
             .map_err(OpError::from)?;
         rotated = Some(t);
     }
-    let q_rows = match &rotated {
-        Some(t) => Rows {
-            data: t.as_slice::<T>()?,
-            stride: heads * hs,
-            offset: 0,
-        },
-        None => Rows {
-            data: q,
-            stride: q_width,
-            offset: 0,
-        },
-    };
-    let score = ScoreMod {
-        scale: g.scale.unwrap_or(1.0 / (hs as f32).sqrt()),
-        softcap: g.softcap,
-        window: g.local_window_size,
-    };
+    let q_rows = query_rows(rotated.as_ref(), q, q_width, heads, hs)?;
+    let score = score_mod(g, hs);
     let mut by_head = ctx.alloc(dtype, [heads, tokens, hs])?;
     let scratch_len = kp::paged_scratch_len(&layout, heads, segments, ctx.pool);
     let mut scratch = ctx.alloc(DType::F32, [scratch_len])?;
