@@ -51,13 +51,12 @@ impl KvStore {
                 bytes >> 20
             ))
         };
-        let layout_bytes = std::alloc::Layout::array::<u64>(words).map_err(|_| too_big())?;
-        // Zeroed by the allocator (fresh pages for a large pool), not written here.
-        // SAFETY: the layout has a non-zero size (`pool_len > 0`, `layers > 0` checked by
-        // the caller's contract; a zero size is refused below).
         if words == 0 {
             return Err(fail("a KV pool needs at least one layer".into()));
         }
+        let layout_bytes = std::alloc::Layout::array::<u64>(words).map_err(|_| too_big())?;
+        // Zeroed by the allocator (fresh pages for a large pool), not written here.
+        // SAFETY: the layout's size is not zero (checked above).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout_bytes) }.cast::<u64>();
         if ptr.is_null() {
             return Err(too_big());

@@ -40,6 +40,9 @@ pub enum Isa {
     Avx2,
     /// AVX2 with AVX-VNNI's `vpdpbusd`.
     AvxVnni,
+    /// AVX-512 with VNNI: the packed kernel computes two tiles per 512-bit vector (the
+    /// stored-layout kernel runs its 256-bit variant, [`Isa::ymm`]).
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -58,23 +61,44 @@ impl Isa {
                 if std::arch::is_x86_feature_detected!("avxvnni") {
                     isas.push(Isa::AvxVnni);
                 }
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+                {
+                    isas.push(Isa::Avx512Vnni);
+                }
             }
             isas
         })
     }
 
-    /// The fastest variant here, checked once. `OXGEN_NO_VNNI` (set to anything) keeps to
-    /// AVX2, to compare the two.
+    /// The fastest variant here, checked once. `OXGEN_NO_AVX512` (set to anything) keeps
+    /// to 256-bit vectors and `OXGEN_NO_VNNI` to AVX2, to compare them.
     pub fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let vnni = Isa::available().contains(&Isa::AvxVnni);
-            if vnni && std::env::var_os("OXGEN_NO_VNNI").is_none() {
+            let has = |isa| Isa::available().contains(&isa);
+            let off = |var: &str| std::env::var_os(var).is_some();
+            if off("OXGEN_NO_VNNI") {
+                Isa::Avx2
+            } else if has(Isa::Avx512Vnni) && !off("OXGEN_NO_AVX512") {
+                Isa::Avx512Vnni
+            } else if has(Isa::AvxVnni) {
                 Isa::AvxVnni
             } else {
                 Isa::Avx2
             }
         })
+    }
+
+    /// The 256-bit variant to run where this one has none: AVX-VNNI where the CPU has it,
+    /// else AVX2.
+    pub fn ymm(self) -> Isa {
+        match self {
+            Isa::Avx512Vnni if Isa::available().contains(&Isa::AvxVnni) => Isa::AvxVnni,
+            Isa::Avx512Vnni => Isa::Avx2,
+            other => other,
+        }
     }
 }
 
@@ -189,11 +213,11 @@ pub fn row_part(
             // weight lengths with `check_args`).
             unsafe {
                 let out = &mut out[o..o + 8];
-                match (w.layout.bits, isa) {
+                match (w.layout.bits, isa.ymm()) {
                     (4, Isa::AvxVnni) => tile8_vnni::<4>(row, w, bias, j, out),
-                    (4, Isa::Avx2) => tile8_avx2::<4>(row, w, bias, j, out),
+                    (4, _) => tile8_avx2::<4>(row, w, bias, j, out),
                     (_, Isa::AvxVnni) => tile8_vnni::<8>(row, w, bias, j, out),
-                    (_, Isa::Avx2) => tile8_avx2::<8>(row, w, bias, j, out),
+                    (_, _) => tile8_avx2::<8>(row, w, bias, j, out),
                 }
             };
             j += 8;

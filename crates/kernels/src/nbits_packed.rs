@@ -236,11 +236,14 @@ fn row_block_tiles(
     isa: Isa,
 ) {
     #[cfg(target_arch = "x86_64")]
-    for (o, j0) in (cols.start..cols.end).step_by(TILE).enumerate() {
+    let mut j0 = cols.start;
+    #[cfg(target_arch = "x86_64")]
+    while j0 < cols.end {
         let t = j0 / TILE;
-        let n = (cols.end - j0).min(TILE);
-        let mut store = |r: usize, lanes: &[f32; TILE]| {
-            let dst = &mut outs[r][o * TILE..][..n];
+        let o = j0 - cols.start;
+        let mut store = |r: usize, lanes: &[f32]| {
+            let n = (cols.end - j0).min(lanes.len());
+            let dst = &mut outs[r][o..][..n];
             for (c, (dst, &v)) in dst.iter_mut().zip(lanes).enumerate() {
                 *dst = match bias {
                     Some(b) => v + b[j0 + c],
@@ -248,6 +251,30 @@ fn row_block_tiles(
                 };
             }
         };
+        if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
+            // Two tiles per 512-bit vector.
+            let mut r = 0;
+            while r + 4 <= rows.len() {
+                let mut lanes = [[0f32; 2 * TILE]; 4];
+                let group = [&rows[r], &rows[r + 1], &rows[r + 2], &rows[r + 3]];
+                // SAFETY: `matmul_packed` checked AVX-512 VNNI is available; tile `t + 1`
+                // exists (its first column is inside `cols`).
+                unsafe { tile_pair(group, w, t, &mut lanes) };
+                for (i, l) in lanes.iter().enumerate() {
+                    store(r + i, l);
+                }
+                r += 4;
+            }
+            for (i, row) in rows.iter().enumerate().skip(r) {
+                let mut lanes = [[0f32; 2 * TILE]; 1];
+                // SAFETY: as above.
+                unsafe { tile_pair([row], w, t, &mut lanes) };
+                store(i, &lanes[0]);
+            }
+            j0 += 2 * TILE;
+            continue;
+        }
+        let isa = isa.ymm();
         let mut r = 0;
         while r + 4 <= rows.len() {
             let mut lanes = [[0f32; TILE]; 4];
@@ -266,6 +293,7 @@ fn row_block_tiles(
             unsafe { tile([row], w, t, &mut lanes, isa) };
             store(i, &lanes[0]);
         }
+        j0 += TILE;
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -274,7 +302,8 @@ fn row_block_tiles(
     }
 }
 
-/// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa`.
+/// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa` (a
+/// 256-bit variant).
 ///
 /// # Safety
 /// `isa` must be available and `t < w.tiles`.
@@ -292,8 +321,168 @@ unsafe fn tile<const R: usize>(
             (4, Isa::AvxVnni) => tile_vnni::<4, R>(rows, w, t, out),
             (4, Isa::Avx2) => tile_avx2::<4, R>(rows, w, t, out),
             (_, Isa::AvxVnni) => tile_vnni::<8, R>(rows, w, t, out),
-            (_, Isa::Avx2) => tile_avx2::<8, R>(rows, w, t, out),
+            (4, _) => tile_avx2::<4, R>(rows, w, t, out),
+            (_, _) => tile_avx2::<8, R>(rows, w, t, out),
         }
+    }
+}
+
+/// Tiles `t` and `t + 1` (sixteen column sums before the bias) for each of `R` rows.
+///
+/// # Safety
+/// AVX-512 VNNI must be available and `t + 1 < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_pair<const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; 2 * TILE]; R],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match w.layout.bits {
+            4 => tile_pair_avx512::<4, R>(rows, w, t, out),
+            _ => tile_pair_avx512::<8, R>(rows, w, t, out),
+        }
+    }
+}
+
+/// The VNNI tile kernel on two tiles at once: the low 256 bits of every vector are tile `t`,
+/// the high ones tile `t + 1`, so each lane does exactly what the 256-bit kernel's lane does
+/// for its column (the same integer dots, the same float operations in the same order).
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI must be available and `t + 1 < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; 2 * TILE]; R],
+) {
+    let l = &w.layout;
+    let (kb, bs) = (l.k_blocks, l.block_size);
+    let chunk_bytes = 32 * BITS as usize;
+    let tile_bytes = kb * (bs / 32) * chunk_bytes;
+    assert!(
+        t + 1 < w.tiles
+            && w.data.len() >= (t + 2) * tile_bytes
+            && w.scales.len() >= (t + 2) * kb * TILE,
+        "packed tile arguments are consistent"
+    );
+    for row in rows {
+        assert!(
+            row.natural().len() >= kb * bs && row.sums().len() >= kb && row.scales().len() >= kb,
+            "quantized rows hold whole blocks"
+        );
+    }
+    let zp_floats = match &w.zero_points {
+        PackedZp::Float(z) => Some(z),
+        _ => None,
+    };
+    assert!(
+        zp_floats.is_none_or(|z| z.len() == w.scales.len()),
+        "float zero points come one per scale"
+    );
+    let naturals = rows.map(|r| r.natural().as_ptr());
+    let scale_ptrs = w.scales.ptrs();
+    let zp_ptrs = zp_floats.map_or((std::ptr::null(), std::ptr::null()), Floats::ptrs);
+    // Sixteen f32 lanes: eight at `a` (tile t) then eight at `b` (tile t + 1), from f32 or
+    // f16 storage.
+    let load16 = |(p32, p16): (*const f32, *const u16), a: usize, b: usize| {
+        // SAFETY: the callers pass offsets of whole 8-value groups inside the storage
+        // (asserted above).
+        unsafe {
+            if p16.is_null() {
+                let lo = _mm512_castps256_ps512(_mm256_loadu_ps(p32.add(a)));
+                let hi = _mm256_castps_pd(_mm256_loadu_ps(p32.add(b)));
+                _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), hi))
+            } else {
+                let lo = _mm256_castsi128_si256(_mm_loadu_si128(p16.add(a).cast()));
+                let both = _mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(p16.add(b).cast()));
+                _mm512_cvtph_ps(both)
+            }
+        }
+    };
+    // SAFETY: `32 * i` plus a chunk offset stays inside each tile (asserted above).
+    let pair = |p: *const u8| unsafe {
+        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(p.cast()));
+        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(p.add(tile_bytes).cast()))
+    };
+    let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
+    let low = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..kb {
+        let mut dots = [_mm512_setzero_si512(); R];
+        for sub in 0..bs / 32 {
+            let chunk = data.wrapping_add((b * (bs / 32) + sub) * chunk_bytes);
+            let at = b * bs + sub * 32;
+            // SAFETY: the 32 activations of each row at `at` lie inside its buffer (asserted
+            // above).
+            let group = |r: usize, g: usize| unsafe {
+                _mm512_set1_epi32(std::ptr::read_unaligned(
+                    naturals[r].add(at + 4 * g).cast::<i32>(),
+                ))
+            };
+            if BITS == 4 {
+                for i in 0..4 {
+                    let x = pair(chunk.wrapping_add(32 * i));
+                    let lo = _mm512_and_si512(x, low);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(x), low);
+                    for (r, dot) in dots.iter_mut().enumerate() {
+                        *dot = _mm512_dpbusd_epi32(*dot, lo, group(r, 2 * i));
+                        *dot = _mm512_dpbusd_epi32(*dot, hi, group(r, 2 * i + 1));
+                    }
+                }
+            } else {
+                for g in 0..8 {
+                    let x = pair(chunk.wrapping_add(32 * g));
+                    for (r, dot) in dots.iter_mut().enumerate() {
+                        *dot = _mm512_dpbusd_epi32(*dot, x, group(r, g));
+                    }
+                }
+            }
+        }
+        let (a0, a1) = ((t * kb + b) * TILE, ((t + 1) * kb + b) * TILE);
+        let sw = load16(scale_ptrs, a0, a1);
+        let z = match &w.zero_points {
+            PackedZp::Codes(z) => {
+                // SAFETY: `a0 + 8` and `a1 + 8` are within the codes, one per scale.
+                let (lo, hi) = unsafe {
+                    (
+                        _mm256_loadu_si256(z[a0..a0 + TILE].as_ptr().cast()),
+                        _mm256_loadu_si256(z[a1..a1 + TILE].as_ptr().cast()),
+                    )
+                };
+                Some(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+            }
+            _ => None,
+        };
+        let zf = zp_floats.map(|_| load16(zp_ptrs, a0, a1));
+        for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
+            let sum_a = row.sums()[b];
+            let centered = match (&w.zero_points, z, zf) {
+                (PackedZp::Codes(_), Some(z), _) => {
+                    let zs = _mm512_mullo_epi32(z, _mm512_set1_epi32(sum_a));
+                    _mm512_cvtepi32_ps(_mm512_sub_epi32(*dot, zs))
+                }
+                (PackedZp::Float(_), _, Some(z)) => _mm512_sub_ps(
+                    _mm512_cvtepi32_ps(*dot),
+                    _mm512_mul_ps(z, _mm512_set1_ps(sum_a as f32)),
+                ),
+                _ => {
+                    let zs = (1 << (BITS - 1)) * sum_a;
+                    _mm512_cvtepi32_ps(_mm512_sub_epi32(*dot, _mm512_set1_epi32(zs)))
+                }
+            };
+            let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row.scales()[b]));
+            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(scale, centered));
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` holds 16 f32.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
     }
 }
 

@@ -21,11 +21,6 @@ impl Sequence {
         self.cached
     }
 
-    /// Whether its prompt is still being prefilled (no token generated yet).
-    pub fn prefilling(&self) -> bool {
-        self.decoding.generated().is_empty()
-    }
-
     /// Ids the next step feeds unless a prompt chunk limit cuts it.
     pub fn pending(&self) -> usize {
         self.decoding.span().1.len()

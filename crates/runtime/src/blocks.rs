@@ -68,13 +68,6 @@ pub struct BlockTable {
     registered: usize,
 }
 
-impl BlockTable {
-    /// Positions its blocks can hold.
-    pub fn capacity(&self, block_size: usize) -> usize {
-        self.reserved * block_size
-    }
-}
-
 /// A block copy the backend must make before the next forward: `src`'s contents into `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockCopy {
