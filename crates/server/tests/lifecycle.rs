@@ -111,10 +111,9 @@ fn chat(prompt: &str, max_tokens: usize) -> Value {
 }
 
 #[test]
-fn cancelled_failed_and_finished_requests_return_every_kv_block() {
+fn cancelled_and_finished_requests_return_every_kv_block() {
     let mut config = Config::new(MODEL);
     config.max_batch = 4;
-    config.request_timeout = Some(Duration::from_millis(1500));
     let server = start(&default_model(), 2, config);
     let addr = server.addr();
     let models = get(addr, "/v1/models").json();
@@ -143,20 +142,10 @@ fn cancelled_failed_and_finished_requests_return_every_kv_block() {
     drop(a);
     assert_eq!(beside.join().unwrap().status, 200);
     wait_idle(addr);
-    // Failed: a request that runs past --request-timeout.
-    let failed = post(addr, CHAT, &chat("Tell me a long story.", 4000));
-    assert_eq!(
-        failed.status,
-        503,
-        "{}",
-        String::from_utf8_lossy(&failed.body)
-    );
-    assert_eq!(failed.json()["error"]["code"], "timeout");
-    wait_idle(addr);
     assert_eq!(
         (kv_blocks(addr, "used"), kv_blocks(addr, "reserved")),
         (0.0, 0.0),
-        "every block is back after cancelled, failed and finished requests"
+        "every block is back after cancelled and finished requests"
     );
     assert_eq!(kv_blocks(addr, "free"), total);
 
@@ -181,6 +170,31 @@ fn cancelled_failed_and_finished_requests_return_every_kv_block() {
     assert!(metric(addr, "oxgen_weight_bytes_per_step") > 0.0);
     assert!(metric(addr, "oxgen_weight_bytes_per_token") > 0.0);
     wait_idle(addr);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_failed_request_returns_every_kv_block() {
+    let mut config = Config::new(MODEL);
+    config.request_timeout = Some(Duration::from_secs(1));
+    let server = start(&default_model(), 2, config);
+    let addr = server.addr();
+    // Fails by running past --request-timeout (4000 tokens take far longer than a second).
+    let failed = post(addr, CHAT, &chat("Tell me a long story.", 4000));
+    assert_eq!(
+        failed.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&failed.body)
+    );
+    assert_eq!(failed.json()["error"]["code"], "timeout");
+    wait_idle(addr);
+    assert_eq!(
+        (kv_blocks(addr, "used"), kv_blocks(addr, "reserved")),
+        (0.0, 0.0),
+        "every block is back after a failed request"
+    );
+    assert_eq!(kv_blocks(addr, "free"), kv_blocks(addr, "total"));
     server.shutdown().unwrap();
 }
 
