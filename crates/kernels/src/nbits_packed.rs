@@ -364,30 +364,13 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
     let l = &w.layout;
     let (kb, bs) = (l.k_blocks, l.block_size);
     let chunk_bytes = 32 * BITS as usize;
-    let tile_bytes = kb * (bs / 32) * chunk_bytes;
-    assert!(
-        t + 1 < w.tiles
-            && w.data.len() >= (t + 2) * tile_bytes
-            && w.scales.len() >= (t + 2) * kb * TILE,
-        "packed tile arguments are consistent"
-    );
-    for row in rows {
-        assert!(
-            row.natural().len() >= kb * bs && row.sums().len() >= kb && row.scales().len() >= kb,
-            "quantized rows hold whole blocks"
-        );
-    }
-    let zp_floats = match &w.zero_points {
-        PackedZp::Float(z) => Some(z),
-        _ => None,
-    };
-    assert!(
-        zp_floats.is_none_or(|z| z.len() == w.scales.len()),
-        "float zero points come one per scale"
-    );
-    let naturals = rows.map(|r| r.natural().as_ptr());
-    let scale_ptrs = w.scales.ptrs();
-    let zp_ptrs = zp_floats.map_or((std::ptr::null(), std::ptr::null()), Floats::ptrs);
+    let TileIo {
+        naturals,
+        scale_ptrs,
+        zp_floats,
+        zp_ptrs,
+        tile_bytes,
+    } = tile_io(rows, w, t, 2, BITS);
     // Sixteen f32 lanes: eight at `a` (tile t) then eight at `b` (tile t + 1), from f32 or
     // f16 storage.
     let load16 = |(p32, p16): (*const f32, *const u16), a: usize, b: usize| {
@@ -486,6 +469,57 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
     }
 }
 
+/// What a tile kernel reads, after the checks that make its raw loads sound.
+struct TileIo<'a, const R: usize> {
+    /// Each row's activation codes, in K order, whole blocks.
+    naturals: [*const i8; R],
+    scale_ptrs: (*const f32, *const u16),
+    zp_floats: Option<&'a Floats>,
+    zp_ptrs: (*const f32, *const u16),
+    tile_bytes: usize,
+}
+
+/// Checks that tiles `t..t + count` of `w` exist with their scales (and float zero points)
+/// and that every row holds whole blocks; panics otherwise (a caller bug, never input).
+fn tile_io<'a, const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &'a PackedNBits,
+    t: usize,
+    count: usize,
+    bits: u32,
+) -> TileIo<'a, R> {
+    let l = &w.layout;
+    let (kb, bs) = (l.k_blocks, l.block_size);
+    let tile_bytes = kb * (bs / 32) * 32 * bits as usize;
+    assert!(
+        t + count <= w.tiles
+            && w.data.len() >= (t + count) * tile_bytes
+            && w.scales.len() >= (t + count) * kb * TILE,
+        "packed tile arguments are consistent"
+    );
+    for row in rows {
+        assert!(
+            row.natural().len() >= kb * bs && row.sums().len() >= kb && row.scales().len() >= kb,
+            "quantized rows hold whole blocks"
+        );
+    }
+    let zp_floats = match &w.zero_points {
+        PackedZp::Float(z) => Some(z),
+        _ => None,
+    };
+    assert!(
+        zp_floats.is_none_or(|z| z.len() == w.scales.len()),
+        "float zero points come one per scale"
+    );
+    TileIo {
+        naturals: rows.map(|r| r.natural().as_ptr()),
+        scale_ptrs: w.scales.ptrs(),
+        zp_floats,
+        zp_ptrs: zp_floats.map_or((std::ptr::null(), std::ptr::null()), Floats::ptrs),
+        tile_bytes,
+    }
+}
+
 /// Defines the tile kernel for AVX2 alone or with AVX-VNNI (see [`crate::nbits_avx2`]).
 macro_rules! packed_tile {
     ($name:ident, $features:literal, $vnni:literal) => {
@@ -505,32 +539,13 @@ macro_rules! packed_tile {
             let l = &w.layout;
             let (kb, bs) = (l.k_blocks, l.block_size);
             let chunk_bytes = 32 * BITS as usize;
-            let tile_bytes = kb * (bs / 32) * chunk_bytes;
-            assert!(
-                t < w.tiles
-                    && w.data.len() >= (t + 1) * tile_bytes
-                    && w.scales.len() >= (t + 1) * kb * TILE,
-                "packed tile arguments are consistent"
-            );
-            for row in rows {
-                assert!(
-                    row.natural().len() >= kb * bs
-                        && row.sums().len() >= kb
-                        && row.scales().len() >= kb,
-                    "quantized rows hold whole blocks"
-                );
-            }
-            let naturals = rows.map(|r| r.natural().as_ptr());
-            let zp_floats = match &w.zero_points {
-                PackedZp::Float(z) => Some(z),
-                _ => None,
-            };
-            assert!(
-                zp_floats.is_none_or(|z| z.len() == w.scales.len()),
-                "float zero points come one per scale"
-            );
-            let scale_ptrs = w.scales.ptrs();
-            let zp_ptrs = zp_floats.map_or((std::ptr::null(), std::ptr::null()), Floats::ptrs);
+            let TileIo {
+                naturals,
+                scale_ptrs,
+                zp_floats: _,
+                zp_ptrs,
+                tile_bytes,
+            } = tile_io(rows, w, t, 1, BITS);
             // Eight f32 lanes at `at` from f32 or f16 storage (the branch is the same for the
             // whole call).
             macro_rules! load8 {
