@@ -136,27 +136,52 @@ pub fn par_row_tiles<T: Send>(
     col_parts: usize,
     f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
 ) {
+    let shared = Shared::new(out);
+    row_grid(
+        row_len,
+        tile,
+        shared.len / row_len.max(1),
+        rows_per_task,
+        col_parts,
+        pool,
+        |rows, cols| {
+            for row in rows {
+                let start = row * row_len;
+                // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
+                // are disjoint, so no two tasks get overlapping ranges.
+                let slice = unsafe { shared.range(start + cols.start..start + cols.end) };
+                f(row, cols.clone(), slice);
+            }
+        },
+    );
+}
+
+/// Splits `rows` rows of `row_len` columns into blocks of `rows_per_task` rows and
+/// `col_parts` column ranges of whole `tile`s, and runs `task(rows, cols)` for each pair on
+/// `pool`: the grid [`par_row_tiles`] and [`par_row_blocks`] hand out.
+fn row_grid(
+    row_len: usize,
+    tile: usize,
+    rows: usize,
+    rows_per_task: usize,
+    col_parts: usize,
+    pool: &ThreadPool,
+    task: impl Fn(Range<usize>, Range<usize>) + Sync,
+) {
     if row_len == 0 {
         return;
     }
     let tile = tile.max(1);
     let tiles = row_len.div_ceil(tile);
-    let rows = out.len() / row_len;
     let rows_per_task = rows_per_task.max(1);
     let col_parts = col_parts.clamp(1, tiles);
     let row_blocks = rows.div_ceil(rows_per_task);
-    let shared = Shared::new(out);
     pool.run(row_blocks * col_parts, &|t| {
         let (block, part) = (t / col_parts, t % col_parts);
         let tiles = chunk(tiles, col_parts, part);
         let cols = tiles.start * tile..(tiles.end * tile).min(row_len);
-        for row in block * rows_per_task..((block + 1) * rows_per_task).min(rows) {
-            let start = row * row_len;
-            // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
-            // are disjoint, so no two tasks get overlapping ranges.
-            let slice = unsafe { shared.range(start + cols.start..start + cols.end) };
-            f(row, cols.clone(), slice);
-        }
+        let first = block * rows_per_task;
+        task(first..(first + rows_per_task).min(rows), cols);
     });
 }
 
@@ -176,31 +201,27 @@ pub fn par_row_blocks<T: Send>(
     col_parts: usize,
     f: impl Fn(usize, Range<usize>, &mut [&mut [T]]) + Sync,
 ) {
-    if row_len == 0 {
-        return;
-    }
-    let tile = tile.max(1);
-    let tiles = row_len.div_ceil(tile);
-    let rows = out.len() / row_len;
-    let rows_per_task = rows_per_task.clamp(1, MAX_ROW_BLOCK);
-    let col_parts = col_parts.clamp(1, tiles);
-    let row_blocks = rows.div_ceil(rows_per_task);
+    let rows = out.len() / row_len.max(1);
     let shared = Shared::new(out);
-    pool.run(row_blocks * col_parts, &|t| {
-        let (block, part) = (t / col_parts, t % col_parts);
-        let tiles = chunk(tiles, col_parts, part);
-        let cols = tiles.start * tile..(tiles.end * tile).min(row_len);
-        let first = block * rows_per_task;
-        let count = rows_per_task.min(rows - first);
-        let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
-        for (i, p) in parts.iter_mut().take(count).enumerate() {
-            let start = (first + i) * row_len;
-            // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
-            // are disjoint, so no two tasks get overlapping ranges.
-            *p = unsafe { shared.range(start + cols.start..start + cols.end) };
-        }
-        f(first, cols.clone(), &mut parts[..count]);
-    });
+    let per_task = rows_per_task.clamp(1, MAX_ROW_BLOCK);
+    row_grid(
+        row_len,
+        tile,
+        rows,
+        per_task,
+        col_parts,
+        pool,
+        |rows, cols| {
+            let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
+            for (p, row) in parts.iter_mut().zip(rows.clone()) {
+                let start = row * row_len;
+                // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
+                // are disjoint, so no two tasks get overlapping ranges.
+                *p = unsafe { shared.range(start + cols.start..start + cols.end) };
+            }
+            f(rows.start, cols, &mut parts[..rows.len()]);
+        },
+    );
 }
 
 #[cfg(test)]
