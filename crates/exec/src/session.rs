@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use oxgen_graph::ops::MatMulNBits;
 use oxgen_graph::{Graph, Op, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::nbits_packed::PackedNBits;
@@ -421,36 +422,58 @@ impl NativeSession {
     }
 }
 
-/// Repacks the weights of every int8-activation `MatMulNBits` node whose weights are
-/// initializers ([`oxgen_kernels::nbits_packed`]), then lets go of the originals: an
+/// The `MatMulNBits` attributes of a node's parts (one for `MatMulNBits`, several for a
+/// group), each with the index of its first weight input (B; scales and zero points follow).
+fn nbits_parts(op: &Op) -> Vec<(&MatMulNBits, usize)> {
+    match op {
+        Op::MatMulNBits(m) => vec![(m, 1)],
+        Op::MatMulNBitsGroup(parts) => parts
+            .iter()
+            .enumerate()
+            .map(|(p, m)| (m, 1 + 3 * p))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Repacks the weights of every int8-activation `MatMulNBits` node (and group) whose weights
+/// are initializers ([`oxgen_kernels::nbits_packed`]), then lets go of the originals: an
 /// initializer only packed nodes read leaves the graph, and the file pages it was read from
 /// are handed back to the OS, so the weights are not resident twice.
 fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
     let mut packed: Vec<Option<PackedNBits>> = vec![None; graph.nodes.len()];
     for (slot, node) in packed.iter_mut().zip(&graph.nodes) {
-        let Op::MatMulNBits(op) = &node.op else {
-            continue;
-        };
+        let parts = nbits_parts(&node.op);
         let input = |k: usize| node.inputs.get(k).copied().flatten();
-        if !ops::quant::int8_activations(op, exact) || input(4).is_some() {
+        let init = |id: Option<ValueId>| id.and_then(|id| graph.initializers.get(&id));
+        if parts.is_empty()
+            || !parts
+                .iter()
+                .all(|(op, _)| ops::quant::int8_activations(op, exact))
+            || matches!(node.op, Op::MatMulNBits(_)) && input(4).is_some()
+        {
             continue;
         }
-        let init = |id: Option<ValueId>| id.and_then(|id| graph.initializers.get(&id));
-        let (Some(b), Some(scales)) = (init(input(1)), init(input(2))) else {
+        let Some(weights) = parts
+            .iter()
+            .map(|&(op, at)| {
+                let zero_points = match input(at + 2) {
+                    None => None,
+                    Some(id) => Some(graph.initializers.get(&id)?),
+                };
+                Some((op, init(input(at))?, init(input(at + 1))?, zero_points))
+            })
+            .collect::<Option<Vec<_>>>()
+        else {
             continue;
         };
-        let zero_points = match input(3) {
-            None => None,
-            Some(id) => match graph.initializers.get(&id) {
-                Some(t) => Some(t),
-                None => continue,
-            },
-        };
-        *slot = ops::quant::prepack(op, b, scales, zero_points);
+        *slot = ops::quant::prepack(&weights);
         if slot.is_some() {
             // Right away, so the load never holds every matrix twice.
-            for t in [Some(b), Some(scales), zero_points].into_iter().flatten() {
-                page_out(t);
+            for (_, b, scales, zero_points) in weights {
+                for t in [Some(b), Some(scales), zero_points].into_iter().flatten() {
+                    page_out(t);
+                }
             }
         }
     }
@@ -459,7 +482,11 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
         .iter()
         .zip(&packed)
         .filter(|(_, p)| p.is_some())
-        .flat_map(|(n, _)| n.inputs[1..n.inputs.len().min(4)].iter().flatten().copied())
+        .flat_map(|(n, _)| {
+            nbits_parts(&n.op)
+                .into_iter()
+                .flat_map(|(_, at)| n.inputs.iter().skip(at).take(3).flatten().copied())
+        })
         .collect();
     for id in weights {
         let only_packed_readers = graph
@@ -550,8 +577,14 @@ fn matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> u64 {
         .iter()
         .zip(packed)
         .map(|(node, p)| match (&node.op, p) {
-            (Op::MatMulNBits(_), Some(p)) => p.nbytes() as u64,
-            (Op::MatMulNBits(_), None) => node.inputs.iter().skip(1).take(3).map(init).sum(),
+            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_), Some(p)) => p.nbytes() as u64,
+            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_), None) => node
+                .inputs
+                .iter()
+                .skip(1)
+                .take(3 * nbits_parts(&node.op).len())
+                .map(init)
+                .sum(),
             (Op::MatMul | Op::Gemm(_), _) => node.inputs.iter().take(2).map(init).sum(),
             _ => 0,
         })

@@ -22,9 +22,10 @@ use std::ops::Range;
 
 use crate::ThreadPool;
 use crate::layout::LayoutError;
-use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints, check_io};
+use crate::layout::{check_len, numel};
+use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
-use crate::par::{par_row_blocks, parts_for};
+use crate::par::{par_row_blocks_spans, parts_for};
 use crate::quant::code;
 
 /// Float values in tile order, `[tile][block][8]`: as f16 when every value is exactly an f16
@@ -87,10 +88,16 @@ enum PackedZp {
     Float(Floats),
 }
 
-/// A weight matrix in the kernel's tile layout (see the module doc).
+/// A weight matrix in the kernel's tile layout (see the module doc): one matrix, or several
+/// with the same K, bit width, block size and kind of zero points packed side by side (the
+/// `MatMulNBits` nodes that read one input: a layer's Q, K and V projections), so one call
+/// quantizes the input once and computes every part in one parallel region.
 #[derive(Debug, Clone)]
 pub struct PackedNBits {
+    /// `n` is the width of the whole column space (the parts and the gaps between them).
     layout: NBitsLayout,
+    /// Each part's columns; each starts on a tile, the gap before the next holds padding.
+    spans: Vec<Range<usize>>,
     tiles: usize,
     data: Vec<u8>,
     scales: Floats,
@@ -100,11 +107,43 @@ pub struct PackedNBits {
 impl PackedNBits {
     /// Repacks `w`; `None` when the tile kernel does not run this layout on this CPU.
     pub fn pack(w: &QuantWeights<'_, f32>) -> Result<Option<PackedNBits>, LayoutError> {
-        w.check()?;
-        let l = w.layout;
-        if !supported(&l) {
-            return Ok(None);
+        Self::pack_parts(std::slice::from_ref(w))
+    }
+
+    /// Repacks `parts` side by side (see [`matmul_packed_parts`]); `None` when the tile kernel
+    /// does not run their layout on this CPU. The parts must agree on K, bits, block size and
+    /// the kind of zero points.
+    pub fn pack_parts(parts: &[QuantWeights<'_, f32>]) -> Result<Option<PackedNBits>, LayoutError> {
+        let Some(first) = parts.first() else {
+            return Err(LayoutError::Shape("no matrices to pack".into()));
+        };
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut end = 0usize;
+        for w in parts {
+            w.check()?;
+            let (a, b) = (&w.layout, &first.layout);
+            if (a.k, a.bits, a.block_size) != (b.k, b.bits, b.block_size)
+                || std::mem::discriminant(&w.zero_points)
+                    != std::mem::discriminant(&first.zero_points)
+            {
+                return Err(LayoutError::Shape(format!(
+                    "matrices packed together must agree on K, bits, block size and zero \
+                     points: {a:?} against {b:?}"
+                )));
+            }
+            if !supported(a) {
+                return Ok(None);
+            }
+            let start = end.next_multiple_of(TILE);
+            end = start + a.n;
+            spans.push(start..end);
         }
+        let l = NBitsLayout::new(
+            end,
+            first.layout.k,
+            first.layout.bits,
+            first.layout.block_size,
+        )?;
         let (kb, bs, bits) = (l.k_blocks, l.block_size, l.bits);
         let tiles = l.n.div_ceil(TILE);
         let chunk_bytes = 32 * bits as usize; // 8 columns x 32 codes x bits / 8
@@ -113,51 +152,37 @@ impl PackedNBits {
         let mut zp_codes = vec![0i32; tiles * kb * TILE];
         let mut zp_float = vec![0f32; tiles * kb * TILE];
         let row_bytes = kb * l.blob_size;
-        for j in 0..l.n {
-            let (t, c) = (j / TILE, j % TILE);
-            let codes = &w.data[j * row_bytes..][..row_bytes];
-            for b in 0..kb {
-                let at = (t * kb + b) * TILE + c;
-                scales[at] = w.scales[j * kb + b];
-                match w.zero_points {
-                    ZeroPoints::Default => {}
-                    ZeroPoints::Packed(z) => {
-                        zp_codes[at] = code(&z[j * l.zp_row_bytes..], bits, b) as i32
+        for (w, span) in parts.iter().zip(&spans) {
+            for j in 0..w.layout.n {
+                let (t, c) = ((span.start + j) / TILE, (span.start + j) % TILE);
+                let codes = &w.data[j * row_bytes..][..row_bytes];
+                for b in 0..kb {
+                    let at = (t * kb + b) * TILE + c;
+                    scales[at] = w.scales[j * kb + b];
+                    match w.zero_points {
+                        ZeroPoints::Default => {}
+                        ZeroPoints::Packed(z) => {
+                            zp_codes[at] = code(&z[j * l.zp_row_bytes..], bits, b) as i32
+                        }
+                        ZeroPoints::Float(z) => zp_float[at] = z[j * kb + b],
                     }
-                    ZeroPoints::Float(z) => zp_float[at] = z[j * kb + b],
-                }
-                let blob = &codes[b * l.blob_size..][..l.blob_size];
-                for sub in 0..bs / 32 {
-                    let chunk =
-                        &mut data[((t * kb + b) * (bs / 32) + sub) * chunk_bytes..][..chunk_bytes];
-                    if bits == 8 {
-                        // Group g's four codes are bytes 4g..4g + 4 of the chunk's 32.
-                        let src = &blob[sub * 32..][..32];
-                        for (g, four) in src.chunks_exact(4).enumerate() {
-                            chunk[g * 32 + c * 4..][..4].copy_from_slice(four);
-                        }
-                    } else {
-                        // Element e is the (e % 2) nibble of byte e / 2; row i pairs group
-                        // 2i (elements 8i..8i + 4) with group 2i + 1 (8i + 4..8i + 8).
-                        let src = &blob[sub * 16..][..16];
-                        let nibble = |e: usize| (src[e / 2] >> (4 * (e % 2))) & 0x0F;
-                        for i in 0..4 {
-                            for kk in 0..4 {
-                                chunk[i * 32 + c * 4 + kk] =
-                                    nibble(8 * i + kk) | (nibble(8 * i + 4 + kk) << 4);
-                            }
-                        }
+                    let blob = &codes[b * l.blob_size..][..l.blob_size];
+                    for sub in 0..bs / 32 {
+                        let chunk = &mut data[((t * kb + b) * (bs / 32) + sub) * chunk_bytes..]
+                            [..chunk_bytes];
+                        pack_chunk(blob, sub, bits, c, chunk);
                     }
                 }
             }
         }
-        let zero_points = match w.zero_points {
+        let zero_points = match first.zero_points {
             ZeroPoints::Default => PackedZp::Default,
             ZeroPoints::Packed(_) => PackedZp::Codes(zp_codes),
             ZeroPoints::Float(_) => PackedZp::Float(Floats::new(zp_float)),
         };
         Ok(Some(PackedNBits {
             layout: l,
+            spans,
             tiles,
             data,
             scales: Floats::new(scales),
@@ -165,8 +190,14 @@ impl PackedNBits {
         }))
     }
 
+    /// The layout of the whole column space (all parts and the gaps between them).
     pub fn layout(&self) -> &NBitsLayout {
         &self.layout
+    }
+
+    /// Each part's columns in the whole column space.
+    pub fn spans(&self) -> &[Range<usize>] {
+        &self.spans
     }
 
     /// Bytes the packed matrix holds.
@@ -181,8 +212,30 @@ impl PackedNBits {
     }
 }
 
-/// `out = a · dequant(w)ᵀ + bias` (`a`: `m × K`) over packed weights, with `isa` from
-/// [`Isa::available`]. The same bits as the reference on the unpacked matrix.
+/// Sub-chunk `sub` (32 codes) of column `c`'s block `blob` into its place in `chunk` (see the
+/// module doc).
+fn pack_chunk(blob: &[u8], sub: usize, bits: u32, c: usize, chunk: &mut [u8]) {
+    if bits == 8 {
+        // Group g's four codes are bytes 4g..4g + 4 of the chunk's 32.
+        let src = &blob[sub * 32..][..32];
+        for (g, four) in src.chunks_exact(4).enumerate() {
+            chunk[g * 32 + c * 4..][..4].copy_from_slice(four);
+        }
+    } else {
+        // Element e is the (e % 2) nibble of byte e / 2; row i pairs group 2i (elements
+        // 8i..8i + 4) with group 2i + 1 (8i + 4..8i + 8).
+        let src = &blob[sub * 16..][..16];
+        let nibble = |e: usize| (src[e / 2] >> (4 * (e % 2))) & 0x0F;
+        for i in 0..4 {
+            for kk in 0..4 {
+                chunk[i * 32 + c * 4 + kk] = nibble(8 * i + kk) | (nibble(8 * i + 4 + kk) << 4);
+            }
+        }
+    }
+}
+
+/// `out = a · dequant(w)ᵀ + bias` (`a`: `m × K`) over a packed single matrix, with `isa`
+/// from [`Isa::available`]. The same bits as the reference on the unpacked matrix.
 pub fn matmul_packed(
     a: &[f32],
     m: usize,
@@ -192,8 +245,53 @@ pub fn matmul_packed(
     pool: &ThreadPool,
     isa: Isa,
 ) -> Result<(), LayoutError> {
+    if w.spans.len() != 1 {
+        return Err(LayoutError::Shape(format!(
+            "a matrix packed from {} parts computes through matmul_packed_parts",
+            w.spans.len()
+        )));
+    }
+    if let Some(b) = bias {
+        check_len("bias", b.len(), w.layout.n)?;
+    }
+    run(a, m, w, bias, &mut [out], pool, isa)
+}
+
+/// `outs[p] = a · dequant(part p)ᵀ` for the matrices [`PackedNBits::pack_parts`] packed side
+/// by side: `a` is quantized once and every part computed in one parallel region, each
+/// output column exactly as [`matmul_packed`] computes it for its part alone.
+pub fn matmul_packed_parts(
+    a: &[f32],
+    m: usize,
+    w: &PackedNBits,
+    outs: &mut [&mut [f32]],
+    pool: &ThreadPool,
+    isa: Isa,
+) -> Result<(), LayoutError> {
+    if outs.len() != w.spans.len() {
+        return Err(LayoutError::Shape(format!(
+            "{} outputs for a matrix packed from {} parts",
+            outs.len(),
+            w.spans.len()
+        )));
+    }
+    run(a, m, w, None, outs, pool, isa)
+}
+
+fn run(
+    a: &[f32],
+    m: usize,
+    w: &PackedNBits,
+    bias: Option<&[f32]>,
+    outs: &mut [&mut [f32]],
+    pool: &ThreadPool,
+    isa: Isa,
+) -> Result<(), LayoutError> {
     let l = w.layout;
-    check_io(a.len(), m, &l, bias.map(<[f32]>::len), out.len())?;
+    check_len("A", a.len(), numel(&[m, l.k])?)?;
+    for (out, span) in outs.iter().zip(&w.spans) {
+        check_len("output", out.len(), numel(&[m, span.len()])?)?;
+    }
     if !Isa::available().contains(&isa) {
         return Err(LayoutError::Shape(format!(
             "{isa:?} is not available on this CPU"
@@ -205,14 +303,14 @@ pub fn matmul_packed(
         }
         let rows = &*rows;
         let parts = parts_for(pool, w.tiles, m * l.k).max(if m > 1 { l.n.div_ceil(64) } else { 1 });
-        par_row_blocks(
+        par_row_blocks_spans(
             pool,
-            out,
-            l.n,
+            outs,
+            &w.spans,
             TILE,
             ROW_BLOCK,
             parts,
-            |first, cols, outs| {
+            |first, _, cols, outs| {
                 row_block_tiles(&rows[first..first + outs.len()], w, bias, cols, outs, isa);
             },
         );

@@ -9,6 +9,8 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
 use crate::ThreadPool;
 use crate::pool::chunk;
 
@@ -201,9 +203,48 @@ pub fn par_row_blocks<T: Send>(
     col_parts: usize,
     f: impl Fn(usize, Range<usize>, &mut [&mut [T]]) + Sync,
 ) {
-    let rows = out.len() / row_len.max(1);
-    let shared = Shared::new(out);
+    #[allow(clippy::single_range_in_vec_init)]
+    let spans = [0..row_len];
+    par_row_blocks_spans(
+        pool,
+        &mut [out],
+        &spans,
+        tile,
+        rows_per_task,
+        col_parts,
+        |first, _, cols, parts| f(first, cols, parts),
+    );
+}
+
+/// Like [`par_row_blocks`] over several outputs side by side in one column space: output
+/// `p` holds the columns `spans[p]` (ascending, disjoint, each starting on a whole `tile`) as
+/// rows of `spans[p].len()` elements, all outputs with the same number of rows. The column
+/// ranges are cut as if the outputs were one, then at the outputs' edges: `f(first_row, p,
+/// cols, parts)` gets columns `cols` of the shared space, all inside `spans[p]`, with
+/// `parts[i]` their elements in row `first_row + i` of output `p`.
+pub fn par_row_blocks_spans<T: Send>(
+    pool: &ThreadPool,
+    outs: &mut [&mut [T]],
+    spans: &[Range<usize>],
+    tile: usize,
+    rows_per_task: usize,
+    col_parts: usize,
+    f: impl Fn(usize, usize, Range<usize>, &mut [&mut [T]]) + Sync,
+) {
+    assert!(
+        outs.len() == spans.len()
+            && spans
+                .windows(2)
+                .all(|w| w[0].start <= w[0].end && w[0].end <= w[1].start),
+        "one ascending span per output"
+    );
+    let Some(first_span) = spans.first() else {
+        return;
+    };
+    let rows = outs[0].len() / first_span.len().max(1);
+    let shared: SmallVec<[Shared<T>; 4]> = outs.iter_mut().map(|o| Shared::new(o)).collect();
     let per_task = rows_per_task.clamp(1, MAX_ROW_BLOCK);
+    let row_len = spans.last().map_or(0, |s| s.end);
     row_grid(
         row_len,
         tile,
@@ -212,14 +253,22 @@ pub fn par_row_blocks<T: Send>(
         col_parts,
         pool,
         |rows, cols| {
-            let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
-            for (p, row) in parts.iter_mut().zip(rows.clone()) {
-                let start = row * row_len;
-                // SAFETY: (row, part) pairs are unique across tasks and `chunk` ranges of one row
-                // are disjoint, so no two tasks get overlapping ranges.
-                *p = unsafe { shared.range(start + cols.start..start + cols.end) };
+            for (p, (span, out)) in spans.iter().zip(&shared).enumerate() {
+                let sub = cols.start.max(span.start)..cols.end.min(span.end);
+                if sub.is_empty() {
+                    continue;
+                }
+                let width = span.len();
+                let local = sub.start - span.start..sub.end - span.start;
+                let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
+                for (part, row) in parts.iter_mut().zip(rows.clone()) {
+                    let start = row * width;
+                    // SAFETY: (row, column range) pairs are unique across tasks and `chunk`
+                    // ranges of one row are disjoint; so are their cuts by the spans.
+                    *part = unsafe { out.range(start + local.start..start + local.end) };
+                }
+                f(rows.start, p, sub, &mut parts[..rows.len()]);
             }
-            f(rows.start, cols, &mut parts[..rows.len()]);
         },
     );
 }
@@ -278,6 +327,37 @@ mod tests {
             }
         });
         assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1));
+    }
+
+    #[test]
+    fn row_block_spans_cover_each_output_once() {
+        let pool = ThreadPool::new(3);
+        let spans = [0..20, 24..29, 32..48];
+        let mut outs: Vec<Vec<usize>> = spans.iter().map(|s| vec![0; 5 * s.len()]).collect();
+        let mut views: Vec<&mut [usize]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        par_row_blocks_spans(
+            &pool,
+            &mut views,
+            &spans,
+            8,
+            2,
+            5,
+            |first, p, cols, parts| {
+                assert!(cols.start >= spans[p].start && cols.end <= spans[p].end);
+                assert!(cols.start % 8 == 0, "{cols:?}");
+                for (i, part) in parts.iter_mut().enumerate() {
+                    for (j, v) in cols.clone().zip(part.iter_mut()) {
+                        *v += 1000 * (first + i) + j + 1;
+                    }
+                }
+            },
+        );
+        for (span, out) in spans.iter().zip(&outs) {
+            for (e, &v) in out.iter().enumerate() {
+                let (row, j) = (e / span.len(), span.start + e % span.len());
+                assert_eq!(v, 1000 * row + j + 1);
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use oxgen_kernels::matmul_nbits_int8::{
     matmul_nbits_int8, matmul_nbits_int8_isa, matmul_nbits_int8_reference,
 };
 use oxgen_kernels::nbits_avx2::Isa;
-use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed};
+use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed, matmul_packed_parts};
 
 struct Rng(u64);
 
@@ -137,4 +137,105 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
     // On an x86-64 machine at least the AVX2 kernel ran (CI machines have AVX2).
     #[cfg(target_arch = "x86_64")]
     assert!(Isa::available().contains(&Isa::Avx2));
+}
+
+/// Random codes, scales and float zero points for an `n × k` matrix.
+fn matrix(rng: &mut Rng, layout: &NBitsLayout) -> (Vec<u8>, Vec<f32>, Vec<u8>, Vec<f32>) {
+    let n = layout.n;
+    let data = (0..n * layout.k_blocks * layout.blob_size)
+        .map(|_| rng.next() as u8)
+        .collect();
+    let scales = (0..n * layout.k_blocks)
+        .map(|_| 0.001 + 0.02 * rng.f32().abs())
+        .collect();
+    let zp_packed = (0..n * layout.zp_row_bytes)
+        .map(|_| rng.next() as u8)
+        .collect();
+    let zp_float = (0..n * layout.k_blocks)
+        .map(|_| (1 << (layout.bits - 1)) as f32 + 4.0 * rng.f32())
+        .collect();
+    (data, scales, zp_packed, zp_float)
+}
+
+#[test]
+fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
+    let mut rng = Rng(11);
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let (k, widths) = (160, [20, 8, 37]);
+    for (bits, block) in [(4, 32), (4, 64), (8, 32)] {
+        let layouts: Vec<NBitsLayout> = widths
+            .iter()
+            .map(|&n| NBitsLayout::new(n, k, bits, block).unwrap())
+            .collect();
+        let mats: Vec<_> = layouts.iter().map(|l| matrix(&mut rng, l)).collect();
+        for zp in 0..3 {
+            let parts: Vec<QuantWeights<f32>> = layouts
+                .iter()
+                .zip(&mats)
+                .map(
+                    |(&layout, (data, scales, zp_packed, zp_float))| QuantWeights {
+                        layout,
+                        data,
+                        scales,
+                        zero_points: match zp {
+                            0 => ZeroPoints::Default,
+                            1 => ZeroPoints::Packed(zp_packed),
+                            _ => ZeroPoints::Float(zp_float),
+                        },
+                    },
+                )
+                .collect();
+            let packed = PackedNBits::pack_parts(&parts)
+                .unwrap()
+                .expect("AVX2 runs this");
+            assert_eq!(packed.spans().len(), 3);
+            for m in [1, 4, 9] {
+                let a: Vec<f32> = (0..m * k).map(|_| 3.0 * rng.f32()).collect();
+                let want: Vec<Vec<f32>> = parts
+                    .iter()
+                    .map(|w| {
+                        let mut out = vec![0f32; m * w.layout.n];
+                        matmul_nbits_int8_reference(&a, m, w, None, &mut out, &pools[0]).unwrap();
+                        out
+                    })
+                    .collect();
+                for (pool, isa) in pools
+                    .iter()
+                    .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
+                {
+                    let mut got: Vec<Vec<f32>> =
+                        want.iter().map(|w| vec![f32::NAN; w.len()]).collect();
+                    let mut outs: Vec<&mut [f32]> = got.iter_mut().map(Vec::as_mut_slice).collect();
+                    matmul_packed_parts(&a, m, &packed, &mut outs, pool, isa).unwrap();
+                    for (p, (want, got)) in want.iter().zip(&got).enumerate() {
+                        let same = want
+                            .iter()
+                            .zip(got)
+                            .all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "{isa:?} bits {bits} zp {zp} m {m} part {p}");
+                    }
+                }
+            }
+            // One matrix packed from parts is not one matrix.
+            let mut out = vec![0f32; 65];
+            let a = vec![0f32; k];
+            assert!(matmul_packed(&a, 1, &packed, None, &mut out, &pools[0], Isa::Avx2).is_err());
+        }
+        // Parts that disagree on K are refused.
+        let other = NBitsLayout::new(8, k + 32, bits, block).unwrap();
+        let (data, scales, _, _) = matrix(&mut rng, &other);
+        let odd = QuantWeights {
+            layout: other,
+            data: &data,
+            scales: &scales,
+            zero_points: ZeroPoints::Default,
+        };
+        let first = QuantWeights {
+            layout: layouts[0],
+            data: &mats[0].0,
+            scales: &mats[0].1,
+            zero_points: ZeroPoints::Default,
+        };
+        assert!(PackedNBits::pack_parts(&[first, odd]).is_err());
+    }
 }

@@ -350,15 +350,15 @@ fn attention_whose_kv_is_read_elsewhere_keeps_its_concat() {
 }
 
 #[test]
-fn a_genai_graph_is_already_fused_and_stays_as_it_is() {
+fn a_genai_graph_is_already_fused_and_only_its_projections_are_grouped() {
     let dir = tempfile::tempdir().unwrap();
-    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    let cfg = FixtureConfig::default();
+    write_package(dir.path(), &cfg).unwrap();
     let m = oxgen_onnx::Model::load(dir.path().join("model.onnx")).unwrap();
     let g = Graph::from_model(&m).unwrap();
     let lm = contract(&g);
-    let before = op_types(&g);
+    let before = histogram(&g);
     let (after, report) = optimize(g, Some(&lm), &passes(Some(128)));
-    assert_eq!(op_types(&after), before);
     assert_eq!(
         (
             report.folded,
@@ -369,4 +369,92 @@ fn a_genai_graph_is_already_fused_and_stays_as_it_is() {
         ),
         (0, 0, 0, 0, 0)
     );
+    // Per layer: Q, K, V into one group, gate and up into another.
+    assert_eq!(report.matmul_groups, 2 * cfg.layers);
+    let mut after = histogram(&after);
+    assert_eq!(after.remove("MatMulNBitsGroup"), Some(2 * cfg.layers));
+    *after.entry("MatMulNBits".into()).or_default() += 5 * cfg.layers;
+    assert_eq!(after, before);
+}
+
+/// `MatMulNBits` attributes for an `n × k` 4-bit matrix in blocks of 32.
+fn nbits_attrs(n: usize, k: usize, accuracy_level: i64) -> Vec<oxgen_onnx::proto::AttributeProto> {
+    vec![
+        attr::int("K", k as i64),
+        attr::int("N", n as i64),
+        attr::int("bits", 4),
+        attr::int("block_size", 32),
+        attr::int("accuracy_level", accuracy_level),
+    ]
+}
+
+#[test]
+fn matmul_nbits_reading_one_input_are_grouped_with_the_same_bits() {
+    let k = 96;
+    let mut rng = Rng::new(5);
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    b.opset("com.microsoft", 1);
+    b.input("x", DType::F32, &[Dim::from("n"), Dim::Fixed(k)]);
+    b.input("other", DType::F32, &[Dim::from("n"), Dim::Fixed(k)]);
+    // Three projections of x (one with zero points, which puts it in its own group with the
+    // fourth), and one of another input.
+    let widths = [40, 8, 24, 16, 32];
+    for (i, &n) in widths.iter().enumerate() {
+        let codes = Tensor::from_slice([n, k / 32, 16], &rng.bytes(n * k / 2)).unwrap();
+        let scales: Vec<f32> = (0..n * k / 32)
+            .map(|_| 0.01 + 0.01 * rng.uniform())
+            .collect();
+        b.initializer(&format!("b{i}"), codes);
+        b.initializer(
+            &format!("s{i}"),
+            Tensor::from_slice([n * k / 32], &scales).unwrap(),
+        );
+        let (b_name, s_name) = (format!("b{i}"), format!("s{i}"));
+        let mut inputs = vec![if i == 4 { "other" } else { "x" }, &b_name, &s_name];
+        let z_name = format!("z{i}");
+        if (2..4).contains(&i) {
+            let zp = Tensor::from_slice(
+                [n * (k / 32).div_ceil(2)],
+                &rng.bytes(n * (k / 32).div_ceil(2)),
+            )
+            .unwrap();
+            b.initializer(&z_name, zp);
+            inputs.push(&z_name);
+        }
+        let out = format!("y{i}");
+        b.node(
+            "MatMulNBits",
+            "com.microsoft",
+            &format!("mm{i}"),
+            &inputs,
+            &[&out],
+            nbits_attrs(n, k, 4),
+        );
+        b.output(&out, DType::F32, &[]);
+    }
+    let g = graph(&b);
+    let x = random(&[3, k], 6);
+    let other = random(&[3, k], 7);
+    let feeds = [("x", x), ("other", other)];
+    let before = run(g.clone(), &feeds);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(report.matmul_groups, 2, "{report:?}");
+    let h = histogram(&g);
+    assert_eq!(
+        (h.get("MatMulNBitsGroup"), h.get("MatMulNBits")),
+        (Some(&2), Some(&1))
+    );
+    let after = run(g, &feeds);
+    assert_eq!(before.len(), after.len());
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(b.dims(), a.dims());
+        let same = b
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .zip(a.as_slice::<f32>().unwrap())
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "a grouped output differs from its node's");
+    }
 }

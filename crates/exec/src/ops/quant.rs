@@ -10,7 +10,7 @@ use oxgen_graph::ops::{GatherBlockQuantized, MatMulNBits};
 use oxgen_kernels::matmul_nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoints};
 use oxgen_kernels::matmul_nbits_int8 as kq8;
 use oxgen_kernels::nbits_avx2::Isa;
-use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed};
+use oxgen_kernels::nbits_packed::{self as kpacked, PackedNBits};
 
 /// The `accuracy_level` that selects int8 activations.
 const INT8_ACCURACY_LEVEL: u8 = 4;
@@ -18,7 +18,7 @@ use oxgen_kernels::quant::{self, QuantRows};
 use oxgen_tensor::{DType, Tensor};
 
 use super::{OpCtx, input, norm_axis, opt_input};
-use smallvec::smallvec;
+use smallvec::{SmallVec, smallvec};
 
 use super::{Outputs, Small};
 use crate::OpError;
@@ -31,8 +31,9 @@ pub(super) fn run(
 ) -> Result<Outputs, OpError> {
     match op {
         Op::MatMulNBits(q) => matmul_nbits(q, inputs, ctx).map(|t| smallvec![t]),
+        Op::MatMulNBitsGroup(parts) => matmul_nbits_group(parts, inputs, ctx),
         Op::GatherBlockQuantized(g) => gather_block_quantized(g, inputs, ctx).map(|t| smallvec![t]),
-        _ => unreachable!("ops::run routes only MatMulNBits and GatherBlockQuantized here"),
+        _ => unreachable!("ops::run routes only block-quantized ops here"),
     }
 }
 
@@ -159,15 +160,27 @@ pub(crate) fn int8_activations(op: &MatMulNBits, exact: bool) -> bool {
     op.accuracy_level == INT8_ACCURACY_LEVEL && !exact
 }
 
-/// Repacks a `MatMulNBits` node's weights for the int8 kernel when they are initializers
-/// (`b`, `scales`, optional `zero_points`) in a layout the kernel runs on this CPU. Anything
-/// unusual returns `None`: the node then checks and runs its inputs as they are.
+/// Repacks the weights of a `MatMulNBits` node, or of a group's parts side by side, for the
+/// int8 kernel: `parts` pairs each part's attributes with its `b`, `scales` and optional
+/// `zero_points` initializers. Anything unusual (a layout the kernel does not run on this
+/// CPU, unexpected dtypes or sizes) returns `None`: the node then checks and runs its inputs
+/// as they are.
 pub(crate) fn prepack(
-    op: &MatMulNBits,
-    b: &Tensor,
-    scales: &Tensor,
-    zero_points: Option<&Tensor>,
+    parts: &[(&MatMulNBits, &Tensor, &Tensor, Option<&Tensor>)],
 ) -> Option<PackedNBits> {
+    let weights = parts
+        .iter()
+        .map(|&(op, b, scales, zero_points)| quant_weights(op, b, scales, zero_points))
+        .collect::<Option<Vec<_>>>()?;
+    PackedNBits::pack_parts(&weights).ok().flatten()
+}
+
+fn quant_weights<'a>(
+    op: &MatMulNBits,
+    b: &'a Tensor,
+    scales: &'a Tensor,
+    zero_points: Option<&'a Tensor>,
+) -> Option<QuantWeights<'a, f32>> {
     let layout = NBitsLayout::new(op.n, op.k, op.bits, op.block_size).ok()?;
     if b.dtype() != DType::U8 || scales.dtype() != DType::F32 {
         return None;
@@ -184,7 +197,66 @@ pub(crate) fn prepack(
         scales: scales.as_slice::<f32>().ok()?,
         zero_points,
     };
-    PackedNBits::pack(&w).ok().flatten()
+    Some(w)
+}
+
+/// A grouped node (`oxgen::MatMulNBitsGroup`): one call over the parts packed side by side,
+/// or each part as its own `MatMulNBits` when they were not packed.
+fn matmul_nbits_group(
+    parts: &[MatMulNBits],
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Outputs, OpError> {
+    let Some(packed) = ctx.packed else {
+        return parts
+            .iter()
+            .enumerate()
+            .map(|(p, q)| {
+                let at = |k: usize| inputs.get(k).copied().flatten();
+                let own = [at(0), at(1 + 3 * p), at(2 + 3 * p), at(3 + 3 * p)];
+                matmul_nbits(q, &own, ctx)
+            })
+            .collect();
+    };
+    let a = input(inputs, 0)?;
+    let (m, batch) = rows_of_a(a, parts[0].k)?;
+    let mut outs = Outputs::new();
+    for q in parts {
+        let mut dims: Small<usize> = Small::from_slice(batch);
+        dims.push(q.n);
+        outs.push(ctx.alloc(DType::F32, dims)?);
+    }
+    let mut slices: SmallVec<[&mut [f32]; 4]> = outs
+        .iter_mut()
+        .map(|t| t.as_mut_slice::<f32>())
+        .collect::<Result<_, _>>()?;
+    kpacked::matmul_packed_parts(
+        a.as_slice::<f32>()?,
+        m,
+        packed,
+        &mut slices,
+        ctx.pool,
+        Isa::best(),
+    )?;
+    drop(slices);
+    Ok(outs)
+}
+
+/// Checks A is float32 with last dimension `k`; returns its row count and leading dims.
+fn rows_of_a(a: &Tensor, k: usize) -> Result<(usize, &[usize]), OpError> {
+    expect_dtype(a, DType::F32, "input A (float32 for int8 activations)")?;
+    let Some((&a_k, batch)) = a.dims().split_last() else {
+        return Err(OpError::shape(
+            "input A must have rank 1 or more, got a scalar",
+        ));
+    };
+    if a_k != k {
+        return Err(OpError::shape(format!(
+            "input A's last dimension must equal attribute K = {k}, got shape {}",
+            a.shape()
+        )));
+    }
+    Ok((batch.iter().product(), batch))
 }
 
 /// `MatMulNBits` on weights repacked at load: only A and the bias are checked here.
@@ -195,19 +267,7 @@ fn matmul_prepacked(
     ctx: &mut OpCtx,
 ) -> Result<Tensor, OpError> {
     let a = input(inputs, 0)?;
-    expect_dtype(a, DType::F32, "input A (float32 for int8 activations)")?;
-    let Some((&a_k, batch)) = a.dims().split_last() else {
-        return Err(OpError::shape(
-            "input A must have rank 1 or more, got a scalar",
-        ));
-    };
-    if a_k != op.k {
-        return Err(OpError::shape(format!(
-            "input A's last dimension must equal attribute K = {}, got shape {}",
-            op.k,
-            a.shape()
-        )));
-    }
+    let (m, batch) = rows_of_a(a, op.k)?;
     let bias = opt_input(inputs, 5);
     if let Some(bias) = bias {
         expect_dtype(bias, DType::F32, "bias (like input A)")?;
@@ -219,12 +279,11 @@ fn matmul_prepacked(
             )));
         }
     }
-    let m: usize = batch.iter().product();
     let mut out_dims: Small<usize> = Small::from_slice(batch);
     out_dims.push(op.n);
     let mut out = ctx.alloc(DType::F32, out_dims)?;
     let bias = bias.map(|t| t.as_slice::<f32>()).transpose()?;
-    matmul_packed(
+    kpacked::matmul_packed(
         a.as_slice::<f32>()?,
         m,
         packed,

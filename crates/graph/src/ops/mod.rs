@@ -78,6 +78,9 @@ pub enum Op {
     /// com.microsoft::SkipSimplifiedLayerNormalization (and its LayerNorm sibling).
     SkipNorm(SkipNorm),
     MatMulNBits(MatMulNBits),
+    /// `MatMulNBits` nodes that read one input, joined by [`crate::passes::group`]: inputs A,
+    /// then B, scales and zero points (or none) per part; one output per part.
+    MatMulNBitsGroup(Vec<MatMulNBits>),
     GatherBlockQuantized(GatherBlockQuantized),
     GroupQueryAttention(GroupQueryAttention),
     /// com.microsoft::RotaryEmbedding and ONNX (opset 23) RotaryEmbedding.

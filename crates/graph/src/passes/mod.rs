@@ -18,6 +18,10 @@
 //!    `com.microsoft::GroupQueryAttention`, which appends KV in place (needs the language-model
 //!    contract).
 //!
+//! 5. [`group`]: `MatMulNBits` nodes reading the same input → one
+//!    `oxgen::MatMulNBitsGroup` (one activation quantization and one parallel region for a
+//!    layer's Q, K and V, or gate and up).
+//!
 //! Patterns are matched by structure (op types, edges, constant values, axes, inferred
 //! shapes), never by node or model names. A pattern that does not match exactly leaves the
 //! graph as it was: correct, only slower. Values that only a run can decide (a causal mask, a
@@ -33,6 +37,7 @@
 pub mod attention;
 mod edit;
 pub mod fold;
+pub mod group;
 pub mod norm;
 pub mod rotary;
 pub mod shapes;
@@ -87,6 +92,8 @@ pub struct Report {
     pub skip_norms: usize,
     pub rotaries: usize,
     pub attentions: usize,
+    /// `MatMulNBitsGroup` nodes made.
+    pub matmul_groups: usize,
     /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
     pub skipped: Vec<String>,
 }
@@ -115,6 +122,7 @@ pub fn optimize(
             report.attentions = attention::run(graph, eval, lm, &mut report.skipped);
         }
         report.folded += fold::run(graph, eval);
+        report.matmul_groups = group::group_matmul_nbits(graph);
     }
     report.nodes_after = graph.nodes.len();
     report

@@ -531,6 +531,16 @@ impl Facts {
                 });
                 one((t0, dims, None))
             }
+            Op::MatMulNBitsGroup(parts) => parts
+                .iter()
+                .map(|m| {
+                    let dims = d0.clone().and_then(|mut d| {
+                        *d.last_mut()? = Sym::Known(m.n as i64);
+                        Some(d)
+                    });
+                    (t0, dims, None)
+                })
+                .collect(),
             Op::GroupQueryAttention(_) => {
                 // Output 0 has the query's shape when key and value come separately.
                 let separate = node.inputs.get(1).copied().flatten().is_some();
