@@ -7,6 +7,7 @@
 //! This crate must never know about ONNX, protobufs or graphs.
 
 pub mod acc;
+pub mod activation;
 pub mod attention;
 pub mod attention_avx2;
 pub mod attention_paged;

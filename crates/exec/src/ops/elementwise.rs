@@ -4,7 +4,7 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 use oxgen_kernels::broadcast::{self, broadcast_shape};
-use oxgen_kernels::{Float, Scalar, par};
+use oxgen_kernels::{Float, Scalar, activation, par};
 use oxgen_tensor::{DType, Element, Tensor};
 use smallvec::SmallVec;
 
@@ -110,6 +110,16 @@ fn gelu(x: f64, tanh: bool) -> f64 {
     }
 }
 
+/// The logistic sigmoid of f64 values, through libm (f32 values go through
+/// [`activation::sigmoid`]).
+fn sigmoid_f64(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        x.exp() / (1.0 + x.exp())
+    }
+}
+
 fn float_unary(op: UnaryOp) -> Option<fn(f64) -> f64> {
     Some(match op {
         UnaryOp::Sqrt => f64::sqrt,
@@ -118,13 +128,6 @@ fn float_unary(op: UnaryOp) -> Option<fn(f64) -> f64> {
         UnaryOp::Log => f64::ln,
         UnaryOp::Erf => erf,
         UnaryOp::Tanh => f64::tanh,
-        UnaryOp::Sigmoid => |x| {
-            if x >= 0.0 {
-                1.0 / (1.0 + (-x).exp())
-            } else {
-                x.exp() / (1.0 + x.exp())
-            }
-        },
         UnaryOp::Sin => f64::sin,
         UnaryOp::Cos => f64::cos,
         UnaryOp::Floor => f64::floor,
@@ -150,6 +153,28 @@ fn unary_float<T: Float + Element>(
     // f32 math goes through f64 and rounds once: at least as accurate as the f32 libm
     // onnxruntime calls, and identical across platforms.
     let to32 = |f: fn(f64) -> f64| move |v: f32| f(v as f64) as f32;
+    if op == UnaryOp::Sigmoid {
+        // f32 (and narrower) through the kernel's own f64 exponential, vectorized for f32.
+        if x.dtype() == DType::F32 {
+            let mut out = ctx.alloc(DType::F32, x.shape().clone())?;
+            let src = x.as_slice::<f32>()?;
+            let dst = out.as_mut_slice::<f32>()?;
+            if par::parts_for(
+                ctx.pool,
+                src.len().div_ceil(FLOAT_MAP_CHUNK),
+                FLOAT_MAP_CHUNK * 8,
+            ) <= 1
+            {
+                activation::sigmoid_slice(src, dst);
+            } else {
+                par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, |start, part| {
+                    activation::sigmoid_slice(&src[start..], part)
+                });
+            }
+            return Ok(out);
+        }
+        return float_map::<T>(x, ctx, activation::sigmoid, sigmoid_f64);
+    }
     if let Some(f) = float_unary(op) {
         return float_map::<T>(x, ctx, to32(f), f);
     }
