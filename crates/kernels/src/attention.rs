@@ -19,8 +19,11 @@
 //! The reduction contract (DESIGN.md §6): a row's result depends only on its query vector
 //! and the cache, never on how many query rows share the call or on the thread count. Every
 //! sum (the dot products over `head_size`, the softmax denominator, the weighted sum of V)
-//! runs in f32 in a fixed order: dot products over `d` ascending, the others over absolute
-//! key position ascending, one position at a time. A blocked version must keep this walk in
+//! runs in f32 in a fixed order: a dot product in eight lanes (lane `l` takes the `d` with
+//! `d % 8 == l`, ascending, by fused multiply-add), summed as `((l0 + l4) + (l2 + l6)) + ((l1
+//! + l5) + (l3 + l7))` (what one 8-wide vector and its horizontal sum do); the others over
+//! absolute key position ascending, one position at a time, `Σ p_j v_j[d]` by fused
+//! multiply-add. A blocked version must keep this walk in
 //! fixed absolute-position tiles. Threads split (batch, head) pairs, never a row. So prefill
 //! of S tokens equals S single-token decode steps bit for bit (tested below).
 //!
@@ -35,7 +38,7 @@ use crate::ThreadPool;
 use crate::acc::Accum;
 use crate::attention_avx2 as avx2;
 use crate::layout::{LayoutError, check_len};
-use crate::par::{par_chunks2, parts_for};
+use crate::par::{par_chunks2, parts_of_whole_units};
 use crate::rotary::{Positions, Rope, rotate_one};
 
 /// Sizes of one attention call.
@@ -265,7 +268,7 @@ fn parts(shape: &GqaShape, pool: &ThreadPool) -> usize {
         .seq
         .saturating_mul(shape.capacity)
         .saturating_mul(shape.head_size);
-    parts_for(pool, shape.batch * shape.heads, work)
+    parts_of_whole_units(pool, shape.batch * shape.heads, work)
 }
 
 /// The f32 scratch [`attention`] needs on `pool`: per part, one score per cache position and
@@ -452,28 +455,18 @@ pub(crate) fn attend_row_pieces<'a, T: Accum<Acc = f32> + 'a>(
     for (k, _, keys) in pieces.clone() {
         let xs = &mut scores[at..at + keys.len()];
         at += keys.len();
-        // Keys handled eight at a time by the AVX2 dot products (same bits; see attention_avx2).
-        let mut simd_keys = 0;
+        let mut fast = false;
         #[cfg(target_arch = "x86_64")]
         if let Some((q32, k32)) = as_f32(q).zip(as_f32(k)).filter(|_| simd) {
-            simd_keys = keys.len() / 8 * 8;
-            let mut dots = [0f32; 8];
-            for (group, x) in xs[..simd_keys].chunks_exact_mut(8).enumerate() {
-                // SAFETY: `supported` checked AVX2 and hs % 8; the keys lie in `k`.
-                unsafe { avx2::scores8(q32, k32, keys.start + group * 8, &mut dots) };
-                x.copy_from_slice(&dots);
-            }
+            // SAFETY: `supported` checked AVX2 and FMA and hs % 8; the keys lie in `k`.
+            unsafe { avx2::dots(q32, k32, keys.start, xs) };
+            fast = true;
         }
-        for (i, (x, j)) in xs.iter_mut().zip(keys).enumerate() {
-            let dot = if i < simd_keys {
+        for (x, j) in xs.iter_mut().zip(keys) {
+            let dot = if fast {
                 *x
             } else {
-                let kj = &k[j * hs..][..hs];
-                let mut dot = 0f32;
-                for d in 0..hs {
-                    dot += q[d].widen() * kj[d].widen();
-                }
-                dot
+                dot8(q, &k[j * hs..][..hs])
             };
             let mut s = dot * score.scale;
             if score.softcap > 0.0 {
@@ -510,19 +503,30 @@ pub(crate) fn attend_row_pieces<'a, T: Accum<Acc = f32> + 'a>(
             let p = e / sum;
             #[cfg(target_arch = "x86_64")]
             if let Some(v32) = v32 {
-                // SAFETY: `supported` checked AVX2; `acc` and the value row both hold hs values.
+                // SAFETY: `supported` checked AVX2 and FMA; `acc` and the value row both hold
+                // hs values.
                 unsafe { avx2::weighted_add(acc, p, &v32[j * hs..][..hs]) };
                 continue;
             }
             let vj = &v[j * hs..][..hs];
             for d in 0..hs {
-                acc[d] += p * vj[d].widen();
+                acc[d] = p.mul_add(vj[d].widen(), acc[d]);
             }
         }
     }
     for (o, &a) in out.iter_mut().zip(acc.iter()) {
         *o = T::narrow(a);
     }
+}
+
+/// `q · k` in the module doc's order: eight lanes by fused multiply-add, then a fixed tree.
+pub(crate) fn dot8<T: Accum<Acc = f32>>(q: &[T], k: &[T]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (d, (a, b)) in q.iter().zip(k).enumerate() {
+        lanes[d % 8] = a.widen().mul_add(b.widen(), lanes[d % 8]);
+    }
+    let l = lanes;
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 
 /// `values` as f32, when `T` is f32 (the AVX2 paths are f32-only).

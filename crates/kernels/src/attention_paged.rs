@@ -17,7 +17,7 @@ use crate::ThreadPool;
 use crate::acc::Accum;
 use crate::attention::{Rows, ScoreMod, attend_row_pieces};
 use crate::layout::{LayoutError, check_len};
-use crate::par::{par_chunks2, parts_for};
+use crate::par::{par_chunks2, parts_of_whole_units};
 use crate::rotary::{Rope, rotate_one};
 
 /// The shape of one layer's K (or V) block pool.
@@ -192,7 +192,7 @@ fn split(
         .map(|s| s.rows.len().saturating_mul(s.start + s.rows.len()))
         .fold(0usize, usize::saturating_add)
         .saturating_mul(layout.head_size);
-    (parts_for(pool, heads, work), positions)
+    (parts_of_whole_units(pool, heads, work), positions)
 }
 
 /// The f32 scratch [`paged_attention`] needs on `pool`.

@@ -234,14 +234,19 @@ fn argmax_masked(row: &[f32], masked: &[u32]) -> usize {
     best.map_or(0, |(i, _)| i)
 }
 
-/// What the int8-activation path must keep, measured 2026-11-29 with the reference int8
-/// kernel: per prompt, the greedy common prefix with the goldens (measured exactly these: the
-/// int8 arithmetic is deterministic); over all 395 positions, top-1 agreement with the exact
-/// path (measured 0.9722) and max |Δlogit| (measured 2.247). A faster int8 kernel that
-/// changes the arithmetic must re-measure and explain any drop.
-const INT8_MIN_COMMON_PREFIX: [usize; 5] = [11, 11, 18, 15, 32];
-const INT8_MIN_TOP1_AGREEMENT: f64 = 0.97;
-const INT8_MAX_ABS_LOGIT_DELTA: f32 = 2.5;
+/// What the int8-activation path must keep. Its results are sensitive: an activation near a
+/// rounding boundary of its int8 quantization moves by a whole step when an upstream value
+/// moves by one f32 ulp, and that step travels through every later layer. Three attention
+/// arithmetics that differ by about one ulp per dot product (2026-11-30: the old sequential
+/// dot product; eight lanes with FMA, the current one; eight lanes without FMA) gave top-1
+/// agreement with the exact path of 0.972 / 0.954 / 0.965, max |Δlogit| 2.25 / 2.50 / 3.09,
+/// and greedy common prefixes with the goldens of [≥11, ≥11, ≥18, ≥15, 32] / [32, 11, 24, 6,
+/// 32] / [1, 11, 24, 15, 32] over the five prompts. A single prompt's prefix is therefore no
+/// regression signal; the bounds below sit under all three and far above what a broken
+/// kernel gives (agreement near chance, logits off by tens).
+const INT8_MIN_COMMON_PREFIX_TOTAL: usize = 75;
+const INT8_MIN_TOP1_AGREEMENT: f64 = 0.95;
+const INT8_MAX_ABS_LOGIT_DELTA: f32 = 3.5;
 
 /// The int8-activation path (`accuracy_level` 4, what the imported package asks for) against
 /// the exact path, teacher-forced on the golden sequences: each prompt plus its golden ids runs
@@ -255,8 +260,8 @@ fn int8_activation_path_stays_close_to_the_exact_path() {
     let masked = &goldens.reference.masked_eos_ids;
     let (mut exact, mut int8) = (native_lm(true), native_lm(false));
     let (mut agree, mut total, mut worst) = (0usize, 0usize, 0f32);
-    let mut failures = Vec::new();
-    for (p, min_prefix) in goldens.prompts.iter().zip(INT8_MIN_COMMON_PREFIX) {
+    let mut prefixes = 0;
+    for p in &goldens.prompts {
         let n = p.reference_ids.len();
         let tokens: Vec<u32> = p
             .prompt_ids
@@ -280,18 +285,16 @@ fn int8_activation_path_stays_close_to_the_exact_path() {
             })
             .unwrap_or(n);
         eprintln!("int8 path, {}: common prefix {prefix}/{n}", p.label());
-        if prefix < min_prefix {
-            failures.push(format!(
-                "{}: common prefix {prefix} < {min_prefix}",
-                p.label()
-            ));
-        }
+        prefixes += prefix;
     }
     let agreement = agree as f64 / total as f64;
     eprintln!(
         "int8 path: top-1 agreement {agree}/{total} = {agreement:.4}, max |Δlogit| {worst:.4}"
     );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        prefixes >= INT8_MIN_COMMON_PREFIX_TOTAL,
+        "common prefixes total {prefixes} < {INT8_MIN_COMMON_PREFIX_TOTAL}"
+    );
     assert!(
         agreement >= INT8_MIN_TOP1_AGREEMENT,
         "top-1 agreement {agreement:.4} < {INT8_MIN_TOP1_AGREEMENT}"
