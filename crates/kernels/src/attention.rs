@@ -20,11 +20,11 @@
 //! and the cache, never on how many query rows share the call or on the thread count. Every
 //! sum (the dot products over `head_size`, the softmax denominator, the weighted sum of V)
 //! runs in f32 in a fixed order: a dot product in eight lanes (lane `l` takes the `d` with
-//! `d % 8 == l`, ascending, by fused multiply-add), summed as `((l0 + l4) + (l2 + l6)) + ((l1
-//! + l5) + (l3 + l7))` (what one 8-wide vector and its horizontal sum do); the others over
-//! absolute key position ascending, one position at a time, `Σ p_j v_j[d]` by fused
-//! multiply-add. A blocked version must keep this walk in
-//! fixed absolute-position tiles. Threads split (batch, head) pairs, never a row. So prefill
+//! `d % 8 == l`, ascending, by fused multiply-add), summed as
+//! `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` (what one 8-wide vector and its
+//! horizontal sum do); the others over absolute key position ascending, one position at a
+//! time, `Σ p_j v_j[d]` by fused multiply-add. A blocked version must keep this walk in fixed
+//! absolute-position tiles. Threads split (batch, head) pairs, never a row. So prefill
 //! of S tokens equals S single-token decode steps bit for bit (tested below).
 //!
 //! Math runs in f32 for f32, f16 and bf16 elements (halves widen exactly and round once per
