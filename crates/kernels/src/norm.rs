@@ -244,14 +244,19 @@ pub fn skip_rms_norm<T: Accum>(
     let count = <T::Acc as Scalar>::from_f64(n as f64);
     let parts = parts_for(pool, rows, n);
     let rows_per_part = rows.div_ceil(parts).max(1);
-    let value = |r: usize, h: usize| {
-        let v = x[r * n + h].widen().add(skip[(r * n) % period + h].widen());
+    // Row r's input and skip rows (the modulo once per row, not per element).
+    let rows_of = |r: usize| (&x[r * n..][..n], &skip[(r * n) % period..][..n]);
+    let value = |(xr, sr): (&[T], &[T]), h: usize| {
+        let v = xr[h].widen().add(sr[h].widen());
         match bias {
             Some(b) => v.add(b[h].widen()),
             None => v,
         }
     };
-    let row_inv = |r: usize| inv_rms((0..n).map(|h| value(r, h)), count, eps);
+    let row_inv = |r: usize| {
+        let rows = rows_of(r);
+        inv_rms((0..n).map(|h| value(rows, h)), count, eps)
+    };
     let stats = match inv_rms_out {
         Some(inv) => {
             check_len("inv_rms", inv.len(), rows)?;
@@ -269,12 +274,13 @@ pub fn skip_rms_norm<T: Accum>(
     }
     let row = |r: usize, out_row: &mut [T], sum_row: Option<&mut [T]>| {
         let inv = stats.map_or_else(|| row_inv(r), |s| s[r]);
+        let rows = rows_of(r);
         for (h, o) in out_row.iter_mut().enumerate() {
-            *o = T::narrow(value(r, h).mul(inv).mul(gamma[h].widen()));
+            *o = T::narrow(value(rows, h).mul(inv).mul(gamma[h].widen()));
         }
         if let Some(sum_row) = sum_row {
             for (h, s) in sum_row.iter_mut().enumerate() {
-                *s = T::narrow(value(r, h));
+                *s = T::narrow(value(rows, h));
             }
         }
     };
