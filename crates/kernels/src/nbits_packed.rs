@@ -149,7 +149,10 @@ impl PackedNBits {
         let chunk_bytes = 32 * bits as usize; // 8 columns x 32 codes x bits / 8
         let mut data = vec![0u8; tiles * kb * (bs / 32) * chunk_bytes];
         let mut scales = vec![0f32; tiles * kb * TILE];
-        let mut zp_codes = vec![0i32; tiles * kb * TILE];
+        // Padding columns get the default zero point, so a matrix whose codes all equal it
+        // (8-bit GGUF Q8_0 imports: 128 everywhere) needs none stored.
+        let default_zp = 1i32 << (bits - 1);
+        let mut zp_codes = vec![default_zp; tiles * kb * TILE];
         let mut zp_float = vec![0f32; tiles * kb * TILE];
         let row_bytes = kb * l.blob_size;
         for (w, span) in parts.iter().zip(&spans) {
@@ -177,6 +180,7 @@ impl PackedNBits {
         }
         let zero_points = match first.zero_points {
             ZeroPoints::Default => PackedZp::Default,
+            ZeroPoints::Packed(_) if zp_codes.iter().all(|&z| z == default_zp) => PackedZp::Default,
             ZeroPoints::Packed(_) => PackedZp::Codes(zp_codes),
             ZeroPoints::Float(_) => PackedZp::Float(Floats::new(zp_float)),
         };
