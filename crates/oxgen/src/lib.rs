@@ -222,6 +222,17 @@ pub struct Model {
     load_time: std::time::Duration,
 }
 
+/// Hands heap memory that loading freed back to the OS. Parsing the tokenizer's JSON (3.5 MB
+/// for the default model) leaves about 24 MB of freed chunks that glibc keeps for later
+/// allocations; a long-running process never needs them, and they would count in its RSS.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it only returns free pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 impl Model {
     /// Opens a package folder (or its graph file).
     pub fn open(path: impl AsRef<Path>, options: &ModelOptions) -> Result<Model, Error> {
@@ -255,6 +266,7 @@ impl Model {
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let template = ChatTemplate::from_package(&dir)?;
         let defaults = PackageDefaults::read(&dir)?;
+        release_freed_heap();
         let context = options.context.map(|c| c.min(config.context_length));
         Ok(Model {
             lm,
