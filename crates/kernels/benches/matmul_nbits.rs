@@ -33,14 +33,33 @@ const PACKED_SHAPES: [(usize, usize, usize, u32); 5] = [
     (128, 576, 3072, 4),
 ];
 
-/// A deterministic stream of pseudo-random u32.
-fn lcg(seed: u64) -> impl FnMut() -> u32 {
+/// Pseudo-random codes, scales and float zero points (not f16 values, like a GGUF Q4_1
+/// import's) for `layout`, and `m` rows of activations.
+struct Inputs {
+    data: Vec<u8>,
+    scales: Vec<f32>,
+    zp: Vec<f32>,
+    a: Vec<f32>,
+}
+
+fn inputs(layout: &NBitsLayout, m: usize, seed: u64) -> Inputs {
     let mut s = seed;
-    move || {
+    let mut next = || {
         s = s
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         (s >> 33) as u32
+    };
+    let blocks = layout.n * layout.k_blocks;
+    Inputs {
+        data: (0..blocks * layout.blob_size)
+            .map(|_| next() as u8)
+            .collect(),
+        scales: (0..blocks).map(|_| (next() % 100) as f32 * 1e-4).collect(),
+        zp: (0..blocks).map(|_| (next() % 16) as f32 + 0.3).collect(),
+        a: (0..m * layout.k)
+            .map(|_| (next() % 2000) as f32 * 1e-3 - 1.0)
+            .collect(),
     }
 }
 
@@ -52,19 +71,12 @@ fn bench_packed(c: &mut Criterion) {
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     for (m, k, n, bits) in PACKED_SHAPES {
         let layout = NBitsLayout::new(n, k, bits, 32).expect("a valid layout");
-        let mut next = lcg(2);
-        let data: Vec<u8> = (0..n * layout.k_blocks * layout.blob_size)
-            .map(|_| next() as u8)
-            .collect();
-        let scales: Vec<f32> = (0..n * layout.k_blocks)
-            .map(|_| (next() % 100) as f32 * 1e-4)
-            .collect();
-        let zp: Vec<f32> = (0..n * layout.k_blocks)
-            .map(|_| (next() % 16) as f32 + 0.3)
-            .collect();
-        let a: Vec<f32> = (0..m * k)
-            .map(|_| (next() % 2000) as f32 * 1e-3 - 1.0)
-            .collect();
+        let Inputs {
+            data,
+            scales,
+            zp,
+            a,
+        } = inputs(&layout, m, 2);
         // 4-bit layers carry float zero points (GGUF Q4_1 imports), the 8-bit head none.
         let w = QuantWeights {
             layout,
@@ -101,25 +113,12 @@ fn bench(c: &mut Criterion) {
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     for (m, k, n) in SHAPES {
         let layout = NBitsLayout::new(n, k, 4, 32).expect("a valid layout");
-        let mut s = 1u64;
-        let mut next = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 33) as u32
-        };
-        let data: Vec<u8> = (0..n * layout.k_blocks * layout.blob_size)
-            .map(|_| next() as u8)
-            .collect();
-        let scales: Vec<f32> = (0..n * layout.k_blocks)
-            .map(|_| (next() % 100) as f32 * 1e-4)
-            .collect();
-        let zp: Vec<f32> = (0..n * layout.k_blocks)
-            .map(|_| (next() % 16) as f32)
-            .collect();
-        let a: Vec<f32> = (0..m * k)
-            .map(|_| (next() % 2000) as f32 * 1e-3 - 1.0)
-            .collect();
+        let Inputs {
+            data,
+            scales,
+            zp,
+            a,
+        } = inputs(&layout, m, 1);
         let w = QuantWeights {
             layout,
             data: &data,
