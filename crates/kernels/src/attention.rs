@@ -13,19 +13,20 @@
 //! gets zeros, as in onnxruntime.
 //!
 //! Per row: `x_j = scale * (q · k_j)`, then `softcap * tanh(x_j / softcap)` when softcap is
-//! set, then a two-pass softmax (max, then `exp(x_j - max)` summed in position order, each
-//! divided by the sum), then `Σ_j p_j v_j`.
+//! set, then a two-pass softmax (max, then `exp(x_j - max)` and their sum as
+//! [`crate::activation::exp_shifted_sum`] computes them, each divided by the sum), then
+//! `Σ_j p_j v_j`.
 //!
 //! The reduction contract (DESIGN.md §6): a row's result depends only on its query vector
 //! and the cache, never on how many query rows share the call or on the thread count. Every
-//! sum (the dot products over `head_size`, the softmax denominator, the weighted sum of V)
-//! runs in f32 in a fixed order: a dot product in eight lanes (lane `l` takes the `d` with
-//! `d % 8 == l`, ascending, by fused multiply-add), summed as
+//! sum runs in f32 in a fixed order: a dot product over `head_size` in eight lanes (lane `l`
+//! takes the `d` with `d % 8 == l`, ascending, by fused multiply-add), summed as
 //! `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` (what one 8-wide vector and its
-//! horizontal sum do); the others over absolute key position ascending, one position at a
-//! time, `Σ p_j v_j[d]` by fused multiply-add. A blocked version must keep this walk in fixed
-//! absolute-position tiles. Threads split (batch, head) pairs, never a row. So prefill
-//! of S tokens equals S single-token decode steps bit for bit (tested below).
+//! horizontal sum do); the softmax denominator as `exp_shifted_sum` sums; the weighted sum of
+//! V over absolute key position ascending, one position at a time, by fused multiply-add. A
+//! blocked version must keep this walk in fixed absolute-position tiles. Threads split
+//! (batch, head) pairs, never a row. So prefill of S tokens equals S single-token decode
+//! steps bit for bit (tested below).
 //!
 //! Math runs in f32 for f32, f16 and bf16 elements (halves widen exactly and round once per
 //! output element).
@@ -36,6 +37,7 @@
 
 use crate::ThreadPool;
 use crate::acc::Accum;
+use crate::activation::exp_shifted_sum;
 use crate::attention_avx2 as avx2;
 use crate::layout::{LayoutError, check_len};
 use crate::par::{par_chunks2, parts_of_whole_units};
@@ -476,11 +478,7 @@ pub(crate) fn attend_row_pieces<'a, T: Accum<Acc = f32> + 'a>(
             max = max.max(s);
         }
     }
-    let mut sum = 0f32;
-    for x in scores.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
+    let sum = exp_shifted_sum(scores, max);
     acc.fill(0.0);
     let mut at = 0;
     for (_, v, keys) in pieces {
