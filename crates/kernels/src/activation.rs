@@ -86,6 +86,16 @@ pub fn sigmoid_slice(x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out[i] = (g[i] * sigmoid(g[i])) * u[i]`: the gated SiLU of an MLP with exactly the
+/// operations of the three ops it replaces (f32 sigmoid, then two f32 products).
+pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let n = g.len().min(u.len()).min(out.len());
+    sigmoid_slice(&g[..n], &mut out[..n]);
+    for ((o, &g), &u) in out[..n].iter_mut().zip(g).zip(u) {
+        *o = (g * *o) * u;
+    }
+}
+
 /// Four lanes at a time, each lane the reference's operations in the reference's order.
 ///
 /// # Safety

@@ -350,7 +350,7 @@ fn attention_whose_kv_is_read_elsewhere_keeps_its_concat() {
 }
 
 #[test]
-fn a_genai_graph_is_already_fused_and_only_its_projections_are_grouped() {
+fn a_genai_graph_is_already_fused_and_only_its_projections_and_silu_are_joined() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = FixtureConfig::default();
     write_package(dir.path(), &cfg).unwrap();
@@ -369,11 +369,18 @@ fn a_genai_graph_is_already_fused_and_only_its_projections_are_grouped() {
         ),
         (0, 0, 0, 0, 0)
     );
-    // Per layer: Q, K, V into one group, gate and up into another.
-    assert_eq!(report.matmul_groups, 2 * cfg.layers);
+    // Per layer: Q, K, V into one group, gate and up into another, and the gated SiLU into
+    // one op.
+    assert_eq!(
+        (report.matmul_groups, report.silu_muls),
+        (2 * cfg.layers, cfg.layers)
+    );
     let mut after = histogram(&after);
     assert_eq!(after.remove("MatMulNBitsGroup"), Some(2 * cfg.layers));
+    assert_eq!(after.remove("SiluMul"), Some(cfg.layers));
     *after.entry("MatMulNBits".into()).or_default() += 5 * cfg.layers;
+    *after.entry("Sigmoid".into()).or_default() += cfg.layers;
+    *after.entry("Mul".into()).or_default() += 2 * cfg.layers;
     assert_eq!(after, before);
 }
 
@@ -456,5 +463,58 @@ fn matmul_nbits_reading_one_input_are_grouped_with_the_same_bits() {
             .zip(a.as_slice::<f32>().unwrap())
             .all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "a grouped output differs from its node's");
+    }
+}
+
+#[test]
+fn gated_silu_becomes_one_op_with_the_same_bits_unless_its_parts_are_read_elsewhere() {
+    // y = (g * sigmoid(g)) * u, operands in both orders; the second copy's sigmoid is also
+    // a graph output, so it stays spelled out.
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    for name in ["g", "u"] {
+        b.input(name, DType::F32, &[Dim::from("n"), Dim::Fixed(40)]);
+    }
+    b.node("Sigmoid", "", "sig", &["g"], &["s"], vec![]);
+    b.node("Mul", "", "silu", &["s", "g"], &["a"], vec![]);
+    b.node("Mul", "", "gated", &["u", "a"], &["y"], vec![]);
+    b.node("Sigmoid", "", "sig2", &["g"], &["s2"], vec![]);
+    b.node("Mul", "", "silu2", &["g", "s2"], &["a2"], vec![]);
+    b.node("Mul", "", "gated2", &["a2", "u"], &["y2"], vec![]);
+    for name in ["y", "y2", "s2"] {
+        b.output(name, DType::F32, &[]);
+    }
+    let g = graph(&b);
+    // Values around 0 and far out, where the sigmoid saturates.
+    let feeds = [("g", random(&[5, 40], 8)), ("u", random(&[5, 40], 9))];
+    let scaled: Vec<f32> = feeds[0]
+        .1
+        .as_slice::<f32>()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * (1 + i % 30) as f32)
+        .collect();
+    let feeds = [
+        ("g", Tensor::from_slice([5, 40], &scaled).unwrap()),
+        feeds[1].clone(),
+    ];
+    let before = run(g.clone(), &feeds);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(report.silu_muls, 1, "{report:?}");
+    let h = histogram(&g);
+    assert_eq!(
+        (h.get("SiluMul"), h.get("Sigmoid"), h.get("Mul")),
+        (Some(&1), Some(&1), Some(&2))
+    );
+    let after = run(g, &feeds);
+    for (b, a) in before.iter().zip(&after) {
+        let same = b
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .zip(a.as_slice::<f32>().unwrap())
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "the fused gated SiLU differs from its ops");
     }
 }

@@ -17,6 +17,7 @@ pub(super) fn run(op: &Op, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Resul
         Op::Binary(b) => binary(*b, input(inputs, 0)?, input(inputs, 1)?, ctx),
         Op::Variadic(v) => variadic(*v, inputs, ctx),
         Op::Where => where_(input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?, ctx),
+        Op::SiluMul => silu_mul(input(inputs, 0)?, input(inputs, 1)?, ctx),
         Op::Clip(c) => clip(c, inputs, ctx),
         Op::Cast(c) => cast(c, inputs, ctx),
         _ => unreachable!("ops::run routes only element-wise ops here"),
@@ -110,6 +111,53 @@ fn gelu(x: f64, tanh: bool) -> f64 {
     }
 }
 
+/// A new f32 tensor shaped like `like`, filled by `f(start, part)` over chunks of it, in
+/// parallel when there are enough elements (each element's value never depends on the
+/// split).
+fn f32_chunks(
+    like: &Tensor,
+    ctx: &mut OpCtx,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) -> Result<Tensor, OpError> {
+    let mut out = ctx.alloc(DType::F32, like.shape().clone())?;
+    let dst = out.as_mut_slice::<f32>()?;
+    // The vectorized sigmoid costs about eight simple operations per element.
+    if par::parts_for(
+        ctx.pool,
+        dst.len().div_ceil(FLOAT_MAP_CHUNK),
+        FLOAT_MAP_CHUNK * 8,
+    ) <= 1
+    {
+        f(0, dst);
+    } else {
+        par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, f);
+    }
+    Ok(out)
+}
+
+/// `oxgen::SiluMul`: `g * sigmoid(g) * u` for float32 `g` and `u` of one shape.
+fn silu_mul(g: &Tensor, u: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+    for (t, what) in [(g, "g"), (u, "u")] {
+        if t.dtype() != DType::F32 {
+            return Err(OpError::DType {
+                dtype: t.dtype(),
+                detail: format!(" for SiluMul input {what}: expected float32"),
+            });
+        }
+    }
+    if g.dims() != u.dims() {
+        return Err(OpError::shape(format!(
+            "SiluMul takes two inputs of one shape, got {} and {}",
+            g.shape(),
+            u.shape()
+        )));
+    }
+    let (gs, us) = (g.as_slice::<f32>()?, u.as_slice::<f32>()?);
+    f32_chunks(g, ctx, |start, part| {
+        activation::silu_mul(&gs[start..], &us[start..], part)
+    })
+}
+
 /// The logistic sigmoid of f64 values, through libm (f32 values go through
 /// [`activation::sigmoid`]).
 fn sigmoid_f64(x: f64) -> f64 {
@@ -156,22 +204,10 @@ fn unary_float<T: Float + Element>(
     if op == UnaryOp::Sigmoid {
         // f32 (and narrower) through the kernel's own f64 exponential, vectorized for f32.
         if x.dtype() == DType::F32 {
-            let mut out = ctx.alloc(DType::F32, x.shape().clone())?;
             let src = x.as_slice::<f32>()?;
-            let dst = out.as_mut_slice::<f32>()?;
-            if par::parts_for(
-                ctx.pool,
-                src.len().div_ceil(FLOAT_MAP_CHUNK),
-                FLOAT_MAP_CHUNK * 8,
-            ) <= 1
-            {
-                activation::sigmoid_slice(src, dst);
-            } else {
-                par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, |start, part| {
-                    activation::sigmoid_slice(&src[start..], part)
-                });
-            }
-            return Ok(out);
+            return f32_chunks(x, ctx, |start, part| {
+                activation::sigmoid_slice(&src[start..], part)
+            });
         }
         return float_map::<T>(x, ctx, activation::sigmoid, sigmoid_f64);
     }

@@ -54,9 +54,13 @@ pub fn run(
     ctx: &mut OpCtx,
 ) -> Result<Outputs, OpError> {
     match op {
-        Op::Unary(_) | Op::Binary(_) | Op::Variadic(_) | Op::Where | Op::Clip(_) | Op::Cast(_) => {
-            elementwise::run(op, inputs, ctx).map(|t| smallvec![t])
-        }
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Variadic(_)
+        | Op::Where
+        | Op::Clip(_)
+        | Op::Cast(_)
+        | Op::SiluMul => elementwise::run(op, inputs, ctx).map(|t| smallvec![t]),
         Op::Identity => Ok(smallvec![owned_input(inputs, donated, 0)?]),
         Op::Constant(t) => Ok(smallvec![t.clone()]),
         Op::ConstantOfShape(_)

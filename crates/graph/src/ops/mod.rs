@@ -82,6 +82,9 @@ pub enum Op {
     /// then B, scales and zero points (or none) per part; one output per part.
     MatMulNBitsGroup(Vec<MatMulNBits>),
     GatherBlockQuantized(GatherBlockQuantized),
+    /// `g * sigmoid(g) * u` on float32 tensors of one shape, made by [`crate::passes::silu`]
+    /// from the ops that spell it out (same bits).
+    SiluMul,
     GroupQueryAttention(GroupQueryAttention),
     /// com.microsoft::RotaryEmbedding and ONNX (opset 23) RotaryEmbedding.
     Rotary(Rotary),

@@ -21,6 +21,7 @@
 //! 5. [`group`]: `MatMulNBits` nodes reading the same input → one
 //!    `oxgen::MatMulNBitsGroup` (one activation quantization and one parallel region for a
 //!    layer's Q, K and V, or gate and up).
+//! 6. [`silu`]: `Mul(Mul(g, Sigmoid(g)), u)` → `oxgen::SiluMul(g, u)`.
 //!
 //! Patterns are matched by structure (op types, edges, constant values, axes, inferred
 //! shapes), never by node or model names. A pattern that does not match exactly leaves the
@@ -41,6 +42,7 @@ pub mod group;
 pub mod norm;
 pub mod rotary;
 pub mod shapes;
+pub mod silu;
 
 use oxgen_runtime::LmContract;
 use oxgen_tensor::Tensor;
@@ -94,6 +96,8 @@ pub struct Report {
     pub attentions: usize,
     /// `MatMulNBitsGroup` nodes made.
     pub matmul_groups: usize,
+    /// Gated SiLUs fused into `SiluMul`.
+    pub silu_muls: usize,
     /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
     pub skipped: Vec<String>,
 }
@@ -123,6 +127,7 @@ pub fn optimize(
         }
         report.folded += fold::run(graph, eval);
         report.matmul_groups = group::group_matmul_nbits(graph);
+        report.silu_muls = silu::fuse_silu_mul(graph);
     }
     report.nodes_after = graph.nodes.len();
     report

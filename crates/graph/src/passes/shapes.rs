@@ -531,6 +531,7 @@ impl Facts {
                 });
                 one((t0, dims, None))
             }
+            Op::SiluMul => one((t0, d0, None)),
             Op::MatMulNBitsGroup(parts) => parts
                 .iter()
                 .map(|m| {
