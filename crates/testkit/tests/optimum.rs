@@ -152,11 +152,11 @@ fn greedy(lm: &mut NativeLm, prompt: &[u32], n: usize) -> Vec<u32> {
     ids
 }
 
-/// Per layer: input norm, q/k/v, attention, o, post-attention norm, gate, up, SiLU (Sigmoid,
-/// Mul), gate * up, down = 13; plus the embedding Gather, the final norm, the head and the
+/// Per layer: input norm, q/k/v, attention, o, post-attention norm, gate, up, the gated SiLU
+/// (one `SiluMul`), down = 11; plus the embedding Gather, the final norm, the head and the
 /// five nodes computing seqlens_k and total_sequence_length from attention_mask.
 fn fused_node_count(layers: usize) -> usize {
-    13 * layers + 3 + 5
+    11 * layers + 3 + 5
 }
 
 #[test]
@@ -183,8 +183,14 @@ fn passes_leave_the_fused_graph() {
         let r = fused.pass_report();
         assert!(r.skipped.is_empty(), "{:?}", r.skipped);
         assert_eq!(
-            (r.rms_norms, r.skip_norms, r.rotaries, r.attentions),
-            (2 * l + 1, 2 * l, 2 * l, l)
+            (
+                r.rms_norms,
+                r.skip_norms,
+                r.rotaries,
+                r.attentions,
+                r.silu_muls
+            ),
+            (2 * l + 1, 2 * l, 2 * l, l, l)
         );
         assert_eq!(fused.graph().nodes.len(), fused_node_count(l));
         let expected: BTreeMap<String, usize> = [
@@ -192,10 +198,9 @@ fn passes_leave_the_fused_graph() {
             ("Gather", 1),
             ("GroupQueryAttention", l),
             ("MatMul", 7 * l + 1),
-            ("Mul", 2 * l),
             ("ReduceSum", 1),
             ("Shape", 1),
-            ("Sigmoid", l),
+            ("SiluMul", l),
             ("SimplifiedLayerNormalization", 1),
             ("SkipSimplifiedLayerNormalization", 2 * l),
             ("Sub", 1),

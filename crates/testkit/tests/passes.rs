@@ -55,6 +55,19 @@ fn random(dims: &[usize], seed: u64) -> Tensor {
     Tensor::from_slice(dims, &v).unwrap()
 }
 
+/// Asserts two runs' outputs are the same f32 bits, shape by shape.
+fn assert_same_bits(before: &[Tensor], after: &[Tensor], what: &str) {
+    assert_eq!(before.len(), after.len());
+    for (b, a) in before.iter().zip(after) {
+        assert_eq!(b.dims(), a.dims());
+        let (b, a) = (b.as_slice::<f32>().unwrap(), a.as_slice::<f32>().unwrap());
+        assert!(
+            b.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{what}"
+        );
+    }
+}
+
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
     let (a, b) = (a.as_slice::<f32>().unwrap(), b.as_slice::<f32>().unwrap());
@@ -453,17 +466,7 @@ fn matmul_nbits_reading_one_input_are_grouped_with_the_same_bits() {
         (Some(&2), Some(&1))
     );
     let after = run(g, &feeds);
-    assert_eq!(before.len(), after.len());
-    for (b, a) in before.iter().zip(&after) {
-        assert_eq!(b.dims(), a.dims());
-        let same = b
-            .as_slice::<f32>()
-            .unwrap()
-            .iter()
-            .zip(a.as_slice::<f32>().unwrap())
-            .all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "a grouped output differs from its node's");
-    }
+    assert_same_bits(&before, &after, "a grouped output differs from its node's");
 }
 
 #[test]
@@ -508,13 +511,5 @@ fn gated_silu_becomes_one_op_with_the_same_bits_unless_its_parts_are_read_elsewh
         (Some(&1), Some(&1), Some(&2))
     );
     let after = run(g, &feeds);
-    for (b, a) in before.iter().zip(&after) {
-        let same = b
-            .as_slice::<f32>()
-            .unwrap()
-            .iter()
-            .zip(a.as_slice::<f32>().unwrap())
-            .all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "the fused gated SiLU differs from its ops");
-    }
+    assert_same_bits(&before, &after, "the fused gated SiLU differs from its ops");
 }
