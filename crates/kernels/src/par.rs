@@ -169,7 +169,7 @@ pub fn par_row_tiles<T: Send>(
 
 /// Splits `rows` rows of `row_len` columns into blocks of `rows_per_task` rows and
 /// `col_parts` column ranges of whole `tile`s, and runs `task(rows, cols)` for each pair on
-/// `pool`: the grid [`par_row_tiles`] and [`par_row_blocks`] hand out.
+/// `pool`: the grid [`par_row_tiles`] and [`par_row_blocks_spans`] hand out.
 fn row_grid(
     row_len: usize,
     tile: usize,
@@ -196,41 +196,18 @@ fn row_grid(
     });
 }
 
-/// The most rows [`par_row_blocks`] hands one task.
+/// The most rows [`par_row_blocks_spans`] hands one task.
 pub const MAX_ROW_BLOCK: usize = 8;
 
 /// Like [`par_row_tiles`], handing each task its `rows_per_task` rows (at most
-/// [`MAX_ROW_BLOCK`]) of one column range at once: `f(first_row, cols, parts)` with
-/// `parts[i] = &mut out[(first_row + i) * row_len..][cols]`, so a kernel can use what it
-/// loads for several rows.
-pub fn par_row_blocks<T: Send>(
-    pool: &ThreadPool,
-    out: &mut [T],
-    row_len: usize,
-    tile: usize,
-    rows_per_task: usize,
-    col_parts: usize,
-    f: impl Fn(usize, Range<usize>, &mut [&mut [T]]) + Sync,
-) {
-    #[allow(clippy::single_range_in_vec_init)]
-    let spans = [0..row_len];
-    par_row_blocks_spans(
-        pool,
-        &mut [out],
-        &spans,
-        tile,
-        rows_per_task,
-        col_parts,
-        |first, _, cols, parts| f(first, cols, parts),
-    );
-}
-
-/// Like [`par_row_blocks`] over several outputs side by side in one column space: output
-/// `p` holds the columns `spans[p]` (ascending, disjoint, each starting on a whole `tile`) as
-/// rows of `spans[p].len()` elements, all outputs with the same number of rows. The column
-/// ranges are cut as if the outputs were one, then at the outputs' edges: `f(first_row, p,
-/// cols, parts)` gets columns `cols` of the shared space, all inside `spans[p]`, with
-/// `parts[i]` their elements in row `first_row + i` of output `p`.
+/// [`MAX_ROW_BLOCK`]) of one column range at once, so a kernel can use what it loads for
+/// several rows; over several outputs side by side in one column space (one output is one
+/// span `0..row_len`). Output `p` holds the columns `spans[p]` (ascending, disjoint, each
+/// starting on a whole `tile`) as rows of `spans[p].len()` elements, all outputs with the
+/// same number of rows. The column ranges are cut as if the outputs were one, then at the
+/// outputs' edges: `f(first_row, p, cols, parts)` gets columns `cols` of the shared space,
+/// all inside `spans[p]`, with `parts[i]` their elements in row `first_row + i` of output
+/// `p`.
 pub fn par_row_blocks_spans<T: Send>(
     pool: &ThreadPool,
     outs: &mut [&mut [T]],
@@ -327,14 +304,24 @@ mod tests {
     fn row_blocks_cover_every_element_once() {
         let pool = ThreadPool::new(3);
         let mut out = vec![0usize; 11 * 19];
-        par_row_blocks(&pool, &mut out, 19, 8, 4, 2, |first, cols, parts| {
-            assert!(parts.len() <= 4 && cols.start % 8 == 0);
-            for (i, part) in parts.iter_mut().enumerate() {
-                for (j, v) in cols.clone().zip(part.iter_mut()) {
-                    *v += (first + i) * 19 + j + 1;
+        #[allow(clippy::single_range_in_vec_init)]
+        let spans = [0..19];
+        par_row_blocks_spans(
+            &pool,
+            &mut [&mut out[..]],
+            &spans,
+            8,
+            4,
+            2,
+            |first, _, cols, parts| {
+                assert!(parts.len() <= 4 && cols.start % 8 == 0);
+                for (i, part) in parts.iter_mut().enumerate() {
+                    for (j, v) in cols.clone().zip(part.iter_mut()) {
+                        *v += (first + i) * 19 + j + 1;
+                    }
                 }
-            }
-        });
+            },
+        );
         assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1));
     }
 

@@ -218,8 +218,11 @@ fn matmul_nbits_group(
             })
             .collect();
     };
+    let Some(first) = parts.first() else {
+        return Err(OpError::value("a MatMulNBitsGroup needs at least one part"));
+    };
     let a = input(inputs, 0)?;
-    let (m, batch) = rows_of_a(a, parts[0].k)?;
+    let (m, batch) = rows_of_a(a, first.k)?;
     let mut outs = Outputs::new();
     for q in parts {
         let mut dims: Small<usize> = Small::from_slice(batch);
