@@ -25,11 +25,12 @@ const SHAPES: [(usize, usize, usize); 4] = [
 ];
 
 /// (M, K, N, bits) for the repacked kernel.
-const PACKED_SHAPES: [(usize, usize, usize, u32); 5] = [
+const PACKED_SHAPES: [(usize, usize, usize, u32); 6] = [
     (1, 576, 960, 4),
     (1, 576, 3072, 4),
     (1, 1536, 576, 4),
     (1, 576, 49152, 8),
+    (8, 576, 3072, 4),
     (128, 576, 3072, 4),
 ];
 

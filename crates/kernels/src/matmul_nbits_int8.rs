@@ -4,11 +4,22 @@
 //!
 //! For each row of `A` and each block of `block_size` values along K:
 //! `scale_a = max|a| / 127`, `q_a = round(a / scale_a)` (ties away from zero) in `[-127, 127]`.
-//! For output column `n` and block `b` with weight codes `q_w`, zero point `z` and scale `s`:
+//! For output column `n` and block `b` with weight codes `q_w`, zero point `z` and scale `s`,
+//! with `dot = Σ q_w·q_a` and `sum_a = Σ q_a` (integer sums, exact) and `fma` one rounding:
 //!
 //! ```text
-//! y[n] += s * scale_a * (Σ q_w·q_a − z · Σ q_a)      (integer sums, exact)
+//! integer z (the default or a packed code):
+//!     y[n] = fma(s·scale_a, (dot − z·sum_a) as f32, y[n])
+//! float z, through the block's offset o = snap(−(z·s)):
+//!     y[n] = fma(s·scale_a, dot as f32, y[n])
+//!     y[n] = fma(o, scale_a·(sum_a as f32), y[n])
 //! ```
+//!
+//! This is llama.cpp's Q4_1 arithmetic (`d·d_a·Σ q·q_a + m·s_a`): the weight is `q·s + o`.
+//! `snap` rounds an offset within one f32 ulp of an f16 to that f16 and leaves any other
+//! alone: a GGUF Q4_1 import's zero point is `fl(−m / d)` of an f16 minimum `m`, and
+//! `fl(−z·d)` lands on `m` or a neighbour, so every offset of such a matrix is `m` again and
+//! the packed kernel stores them as f16 (two bytes a block instead of four).
 //!
 //! Blocks accumulate into one f32 in K order and the bias comes last, so the result is
 //! independent of thread count and of how many rows share the call (DESIGN.md §6); a row's
@@ -254,6 +265,18 @@ pub fn matmul_nbits_int8_reference(
     Ok(())
 }
 
+/// A block's offset `o = snap(−(z·s))` for float zero point `z` and scale `s` (see the module
+/// doc): the f16 within one f32 ulp of `−(z·s)` where there is one, else `−(z·s)`.
+pub fn block_offset(z: f32, s: f32) -> f32 {
+    let o = -(z * s);
+    let h = half::f16::from_f32(o).to_f32();
+    if h == o || h == o.next_up() || h == o.next_down() {
+        h
+    } else {
+        o
+    }
+}
+
 /// Columns `cols` of one output row from its int8 codes `qa` (whole blocks; padding codes are
 /// zero) and block scales `sa`: the reference arithmetic.
 pub(crate) fn row_part(
@@ -277,15 +300,23 @@ pub(crate) fn row_part(
                 dot += code(blob, bits, e) as i32 * q as i32;
                 sum_a += q as i32;
             }
-            let scale = w.scales[j * l.k_blocks + b] * sa[b];
-            let centered = match w.zero_points {
-                ZeroPoints::Default => (dot - default_zero_point(bits) as i32 * sum_a) as f32,
-                ZeroPoints::Packed(z) => {
-                    (dot - code(&z[j * l.zp_row_bytes..], bits, b) as i32 * sum_a) as f32
+            let s = w.scales[j * l.k_blocks + b];
+            let scale = s * sa[b];
+            acc = match w.zero_points {
+                ZeroPoints::Default => {
+                    let z = default_zero_point(bits) as i32;
+                    scale.mul_add((dot - z * sum_a) as f32, acc)
                 }
-                ZeroPoints::Float(z) => dot as f32 - z[j * l.k_blocks + b] * sum_a as f32,
+                ZeroPoints::Packed(z) => {
+                    let z = code(&z[j * l.zp_row_bytes..], bits, b) as i32;
+                    scale.mul_add((dot - z * sum_a) as f32, acc)
+                }
+                ZeroPoints::Float(z) => {
+                    let offset = block_offset(z[j * l.k_blocks + b], s);
+                    let acc = scale.mul_add(dot as f32, acc);
+                    offset.mul_add(sa[b] * sum_a as f32, acc)
+                }
             };
-            acc += scale * centered;
         }
         if let Some(b) = bias {
             acc += b[j];
@@ -427,6 +458,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn offsets_of_gguf_q4_1_zero_points_are_the_f16_minimums() {
+        let mut seed = 5u64;
+        let f16 = |x: f32| half::f16::from_f32(x).to_f32();
+        let mut snapped = 0;
+        for _ in 0..100_000 {
+            let d = f16(0.05 * lcg(&mut seed));
+            let m = f16(0.2 * lcg(&mut seed));
+            if d == 0.0 {
+                continue;
+            }
+            // The importer's zero point; `-(z·d)` is `m` or one of its f32 neighbours.
+            let z = -m / d;
+            snapped += usize::from(-(z * d) != m);
+            assert_eq!(block_offset(z, d).to_bits(), m.to_bits(), "d {d} m {m}");
+        }
+        assert!(snapped > 1000, "the neighbours occur ({snapped})");
+        // An offset that is no f16's neighbour stays as computed; NaN stays NaN.
+        let (z, s) = (7.3f32, 0.0123f32);
+        assert_eq!(block_offset(z, s), -(z * s));
+        assert!(block_offset(f32::NAN, 1.0).is_nan());
     }
 
     #[test]

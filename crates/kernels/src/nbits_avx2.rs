@@ -5,9 +5,9 @@
 //! order, so it may be computed 32 products at a time (`vpmaddubsw` of the unsigned weight
 //! codes with the signed activation codes, then `vpmaddwd` by ones; a pair sum is at most
 //! 2·15·127, far from i16 saturation). The float part runs with eight output columns in the
-//! eight lanes and does exactly the reference's operations per column, in its order, with
-//! separate multiplies and adds (never FMA): `scale = s·scale_a`, `centered`, then
-//! `acc += scale · centered` block after block in K order, the bias last.
+//! eight lanes and does exactly the reference's operations per column, in its order: the
+//! product `scale = s·scale_a`, then the same fused multiply-adds block after block in K
+//! order, the bias last.
 //!
 //! 8-bit codes (0..=255) times int8 activations would saturate `vpmaddubsw`'s pair sums, so
 //! they are recentred to `w - 128` (signed) and multiplied as `|w - 128|` (unsigned, at most
@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
-use crate::matmul_nbits_int8::{quantize_row, row_part as reference_row_part};
+use crate::matmul_nbits_int8::{block_offset, quantize_row, row_part as reference_row_part};
 use crate::quant::code;
 
 /// How far ahead of the current block each weight stream is prefetched, in bytes.
@@ -53,8 +53,10 @@ impl Isa {
         AVAILABLE.get_or_init(|| {
             let mut isas = Vec::new();
             #[cfg(target_arch = "x86_64")]
-            // Every AVX2 CPU has F16C; the packed kernel's f16 scales need it.
+            // The kernels' epilogue needs FMA and the packed kernel's f16 scales F16C; every
+            // AVX2 CPU but a few early VIA ones has both.
             if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
                 isas.push(Isa::Avx2);
@@ -109,6 +111,7 @@ pub fn supported(layout: &NBitsLayout) -> bool {
         (layout.bits == 4 || layout.bits == 8)
             && layout.block_size.is_multiple_of(32)
             && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -127,6 +130,8 @@ pub struct QuantizedRow {
     scales: Vec<f32>,
     /// `Σ q_a` per block (over the real codes; padding is zero).
     sums: Vec<i32>,
+    /// `scale_a · Σ q_a` per block: what a float zero point's offset multiplies.
+    scaled_sums: Vec<f32>,
     natural: Vec<i8>,
 }
 
@@ -146,6 +151,11 @@ impl QuantizedRow {
         &self.scales
     }
 
+    /// `scale_a · Σ q_a` per block.
+    pub(crate) fn scaled_sums(&self) -> &[f32] {
+        &self.scaled_sums
+    }
+
     /// Quantizes `a` (`k` values) with the reference's rounding; reuses its buffers. The
     /// even/odd interleaved codes the stored-layout kernel reads are made only when
     /// `interleave` (the packed kernel reads the natural order).
@@ -162,6 +172,13 @@ impl QuantizedRow {
             self.natural
                 .chunks(bs)
                 .map(|b| b.iter().map(|&v| v as i32).sum::<i32>()),
+        );
+        self.scaled_sums.clear();
+        self.scaled_sums.extend(
+            self.scales
+                .iter()
+                .zip(&self.sums)
+                .map(|(&s, &sum)| s * sum as f32),
         );
         self.q.clear();
         if !interleave {
@@ -267,6 +284,7 @@ macro_rules! tile8_kernel {
                     && row.q.len() >= kb * bs
                     && row.natural.len() >= kb * bs
                     && row.sums.len() >= kb
+                    && row.scaled_sums.len() >= kb
                     && row.scales.len() >= kb
                     && out.len() >= 8,
                 "tile8 arguments were checked by check_args"
@@ -291,6 +309,7 @@ macro_rules! tile8_kernel {
             let ones = _mm256_set1_epi16(1);
             let mut acc = _mm256_setzero_ps();
             let mut zp_int = [0i32; 8];
+            let mut offsets = [0f32; 8];
             for b in 0..kb {
                 // Eight weight streams, one per column: ask for each stream's data a few cache lines
                 // ahead (a hint only; never faults, so the address may run past the row).
@@ -351,10 +370,14 @@ macro_rules! tile8_kernel {
                     // Σ w·a = Σ (w - 128)·a + 128·Σ a.
                     _mm256_add_epi32(hsum8(&dots), _mm256_set1_epi32(128 * sum_a))
                 };
-                let centered = match w.zero_points {
+                // SAFETY: indices below `(j0 + 8) * kb` (asserted above).
+                let sw = unsafe { _mm256_i32gather_ps::<4>(scales.add(b), gather_idx) };
+                let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales[b]));
+                let centered = |zs: __m256i| _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs));
+                acc = match w.zero_points {
                     ZeroPoints::Default => {
                         let zs = (1 << (BITS - 1)) * sum_a;
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
+                        _mm256_fmadd_ps(scale, centered(_mm256_set1_epi32(zs)), acc)
                     }
                     ZeroPoints::Packed(z) => {
                         for (c, v) in zp_int.iter_mut().enumerate() {
@@ -362,27 +385,23 @@ macro_rules! tile8_kernel {
                         }
                         // SAFETY: `zp_int` holds 8 i32.
                         let zs = unsafe { _mm256_loadu_si256(zp_int.as_ptr().cast()) };
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
+                        _mm256_fmadd_ps(scale, centered(zs), acc)
                     }
                     ZeroPoints::Float(z) => {
                         assert!(
                             (j0 + 8) * kb <= z.len(),
                             "zero points checked by check_args"
                         );
-                        // SAFETY: the largest index read is `(j0 + 7) * kb + b < (j0 + 8) * kb`.
-                        let zs = unsafe {
-                            _mm256_i32gather_ps::<4>(z.as_ptr().add(j0 * kb + b), gather_idx)
-                        };
-                        _mm256_sub_ps(
-                            _mm256_cvtepi32_ps(dot),
-                            _mm256_mul_ps(zs, _mm256_set1_ps(sum_a as f32)),
-                        )
+                        for (c, o) in offsets.iter_mut().enumerate() {
+                            let at = (j0 + c) * kb + b;
+                            *o = block_offset(z[at], w.scales[at]);
+                        }
+                        // SAFETY: `offsets` holds 8 f32.
+                        let o = unsafe { _mm256_loadu_ps(offsets.as_ptr()) };
+                        let acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc);
+                        _mm256_fmadd_ps(o, _mm256_set1_ps(row.scaled_sums[b]), acc)
                     }
                 };
-                // SAFETY: as for the zero points: indices below `(j0 + 8) * kb`.
-                let sw = unsafe { _mm256_i32gather_ps::<4>(scales.add(b), gather_idx) };
-                let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales[b]));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, centered));
             }
             if let Some(bias) = bias {
                 let bias = &bias[j0..j0 + 8];
@@ -395,8 +414,8 @@ macro_rules! tile8_kernel {
     };
 }
 
-tile8_kernel!(tile8_avx2, "avx2", false);
-tile8_kernel!(tile8_vnni, "avx2,avxvnni", true);
+tile8_kernel!(tile8_avx2, "avx2,fma", false);
+tile8_kernel!(tile8_vnni, "avx2,avxvnni,fma", true);
 
 /// The eight lane sums of eight vectors: lane `c` of the result is `Σ dots[c]`.
 #[cfg(target_arch = "x86_64")]

@@ -14,7 +14,7 @@
 //! four activations broadcast adds each column's partial dot into its own lane. The lanes hold
 //! output columns from the start: no horizontal sums, and the scales and zero points of a tile's
 //! block are one contiguous load. Integer dots are exact in any order; the float part per
-//! column is the reference's, operation for operation, without FMA.
+//! column is the reference's, operation for operation (its fused multiply-adds included).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -24,6 +24,7 @@ use crate::ThreadPool;
 use crate::layout::LayoutError;
 use crate::layout::{check_len, numel};
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
+use crate::matmul_nbits_int8::block_offset;
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
 use crate::par::{par_row_blocks_spans, parts_for};
 use crate::quant::code;
@@ -83,8 +84,9 @@ enum PackedZp {
     /// `2^(bits-1)` for every block.
     Default,
     /// Integer codes (from packed uint8 zero points), `[tile][block][8]`.
-    Codes(Vec<i32>),
-    /// Float zero points.
+    Codes(Vec<u8>),
+    /// Float zero points, as the blocks' offsets `snap(−(z·s))` (see
+    /// [`crate::matmul_nbits_int8`]).
     Float(Floats),
 }
 
@@ -151,7 +153,7 @@ impl PackedNBits {
         let mut scales = vec![0f32; tiles * kb * TILE];
         // Padding columns get the default zero point, so a matrix whose codes all equal it
         // (8-bit GGUF Q8_0 imports: 128 everywhere) needs none stored.
-        let default_zp = 1i32 << (bits - 1);
+        let default_zp = 1u8 << (bits - 1);
         let mut zp_codes = vec![default_zp; tiles * kb * TILE];
         let mut zp_float = vec![0f32; tiles * kb * TILE];
         let row_bytes = kb * l.blob_size;
@@ -165,9 +167,11 @@ impl PackedNBits {
                     match w.zero_points {
                         ZeroPoints::Default => {}
                         ZeroPoints::Packed(z) => {
-                            zp_codes[at] = code(&z[j * l.zp_row_bytes..], bits, b) as i32
+                            zp_codes[at] = code(&z[j * l.zp_row_bytes..], bits, b)
                         }
-                        ZeroPoints::Float(z) => zp_float[at] = z[j * kb + b],
+                        ZeroPoints::Float(z) => {
+                            zp_float[at] = block_offset(z[j * kb + b], w.scales[j * kb + b])
+                        }
                     }
                     let blob = &codes[b * l.blob_size..][..l.blob_size];
                     for sub in 0..bs / 32 {
@@ -210,7 +214,7 @@ impl PackedNBits {
             + self.scales.nbytes()
             + match &self.zero_points {
                 PackedZp::Default => 0,
-                PackedZp::Codes(z) => 4 * z.len(),
+                PackedZp::Codes(z) => z.len(),
                 PackedZp::Float(z) => z.nbytes(),
             }
     }
@@ -459,7 +463,7 @@ unsafe fn tile_pair<const R: usize>(
 /// # Safety
 /// AVX-512 F, BW and VNNI must be available and `t + 1 < w.tiles`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
     rows: [&QuantizedRow; R],
     w: &PackedNBits,
@@ -543,36 +547,37 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
         let sw = load16(scale_ptrs, a0, a1);
         let z = match &w.zero_points {
             PackedZp::Codes(z) => {
-                // SAFETY: `a0 + 8` and `a1 + 8` are within the codes, one per scale.
-                let (lo, hi) = unsafe {
-                    (
-                        _mm256_loadu_si256(z[a0..a0 + TILE].as_ptr().cast()),
-                        _mm256_loadu_si256(z[a1..a1 + TILE].as_ptr().cast()),
+                let (lo, hi) = (&z[a0..a0 + TILE], &z[a1..a1 + TILE]);
+                // SAFETY: `lo` and `hi` hold 8 bytes each.
+                let both = unsafe {
+                    _mm_unpacklo_epi64(
+                        _mm_loadl_epi64(lo.as_ptr().cast()),
+                        _mm_loadl_epi64(hi.as_ptr().cast()),
                     )
                 };
-                Some(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi))
+                Some(_mm512_cvtepu8_epi32(both))
             }
             _ => None,
         };
-        let zf = zp_floats.map(|_| load16(zp_ptrs, a0, a1));
+        let offsets = zp_floats.map(|_| load16(zp_ptrs, a0, a1));
         for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
             let sum_a = row.sums()[b];
-            let centered = match (&w.zero_points, z, zf) {
-                (PackedZp::Codes(_), Some(z), _) => {
+            let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row.scales()[b]));
+            let centered = |zs| _mm512_cvtepi32_ps(_mm512_sub_epi32(*dot, zs));
+            *acc = match (z, offsets) {
+                (Some(z), _) => {
                     let zs = _mm512_mullo_epi32(z, _mm512_set1_epi32(sum_a));
-                    _mm512_cvtepi32_ps(_mm512_sub_epi32(*dot, zs))
+                    _mm512_fmadd_ps(scale, centered(zs), *acc)
                 }
-                (PackedZp::Float(_), _, Some(z)) => _mm512_sub_ps(
-                    _mm512_cvtepi32_ps(*dot),
-                    _mm512_mul_ps(z, _mm512_set1_ps(sum_a as f32)),
-                ),
+                (_, Some(o)) => {
+                    let acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(*dot), *acc);
+                    _mm512_fmadd_ps(o, _mm512_set1_ps(row.scaled_sums()[b]), acc)
+                }
                 _ => {
-                    let zs = (1 << (BITS - 1)) * sum_a;
-                    _mm512_cvtepi32_ps(_mm512_sub_epi32(*dot, _mm512_set1_epi32(zs)))
+                    let zs = _mm512_set1_epi32((1 << (BITS - 1)) * sum_a);
+                    _mm512_fmadd_ps(scale, centered(zs), *acc)
                 }
             };
-            let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row.scales()[b]));
-            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(scale, centered));
         }
     }
     for (o, acc) in out.iter_mut().zip(acc) {
@@ -626,7 +631,10 @@ fn tile_io<'a, const R: usize>(
     );
     for row in rows {
         assert!(
-            row.natural().len() >= kb * bs && row.sums().len() >= kb && row.scales().len() >= kb,
+            row.natural().len() >= kb * bs
+                && row.sums().len() >= kb
+                && row.scaled_sums().len() >= kb
+                && row.scales().len() >= kb,
             "quantized rows hold whole blocks"
         );
     }
@@ -671,7 +679,7 @@ macro_rules! packed_tile {
             let TileIo {
                 naturals,
                 scale_ptrs,
-                zp_floats: _,
+                zp_floats,
                 zp_ptrs,
                 tile_bytes,
             } = tile_io(rows, w, t, 1, BITS);
@@ -756,6 +764,18 @@ macro_rules! packed_tile {
                 let at = (t * kb + b) * TILE;
                 // SAFETY: `at + 8 <= (t + 1) * kb * 8 <= len` (asserted above).
                 let sw = unsafe { load8!(scale_ptrs, at) };
+                let z = match &w.zero_points {
+                    PackedZp::Codes(z) => {
+                        let z = &z[at..at + TILE];
+                        // SAFETY: `z` holds 8 bytes.
+                        Some(_mm256_cvtepu8_epi32(unsafe {
+                            _mm_loadl_epi64(z.as_ptr().cast())
+                        }))
+                    }
+                    _ => None,
+                };
+                // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
+                let offsets = zp_floats.map(|_| unsafe { load8!(zp_ptrs, at) });
                 for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
                     let mut dot = *dot;
                     let sum_a = row.sums()[b];
@@ -763,29 +783,22 @@ macro_rules! packed_tile {
                         // Σ w·a = Σ (w - 128)·a + 128·Σ a.
                         dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum_a));
                     }
-                    let centered = match &w.zero_points {
-                        PackedZp::Default => {
-                            let zs = (1 << (BITS - 1)) * sum_a;
-                            _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, _mm256_set1_epi32(zs)))
-                        }
-                        PackedZp::Codes(z) => {
-                            let z = &z[at..at + TILE];
-                            // SAFETY: `z` holds 8 i32.
-                            let z = unsafe { _mm256_loadu_si256(z.as_ptr().cast()) };
+                    let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
+                    let centered = |zs| _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs));
+                    *acc = match (z, offsets) {
+                        (Some(z), _) => {
                             let zs = _mm256_mullo_epi32(z, _mm256_set1_epi32(sum_a));
-                            _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs))
+                            _mm256_fmadd_ps(scale, centered(zs), *acc)
                         }
-                        PackedZp::Float(_) => {
-                            // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
-                            let z = unsafe { load8!(zp_ptrs, at) };
-                            _mm256_sub_ps(
-                                _mm256_cvtepi32_ps(dot),
-                                _mm256_mul_ps(z, _mm256_set1_ps(sum_a as f32)),
-                            )
+                        (_, Some(o)) => {
+                            let acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), *acc);
+                            _mm256_fmadd_ps(o, _mm256_set1_ps(row.scaled_sums()[b]), acc)
+                        }
+                        _ => {
+                            let zs = _mm256_set1_epi32((1 << (BITS - 1)) * sum_a);
+                            _mm256_fmadd_ps(scale, centered(zs), *acc)
                         }
                     };
-                    let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
-                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(scale, centered));
                 }
             }
             for (o, acc) in out.iter_mut().zip(acc) {
@@ -796,8 +809,8 @@ macro_rules! packed_tile {
     };
 }
 
-packed_tile!(tile_avx2, "avx2,f16c", false);
-packed_tile!(tile_vnni, "avx2,avxvnni,f16c", true);
+packed_tile!(tile_avx2, "avx2,fma,f16c", false);
+packed_tile!(tile_vnni, "avx2,avxvnni,fma,f16c", true);
 
 // The padded columns of the last tile carry zero codes and zero scales; their lanes are never
 // stored, so their values do not matter.

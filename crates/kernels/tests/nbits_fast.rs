@@ -10,6 +10,7 @@ use oxgen_kernels::matmul_nbits_int8::{
 };
 use oxgen_kernels::nbits_avx2::Isa;
 use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed, matmul_packed_parts};
+use oxgen_kernels::quant::code;
 
 struct Rng(u64);
 
@@ -60,13 +61,18 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
             // Every code the default (Q8_0 imports), which the packed layout drops.
             let zp_default = vec![if bits == 4 { 0x88u8 } else { 0x80 }; n * layout.zp_row_bytes];
             let bias: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
-            // Half the shapes get scales and zero points that are exact f16 values (as GGUF
-            // imports have), which the packed layout stores as f16.
-            let (scales, zp_float) = if (n + k).is_multiple_of(2) {
-                let f16 = |v: &Vec<f32>| -> Vec<f32> {
-                    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
-                };
-                (f16(&scales), f16(&zp_float))
+            // Half the shapes get f16 scales and the zero points of a GGUF Q4_1 import,
+            // `fl(-m / d)` of an f16 minimum `m`, whose offsets the packed layout stores as
+            // f16 (two bytes a block each for scales and offsets).
+            let gguf = (n + k).is_multiple_of(2);
+            let (scales, zp_float) = if gguf {
+                let f16 = |x: f32| half::f16::from_f32(x).to_f32();
+                let scales: Vec<f32> = scales.iter().map(|&d| f16(d)).collect();
+                let zp = scales
+                    .iter()
+                    .map(|&d| -f16(-0.02 * rng.f32().abs()) / d)
+                    .collect();
+                (scales, zp)
             } else {
                 (scales, zp_float)
             };
@@ -110,6 +116,27 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                         let packed = PackedNBits::pack(&w)
                             .unwrap()
                             .expect("AVX2 runs this layout");
+                        // Stored bytes: codes, scales, and zero points unless all default.
+                        let blocks = n.next_multiple_of(8) * layout.k_blocks;
+                        let f16_or_f32 = if gguf { 2 } else { 4 };
+                        let all_default = |z: &[u8]| {
+                            (0..n).all(|j| {
+                                (0..layout.k_blocks).all(|b| {
+                                    code(&z[j * layout.zp_row_bytes..], bits, b) == 1 << (bits - 1)
+                                })
+                            })
+                        };
+                        let zp_bytes = match zp {
+                            ZeroPoints::Float(_) => blocks * f16_or_f32,
+                            ZeroPoints::Packed(z) if !all_default(z) => blocks,
+                            _ => 0,
+                        };
+                        assert_eq!(
+                            packed.nbytes(),
+                            blocks * (layout.block_size * bits as usize / 8 + f16_or_f32)
+                                + zp_bytes,
+                            "stored sizes, n {n} k {k} bits {bits} zp {zp:?}"
+                        );
                         for (pool, isa) in pools
                             .iter()
                             .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
