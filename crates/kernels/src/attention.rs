@@ -25,8 +25,10 @@
 //! horizontal sum do); the softmax denominator as `exp_shifted_sum` sums; the weighted sum of
 //! V over absolute key position ascending, one position at a time, by fused multiply-add. A
 //! blocked version must keep this walk in fixed absolute-position tiles. Threads split
-//! (batch, head) pairs, never a row. So prefill of S tokens equals S single-token decode
-//! steps bit for bit (tested below).
+//! (batch, head) pairs, never a row, in contiguous runs, so the query heads that share a KV
+//! head mostly run together and take each tile of keys and values in turn while it is in
+//! cache (each head's arithmetic unchanged). So prefill of S tokens equals S single-token
+//! decode steps bit for bit (tested below).
 //!
 //! Math runs in f32 for f32, f16 and bf16 elements (halves widen exactly and round once per
 //! output element).
@@ -40,8 +42,9 @@ use crate::acc::Accum;
 use crate::activation::exp_shifted_sum;
 use crate::attention_avx2 as avx2;
 use crate::layout::{LayoutError, check_len};
-use crate::par::{par_chunks2, parts_of_whole_units};
+use crate::par::{par_chunks2, parts_for};
 use crate::rotary::{Positions, Rope, rotate_one};
+use smallvec::SmallVec;
 
 /// Sizes of one attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,13 +273,18 @@ fn parts(shape: &GqaShape, pool: &ThreadPool) -> usize {
         .seq
         .saturating_mul(shape.capacity)
         .saturating_mul(shape.head_size);
-    parts_of_whole_units(pool, shape.batch * shape.heads, work)
+    head_parts(pool, shape.batch * shape.heads, work)
 }
 
-/// The f32 scratch [`attention`] needs on `pool`: per part, one score per cache position and
-/// one accumulator per head element.
+/// Query heads a part computes together: a KV head's, at most [`MAX_GROUP`].
+fn group_len(shape: &GqaShape) -> usize {
+    (shape.heads / shape.kv_heads.max(1)).clamp(1, MAX_GROUP)
+}
+
+/// The f32 scratch [`attention`] needs on `pool`: per part, for each head computed together,
+/// one score per cache position and one accumulator per head element.
 pub fn scratch_len(shape: &GqaShape, pool: &ThreadPool) -> usize {
-    parts(shape, pool) * (shape.capacity + shape.head_size)
+    parts(shape, pool) * group_len(shape) * (shape.capacity + shape.head_size)
 }
 
 /// Attention of every query row of `q` over the caches `k`, `v`; writes `out` laid out
@@ -358,7 +366,8 @@ fn attention_with<T: Accum<Acc = f32>>(
         return Ok(());
     }
     let parts = parts(shape, pool);
-    let per_part = capacity + hs;
+    let g_max = group_len(shape);
+    let per_part = g_max * (capacity + hs);
     if scratch.len() < parts * per_part {
         return Err(LayoutError::Length {
             what: "attention scratch",
@@ -375,31 +384,34 @@ fn attention_with<T: Accum<Acc = f32>>(
         scratch,
         per_part,
         |part, out, scratch| {
-            let (scores, acc) = scratch.split_at_mut(capacity);
-            for (i, head_out) in out.chunks_mut(seq * hs).enumerate() {
-                let u = part * heads_per_part + i;
-                let (b, n) = (u / heads, u % heads);
-                let cache = ((b * kv_heads + n / group) * capacity * hs)
-                    ..((b * kv_heads + n / group + 1) * capacity * hs);
+            let (scores, acc) = scratch.split_at_mut(g_max * capacity);
+            let first = part * heads_per_part;
+            let units = first..first + out.len() / (seq * hs);
+            // A run never crosses a batch entry: `group` divides `heads`.
+            for (u0, count) in kv_runs(units, group) {
+                let (b, n0) = (u0 / heads, u0 % heads);
+                let kvh = b * kv_heads + n0 / group;
+                let cache = kvh * capacity * hs..(kvh + 1) * capacity * hs;
                 let (kh, vh) = (&k[cache.clone()], &v[cache]);
+                let run_out = &mut out[(u0 - first) * seq * hs..][..count * seq * hs];
                 for s in 0..seq {
                     let p = start[b].saturating_add(s);
                     let end = kv_len[b].min(p.saturating_add(1));
                     let lo = score
                         .window
-                        .map_or(0, |w| p.saturating_add(1).saturating_sub(w));
-                    let row = &mut head_out[s * hs..][..hs];
-                    attend_row(
-                        q.head(b * seq + s, n, hs),
-                        kh,
-                        vh,
-                        lo..end,
-                        score,
-                        scores,
-                        &mut acc[..hs],
-                        row,
-                        simd,
-                    );
+                        .map_or(0, |w| p.saturating_add(1).saturating_sub(w))
+                        .min(end);
+                    let qs: SmallVec<[&[T]; MAX_GROUP]> = (n0..n0 + count)
+                        .map(|n| q.head(b * seq + s, n, hs))
+                        .collect();
+                    let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = run_out
+                        .chunks_mut(seq * hs)
+                        .map(|head| &mut head[s * hs..][..hs])
+                        .collect();
+                    let tiles = (lo..end)
+                        .step_by(KEY_TILE)
+                        .map(|j| (kh, vh, j..(j + KEY_TILE).min(end)));
+                    attend_group_pieces(&qs, tiles, score, scores, acc, &mut outs, simd);
                 }
             }
         },
@@ -407,113 +419,144 @@ fn attention_with<T: Accum<Acc = f32>>(
     Ok(())
 }
 
-/// One query row over keys `keys` of one head's caches (see the module doc for the math).
-#[allow(clippy::too_many_arguments)]
-fn attend_row<T: Accum<Acc = f32>>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    keys: std::ops::Range<usize>,
-    score: &ScoreMod,
-    scores: &mut [f32],
-    acc: &mut [f32],
-    out: &mut [T],
-    simd: bool,
-) {
-    attend_row_pieces(
-        q,
-        std::iter::once((k, v, keys)),
-        score,
-        scores,
-        acc,
-        out,
-        simd,
-    );
+/// Query heads that share a KV head and are computed together (see [`attend_group_pieces`]).
+pub(crate) const MAX_GROUP: usize = 4;
+
+/// Keys a contiguous cache hands [`attend_group_pieces`] at a time: 64 rows of 64 f32 keys are
+/// 16 KiB, so the group's later heads find them in the L1 cache.
+const KEY_TILE: usize = 64;
+
+/// Parts `heads` query heads are split into: one per thread when the work is worth it, each
+/// a contiguous run of heads, so that heads sharing a KV head mostly share a part.
+pub(crate) fn head_parts(pool: &ThreadPool, heads: usize, work: usize) -> usize {
+    if parts_for(pool, heads, work) == 1 {
+        1
+    } else {
+        pool.threads().min(heads)
+    }
 }
 
-/// One query row over keys given in position order as pieces `(k, v, rows)`: rows `rows` of
-/// the head-size rows of `k` and `v` (one piece for a contiguous cache, one per block for a
-/// paged one). The arithmetic is [`attend_row`]'s whatever the pieces, so a paged cache gives
-/// the bits of a contiguous one.
-pub(crate) fn attend_row_pieces<'a, T: Accum<Acc = f32> + 'a>(
-    q: &[T],
+/// The heads `heads` of one part cut into runs that share a KV head (`group` query heads per
+/// KV head), at most [`MAX_GROUP`] long: `(first head, count)`.
+pub(crate) fn kv_runs(
+    heads: std::ops::Range<usize>,
+    group: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    let mut h = heads.start;
+    std::iter::from_fn(move || {
+        if h >= heads.end {
+            return None;
+        }
+        let group_end = (h / group + 1) * group;
+        let count = (group_end.min(heads.end) - h).min(MAX_GROUP);
+        let run = (h, count);
+        h += count;
+        Some(run)
+    })
+}
+
+/// Query rows `qs` (heads sharing one KV head; at most [`MAX_GROUP`]) over the same keys,
+/// given in position order as pieces `(k, v, rows)`: rows `rows` of the head-size rows of `k`
+/// and `v` (a tile of a contiguous cache, or a block of a paged one). Each head's arithmetic
+/// is the module doc's, whatever the pieces and however many heads share the call; the heads
+/// take each piece in turn while it is in cache. `scores` holds `qs.len()` rows of one score
+/// per key, `acc` `qs.len()` rows of `head_size`; `outs[i]` receives head `i`'s row.
+pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
+    qs: &[&[T]],
     pieces: impl Iterator<Item = (&'a [T], &'a [T], std::ops::Range<usize>)> + Clone,
     score: &ScoreMod,
     scores: &mut [f32],
     acc: &mut [f32],
-    out: &mut [T],
+    outs: &mut [&mut [T]],
     simd: bool,
 ) {
-    let hs = q.len();
+    let (g, hs) = (qs.len(), qs.first().map_or(0, |q| q.len()));
+    assert!(
+        g <= MAX_GROUP && outs.len() == g,
+        "a group of at most {MAX_GROUP} heads, one output each"
+    );
     let n: usize = pieces.clone().map(|p| p.2.len()).sum();
     if n == 0 {
-        out.fill(T::ZERO);
+        for out in outs {
+            out.fill(T::ZERO);
+        }
         return;
     }
-    let scores = &mut scores[..n];
     let simd = simd && avx2::supported(hs);
-    let mut max = f32::NEG_INFINITY;
+    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
     let mut at = 0;
     for (k, _, keys) in pieces.clone() {
-        let xs = &mut scores[at..at + keys.len()];
-        at += keys.len();
-        let mut fast = false;
-        #[cfg(target_arch = "x86_64")]
-        if let Some((q32, k32)) = as_f32(q).zip(as_f32(k)).filter(|_| simd) {
-            // SAFETY: `supported` checked AVX2 and FMA and hs % 8; the keys lie in `k`.
-            unsafe { avx2::dots(q32, k32, keys.start, xs) };
-            fast = true;
-        }
-        for (x, j) in xs.iter_mut().zip(keys) {
-            let dot = if fast {
-                *x
-            } else {
-                dot8(q, &k[j * hs..][..hs])
-            };
-            let mut s = dot * score.scale;
-            if score.softcap > 0.0 {
-                s = score.softcap * (s / score.softcap).tanh();
+        let len = keys.len();
+        for (h, q) in qs.iter().enumerate() {
+            let xs = &mut scores[h * n + at..][..len];
+            let mut fast = false;
+            #[cfg(target_arch = "x86_64")]
+            if let Some((q32, k32)) = as_f32(q).zip(as_f32(k)).filter(|_| simd) {
+                // SAFETY: `supported` checked AVX2 and FMA and hs % 8; the keys lie in `k`.
+                unsafe { avx2::dots(q32, k32, keys.start, xs) };
+                fast = true;
             }
-            *x = s;
-            max = max.max(s);
+            for (x, j) in xs.iter_mut().zip(keys.clone()) {
+                let dot = if fast {
+                    *x
+                } else {
+                    dot8(q, &k[j * hs..][..hs])
+                };
+                let mut s = dot * score.scale;
+                if score.softcap > 0.0 {
+                    s = score.softcap * (s / score.softcap).tanh();
+                }
+                *x = s;
+                max[h] = max[h].max(s);
+            }
         }
+        at += len;
     }
-    let sum = exp_shifted_sum(scores, max);
-    acc.fill(0.0);
+    let mut sum = [0f32; MAX_GROUP];
+    for (h, sum) in sum[..g].iter_mut().enumerate() {
+        *sum = exp_shifted_sum(&mut scores[h * n..][..n], max[h]);
+    }
+    acc[..g * hs].fill(0.0);
     let mut at = 0;
     for (_, v, keys) in pieces {
-        let es = &mut scores[at..at + keys.len()];
-        at += keys.len();
+        let len = keys.len();
         let v32 = as_f32(v).filter(|_| simd);
-        #[cfg(target_arch = "x86_64")]
-        if let Some(v32) = v32.filter(|_| hs == 64) {
+        for (h, &sum) in sum[..g].iter().enumerate() {
+            let es = &mut scores[h * n + at..][..len];
             for e in es.iter_mut() {
                 *e /= sum;
             }
-            // SAFETY: `supported` checked AVX2; `acc` holds 64 values and the keys' value
-            // rows lie in `v`.
-            unsafe { avx2::weighted_sum64(acc, es, v32, keys.start) };
-            continue;
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = v32;
-        for (&e, j) in es.iter().zip(keys) {
-            let p = e / sum;
+            let acc = &mut acc[h * hs..][..hs];
             #[cfg(target_arch = "x86_64")]
             if let Some(v32) = v32 {
-                // SAFETY: `supported` checked AVX2 and FMA; `acc` and the value row both hold
-                // hs values.
-                unsafe { avx2::weighted_add(acc, p, &v32[j * hs..][..hs]) };
+                // SAFETY: `supported` checked AVX2 and FMA; `acc` and every value row of the
+                // keys hold hs values.
+                unsafe {
+                    if hs == 64 {
+                        avx2::weighted_sum64(acc, es, v32, keys.start);
+                    } else {
+                        for (&p, j) in es.iter().zip(keys.clone()) {
+                            avx2::weighted_add(acc, p, &v32[j * hs..][..hs]);
+                        }
+                    }
+                }
                 continue;
             }
-            let vj = &v[j * hs..][..hs];
-            for d in 0..hs {
-                acc[d] = p.mul_add(vj[d].widen(), acc[d]);
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = v32;
+            for (&p, j) in es.iter().zip(keys.clone()) {
+                let vj = &v[j * hs..][..hs];
+                for d in 0..hs {
+                    acc[d] = p.mul_add(vj[d].widen(), acc[d]);
+                }
             }
         }
+        at += len;
     }
-    for (o, &a) in out.iter_mut().zip(acc.iter()) {
-        *o = T::narrow(a);
+    for (h, out) in outs.iter_mut().enumerate() {
+        for (o, &a) in out.iter_mut().zip(&acc[h * hs..][..hs]) {
+            *o = T::narrow(a);
+        }
     }
 }
 

@@ -15,10 +15,11 @@ use std::ops::Range;
 
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::attention::{Rows, ScoreMod, attend_row_pieces};
+use crate::attention::{MAX_GROUP, Rows, ScoreMod, attend_group_pieces, head_parts, kv_runs};
 use crate::layout::{LayoutError, check_len};
-use crate::par::{par_chunks2, parts_of_whole_units};
+use crate::par::par_chunks2;
 use crate::rotary::{Rope, rotate_one};
+use smallvec::SmallVec;
 
 /// The shape of one layer's K (or V) block pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +193,12 @@ fn split(
         .map(|s| s.rows.len().saturating_mul(s.start + s.rows.len()))
         .fold(0usize, usize::saturating_add)
         .saturating_mul(layout.head_size);
-    (parts_of_whole_units(pool, heads, work), positions)
+    (head_parts(pool, heads, work), positions)
+}
+
+/// Query heads a part computes together: a KV head's, at most [`MAX_GROUP`].
+fn group_len(layout: &PagedLayout, heads: usize) -> usize {
+    (heads / layout.kv_heads.max(1)).clamp(1, MAX_GROUP)
 }
 
 /// The f32 scratch [`paged_attention`] needs on `pool`.
@@ -203,7 +209,7 @@ pub fn paged_scratch_len(
     pool: &ThreadPool,
 ) -> usize {
     let (parts, positions) = split(layout, heads, segments, pool);
-    parts * (positions + layout.head_size)
+    parts * group_len(layout, heads) * (positions + layout.head_size)
 }
 
 /// Attention of every row of `q` over its segment's cached keys, causally (the row at
@@ -244,7 +250,8 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
         return Ok(());
     }
     let (parts, positions) = split(layout, heads, segments, pool);
-    let per_part = positions + hs;
+    let g_max = group_len(layout, heads);
+    let per_part = g_max * (positions + hs);
     if scratch.len() < parts * per_part {
         return Err(LayoutError::Length {
             what: "attention scratch",
@@ -261,10 +268,12 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
         scratch,
         per_part,
         |part, out, scratch| {
-            let (scores, acc) = scratch.split_at_mut(positions);
-            for (i, head_out) in out.chunks_mut(tokens * hs).enumerate() {
-                let n = part * heads_per_part + i;
-                let kvh = n / group;
+            let (scores, acc) = scratch.split_at_mut(g_max * positions);
+            let first = part * heads_per_part;
+            let part_heads = first..first + out.len() / (tokens * hs);
+            for (n0, count) in kv_runs(part_heads, group) {
+                let kvh = n0 / group;
+                let run_out = &mut out[(n0 - first) * tokens * hs..][..count * tokens * hs];
                 for s in segments {
                     let table = &tables[s.table.clone()];
                     for (r, t) in s.rows.clone().enumerate() {
@@ -276,15 +285,13 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
                             let keys = lo.max(bi * bs) - bi * bs..end.min((bi + 1) * bs) - bi * bs;
                             (&k[base..base + bs * hs], &v[base..base + bs * hs], keys)
                         });
-                        attend_row_pieces(
-                            q.head(t, n, hs),
-                            pieces,
-                            score,
-                            scores,
-                            &mut acc[..hs],
-                            &mut head_out[t * hs..][..hs],
-                            true,
-                        );
+                        let qs: SmallVec<[&[T]; MAX_GROUP]> =
+                            (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
+                        let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = run_out
+                            .chunks_mut(tokens * hs)
+                            .map(|head| &mut head[t * hs..][..hs])
+                            .collect();
+                        attend_group_pieces(&qs, pieces, score, scores, acc, &mut outs, true);
                     }
                 }
             }

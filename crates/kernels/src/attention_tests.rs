@@ -456,3 +456,64 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
     }
     assert_eq!(cases, 3 * 7 * 2);
 }
+
+#[test]
+fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
+    let mut rng = XorShift(19);
+    // SmolLM2's 9 heads on 3 KV heads, a group longer than MAX_GROUP, and no sharing; head
+    // size 64 (the register-resident value sum) and 32; caches longer than a key tile.
+    for (heads, kv_heads, head_size) in [(9, 3, 64), (8, 1, 32), (4, 4, 64)] {
+        let (batch, seq, capacity) = (2, 3, 150);
+        let shape = GqaShape {
+            batch,
+            seq,
+            heads,
+            kv_heads,
+            head_size,
+            capacity,
+        };
+        let score = ScoreMod {
+            scale: 0.125,
+            softcap: 0.0,
+            window: None,
+        };
+        let q = rng.values(batch * seq * heads * head_size);
+        let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
+        // The same caches with one KV head per query head: nothing shared.
+        let alone = GqaShape {
+            kv_heads: heads,
+            ..shape
+        };
+        let group = heads / kv_heads;
+        let widen = |c: &[f32]| -> Vec<f32> {
+            let per_head = capacity * head_size;
+            (0..batch * heads)
+                .flat_map(|u| {
+                    let (b, n) = (u / heads, u % heads);
+                    let src = (b * kv_heads + n / group) * per_head;
+                    c[src..src + per_head].iter().copied()
+                })
+                .collect()
+        };
+        let (start, kv_len) = ([144, 60], [147, 63]);
+        let want = run(
+            &alone,
+            &score,
+            &q,
+            &widen(&k),
+            &widen(&v),
+            &start,
+            &kv_len,
+            1,
+        );
+        for threads in [1, 2, 3] {
+            let got = run(&shape, &score, &q, &k, &v, &start, &kv_len, threads);
+            assert!(
+                want.iter()
+                    .zip(&got)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "heads {heads} kv heads {kv_heads} threads {threads}"
+            );
+        }
+    }
+}

@@ -32,15 +32,6 @@ pub fn parts_for(pool: &ThreadPool, units: usize, work_per_unit: usize) -> usize
     (threads * PARTS_PER_THREAD).min(units)
 }
 
-/// Like [`parts_for`], for callers that hand each part the same whole number of units
-/// (`units.div_ceil(parts)` each): rounds the units per part down rather than up, so 9 heads
-/// on 8 parts become 9 parts of one head (which two threads share 5 : 4), not 5 parts of two
-/// (6 : 3).
-pub fn parts_of_whole_units(pool: &ThreadPool, units: usize, work_per_unit: usize) -> usize {
-    let parts = parts_for(pool, units, work_per_unit);
-    units.div_ceil((units / parts).max(1)).max(1)
-}
-
 /// A `&mut [T]` that tasks on several threads carve disjoint ranges from.
 struct Shared<'a, T> {
     ptr: *mut T,
