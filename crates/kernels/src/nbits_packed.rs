@@ -360,6 +360,19 @@ fn row_block_tiles(
         if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
             // Two tiles per 512-bit vector.
             let mut r = 0;
+            // Eight rows per pass where there are eight (32 vector registers hold their
+            // sums and dots), then four.
+            while r + 8 <= rows.len() {
+                let mut lanes = [[0f32; 2 * TILE]; 8];
+                let group: [&QuantizedRow; 8] = std::array::from_fn(|i| &rows[r + i]);
+                // SAFETY: `matmul_packed` checked AVX-512 VNNI is available; tile `t + 1`
+                // exists (its first column is inside `cols`).
+                unsafe { tile_pair(group, w, t, &mut lanes, r == 0) };
+                for (i, l) in lanes.iter().enumerate() {
+                    store(r + i, l);
+                }
+                r += 8;
+            }
             while r + 4 <= rows.len() {
                 let mut lanes = [[0f32; 2 * TILE]; 4];
                 let group = [&rows[r], &rows[r + 1], &rows[r + 2], &rows[r + 3]];
