@@ -357,61 +357,37 @@ fn row_block_tiles(
                 };
             }
         };
+        // The rows in passes of `$n` (the first count that fits, in order) over the tile's
+        // weights, each pass one kernel call that uses every weight load for its rows.
+        macro_rules! passes {
+            ($width:expr, [$($n:literal),*], |$g:ident, $l:ident, $p:ident| $call:expr) => {{
+                let mut r = 0;
+                $(
+                    while r + $n <= rows.len() {
+                        let mut lanes = [[0f32; $width]; $n];
+                        let group: [&QuantizedRow; $n] = std::array::from_fn(|i| &rows[r + i]);
+                        // SAFETY: `run` checked the ISA is available; `t < w.tiles` (and
+                        // `t + 1` for a pair: its first column is inside `cols`); the rows'
+                        // buffers hold whole blocks (asserted inside).
+                        unsafe {
+                            let ($g, $l, $p) = (group, &mut lanes, r == 0);
+                            $call
+                        };
+                        for (i, l) in lanes.iter().enumerate() {
+                            store(r + i, l);
+                        }
+                        r += $n;
+                    }
+                )*
+            }};
+        }
         if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
-            // Two tiles per 512-bit vector.
-            let mut r = 0;
-            // Eight rows per pass where there are eight (32 vector registers hold their
-            // sums and dots), then four.
-            while r + 8 <= rows.len() {
-                let mut lanes = [[0f32; 2 * TILE]; 8];
-                let group: [&QuantizedRow; 8] = std::array::from_fn(|i| &rows[r + i]);
-                // SAFETY: `matmul_packed` checked AVX-512 VNNI is available; tile `t + 1`
-                // exists (its first column is inside `cols`).
-                unsafe { tile_pair(group, w, t, &mut lanes, r == 0) };
-                for (i, l) in lanes.iter().enumerate() {
-                    store(r + i, l);
-                }
-                r += 8;
-            }
-            while r + 4 <= rows.len() {
-                let mut lanes = [[0f32; 2 * TILE]; 4];
-                let group = [&rows[r], &rows[r + 1], &rows[r + 2], &rows[r + 3]];
-                // SAFETY: `matmul_packed` checked AVX-512 VNNI is available; tile `t + 1`
-                // exists (its first column is inside `cols`).
-                unsafe { tile_pair(group, w, t, &mut lanes, r == 0) };
-                for (i, l) in lanes.iter().enumerate() {
-                    store(r + i, l);
-                }
-                r += 4;
-            }
-            for (i, row) in rows.iter().enumerate().skip(r) {
-                let mut lanes = [[0f32; 2 * TILE]; 1];
-                // SAFETY: as above.
-                unsafe { tile_pair([row], w, t, &mut lanes, i == 0) };
-                store(i, &lanes[0]);
-            }
+            // Two tiles per 512-bit vector; eight rows fit the 32 vector registers.
+            passes!(2 * TILE, [8, 4, 2, 1], |g, l, p| tile_pair(g, w, t, l, p));
             j0 += 2 * TILE;
             continue;
         }
-        let isa = isa.ymm();
-        let mut r = 0;
-        while r + 4 <= rows.len() {
-            let mut lanes = [[0f32; TILE]; 4];
-            let group = [&rows[r], &rows[r + 1], &rows[r + 2], &rows[r + 3]];
-            // SAFETY: `matmul_packed` checked `isa` is available; `t < w.tiles` and the
-            // rows' buffers hold whole blocks (asserted inside).
-            unsafe { tile(group, w, t, &mut lanes, isa, r == 0) };
-            for (i, l) in lanes.iter().enumerate() {
-                store(r + i, l);
-            }
-            r += 4;
-        }
-        for (i, row) in rows.iter().enumerate().skip(r) {
-            let mut lanes = [[0f32; TILE]; 1];
-            // SAFETY: as above.
-            unsafe { tile([row], w, t, &mut lanes, isa, i == 0) };
-            store(i, &lanes[0]);
-        }
+        passes!(TILE, [4, 2, 1], |g, l, p| tile(g, w, t, l, isa.ymm(), p));
         j0 += TILE;
     }
     #[cfg(not(target_arch = "x86_64"))]
