@@ -340,6 +340,7 @@ const ROW_BLOCK: usize = 8;
 /// row of `rows`): tile by tile, four rows per pass over the tile's weights, then one at a
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
 /// many rows share the call.
+#[allow(clippy::int_plus_one)] // `passes!` with one row
 fn row_block_tiles(
     rows: &[QuantizedRow],
     w: &PackedNBits,
