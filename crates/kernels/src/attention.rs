@@ -276,15 +276,16 @@ fn parts(shape: &GqaShape, pool: &ThreadPool) -> usize {
     head_parts(pool, shape.batch * shape.heads, work)
 }
 
-/// Query heads a part computes together: a KV head's, at most [`MAX_GROUP`].
-fn group_len(shape: &GqaShape) -> usize {
-    (shape.heads / shape.kv_heads.max(1)).clamp(1, MAX_GROUP)
+/// Query heads a part computes together: a KV head's `heads / kv_heads`, at most
+/// [`MAX_GROUP`] (what the scratch is sized for).
+pub(crate) fn group_len(heads: usize, kv_heads: usize) -> usize {
+    (heads / kv_heads.max(1)).clamp(1, MAX_GROUP)
 }
 
 /// The f32 scratch [`attention`] needs on `pool`: per part, for each head computed together,
 /// one score per cache position and one accumulator per head element.
 pub fn scratch_len(shape: &GqaShape, pool: &ThreadPool) -> usize {
-    parts(shape, pool) * group_len(shape) * (shape.capacity + shape.head_size)
+    parts(shape, pool) * group_len(shape.heads, shape.kv_heads) * (shape.capacity + shape.head_size)
 }
 
 /// Attention of every query row of `q` over the caches `k`, `v`; writes `out` laid out
@@ -366,7 +367,7 @@ fn attention_with<T: Accum<Acc = f32>>(
         return Ok(());
     }
     let parts = parts(shape, pool);
-    let g_max = group_len(shape);
+    let g_max = group_len(shape.heads, shape.kv_heads);
     let per_part = g_max * (capacity + hs);
     if scratch.len() < parts * per_part {
         return Err(LayoutError::Length {

@@ -15,7 +15,9 @@ use std::ops::Range;
 
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::attention::{MAX_GROUP, Rows, ScoreMod, attend_group_pieces, head_parts, kv_runs};
+use crate::attention::{
+    MAX_GROUP, Rows, ScoreMod, attend_group_pieces, group_len, head_parts, kv_runs,
+};
 use crate::layout::{LayoutError, check_len};
 use crate::par::par_chunks2;
 use crate::rotary::{Rope, rotate_one};
@@ -196,11 +198,6 @@ fn split(
     (head_parts(pool, heads, work), positions)
 }
 
-/// Query heads a part computes together: a KV head's, at most [`MAX_GROUP`].
-fn group_len(layout: &PagedLayout, heads: usize) -> usize {
-    (heads / layout.kv_heads.max(1)).clamp(1, MAX_GROUP)
-}
-
 /// The f32 scratch [`paged_attention`] needs on `pool`.
 pub fn paged_scratch_len(
     layout: &PagedLayout,
@@ -209,7 +206,7 @@ pub fn paged_scratch_len(
     pool: &ThreadPool,
 ) -> usize {
     let (parts, positions) = split(layout, heads, segments, pool);
-    parts * group_len(layout, heads) * (positions + layout.head_size)
+    parts * group_len(heads, layout.kv_heads) * (positions + layout.head_size)
 }
 
 /// Attention of every row of `q` over its segment's cached keys, causally (the row at
@@ -250,7 +247,7 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
         return Ok(());
     }
     let (parts, positions) = split(layout, heads, segments, pool);
-    let g_max = group_len(layout, heads);
+    let g_max = group_len(heads, layout.kv_heads);
     let per_part = g_max * (positions + hs);
     if scratch.len() < parts * per_part {
         return Err(LayoutError::Length {
