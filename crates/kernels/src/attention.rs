@@ -534,7 +534,7 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
                 // keys hold hs values.
                 unsafe {
                     if hs == 64 {
-                        avx2::weighted_sum64(acc, es, v32, keys.start);
+                        avx2::weighted_sum64_best(acc, es, v32, keys.start);
                     } else {
                         for (&p, j) in es.iter().zip(keys.clone()) {
                             avx2::weighted_add(acc, p, &v32[j * hs..][..hs]);

@@ -42,6 +42,41 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s)))
 }
 
+/// [`hsum`] of four vectors at once into `out[..4]`, each by the same additions in the same
+/// order (`s_k = l_k + l_(k+4)`, then `(s0 + s2) + (s1 + s3)`), with the four keys' partial
+/// sums side by side in the lanes instead of one key's reduced in place.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum4(v: [__m256; 4], out: &mut [f32]) {
+    let [a, b, c, d] = v;
+    // [a.s | b.s] and [c.s | d.s]: s_k = l_k + l_(k+4) per 128-bit half.
+    let ab = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(a, b),
+        _mm256_permute2f128_ps::<0x31>(a, b),
+    );
+    let cd = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(c, d),
+        _mm256_permute2f128_ps::<0x31>(c, d),
+    );
+    // Low half [a.s0 + a.s2, a.s1 + a.s3, c.s0 + c.s2, c.s1 + c.s3], high half b and d.
+    let xy = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b01_00_01_00>(ab, cd),
+        _mm256_shuffle_ps::<0b11_10_11_10>(ab, cd),
+    );
+    // Low half [a, c, ..], high half [b, d, ..].
+    let r = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(xy, xy),
+        _mm256_shuffle_ps::<0b11_01_11_01>(xy, xy),
+    );
+    let abcd = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+    assert!(out.len() >= 4, "four sums");
+    // SAFETY: `out` holds at least four f32 (asserted above).
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm256_castps256_ps128(abcd)) };
+}
+
 /// `out[i] = q · k[(j0 + i) * hs..][..hs]` for every `i`, in the reference's order.
 ///
 /// # Safety
@@ -68,9 +103,8 @@ pub unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
                 }
             }
         }
-        for (i, a) in acc.into_iter().enumerate() {
-            out[j + i] = hsum(a);
-        }
+        // SAFETY: AVX2 is available (the caller's contract); `out[j..j + 4]` exists.
+        unsafe { hsum4(acc, &mut out[j..j + 4]) };
         j += 4;
     }
     for (j, o) in out.iter_mut().enumerate().skip(j) {
@@ -105,6 +139,54 @@ pub unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
             let x = _mm256_loadu_ps(v.as_ptr().add(d));
             _mm256_storeu_ps(acc.as_mut_ptr().add(d), _mm256_fmadd_ps(pv, x, a));
         }
+    }
+}
+
+/// [`weighted_sum64`] in four 512-bit accumulators where the CPU has AVX-512 (each element's
+/// operations are the same, lane for lane), else the AVX2 version.
+///
+/// # Safety
+/// As for [`weighted_sum64`].
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn weighted_sum64_best(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
+    static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let wide = *AVX512.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"));
+    // SAFETY: forwarded from the caller; AVX-512 F checked for the wide one.
+    unsafe {
+        if wide {
+            weighted_sum64_avx512(acc, ps, v, j0)
+        } else {
+            weighted_sum64(acc, ps, v, j0)
+        }
+    }
+}
+
+/// [`weighted_sum64`] with 16 lanes per vector.
+///
+/// # Safety
+/// AVX-512 F must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_sum64_avx512(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
+    assert!(
+        acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
+        "weighted_sum64 arguments were checked by the caller"
+    );
+    // SAFETY: `acc` holds 64 f32 (asserted above).
+    let mut a: [__m512; 4] =
+        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(acc.as_ptr().add(16 * i)) });
+    for (j, &p) in ps.iter().enumerate() {
+        let pv = _mm512_set1_ps(p);
+        let row = v.as_ptr().wrapping_add((j0 + j) * 64);
+        for (i, a) in a.iter_mut().enumerate() {
+            // SAFETY: row `j0 + j` lies inside `v` (asserted above).
+            let x = unsafe { _mm512_loadu_ps(row.add(16 * i)) };
+            *a = _mm512_fmadd_ps(pv, x, *a);
+        }
+    }
+    for (i, a) in a.iter().enumerate() {
+        // SAFETY: as for the loads.
+        unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(16 * i), *a) };
     }
 }
 
