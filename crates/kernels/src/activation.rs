@@ -186,7 +186,13 @@ pub fn exp_shifted_sum(xs: &mut [f32], max: f32) -> f32 {
         *x = exp32_nonpositive(*x - max);
         lanes[i % 8] += *x;
     }
-    let l = lanes;
+    lane_tree(lanes)
+}
+
+/// The sum of eight lanes by the tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`
+/// (what one 8-wide vector and its horizontal sum do): the order every eight-lane reduction
+/// of the kernels' references ends in.
+pub(crate) fn lane_tree(l: [f32; 8]) -> f32 {
     ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
 }
 

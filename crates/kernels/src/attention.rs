@@ -39,7 +39,7 @@
 
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::activation::exp_shifted_sum;
+use crate::activation::{exp_shifted_sum, lane_tree};
 use crate::attention_avx2 as avx2;
 use crate::layout::{LayoutError, check_len};
 use crate::par::{par_chunks2, parts_for};
@@ -567,8 +567,7 @@ pub(crate) fn dot8<T: Accum<Acc = f32>>(q: &[T], k: &[T]) -> f32 {
     for (d, (a, b)) in q.iter().zip(k).enumerate() {
         lanes[d % 8] = a.widen().mul_add(b.widen(), lanes[d % 8]);
     }
-    let l = lanes;
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+    lane_tree(lanes)
 }
 
 /// `values` as f32, when `T` is f32 (the AVX2 paths are f32-only).

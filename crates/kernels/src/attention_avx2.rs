@@ -149,11 +149,10 @@ pub unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
 /// As for [`weighted_sum64`].
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn weighted_sum64_best(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
-    static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let wide = *AVX512.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"));
-    // SAFETY: forwarded from the caller; AVX-512 F checked for the wide one.
+    // SAFETY: forwarded from the caller; AVX-512 F checked for the wide one (the detection
+    // is cached by std).
     unsafe {
-        if wide {
+        if std::arch::is_x86_feature_detected!("avx512f") {
             weighted_sum64_avx512(acc, ps, v, j0)
         } else {
             weighted_sum64(acc, ps, v, j0)
