@@ -340,7 +340,6 @@ const ROW_BLOCK: usize = 8;
 /// row of `rows`): tile by tile, four rows per pass over the tile's weights, then one at a
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
 /// many rows share the call.
-#[allow(clippy::int_plus_one)] // `passes!` with one row
 fn row_block_tiles(
     rows: &[QuantizedRow],
     w: &PackedNBits,
@@ -371,7 +370,7 @@ fn row_block_tiles(
             ($width:expr, [$($n:literal),*], |$g:ident, $l:ident, $p:ident| $call:expr) => {{
                 let mut r = 0;
                 $(
-                    while r + $n <= rows.len() {
+                    while rows.len() - r >= $n {
                         let mut lanes = [[0f32; $width]; $n];
                         let group: [&QuantizedRow; $n] = std::array::from_fn(|i| &rows[r + i]);
                         // SAFETY: `run` checked the ISA is available; `t < w.tiles` (and
