@@ -1,6 +1,9 @@
 //! Baseline benches of the reference kernels: MatMul, Add (broadcasting binary), ReduceMean and
 //! Gather over f32, f16 and bf16 at small, medium and large shapes.
 //!
+//! Throughput: bytes read and written for add, reduce_mean and gather (memory-bound), elements
+//! = floating-point operations (`2·M·K·N`) for matmul.
+//!
 //! Names read `family/dtype/shape/threads=N`, e.g. `matmul/f32/32x512x512/threads=1`. Kernels
 //! that take a thread pool run at 1 and 2 threads; `broadcast::binary` and `gather::gather`
 //! take none, so they run at threads=1 only. Each bench is kept short (10 samples, ~0.5 s) so
@@ -10,7 +13,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use half::{bf16, f16};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::reduce::{ReduceOp, reduce};
@@ -29,6 +32,11 @@ fn values<T: Accum>(len: usize, seed: u64) -> Vec<T> {
             T::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
         })
         .collect()
+}
+
+/// `values` elements of `T` as a byte throughput.
+fn bytes<T>(values: usize) -> Throughput {
+    Throughput::Bytes((values * std::mem::size_of::<T>()) as u64)
 }
 
 fn configure<'a>(
@@ -51,6 +59,7 @@ fn matmul_typed<T: Accum>(c: &mut Criterion, dtype: &str, pools: &[ThreadPool]) 
     for (m, k, n) in MATMUL_SHAPES {
         let (a, b) = (values::<T>(m * k, 1), values::<T>(k * n, 2));
         let mut out = vec![T::ZERO; m * n];
+        g.throughput(Throughput::Elements(2 * (m * k * n) as u64));
         for pool in pools {
             g.bench_function(
                 format!("{dtype}/{m}x{k}x{n}/threads={}", pool.threads()),
@@ -80,6 +89,7 @@ fn add_typed<T: Accum>(c: &mut Criterion, dtype: &str) {
             values::<T>(b_dims.iter().product(), 4),
         );
         let mut out = vec![T::ZERO; a.len()];
+        g.throughput(bytes::<T>(2 * a.len() + b.len()));
         let dims = |d: &[usize]| d.iter().map(usize::to_string).collect::<Vec<_>>().join("x");
         g.bench_function(
             format!("{dtype}/{}+{}/threads=1", dims(a_dims), dims(b_dims)),
@@ -108,6 +118,7 @@ fn reduce_mean_typed<T: Accum>(c: &mut Criterion, dtype: &str, pools: &[ThreadPo
     for (rows, n) in REDUCE_SHAPES {
         let x = values::<T>(rows * n, 5);
         let mut out = vec![T::ZERO; rows];
+        g.throughput(bytes::<T>(x.len()));
         for pool in pools {
             g.bench_function(
                 format!("{dtype}/{rows}x{n}/threads={}", pool.threads()),
@@ -134,6 +145,7 @@ fn gather_typed<T: Accum>(c: &mut Criterion, dtype: &str) {
             .map(|i| (i * 7919) % vocab as i64)
             .collect();
         let mut out = vec![T::ZERO; count * hidden];
+        g.throughput(bytes::<T>(2 * out.len()));
         g.bench_function(
             format!("{dtype}/{vocab}x{hidden}/ids={count}/threads=1"),
             |bench| {

@@ -1,41 +1,52 @@
-//! `MatMulNBits` with 4-bit weights in blocks of 32 and int8 activations (accuracy_level 4),
-//! at the default model's shapes: the fast kernel and its reference, 1 and 2 threads.
-//! Names read `matmul_nbits/q4_int8_{fast,reference}/MxKxN/threads=T`; the repacked kernel
-//! (what models run) `matmul_nbits/packed_qB/MxKxN/threads=T`, with its throughput in bytes
-//! of packed weights, at the default model's decode shapes (Q/K/V and gate/up grouped, the
-//! 8-bit output head) and a prefill chunk.
+//! `MatMulNBits` with int8 activations (accuracy_level 4) at the default model's shapes, on
+//! the repacked tile kernel models run (weights packed once, as at load):
+//!
+//! - `matmul_nbits/q4_gemv/KxN/threads=T`: one decode row, 4-bit weights in blocks of 32 with
+//!   a GGUF Q4_1 import's f16 scales and offsets; throughput in bytes of packed weights (what a
+//!   decode step streams);
+//! - `matmul_nbits/q8_gemv/KxN/threads=T`: the same with 8-bit weights (the output head);
+//! - `matmul_nbits/q4_gemm/MxKxN/threads=T`: a batch of 8 decode rows and a 128-row prefill
+//!   chunk; throughput in elements = floating-point operations (`2·M·K·N`);
+//! - `matmul_nbits/q4_reference/1xKxN/threads=T`: the scalar reference every fast variant
+//!   equals bit for bit, for scale.
+//!
+//! KxN 576x192 is a K or V projection, 576x576 Q or O, 576x1536 gate or up, 1536x576 down,
+//! 576x49152 the output head; 576x960 and 576x3072 are the grouped Q/K/V and gate/up matmuls
+//! (one call over matrices packed side by side) that models actually run.
 //! `cargo bench -p oxgen-kernels --bench matmul_nbits`
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
-use oxgen_kernels::matmul_nbits_int8::{matmul_nbits_int8, matmul_nbits_int8_reference};
+use oxgen_kernels::matmul_nbits_int8::matmul_nbits_int8_reference;
 use oxgen_kernels::nbits_avx2::Isa;
 use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed};
 
-/// (M, K, N): decode rows of the MLP up/down projections and the output head, a prefill chunk.
-const SHAPES: [(usize, usize, usize); 4] = [
-    (1, 576, 1536),
-    (1, 1536, 576),
-    (1, 576, 49152),
-    (128, 576, 1536),
+/// (K, N) of the decode rows.
+const GEMV_SHAPES: [(usize, usize); 7] = [
+    (576, 192),
+    (576, 576),
+    (576, 960),
+    (576, 1536),
+    (576, 3072),
+    (1536, 576),
+    (576, 49152),
 ];
 
-/// (M, K, N, bits) for the repacked kernel.
-const PACKED_SHAPES: [(usize, usize, usize, u32); 6] = [
-    (1, 576, 960, 4),
-    (1, 576, 3072, 4),
-    (1, 1536, 576, 4),
-    (1, 576, 49152, 8),
-    (8, 576, 3072, 4),
-    (128, 576, 3072, 4),
+/// (M, K, N) of batched rows.
+const GEMM_SHAPES: [(usize, usize, usize); 4] = [
+    (8, 576, 3072),
+    (8, 1536, 576),
+    (128, 576, 3072),
+    (128, 1536, 576),
 ];
 
-/// Pseudo-random codes, scales and float zero points (not f16 values, like a GGUF Q4_1
-/// import's) for `layout`, and `m` rows of activations.
+/// Codes, scales and zero points for `layout`, and `m` rows of activations. 4-bit blocks
+/// look like a GGUF Q4_1 import's: an f16 scale `d` and minimum `m` per block, stored as the
+/// float zero point `−m/d`; 8-bit ones have default zero points, as the output head does.
 struct Inputs {
     data: Vec<u8>,
     scales: Vec<f32>,
@@ -51,58 +62,73 @@ fn inputs(layout: &NBitsLayout, m: usize, seed: u64) -> Inputs {
             .wrapping_add(1442695040888963407);
         (s >> 33) as u32
     };
+    let f16 = |v: f32| half::f16::from_f32(v).to_f32();
     let blocks = layout.n * layout.k_blocks;
+    let scales: Vec<f32> = (0..blocks)
+        .map(|_| f16((next() % 100 + 1) as f32 * 1e-4))
+        .collect();
+    let zp = scales
+        .iter()
+        .map(|&d| -f16(-((next() % 100) as f32) * 1e-3) / d)
+        .collect();
     Inputs {
         data: (0..blocks * layout.blob_size)
             .map(|_| next() as u8)
             .collect(),
-        scales: (0..blocks).map(|_| (next() % 100) as f32 * 1e-4).collect(),
-        zp: (0..blocks).map(|_| (next() % 16) as f32 + 0.3).collect(),
+        scales,
+        zp,
         a: (0..m * layout.k)
             .map(|_| (next() % 2000) as f32 * 1e-3 - 1.0)
             .collect(),
     }
 }
 
-fn bench_packed(c: &mut Criterion) {
-    let mut g = c.benchmark_group("matmul_nbits");
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_millis(700));
-    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for (m, k, n, bits) in PACKED_SHAPES {
-        let layout = NBitsLayout::new(n, k, bits, 32).expect("a valid layout");
-        let Inputs {
-            data,
-            scales,
-            zp,
-            a,
-        } = inputs(&layout, m, 2);
-        // 4-bit layers carry float zero points (GGUF Q4_1 imports), the 8-bit head none.
-        let w = QuantWeights {
-            layout,
-            data: &data,
-            scales: &scales,
-            zero_points: if bits == 4 {
-                ZeroPoints::Float(&zp)
-            } else {
-                ZeroPoints::Default
-            },
-        };
-        let packed = PackedNBits::pack(&w)
-            .expect("valid")
-            .expect("AVX2 is available");
-        g.throughput(Throughput::Bytes(packed.nbytes() as u64));
-        let mut out = vec![0f32; m * n];
-        for pool in &pools {
-            let t = pool.threads();
-            g.bench_function(format!("packed_q{bits}/{m}x{k}x{n}/threads={t}"), |b| {
-                b.iter(|| {
-                    matmul_packed(black_box(&a), m, &packed, None, &mut out, pool, Isa::best())
-                        .expect("valid")
-                })
-            });
-        }
+type Group<'a> = BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+/// `matmul_nbits/NAME/threads=T` on the packed kernel at 1 and 2 threads; the throughput is
+/// the packed bytes, or `2·M·K·N` elements when `flops`.
+fn packed(g: &mut Group<'_>, name: &str, (m, k, n): (usize, usize, usize), bits: u32, flops: bool) {
+    let layout = NBitsLayout::new(n, k, bits, 32).expect("a valid layout");
+    let Inputs {
+        data,
+        scales,
+        zp,
+        a,
+    } = inputs(&layout, m, 2);
+    let w = QuantWeights {
+        layout,
+        data: &data,
+        scales: &scales,
+        zero_points: if bits == 4 {
+            ZeroPoints::Float(&zp)
+        } else {
+            ZeroPoints::Default
+        },
+    };
+    let packed = PackedNBits::pack(&w)
+        .expect("valid")
+        .expect("the tile kernel runs on this CPU (AVX2 and FMA)");
+    g.throughput(if flops {
+        Throughput::Elements(2 * (m * k * n) as u64)
+    } else {
+        Throughput::Bytes(packed.nbytes() as u64)
+    });
+    let mut out = vec![0f32; m * n];
+    for pool in [ThreadPool::new(1), ThreadPool::new(2)] {
+        g.bench_function(format!("{name}/threads={}", pool.threads()), |b| {
+            b.iter(|| {
+                matmul_packed(
+                    black_box(&a),
+                    m,
+                    &packed,
+                    None,
+                    &mut out,
+                    &pool,
+                    Isa::best(),
+                )
+                .expect("valid")
+            })
+        });
     }
 }
 
@@ -111,40 +137,41 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(200))
         .measurement_time(Duration::from_millis(700));
-    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-    for (m, k, n) in SHAPES {
-        let layout = NBitsLayout::new(n, k, 4, 32).expect("a valid layout");
-        let Inputs {
-            data,
-            scales,
-            zp,
-            a,
-        } = inputs(&layout, m, 1);
-        let w = QuantWeights {
-            layout,
-            data: &data,
-            scales: &scales,
-            zero_points: ZeroPoints::Float(&zp),
-        };
-        let mut out = vec![0f32; m * n];
-        for pool in &pools {
-            let t = pool.threads();
-            g.bench_function(format!("q4_int8_fast/{m}x{k}x{n}/threads={t}"), |b| {
+    for (k, n) in GEMV_SHAPES {
+        packed(&mut g, &format!("q4_gemv/{k}x{n}"), (1, k, n), 4, false);
+    }
+    for (k, n) in [(576, 576), (576, 49152)] {
+        packed(&mut g, &format!("q8_gemv/{k}x{n}"), (1, k, n), 8, false);
+    }
+    for (m, k, n) in GEMM_SHAPES {
+        packed(&mut g, &format!("q4_gemm/{m}x{k}x{n}"), (m, k, n), 4, true);
+    }
+
+    let (m, k, n) = (1, 576, 1536);
+    let layout = NBitsLayout::new(n, k, 4, 32).expect("a valid layout");
+    let inp = inputs(&layout, m, 1);
+    let w = QuantWeights {
+        layout,
+        data: &inp.data,
+        scales: &inp.scales,
+        zero_points: ZeroPoints::Float(&inp.zp),
+    };
+    let mut out = vec![0f32; m * n];
+    g.throughput(Throughput::Bytes(
+        (inp.data.len() + 8 * inp.scales.len()) as u64,
+    ));
+    for pool in [ThreadPool::new(1), ThreadPool::new(2)] {
+        g.bench_function(
+            format!("q4_reference/{m}x{k}x{n}/threads={}", pool.threads()),
+            |b| {
                 b.iter(|| {
-                    matmul_nbits_int8(black_box(&a), m, &w, None, &mut out, pool).expect("valid")
+                    matmul_nbits_int8_reference(black_box(&inp.a), m, &w, None, &mut out, &pool)
+                        .expect("valid")
                 })
-            });
-            if m == 1 && n <= 1536 {
-                g.bench_function(format!("q4_int8_reference/{m}x{k}x{n}/threads={t}"), |b| {
-                    b.iter(|| {
-                        matmul_nbits_int8_reference(black_box(&a), m, &w, None, &mut out, pool)
-                            .expect("valid")
-                    })
-                });
-            }
-        }
+            },
+        );
     }
 }
 
-criterion_group!(benches, bench, bench_packed);
+criterion_group!(benches, bench);
 criterion_main!(benches);

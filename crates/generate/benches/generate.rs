@@ -1,0 +1,199 @@
+//! The per-token work around the model: choosing a token from a vocabulary-sized row, the
+//! logits processors, and tokenization.
+//!
+//! - `sampling/{greedy,top_k,top_p,min_p}/vocab=49152`: one [`Sampler::sample`] call (copy of
+//!   the row, sanitizing, the chain, the selection) with only that option on (`top_k` 50,
+//!   `top_p` 0.9 alone, so a sort of the whole row, `min_p` 0.05; temperature 1 otherwise);
+//!   `top_p_after_top_k` is `top_k` 50 then `top_p` 0.9 (top-p sorts the 50 survivors).
+//!   Top-k is a partial selection, not a sort. Throughput in bytes of the row.
+//! - `logit_processing/seven_processor_chain_per_step`: [`Sampler::process`] with all seven
+//!   processors on (logit bias, repetition, frequency and presence penalties over 256 seen
+//!   ids, temperature, top-k, top-p, min-p) on a fresh copy of the row.
+//! - `tokenization/{encode,decode}` on the default model's tokenizer (SmolLM2, 49152 ids) over
+//!   an English text; `decode_stream` pushes the ids one at a time through the streaming
+//!   [`Detokenizer`], as generation does. Throughput in bytes of text.
+//!
+//! The tokenizer comes from `$OXGEN_DEFAULT_MODEL/tokenizer.json`, else from the default
+//! model's folder in the oxgen cache (`oxgen pull` puts it there).
+//! `cargo bench -p oxgen-generate --bench generate`
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{
+    BatchSize, BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main,
+};
+use oxgen_generate::{Detokenizer, Sampler, SamplingParams, Tokenizer};
+
+const VOCAB: usize = 49152;
+
+/// A logits row shaped like a language model's: mostly small values, a few hundred tokens
+/// well above the rest (deterministic: a 64-bit LCG).
+fn logits(seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..VOCAB)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            let bump = if (s >> 20).is_multiple_of(200) {
+                8.0
+            } else {
+                0.0
+            };
+            u * 6.0 - 3.0 + bump
+        })
+        .collect()
+}
+
+fn group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(600));
+    g
+}
+
+/// A sampler with `params`, 256 ids of history (a prompt and some generated tokens).
+fn sampler(params: SamplingParams) -> Sampler {
+    let mut s = Sampler::new(params).expect("valid parameters");
+    let prompt: Vec<u32> = (0..192u32).map(|i| i * 257 % VOCAB as u32).collect();
+    s.reset(&prompt);
+    for i in 0..64u32 {
+        s.accept(i * 911 % VOCAB as u32);
+    }
+    s
+}
+
+fn sampling(c: &mut Criterion) {
+    let row = logits(1);
+    let mut g = group(c, "sampling");
+    g.throughput(Throughput::Bytes((VOCAB * 4) as u64));
+    let base = SamplingParams::default;
+    let cases = [
+        (
+            "greedy",
+            SamplingParams {
+                greedy: true,
+                ..base()
+            },
+        ),
+        (
+            "top_k",
+            SamplingParams {
+                top_k: 50,
+                ..base()
+            },
+        ),
+        (
+            "top_p",
+            SamplingParams {
+                top_p: 0.9,
+                ..base()
+            },
+        ),
+        (
+            "top_p_after_top_k",
+            SamplingParams {
+                top_k: 50,
+                top_p: 0.9,
+                ..base()
+            },
+        ),
+        (
+            "min_p",
+            SamplingParams {
+                min_p: 0.05,
+                ..base()
+            },
+        ),
+    ];
+    for (name, params) in cases {
+        let mut s = sampler(params);
+        g.bench_function(format!("{name}/vocab={VOCAB}"), |b| {
+            b.iter(|| s.sample(black_box(&row), &[]))
+        });
+    }
+    g.finish();
+
+    let mut g = group(c, "logit_processing");
+    g.throughput(Throughput::Bytes((VOCAB * 4) as u64));
+    let mut s = sampler(SamplingParams {
+        temperature: 0.8,
+        top_k: 50,
+        top_p: 0.9,
+        min_p: 0.05,
+        repetition_penalty: 1.1,
+        frequency_penalty: 0.5,
+        presence_penalty: 0.3,
+        logit_bias: vec![(17, 2.0), (4242, -1.5), (30000, f32::NEG_INFINITY)],
+        ..base()
+    });
+    g.bench_function("seven_processor_chain_per_step", |b| {
+        b.iter_batched_ref(|| row.clone(), |r| s.process(r), BatchSize::SmallInput)
+    });
+}
+
+fn tokenizer_path() -> PathBuf {
+    let dir = std::env::var_os("OXGEN_DEFAULT_MODEL")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("OXGEN_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("oxgen"))
+                })
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/oxgen"))
+                })?;
+            Some(cache.join("models/SmolLM2-135M-Instruct"))
+        })
+        .unwrap_or_default();
+    let path = dir.join("tokenizer.json");
+    assert!(
+        path.is_file(),
+        "{} not found: the tokenization benches need the default model's tokenizer. Run \
+         `oxgen pull` (or set OXGEN_DEFAULT_MODEL to an imported package folder)",
+        path.display()
+    );
+    path
+}
+
+const TEXT: &str = "The sky looks blue because sunlight is scattered by the molecules of the \
+air. Light of shorter wavelengths, toward the blue end of the spectrum, is scattered far more \
+than red light: Rayleigh scattering grows as the inverse fourth power of the wavelength. When \
+the sun is low, its light crosses much more air, the blue is scattered away before it reaches \
+us, and sunsets turn orange and red. In 1871 Lord Rayleigh published the theory; later work \
+by Einstein and Smoluchowski tied it to fluctuations in the density of the gas. ";
+
+fn tokenization(c: &mut Criterion) {
+    let tok = Tokenizer::from_file(&tokenizer_path()).expect("a valid tokenizer.json");
+    let text = TEXT.repeat(8);
+    let ids = tok.encode(&text, false).expect("encodes");
+    let mut g = group(c, "tokenization");
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_function(format!("encode/bytes={}", text.len()), |b| {
+        b.iter(|| tok.encode(black_box(&text), false).expect("encodes"))
+    });
+    g.bench_function(format!("decode/tokens={}", ids.len()), |b| {
+        b.iter(|| tok.decode(black_box(&ids), false).expect("decodes"))
+    });
+    g.bench_function(format!("decode_stream/tokens={}", ids.len()), |b| {
+        b.iter(|| {
+            let mut d = Detokenizer::new(false);
+            let mut n = 0;
+            for &id in &ids {
+                n += d.push(&tok, id).expect("decodes").len();
+            }
+            n
+        })
+    });
+}
+
+criterion_group!(benches, sampling, tokenization);
+criterion_main!(benches);

@@ -1,0 +1,235 @@
+//! The decoder layer's kernels besides the matmuls, at the default model's shapes
+//! (SmolLM2-135M: hidden 576, 9 query heads and 3 KV heads of 64), on the kernels models run
+//! (AVX2 / AVX-512 where the CPU has them), at 1 and 2 threads:
+//!
+//! - `gqa/decode/past=P/threads=T`: one query row per head against `P + 1` cached positions;
+//!   throughput in bytes of K and V read (the cache is what decode attention streams);
+//! - `gqa/prefill/seq=128/threads=T`: 128 causal query rows from an empty cache; throughput in
+//!   elements = floating-point operations (`2·2·heads·head_size` per query-key pair seen);
+//! - `rmsnorm/RxN/threads=T` (RMSNormalization) and `rmsnorm/skip/RxN/threads=T` (the fused
+//!   residual add + RMSNorm layers run); bytes read and written;
+//! - `rotary/seq=S/threads=T`: RoPE over a layer's query heads; bytes read and written;
+//! - `softmax/RxN/threads=T`: over the last axis; bytes read and written.
+//!
+//! `cargo bench -p oxgen-kernels --bench layers` (add `-- --test` to run each once).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use oxgen_kernels::ThreadPool;
+use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
+use oxgen_kernels::norm::{Residual, rms_norm, skip_rms_norm};
+use oxgen_kernels::rotary::{HeadsShape, Positions, Rope, rotary};
+use oxgen_kernels::softmax::{SoftmaxKind, softmax};
+
+const HIDDEN: usize = 576;
+const HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HEAD_SIZE: usize = 64;
+const F32: u64 = 4;
+
+/// Deterministic values in [-1, 1) (a 64-bit LCG, Knuth's MMIX constants).
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(600));
+    g
+}
+
+fn pools() -> [ThreadPool; 2] {
+    [ThreadPool::new(1), ThreadPool::new(2)]
+}
+
+/// Attention of `seq` new query rows starting at position `start` over a cache of
+/// `start + seq` positions.
+fn bench_attention(
+    g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    start: usize,
+    seq: usize,
+    pools: &[ThreadPool],
+) {
+    let capacity = start + seq;
+    let shape = GqaShape {
+        batch: 1,
+        seq,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+        head_size: HEAD_SIZE,
+        capacity,
+    };
+    let score = ScoreMod {
+        scale: 1.0 / (HEAD_SIZE as f32).sqrt(),
+        softcap: 0.0,
+        window: None,
+    };
+    let q = values(seq * HEADS * HEAD_SIZE, 1);
+    let cache = KV_HEADS * capacity * HEAD_SIZE;
+    let (k, v) = (values(cache, 2), values(cache, 3));
+    let mut out = vec![0f32; seq * HEADS * HEAD_SIZE];
+    let rows = Rows {
+        data: &q,
+        stride: HEADS * HEAD_SIZE,
+        offset: 0,
+    };
+    for pool in pools {
+        let mut scratch = vec![0f32; scratch_len(&shape, pool)];
+        g.bench_function(format!("{name}/threads={}", pool.threads()), |b| {
+            b.iter(|| {
+                attention(
+                    &shape,
+                    &score,
+                    black_box(&rows),
+                    &k,
+                    &v,
+                    &[start],
+                    &[capacity],
+                    &mut out,
+                    &mut scratch,
+                    pool,
+                )
+                .expect("shapes match")
+            })
+        });
+    }
+}
+
+fn gqa(c: &mut Criterion) {
+    let pools = pools();
+    let mut g = group(c, "gqa");
+    for past in [128, 1024, 4096] {
+        let kv_bytes = 2 * (KV_HEADS * (past + 1) * HEAD_SIZE) as u64 * F32;
+        g.throughput(Throughput::Bytes(kv_bytes));
+        bench_attention(&mut g, &format!("decode/past={past}"), past, 1, &pools);
+    }
+    let seq = 128;
+    // Row s sees s + 1 keys: (QK dot + weighted V sum) × 2 flops per multiply-add.
+    let pairs = (seq * (seq + 1) / 2 * HEADS) as u64;
+    g.throughput(Throughput::Elements(pairs * 4 * HEAD_SIZE as u64));
+    bench_attention(&mut g, &format!("prefill/seq={seq}"), 0, seq, &pools);
+}
+
+fn rmsnorm(c: &mut Criterion) {
+    let pools = pools();
+    let mut g = group(c, "rmsnorm");
+    let gamma = values(HIDDEN, 4);
+    for rows in [1, 128] {
+        let n = rows * HIDDEN;
+        let (x, skip) = (values(n, 5), values(n, 6));
+        let (mut out, mut sum) = (vec![0f32; n], vec![0f32; n]);
+        for pool in &pools {
+            let t = pool.threads();
+            g.throughput(Throughput::Bytes(2 * n as u64 * F32));
+            g.bench_function(format!("{rows}x{HIDDEN}/threads={t}"), |b| {
+                b.iter(|| {
+                    rms_norm(black_box(&x), &gamma, rows, HIDDEN, 1e-5, &mut out, pool)
+                        .expect("shapes match")
+                })
+            });
+            // Reads x and the skip, writes the normalized row and the sum.
+            g.throughput(Throughput::Bytes(4 * n as u64 * F32));
+            g.bench_function(format!("skip/{rows}x{HIDDEN}/threads={t}"), |b| {
+                b.iter(|| {
+                    skip_rms_norm(
+                        black_box(&x),
+                        Residual {
+                            skip: &skip,
+                            bias: None,
+                        },
+                        &gamma,
+                        rows,
+                        HIDDEN,
+                        1e-5,
+                        &mut out,
+                        Some(&mut sum),
+                        None,
+                        pool,
+                    )
+                    .expect("shapes match")
+                })
+            });
+        }
+    }
+}
+
+fn rope(c: &mut Criterion) {
+    let pools = pools();
+    let mut g = group(c, "rotary");
+    let (half, positions) = (HEAD_SIZE / 2, 2048);
+    let (cos, sin) = (values(positions * half, 7), values(positions * half, 8));
+    let rope = Rope::new(&cos, &sin, half, false).expect("whole rows");
+    for seq in [1, 128] {
+        let shape = HeadsShape {
+            batch: 1,
+            seq,
+            heads: HEADS,
+            head_size: HEAD_SIZE,
+            heads_first: false,
+        };
+        let x = values(seq * HEADS * HEAD_SIZE, 9);
+        let mut out = vec![0f32; x.len()];
+        g.throughput(Throughput::Bytes(2 * x.len() as u64 * F32));
+        for pool in &pools {
+            g.bench_function(format!("seq={seq}/threads={}", pool.threads()), |b| {
+                b.iter(|| {
+                    rotary(
+                        black_box(&x),
+                        &shape,
+                        Positions::Offset(100),
+                        &rope,
+                        &mut out,
+                        pool,
+                    )
+                    .expect("positions in range")
+                })
+            });
+        }
+    }
+}
+
+fn softmax_rows(c: &mut Criterion) {
+    let pools = pools();
+    let mut g = group(c, "softmax");
+    // A vocabulary row, and a prefill chunk's attention scores (heads × rows × keys).
+    for (rows, n) in [(1, 49152), (HEADS * 128, 128)] {
+        let x = values(rows * n, 10);
+        let mut out = vec![0f32; x.len()];
+        g.throughput(Throughput::Bytes(2 * x.len() as u64 * F32));
+        for pool in &pools {
+            g.bench_function(format!("{rows}x{n}/threads={}", pool.threads()), |b| {
+                b.iter(|| {
+                    softmax(
+                        SoftmaxKind::Softmax,
+                        black_box(&x),
+                        rows,
+                        n,
+                        1,
+                        &mut out,
+                        pool,
+                    )
+                    .expect("shapes match")
+                })
+            });
+        }
+    }
+}
+
+criterion_group!(benches, gqa, rmsnorm, rope, softmax_rows);
+criterion_main!(benches);
