@@ -423,17 +423,19 @@ impl NativeSession {
 }
 
 /// The `MatMulNBits` attributes of a node's parts (one for `MatMulNBits`, several for a
-/// group), each with the index of its first weight input (B; scales and zero points follow).
+/// group, gate and up for a `MatMulNBitsGlu`), each with the index of its first weight input (B; scales and zero points follow).
 fn nbits_parts(op: &Op) -> Vec<(&MatMulNBits, usize)> {
-    match op {
-        Op::MatMulNBits(m) => vec![(m, 1)],
-        Op::MatMulNBitsGroup(parts) => parts
-            .iter()
-            .enumerate()
-            .map(|(p, m)| (m, 1 + 3 * p))
-            .collect(),
-        _ => Vec::new(),
-    }
+    let parts: &[MatMulNBits] = match op {
+        Op::MatMulNBits(m) => std::slice::from_ref(m),
+        Op::MatMulNBitsGroup(parts) => parts,
+        Op::MatMulNBitsGlu(parts) => parts,
+        _ => &[],
+    };
+    parts
+        .iter()
+        .enumerate()
+        .map(|(p, m)| (m, 1 + 3 * p))
+        .collect()
 }
 
 /// Repacks the weights of every int8-activation `MatMulNBits` node (and group) whose weights
@@ -467,7 +469,10 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
         else {
             continue;
         };
-        *slot = ops::quant::prepack(&weights);
+        *slot = match (&node.op, weights.as_slice()) {
+            (Op::MatMulNBitsGlu(_), &[gate, up]) => ops::quant::prepack_glu([gate, up]),
+            _ => ops::quant::prepack(&weights),
+        };
         if slot.is_some() {
             // Right away, so the load never holds every matrix twice.
             for (_, b, scales, zero_points) in weights {
@@ -577,8 +582,10 @@ fn matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> u64 {
         .iter()
         .zip(packed)
         .map(|(node, p)| match (&node.op, p) {
-            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_), Some(p)) => p.nbytes() as u64,
-            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_), None) => node
+            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_) | Op::MatMulNBitsGlu(_), Some(p)) => {
+                p.nbytes() as u64
+            }
+            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_) | Op::MatMulNBitsGlu(_), None) => node
                 .inputs
                 .iter()
                 .skip(1)

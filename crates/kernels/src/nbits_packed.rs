@@ -21,6 +21,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::ThreadPool;
+use crate::activation;
 use crate::layout::LayoutError;
 use crate::layout::{check_len, numel};
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
@@ -100,6 +101,9 @@ pub struct PackedNBits {
     layout: NBitsLayout,
     /// Each part's columns; each starts on a tile, the gap before the next holds padding.
     spans: Vec<Range<usize>>,
+    /// Two matrices of one shape, a gated MLP's gate and up projections, packed tile by tile
+    /// in turn ([`PackedNBits::pack_glu`]); `spans` is then the one output's columns.
+    glu: bool,
     tiles: usize,
     data: Vec<u8>,
     scales: Floats,
@@ -116,11 +120,55 @@ impl PackedNBits {
     /// does not run their layout on this CPU. The parts must agree on K, bits, block size and
     /// the kind of zero points.
     pub fn pack_parts(parts: &[QuantWeights<'_, f32>]) -> Result<Option<PackedNBits>, LayoutError> {
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut end = 0usize;
+        for w in parts {
+            let start = end.next_multiple_of(TILE);
+            end = start + w.layout.n;
+            spans.push(start..end);
+        }
+        let place = |p: usize, j: usize| spans[p].start + j;
+        Self::pack_placed(parts, end, place, spans.clone(), false)
+    }
+
+    /// Repacks a gated MLP's `gate` and `up` projections (one shape) for
+    /// [`matmul_packed_glu`]: gate tile `t` then up tile `t`, for each `t` in turn, so the
+    /// thread that computes a tile of one has the other's matching tile at hand. `None` when
+    /// the tile kernel does not run their layout on this CPU.
+    pub fn pack_glu(
+        gate: &QuantWeights<'_, f32>,
+        up: &QuantWeights<'_, f32>,
+    ) -> Result<Option<PackedNBits>, LayoutError> {
+        let n = gate.layout.n;
+        if up.layout.n != n {
+            return Err(LayoutError::Shape(format!(
+                "a gate and an up projection of {n} and {} columns: a gated MLP's two have one \
+                 width",
+                up.layout.n
+            )));
+        }
+        let place = |p: usize, j: usize| (j / TILE * 2 + p) * TILE + j % TILE;
+        Self::pack_placed(
+            &[*gate, *up],
+            2 * n.next_multiple_of(TILE),
+            place,
+            std::iter::once(0..n).collect(),
+            true,
+        )
+    }
+
+    /// Packs `parts` with column `j` of part `p` at `place(p, j)` of a column space `width`
+    /// wide; the parts must agree on K, bits, block size and the kind of zero points.
+    fn pack_placed(
+        parts: &[QuantWeights<'_, f32>],
+        width: usize,
+        place: impl Fn(usize, usize) -> usize,
+        spans: Vec<Range<usize>>,
+        glu: bool,
+    ) -> Result<Option<PackedNBits>, LayoutError> {
         let Some(first) = parts.first() else {
             return Err(LayoutError::Shape("no matrices to pack".into()));
         };
-        let mut spans = Vec::with_capacity(parts.len());
-        let mut end = 0usize;
         for w in parts {
             w.check()?;
             let (a, b) = (&w.layout, &first.layout);
@@ -136,12 +184,9 @@ impl PackedNBits {
             if !supported(a) {
                 return Ok(None);
             }
-            let start = end.next_multiple_of(TILE);
-            end = start + a.n;
-            spans.push(start..end);
         }
         let l = NBitsLayout::new(
-            end,
+            width,
             first.layout.k,
             first.layout.bits,
             first.layout.block_size,
@@ -157,9 +202,9 @@ impl PackedNBits {
         let mut zp_codes = vec![default_zp; tiles * kb * TILE];
         let mut zp_float = vec![0f32; tiles * kb * TILE];
         let row_bytes = kb * l.blob_size;
-        for (w, span) in parts.iter().zip(&spans) {
+        for (p, w) in parts.iter().enumerate() {
             for j in 0..w.layout.n {
-                let (t, c) = ((span.start + j) / TILE, (span.start + j) % TILE);
+                let (t, c) = (place(p, j) / TILE, place(p, j) % TILE);
                 let codes = &w.data[j * row_bytes..][..row_bytes];
                 for b in 0..kb {
                     let at = (t * kb + b) * TILE + c;
@@ -191,6 +236,7 @@ impl PackedNBits {
         Ok(Some(PackedNBits {
             layout: l,
             spans,
+            glu,
             tiles,
             data,
             scales: Floats::new(scales),
@@ -253,10 +299,11 @@ pub fn matmul_packed(
     pool: &ThreadPool,
     isa: Isa,
 ) -> Result<(), LayoutError> {
-    if w.spans.len() != 1 {
+    if w.spans.len() != 1 || w.glu {
         return Err(LayoutError::Shape(format!(
-            "a matrix packed from {} parts computes through matmul_packed_parts",
-            w.spans.len()
+            "a matrix packed from {} parts computes through matmul_packed_{}",
+            if w.glu { 2 } else { w.spans.len() },
+            if w.glu { "glu" } else { "parts" }
         )));
     }
     if let Some(b) = bias {
@@ -276,14 +323,39 @@ pub fn matmul_packed_parts(
     pool: &ThreadPool,
     isa: Isa,
 ) -> Result<(), LayoutError> {
-    if outs.len() != w.spans.len() {
+    if outs.len() != w.spans.len() || w.glu {
         return Err(LayoutError::Shape(format!(
-            "{} outputs for a matrix packed from {} parts",
+            "{} outputs for a matrix packed from {} parts{}",
             outs.len(),
-            w.spans.len()
+            w.spans.len(),
+            if w.glu {
+                " as gate and up (matmul_packed_glu)"
+            } else {
+                ""
+            }
         )));
     }
     run(a, m, w, None, outs, pool, isa)
+}
+
+/// The gated SiLU of a decoder's MLP over the gate and up projections
+/// [`PackedNBits::pack_glu`] packed: `out = silu(a · gateᵀ) * (a · upᵀ)`, each product
+/// column exactly as [`matmul_packed`] computes it and the rest exactly as
+/// [`activation::silu_mul`] does, in one parallel region.
+pub fn matmul_packed_glu(
+    a: &[f32],
+    m: usize,
+    w: &PackedNBits,
+    out: &mut [f32],
+    pool: &ThreadPool,
+    isa: Isa,
+) -> Result<(), LayoutError> {
+    if !w.glu {
+        return Err(LayoutError::Shape(
+            "matmul_packed_glu takes a gate and an up projection packed by pack_glu".into(),
+        ));
+    }
+    run(a, m, w, None, &mut [out], pool, isa)
 }
 
 fn run(
@@ -339,7 +411,8 @@ const ROW_BLOCK: usize = 8;
 /// Columns `cols` (whole tiles, the last possibly short) of the output rows `outs` (one per
 /// row of `rows`): tile by tile, four rows per pass over the tile's weights, then one at a
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
-/// many rows share the call.
+/// many rows share the call. For a gate and up pair (`w.glu`), `cols` are output columns and
+/// each tile's gate and up sums become gated SiLUs there.
 fn row_block_tiles(
     rows: &[QuantizedRow],
     w: &PackedNBits,
@@ -354,6 +427,51 @@ fn row_block_tiles(
     while j0 < cols.end {
         let t = j0 / TILE;
         let o = j0 - cols.start;
+        // The rows in passes of `$n` (the first count that fits, in order) over the tile's
+        // weights, each pass one kernel call that uses every weight load for its rows; `$store`
+        // takes each row's lanes.
+        macro_rules! passes {
+            ($width:expr, [$($n:literal),*], $store:ident, |$g:ident, $l:ident, $p:ident| $call:expr) => {{
+                let mut r = 0;
+                $(
+                    while rows.len() - r >= $n {
+                        let mut lanes = [[0f32; $width]; $n];
+                        let group: [&QuantizedRow; $n] = std::array::from_fn(|i| &rows[r + i]);
+                        // SAFETY: `run` checked the ISA is available; the tiles read exist
+                        // (`t < w.tiles`; `t + 1` for a pair, whose first column is inside
+                        // `cols`; `2t + 1` for a gate and up pair); the rows' buffers hold
+                        // whole blocks (asserted inside).
+                        unsafe {
+                            let ($g, $l, $p) = (group, &mut lanes, r == 0);
+                            $call
+                        };
+                        for (i, l) in lanes.iter().enumerate() {
+                            $store(r + i, l);
+                        }
+                        r += $n;
+                    }
+                )*
+            }};
+        }
+        if w.glu {
+            // A gate and up tile pair's sixteen sums → this tile's eight gated SiLUs.
+            let mut store = |r: usize, lanes: &[f32]| {
+                let n = (cols.end - j0).min(TILE);
+                activation::silu_mul(&lanes[..n], &lanes[TILE..][..n], &mut outs[r][o..][..n]);
+            };
+            // Output tile t is gate tile 2t beside up tile 2t + 1.
+            if isa == Isa::Avx512Vnni {
+                passes!(2 * TILE, [8, 4, 2, 1], store, |g, l, p| {
+                    tile_pair(g, w, 2 * t, l, p)
+                });
+            } else {
+                passes!(2 * TILE, [4, 2, 1], store, |g, l, p| {
+                    tile_glu(g, w, t, l, isa.ymm(), p)
+                });
+            }
+            j0 += TILE;
+            continue;
+        }
         let mut store = |r: usize, lanes: &[f32]| {
             let n = (cols.end - j0).min(lanes.len());
             let dst = &mut outs[r][o..][..n];
@@ -364,37 +482,22 @@ fn row_block_tiles(
                 };
             }
         };
-        // The rows in passes of `$n` (the first count that fits, in order) over the tile's
-        // weights, each pass one kernel call that uses every weight load for its rows.
-        macro_rules! passes {
-            ($width:expr, [$($n:literal),*], |$g:ident, $l:ident, $p:ident| $call:expr) => {{
-                let mut r = 0;
-                $(
-                    while rows.len() - r >= $n {
-                        let mut lanes = [[0f32; $width]; $n];
-                        let group: [&QuantizedRow; $n] = std::array::from_fn(|i| &rows[r + i]);
-                        // SAFETY: `run` checked the ISA is available; `t < w.tiles` (and
-                        // `t + 1` for a pair: its first column is inside `cols`); the rows'
-                        // buffers hold whole blocks (asserted inside).
-                        unsafe {
-                            let ($g, $l, $p) = (group, &mut lanes, r == 0);
-                            $call
-                        };
-                        for (i, l) in lanes.iter().enumerate() {
-                            store(r + i, l);
-                        }
-                        r += $n;
-                    }
-                )*
-            }};
-        }
         if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
             // Two tiles per 512-bit vector; eight rows fit the 32 vector registers.
-            passes!(2 * TILE, [8, 4, 2, 1], |g, l, p| tile_pair(g, w, t, l, p));
+            passes!(2 * TILE, [8, 4, 2, 1], store, |g, l, p| tile_pair(
+                g, w, t, l, p
+            ));
             j0 += 2 * TILE;
             continue;
         }
-        passes!(TILE, [4, 2, 1], |g, l, p| tile(g, w, t, l, isa.ymm(), p));
+        passes!(TILE, [4, 2, 1], store, |g, l, p| tile(
+            g,
+            w,
+            t,
+            l,
+            isa.ymm(),
+            p
+        ));
         j0 += TILE;
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -427,6 +530,32 @@ unsafe fn tile<const R: usize>(
             (4, _) => tile_avx2::<4, R>(rows, w, t, out, prefetch),
             (_, _) => tile_avx2::<8, R>(rows, w, t, out, prefetch),
         }
+    }
+}
+
+/// Gate tile `2t` and up tile `2t + 1` of a [`PackedNBits::pack_glu`] matrix side by side,
+/// for each of `R` rows, on `isa` (a 256-bit variant).
+///
+/// # Safety
+/// `isa` must be available and `2t + 1 < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_glu<const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; 2 * TILE]; R],
+    isa: Isa,
+    prefetch: bool,
+) {
+    let (mut gate, mut up) = ([[0f32; TILE]; R], [[0f32; TILE]; R]);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        tile(rows, w, 2 * t, &mut gate, isa, prefetch);
+        tile(rows, w, 2 * t + 1, &mut up, isa, prefetch);
+    }
+    for ((o, g), u) in out.iter_mut().zip(&gate).zip(&up) {
+        o[..TILE].copy_from_slice(g);
+        o[TILE..].copy_from_slice(u);
     }
 }
 

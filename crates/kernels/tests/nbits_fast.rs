@@ -4,12 +4,15 @@
 //! the same row of a prefill).
 
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::activation::silu_mul;
 use oxgen_kernels::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use oxgen_kernels::matmul_nbits_int8::{
     matmul_nbits_int8, matmul_nbits_int8_isa, matmul_nbits_int8_reference,
 };
 use oxgen_kernels::nbits_avx2::Isa;
-use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed, matmul_packed_parts};
+use oxgen_kernels::nbits_packed::{
+    PackedNBits, matmul_packed, matmul_packed_glu, matmul_packed_parts,
+};
 use oxgen_kernels::quant::code;
 
 struct Rng(u64);
@@ -268,4 +271,89 @@ fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
         };
         assert!(PackedNBits::pack_parts(&[first, odd]).is_err());
     }
+}
+
+/// `m` (from [`matrix`]) as weights with default (0), packed (1) or float (2) zero points.
+fn weights<'a>(
+    layout: NBitsLayout,
+    m: &'a (Vec<u8>, Vec<f32>, Vec<u8>, Vec<f32>),
+    zp: usize,
+) -> QuantWeights<'a, f32> {
+    QuantWeights {
+        layout,
+        data: &m.0,
+        scales: &m.1,
+        zero_points: match zp {
+            0 => ZeroPoints::Default,
+            1 => ZeroPoints::Packed(&m.2),
+            _ => ZeroPoints::Float(&m.3),
+        },
+    }
+}
+
+#[test]
+fn gate_and_up_packed_in_turn_give_the_reference_gated_silu_bits() {
+    let mut rng = Rng(13);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let k = 96;
+    // Widths around the 8-column tile and the 16-column AVX-512 pair.
+    for n in [1, 8, 13, 16, 37, 64] {
+        for (bits, block) in [(4, 32), (8, 32)] {
+            let layout = NBitsLayout::new(n, k, bits, block).unwrap();
+            let (gate_m, up_m) = (matrix(&mut rng, &layout), matrix(&mut rng, &layout));
+            for zp in 0..3 {
+                let (gate, up) = (weights(layout, &gate_m, zp), weights(layout, &up_m, zp));
+                let packed = PackedNBits::pack_glu(&gate, &up)
+                    .unwrap()
+                    .expect("AVX2 runs this");
+                for m in [1, 2, 5, 9] {
+                    // Activations wide enough that the sigmoid sees both signs and its tails.
+                    let a: Vec<f32> = (0..m * k).map(|_| 8.0 * rng.f32()).collect();
+                    let product = |w: &QuantWeights<f32>| {
+                        let mut out = vec![0f32; m * n];
+                        matmul_nbits_int8_reference(&a, m, w, None, &mut out, &pools[0]).unwrap();
+                        out
+                    };
+                    let (g, u) = (product(&gate), product(&up));
+                    let mut want = vec![0f32; m * n];
+                    silu_mul(&g, &u, &mut want);
+                    for (pool, isa) in pools
+                        .iter()
+                        .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
+                    {
+                        let mut got = vec![f32::NAN; m * n];
+                        matmul_packed_glu(&a, m, &packed, &mut got, pool, isa).unwrap();
+                        let same = want
+                            .iter()
+                            .zip(&got)
+                            .all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(
+                            same,
+                            "{isa:?} n {n} bits {bits} zp {zp} m {m} threads {}",
+                            pool.threads()
+                        );
+                    }
+                }
+                // A gate/up pair is not one matrix, nor parts.
+                let a = vec![0f32; k];
+                let mut out = vec![0f32; 2 * n];
+                assert!(
+                    matmul_packed(&a, 1, &packed, None, &mut out[..n], &pools[0], Isa::Avx2)
+                        .is_err()
+                );
+                let (lo, hi) = out.split_at_mut(n);
+                assert!(
+                    matmul_packed_parts(&a, 1, &packed, &mut [lo, hi], &pools[0], Isa::Avx2)
+                        .is_err()
+                );
+            }
+        }
+    }
+    // Gate and up of different widths are refused.
+    let (l8, l9) = (
+        NBitsLayout::new(8, k, 4, 32).unwrap(),
+        NBitsLayout::new(9, k, 4, 32).unwrap(),
+    );
+    let (m8, m9) = (matrix(&mut rng, &l8), matrix(&mut rng, &l9));
+    assert!(PackedNBits::pack_glu(&weights(l8, &m8, 0), &weights(l9, &m9, 0)).is_err());
 }

@@ -382,15 +382,15 @@ fn a_genai_graph_is_already_fused_and_only_its_projections_and_silu_are_joined()
         ),
         (0, 0, 0, 0, 0)
     );
-    // Per layer: Q, K, V into one group, gate and up into another, and the gated SiLU into
-    // one op.
+    // Per layer: Q, K, V into one group, gate and up into another, the gated SiLU into one
+    // op, and that op with the gate and up group into one.
     assert_eq!(
-        (report.matmul_groups, report.silu_muls),
-        (2 * cfg.layers, cfg.layers)
+        (report.matmul_groups, report.silu_muls, report.glus),
+        (2 * cfg.layers, cfg.layers, cfg.layers)
     );
     let mut after = histogram(&after);
-    assert_eq!(after.remove("MatMulNBitsGroup"), Some(2 * cfg.layers));
-    assert_eq!(after.remove("SiluMul"), Some(cfg.layers));
+    assert_eq!(after.remove("MatMulNBitsGroup"), Some(cfg.layers));
+    assert_eq!(after.remove("MatMulNBitsGlu"), Some(cfg.layers));
     *after.entry("MatMulNBits".into()).or_default() += 5 * cfg.layers;
     *after.entry("Sigmoid".into()).or_default() += cfg.layers;
     *after.entry("Mul".into()).or_default() += 2 * cfg.layers;
@@ -512,4 +512,86 @@ fn gated_silu_becomes_one_op_with_the_same_bits_unless_its_parts_are_read_elsewh
     );
     let after = run(g, &feeds);
     assert_same_bits(&before, &after, "the fused gated SiLU differs from its ops");
+}
+
+#[test]
+fn gate_and_up_projections_with_their_gated_silu_become_one_op_with_the_same_bits() {
+    // y = silu(x·Gᵀ) * (x·Uᵀ) with 4-bit G and U at accuracy_level 4 (int8 activations, the
+    // packed kernel) and float zero points, as a GGUF Q4_1 import writes them.
+    let (k, n) = (96, 40);
+    let mut rng = Rng::new(12);
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    b.opset("com.microsoft", 1);
+    b.input("x", DType::F32, &[Dim::from("n"), Dim::Fixed(k)]);
+    for name in ["gate", "up"] {
+        let codes = Tensor::from_slice([n, k / 32, 16], &rng.bytes(n * k / 2)).unwrap();
+        let scales: Vec<f32> = (0..n * k / 32)
+            .map(|_| 0.02 + 0.02 * rng.uniform())
+            .collect();
+        let zp: Vec<f32> = (0..n * k / 32).map(|_| 8.0 + 4.0 * rng.uniform()).collect();
+        b.initializer(&format!("{name}_b"), codes);
+        b.initializer(
+            &format!("{name}_s"),
+            Tensor::from_slice([n * k / 32], &scales).unwrap(),
+        );
+        b.initializer(
+            &format!("{name}_z"),
+            Tensor::from_slice([n * k / 32], &zp).unwrap(),
+        );
+        b.node(
+            "MatMulNBits",
+            "com.microsoft",
+            name,
+            &[
+                "x",
+                &format!("{name}_b"),
+                &format!("{name}_s"),
+                &format!("{name}_z"),
+            ],
+            &[&format!("{name}_y")],
+            nbits_attrs(n, k, 4),
+        );
+    }
+    b.node("Sigmoid", "", "sig", &["gate_y"], &["s"], vec![]);
+    b.node("Mul", "", "silu", &["gate_y", "s"], &["a"], vec![]);
+    b.node("Mul", "", "gated", &["a", "up_y"], &["y"], vec![]);
+    b.output("y", DType::F32, &[]);
+    let g = graph(&b);
+    // Rows wide enough that the sigmoid sees both signs and its tails.
+    let x: Vec<f32> = random(&[5, k], 13)
+        .as_slice::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| 6.0 * v)
+        .collect();
+    let feeds = [("x", Tensor::from_slice([5, k], &x).unwrap())];
+    let (fused, report) = optimize(g.clone(), None, &passes(None));
+    assert_eq!(
+        (report.matmul_groups, report.silu_muls, report.glus),
+        (1, 1, 1)
+    );
+    assert_eq!(op_types(&fused), ["MatMulNBitsGlu"]);
+    for exact in [false, true] {
+        for threads in [1, 2] {
+            let opts = ExecOptions { threads, exact };
+            let run_with = |g: Graph| {
+                let mut s = NativeSession::new(g, &opts);
+                let inputs = feeds
+                    .iter()
+                    .map(|(n, t)| (n.to_string(), t.clone()))
+                    .collect();
+                s.run(inputs)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .collect::<Vec<_>>()
+            };
+            assert_same_bits(
+                &run_with(g.clone()),
+                &run_with(fused.clone()),
+                &format!("the fused gated MLP differs (exact {exact}, {threads} threads)"),
+            );
+        }
+    }
 }

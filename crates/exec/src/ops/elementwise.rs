@@ -136,7 +136,7 @@ fn f32_chunks(
 }
 
 /// `oxgen::SiluMul`: `g * sigmoid(g) * u` for float32 `g` and `u` of one shape.
-fn silu_mul(g: &Tensor, u: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+pub(super) fn silu_mul(g: &Tensor, u: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     for (t, what) in [(g, "g"), (u, "u")] {
         if t.dtype() != DType::F32 {
             return Err(OpError::DType {

@@ -87,9 +87,10 @@ pub fn run(
         Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) => {
             nn::run(op, inputs, n_outputs, ctx)
         }
-        Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_) | Op::GatherBlockQuantized(_) => {
-            quant::run(op, inputs, n_outputs, ctx)
-        }
+        Op::MatMulNBits(_)
+        | Op::MatMulNBitsGroup(_)
+        | Op::MatMulNBitsGlu(_)
+        | Op::GatherBlockQuantized(_) => quant::run(op, inputs, n_outputs, ctx),
         Op::GroupQueryAttention(_) | Op::Rotary(_) => {
             attention::run(op, inputs, donated, n_outputs, ctx)
         }

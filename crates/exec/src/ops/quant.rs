@@ -32,6 +32,7 @@ pub(super) fn run(
     match op {
         Op::MatMulNBits(q) => matmul_nbits(q, inputs, ctx).map(|t| smallvec![t]),
         Op::MatMulNBitsGroup(parts) => matmul_nbits_group(parts, inputs, ctx),
+        Op::MatMulNBitsGlu(parts) => matmul_nbits_glu(parts, inputs, ctx).map(|t| smallvec![t]),
         Op::GatherBlockQuantized(g) => gather_block_quantized(g, inputs, ctx).map(|t| smallvec![t]),
         _ => unreachable!("ops::run routes only block-quantized ops here"),
     }
@@ -175,6 +176,15 @@ pub(crate) fn prepack(
     PackedNBits::pack_parts(&weights).ok().flatten()
 }
 
+/// [`prepack`] for a `MatMulNBitsGlu` node: its gate and up projections in turn, tile by tile.
+pub(crate) fn prepack_glu(
+    [gate, up]: [(&MatMulNBits, &Tensor, &Tensor, Option<&Tensor>); 2],
+) -> Option<PackedNBits> {
+    let gate = quant_weights(gate.0, gate.1, gate.2, gate.3)?;
+    let up = quant_weights(up.0, up.1, up.2, up.3)?;
+    PackedNBits::pack_glu(&gate, &up).ok().flatten()
+}
+
 fn quant_weights<'a>(
     op: &MatMulNBits,
     b: &'a Tensor,
@@ -243,6 +253,40 @@ fn matmul_nbits_group(
     )?;
     drop(slices);
     Ok(outs)
+}
+
+/// A gate and up projection with the gated SiLU over them (`oxgen::MatMulNBitsGlu`): one
+/// call over the pair packed in turn, or the two products as a group followed by `SiluMul`
+/// when they were not packed (the same bits either way).
+fn matmul_nbits_glu(
+    parts: &[MatMulNBits; 2],
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
+    let Some(packed) = ctx.packed else {
+        let mut products = matmul_nbits_group(parts, inputs, ctx)?.into_iter();
+        let (Some(gate), Some(up)) = (products.next(), products.next()) else {
+            unreachable!("a group of two parts has two outputs");
+        };
+        let out = super::elementwise::silu_mul(&gate, &up, ctx);
+        ctx.arena.recycle(gate);
+        ctx.arena.recycle(up);
+        return out;
+    };
+    let a = input(inputs, 0)?;
+    let (m, batch) = rows_of_a(a, parts[0].k)?;
+    let mut dims: Small<usize> = Small::from_slice(batch);
+    dims.push(parts[0].n);
+    let mut out = ctx.alloc(DType::F32, dims)?;
+    kpacked::matmul_packed_glu(
+        a.as_slice::<f32>()?,
+        m,
+        packed,
+        out.as_mut_slice::<f32>()?,
+        ctx.pool,
+        Isa::best(),
+    )?;
+    Ok(out)
 }
 
 /// Checks A is float32 with last dimension `k`; returns its row count and leading dims.

@@ -81,6 +81,10 @@ pub enum Op {
     /// `MatMulNBits` nodes that read one input, joined by [`crate::passes::group`]: inputs A,
     /// then B, scales and zero points (or none) per part; one output per part.
     MatMulNBitsGroup(Vec<MatMulNBits>),
+    /// A gated MLP's gate and up projections (a two-part `MatMulNBitsGroup`, gate first) and
+    /// the `SiluMul` over them, joined by [`crate::passes::silu::fuse_glu`]: inputs as the
+    /// group's; one output, `silu(gate) * up`, with the bits of the ops it replaces.
+    MatMulNBitsGlu([MatMulNBits; 2]),
     GatherBlockQuantized(GatherBlockQuantized),
     /// `g * sigmoid(g) * u` on float32 tensors of one shape, made by [`crate::passes::silu`]
     /// from the ops that spell it out (same bits).

@@ -21,7 +21,8 @@
 //! 5. [`group`]: `MatMulNBits` nodes reading the same input → one
 //!    `oxgen::MatMulNBitsGroup` (one activation quantization and one parallel region for a
 //!    layer's Q, K and V, or gate and up).
-//! 6. [`silu`]: `Mul(Mul(g, Sigmoid(g)), u)` → `oxgen::SiluMul(g, u)`.
+//! 6. [`silu`]: `Mul(Mul(g, Sigmoid(g)), u)` → `oxgen::SiluMul(g, u)`; a `SiluMul` over
+//!    the two outputs of a gate/up `MatMulNBitsGroup` → one `oxgen::MatMulNBitsGlu`.
 //!
 //! Patterns are matched by structure (op types, edges, constant values, axes, inferred
 //! shapes), never by node or model names. A pattern that does not match exactly leaves the
@@ -98,6 +99,8 @@ pub struct Report {
     pub matmul_groups: usize,
     /// Gated SiLUs fused into `SiluMul`.
     pub silu_muls: usize,
+    /// `SiluMul`s fused with their gate and up projections into `MatMulNBitsGlu`.
+    pub glus: usize,
     /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
     pub skipped: Vec<String>,
 }
@@ -128,6 +131,7 @@ pub fn optimize(
         report.folded += fold::run(graph, eval);
         report.matmul_groups = group::group_matmul_nbits(graph);
         report.silu_muls = silu::fuse_silu_mul(graph);
+        report.glus = silu::fuse_glu(graph);
     }
     report.nodes_after = graph.nodes.len();
     report

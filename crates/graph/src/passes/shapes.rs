@@ -524,7 +524,7 @@ impl Facts {
                 };
                 one((t0, dims, None))
             }
-            Op::MatMulNBits(m) => {
+            Op::MatMulNBits(m) | Op::MatMulNBitsGlu([m, _]) => {
                 let dims = d0.and_then(|mut d| {
                     *d.last_mut()? = Sym::Known(m.n as i64);
                     Some(d)

@@ -6,6 +6,9 @@
 //! Only float32 `g` and `u` of one shape are fused (inferred, or known because both are
 //! outputs of one `MatMulNBitsGroup` with the same `N`), and only when the sigmoid and the
 //! first product are read by nothing else.
+//!
+//! Then [`fuse_glu`] joins a `SiluMul` with the group of gate and up projections it reads
+//! into one `oxgen::MatMulNBitsGlu`.
 
 use super::edit::{self, Edits, Index, input, output};
 use super::shapes::Facts;
@@ -86,6 +89,56 @@ pub fn fuse_silu_mul(graph: &mut Graph) -> usize {
         );
         edits.replace.push((i, fused));
         edits.remove.extend([ai, si]);
+    }
+    let n = edits.replace.len();
+    if edit::apply(graph, edits) { n } else { 0 }
+}
+
+/// Fuses every `SiluMul` whose `g` and `u` are the only two outputs of one
+/// `MatMulNBitsGroup`, read by nothing else, with that group into one
+/// `oxgen::MatMulNBitsGlu` (gate part first): the gate and up products and the gated SiLU in
+/// one op, so a kernel can finish each tile's SiLU while the tile is in registers. Returns
+/// how many.
+pub fn fuse_glu(graph: &mut Graph) -> usize {
+    let index = Index::new(graph);
+    let mut edits = Edits::default();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if !matches!(node.op, Op::SiluMul) {
+            continue;
+        }
+        let (Some(g), Some(u), Some(y)) = (input(node, 0), input(node, 1), output(node)) else {
+            continue;
+        };
+        if g == u || !sibling_projections(graph, &index, g, u) {
+            continue;
+        }
+        let Some((gi, group)) = index.node(graph, g) else {
+            continue;
+        };
+        let Op::MatMulNBitsGroup(parts) = &group.op else {
+            continue;
+        };
+        let private = index.only_read_by(g, i) && index.only_read_by(u, i);
+        if parts.len() != 2 || group.outputs.len() != 2 || !private {
+            continue;
+        }
+        // Gate first: the part that produced g.
+        let first = usize::from(group.outputs[0] != Some(g));
+        let order = [first, 1 - first];
+        let mut inputs = vec![input(group, 0)];
+        for &p in &order {
+            inputs.extend((1..4).map(|k| input(group, 3 * p + k)));
+        }
+        let fused = edit::new_node(
+            graph,
+            format!("{}/glu", group.name),
+            ("oxgen", "MatMulNBitsGlu"),
+            Op::MatMulNBitsGlu([parts[order[0]], parts[order[1]]]),
+            inputs,
+            vec![Some(y)],
+        );
+        edits.replace.push((gi, fused));
+        edits.remove.insert(i);
     }
     let n = edits.replace.len();
     if edit::apply(graph, edits) { n } else { 0 }
