@@ -16,6 +16,9 @@ Systems (--systems, comma-separated):
   ort-genai-int4  onnxruntime-genai on a copy re-quantized to uint8 zero points
                   (bench/peers/make_ort_int4.py), which takes onnxruntime's int4 kernels
   oxgen-int4      `oxgen bench` on that copy (the like-for-like row for ort-genai-int4)
+  ort-genai-builder  onnxruntime-genai on the package its own model builder makes from the same
+                  GGUF (bench/peers/make_builder_int4.sh: int4, symmetric, 4-bit lm_head)
+  oxgen-builder   `oxgen bench` on that package (the like-for-like row for ort-genai-builder)
 Each peer's ratio column divides the oxgen row with the same weights by the peer's number.
 
 Also times `oxgen generate MODEL "Hello" --max-new-tokens 1 --json` from process start to exit
@@ -44,15 +47,19 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 PEERS = os.environ.get("OXGEN_PEERS", os.path.join(REPO, ".cache", "peers"))
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SYSTEMS = ["oxgen", "llama.cpp", "ort-genai", "ort-genai-int4", "oxgen-int4"]
+SYSTEMS = ["oxgen", "llama.cpp", "ort-genai", "ort-genai-int4", "oxgen-int4", "ort-genai-builder",
+           "oxgen-builder"]
 # The oxgen row each peer's ratio is taken against: the one with the same weights.
-BASELINE = {"llama.cpp": "oxgen", "ort-genai": "oxgen", "ort-genai-int4": "oxgen-int4"}
+BASELINE = {"llama.cpp": "oxgen", "ort-genai": "oxgen", "ort-genai-int4": "oxgen-int4",
+            "ort-genai-builder": "oxgen-builder"}
 WEIGHTS = {
     "oxgen": "GGUF Q4_1 → ONNX (oxgen import; float zero points)",
     "llama.cpp": "GGUF Q4_1",
     "ort-genai": "GGUF Q4_1 → ONNX (oxgen import; float zero points)",
     "ort-genai-int4": "ONNX int4, uint8 zero points (re-quantized)",
     "oxgen-int4": "ONNX int4, uint8 zero points (re-quantized)",
+    "ort-genai-builder": "ONNX int4, symmetric, 4-bit lm_head (onnxruntime-genai's builder)",
+    "oxgen-builder": "ONNX int4, symmetric, 4-bit lm_head (onnxruntime-genai's builder)",
 }
 
 
@@ -168,14 +175,21 @@ def main():
 
     common = ["--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len), "--runs", "1"]
 
+    builder = os.path.join(PEERS, "models", os.path.basename(os.path.normpath(model)) + "-ort-builder-int4")
+    if {"ort-genai-builder", "oxgen-builder"} & set(systems) and not os.path.isfile(os.path.join(builder, "model.onnx")):
+        log("making onnxruntime-genai's own int4 package (bench/peers/make_builder_int4.sh)")
+        subprocess.run([os.path.join(HERE, "make_builder_int4.sh")], check=True,
+                       env={**os.environ, "GGUF": gguf or "", "OXGEN_PEERS": PEERS})
+    packages = {"oxgen": model, "ort-genai": model, "oxgen-int4": int4, "ort-genai-int4": int4,
+                "oxgen-builder": builder, "ort-genai-builder": builder}
+
     def command(system, t):
-        if system in ("oxgen", "oxgen-int4"):
-            pkg = model if system == "oxgen" else int4
+        pkg = packages.get(system)
+        if system.startswith("oxgen"):
             return [args.oxgen, "bench", pkg, *common, "--warmup", "1", "--threads", str(t), "--json"]
         if system == "llama.cpp":
             return [python, os.path.join(HERE, "llama_bench.py"), gguf, *common, "--threads", str(t),
                     "--bin", llama_bin, "--json"]
-        pkg = model if system == "ort-genai" else int4
         return [python, os.path.join(HERE, "ort_genai_bench.py"), pkg, *common, "--warmup", "1",
                 "--threads", str(t), "--json"]
 
