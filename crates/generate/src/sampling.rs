@@ -142,7 +142,7 @@ impl SamplingParams {
 pub struct Scratch {
     /// Sort keys from [`order_key`]: value in the high half, index in the low half.
     keys: Vec<u64>,
-    /// `exp(logit − max)` in the order of `keys`.
+    /// `exp(logit − max)` per id, for a categorical draw.
     weights: Vec<f64>,
 }
 
@@ -262,6 +262,19 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], masked: &[u32]) -> u32 {
         self.history
             .ensure(logits.len().min(MAX_TRACKED_ID as usize));
+        // Greedy with no processor that could move the argmax: pick it from the row as it
+        // is, unless the winner is masked (then the whole chain below decides).
+        let p = &self.params;
+        let untouched = p.logit_bias.is_empty()
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0;
+        if p.is_greedy()
+            && untouched
+            && let Some(i) = argmax(logits).filter(|&i| !masked.contains(&(i as u32)))
+        {
+            return i as u32;
+        }
         // Top-p sorts only the finite logits, whose number varies per row: size for all.
         // (`weights` needs no reserve: every categorical draw fills it with the whole row.)
         self.scratch.keys.clear();
@@ -413,21 +426,26 @@ pub fn apply_top_k(logits: &mut [f32], k: usize, scratch: &mut Scratch) {
     }
 }
 
-/// HF `TopPLogitsWarper`: sorts ascending, takes the cumulative sum of the softmax
-/// probabilities and sets to −inf every token whose cumulative sum is `<= 1 − top_p`
-/// (so a token exactly at the boundary is removed), always keeping the most likely one.
+/// HF `TopPLogitsWarper`: sets to −inf every token whose cumulative softmax probability,
+/// summed in ascending order, is `<= 1 − top_p` (so a token exactly at the boundary is
+/// removed), always keeping the most likely one. Equivalently, from the top down: a token
+/// stays while the probability mass of the tokens above it is below `top_p`, which is how it is
+/// computed here, so that only the head of the distribution is ever sorted: a partial selection
+/// brings the 64 most likely tokens to the front (then 256, 1024, ... when they hold less than
+/// `top_p` of the mass), and only those are sorted.
 ///
-/// Equal logits are ordered by index (what a stable sort does), so among ties at the cut the
-/// lower ids go first. Softmax and cumulative sum are computed in f64 (HF: softmax in f32,
-/// cumsum accumulated in f64 on CPU); the results agree wherever the sums are exact.
-/// With +inf logits all mass is on them: everything else is removed.
+/// Equal logits are ordered by index (what a stable ascending sort does), so among ties at the
+/// cut the lower ids go first. Probabilities are `exp(logit − max)` in f64 over the f64 total
+/// (summed in index order); HF computes the softmax in f32 and the cumulative sum in f64, so
+/// the two agree wherever the sums are exact. With +inf logits all mass is on them: everything
+/// else is removed.
 pub fn apply_top_p(logits: &mut [f32], top_p: f32, scratch: &mut Scratch) {
     if top_p >= 1.0 {
         return;
     }
-    let Scratch { keys, weights } = scratch;
+    let keys = &mut scratch.keys;
     keys.clear();
-    // −inf tokens have probability 0: they sort first and are removed anyway.
+    // −inf tokens have probability 0: they go whatever the cut.
     keys.extend(
         logits
             .iter()
@@ -438,27 +456,41 @@ pub fn apply_top_p(logits: &mut [f32], top_p: f32, scratch: &mut Scratch) {
     let Some(&top) = keys.iter().max() else {
         return;
     };
-    let max = key_value(top);
-    if max == f32::INFINITY {
+    let max = key_value(top) as f64;
+    if max == f64::INFINITY {
         keep_only_infinite(logits);
         return;
     }
-    keys.sort_unstable();
-    weights.clear();
-    weights.extend(
-        keys.iter()
-            .map(|&k| (key_value(k) as f64 - max as f64).exp()),
-    );
-    let total: f64 = weights.iter().sum();
-    let cut = 1.0 - top_p as f64;
-    let mut cumulative = 0.0;
-    // The last key is the most likely token: never removed (HF's min_tokens_to_keep = 1).
-    for (&key, &w) in keys.iter().zip(weights.iter()).take(keys.len() - 1) {
-        cumulative += w / total;
-        if cumulative > cut {
-            break;
+    let weight = |v: f32| (v as f64 - max).exp();
+    let total: f64 = logits
+        .iter()
+        .filter(|&&v| v > f32::NEG_INFINITY)
+        .map(|&v| weight(v))
+        .sum();
+    let keep_mass = top_p as f64 * total;
+    let mut head = keys.len().min(64);
+    let last_kept = loop {
+        if head < keys.len() {
+            keys.select_nth_unstable_by(head - 1, |a, b| b.cmp(a));
         }
-        logits[key_index(key)] = f32::NEG_INFINITY;
+        keys[..head].sort_unstable_by(|a, b| b.cmp(a));
+        let mut above = 0.0;
+        let cut = keys[..head].iter().position(|&k| {
+            let reached = above >= keep_mass;
+            above += weight(key_value(k));
+            reached
+        });
+        match cut {
+            // The first token is never cut: nothing is above it.
+            Some(n) => break keys[n - 1],
+            None if head == keys.len() => return,
+            None => head = (head * 4).min(keys.len()),
+        }
+    };
+    for (i, v) in logits.iter_mut().enumerate() {
+        if *v > f32::NEG_INFINITY && order_key(*v, i) < last_kept {
+            *v = f32::NEG_INFINITY;
+        }
     }
 }
 
@@ -493,14 +525,27 @@ fn keep_only_infinite(logits: &mut [f32]) {
 }
 
 /// Index of the largest logit above −inf, the first on ties; `None` when there is none.
+/// NaN never compares greater, so it is never chosen. The maximum is found sixteen lanes at
+/// a time (max is exact in any order), then its first index.
 fn argmax(row: &[f32]) -> Option<usize> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in row.iter().enumerate() {
-        if v > f32::NEG_INFINITY && best.is_none_or(|(_, b)| v > b) {
-            best = Some((i, v));
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            if v > *m {
+                *m = v;
+            }
         }
     }
-    best.map(|(i, _)| i)
+    let max = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
+    row.iter().position(|&v| v == max)
 }
 
 /// One draw from `softmax(row)`: weights `exp(logit − max)` in f64, a uniform `u` from the

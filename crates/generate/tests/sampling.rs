@@ -196,6 +196,96 @@ fn top_p_removes_tokens_whose_cumulative_mass_is_at_most_one_minus_p() {
     assert_eq!(kept(&r), [0, 1]);
 }
 
+/// HF's rule spelled out: sort ascending (ties by index), cumulative softmax sum in f64,
+/// remove while the sum is `<= 1 − top_p`, never the last.
+fn top_p_by_full_sort(row: &[f32], top_p: f32) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..row.len()).filter(|&i| row[i] > NEG).collect();
+    order.sort_by(|&a, &b| row[a].partial_cmp(&row[b]).unwrap().then(a.cmp(&b)));
+    let max = row[*order.last().unwrap()] as f64;
+    let w: Vec<f64> = order.iter().map(|&i| (row[i] as f64 - max).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let mut cumulative = 0.0;
+    let mut removed = 0;
+    for &w in &w[..w.len() - 1] {
+        cumulative += w / total;
+        if cumulative > 1.0 - top_p as f64 {
+            break;
+        }
+        removed += 1;
+    }
+    let mut kept = order[removed..].to_vec();
+    kept.sort();
+    kept
+}
+
+#[test]
+fn top_p_sorting_only_the_head_keeps_what_sorting_everything_keeps() {
+    // Peaked rows (the cut among the first 64), flatter ones (the head grows to 256, 1024,
+    // ...) and flat ones with repeated values (ties at the cut), vocabularies up to 50k.
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut scratch = Scratch::default();
+    let mut heads = [0usize; 3];
+    for case in 0..60 {
+        let n = [50, 1000, 49152][case % 3];
+        let spread = [1.0, 4.0, 12.0, 0.0][case % 4];
+        let row: Vec<f32> = (0..n)
+            .map(|i| match (spread == 0.0, i % 97) {
+                (_, 0) => NEG,
+                (true, _) => (i % 5) as f32,
+                (false, _) => (spread * next() * next()) as f32 - 3.0,
+            })
+            .collect();
+        for top_p in [0.05f32, 0.5, 0.9, 0.99] {
+            let want = top_p_by_full_sort(&row, top_p);
+            let mut got = row.clone();
+            apply_top_p(&mut got, top_p, &mut scratch);
+            assert_eq!(kept(&got), want, "case {case}, n {n}, top_p {top_p}");
+            heads[match want.len() {
+                0..=64 => 0,
+                65..=256 => 1,
+                _ => 2,
+            }] += 1;
+        }
+    }
+    assert!(
+        heads.iter().all(|&h| h > 0),
+        "cuts at every head size: {heads:?}"
+    );
+}
+
+#[test]
+fn greedy_selection_is_the_first_largest_unmasked_finite_logit() {
+    let mut s = sampler(SamplingParams {
+        greedy: true,
+        ..Default::default()
+    });
+    let nan = f32::NAN;
+    for (row, masked, want) in [
+        (vec![1.0, 3.0, 3.0, 2.0], vec![], 1),
+        (vec![nan, 1.0, nan, 1.5], vec![], 3),
+        (vec![1.0, 3.0, 3.0, 2.0], vec![1], 2),
+        (vec![1.0, 3.0, 3.0, 2.0], vec![1, 2], 3),
+        (vec![-0.0, 0.0, -1.0], vec![], 0),
+        (vec![1.0, f32::INFINITY, f32::INFINITY], vec![], 1),
+        (vec![NEG, nan, NEG], vec![], 0),
+        (vec![NEG, 2.0, NEG], vec![1], 0),
+    ] {
+        assert_eq!(s.sample(&row, &masked), want, "{row:?} masked {masked:?}");
+    }
+    // Rows longer than the sixteen lanes, the maximum in the tail or tied across lanes.
+    let mut row: Vec<f32> = (0..100).map(|i| (i % 23) as f32).collect();
+    assert_eq!(s.sample(&row, &[]), 22);
+    row[99] = 30.0;
+    assert_eq!(s.sample(&row, &[]), 99);
+    assert_eq!(s.sample(&row, &[99]), 22);
+}
+
 #[test]
 fn min_p_keeps_tokens_exactly_at_the_threshold() {
     // HF MinPLogitsWarper: probs = softmax(scores); remove = probs < min_p * probs.max()
