@@ -605,10 +605,6 @@ fn key_value(key: u64) -> f32 {
     })
 }
 
-fn key_index(key: u64) -> usize {
-    (key & 0xFFFF_FFFF) as usize
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -632,7 +628,7 @@ mod tests {
             .collect();
         assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:x?}");
         for (i, &k) in keys.iter().enumerate() {
-            assert_eq!(key_index(k), i);
+            assert_eq!((k & 0xFFFF_FFFF) as usize, i, "the index is the low half");
             assert_eq!(key_value(k), values[i]);
         }
         // -0.0 and 0.0 tie on value, so the index decides.
