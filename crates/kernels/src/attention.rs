@@ -523,22 +523,30 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
         let len = keys.len();
         let v32 = as_f32(v).filter(|_| simd);
         for (h, &sum) in sum[..g].iter().enumerate() {
-            let es = &mut scores[h * n + at..][..len];
-            for e in es.iter_mut() {
+            for e in &mut scores[h * n + at..][..len] {
                 *e /= sum;
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v32) = v32.filter(|_| hs == 64) {
+            // SAFETY: `supported` checked AVX2 and FMA; `acc` holds g rows of 64, `scores` g
+            // rows of n from `at`, and every value row of the keys 64 values.
+            unsafe {
+                avx2::weighted_sum64_group(acc, &scores[at..], n, len, g, v32, keys.start);
+            }
+            at += len;
+            continue;
+        }
+        for h in 0..g {
+            let es = &scores[h * n + at..][..len];
             let acc = &mut acc[h * hs..][..hs];
             #[cfg(target_arch = "x86_64")]
             if let Some(v32) = v32 {
                 // SAFETY: `supported` checked AVX2 and FMA; `acc` and every value row of the
                 // keys hold hs values.
                 unsafe {
-                    if hs == 64 {
-                        avx2::weighted_sum64_best(acc, es, v32, keys.start);
-                    } else {
-                        for (&p, j) in es.iter().zip(keys.clone()) {
-                            avx2::weighted_add(acc, p, &v32[j * hs..][..hs]);
-                        }
+                    for (&p, j) in es.iter().zip(keys.clone()) {
+                        avx2::weighted_add(acc, p, &v32[j * hs..][..hs]);
                     }
                 }
                 continue;

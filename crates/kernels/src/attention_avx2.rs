@@ -6,10 +6,11 @@
 //! element `Σ_j p_j v_j[d]` over `j` ascending by fused multiply-add. Both map onto 8-wide
 //! vectors directly:
 //! - scores: one accumulator vector per key, `fma(q[c..c + 8], k_j[c..c + 8], acc)` for `c`
-//!   ascending, then the horizontal sum in the reference's tree; four keys at a time so
+//!   ascending, then the horizontal sum in the reference's tree; eight keys at a time so
 //!   their chains overlap;
-//! - values: eight output elements at once, one per lane, each adding `p_j * v_j[d]` for `j`
-//!   ascending.
+//! - values: eight (or, with AVX-512, sixteen) output elements at once, one per lane, each
+//!   adding `p_j * v_j[d]` for `j` ascending; with AVX-512 the heads that share a KV head
+//!   take each value row together, so their chains overlap.
 //!
 //! Head sizes not a multiple of eight, softcapping and the softmax itself run the reference's
 //! scalar code.
@@ -92,21 +93,32 @@ pub unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
     );
     let row = |j: usize| k.as_ptr().wrapping_add((j0 + j) * hs);
     let mut j = 0;
-    while j + 4 <= out.len() {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for c in (0..hs).step_by(8) {
-            // SAFETY: `c + 8 <= hs`, and rows j0 + j..j0 + j + 4 lie inside `k` (asserted).
-            unsafe {
-                let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row(j + i).add(c)), *a);
+    // Eight keys at a time (eight independent chains keep both FMA ports busy), then four.
+    macro_rules! keys {
+        ($n:literal) => {
+            while j + $n <= out.len() {
+                let mut acc = [_mm256_setzero_ps(); $n];
+                for c in (0..hs).step_by(8) {
+                    // SAFETY: `c + 8 <= hs`, and rows j0 + j..j0 + j + $n lie inside `k`
+                    // (asserted).
+                    unsafe {
+                        let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row(j + i).add(c)), *a);
+                        }
+                    }
                 }
+                for (i, four) in acc.chunks_exact(4).enumerate() {
+                    let four = [four[0], four[1], four[2], four[3]];
+                    // SAFETY: AVX2 is available (the caller's contract); the four outputs exist.
+                    unsafe { hsum4(four, &mut out[j + 4 * i..j + 4 * i + 4]) };
+                }
+                j += $n;
             }
-        }
-        // SAFETY: AVX2 is available (the caller's contract); `out[j..j + 4]` exists.
-        unsafe { hsum4(acc, &mut out[j..j + 4]) };
-        j += 4;
+        };
     }
+    keys!(8);
+    keys!(4);
     for (j, o) in out.iter_mut().enumerate().skip(j) {
         let mut acc = _mm256_setzero_ps();
         for c in (0..hs).step_by(8) {
@@ -142,50 +154,84 @@ pub unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
     }
 }
 
-/// [`weighted_sum64`] in four 512-bit accumulators where the CPU has AVX-512 (each element's
-/// operations are the same, lane for lane), else the AVX2 version.
+/// [`weighted_sum64`] for the `g` heads of a group (`1 <= g <= 4`): head `h`'s weights are
+/// `ps[h * stride..][..len]` and its accumulator `acc[h * 64..][..64]`. Where the CPU has
+/// AVX-512, every value row is loaded once for all the heads and each head's sums are four
+/// 512-bit accumulators (4·g independent chains); else head by head in AVX2. Each element
+/// sees the same operations in the same order as for its head alone.
 ///
 /// # Safety
-/// As for [`weighted_sum64`].
+/// AVX2 and FMA must be available, `acc.len() >= 64 * g`, `ps.len() >= (g - 1) * stride +
+/// len` and `v.len() >= (j0 + len) * 64`.
 #[cfg(target_arch = "x86_64")]
-pub unsafe fn weighted_sum64_best(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
-    // SAFETY: forwarded from the caller; AVX-512 F checked for the wide one (the detection
-    // is cached by std).
+pub unsafe fn weighted_sum64_group(
+    acc: &mut [f32],
+    ps: &[f32],
+    stride: usize,
+    len: usize,
+    g: usize,
+    v: &[f32],
+    j0: usize,
+) {
+    assert!(
+        (1..=4).contains(&g)
+            && acc.len() >= 64 * g
+            && ps.len() >= (g - 1) * stride + len
+            && v.len() >= (j0 + len) * 64,
+        "weighted_sum64_group arguments were checked by the caller"
+    );
+    // SAFETY: the bounds are asserted above; AVX-512 F is checked for the wide kernel (the
+    // detection is cached by std), AVX2 and FMA are the caller's contract.
     unsafe {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            weighted_sum64_avx512(acc, ps, v, j0)
+            match g {
+                1 => group_avx512::<1>(acc, ps, stride, len, v, j0),
+                2 => group_avx512::<2>(acc, ps, stride, len, v, j0),
+                3 => group_avx512::<3>(acc, ps, stride, len, v, j0),
+                _ => group_avx512::<4>(acc, ps, stride, len, v, j0),
+            }
         } else {
-            weighted_sum64(acc, ps, v, j0)
+            for (h, acc) in acc.chunks_exact_mut(64).take(g).enumerate() {
+                weighted_sum64(acc, &ps[h * stride..][..len], v, j0);
+            }
         }
     }
 }
 
-/// [`weighted_sum64`] with 16 lanes per vector.
+/// [`weighted_sum64_group`]'s AVX-512 kernel for `G` heads.
 ///
 /// # Safety
-/// AVX-512 F must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
+/// AVX-512 F must be available; the bounds of [`weighted_sum64_group`] hold for `g = G`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn weighted_sum64_avx512(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
-    assert!(
-        acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
-        "weighted_sum64 arguments were checked by the caller"
-    );
-    // SAFETY: `acc` holds 64 f32 (asserted above).
-    let mut a: [__m512; 4] =
-        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(acc.as_ptr().add(16 * i)) });
-    for (j, &p) in ps.iter().enumerate() {
-        let pv = _mm512_set1_ps(p);
+unsafe fn group_avx512<const G: usize>(
+    acc: &mut [f32],
+    ps: &[f32],
+    stride: usize,
+    len: usize,
+    v: &[f32],
+    j0: usize,
+) {
+    // SAFETY: `acc` holds 64 f32 per head (the caller's contract).
+    let mut a: [[__m512; 4]; G] = std::array::from_fn(|h| {
+        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(acc.as_ptr().add(64 * h + 16 * i)) })
+    });
+    for j in 0..len {
         let row = v.as_ptr().wrapping_add((j0 + j) * 64);
-        for (i, a) in a.iter_mut().enumerate() {
-            // SAFETY: row `j0 + j` lies inside `v` (asserted above).
-            let x = unsafe { _mm512_loadu_ps(row.add(16 * i)) };
-            *a = _mm512_fmadd_ps(pv, x, *a);
+        // SAFETY: row `j0 + j` lies inside `v` (the caller's contract).
+        let x: [__m512; 4] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(row.add(16 * i)) });
+        for (h, a) in a.iter_mut().enumerate() {
+            let pv = _mm512_set1_ps(ps[h * stride + j]);
+            for (a, &x) in a.iter_mut().zip(&x) {
+                *a = _mm512_fmadd_ps(pv, x, *a);
+            }
         }
     }
-    for (i, a) in a.iter().enumerate() {
-        // SAFETY: as for the loads.
-        unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(16 * i), *a) };
+    for (h, a) in a.iter().enumerate() {
+        for (i, a) in a.iter().enumerate() {
+            // SAFETY: as for the loads.
+            unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(64 * h + 16 * i), *a) };
+        }
     }
 }
 
@@ -198,7 +244,7 @@ unsafe fn weighted_sum64_avx512(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usiz
 /// AVX2 and FMA must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
+unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
     assert!(
         acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
         "weighted_sum64 arguments were checked by the caller"

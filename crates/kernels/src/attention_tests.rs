@@ -379,12 +379,25 @@ fn halves_compute_in_f32() {
 
 #[test]
 fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
-    // Key counts around the 8-key groups, head sizes with and without the 8-wide path,
-    // windows and softcap, prefill and decode rows.
+    // Key counts around the 4- and 8-key blocks, head sizes with and without the 8-wide path,
+    // windows and softcap, prefill and decode rows, groups of 1 to 4 query heads per KV head.
     let mut rng = XorShift(0x5eed);
     let mut cases = 0;
-    for head_size in [8, 12, 64] {
-        for (seq, past) in [(1, 0), (1, 7), (1, 8), (1, 9), (1, 23), (5, 11), (17, 0)] {
+    for (head_size, (heads, kv_heads)) in [8, 12, 64]
+        .into_iter()
+        .flat_map(|hs| [(4, 2), (9, 3), (8, 2), (3, 3)].map(|g| (hs, g)))
+    {
+        for (seq, past) in [
+            (1, 0),
+            (1, 7),
+            (1, 8),
+            (1, 9),
+            (1, 15),
+            (1, 16),
+            (1, 23),
+            (5, 11),
+            (17, 0),
+        ] {
             for score in [
                 ScoreMod {
                     scale: 0.125,
@@ -400,23 +413,23 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
                 let shape = GqaShape {
                     batch: 1,
                     seq,
-                    heads: 4,
-                    kv_heads: 2,
+                    heads,
+                    kv_heads,
                     head_size,
                     capacity: past + seq + 3,
                 };
-                let q = rng.values(seq * 4 * head_size);
+                let q = rng.values(seq * heads * head_size);
                 let k = rng.values(shape.cache_len());
                 let v = rng.values(shape.cache_len());
                 let (start, kv_len) = ([past], [past + seq]);
                 let pool = ThreadPool::new(2);
                 let rows = Rows {
                     data: &q[..],
-                    stride: 4 * head_size,
+                    stride: heads * head_size,
                     offset: 0,
                 };
                 let mut scratch = vec![0f32; scratch_len(&shape, &pool)];
-                let n = seq * 4 * head_size;
+                let n = seq * heads * head_size;
                 let (mut fast, mut reference) = (vec![f32::NAN; n], vec![f32::NAN; n]);
                 attention(
                     &shape,
@@ -448,13 +461,13 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
                 assert_eq!(
                     bits(&fast),
                     bits(&reference),
-                    "head_size {head_size} seq {seq} past {past} {score:?}"
+                    "head_size {head_size} heads {heads}/{kv_heads} seq {seq} past {past} {score:?}"
                 );
                 cases += 1;
             }
         }
     }
-    assert_eq!(cases, 3 * 7 * 2);
+    assert_eq!(cases, 3 * 4 * 9 * 2);
 }
 
 #[test]
