@@ -9,7 +9,9 @@
 //! - `rmsnorm/RxN/threads=T` (RMSNormalization) and `rmsnorm/skip/RxN/threads=T` (the fused
 //!   residual add + RMSNorm layers run); bytes read and written;
 //! - `rotary/seq=S/threads=T`: RoPE over a layer's query heads; bytes read and written;
-//! - `softmax/RxN/threads=T`: over the last axis; bytes read and written.
+//! - `softmax/RxN/threads=T`: over the last axis; bytes read and written;
+//! - `silu_mul/RxN`: the gated SiLU of the MLP (`g · sigmoid(g) · u`, the f64 sigmoid) on one
+//!   thread; bytes read and written.
 //!
 //! `cargo bench -p oxgen-kernels --bench layers` (add `-- --test` to run each once).
 
@@ -18,6 +20,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::activation::silu_mul;
 use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
 use oxgen_kernels::norm::{Residual, rms_norm, skip_rms_norm};
 use oxgen_kernels::rotary::{HeadsShape, Positions, Rope, rotary};
@@ -231,5 +234,18 @@ fn softmax_rows(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, gqa, rmsnorm, rope, softmax_rows);
+fn gated_silu(c: &mut Criterion) {
+    let mut g = group(c, "silu_mul");
+    for rows in [1, 8] {
+        let n = rows * 1536;
+        let (gate, up) = (values(n, 11), values(n, 12));
+        let mut out = vec![0f32; n];
+        g.throughput(Throughput::Bytes(3 * n as u64 * F32));
+        g.bench_function(format!("{rows}x1536"), |b| {
+            b.iter(|| silu_mul(black_box(&gate), &up, &mut out))
+        });
+    }
+}
+
+criterion_group!(benches, gqa, rmsnorm, rope, softmax_rows, gated_silu);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! The logistic sigmoid of f32 values, computed in f64 and rounded once, over an exponential
 //! of oxgen's own rather than libm's: the same operations in the scalar reference and in the
-//! AVX2 kernel (four f64 lanes), so both give the same bits on every machine, where libm's
-//! `exp` differs between C libraries and cannot be vectorized.
+//! AVX2 and AVX-512 kernels (four and eight f64 lanes), so all give the same bits on every
+//! machine, where libm's `exp` differs between C libraries and cannot be vectorized.
 //!
 //! `sigmoid(x) = 1 / (1 + e^-x)` for `x >= 0` and `e^x / (1 + e^x)` below, so the exponential
 //! only ever sees `t = -|x| <= 0`. Below `t = -110` it is taken as 0: then `1 + e^t` rounds to
@@ -76,10 +76,17 @@ pub fn sigmoid_slice(x: &[f32], out: &mut [f32]) {
     let n = x.len().min(out.len());
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        done = n / 8 * 8;
+        // SAFETY: AVX-512 F was detected; both slices hold `done` elements.
+        unsafe { sigmoid_avx512(&x[..done], &mut out[..done]) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        done = n / 4 * 4;
-        // SAFETY: AVX2 was detected; both slices hold `done` elements.
-        unsafe { sigmoid_avx2(&x[..done], &mut out[..done]) };
+        let end = done + (n - done) / 4 * 4;
+        // SAFETY: AVX2 was detected; both ranges hold a multiple of four elements.
+        unsafe { sigmoid_avx2(&x[done..end], &mut out[done..end]) };
+        done = end;
     }
     for (o, &v) in out[done..n].iter_mut().zip(&x[done..n]) {
         *o = sigmoid(v);
@@ -135,6 +142,52 @@ unsafe fn sigmoid_avx2(x: &[f32], out: &mut [f32]) {
         let s = _mm256_div_pd(num, _mm256_add_pd(one, e));
         // SAFETY: `os` holds four f32.
         unsafe { _mm_storeu_ps(os.as_mut_ptr(), _mm256_cvtpd_ps(s)) };
+    }
+}
+
+/// [`sigmoid_avx2`] in eight lanes: the same operations per lane, mask registers for the
+/// comparisons.
+///
+/// # Safety
+/// AVX-512 F must be available; `x.len() == out.len()`, a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sigmoid_avx512(x: &[f32], out: &mut [f32]) {
+    let sign_off = _mm512_set1_epi64(!(1i64 << 63));
+    let (one, floor, zero) = (
+        _mm512_set1_pd(1.0),
+        _mm512_set1_pd(EXP_FLOOR),
+        _mm512_setzero_pd(),
+    );
+    let (inv_ln2, hi, lo) = (
+        _mm512_set1_pd(INV_LN2),
+        _mm512_set1_pd(LN2_HI),
+        _mm512_set1_pd(LN2_LO),
+    );
+    let bias = _mm512_set1_pd(4_503_599_627_371_519.0);
+    for (xs, os) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        // SAFETY: `xs` holds eight f32.
+        let v = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(xs.as_ptr()) });
+        let abs = _mm512_castsi512_pd(_mm512_and_si512(_mm512_castpd_si512(v), sign_off));
+        let t = _mm512_sub_pd(zero, abs);
+        let k = _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_pd(t, inv_ln2),
+        );
+        let r = _mm512_sub_pd(_mm512_sub_pd(t, _mm512_mul_pd(k, hi)), _mm512_mul_pd(k, lo));
+        let mut p = _mm512_set1_pd(TAYLOR[0]);
+        for &c in &TAYLOR[1..] {
+            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(c));
+        }
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
+        let scale = _mm512_slli_epi64::<52>(_mm512_castpd_si512(_mm512_add_pd(k, bias)));
+        let e = _mm512_mul_pd(p, _mm512_castsi512_pd(scale));
+        // t < floor → 0 (a NaN t compares false and keeps its NaN).
+        let e = _mm512_maskz_mov_pd(!_mm512_cmp_pd_mask::<_CMP_LT_OQ>(t, floor), e);
+        let num = _mm512_mask_blend_pd(_mm512_cmp_pd_mask::<_CMP_GE_OQ>(v, zero), e, one);
+        let s = _mm512_div_pd(num, _mm512_add_pd(one, e));
+        // SAFETY: `os` holds eight f32.
+        unsafe { _mm256_storeu_ps(os.as_mut_ptr(), _mm512_cvtpd_ps(s)) };
     }
 }
 
@@ -287,16 +340,35 @@ mod tests {
     }
 
     #[test]
-    fn the_kernel_equals_the_reference_bit_for_bit() {
+    fn the_kernels_equal_the_reference_bit_for_bit() {
         let x = samples();
+        let check = |got: &[f32], what: &str| {
+            for (&v, &g) in x.iter().zip(got) {
+                let want = sigmoid(v);
+                assert!(
+                    want.to_bits() == g.to_bits() || (want.is_nan() && g.is_nan()),
+                    "{what}: sigmoid({v:e}): {want:e} vs {g:e}"
+                );
+            }
+        };
         let mut got = vec![0f32; x.len()];
         sigmoid_slice(&x, &mut got);
-        for (&v, &g) in x.iter().zip(&got) {
-            let want = sigmoid(v);
-            assert!(
-                want.to_bits() == g.to_bits() || (want.is_nan() && g.is_nan()),
-                "sigmoid({v:e}): {want:e} vs {g:e}"
-            );
+        check(&got, "sigmoid_slice");
+        // Each vector kernel over (nearly) all samples, not just the part the dispatch gives it.
+        #[cfg(target_arch = "x86_64")]
+        {
+            let whole = x.len() / 8 * 8;
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 was detected; `whole` is a multiple of 8.
+                unsafe { sigmoid_avx2(&x[..whole], &mut got[..whole]) };
+                check(&got[..whole], "avx2");
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                got.fill(0.0);
+                // SAFETY: AVX-512 F was detected; `whole` is a multiple of 8.
+                unsafe { sigmoid_avx512(&x[..whole], &mut got[..whole]) };
+                check(&got[..whole], "avx512");
+            }
         }
     }
 
