@@ -11,28 +11,17 @@
 //! `cargo bench -p oxgen-kernels --bench baseline` (add `-- --test` to run each once).
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+mod common;
+use common::values;
 use half::{bf16, f16};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::reduce::{ReduceOp, reduce};
 use oxgen_kernels::{ThreadPool, broadcast, gather, matmul};
 
 const THREADS: [usize; 2] = [1, 2];
-
-/// Deterministic values in [-1, 1) (a 64-bit LCG, Knuth's MMIX constants).
-fn values<T: Accum>(len: usize, seed: u64) -> Vec<T> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            T::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-        })
-        .collect()
-}
 
 /// `values` elements of `T` as a byte throughput.
 fn bytes<T>(values: usize) -> Throughput {
@@ -43,11 +32,7 @@ fn configure<'a>(
     c: &'a mut Criterion,
     name: &str,
 ) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
-    let mut g = c.benchmark_group(name);
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_millis(500));
-    g
+    common::group(c, name, 500)
 }
 
 /// (M, K, N): one decode row, a small prefill chunk, a larger prefill chunk.

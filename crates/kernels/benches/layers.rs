@@ -16,9 +16,10 @@
 //! `cargo bench -p oxgen-kernels --bench layers` (add `-- --test` to run each once).
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+
+mod common;
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::activation::silu_mul;
 use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
@@ -32,28 +33,15 @@ const KV_HEADS: usize = 3;
 const HEAD_SIZE: usize = 64;
 const F32: u64 = 4;
 
-/// Deterministic values in [-1, 1) (a 64-bit LCG, Knuth's MMIX constants).
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    common::values(len, seed)
 }
 
 fn group<'a>(
     c: &'a mut Criterion,
     name: &str,
 ) -> BenchmarkGroup<'a, criterion::measurement::WallTime> {
-    let mut g = c.benchmark_group(name);
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_millis(600));
-    g
+    common::group(c, name, 600)
 }
 
 fn pools() -> [ThreadPool; 2] {

@@ -16,9 +16,9 @@
 //! `cargo bench -p oxgen-kernels --bench matmul_nbits`
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+mod common;
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use oxgen_kernels::matmul_nbits_int8::matmul_nbits_int8_reference;
@@ -133,10 +133,7 @@ fn packed(g: &mut Group<'_>, name: &str, (m, k, n): (usize, usize, usize), bits:
 }
 
 fn bench(c: &mut Criterion) {
-    let mut g = c.benchmark_group("matmul_nbits");
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_millis(700));
+    let mut g = common::group(c, "matmul_nbits", 700);
     for (k, n) in GEMV_SHAPES {
         packed(&mut g, &format!("q4_gemv/{k}x{n}"), (1, k, n), 4, false);
     }
