@@ -19,6 +19,7 @@ pub mod matmul_nbits;
 pub mod matmul_nbits_int8;
 pub mod nbits_avx2;
 pub mod nbits_packed;
+mod nbits_tiles;
 pub mod norm;
 pub mod num;
 pub mod par;

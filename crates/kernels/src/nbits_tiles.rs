@@ -1,0 +1,448 @@
+//! The x86 tile kernels over [`crate::nbits_packed`]'s layout: AVX2, AVX-VNNI (eight columns
+//! per 256-bit vector) and AVX-512 VNNI (two tiles per 512-bit vector), each row's arithmetic
+//! that of [`crate::matmul_nbits_int8`]'s reference, bit for bit (see `nbits_packed`'s module
+//! doc for the layout and why the lanes hold output columns). `nbits_packed` chooses which to
+//! call for which rows and columns.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use crate::nbits_avx2::{Isa, QuantizedRow, TILE};
+use crate::nbits_packed::{Floats, PackedNBits, PackedZp};
+
+/// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa` (a
+/// 256-bit variant); `prefetch` asks for the next tile meanwhile.
+///
+/// # Safety
+/// `isa` must be available and `t < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn tile<const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; TILE]; R],
+    isa: Isa,
+    prefetch: bool,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match (w.layout.bits, isa) {
+            (4, Isa::AvxVnni) => tile_vnni::<4, R>(rows, w, t, out, prefetch),
+            (4, Isa::Avx2) => tile_avx2::<4, R>(rows, w, t, out, prefetch),
+            (_, Isa::AvxVnni) => tile_vnni::<8, R>(rows, w, t, out, prefetch),
+            (4, _) => tile_avx2::<4, R>(rows, w, t, out, prefetch),
+            (_, _) => tile_avx2::<8, R>(rows, w, t, out, prefetch),
+        }
+    }
+}
+
+/// Gate tile `2t` and up tile `2t + 1` of a [`PackedNBits::pack_glu`] matrix side by side,
+/// for each of `R` rows, on `isa` (a 256-bit variant).
+///
+/// # Safety
+/// `isa` must be available and `2t + 1 < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn tile_glu<const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; 2 * TILE]; R],
+    isa: Isa,
+    prefetch: bool,
+) {
+    let (mut gate, mut up) = ([[0f32; TILE]; R], [[0f32; TILE]; R]);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        tile(rows, w, 2 * t, &mut gate, isa, prefetch);
+        tile(rows, w, 2 * t + 1, &mut up, isa, prefetch);
+    }
+    for ((o, g), u) in out.iter_mut().zip(&gate).zip(&up) {
+        o[..TILE].copy_from_slice(g);
+        o[TILE..].copy_from_slice(u);
+    }
+}
+
+/// Tiles `t` and `t + 1` (sixteen column sums before the bias) for each of `R` rows;
+/// `prefetch` asks for the next pair meanwhile.
+///
+/// # Safety
+/// AVX-512 VNNI must be available and `t + 1 < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn tile_pair<const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; 2 * TILE]; R],
+    prefetch: bool,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match w.layout.bits {
+            4 => tile_pair_avx512::<4, R>(rows, w, t, out, prefetch),
+            _ => tile_pair_avx512::<8, R>(rows, w, t, out, prefetch),
+        }
+    }
+}
+
+/// The VNNI tile kernel on two tiles at once: the low 256 bits of every vector are tile `t`,
+/// the high ones tile `t + 1`, so each lane does exactly what the 256-bit kernel's lane does
+/// for its column (the same integer dots, the same float operations in the same order).
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI must be available and `t + 1 < w.tiles`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &PackedNBits,
+    t: usize,
+    out: &mut [[f32; 2 * TILE]; R],
+    prefetch: bool,
+) {
+    let l = &w.layout;
+    let (kb, bs) = (l.k_blocks, l.block_size);
+    let chunk_bytes = 32 * BITS as usize;
+    let TileIo {
+        naturals,
+        scale_ptrs,
+        zp_floats,
+        zp_ptrs,
+        tile_bytes,
+    } = tile_io(rows, w, t, 2, BITS);
+    // Sixteen f32 lanes: eight at `a` (tile t) then eight at `b` (tile t + 1), from f32 or
+    // f16 storage.
+    let load16 = |(p32, p16): (*const f32, *const u16), a: usize, b: usize| {
+        // SAFETY: the callers pass offsets of whole 8-value groups inside the storage
+        // (asserted above).
+        unsafe {
+            if p16.is_null() {
+                let lo = _mm512_castps256_ps512(_mm256_loadu_ps(p32.add(a)));
+                let hi = _mm256_castps_pd(_mm256_loadu_ps(p32.add(b)));
+                _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), hi))
+            } else {
+                let lo = _mm256_castsi128_si256(_mm_loadu_si128(p16.add(a).cast()));
+                let both = _mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(p16.add(b).cast()));
+                _mm512_cvtph_ps(both)
+            }
+        }
+    };
+    // SAFETY: `32 * i` plus a chunk offset stays inside each tile (asserted above).
+    let pair = |p: *const u8| unsafe {
+        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(p.cast()));
+        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(p.add(tile_bytes).cast()))
+    };
+    let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
+    let low = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..kb {
+        if prefetch {
+            // The next pair.
+            let at = b * (bs / 32) * chunk_bytes;
+            prefetch_block(data.wrapping_add(2 * tile_bytes), at, bs, BITS);
+            prefetch_block(data.wrapping_add(3 * tile_bytes), at, bs, BITS);
+        }
+        let mut dots = [_mm512_setzero_si512(); R];
+        for sub in 0..bs / 32 {
+            let chunk = data.wrapping_add((b * (bs / 32) + sub) * chunk_bytes);
+            let at = b * bs + sub * 32;
+            // SAFETY: the 32 activations of each row at `at` lie inside its buffer (asserted
+            // above).
+            let group = |r: usize, g: usize| unsafe {
+                _mm512_set1_epi32(std::ptr::read_unaligned(
+                    naturals[r].add(at + 4 * g).cast::<i32>(),
+                ))
+            };
+            if BITS == 4 {
+                for i in 0..4 {
+                    let x = pair(chunk.wrapping_add(32 * i));
+                    let lo = _mm512_and_si512(x, low);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(x), low);
+                    for (r, dot) in dots.iter_mut().enumerate() {
+                        *dot = _mm512_dpbusd_epi32(*dot, lo, group(r, 2 * i));
+                        *dot = _mm512_dpbusd_epi32(*dot, hi, group(r, 2 * i + 1));
+                    }
+                }
+            } else {
+                for g in 0..8 {
+                    let x = pair(chunk.wrapping_add(32 * g));
+                    for (r, dot) in dots.iter_mut().enumerate() {
+                        *dot = _mm512_dpbusd_epi32(*dot, x, group(r, g));
+                    }
+                }
+            }
+        }
+        let (a0, a1) = ((t * kb + b) * TILE, ((t + 1) * kb + b) * TILE);
+        let sw = load16(scale_ptrs, a0, a1);
+        let z = match &w.zero_points {
+            PackedZp::Codes(z) => {
+                let (lo, hi) = (&z[a0..a0 + TILE], &z[a1..a1 + TILE]);
+                // SAFETY: `lo` and `hi` hold 8 bytes each.
+                let both = unsafe {
+                    _mm_unpacklo_epi64(
+                        _mm_loadl_epi64(lo.as_ptr().cast()),
+                        _mm_loadl_epi64(hi.as_ptr().cast()),
+                    )
+                };
+                Some(_mm512_cvtepu8_epi32(both))
+            }
+            _ => None,
+        };
+        let offsets = zp_floats.map(|_| load16(zp_ptrs, a0, a1));
+        for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
+            let sum_a = row.sums()[b];
+            let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row.scales()[b]));
+            let centered = |zs| _mm512_cvtepi32_ps(_mm512_sub_epi32(*dot, zs));
+            *acc = match (z, offsets) {
+                (Some(z), _) => {
+                    let zs = _mm512_mullo_epi32(z, _mm512_set1_epi32(sum_a));
+                    _mm512_fmadd_ps(scale, centered(zs), *acc)
+                }
+                (_, Some(o)) => {
+                    let acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(*dot), *acc);
+                    _mm512_fmadd_ps(o, _mm512_set1_ps(row.scaled_sums()[b]), acc)
+                }
+                _ => {
+                    let zs = _mm512_set1_epi32((1 << (BITS - 1)) * sum_a);
+                    _mm512_fmadd_ps(scale, centered(zs), *acc)
+                }
+            };
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` holds 16 f32.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
+    }
+}
+
+/// Asks for block `at` (a byte offset) of the tile starting at `tile`: the tile a task takes
+/// next, while this one computes (only in a tile's first pass over its rows). A decode token streams every weight once from a cache the
+/// machine shares, and the hardware prefetcher restarts at every matrix and page; fetching
+/// the next tile ahead gained 4-12% decode here. A prefetch never faults, so `tile` may lie
+/// past the last tile.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_block(tile: *const u8, at: usize, bs: usize, bits: u32) {
+    let bytes = bs * bits as usize; // 8 columns x bs codes x bits / 8
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: prefetching is a hint that never reads memory architecturally or faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(at + line).cast()) };
+    }
+}
+
+/// What a tile kernel reads, after the checks that make its raw loads sound.
+struct TileIo<'a, const R: usize> {
+    /// Each row's activation codes, in K order, whole blocks.
+    naturals: [*const i8; R],
+    scale_ptrs: (*const f32, *const u16),
+    zp_floats: Option<&'a Floats>,
+    zp_ptrs: (*const f32, *const u16),
+    tile_bytes: usize,
+}
+
+/// Checks that tiles `t..t + count` of `w` exist with their scales (and float zero points)
+/// and that every row holds whole blocks; panics otherwise (a caller bug, never input).
+fn tile_io<'a, const R: usize>(
+    rows: [&QuantizedRow; R],
+    w: &'a PackedNBits,
+    t: usize,
+    count: usize,
+    bits: u32,
+) -> TileIo<'a, R> {
+    let l = &w.layout;
+    let (kb, bs) = (l.k_blocks, l.block_size);
+    let tile_bytes = kb * (bs / 32) * 32 * bits as usize;
+    assert!(
+        t + count <= w.tiles
+            && w.data.len() >= (t + count) * tile_bytes
+            && w.scales.len() >= (t + count) * kb * TILE,
+        "packed tile arguments are consistent"
+    );
+    for row in rows {
+        assert!(
+            row.natural().len() >= kb * bs
+                && row.sums().len() >= kb
+                && row.scaled_sums().len() >= kb
+                && row.scales().len() >= kb,
+            "quantized rows hold whole blocks"
+        );
+    }
+    let zp_floats = match &w.zero_points {
+        PackedZp::Float(z) => Some(z),
+        _ => None,
+    };
+    assert!(
+        zp_floats.is_none_or(|z| z.len() == w.scales.len()),
+        "float zero points come one per scale"
+    );
+    TileIo {
+        naturals: rows.map(|r| r.natural().as_ptr()),
+        scale_ptrs: w.scales.ptrs(),
+        zp_floats,
+        zp_ptrs: zp_floats.map_or((std::ptr::null(), std::ptr::null()), Floats::ptrs),
+        tile_bytes,
+    }
+}
+
+/// Defines the tile kernel for AVX2 alone or with AVX-VNNI (see [`crate::nbits_avx2`]).
+macro_rules! packed_tile {
+    ($name:ident, $features:literal, $vnni:literal) => {
+        /// Tile `t`'s eight column sums (before the bias) for each of the `R` rows into
+        /// `out`: each 32-byte weight load serves every row; `prefetch` asks for the next
+        /// tile meanwhile.
+        ///
+        /// # Safety
+        /// The named CPU features must be available and `t < w.tiles`.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const BITS: u32, const R: usize>(
+            rows: [&QuantizedRow; R],
+            w: &PackedNBits,
+            t: usize,
+            out: &mut [[f32; TILE]; R],
+            prefetch: bool,
+        ) {
+            let l = &w.layout;
+            let (kb, bs) = (l.k_blocks, l.block_size);
+            let chunk_bytes = 32 * BITS as usize;
+            let TileIo {
+                naturals,
+                scale_ptrs,
+                zp_floats,
+                zp_ptrs,
+                tile_bytes,
+            } = tile_io(rows, w, t, 1, BITS);
+            // Eight f32 lanes at `at` from f32 or f16 storage (the branch is the same for the
+            // whole call).
+            macro_rules! load8 {
+                ($ptrs:expr, $at:expr) => {{
+                    let (p32, p16): (*const f32, *const u16) = $ptrs;
+                    if p16.is_null() {
+                        _mm256_loadu_ps(p32.add($at))
+                    } else {
+                        _mm256_cvtph_ps(_mm_loadu_si128(p16.add($at).cast()))
+                    }
+                }};
+            }
+            let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
+            let low = _mm256_set1_epi8(0x0F);
+            let flip = _mm256_set1_epi8(-128);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..kb {
+                if prefetch {
+                    prefetch_block(
+                        data.wrapping_add(tile_bytes),
+                        b * (bs / 32) * chunk_bytes,
+                        bs,
+                        BITS,
+                    );
+                }
+                let mut dots = [_mm256_setzero_si256(); R];
+                for sub in 0..bs / 32 {
+                    let chunk = data.wrapping_add((b * (bs / 32) + sub) * chunk_bytes);
+                    let at = b * bs + sub * 32;
+                    // SAFETY: the chunk and the 32 activations of each row lie inside the
+                    // buffers asserted above; unaligned loads.
+                    unsafe {
+                        macro_rules! group {
+                            ($r:expr, $g:expr) => {
+                                _mm256_set1_epi32(std::ptr::read_unaligned(
+                                    naturals[$r].add(at + 4 * $g).cast::<i32>(),
+                                ))
+                            };
+                        }
+                        macro_rules! mul {
+                            ($dot:expr, $w:expr, $r:expr, $g:expr) => {
+                                if $vnni {
+                                    _mm256_dpbusd_avx_epi32($dot, $w, group!($r, $g))
+                                } else if BITS == 4 {
+                                    let pairs = _mm256_maddubs_epi16($w, group!($r, $g));
+                                    _mm256_add_epi32($dot, _mm256_madd_epi16(pairs, ones))
+                                } else {
+                                    // 8-bit codes: recentred to signed, as in nbits_avx2.
+                                    let signed = _mm256_xor_si256($w, flip);
+                                    let pairs = _mm256_maddubs_epi16(
+                                        _mm256_abs_epi8(signed),
+                                        _mm256_sign_epi8(group!($r, $g), signed),
+                                    );
+                                    _mm256_add_epi32($dot, _mm256_madd_epi16(pairs, ones))
+                                }
+                            };
+                        }
+                        if BITS == 4 {
+                            for i in 0..4 {
+                                let x = _mm256_loadu_si256(chunk.add(32 * i).cast());
+                                let lo = _mm256_and_si256(x, low);
+                                let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+                                for (r, dot) in dots.iter_mut().enumerate() {
+                                    *dot = mul!(*dot, lo, r, 2 * i);
+                                    *dot = mul!(*dot, hi, r, 2 * i + 1);
+                                }
+                            }
+                        } else {
+                            for g in 0..8 {
+                                let x = _mm256_loadu_si256(chunk.add(32 * g).cast());
+                                for (r, dot) in dots.iter_mut().enumerate() {
+                                    *dot = mul!(*dot, x, r, g);
+                                }
+                            }
+                        }
+                    }
+                }
+                let at = (t * kb + b) * TILE;
+                // SAFETY: `at + 8 <= (t + 1) * kb * 8 <= len` (asserted above).
+                let sw = unsafe { load8!(scale_ptrs, at) };
+                let z = match &w.zero_points {
+                    PackedZp::Codes(z) => {
+                        let z = &z[at..at + TILE];
+                        // SAFETY: `z` holds 8 bytes.
+                        Some(_mm256_cvtepu8_epi32(unsafe {
+                            _mm_loadl_epi64(z.as_ptr().cast())
+                        }))
+                    }
+                    _ => None,
+                };
+                // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
+                let offsets = zp_floats.map(|_| unsafe { load8!(zp_ptrs, at) });
+                for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
+                    let mut dot = *dot;
+                    let sum_a = row.sums()[b];
+                    if BITS == 8 && !$vnni {
+                        // Σ w·a = Σ (w - 128)·a + 128·Σ a.
+                        dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum_a));
+                    }
+                    let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
+                    let centered = |zs| _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs));
+                    *acc = match (z, offsets) {
+                        (Some(z), _) => {
+                            let zs = _mm256_mullo_epi32(z, _mm256_set1_epi32(sum_a));
+                            _mm256_fmadd_ps(scale, centered(zs), *acc)
+                        }
+                        (_, Some(o)) => {
+                            let acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), *acc);
+                            _mm256_fmadd_ps(o, _mm256_set1_ps(row.scaled_sums()[b]), acc)
+                        }
+                        _ => {
+                            let zs = _mm256_set1_epi32((1 << (BITS - 1)) * sum_a);
+                            _mm256_fmadd_ps(scale, centered(zs), *acc)
+                        }
+                    };
+                }
+            }
+            for (o, acc) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` holds 8 f32.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), acc) };
+            }
+        }
+    };
+}
+
+packed_tile!(tile_avx2, "avx2,fma,f16c", false);
+packed_tile!(tile_vnni, "avx2,avxvnni,fma,f16c", true);
+
+// The padded columns of the last tile carry zero codes and zero scales; their lanes are never
+// stored, so their values do not matter.
+const _: () = assert!(
+    TILE == 8,
+    "the tile kernels hold eight columns in one 256-bit vector"
+);
