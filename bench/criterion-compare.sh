@@ -71,9 +71,10 @@ run_side() {
     for b in $benches; do
         local krate="${b%%:*}" name="${b#*:}"
         local file
-        file="$(cd "$dir" && ls crates/*/benches/"$name".rs 2>/dev/null | while read -r f; do
-            grep -q "^name = \"$krate\"" "$(dirname "$(dirname "$f")")/Cargo.toml" && echo "$f"
-        done)"
+        # (A revision without the bench finds no file: not an error, it is skipped below.)
+        file="$(cd "$dir" && for f in crates/*/benches/"$name".rs; do
+            [ -f "$f" ] && grep -q "^name = \"$krate\"" "${f%/benches/*}/Cargo.toml" && echo "$f"
+        done || true)"
         if [ -z "$file" ]; then
             echo "[$side] $krate has no bench $name at this revision: skipped" >&2
             continue
