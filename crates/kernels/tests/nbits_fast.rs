@@ -31,6 +31,22 @@ impl Rng {
     }
 }
 
+/// Every (pool, ISA) pair to run a fast kernel on.
+fn every_pool_and_isa(pools: &[ThreadPool]) -> impl Iterator<Item = (&ThreadPool, Isa)> {
+    pools
+        .iter()
+        .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
+}
+
+/// Whether two results are equal bit for bit.
+fn same_bits(want: &[f32], got: &[f32]) -> bool {
+    want.len() == got.len()
+        && want
+            .iter()
+            .zip(got)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 #[test]
 fn fast_kernel_equals_the_reference_bit_for_bit() {
     let mut rng = Rng(7);
@@ -100,16 +116,10 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                     for bias in [None, Some(&bias[..])] {
                         let mut want = vec![0f32; m * n];
                         matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();
-                        for (pool, isa) in pools
-                            .iter()
-                            .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
-                        {
+                        for (pool, isa) in every_pool_and_isa(&pools) {
                             let mut got = vec![f32::NAN; m * n];
                             matmul_nbits_int8_isa(&a, m, &w, bias, &mut got, pool, isa).unwrap();
-                            let same = want
-                                .iter()
-                                .zip(&got)
-                                .all(|(x, y)| x.to_bits() == y.to_bits());
+                            let same = same_bits(&want, &got);
                             assert!(
                                 same,
                                 "n {n} k {k} block {block} m {m} zp {zp:?}: {want:?} vs {got:?}"
@@ -140,16 +150,10 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                                 + zp_bytes,
                             "stored sizes, n {n} k {k} bits {bits} zp {zp:?}"
                         );
-                        for (pool, isa) in pools
-                            .iter()
-                            .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
-                        {
+                        for (pool, isa) in every_pool_and_isa(&pools) {
                             let mut got = vec![f32::NAN; m * n];
                             matmul_packed(&a, m, &packed, bias, &mut got, pool, isa).unwrap();
-                            let same = want
-                                .iter()
-                                .zip(&got)
-                                .all(|(x, y)| x.to_bits() == y.to_bits());
+                            let same = same_bits(&want, &got);
                             assert!(
                                 same,
                                 "packed {isa:?} bits {bits} n {n} k {k} block {block} m {m} zp {zp:?}: {want:?} vs {got:?}"
@@ -232,19 +236,13 @@ fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
                         out
                     })
                     .collect();
-                for (pool, isa) in pools
-                    .iter()
-                    .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
-                {
+                for (pool, isa) in every_pool_and_isa(&pools) {
                     let mut got: Vec<Vec<f32>> =
                         want.iter().map(|w| vec![f32::NAN; w.len()]).collect();
                     let mut outs: Vec<&mut [f32]> = got.iter_mut().map(Vec::as_mut_slice).collect();
                     matmul_packed_parts(&a, m, &packed, &mut outs, pool, isa).unwrap();
                     for (p, (want, got)) in want.iter().zip(&got).enumerate() {
-                        let same = want
-                            .iter()
-                            .zip(got)
-                            .all(|(x, y)| x.to_bits() == y.to_bits());
+                        let same = same_bits(&want, got);
                         assert!(same, "{isa:?} bits {bits} zp {zp} m {m} part {p}");
                     }
                 }
@@ -317,16 +315,10 @@ fn gate_and_up_packed_in_turn_give_the_reference_gated_silu_bits() {
                     let (g, u) = (product(&gate), product(&up));
                     let mut want = vec![0f32; m * n];
                     silu_mul(&g, &u, &mut want);
-                    for (pool, isa) in pools
-                        .iter()
-                        .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
-                    {
+                    for (pool, isa) in every_pool_and_isa(&pools) {
                         let mut got = vec![f32::NAN; m * n];
                         matmul_packed_glu(&a, m, &packed, &mut got, pool, isa).unwrap();
-                        let same = want
-                            .iter()
-                            .zip(&got)
-                            .all(|(x, y)| x.to_bits() == y.to_bits());
+                        let same = same_bits(&want, &got);
                         assert!(
                             same,
                             "{isa:?} n {n} bits {bits} zp {zp} m {m} threads {}",
