@@ -242,7 +242,7 @@ fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
                     let mut outs: Vec<&mut [f32]> = got.iter_mut().map(Vec::as_mut_slice).collect();
                     matmul_packed_parts(&a, m, &packed, &mut outs, pool, isa).unwrap();
                     for (p, (want, got)) in want.iter().zip(&got).enumerate() {
-                        let same = same_bits(&want, got);
+                        let same = same_bits(want, got);
                         assert!(same, "{isa:?} bits {bits} zp {zp} m {m} part {p}");
                     }
                 }
