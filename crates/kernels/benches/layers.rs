@@ -4,6 +4,10 @@
 //!
 //! - `gqa/decode/past=P/threads=T`: one query row per head against `P + 1` cached positions;
 //!   throughput in bytes of K and V read (the cache is what decode attention streams);
+//! - `gqa/paged_decode/batch=B,past=P/threads=T`: a decode step of `B` sequences over a paged
+//!   cache (blocks of 16 positions, each sequence's blocks scattered through the pool), one
+//!   layer per iteration out of 30 layers' pools, so the cache streams from beyond L2 as in a
+//!   served model; bytes of K and V read;
 //! - `gqa/prefill/seq=128/threads=T`: 128 causal query rows from an empty cache; throughput in
 //!   elements = floating-point operations (`2·2·heads·head_size` per query-key pair seen);
 //! - `rmsnorm/RxN/threads=T` (RMSNormalization) and `rmsnorm/skip/RxN/threads=T` (the fused
@@ -23,6 +27,7 @@ mod common;
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::activation::silu_mul;
 use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
+use oxgen_kernels::attention_paged::{PagedLayout, Segment, paged_attention, paged_scratch_len};
 use oxgen_kernels::norm::{Residual, rms_norm, skip_rms_norm};
 use oxgen_kernels::rotary::{HeadsShape, Positions, Rope, rotary};
 use oxgen_kernels::softmax::{SoftmaxKind, softmax};
@@ -102,6 +107,84 @@ fn bench_attention(
     }
 }
 
+/// One decode row for each of `batch` sequences of `past + 1` positions, over one layer's
+/// pool per iteration, cycling through `LAYERS` layers.
+fn bench_paged_decode(
+    g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    batch: usize,
+    past: usize,
+    pools: &[ThreadPool],
+) {
+    const LAYERS: usize = 30;
+    const BLOCK: usize = 16;
+    let per_seq = (past + 1).div_ceil(BLOCK);
+    let layout = PagedLayout {
+        blocks: batch * per_seq,
+        block_size: BLOCK,
+        kv_heads: KV_HEADS,
+        head_size: HEAD_SIZE,
+    };
+    // Sequence s owns blocks s, s + batch, s + 2·batch, …: interleaved as a busy pool leaves
+    // them.
+    let tables: Vec<u32> = (0..batch)
+        .flat_map(|s| (0..per_seq).map(move |i| (i * batch + s) as u32))
+        .collect();
+    let segments: Vec<Segment> = (0..batch)
+        .map(|s| Segment {
+            rows: s..s + 1,
+            start: past,
+            table: s * per_seq..(s + 1) * per_seq,
+        })
+        .collect();
+    let cache = layout.cache_len().expect("small pool");
+    let layers: Vec<(Vec<f32>, Vec<f32>)> = (0..LAYERS as u64)
+        .map(|l| (values(cache, 10 + 2 * l), values(cache, 11 + 2 * l)))
+        .collect();
+    let score = ScoreMod {
+        scale: 1.0 / (HEAD_SIZE as f32).sqrt(),
+        softcap: 0.0,
+        window: None,
+    };
+    let q = values(batch * HEADS * HEAD_SIZE, 1);
+    let rows = Rows {
+        data: &q,
+        stride: HEADS * HEAD_SIZE,
+        offset: 0,
+    };
+    let mut out = vec![0f32; batch * HEADS * HEAD_SIZE];
+    g.throughput(Throughput::Bytes(
+        2 * (batch * KV_HEADS * (past + 1) * HEAD_SIZE) as u64 * F32,
+    ));
+    for pool in pools {
+        let mut scratch = vec![0f32; paged_scratch_len(&layout, HEADS, &segments, pool)];
+        let mut layer = 0;
+        let name = format!(
+            "paged_decode/batch={batch},past={past}/threads={}",
+            pool.threads()
+        );
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                layer = (layer + 1) % LAYERS;
+                let (k, v) = &layers[layer];
+                paged_attention(
+                    HEADS,
+                    &layout,
+                    &score,
+                    black_box(&rows),
+                    k,
+                    v,
+                    &segments,
+                    &tables,
+                    &mut out,
+                    &mut scratch,
+                    pool,
+                )
+                .expect("shapes match")
+            })
+        });
+    }
+}
+
 fn gqa(c: &mut Criterion) {
     let pools = pools();
     let mut g = group(c, "gqa");
@@ -109,6 +192,9 @@ fn gqa(c: &mut Criterion) {
         let kv_bytes = 2 * (KV_HEADS * (past + 1) * HEAD_SIZE) as u64 * F32;
         g.throughput(Throughput::Bytes(kv_bytes));
         bench_attention(&mut g, &format!("decode/past={past}"), past, 1, &pools);
+    }
+    for batch in [1, 8] {
+        bench_paged_decode(&mut g, batch, 128, &pools);
     }
     let seq = 128;
     // Row s sees s + 1 keys: (QK dot + weighted V sum) × 2 flops per multiply-add.

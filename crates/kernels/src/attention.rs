@@ -412,7 +412,7 @@ fn attention_with<T: Accum<Acc = f32>>(
                     let tiles = (lo..end)
                         .step_by(KEY_TILE)
                         .map(|j| (kh, vh, j..(j + KEY_TILE).min(end)));
-                    attend_group_pieces(&qs, tiles, score, scores, acc, &mut outs, simd);
+                    attend_group_pieces(&qs, tiles, score, scores, acc, &mut outs, simd, false);
                 }
             }
         },
@@ -462,6 +462,11 @@ pub(crate) fn kv_runs(
 /// is the module doc's, whatever the pieces and however many heads share the call; the heads
 /// take each piece in turn while it is in cache. `scores` holds `qs.len()` rows of one score
 /// per key, `acc` `qs.len()` rows of `head_size`; `outs[i]` receives head `i`'s row.
+///
+/// With `prefetch` (pieces scattered in memory, where the hardware prefetcher loses the
+/// stream at each piece), each piece's successor is fetched while the piece computes: the
+/// keys' pieces, then the values'.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
     qs: &[&[T]],
     pieces: impl Iterator<Item = (&'a [T], &'a [T], std::ops::Range<usize>)> + Clone,
@@ -470,6 +475,7 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
     acc: &mut [f32],
     outs: &mut [&mut [T]],
     simd: bool,
+    prefetch: bool,
 ) {
     let (g, hs) = (qs.len(), qs.first().map_or(0, |q| q.len()));
     assert!(
@@ -486,8 +492,17 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
     let simd = simd && avx2::supported(hs);
     let mut max = [f32::NEG_INFINITY; MAX_GROUP];
     let mut at = 0;
+    // What to fetch while each piece's keys, then values, compute.
+    let rows = |x: &'a [T], keys: &std::ops::Range<usize>| &x[keys.start * hs..keys.end * hs];
+    let mut ahead = pieces
+        .clone()
+        .skip(1)
+        .map(|(k, _, keys)| rows(k, &keys))
+        .chain(pieces.clone().map(|(_, v, keys)| rows(v, &keys)))
+        .filter(|_| prefetch);
     for (k, _, keys) in pieces.clone() {
         let len = keys.len();
+        fetch(ahead.next());
         for (h, q) in qs.iter().enumerate() {
             let xs = &mut scores[h * n + at..][..len];
             let mut fast = false;
@@ -521,6 +536,7 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
     let mut at = 0;
     for (_, v, keys) in pieces {
         let len = keys.len();
+        fetch(ahead.next());
         let v32 = as_f32(v).filter(|_| simd);
         for (h, &sum) in sum[..g].iter().enumerate() {
             for e in &mut scores[h * n + at..][..len] {
@@ -567,6 +583,24 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
             *o = T::narrow(a);
         }
     }
+}
+
+/// Asks the CPU to bring `values` into L1 (a hint: no architectural read, never faults).
+fn fetch<T>(values: Option<&[T]>) {
+    let Some(values) = values else { return };
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = std::mem::size_of_val(values);
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: prefetching only hints the cache; the address lies inside `values`.
+            unsafe {
+                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+                _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().cast::<i8>().wrapping_add(line));
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = values;
 }
 
 /// `q · k` in the module doc's order: eight lanes by fused multiply-add, then a fixed tree.

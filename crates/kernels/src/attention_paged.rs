@@ -9,17 +9,19 @@
 //! Each row's arithmetic is [`crate::attention`]'s (the same dot products, softmax and
 //! weighted sum, walked in absolute position order): a sequence's rows get the same bits
 //! whatever it is batched with, however its prompt was chunked, and paged or contiguous
-//! (tested below). Threads split heads, never a row.
+//! (tested below). Threads split the (row, head) pairs, in output order, into runs of about
+//! equal work, never one head's row; a decode batch so splits between whole sequences and KV
+//! heads, and each thread streams its own blocks once. Each block's successor is prefetched
+//! while the block computes: the blocks lie scattered, so the hardware's stream prefetch
+//! starts anew at each.
 
 use std::ops::Range;
 
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::attention::{
-    MAX_GROUP, Rows, ScoreMod, attend_group_pieces, group_len, head_parts, kv_runs,
-};
+use crate::attention::{MAX_GROUP, Rows, ScoreMod, attend_group_pieces, group_len, head_parts};
 use crate::layout::{LayoutError, check_len};
-use crate::par::par_chunks2;
+use crate::par::par_cuts2;
 use crate::rotary::{Rope, rotate_one};
 use smallvec::SmallVec;
 
@@ -178,24 +180,70 @@ pub fn paged_rotate_query<T: Accum<Acc = f32>>(
     Ok(())
 }
 
-/// Parts the heads are split into, and the positions a row may see at most.
-fn split(
+/// Keys row `r` of segment `s` sees under `score`: `lo..p + 1` for its position `p`.
+fn keys_seen(s: &Segment, r: usize, score: &ScoreMod) -> std::ops::Range<usize> {
+    let p = s.start + r;
+    score.window.map_or(0, |w| (p + 1).saturating_sub(w))..p + 1
+}
+
+/// The most positions any row of `segments` may see.
+fn max_positions(segments: &[Segment]) -> usize {
+    segments
+        .iter()
+        .map(|s| s.start + s.rows.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Cuts the `tokens * heads` (row, head) pairs, in output order, into at most `parts`
+/// contiguous runs of about equal work (keys seen, plus one per pair for its softmax and
+/// output): `cuts[i]..cuts[i + 1]` is run `i`. A step of many short rows (a decode batch) then
+/// splits between whole sequences and KV heads, so each thread streams its own blocks, once.
+fn cuts(
+    heads: usize,
+    segments: &[Segment],
+    score: &ScoreMod,
+    parts: usize,
+) -> SmallVec<[usize; 9]> {
+    let rows = || {
+        segments
+            .iter()
+            .flat_map(move |s| (0..s.rows.len()).map(move |r| keys_seen(s, r, score).len() + 1))
+    };
+    let total: usize = rows().map(|w| w * heads).sum();
+    let mut cuts: SmallVec<[usize; 9]> = smallvec::smallvec![0];
+    let (mut done, mut pair) = (0usize, 0usize);
+    for w in rows() {
+        for _ in 0..heads {
+            done += w;
+            pair += 1;
+            // Cut after this pair once it reaches the next share of the work.
+            if cuts.len() < parts && done * parts >= total * cuts.len() {
+                cuts.push(pair);
+            }
+        }
+    }
+    if *cuts.last().unwrap_or(&0) != pair {
+        cuts.push(pair);
+    }
+    cuts
+}
+
+/// Parts the (row, head) pairs are split into: one per thread unless the whole step is
+/// small (work counted as multiply-adds, a dot product and a weighted sum per key).
+fn part_count(
     layout: &PagedLayout,
     heads: usize,
     segments: &[Segment],
     pool: &ThreadPool,
-) -> (usize, usize) {
-    let positions = segments
-        .iter()
-        .map(|s| s.start + s.rows.len())
-        .max()
-        .unwrap_or(0);
-    let work: usize = segments
+) -> usize {
+    let tokens = segments.last().map_or(0, |s| s.rows.end).max(1);
+    let keys: usize = segments
         .iter()
         .map(|s| s.rows.len().saturating_mul(s.start + s.rows.len()))
-        .fold(0usize, usize::saturating_add)
-        .saturating_mul(layout.head_size);
-    (head_parts(pool, heads, work), positions)
+        .fold(0usize, usize::saturating_add);
+    let per_pair = keys.saturating_mul(2 * layout.head_size) / tokens;
+    head_parts(pool, heads * tokens, per_pair)
 }
 
 /// The f32 scratch [`paged_attention`] needs on `pool`.
@@ -205,13 +253,13 @@ pub fn paged_scratch_len(
     segments: &[Segment],
     pool: &ThreadPool,
 ) -> usize {
-    let (parts, positions) = split(layout, heads, segments, pool);
-    parts * group_len(heads, layout.kv_heads) * (positions + layout.head_size)
+    let parts = part_count(layout, heads, segments, pool);
+    parts * group_len(heads, layout.kv_heads) * (max_positions(segments) + layout.head_size)
 }
 
 /// Attention of every row of `q` over its segment's cached keys, causally (the row at
 /// position `p` sees positions `..=p`, and only the `window` last of them when set), written
-/// to `out` laid out `(heads, tokens, head_size)`.
+/// to `out` laid out `(tokens, heads * head_size)`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<T: Accum<Acc = f32>>(
     heads: usize,
@@ -246,8 +294,9 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
     if out.is_empty() {
         return Ok(());
     }
-    let (parts, positions) = split(layout, heads, segments, pool);
-    let g_max = group_len(heads, layout.kv_heads);
+    let positions = max_positions(segments);
+    let parts = part_count(layout, heads, segments, pool);
+    let g_max = group_len(heads, kv_heads);
     let per_part = g_max * (positions + hs);
     if scratch.len() < parts * per_part {
         return Err(LayoutError::Length {
@@ -256,41 +305,45 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
             actual: scratch.len(),
         });
     }
-    let heads_per_part = heads.div_ceil(parts);
     let group = heads / kv_heads;
-    par_chunks2(
+    let cuts = cuts(heads, segments, score, parts);
+    let bounds: SmallVec<[usize; 9]> = cuts.iter().map(|&c| c * hs).collect();
+    par_cuts2(
         pool,
         out,
-        heads_per_part * tokens * hs,
+        &bounds,
         scratch,
         per_part,
         |part, out, scratch| {
             let (scores, acc) = scratch.split_at_mut(g_max * positions);
-            let first = part * heads_per_part;
-            let part_heads = first..first + out.len() / (tokens * hs);
-            for (n0, count) in kv_runs(part_heads, group) {
+            let (first, last) = (cuts[part], cuts[part + 1]);
+            let mut pair = first;
+            while pair < last {
+                let (t, n0) = (pair / heads, pair % heads);
                 let kvh = n0 / group;
-                let run_out = &mut out[(n0 - first) * tokens * hs..][..count * tokens * hs];
-                for s in segments {
-                    let table = &tables[s.table.clone()];
-                    for (r, t) in s.rows.clone().enumerate() {
-                        let p = s.start + r;
-                        let lo = score.window.map_or(0, |w| (p + 1).saturating_sub(w));
-                        let end = p + 1;
-                        let pieces = (lo / bs..end.div_ceil(bs)).map(|bi| {
-                            let base = layout.head_start(table[bi], kvh);
-                            let keys = lo.max(bi * bs) - bi * bs..end.min((bi + 1) * bs) - bi * bs;
-                            (&k[base..base + bs * hs], &v[base..base + bs * hs], keys)
-                        });
-                        let qs: SmallVec<[&[T]; MAX_GROUP]> =
-                            (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
-                        let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = run_out
-                            .chunks_mut(tokens * hs)
-                            .map(|head| &mut head[t * hs..][..hs])
-                            .collect();
-                        attend_group_pieces(&qs, pieces, score, scores, acc, &mut outs, true);
-                    }
-                }
+                // The heads of row `t` from `n0` on that share KV head `kvh`, inside the part,
+                // at most MAX_GROUP of them.
+                let count = ((kvh + 1) * group)
+                    .min(n0 + last - pair)
+                    .min(n0 + MAX_GROUP)
+                    - n0;
+                let s = &segments[segments.partition_point(|s| s.rows.end <= t)];
+                let seen = keys_seen(s, t - s.rows.start, score);
+                let table = &tables[s.table.clone()];
+                let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
+                    let base = layout.head_start(table[bi], kvh);
+                    let keys =
+                        seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
+                    (&k[base..base + bs * hs], &v[base..base + bs * hs], keys)
+                });
+                let qs: SmallVec<[&[T]; MAX_GROUP]> =
+                    (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
+                let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = out[(pair - first) * hs..]
+                    [..count * hs]
+                    .chunks_mut(hs)
+                    .collect();
+                attend_group_pieces(&qs, pieces, score, scores, acc, &mut outs, true, true);
+                pair += count;
             }
         },
     );
@@ -418,7 +471,7 @@ mod tests {
         for h in 0..heads {
             for s in 0..new {
                 let a = &want[(h * new + s) * hs..][..hs];
-                let b = &got[(h * tokens + 3 + s) * hs..][..hs];
+                let b = &got[((3 + s) * heads + h) * hs..][..hs];
                 let (a, b): (Vec<u32>, Vec<u32>) = (
                     a.iter().map(|x| x.to_bits()).collect(),
                     b.iter().map(|x| x.to_bits()).collect(),
@@ -440,6 +493,90 @@ mod tests {
             (300, 2, 32, 64, None, 2),
         ] {
             check(len, new, bs, hs, window, threads);
+        }
+    }
+
+    /// A decode batch of sequences of different lengths with a prefill chunk among them: at
+    /// 1-3 threads (cuts between sequences, KV heads and inside a group), each row's bits
+    /// are what it gets when its sequence runs alone.
+    #[test]
+    fn batched_rows_equal_rows_alone_at_any_thread_count() {
+        let (heads, kv_heads, hs, bs) = (6, 2, 64, 16);
+        // (positions before, new rows)
+        let seqs: [(usize, usize); 7] =
+            [(4, 1), (39, 1), (16, 1), (29, 4), (0, 1), (63, 1), (100, 1)];
+        let per_seq: Vec<usize> = seqs.iter().map(|&(p, n)| (p + n).div_ceil(bs)).collect();
+        let layout = PagedLayout {
+            blocks: per_seq.iter().sum::<usize>() + 3,
+            block_size: bs,
+            kv_heads,
+            head_size: hs,
+        };
+        let cache = layout.cache_len().unwrap();
+        let (kp, vp) = (values(cache, 7), values(cache, 8));
+        // Blocks handed out round-robin from the top of the pool, so sequences interleave.
+        let mut free: Vec<u32> = (0..layout.blocks as u32).collect();
+        let mut tables = Vec::new();
+        let mut segments = Vec::new();
+        let mut row = 0;
+        for (i, &(past, new)) in seqs.iter().enumerate() {
+            let t0 = tables.len();
+            for _ in 0..per_seq[i] {
+                tables.push(free.pop().unwrap());
+            }
+            segments.push(Segment {
+                rows: row..row + new,
+                start: past,
+                table: t0..tables.len(),
+            });
+            row += new;
+        }
+        let tokens = row;
+        let q = values(tokens * heads * hs, 9);
+        let score = ScoreMod {
+            scale: 0.125,
+            softcap: 0.0,
+            window: None,
+        };
+        let run = |segments: &[Segment], q: &[f32], threads: usize| {
+            let pool = ThreadPool::new(threads);
+            let tokens = segments.last().unwrap().rows.end;
+            let mut out = vec![0f32; tokens * heads * hs];
+            let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, segments, &pool)];
+            let rows = Rows {
+                data: q,
+                stride: heads * hs,
+                offset: 0,
+            };
+            paged_attention(
+                heads,
+                &layout,
+                &score,
+                &rows,
+                &kp,
+                &vp,
+                segments,
+                &tables,
+                &mut out,
+                &mut scratch,
+                &pool,
+            )
+            .unwrap();
+            out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+        };
+        let width = heads * hs;
+        let alone: Vec<u32> = segments
+            .iter()
+            .flat_map(|s| {
+                let one = [Segment {
+                    rows: 0..s.rows.len(),
+                    ..s.clone()
+                }];
+                run(&one, &q[s.rows.start * width..s.rows.end * width], 1)
+            })
+            .collect();
+        for threads in 1..=3 {
+            assert_eq!(run(&segments, &q, threads), alone, "{threads} threads");
         }
     }
 

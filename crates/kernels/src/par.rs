@@ -112,6 +112,35 @@ pub fn par_chunks2<A: Send, B: Send>(
     });
 }
 
+/// Like [`par_chunks2`] with parts of `a` of any length: part `i` is
+/// `a[cuts[i]..cuts[i + 1]]` (`cuts` ascending, at most `a.len()`) with
+/// `b[i * b_len..(i + 1) * b_len]` (clamped).
+pub fn par_cuts2<A: Send, B: Send>(
+    pool: &ThreadPool,
+    a: &mut [A],
+    cuts: &[usize],
+    b: &mut [B],
+    b_len: usize,
+    f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+) {
+    assert!(
+        cuts.is_sorted() && cuts.last().is_none_or(|&c| c <= a.len()),
+        "cuts ascend inside the slice"
+    );
+    let (sa, sb) = (Shared::new(a), Shared::new(b));
+    pool.run(cuts.len().saturating_sub(1), &|i| {
+        // SAFETY: task `i` alone gets part `i` of each slice; the cuts ascend, so parts never
+        // overlap.
+        let (pa, pb) = unsafe {
+            (
+                sa.range(cuts[i]..cuts[i + 1]),
+                sb.range(i * b_len..(i + 1) * b_len),
+            )
+        };
+        f(i, pa, pb);
+    });
+}
+
 /// Views `out` as rows of `row_len` elements, cuts each row into `col_parts` near-equal
 /// column ranges ([`chunk`]), and runs `f(row, cols, &mut out[row * row_len + cols])` for
 /// every (row, range) pair. One task takes `rows_per_task` consecutive rows of one column

@@ -568,7 +568,7 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
     }
     let q_rows = query_rows(rotated.as_ref(), q, q_width, heads, hs)?;
     let score = score_mod(g, hs);
-    let mut by_head = ctx.alloc(dtype, [heads, tokens, hs])?;
+    let mut out = ctx.alloc(dtype, [1, tokens, heads * hs])?;
     let scratch_len = kp::paged_scratch_len(&layout, heads, segments, ctx.pool);
     let mut scratch = ctx.alloc(DType::F32, [scratch_len])?;
     kp::paged_attention(
@@ -580,26 +580,12 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
         vc,
         segments,
         tables,
-        by_head.as_mut_slice::<T>()?,
+        out.as_mut_slice::<T>()?,
         scratch.as_mut_slice::<f32>()?,
         ctx.pool,
     )
     .map_err(OpError::from)?;
-    let shape = GqaShape {
-        batch: 1,
-        seq: tokens,
-        heads,
-        kv_heads,
-        head_size: hs,
-        capacity: 0,
-    };
-    let mut out = ctx.alloc(dtype, [1, tokens, heads * hs])?;
-    ka::heads_to_rows(by_head.as_slice::<T>()?, &shape, out.as_mut_slice::<T>()?)
-        .map_err(OpError::from)?;
-    for t in [Some(by_head), Some(scratch), rotated]
-        .into_iter()
-        .flatten()
-    {
+    for t in [Some(scratch), rotated].into_iter().flatten() {
         ctx.arena.release(t);
     }
     let mut outputs: Outputs = smallvec![out];
