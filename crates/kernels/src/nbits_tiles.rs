@@ -77,12 +77,34 @@ pub(crate) unsafe fn tile_pair<const R: usize>(
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        match w.layout.bits {
-            4 => tile_pair_avx512::<4, R>(rows, w, t, out, prefetch),
-            _ => tile_pair_avx512::<8, R>(rows, w, t, out, prefetch),
+        match (w.layout.bits, &w.zero_points) {
+            (4, PackedZp::Default) => {
+                tile_pair_avx512::<4, R, ZP_DEFAULT>(rows, w, t, out, prefetch)
+            }
+            (4, PackedZp::Codes(_)) => {
+                tile_pair_avx512::<4, R, ZP_CODES>(rows, w, t, out, prefetch)
+            }
+            (4, PackedZp::Float(_)) => {
+                tile_pair_avx512::<4, R, ZP_FLOAT>(rows, w, t, out, prefetch)
+            }
+            (_, PackedZp::Default) => {
+                tile_pair_avx512::<8, R, ZP_DEFAULT>(rows, w, t, out, prefetch)
+            }
+            (_, PackedZp::Codes(_)) => {
+                tile_pair_avx512::<8, R, ZP_CODES>(rows, w, t, out, prefetch)
+            }
+            (_, PackedZp::Float(_)) => {
+                tile_pair_avx512::<8, R, ZP_FLOAT>(rows, w, t, out, prefetch)
+            }
         }
     }
 }
+
+/// The kinds of [`PackedZp`], as a kernel's const parameter: each kernel instance then holds
+/// only its own block epilogue, with no branch per block or row.
+const ZP_DEFAULT: u8 = 0;
+const ZP_CODES: u8 = 1;
+const ZP_FLOAT: u8 = 2;
 
 /// The VNNI tile kernel on two tiles at once: the low 256 bits of every vector are tile `t`,
 /// the high ones tile `t + 1`, so each lane does exactly what the 256-bit kernel's lane does
@@ -92,7 +114,7 @@ pub(crate) unsafe fn tile_pair<const R: usize>(
 /// AVX-512 F, BW and VNNI must be available and `t + 1 < w.tiles`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
+unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     rows: [&QuantizedRow; R],
     w: &PackedNBits,
     t: usize,
@@ -105,10 +127,18 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
     let TileIo {
         naturals,
         scale_ptrs,
-        zp_floats,
+        zp_floats: _,
         zp_ptrs,
         tile_bytes,
     } = tile_io(rows, w, t, 2, BITS);
+    let codes = match &w.zero_points {
+        PackedZp::Codes(z) => z.as_slice(),
+        _ => &[],
+    };
+    // Each row's per-block terms (`tile_io` checked that every row holds `kb` blocks).
+    let row_scales = rows.map(|r| r.scales().as_ptr());
+    let row_sums = rows.map(|r| r.sums().as_ptr());
+    let row_scaled_sums = rows.map(|r| r.scaled_sums().as_ptr());
     // Sixteen f32 lanes: eight at `a` (tile t) then eight at `b` (tile t + 1), from f32 or
     // f16 storage.
     let load16 = |(p32, p16): (*const f32, *const u16), a: usize, b: usize| {
@@ -173,9 +203,10 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
         }
         let (a0, a1) = ((t * kb + b) * TILE, ((t + 1) * kb + b) * TILE);
         let sw = load16(scale_ptrs, a0, a1);
-        let z = match &w.zero_points {
-            PackedZp::Codes(z) => {
-                let (lo, hi) = (&z[a0..a0 + TILE], &z[a1..a1 + TILE]);
+        // The block's zero points: integer codes or float offsets, per ZP.
+        let (z, offsets) = match ZP {
+            ZP_CODES => {
+                let (lo, hi) = (&codes[a0..a0 + TILE], &codes[a1..a1 + TILE]);
                 // SAFETY: `lo` and `hi` hold 8 bytes each.
                 let both = unsafe {
                     _mm_unpacklo_epi64(
@@ -183,27 +214,34 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize>(
                         _mm_loadl_epi64(hi.as_ptr().cast()),
                     )
                 };
-                Some(_mm512_cvtepu8_epi32(both))
+                (_mm512_cvtepu8_epi32(both), _mm512_setzero_ps())
             }
-            _ => None,
+            ZP_FLOAT => (_mm512_setzero_si512(), load16(zp_ptrs, a0, a1)),
+            _ => (_mm512_setzero_si512(), _mm512_setzero_ps()),
         };
-        let offsets = zp_floats.map(|_| load16(zp_ptrs, a0, a1));
-        for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
-            let sum_a = row.sums()[b];
-            let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row.scales()[b]));
-            let centered = |zs| _mm512_cvtepi32_ps(_mm512_sub_epi32(*dot, zs));
-            *acc = match (z, offsets) {
-                (Some(z), _) => {
+        for r in 0..R {
+            // SAFETY: every row holds `kb` blocks of scales and sums (asserted by `tile_io`).
+            let (row_scale, sum_a, scaled_sum) = unsafe {
+                (
+                    *row_scales[r].add(b),
+                    *row_sums[r].add(b),
+                    *row_scaled_sums[r].add(b),
+                )
+            };
+            let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row_scale));
+            let dot = dots[r];
+            acc[r] = match ZP {
+                ZP_CODES => {
                     let zs = _mm512_mullo_epi32(z, _mm512_set1_epi32(sum_a));
-                    _mm512_fmadd_ps(scale, centered(zs), *acc)
+                    _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, zs)), acc[r])
                 }
-                (_, Some(o)) => {
-                    let acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(*dot), *acc);
-                    _mm512_fmadd_ps(o, _mm512_set1_ps(row.scaled_sums()[b]), acc)
+                ZP_FLOAT => {
+                    let a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[r]);
+                    _mm512_fmadd_ps(offsets, _mm512_set1_ps(scaled_sum), a)
                 }
                 _ => {
                     let zs = _mm512_set1_epi32((1 << (BITS - 1)) * sum_a);
-                    _mm512_fmadd_ps(scale, centered(zs), *acc)
+                    _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, zs)), acc[r])
                 }
             };
         }
