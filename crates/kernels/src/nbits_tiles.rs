@@ -10,6 +10,23 @@ use std::arch::x86_64::*;
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE};
 use crate::nbits_packed::{Floats, PackedNBits, PackedZp};
 
+/// The kinds of [`PackedZp`], as a kernel's const parameter: each kernel instance then holds
+/// only its own block epilogue, with no branch per block or row.
+const ZP_DEFAULT: u8 = 0;
+const ZP_CODES: u8 = 1;
+const ZP_FLOAT: u8 = 2;
+
+/// Calls the kernel instance for `w`'s kind of zero points (`w` the call's second argument).
+macro_rules! with_zp {
+    ($f:ident::<$bits:literal, $r:ident>($rows:expr, $w:expr, $($arg:expr),*)) => {
+        match &$w.zero_points {
+            PackedZp::Default => $f::<$bits, $r, ZP_DEFAULT>($rows, $w, $($arg),*),
+            PackedZp::Codes(_) => $f::<$bits, $r, ZP_CODES>($rows, $w, $($arg),*),
+            PackedZp::Float(_) => $f::<$bits, $r, ZP_FLOAT>($rows, $w, $($arg),*),
+        }
+    };
+}
+
 /// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa` (a
 /// 256-bit variant); `prefetch` asks for the next tile meanwhile.
 ///
@@ -27,11 +44,10 @@ pub(crate) unsafe fn tile<const R: usize>(
     // SAFETY: forwarded from the caller.
     unsafe {
         match (w.layout.bits, isa) {
-            (4, Isa::AvxVnni) => tile_vnni::<4, R>(rows, w, t, out, prefetch),
-            (4, Isa::Avx2) => tile_avx2::<4, R>(rows, w, t, out, prefetch),
-            (_, Isa::AvxVnni) => tile_vnni::<8, R>(rows, w, t, out, prefetch),
-            (4, _) => tile_avx2::<4, R>(rows, w, t, out, prefetch),
-            (_, _) => tile_avx2::<8, R>(rows, w, t, out, prefetch),
+            (4, Isa::AvxVnni) => with_zp!(tile_vnni::<4, R>(rows, w, t, out, prefetch)),
+            (4, _) => with_zp!(tile_avx2::<4, R>(rows, w, t, out, prefetch)),
+            (_, Isa::AvxVnni) => with_zp!(tile_vnni::<8, R>(rows, w, t, out, prefetch)),
+            (_, _) => with_zp!(tile_avx2::<8, R>(rows, w, t, out, prefetch)),
         }
     }
 }
@@ -77,34 +93,12 @@ pub(crate) unsafe fn tile_pair<const R: usize>(
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        match (w.layout.bits, &w.zero_points) {
-            (4, PackedZp::Default) => {
-                tile_pair_avx512::<4, R, ZP_DEFAULT>(rows, w, t, out, prefetch)
-            }
-            (4, PackedZp::Codes(_)) => {
-                tile_pair_avx512::<4, R, ZP_CODES>(rows, w, t, out, prefetch)
-            }
-            (4, PackedZp::Float(_)) => {
-                tile_pair_avx512::<4, R, ZP_FLOAT>(rows, w, t, out, prefetch)
-            }
-            (_, PackedZp::Default) => {
-                tile_pair_avx512::<8, R, ZP_DEFAULT>(rows, w, t, out, prefetch)
-            }
-            (_, PackedZp::Codes(_)) => {
-                tile_pair_avx512::<8, R, ZP_CODES>(rows, w, t, out, prefetch)
-            }
-            (_, PackedZp::Float(_)) => {
-                tile_pair_avx512::<8, R, ZP_FLOAT>(rows, w, t, out, prefetch)
-            }
+        match w.layout.bits {
+            4 => with_zp!(tile_pair_avx512::<4, R>(rows, w, t, out, prefetch)),
+            _ => with_zp!(tile_pair_avx512::<8, R>(rows, w, t, out, prefetch)),
         }
     }
 }
-
-/// The kinds of [`PackedZp`], as a kernel's const parameter: each kernel instance then holds
-/// only its own block epilogue, with no branch per block or row.
-const ZP_DEFAULT: u8 = 0;
-const ZP_CODES: u8 = 1;
-const ZP_FLOAT: u8 = 2;
 
 /// The VNNI tile kernel on two tiles at once: the low 256 bits of every vector are tile `t`,
 /// the high ones tile `t + 1`, so each lane does exactly what the 256-bit kernel's lane does
@@ -127,18 +121,13 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     let TileIo {
         naturals,
         scale_ptrs,
-        zp_floats: _,
         zp_ptrs,
+        codes,
+        row_scales,
+        row_sums,
+        row_scaled_sums,
         tile_bytes,
     } = tile_io(rows, w, t, 2, BITS);
-    let codes = match &w.zero_points {
-        PackedZp::Codes(z) => z.as_slice(),
-        _ => &[],
-    };
-    // Each row's per-block terms (`tile_io` checked that every row holds `kb` blocks).
-    let row_scales = rows.map(|r| r.scales().as_ptr());
-    let row_sums = rows.map(|r| r.sums().as_ptr());
-    let row_scaled_sums = rows.map(|r| r.scaled_sums().as_ptr());
     // Sixteen f32 lanes: eight at `a` (tile t) then eight at `b` (tile t + 1), from f32 or
     // f16 storage.
     let load16 = |(p32, p16): (*const f32, *const u16), a: usize, b: usize| {
@@ -272,8 +261,14 @@ struct TileIo<'a, const R: usize> {
     /// Each row's activation codes, in K order, whole blocks.
     naturals: [*const i8; R],
     scale_ptrs: (*const f32, *const u16),
-    zp_floats: Option<&'a Floats>,
+    /// Float zero points (null when there are none).
     zp_ptrs: (*const f32, *const u16),
+    /// Integer zero-point codes (empty when there are none).
+    codes: &'a [u8],
+    /// Each row's per-block scales, `Σ q_a` and `scale_a · Σ q_a`, `k_blocks` of each.
+    row_scales: [*const f32; R],
+    row_sums: [*const i32; R],
+    row_scaled_sums: [*const f32; R],
     tile_bytes: usize,
 }
 
@@ -315,8 +310,14 @@ fn tile_io<'a, const R: usize>(
     TileIo {
         naturals: rows.map(|r| r.natural().as_ptr()),
         scale_ptrs: w.scales.ptrs(),
-        zp_floats,
         zp_ptrs: zp_floats.map_or((std::ptr::null(), std::ptr::null()), Floats::ptrs),
+        codes: match &w.zero_points {
+            PackedZp::Codes(z) => z,
+            _ => &[],
+        },
+        row_scales: rows.map(|r| r.scales().as_ptr()),
+        row_sums: rows.map(|r| r.sums().as_ptr()),
+        row_scaled_sums: rows.map(|r| r.scaled_sums().as_ptr()),
         tile_bytes,
     }
 }
@@ -332,7 +333,7 @@ macro_rules! packed_tile {
         /// The named CPU features must be available and `t < w.tiles`.
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const BITS: u32, const R: usize>(
+        unsafe fn $name<const BITS: u32, const R: usize, const ZP: u8>(
             rows: [&QuantizedRow; R],
             w: &PackedNBits,
             t: usize,
@@ -345,8 +346,11 @@ macro_rules! packed_tile {
             let TileIo {
                 naturals,
                 scale_ptrs,
-                zp_floats,
                 zp_ptrs,
+                codes,
+                row_scales,
+                row_sums,
+                row_scaled_sums,
                 tile_bytes,
             } = tile_io(rows, w, t, 1, BITS);
             // Eight f32 lanes at `at` from f32 or f16 storage (the branch is the same for the
@@ -430,39 +434,47 @@ macro_rules! packed_tile {
                 let at = (t * kb + b) * TILE;
                 // SAFETY: `at + 8 <= (t + 1) * kb * 8 <= len` (asserted above).
                 let sw = unsafe { load8!(scale_ptrs, at) };
-                let z = match &w.zero_points {
-                    PackedZp::Codes(z) => {
-                        let z = &z[at..at + TILE];
+                // The block's zero points: integer codes or float offsets, per ZP.
+                let (z, offsets) = match ZP {
+                    ZP_CODES => {
+                        let z = &codes[at..at + TILE];
                         // SAFETY: `z` holds 8 bytes.
-                        Some(_mm256_cvtepu8_epi32(unsafe {
-                            _mm_loadl_epi64(z.as_ptr().cast())
-                        }))
+                        let z = unsafe { _mm_loadl_epi64(z.as_ptr().cast()) };
+                        (_mm256_cvtepu8_epi32(z), _mm256_setzero_ps())
                     }
-                    _ => None,
+                    // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
+                    ZP_FLOAT => (_mm256_setzero_si256(), unsafe { load8!(zp_ptrs, at) }),
+                    _ => (_mm256_setzero_si256(), _mm256_setzero_ps()),
                 };
-                // SAFETY: `at + 8 <= len`, as for the scales (asserted above).
-                let offsets = zp_floats.map(|_| unsafe { load8!(zp_ptrs, at) });
-                for (row, (dot, acc)) in rows.iter().zip(dots.iter().zip(acc.iter_mut())) {
-                    let mut dot = *dot;
-                    let sum_a = row.sums()[b];
+                for r in 0..R {
+                    // SAFETY: every row holds `kb` blocks of scales and sums (asserted by
+                    // `tile_io`).
+                    let (row_scale, sum_a, scaled_sum) = unsafe {
+                        (
+                            *row_scales[r].add(b),
+                            *row_sums[r].add(b),
+                            *row_scaled_sums[r].add(b),
+                        )
+                    };
+                    let mut dot = dots[r];
                     if BITS == 8 && !$vnni {
                         // Σ w·a = Σ (w - 128)·a + 128·Σ a.
                         dot = _mm256_add_epi32(dot, _mm256_set1_epi32(128 * sum_a));
                     }
-                    let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row.scales()[b]));
+                    let scale = _mm256_mul_ps(sw, _mm256_set1_ps(row_scale));
                     let centered = |zs| _mm256_cvtepi32_ps(_mm256_sub_epi32(dot, zs));
-                    *acc = match (z, offsets) {
-                        (Some(z), _) => {
+                    acc[r] = match ZP {
+                        ZP_CODES => {
                             let zs = _mm256_mullo_epi32(z, _mm256_set1_epi32(sum_a));
-                            _mm256_fmadd_ps(scale, centered(zs), *acc)
+                            _mm256_fmadd_ps(scale, centered(zs), acc[r])
                         }
-                        (_, Some(o)) => {
-                            let acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), *acc);
-                            _mm256_fmadd_ps(o, _mm256_set1_ps(row.scaled_sums()[b]), acc)
+                        ZP_FLOAT => {
+                            let a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+                            _mm256_fmadd_ps(offsets, _mm256_set1_ps(scaled_sum), a)
                         }
                         _ => {
                             let zs = _mm256_set1_epi32((1 << (BITS - 1)) * sum_a);
-                            _mm256_fmadd_ps(scale, centered(zs), *acc)
+                            _mm256_fmadd_ps(scale, centered(zs), acc[r])
                         }
                     };
                 }
