@@ -99,6 +99,7 @@ impl Evaluator for NativeEvaluator {
                 exact: true,
                 packed: None,
                 paged: None,
+                wanted: u64::MAX,
             };
             let produced = ops::run(
                 &node.op,

@@ -11,6 +11,9 @@ pub struct Plan {
     /// For each node: the input positions handed over to it to update in place (see
     /// [`oxgen_graph::Op::inplace_inputs`]).
     pub donations: Vec<Vec<usize>>,
+    /// For each node: bit `k` set when output `k` is named and read (by a later node or as a
+    /// graph output); an op may leave the others uncomputed (see [`crate::ops::OpCtx::wants`]).
+    pub wanted: Vec<u64>,
 }
 
 impl Plan {
@@ -48,10 +51,26 @@ impl Plan {
                     .collect()
             })
             .collect();
+        let wanted = graph
+            .nodes
+            .iter()
+            .map(|node| {
+                node.outputs.iter().enumerate().fold(0u64, |mask, (k, out)| match out {
+                    Some(id)
+                        if k < 64
+                            && (last_use[id.0].is_some() || graph.outputs.contains(id)) =>
+                    {
+                        mask | 1 << k
+                    }
+                    _ => mask,
+                })
+            })
+            .collect();
         Plan {
             graph,
             last_use,
             donations,
+            wanted,
         }
     }
 }

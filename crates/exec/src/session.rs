@@ -349,6 +349,7 @@ impl NativeSession {
                 pool: &self.pool,
                 exact: self.exact,
                 packed: self.packed[i].as_ref(),
+                wanted: plan.wanted[i],
                 paged: paged.as_deref_mut().and_then(|p| {
                     let layer = p.layer_of_node.get(i).copied().flatten()?;
                     Some(PagedLayer {

@@ -34,9 +34,18 @@ pub struct OpCtx<'a> {
     pub packed: Option<&'a PackedNBits>,
     /// For a `GroupQueryAttention` node in a ragged step: the paged KV it reads and writes.
     pub paged: Option<crate::kv::PagedLayer<'a>>,
+    /// Bit `k`: output `k` is read after this node (see [`OpCtx::wants`]).
+    pub wanted: u64,
 }
 
 impl OpCtx<'_> {
+    /// Whether output `k` is read after this node. An op still returns a tensor for every
+    /// output up to the last named one, but may leave the contents of one nobody reads
+    /// uncomputed.
+    pub fn wants(&self, k: usize) -> bool {
+        k >= 64 || self.wanted >> k & 1 == 1
+    }
+
     pub fn alloc(&mut self, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor, OpError> {
         self.arena.alloc(dtype, shape)
     }

@@ -428,7 +428,10 @@ where
         sn.epsilon,
         y.as_mut_slice::<T>()?,
         sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
+        // An inv_std_var nobody reads (a decoder layer's usual case) costs a pass over the
+        // rows; its tensor is returned unfilled.
         inv.as_mut()
+            .filter(|_| ctx.wants(2))
             .map(|t| t.as_mut_slice::<T::Acc>())
             .transpose()?,
         ctx.pool,
