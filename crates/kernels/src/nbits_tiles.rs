@@ -274,6 +274,7 @@ struct TileIo<'a, const R: usize> {
 
 /// Checks that tiles `t..t + count` of `w` exist with their scales (and float zero points)
 /// and that every row holds whole blocks; panics otherwise (a caller bug, never input).
+#[inline(always)]
 fn tile_io<'a, const R: usize>(
     rows: [&QuantizedRow; R],
     w: &'a PackedNBits,
