@@ -55,15 +55,18 @@ impl Plan {
             .nodes
             .iter()
             .map(|node| {
-                node.outputs.iter().enumerate().fold(0u64, |mask, (k, out)| match out {
-                    Some(id)
-                        if k < 64
-                            && (last_use[id.0].is_some() || graph.outputs.contains(id)) =>
-                    {
-                        mask | 1 << k
-                    }
-                    _ => mask,
-                })
+                node.outputs
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |mask, (k, out)| match out {
+                        Some(id)
+                            if k < 64
+                                && (last_use[id.0].is_some() || graph.outputs.contains(id)) =>
+                        {
+                            mask | 1 << k
+                        }
+                        _ => mask,
+                    })
             })
             .collect();
         Plan {
