@@ -17,6 +17,7 @@ pub mod layout;
 pub mod matmul;
 pub mod matmul_nbits;
 pub mod matmul_nbits_int8;
+pub mod mem;
 pub mod nbits_avx2;
 pub mod nbits_packed;
 mod nbits_tiles;
