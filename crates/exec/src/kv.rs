@@ -3,8 +3,8 @@
 //!
 //! The pools are one zeroed allocation that the OS commits page by page as blocks are first
 //! written (large zeroed allocations are mapped lazily), so an idle pool of many blocks costs
-//! address space, not memory. Blocks are handed out lowest first, which keeps what is touched
-//! compact.
+//! address space, not memory. Blocks are handed out lowest first and each holds every layer,
+//! which keeps what is touched compact.
 
 use oxgen_kernels::attention_paged::{PagedLayout, Segment};
 use oxgen_runtime::RuntimeError;
@@ -12,18 +12,23 @@ use oxgen_tensor::{DType, Element};
 
 use crate::OpError;
 
-/// Key and value block pools of every layer: `[layer][key | value][block][kv_head][row][d]`.
+/// Key and value block pools of every layer, block by block:
+/// `[block][layer][key | value][kv_head][row][d]`, so one block of a sequence holds its keys
+/// and values of every layer in one contiguous run. The memory asks for transparent huge
+/// pages: a decode step reads every sequence's blocks of a layer from all over the pool, one
+/// TLB miss per 4 KiB page otherwise, and blocks handed out lowest first keep what huge pages
+/// commit close to what is used.
 pub struct KvStore {
     dtype: DType,
+    /// One layer's pool as a view: blocks `layers * 2` pools' blocks apart.
     layout: PagedLayout,
     layers: usize,
-    /// Values per pool (one layer's keys or values).
-    pool_len: usize,
     mem: Vec<u64>,
 }
 
 impl KvStore {
-    /// Pools of `layout.blocks` blocks for `layers` layers of `dtype` (f32, f16 or bf16).
+    /// Pools of `layout.blocks` blocks for `layers` layers of `dtype` (f32, f16 or bf16);
+    /// `layout`'s stride is replaced by the store's.
     pub fn new(dtype: DType, layout: PagedLayout, layers: usize) -> Result<KvStore, RuntimeError> {
         let fail = |msg: String| RuntimeError::Backend(msg.into());
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
@@ -31,12 +36,15 @@ impl KvStore {
                 "a paged KV cache holds float32, float16 or bfloat16, not {dtype}"
             )));
         }
-        let pool_len = layout
-            .cache_len()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| fail(format!("KV pool {layout:?} is empty or too large")))?;
-        let bytes = pool_len
-            .checked_mul(2 * layers)
+        let block_values = layout
+            .kv_heads
+            .checked_mul(layout.block_size)
+            .and_then(|n| n.checked_mul(layout.head_size))
+            .and_then(|n| n.checked_mul(2 * layers))
+            .filter(|&n| n > 0 && layout.blocks > 0)
+            .ok_or_else(|| fail(format!("KV pool {layout:?} x {layers} layers is empty")))?;
+        let bytes = block_values
+            .checked_mul(layout.blocks)
             .and_then(|n| n.checked_mul(dtype.bits() / 8))
             .filter(|&b| b <= isize::MAX as usize / 2)
             .ok_or_else(|| {
@@ -51,9 +59,6 @@ impl KvStore {
                 bytes >> 20
             ))
         };
-        if words == 0 {
-            return Err(fail("a KV pool needs at least one layer".into()));
-        }
         let layout_bytes = std::alloc::Layout::array::<u64>(words).map_err(|_| too_big())?;
         // Zeroed by the allocator (fresh pages for a large pool), not written here.
         // SAFETY: the layout's size is not zero (checked above).
@@ -63,16 +68,21 @@ impl KvStore {
         }
         // SAFETY: allocated above by the global allocator with the layout of `words` u64s,
         // all initialized (zero).
-        let mem = unsafe { Vec::from_raw_parts(ptr, words, words) };
+        let mut mem = unsafe { Vec::from_raw_parts(ptr, words, words) };
+        oxgen_kernels::mem::advise_huge_pages(&mut mem);
         Ok(KvStore {
             dtype,
-            layout,
+            layout: PagedLayout {
+                block_stride: block_values,
+                ..layout
+            },
             layers,
-            pool_len,
             mem,
         })
     }
 
+    /// One layer's pool as the kernels see it (keys and values alike, each from its own
+    /// offset: see [`KvStore::layer_views`]).
     pub fn layout(&self) -> &PagedLayout {
         &self.layout
     }
@@ -83,7 +93,7 @@ impl KvStore {
 
     /// Bytes of one block across every layer's keys and values.
     pub fn block_bytes(&self) -> usize {
-        self.layers * 2 * self.pool_len / self.layout.blocks * self.dtype.bits() / 8
+        self.layout.block_stride * self.dtype.bits() / 8
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -91,8 +101,12 @@ impl KvStore {
         unsafe { std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast(), self.mem.len() * 8) }
     }
 
-    /// Layer `layer`'s key and value pools as `T`.
-    pub fn layer_mut<T: Element>(&mut self, layer: usize) -> Result<(&mut [T], &mut [T]), OpError> {
+    /// The whole store as `T`, with where layer `layer`'s key and value pools start in it:
+    /// `&pool[k..]` and `&pool[v..]` are views of [`KvStore::layout`].
+    pub fn layer_views<T: Element>(
+        &mut self,
+        layer: usize,
+    ) -> Result<(&mut [T], usize, usize), OpError> {
         if !T::views(self.dtype) || layer >= self.layers {
             return Err(OpError::value(format!(
                 "the KV cache holds {} layers of {}; layer {layer} was asked for as {}",
@@ -101,29 +115,19 @@ impl KvStore {
                 T::DTYPE
             )));
         }
-        let n = self.pool_len;
-        // SAFETY: the buffer holds `2 * layers * n` values of the store's dtype, which `T`
-        // views (checked above), and `u64` alignment covers every float type.
-        let all = unsafe {
-            std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<T>(), 2 * self.layers * n)
-        };
-        let (k, v) = all[2 * layer * n..2 * (layer + 1) * n].split_at_mut(n);
-        Ok((k, v))
+        let len = self.layout.blocks * self.layout.block_stride;
+        // SAFETY: the buffer holds `len` values of the store's dtype, which `T` views
+        // (checked above), and `u64` alignment covers every float type.
+        let all = unsafe { std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<T>(), len) };
+        let k = 2 * layer * self.layout.block_len();
+        Ok((all, k, k + self.layout.block_len()))
     }
 
-    /// Copies block `src` into block `dst` in every pool.
+    /// Copies block `src` into block `dst` (every layer's keys and values).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
-        let block = self.pool_len / self.layout.blocks * self.dtype.bits() / 8;
-        let pool = self.pool_len * self.dtype.bits() / 8;
-        let pools = 2 * self.layers;
-        let bytes = self.bytes_mut();
-        for p in 0..pools {
-            let base = p * pool;
-            bytes.copy_within(
-                base + src as usize * block..base + (src as usize + 1) * block,
-                base + dst as usize * block,
-            );
-        }
+        let block = self.block_bytes();
+        let (src, dst) = (src as usize * block, dst as usize * block);
+        self.bytes_mut().copy_within(src..src + block, dst);
     }
 }
 

@@ -217,12 +217,7 @@ impl NativeLm {
         kv: &KvConfig,
     ) -> Result<Paged, RuntimeError> {
         let c = &self.contract;
-        let layout = PagedLayout {
-            blocks: kv.blocks,
-            block_size: kv.block_size,
-            kv_heads: c.kv_heads,
-            head_size: c.head_size,
-        };
+        let layout = PagedLayout::dense(kv.blocks, kv.block_size, c.kv_heads, c.head_size);
         Ok(Paged {
             pool: BlockPool::new(kv.blocks, kv.block_size)?,
             prefix_cache: kv.prefix_cache,

@@ -118,12 +118,7 @@ fn bench_paged_decode(
     const LAYERS: usize = 30;
     const BLOCK: usize = 16;
     let per_seq = (past + 1).div_ceil(BLOCK);
-    let layout = PagedLayout {
-        blocks: batch * per_seq,
-        block_size: BLOCK,
-        kv_heads: KV_HEADS,
-        head_size: HEAD_SIZE,
-    };
+    let layout = PagedLayout::dense(batch * per_seq, BLOCK, KV_HEADS, HEAD_SIZE);
     // Sequence s owns blocks s, s + batch, s + 2·batch, …: interleaved as a busy pool leaves
     // them.
     let tables: Vec<u32> = (0..batch)

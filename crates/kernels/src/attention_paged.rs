@@ -25,27 +25,55 @@ use crate::par::par_cuts2;
 use crate::rotary::{Rope, rotate_one};
 use smallvec::SmallVec;
 
-/// The shape of one layer's K (or V) block pool.
+/// The shape of one layer's K (or V) block pool, as a view into memory that may hold other
+/// data between its blocks (a store that keeps every layer's keys and values of a block
+/// together): block `b` starts `b * block_stride` values into the view and holds `kv_heads`
+/// runs of `block_size` head vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedLayout {
     pub blocks: usize,
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_size: usize,
+    /// Values from one block's start to the next's; at least [`PagedLayout::block_len`].
+    pub block_stride: usize,
 }
 
 impl PagedLayout {
-    /// Values one cache holds.
-    pub fn cache_len(&self) -> Option<usize> {
-        self.blocks
-            .checked_mul(self.kv_heads)?
-            .checked_mul(self.block_size)?
-            .checked_mul(self.head_size)
+    /// A pool of its own: blocks back to back.
+    pub fn dense(blocks: usize, block_size: usize, kv_heads: usize, head_size: usize) -> Self {
+        let block_stride = kv_heads * block_size * head_size;
+        PagedLayout {
+            blocks,
+            block_size,
+            kv_heads,
+            head_size,
+            block_stride,
+        }
     }
 
-    /// Where KV head `h` of `block` starts in a cache.
+    /// Values of one block of this pool.
+    pub fn block_len(&self) -> usize {
+        self.kv_heads * self.block_size * self.head_size
+    }
+
+    /// Values a view of the pool spans: up to the end of its last block.
+    pub fn cache_len(&self) -> Option<usize> {
+        let block = self
+            .kv_heads
+            .checked_mul(self.block_size)?
+            .checked_mul(self.head_size)?;
+        if self.blocks == 0 {
+            return Some(0);
+        }
+        (self.blocks - 1)
+            .checked_mul(self.block_stride.max(block))?
+            .checked_add(block)
+    }
+
+    /// Where KV head `h` of `block` starts in a view.
     fn head_start(&self, block: u32, h: usize) -> usize {
-        (block as usize * self.kv_heads + h) * self.block_size * self.head_size
+        block as usize * self.block_stride + h * self.block_size * self.head_size
     }
 }
 
@@ -107,8 +135,16 @@ fn check_segments(
 fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<(), LayoutError> {
     let want = layout
         .cache_len()
-        .ok_or_else(|| LayoutError::Shape(format!("{layout:?} overflows")))?;
-    check_len(what, len, want)
+        .filter(|_| layout.block_stride >= layout.block_len())
+        .ok_or_else(|| LayoutError::Shape(format!("{layout:?} overflows or overlaps")))?;
+    if len < want {
+        return Err(LayoutError::Length {
+            what,
+            expected: want,
+            actual: len,
+        });
+    }
+    Ok(())
 }
 
 /// Writes each segment's new head vectors (`src`, `kv_heads` heads per row) into `cache` at
@@ -413,12 +449,7 @@ mod tests {
 
         // Paged: an unrelated 3-row sequence first, then ours, blocks in reverse order.
         let blocks = len.div_ceil(bs) + 4;
-        let layout = PagedLayout {
-            blocks,
-            block_size: bs,
-            kv_heads,
-            head_size: hs,
-        };
+        let layout = PagedLayout::dense(blocks, bs, kv_heads, hs);
         let cache = layout.cache_len().unwrap();
         let (mut kp, mut vp) = (values(cache, 4), values(cache, 5));
         let ours: Vec<u32> = (0..len.div_ceil(bs) as u32).rev().map(|b| b + 1).collect();
@@ -497,8 +528,9 @@ mod tests {
     }
 
     /// A decode batch of sequences of different lengths with a prefill chunk among them: at
-    /// 1-3 threads (cuts between sequences, KV heads and inside a group), each row's bits
-    /// are what it gets when its sequence runs alone.
+    /// 1-3 threads (cuts between sequences, KV heads and inside a group), and with the pools
+    /// as strided views of one buffer, each row's bits are what it gets when its sequence
+    /// runs alone.
     #[test]
     fn batched_rows_equal_rows_alone_at_any_thread_count() {
         let (heads, kv_heads, hs, bs) = (6, 2, 64, 16);
@@ -506,12 +538,7 @@ mod tests {
         let seqs: [(usize, usize); 7] =
             [(4, 1), (39, 1), (16, 1), (29, 4), (0, 1), (63, 1), (100, 1)];
         let per_seq: Vec<usize> = seqs.iter().map(|&(p, n)| (p + n).div_ceil(bs)).collect();
-        let layout = PagedLayout {
-            blocks: per_seq.iter().sum::<usize>() + 3,
-            block_size: bs,
-            kv_heads,
-            head_size: hs,
-        };
+        let layout = PagedLayout::dense(per_seq.iter().sum::<usize>() + 3, bs, kv_heads, hs);
         let cache = layout.cache_len().unwrap();
         let (kp, vp) = (values(cache, 7), values(cache, 8));
         // Blocks handed out round-robin from the top of the pool, so sequences interleave.
@@ -538,11 +565,29 @@ mod tests {
             softcap: 0.0,
             window: None,
         };
-        let run = |segments: &[Segment], q: &[f32], threads: usize| {
+        // The same pools interleaved in one buffer, as a store keeping several layers'
+        // blocks together lays them out: per block, junk, then the keys, then the values.
+        let block = layout.block_len();
+        let strided = PagedLayout {
+            block_stride: 3 * block,
+            ..layout
+        };
+        let mut both = values(layout.blocks * 3 * block, 10);
+        for b in 0..layout.blocks {
+            let at = b * 3 * block;
+            both[at + block..at + 2 * block].copy_from_slice(&kp[b * block..][..block]);
+            both[at + 2 * block..at + 3 * block].copy_from_slice(&vp[b * block..][..block]);
+        }
+        let run_on = |layout: &PagedLayout,
+                      k: &[f32],
+                      v: &[f32],
+                      segments: &[Segment],
+                      q: &[f32],
+                      threads: usize| {
             let pool = ThreadPool::new(threads);
             let tokens = segments.last().unwrap().rows.end;
             let mut out = vec![0f32; tokens * heads * hs];
-            let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, segments, &pool)];
+            let mut scratch = vec![0f32; paged_scratch_len(layout, heads, segments, &pool)];
             let rows = Rows {
                 data: q,
                 stride: heads * hs,
@@ -550,11 +595,11 @@ mod tests {
             };
             paged_attention(
                 heads,
-                &layout,
+                layout,
                 &score,
                 &rows,
-                &kp,
-                &vp,
+                k,
+                v,
                 segments,
                 &tables,
                 &mut out,
@@ -563,6 +608,9 @@ mod tests {
             )
             .unwrap();
             out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+        };
+        let run = |segments: &[Segment], q: &[f32], threads: usize| {
+            run_on(&layout, &kp, &vp, segments, q, threads)
         };
         let width = heads * hs;
         let alone: Vec<u32> = segments
@@ -578,16 +626,17 @@ mod tests {
         for threads in 1..=3 {
             assert_eq!(run(&segments, &q, threads), alone, "{threads} threads");
         }
+        let (k, v) = (&both[block..], &both[2 * block..]);
+        assert_eq!(
+            run_on(&strided, k, v, &segments, &q, 2),
+            alone,
+            "strided pools"
+        );
     }
 
     #[test]
     fn append_writes_each_position_to_its_block() {
-        let layout = PagedLayout {
-            blocks: 4,
-            block_size: 2,
-            kv_heads: 1,
-            head_size: 2,
-        };
+        let layout = PagedLayout::dense(4, 2, 1, 2);
         let src = [1f32, 2., 3., 4., 5., 6.];
         let rows = Rows {
             data: &src[..],
@@ -608,12 +657,7 @@ mod tests {
 
     #[test]
     fn bad_segments_are_errors() {
-        let layout = PagedLayout {
-            blocks: 2,
-            block_size: 2,
-            kv_heads: 1,
-            head_size: 2,
-        };
+        let layout = PagedLayout::dense(2, 2, 1, 2);
         let src = [0f32; 8];
         let rows = Rows {
             data: &src[..],

@@ -548,12 +548,20 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
     let rope = rope_tables::<T>(g, inputs, half)?;
     let new_kv = |i: usize| new_rows(inputs, q, packed, q_width, heads, kv_heads, hs, i);
     let (segments, tables) = (paged.segments, paged.tables);
-    let (kc, vc) = paged.store.layer_mut::<T>(paged.layer)?;
+    let (pool, k_at, v_at) = paged.store.layer_views::<T>(paged.layer)?;
     let k_new = new_kv(1)?;
-    kp::paged_append(&k_new, &layout, segments, tables, rope.as_ref(), kc)
-        .map_err(OpError::from)?;
+    kp::paged_append(
+        &k_new,
+        &layout,
+        segments,
+        tables,
+        rope.as_ref(),
+        &mut pool[k_at..],
+    )
+    .map_err(OpError::from)?;
     let v_new = new_kv(2)?;
-    kp::paged_append(&v_new, &layout, segments, tables, None, vc).map_err(OpError::from)?;
+    kp::paged_append(&v_new, &layout, segments, tables, None, &mut pool[v_at..])
+        .map_err(OpError::from)?;
     let mut rotated = None;
     if let Some(rope) = &rope {
         let mut t = ctx.alloc(dtype, [1, tokens, heads * hs])?;
@@ -576,8 +584,8 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
         &layout,
         &score,
         &q_rows,
-        kc,
-        vc,
+        &pool[k_at..],
+        &pool[v_at..],
         segments,
         tables,
         out.as_mut_slice::<T>()?,
