@@ -411,6 +411,9 @@ const QUANTIZE_WORK: usize = 16;
 /// Rows a task takes at once (each weight tile it loads serves all of them).
 const ROW_BLOCK: usize = 8;
 
+/// Columns of a gated MLP's output whose gated SiLUs are computed together.
+const GLU_WINDOW: usize = 64;
+
 /// Columns `cols` (whole tiles, the last possibly short) of the output rows `outs` (one per
 /// row of `rows`): tile by tile, four rows per pass over the tile's weights, then one at a
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
@@ -426,6 +429,18 @@ fn row_block_tiles(
 ) {
     #[cfg(target_arch = "x86_64")]
     let mut j0 = cols.start;
+    // A gated MLP's gate and up sums, a window of columns per row, become gated SiLUs a
+    // window at a time (one vector call per row and window instead of one per tile).
+    #[cfg(target_arch = "x86_64")]
+    let (mut gate, mut up, mut window) = (
+        [[0f32; GLU_WINDOW]; ROW_BLOCK],
+        [[0f32; GLU_WINDOW]; ROW_BLOCK],
+        cols.start,
+    );
+    assert!(
+        rows.len() <= ROW_BLOCK,
+        "a task takes at most {ROW_BLOCK} rows"
+    );
     #[cfg(target_arch = "x86_64")]
     while j0 < cols.end {
         let t = j0 / TILE;
@@ -457,10 +472,11 @@ fn row_block_tiles(
             }};
         }
         if w.glu {
-            // A gate and up tile pair's sixteen sums → this tile's eight gated SiLUs.
+            // A gate and up tile pair's sixteen sums → this tile's eight columns of the window.
+            let at = j0 - window;
             let mut store = |r: usize, lanes: &[f32]| {
-                let n = (cols.end - j0).min(TILE);
-                activation::silu_mul(&lanes[..n], &lanes[TILE..][..n], &mut outs[r][o..][..n]);
+                gate[r][at..at + TILE].copy_from_slice(&lanes[..TILE]);
+                up[r][at..at + TILE].copy_from_slice(&lanes[TILE..]);
             };
             // Output tile t is gate tile 2t beside up tile 2t + 1.
             if isa == Isa::Avx512Vnni {
@@ -473,6 +489,14 @@ fn row_block_tiles(
                 });
             }
             j0 += TILE;
+            if j0 - window == GLU_WINDOW || j0 >= cols.end {
+                let n = j0.min(cols.end) - window;
+                for (r, out) in outs.iter_mut().enumerate() {
+                    let out = &mut out[window - cols.start..][..n];
+                    activation::silu_mul(&gate[r][..n], &up[r][..n], out);
+                }
+                window = j0;
+            }
             continue;
         }
         let mut store = |r: usize, lanes: &[f32]| {
