@@ -7,6 +7,8 @@
 //! - `matmul_nbits/q8_gemv/KxN/threads=T`: the same with 8-bit weights (the output head);
 //! - `matmul_nbits/q4_gemm/MxKxN/threads=T`: a batch of 8 decode rows and a 128-row prefill
 //!   chunk; throughput in elements = floating-point operations (`2·M·K·N`);
+//! - `matmul_nbits/q8_gemm/8x576x49152/threads=T`: the 8-bit output head at batch 8, 28 MB
+//!   streamed from beyond L2 each call; throughput in floating-point operations;
 //! - `matmul_nbits/q4_reference/1xKxN/threads=T`: the scalar reference every fast variant
 //!   equals bit for bit, for scale.
 //!
@@ -113,20 +115,16 @@ fn packed(g: &mut Group<'_>, name: &str, (m, k, n): (usize, usize, usize), bits:
     } else {
         Throughput::Bytes(packed.nbytes() as u64)
     });
-    let mut out = vec![0f32; m * n];
+    // The output 64-byte aligned, as the executor's buffers are (else the lines at the
+    // parts' edges are written by both threads).
+    let mut buf = vec![0f32; m * n + 16];
+    let off = (64 - buf.as_ptr() as usize % 64) % 64 / 4;
+    let out = &mut buf[off..off + m * n];
     for pool in [ThreadPool::new(1), ThreadPool::new(2)] {
         g.bench_function(format!("{name}/threads={}", pool.threads()), |b| {
             b.iter(|| {
-                matmul_packed(
-                    black_box(&a),
-                    m,
-                    &packed,
-                    None,
-                    &mut out,
-                    &pool,
-                    Isa::best(),
-                )
-                .expect("valid")
+                matmul_packed(black_box(&a), m, &packed, None, out, &pool, Isa::best())
+                    .expect("valid")
             })
         });
     }
@@ -143,6 +141,8 @@ fn bench(c: &mut Criterion) {
     for (m, k, n) in GEMM_SHAPES {
         packed(&mut g, &format!("q4_gemm/{m}x{k}x{n}"), (m, k, n), 4, true);
     }
+    // The output head at batch 8: 28 MB, streamed from beyond L2 on every call.
+    packed(&mut g, "q8_gemm/8x576x49152", (8, 576, 49152), 8, true);
 
     let (m, k, n) = (1, 576, 1536);
     let layout = NBitsLayout::new(n, k, 4, 32).expect("a valid layout");

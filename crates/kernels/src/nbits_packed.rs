@@ -389,7 +389,14 @@ fn run(
             }
         });
         let rows = &*rows;
-        let parts = parts_for(pool, w.tiles, m * l.k).max(if m > 1 { l.n.div_ceil(64) } else { 1 });
+        // Several rows: parts of about 64 columns so each thread gets several, but at most
+        // eight per thread: a part's first tiles come unprefetched, and the 768 parts of an
+        // output head cost a batch-8 step 20% more than 16 (`q8_gemm/8x576x49152`).
+        let parts = parts_for(pool, w.tiles, m * l.k).max(if m > 1 {
+            l.n.div_ceil(64).min(8 * pool.threads())
+        } else {
+            1
+        });
         par_row_blocks_spans(
             pool,
             outs,
