@@ -48,15 +48,18 @@ def stream_once(base, model, gen_len, out, index, barrier):
     if resp.status != 200:
         out[index] = {"error": f"status {resp.status}: {resp.read()[:200]!r}"}
         return
-    times, text, tokens = [], [], None
+    # Only timestamps and raw lines while the stream runs; JSON is parsed after it ends, so
+    # the client (on the same cores as the server) takes as little CPU as it can meanwhile.
+    arrivals = []
     for raw in resp:
-        line = raw.decode().strip()
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
+        if raw.startswith(b"data: "):
+            if raw.startswith(b"data: [DONE]"):
+                break
+            arrivals.append((time.perf_counter(), raw))
+    end = time.perf_counter()
+    times, text, tokens = [], [], None
+    for at, raw in arrivals:
+        chunk = json.loads(raw[len(b"data: "):])
         if "error" in chunk:
             out[index] = {"error": chunk["error"]["message"]}
             return
@@ -65,10 +68,10 @@ def stream_once(base, model, gen_len, out, index, barrier):
         for choice in chunk["choices"]:
             content = choice.get("delta", {}).get("content")
             if content:
-                times.append(time.perf_counter())
+                times.append(at)
                 text.append(content)
     out[index] = {"start": start, "times": times, "text": "".join(text), "tokens": tokens,
-                  "end": time.perf_counter()}
+                  "end": end}
 
 
 def percentile(values, q):
