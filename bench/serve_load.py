@@ -6,10 +6,12 @@ text is byte-identical to the single-stream text.
 Aggregate decode tok/s counts the tokens after each stream's first (the first is TTFT's) over
 the time from the first stream's first token to the last stream's last; end-to-end tok/s counts
 every token over the time from the first request sent to the last stream's end (prefill
-included).
+included). Each level runs `--rounds` times: the table gives the median round's throughputs and
+the latency percentiles over all rounds.
 
     bench/serve_load.py [--oxgen target/release/oxgen] [--model PKG] [--url URL]
-                        [--streams 1,2,4,8,16] [--gen-len 128] [--threads 2] [--json-out F]
+                        [--streams 1,2,4,8,16] [--gen-len 128] [--rounds 3] [--threads 2]
+                        [--json-out F]
 
 Without --url it starts `oxgen serve MODEL --port 0` itself (the default model when --model is
 not given) and stops it at the end. Standard library only.
@@ -81,7 +83,26 @@ def percentile(values, q):
     return values[min(len(values) - 1, max(0, int(round(q * len(values) + 0.5)) - 1))]
 
 
-def run_level(base, model, n, gen_len):
+def run_level(base, model, n, gen_len, rounds):
+    """`rounds` runs of `n` concurrent streams: the median round's throughputs, latency
+    percentiles over every round's samples, and every stream's text."""
+    runs = [run_once(base, model, n, gen_len) for _ in range(rounds)]
+    ttft = [v for r in runs for v in r["ttft"]]
+    itl = [v for r in runs for v in r["itl"]]
+    return {
+        "streams": n,
+        "rounds": rounds,
+        "decode_tok_s": statistics.median(r["decode_tok_s"] for r in runs),
+        "end_to_end_tok_s": statistics.median(r["end_to_end_tok_s"] for r in runs),
+        "ttft_p50_ms": 1e3 * percentile(ttft, 0.5),
+        "ttft_p99_ms": 1e3 * percentile(ttft, 0.99),
+        "itl_p50_ms": 1e3 * percentile(itl, 0.5),
+        "itl_p99_ms": 1e3 * percentile(itl, 0.99),
+        "texts": [t for r in runs for t in r["texts"]],
+    }
+
+
+def run_once(base, model, n, gen_len):
     out = [None] * n
     barrier = threading.Barrier(n)
     threads = [threading.Thread(target=stream_once, args=(base, model, gen_len, out, i, barrier))
@@ -99,16 +120,11 @@ def run_level(base, model, n, gen_len):
     first_token = min(o["times"][0] for o in out)
     last_token = max(o["times"][-1] for o in out)
     decoded = sum(o["tokens"] - 1 for o in out)
-    ttft = [o["times"][0] - o["start"] for o in out]
-    itl = [b - a for o in out for a, b in zip(o["times"], o["times"][1:])]
     return {
-        "streams": n,
         "decode_tok_s": decoded / (last_token - first_token),
         "end_to_end_tok_s": tokens / (last - first),
-        "ttft_p50_ms": 1e3 * percentile(ttft, 0.5),
-        "ttft_p99_ms": 1e3 * percentile(ttft, 0.99),
-        "itl_p50_ms": 1e3 * percentile(itl, 0.5),
-        "itl_p99_ms": 1e3 * percentile(itl, 0.99),
+        "ttft": [o["times"][0] - o["start"] for o in out],
+        "itl": [b - a for o in out for a, b in zip(o["times"], o["times"][1:])],
         "texts": [o["text"] for o in out],
     }
 
@@ -147,6 +163,8 @@ def main():
     ap.add_argument("--streams", default="1,2,4,8,16")
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs per level; the table gives the median round's throughput")
     ap.add_argument("--json-out")
     args = ap.parse_args()
     levels = [int(s) for s in args.streams.split(",")]
@@ -160,8 +178,8 @@ def main():
         conn = http.client.HTTPConnection(url.hostname, url.port)
         conn.request("GET", "/v1/models")
         model = json.loads(conn.getresponse().read())["data"][0]["id"]
-        run_level(base, model, 1, 8)  # warm-up
-        rows = [run_level(base, model, n, args.gen_len) for n in levels]
+        run_once(base, model, 1, 8)  # warm-up
+        rows = [run_level(base, model, n, args.gen_len, args.rounds) for n in levels]
     finally:
         if proc:
             proc.terminate()
