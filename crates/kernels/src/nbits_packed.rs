@@ -196,7 +196,8 @@ impl PackedNBits {
         let tiles = l.n.div_ceil(TILE);
         let chunk_bytes = 32 * bits as usize; // 8 columns x 32 codes x bits / 8
         let mut data = vec![0u8; tiles * kb * (bs / 32) * chunk_bytes];
-        // The output head is tens of MB, read in full every step.
+        // Read in full every step; one of several MiB (the output head: 28 MB for the default
+        // model) gets huge pages for its whole 2 MiB stretches.
         crate::mem::advise_huge_pages(&mut data);
         let mut scales = vec![0f32; tiles * kb * TILE];
         // Padding columns get the default zero point, so a matrix whose codes all equal it
