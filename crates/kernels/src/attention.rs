@@ -585,22 +585,11 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
     }
 }
 
-/// Asks the CPU to bring `values` into L1 (a hint: no architectural read, never faults).
+/// Asks the CPU to bring `values` into L1.
 fn fetch<T>(values: Option<&[T]>) {
-    let Some(values) = values else { return };
-    #[cfg(target_arch = "x86_64")]
-    {
-        let bytes = std::mem::size_of_val(values);
-        for line in (0..bytes).step_by(64) {
-            // SAFETY: prefetching only hints the cache; the address lies inside `values`.
-            unsafe {
-                use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().cast::<i8>().wrapping_add(line));
-            }
-        }
+    if let Some(values) = values {
+        crate::mem::prefetch_lines(values.as_ptr().cast(), std::mem::size_of_val(values));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = values;
 }
 
 /// `q · k` in the module doc's order: eight lanes by fused multiply-add, then a fixed tree.

@@ -249,11 +249,8 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_block(tile: *const u8, at: usize, bs: usize, bits: u32) {
-    let bytes = bs * bits as usize; // 8 columns x bs codes x bits / 8
-    for line in (0..bytes).step_by(64) {
-        // SAFETY: prefetching is a hint that never reads memory architecturally or faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(at + line).cast()) };
-    }
+    // 8 columns x bs codes x bits / 8.
+    crate::mem::prefetch_lines(tile.wrapping_add(at), bs * bits as usize);
 }
 
 /// What a tile kernel reads, after the checks that make its raw loads sound.
