@@ -316,5 +316,20 @@ fn gated_silu(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, gqa, rmsnorm, rope, softmax_rows, gated_silu);
+/// One parallel region with next to no work per task: what every kernel call over the pool
+/// pays to post a job and wait for its end (a decode step runs ~100-300 of them).
+fn pool_region(c: &mut Criterion) {
+    let mut g = group(c, "pool");
+    let pool = ThreadPool::new(2);
+    let hits = std::sync::atomic::AtomicUsize::new(0);
+    g.bench_function("region/tasks=2,threads=2", |b| {
+        b.iter(|| {
+            pool.run(2, &|i| {
+                hits.fetch_add(black_box(i), std::sync::atomic::Ordering::Relaxed);
+            })
+        })
+    });
+}
+
+criterion_group!(benches, gqa, rmsnorm, rope, softmax_rows, gated_silu, pool_region);
 criterion_main!(benches);

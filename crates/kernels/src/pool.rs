@@ -30,6 +30,14 @@ struct Shared {
     active: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
+    /// Workers parked (or about to park) on `wake`, and whether the caller is parked on
+    /// `done`: a thread only takes the lock and makes the wake-up system call when someone
+    /// sleeps, so back-to-back jobs between spinning threads cost no system call. The
+    /// counters and the state they guard are `SeqCst`: a sleeper announces itself, then
+    /// re-reads the state; a waker changes the state, then reads the announcement; so at
+    /// least one of the two sees the other.
+    sleepers: AtomicUsize,
+    caller_parked: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
     done: Condvar,
@@ -65,6 +73,8 @@ impl ThreadPool {
             active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            caller_parked: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             done: Condvar::new(),
@@ -113,9 +123,11 @@ impl ThreadPool {
         }
         s.next.store(0, Ordering::Relaxed);
         s.active.store(self.workers.len(), Ordering::Relaxed);
-        {
+        s.epoch.fetch_add(1, Ordering::SeqCst);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            // A parked worker announced itself under the lock and holds it until it waits,
+            // so taking the lock here means it is waiting and hears this.
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.epoch.fetch_add(1, Ordering::Release);
             s.wake.notify_all();
         }
         let caller = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, task, n)));
@@ -126,9 +138,11 @@ impl ThreadPool {
                 std::hint::spin_loop();
             } else {
                 let g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-                if s.active.load(Ordering::Acquire) != 0 {
+                s.caller_parked.store(true, Ordering::SeqCst);
+                if s.active.load(Ordering::SeqCst) != 0 {
                     drop(s.done.wait(g).unwrap_or_else(|e| e.into_inner()));
                 }
+                s.caller_parked.store(false, Ordering::SeqCst);
             }
         }
         if let Err(p) = caller {
@@ -166,9 +180,11 @@ fn worker(s: &Shared) {
                 std::hint::spin_loop();
             } else {
                 let g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-                if s.epoch.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {
+                s.sleepers.fetch_add(1, Ordering::SeqCst);
+                if s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
                     drop(s.wake.wait(g).unwrap_or_else(|e| e.into_inner()));
                 }
+                s.sleepers.fetch_sub(1, Ordering::SeqCst);
             }
         }
         seen = s.epoch.load(Ordering::Acquire);
@@ -180,7 +196,8 @@ fn worker(s: &Shared) {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, task, n))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        if s.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if s.active.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_parked.load(Ordering::SeqCst) {
+            // The caller set the flag under the lock and holds it until it waits.
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.done.notify_all();
         }
@@ -247,6 +264,29 @@ mod tests {
             count.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(count.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn parked_workers_and_a_parked_caller_are_woken() {
+        // Workers park between jobs spaced wider than their spin, and the caller parks while
+        // a worker's task outlasts its spin: every job must still complete, whichever side
+        // sleeps (a lost wake-up would hang this test).
+        let pool = ThreadPool::new(3);
+        for round in 0..20 {
+            std::thread::sleep(std::time::Duration::from_millis(if round % 2 == 0 {
+                5
+            } else {
+                0
+            }));
+            let count = AtomicUsize::new(0);
+            pool.run(6, &|i| {
+                if i == 5 && round % 3 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(count.load(Ordering::Relaxed), 6, "round {round}");
+        }
     }
 
     #[test]
