@@ -331,5 +331,13 @@ fn pool_region(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, gqa, rmsnorm, rope, softmax_rows, gated_silu, pool_region);
+criterion_group!(
+    benches,
+    gqa,
+    rmsnorm,
+    rope,
+    softmax_rows,
+    gated_silu,
+    pool_region
+);
 criterion_main!(benches);
