@@ -28,7 +28,7 @@ use crate::matmul_nbits_int8::block_offset;
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
 #[cfg(target_arch = "x86_64")]
 use crate::nbits_tiles::{tile, tile_glu, tile_pair};
-use crate::par::{par_chunks, par_row_blocks_spans, parts_for};
+use crate::par::{balanced_parts, par_chunks, par_row_blocks_spans, parts_for};
 use crate::quant::code;
 
 /// Float values in tile order, `[tile][block][8]`: as f16 when every value is exactly an f16
@@ -392,17 +392,31 @@ fn run(
         let rows = &*rows;
         // Several rows: parts of about 64 columns so each thread gets several, but at most
         // eight per thread: a part's first tiles come unprefetched, and the 768 parts of an
-        // output head cost a batch-8 step 20% more than 16 (`q8_gemm/8x576x49152`).
-        let parts = parts_for(pool, w.tiles, m * l.k).max(if m > 1 {
+        // output head cost a batch-8 step 20% more than 16 (`q8_gemm/8x576x49152`). Parts
+        // hold whole tile pairs on AVX-512 (a lone tile takes the 256-bit kernel), and as
+        // many per thread as the count allows (`balanced_parts`).
+        let want = parts_for(pool, w.tiles, m * l.k).max(if m > 1 {
             l.n.div_ceil(64).min(8 * pool.threads())
         } else {
             1
         });
+        let unit = if isa == Isa::Avx512Vnni {
+            2 * TILE
+        } else {
+            TILE
+        };
+        let parts = match want {
+            1 => 1,
+            _ => {
+                let cols = w.spans.last().map_or(0, |s| s.end);
+                balanced_parts(cols.div_ceil(unit), pool.threads(), want)
+            }
+        };
         par_row_blocks_spans(
             pool,
             outs,
             &w.spans,
-            TILE,
+            unit,
             ROW_BLOCK,
             parts,
             |first, _, cols, outs| {
