@@ -22,6 +22,7 @@ use crate::acc::Accum;
 use crate::attention::{MAX_GROUP, Rows, ScoreMod, attend_group_pieces, group_len, head_parts};
 use crate::layout::{LayoutError, check_len};
 use crate::par::par_cuts2;
+use crate::pool::Prelude;
 use crate::rotary::{Rope, rotate_one};
 use smallvec::SmallVec;
 
@@ -346,6 +347,7 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
     let bounds: SmallVec<[usize; 9]> = cuts.iter().map(|&c| c * hs).collect();
     par_cuts2(
         pool,
+        Prelude::NONE,
         out,
         &bounds,
         scratch,

@@ -28,7 +28,8 @@ use crate::matmul_nbits_int8::block_offset;
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
 #[cfg(target_arch = "x86_64")]
 use crate::nbits_tiles::{tile, tile_glu, tile_pair};
-use crate::par::{balanced_parts, par_chunks, par_row_blocks_spans, parts_for};
+use crate::par::{balanced_parts, par_row_blocks_spans, parts_for};
+use crate::pool::Prelude;
 use crate::quant::code;
 
 /// Float values in tile order, `[tile][block][8]`: as f16 when every value is exactly an f16
@@ -382,14 +383,22 @@ fn run(
         )));
     }
     with_rows(m, |rows| {
-        // Each row alone (a batch's rows are worth spreading: ~0.6 µs per row of 576).
-        let per_part = m.div_ceil(parts_for(pool, m, l.k.saturating_mul(QUANTIZE_WORK)));
-        par_chunks(pool, rows, per_part, |first, part| {
-            for (i, row) in part.iter_mut().enumerate() {
-                row.quantize(&a[(first + i) * l.k..][..l.k], &l, false);
+        // Each row alone (a batch's rows are worth spreading: ~0.6 µs per row of 576), in the
+        // prelude of the columns' region: the rows are quantized, then every part reads them.
+        let per_part = m
+            .div_ceil(parts_for(pool, m, l.k.saturating_mul(QUANTIZE_WORK)))
+            .max(1);
+        let quantize_parts = m.div_ceil(per_part);
+        let quantized = QuantizedRows(rows.as_mut_ptr(), m);
+        let quantize = |part: usize| {
+            let first = part * per_part;
+            for r in first..(first + per_part).min(m) {
+                // SAFETY: prelude call `part` alone writes rows `first..first + per_part`, and
+                // no part reads a row before every prelude call has finished.
+                let row = unsafe { quantized.row_mut(r) };
+                row.quantize(&a[r * l.k..][..l.k], &l, false);
             }
-        });
-        let rows = &*rows;
+        };
         // Several rows: parts of about 64 columns so each thread gets several, but at most
         // eight per thread: a part's first tiles come unprefetched, and the 768 parts of an
         // output head cost a batch-8 step 20% more than 16 (`q8_gemm/8x576x49152`). Parts
@@ -414,17 +423,50 @@ fn run(
         };
         par_row_blocks_spans(
             pool,
+            Prelude {
+                tasks: quantize_parts,
+                run: &quantize,
+            },
             outs,
             &w.spans,
             unit,
             ROW_BLOCK,
             parts,
             |first, _, cols, outs| {
+                // SAFETY: parts run after the prelude, which wrote every row, has finished.
+                let rows = unsafe { quantized.all() };
                 row_block_tiles(&rows[first..first + outs.len()], w, bias, cols, outs, isa);
             },
         );
     });
     Ok(())
+}
+
+/// A batch's quantized rows, written by a region's prelude (each call its own rows) and then
+/// read by all of its tasks.
+struct QuantizedRows(*mut QuantizedRow, usize);
+
+// SAFETY: the callers of `row_mut` and `all` keep writes to disjoint rows and every read
+// after the writes (see `run`), as if each prelude call had its own `&mut` rows.
+unsafe impl Sync for QuantizedRows {}
+
+impl QuantizedRows {
+    /// # Safety
+    /// `r < len`, and nothing else reads or writes row `r` meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row_mut(&self, r: usize) -> &mut QuantizedRow {
+        assert!(r < self.1, "row {r} of {}", self.1);
+        // SAFETY: in bounds (asserted); exclusive by the caller's contract.
+        unsafe { &mut *self.0.add(r) }
+    }
+
+    /// # Safety
+    /// No row is being written.
+    unsafe fn all(&self) -> &[QuantizedRow] {
+        // SAFETY: the pointer and length come from one `&mut [QuantizedRow]`; no writer
+        // meanwhile by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.0, self.1) }
+    }
 }
 
 /// Work per activation value quantized, in [`parts_for`]'s simple operations.

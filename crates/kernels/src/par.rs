@@ -12,7 +12,7 @@ use std::ops::Range;
 use smallvec::SmallVec;
 
 use crate::ThreadPool;
-use crate::pool::chunk;
+use crate::pool::{Prelude, chunk};
 
 /// Work (multiply-adds or element visits) below which a kernel stays on the calling thread:
 /// waking the workers costs a few microseconds, about what 32k simple element operations take.
@@ -128,9 +128,11 @@ pub fn par_chunks2<A: Send, B: Send>(
 
 /// Like [`par_chunks2`] with parts of `a` of any length: part `i` is
 /// `a[cuts[i]..cuts[i + 1]]` (`cuts` ascending, at most `a.len()`) with
-/// `b[i * b_len..(i + 1) * b_len]` (clamped).
+/// `b[i * b_len..(i + 1) * b_len]` (clamped); `prelude` runs in the same region before every
+/// part (see [`Prelude`]).
 pub fn par_cuts2<A: Send, B: Send>(
     pool: &ThreadPool,
+    prelude: Prelude<'_>,
     a: &mut [A],
     cuts: &[usize],
     b: &mut [B],
@@ -142,7 +144,7 @@ pub fn par_cuts2<A: Send, B: Send>(
         "cuts ascend inside the slice"
     );
     let (sa, sb) = (Shared::new(a), Shared::new(b));
-    pool.run(cuts.len().saturating_sub(1), &|i| {
+    pool.run_after(prelude, cuts.len().saturating_sub(1), &|i| {
         // SAFETY: task `i` alone gets part `i` of each slice; the cuts ascend, so parts never
         // overlap.
         let (pa, pb) = unsafe {
@@ -189,6 +191,7 @@ pub fn par_row_tiles<T: Send>(
         rows_per_task,
         col_parts,
         pool,
+        Prelude::NONE,
         |rows, cols| {
             for row in rows {
                 let start = row * row_len;
@@ -204,6 +207,7 @@ pub fn par_row_tiles<T: Send>(
 /// Splits `rows` rows of `row_len` columns into blocks of `rows_per_task` rows and
 /// `col_parts` column ranges of whole `tile`s, and runs `task(rows, cols)` for each pair on
 /// `pool`: the grid [`par_row_tiles`] and [`par_row_blocks_spans`] hand out.
+#[allow(clippy::too_many_arguments)]
 fn row_grid(
     row_len: usize,
     tile: usize,
@@ -211,6 +215,7 @@ fn row_grid(
     rows_per_task: usize,
     col_parts: usize,
     pool: &ThreadPool,
+    prelude: Prelude<'_>,
     task: impl Fn(Range<usize>, Range<usize>) + Sync,
 ) {
     if row_len == 0 {
@@ -221,7 +226,7 @@ fn row_grid(
     let rows_per_task = rows_per_task.max(1);
     let col_parts = col_parts.clamp(1, tiles);
     let row_blocks = rows.div_ceil(rows_per_task);
-    pool.run(row_blocks * col_parts, &|t| {
+    pool.run_after(prelude, row_blocks * col_parts, &|t| {
         let (block, part) = (t / col_parts, t % col_parts);
         let tiles = chunk(tiles, col_parts, part);
         let cols = tiles.start * tile..(tiles.end * tile).min(row_len);
@@ -241,9 +246,11 @@ pub const MAX_ROW_BLOCK: usize = 8;
 /// same number of rows. The column ranges are cut as if the outputs were one, then at the
 /// outputs' edges: `f(first_row, p, cols, parts)` gets columns `cols` of the shared space,
 /// all inside `spans[p]`, with `parts[i]` their elements in row `first_row + i` of output
-/// `p`.
+/// `p`. `prelude` runs in the same region before every task (see [`Prelude`]).
+#[allow(clippy::too_many_arguments)]
 pub fn par_row_blocks_spans<T: Send>(
     pool: &ThreadPool,
+    prelude: Prelude<'_>,
     outs: &mut [&mut [T]],
     spans: &[Range<usize>],
     tile: usize,
@@ -272,6 +279,7 @@ pub fn par_row_blocks_spans<T: Send>(
         per_task,
         col_parts,
         pool,
+        prelude,
         |rows, cols| {
             for (p, (span, out)) in spans.iter().zip(&shared).enumerate() {
                 let sub = cols.start.max(span.start)..cols.end.min(span.end);
@@ -355,6 +363,7 @@ mod tests {
         let spans = [0..19];
         par_row_blocks_spans(
             &pool,
+            Prelude::NONE,
             &mut [&mut out[..]],
             &spans,
             8,
@@ -380,6 +389,7 @@ mod tests {
         let mut views: Vec<&mut [usize]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
         par_row_blocks_spans(
             &pool,
+            Prelude::NONE,
             &mut views,
             &spans,
             8,
