@@ -21,7 +21,7 @@ use crate::ThreadPool;
 use crate::acc::Accum;
 use crate::attention::{MAX_GROUP, Rows, ScoreMod, attend_group_pieces, group_len, head_parts};
 use crate::layout::{LayoutError, check_len};
-use crate::par::par_cuts2;
+use crate::par::{Shared, par_cuts2, parts_for};
 use crate::pool::Prelude;
 use crate::rotary::{Rope, rotate_one};
 use smallvec::SmallVec;
@@ -158,37 +158,88 @@ pub fn paged_append<T: Accum<Acc = f32>>(
     rope: Option<&Rope<T>>,
     cache: &mut [T],
 ) -> Result<(), LayoutError> {
-    let (bs, hs) = (layout.block_size, layout.head_size);
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     check_segments(layout, segments, tables, tokens)?;
     check_pool(layout, cache.len(), "KV pool")?;
-    src.check(tokens, layout.kv_heads, hs, "new keys/values")?;
-    for s in segments {
-        let table = &tables[s.table.clone()];
-        for (i, t) in s.rows.clone().enumerate() {
-            let p = s.start + i;
-            for h in 0..layout.kv_heads {
-                let at = layout.head_start(table[p / bs], h) + p % bs * hs;
-                let dst = &mut cache[at..at + hs];
-                let x = src.head(t, h, hs);
-                match rope {
-                    Some(r) => rotate_one(x, position(p, r)?, r, dst)?,
-                    None => dst.copy_from_slice(x),
-                }
-            }
-        }
-    }
+    src.check(tokens, layout.kv_heads, layout.head_size, "new keys/values")?;
+    check_rope(rope, segments, layout.head_size)?;
+    // SAFETY: one writer, the whole cache borrowed mutably.
+    unsafe {
+        append_rows(
+            src,
+            layout,
+            segments,
+            tables,
+            rope,
+            0..tokens,
+            &Shared::new(cache),
+            0,
+        )
+    };
     Ok(())
 }
 
-fn position<T>(p: usize, rope: &Rope<T>) -> Result<usize, LayoutError> {
-    if p < rope.rows() {
-        Ok(p)
-    } else {
-        Err(LayoutError::Shape(format!(
-            "position {p} is out of range for cos/sin caches of {} rows",
+/// Checks that `rope` rotates heads of `head_size` at every position `segments` write.
+fn check_rope<T>(
+    rope: Option<&Rope<T>>,
+    segments: &[Segment],
+    head_size: usize,
+) -> Result<(), LayoutError> {
+    let Some(rope) = rope else {
+        return Ok(());
+    };
+    if 2 * rope.half > head_size {
+        return Err(LayoutError::Shape(format!(
+            "rotary_dim {} exceeds the head size {head_size}",
+            2 * rope.half
+        )));
+    }
+    match max_positions(segments) {
+        end if end > rope.rows() => Err(LayoutError::Shape(format!(
+            "position {} is out of range for cos/sin caches of {} rows",
+            end - 1,
             rope.rows()
-        )))
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Batch row `t`'s position and segment.
+fn token_at(segments: &[Segment], t: usize) -> (usize, &Segment) {
+    let s = &segments[segments.partition_point(|s| s.rows.end <= t)];
+    (s.start + t - s.rows.start, s)
+}
+
+/// [`paged_append`]'s writes for the batch rows `tokens`, after its checks, into the pool
+/// starting `base` values into `cache`.
+///
+/// # Safety
+/// No other live reference covers the cache rows these tokens write.
+#[allow(clippy::too_many_arguments)]
+unsafe fn append_rows<T: Accum<Acc = f32>>(
+    src: &Rows<T>,
+    layout: &PagedLayout,
+    segments: &[Segment],
+    tables: &[u32],
+    rope: Option<&Rope<T>>,
+    tokens: Range<usize>,
+    cache: &Shared<T>,
+    base: usize,
+) {
+    let (bs, hs) = (layout.block_size, layout.head_size);
+    for t in tokens {
+        let (p, s) = token_at(segments, t);
+        let table = &tables[s.table.clone()];
+        for h in 0..layout.kv_heads {
+            let at = base + layout.head_start(table[p / bs], h) + p % bs * hs;
+            // SAFETY: the caller's contract.
+            let dst = unsafe { cache.range(at..at + hs) };
+            let x = src.head(t, h, hs);
+            match rope {
+                Some(r) => rotate_one(x, p, r, dst).expect("rope checked by check_rope"),
+                None => dst.copy_from_slice(x),
+            }
+        }
     }
 }
 
@@ -205,16 +256,44 @@ pub fn paged_rotate_query<T: Accum<Acc = f32>>(
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     q.check(tokens, heads, head_size, "query")?;
     check_len("rotated query", out.len(), tokens * heads * head_size)?;
-    for s in segments {
-        for (i, t) in s.rows.clone().enumerate() {
-            let row = position(s.start + i, rope)?;
-            for h in 0..heads {
-                let dst = &mut out[(t * heads + h) * head_size..][..head_size];
-                rotate_one(q.head(t, h, head_size), row, rope, dst)?;
-            }
+    check_rope(Some(rope), segments, head_size)?;
+    // SAFETY: one writer, the whole output borrowed mutably.
+    unsafe {
+        rotate_rows(
+            q,
+            heads,
+            head_size,
+            segments,
+            rope,
+            0..tokens,
+            &Shared::new(out),
+        )
+    };
+    Ok(())
+}
+
+/// [`paged_rotate_query`] for the batch rows `tokens`, after its checks.
+///
+/// # Safety
+/// No other live reference covers these tokens' rows of `out`.
+unsafe fn rotate_rows<T: Accum<Acc = f32>>(
+    q: &Rows<T>,
+    heads: usize,
+    hs: usize,
+    segments: &[Segment],
+    rope: &Rope<T>,
+    tokens: Range<usize>,
+    out: &Shared<T>,
+) {
+    for t in tokens {
+        let p = token_at(segments, t).0;
+        for h in 0..heads {
+            let at = (t * heads + h) * hs;
+            // SAFETY: the caller's contract.
+            let dst = unsafe { out.range(at..at + hs) };
+            rotate_one(q.head(t, h, hs), p, rope, dst).expect("rope checked by check_rope");
         }
     }
-    Ok(())
 }
 
 /// Keys row `r` of segment `s` sees under `score`: `lo..p + 1` for its position `p`.
@@ -311,78 +390,284 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
     scratch: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), LayoutError> {
-    let PagedLayout {
-        block_size: bs,
-        kv_heads,
-        head_size: hs,
-        ..
-    } = *layout;
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(LayoutError::Shape(format!(
-            "num_heads {heads} is not a multiple of kv_num_heads {kv_heads}"
-        )));
-    }
-    let tokens = segments.last().map_or(0, |s| s.rows.end);
-    check_segments(layout, segments, tables, tokens)?;
     check_pool(layout, k.len(), "key pool")?;
     check_pool(layout, v.len(), "value pool")?;
-    q.check(tokens, heads, hs, "query")?;
-    check_len("attention output", out.len(), heads * tokens * hs)?;
-    if out.is_empty() {
+    let Some(split) = Split::new(
+        heads, layout, score, q, segments, tables, out, scratch, pool,
+    )?
+    else {
         return Ok(());
-    }
-    let positions = max_positions(segments);
-    let parts = part_count(layout, heads, segments, pool);
-    let g_max = group_len(heads, kv_heads);
-    let per_part = g_max * (positions + hs);
-    if scratch.len() < parts * per_part {
-        return Err(LayoutError::Length {
-            what: "attention scratch",
-            expected: parts * per_part,
-            actual: scratch.len(),
-        });
-    }
-    let group = heads / kv_heads;
-    let cuts = cuts(heads, segments, score, parts);
-    let bounds: SmallVec<[usize; 9]> = cuts.iter().map(|&c| c * hs).collect();
+    };
     par_cuts2(
         pool,
         Prelude::NONE,
         out,
-        &bounds,
+        &split.bounds,
         scratch,
-        per_part,
-        |part, out, scratch| {
-            let (scores, acc) = scratch.split_at_mut(g_max * positions);
-            let (first, last) = (cuts[part], cuts[part + 1]);
-            let mut pair = first;
-            while pair < last {
-                let (t, n0) = (pair / heads, pair % heads);
-                let kvh = n0 / group;
-                // The heads of row `t` from `n0` on that share KV head `kvh`, inside the part,
-                // at most MAX_GROUP of them.
-                let count = ((kvh + 1) * group)
-                    .min(n0 + last - pair)
-                    .min(n0 + MAX_GROUP)
-                    - n0;
-                let s = &segments[segments.partition_point(|s| s.rows.end <= t)];
-                let seen = keys_seen(s, t - s.rows.start, score);
-                let table = &tables[s.table.clone()];
-                let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
-                    let base = layout.head_start(table[bi], kvh);
-                    let keys =
-                        seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
-                    (&k[base..base + bs * hs], &v[base..base + bs * hs], keys)
-                });
-                let qs: SmallVec<[&[T]; MAX_GROUP]> =
-                    (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
-                let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = out[(pair - first) * hs..]
-                    [..count * hs]
-                    .chunks_mut(hs)
-                    .collect();
-                attend_group_pieces(&qs, pieces, score, scores, acc, &mut outs, true, true);
-                pair += count;
+        split.per_part,
+        |part, out, scratch| split.attend(part, q, k, v, out, scratch),
+    );
+    Ok(())
+}
+
+/// A step's (row, head) pairs cut into parts of about equal work (see [`cuts`]), after the
+/// checks every paged attention makes.
+struct Split<'a> {
+    heads: usize,
+    layout: PagedLayout,
+    score: &'a ScoreMod,
+    segments: &'a [Segment],
+    tables: &'a [u32],
+    cuts: SmallVec<[usize; 9]>,
+    /// `cuts` in output values.
+    bounds: SmallVec<[usize; 9]>,
+    /// Scratch values per part.
+    per_part: usize,
+}
+
+impl<'a> Split<'a> {
+    /// `None` when there is nothing to compute.
+    #[allow(clippy::too_many_arguments)]
+    fn new<T>(
+        heads: usize,
+        layout: &PagedLayout,
+        score: &'a ScoreMod,
+        q: &Rows<T>,
+        segments: &'a [Segment],
+        tables: &'a [u32],
+        out: &[T],
+        scratch: &[f32],
+        pool: &ThreadPool,
+    ) -> Result<Option<Split<'a>>, LayoutError> {
+        let (kv_heads, hs) = (layout.kv_heads, layout.head_size);
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(LayoutError::Shape(format!(
+                "num_heads {heads} is not a multiple of kv_num_heads {kv_heads}"
+            )));
+        }
+        let tokens = segments.last().map_or(0, |s| s.rows.end);
+        check_segments(layout, segments, tables, tokens)?;
+        q.check(tokens, heads, hs, "query")?;
+        check_len("attention output", out.len(), heads * tokens * hs)?;
+        if out.is_empty() {
+            return Ok(None);
+        }
+        let parts = part_count(layout, heads, segments, pool);
+        let per_part = group_len(heads, kv_heads) * (max_positions(segments) + hs);
+        if scratch.len() < parts * per_part {
+            return Err(LayoutError::Length {
+                what: "attention scratch",
+                expected: parts * per_part,
+                actual: scratch.len(),
+            });
+        }
+        let cuts = cuts(heads, segments, score, parts);
+        let bounds = cuts.iter().map(|&c| c * hs).collect();
+        Ok(Some(Split {
+            heads,
+            layout: *layout,
+            score,
+            segments,
+            tables,
+            cuts,
+            bounds,
+            per_part,
+        }))
+    }
+
+    /// Part `part`'s pairs into `out` (its run of the output), with `scratch` its own.
+    fn attend<T: Accum<Acc = f32>>(
+        &self,
+        part: usize,
+        q: &Rows<T>,
+        k: &[T],
+        v: &[T],
+        out: &mut [T],
+        scratch: &mut [f32],
+    ) {
+        let Split { heads, layout, .. } = *self;
+        let (bs, hs) = (layout.block_size, layout.head_size);
+        let group = heads / layout.kv_heads;
+        let g_max = group_len(heads, layout.kv_heads);
+        let (scores, acc) = scratch.split_at_mut(g_max * max_positions(self.segments));
+        let (first, last) = (self.cuts[part], self.cuts[part + 1]);
+        let mut pair = first;
+        while pair < last {
+            let (t, n0) = (pair / heads, pair % heads);
+            let kvh = n0 / group;
+            // The heads of row `t` from `n0` on that share KV head `kvh`, inside the part, at
+            // most MAX_GROUP of them.
+            let count = ((kvh + 1) * group)
+                .min(n0 + last - pair)
+                .min(n0 + MAX_GROUP)
+                - n0;
+            let (_, s) = token_at(self.segments, t);
+            let seen = keys_seen(s, t - s.rows.start, self.score);
+            let table = &self.tables[s.table.clone()];
+            let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
+                let base = layout.head_start(table[bi], kvh);
+                let keys = seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
+                (&k[base..base + bs * hs], &v[base..base + bs * hs], keys)
+            });
+            let qs: SmallVec<[&[T]; MAX_GROUP]> =
+                (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
+            let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = out[(pair - first) * hs..]
+                [..count * hs]
+                .chunks_mut(hs)
+                .collect();
+            attend_group_pieces(&qs, pieces, self.score, scores, acc, &mut outs, true, true);
+            pair += count;
+        }
+    }
+}
+
+/// Checks that no two segments write one block, and that the key and value pools at
+/// `k_at` and `v_at` of one store never overlap: the writes of a step's tokens then never
+/// meet, whichever thread makes them.
+fn check_disjoint_writes(
+    layout: &PagedLayout,
+    (k_at, v_at): (usize, usize),
+    segments: &[Segment],
+    tables: &[u32],
+) -> Result<(), LayoutError> {
+    if layout.blocks == 0 {
+        return Ok(());
+    }
+    let bs = layout.block_size;
+    let (len, stride) = (
+        layout.block_len() as i128,
+        layout.block_stride.max(1) as i128,
+    );
+    // Key block b starts at k_at + b * stride and value block b' at v_at + b' * stride; the
+    // pools overlap when some distance d + j * stride (j = b' - b) is under a block. The
+    // nearest such distances lie at the j around -d / stride.
+    let (d, last) = (v_at as i128 - k_at as i128, layout.blocks as i128 - 1);
+    let j = (-d).div_euclid(stride).clamp(-last, last);
+    if [j, (j + 1).min(last)]
+        .iter()
+        .any(|&j| (d + j * stride).abs() < len)
+    {
+        return Err(LayoutError::Shape(format!(
+            "the key pool at {k_at} and the value pool at {v_at} overlap (blocks of {len} values every {stride})"
+        )));
+    }
+    let mut written: SmallVec<[u32; 64]> = segments
+        .iter()
+        .flat_map(|s| {
+            let table = &tables[s.table.clone()];
+            let blocks = s.start / bs..(s.start + s.rows.len()).div_ceil(bs);
+            table[blocks].iter().copied()
+        })
+        .collect();
+    written.sort_unstable();
+    match written.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(LayoutError::Shape(format!(
+            "block {} is written by two segments of one step",
+            w[0]
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The keys and values a step adds to a layer's cache, and the rotation its keys and queries
+/// take (none without a rope).
+#[derive(Debug, Clone, Copy)]
+pub struct NewKv<'a, T> {
+    pub keys: Rows<'a, T>,
+    pub values: Rows<'a, T>,
+    pub rope: Option<&'a Rope<'a, T>>,
+}
+
+/// A layer's step in one parallel region: its prelude writes the new keys (rotated) and values
+/// into the layer's pools `store[k_at..]` and `store[v_at..]` as [`paged_append`] does and
+/// rotates the queries into `rotated` as [`paged_rotate_query`] does (`rotated` unused
+/// without a rope), a share of the tokens per call; its parts then attend as
+/// [`paged_attention`] does, over the cache and queries so written. The same bits as those
+/// three calls, without the serial writes between two regions (whose inputs the previous
+/// region left in both cores' caches).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_step<T: Accum<Acc = f32>>(
+    heads: usize,
+    layout: &PagedLayout,
+    score: &ScoreMod,
+    q: &Rows<T>,
+    new: &NewKv<T>,
+    store: &mut [T],
+    (k_at, v_at): (usize, usize),
+    segments: &[Segment],
+    tables: &[u32],
+    rotated: &mut [T],
+    out: &mut [T],
+    scratch: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), LayoutError> {
+    let (kv_heads, hs) = (layout.kv_heads, layout.head_size);
+    let tokens = segments.last().map_or(0, |s| s.rows.end);
+    check_segments(layout, segments, tables, tokens)?;
+    for (at, what) in [(k_at, "key pool"), (v_at, "value pool")] {
+        check_pool(layout, store.len().saturating_sub(at), what)?;
+    }
+    check_disjoint_writes(layout, (k_at, v_at), segments, tables)?;
+    new.keys.check(tokens, kv_heads, hs, "new keys")?;
+    new.values.check(tokens, kv_heads, hs, "new values")?;
+    check_rope(new.rope, segments, hs)?;
+    if new.rope.is_some() {
+        check_len("rotated query", rotated.len(), tokens * heads * hs)?;
+    }
+    let (store, rotated) = (Shared::new(store), Shared::new(rotated));
+    let per_call = tokens.div_ceil(parts_for(pool, tokens, (heads + 2 * kv_heads) * hs).max(1));
+    let write = |call: usize| {
+        let rows = call * per_call..((call + 1) * per_call).min(tokens);
+        // SAFETY: each call writes its own tokens' rows: distinct positions of one sequence,
+        // in blocks no other segment writes (checked above), in key and value pools that do
+        // not overlap (checked above); and of `rotated`, its own tokens' rows. Nothing reads
+        // the store or `rotated` until every call has finished (the region's prelude).
+        unsafe {
+            for (src, at, rope) in [(&new.keys, k_at, new.rope), (&new.values, v_at, None)] {
+                append_rows(
+                    src,
+                    layout,
+                    segments,
+                    tables,
+                    rope,
+                    rows.clone(),
+                    &store,
+                    at,
+                );
             }
+            if let Some(rope) = new.rope {
+                rotate_rows(q, heads, hs, segments, rope, rows, &rotated);
+            }
+        }
+    };
+    let Some(split) = Split::new(
+        heads, layout, score, q, segments, tables, out, scratch, pool,
+    )?
+    else {
+        return Ok(());
+    };
+    par_cuts2(
+        pool,
+        Prelude {
+            tasks: tokens.div_ceil(per_call.max(1)),
+            run: &write,
+        },
+        out,
+        &split.bounds,
+        scratch,
+        split.per_part,
+        |part, out, scratch| {
+            // SAFETY: the parts run after the prelude, every writer finished.
+            let (store, rotated) = unsafe { (store.all(), rotated.all()) };
+            let q = match new.rope {
+                Some(_) => Rows {
+                    data: rotated,
+                    stride: heads * hs,
+                    offset: 0,
+                },
+                None => *q,
+            };
+            split.attend(part, &q, &store[k_at..], &store[v_at..], out, scratch);
         },
     );
     Ok(())
@@ -634,6 +919,166 @@ mod tests {
             alone,
             "strided pools"
         );
+    }
+
+    /// One layer's step in one region (writes in the prelude) against the three calls it
+    /// stands for, on a store that keeps each block's keys and values together: the same
+    /// cache, rotated queries and output bits, with a rope and without, at 1-3 threads.
+    #[test]
+    fn a_fused_step_equals_append_rotate_attend() {
+        let (heads, kv_heads, hs, bs, half) = (6, 2, 16, 4, 4);
+        // (positions before, new rows): decode rows and a prefill chunk.
+        let seqs: [(usize, usize); 4] = [(5, 1), (0, 3), (9, 1), (2, 1)];
+        let per_seq: Vec<usize> = seqs.iter().map(|&(p, n)| (p + n).div_ceil(bs)).collect();
+        let blocks = per_seq.iter().sum::<usize>() + 2;
+        let dense = PagedLayout::dense(blocks, bs, kv_heads, hs);
+        let block = dense.block_len();
+        let layout = PagedLayout {
+            block_stride: 3 * block,
+            ..dense
+        };
+        let (k_at, v_at) = (block, 2 * block);
+        let (mut tables, mut segments, mut row) = (Vec::new(), Vec::new(), 0);
+        let mut free: Vec<u32> = (0..blocks as u32).collect();
+        for (i, &(past, new)) in seqs.iter().enumerate() {
+            let t0 = tables.len();
+            tables.extend((0..per_seq[i]).map(|_| free.pop().unwrap()));
+            segments.push(Segment {
+                rows: row..row + new,
+                start: past,
+                table: t0..tables.len(),
+            });
+            row += new;
+        }
+        let tokens = row;
+        let q = values(tokens * heads * hs, 11);
+        let qkv = values(tokens * (heads + 2 * kv_heads) * hs, 12);
+        let rows_at = |offset: usize| Rows {
+            data: &qkv[..],
+            stride: (heads + 2 * kv_heads) * hs,
+            offset,
+        };
+        let (keys, vals) = (rows_at(heads * hs), rows_at((heads + kv_heads) * hs));
+        let (cos, sin) = (values(16 * half, 13), values(16 * half, 14));
+        let rope = Rope::new(&cos, &sin, half, false).unwrap();
+        let score = ScoreMod {
+            scale: 0.25,
+            softcap: 0.0,
+            window: None,
+        };
+        let qrows = Rows {
+            data: &q[..],
+            stride: heads * hs,
+            offset: 0,
+        };
+        let start = values(blocks * 3 * block, 15);
+        for (rope, threads) in [
+            (Some(&rope), 1),
+            (Some(&rope), 2),
+            (None, 3),
+            (Some(&rope), 3),
+        ] {
+            let pool = ThreadPool::new(threads);
+            let scratch_len = paged_scratch_len(&layout, heads, &segments, &pool);
+            // Three calls.
+            let mut store = start.clone();
+            for (src, at, rope) in [(&keys, k_at, rope), (&vals, v_at, None)] {
+                paged_append(src, &layout, &segments, &tables, rope, &mut store[at..]).unwrap();
+            }
+            let mut rotated = vec![0f32; tokens * heads * hs];
+            if let Some(r) = rope {
+                paged_rotate_query(&qrows, heads, hs, &segments, r, &mut rotated).unwrap();
+            }
+            let query = match rope {
+                Some(_) => Rows {
+                    data: &rotated[..],
+                    ..qrows
+                },
+                None => qrows,
+            };
+            let mut want = vec![0f32; tokens * heads * hs];
+            let mut scratch = vec![0f32; scratch_len];
+            let (k, v) = (&store[k_at..], &store[v_at..]);
+            paged_attention(
+                heads,
+                &layout,
+                &score,
+                &query,
+                k,
+                v,
+                &segments,
+                &tables,
+                &mut want,
+                &mut scratch,
+                &pool,
+            )
+            .unwrap();
+            // One region.
+            let mut fused = start.clone();
+            let mut rotated2 = vec![0f32; tokens * heads * hs];
+            let mut got = vec![0f32; tokens * heads * hs];
+            let new = NewKv {
+                keys,
+                values: vals,
+                rope,
+            };
+            paged_step(
+                heads,
+                &layout,
+                &score,
+                &qrows,
+                &new,
+                &mut fused,
+                (k_at, v_at),
+                &segments,
+                &tables,
+                &mut rotated2,
+                &mut got,
+                &mut scratch,
+                &pool,
+            )
+            .unwrap();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&fused), bits(&store), "cache, {threads} threads");
+            assert_eq!(bits(&got), bits(&want), "output, {threads} threads");
+        }
+        // Pools that overlap, or two sequences writing one block, are refused.
+        let pool = ThreadPool::new(2);
+        let new = NewKv {
+            keys,
+            values: vals,
+            rope: None,
+        };
+        let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, &pool)];
+        let (mut store, mut rot, mut out) = (
+            start.clone(),
+            vec![0f32; 0],
+            vec![0f32; tokens * heads * hs],
+        );
+        let mut step = |at: (usize, usize), tables: &[u32]| {
+            paged_step(
+                heads,
+                &layout,
+                &score,
+                &qrows,
+                &new,
+                &mut store,
+                at,
+                &segments,
+                tables,
+                &mut rot,
+                &mut out,
+                &mut scratch,
+                &pool,
+            )
+        };
+        assert!(step((k_at, k_at + hs), &tables).is_err());
+        assert!(step((k_at, v_at + 3 * block), &tables).is_err());
+        let mut shared = tables.clone();
+        // Sequence 0 writes position 5 (its second block), sequence 1 positions 0..3.
+        shared[segments[1].table.start] = tables[segments[0].table.start + 1];
+        assert!(step((k_at, v_at), &shared).is_err());
+        assert!(step((k_at, v_at), &tables).is_ok());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::matmul_nbits_int8::block_offset;
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
 #[cfg(target_arch = "x86_64")]
 use crate::nbits_tiles::{tile, tile_glu, tile_pair};
-use crate::par::{balanced_parts, par_row_blocks_spans, parts_for};
+use crate::par::{Shared, balanced_parts, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 use crate::quant::code;
 
@@ -389,13 +389,13 @@ fn run(
             .div_ceil(parts_for(pool, m, l.k.saturating_mul(QUANTIZE_WORK)))
             .max(1);
         let quantize_parts = m.div_ceil(per_part);
-        let quantized = QuantizedRows(rows.as_mut_ptr(), m);
+        let quantized = Shared::new(rows);
         let quantize = |part: usize| {
             let first = part * per_part;
             for r in first..(first + per_part).min(m) {
                 // SAFETY: prelude call `part` alone writes rows `first..first + per_part`, and
                 // no part reads a row before every prelude call has finished.
-                let row = unsafe { quantized.row_mut(r) };
+                let row = unsafe { &mut quantized.range(r..r + 1)[0] };
                 row.quantize(&a[r * l.k..][..l.k], &l, false);
             }
         };
@@ -440,33 +440,6 @@ fn run(
         );
     });
     Ok(())
-}
-
-/// A batch's quantized rows, written by a region's prelude (each call its own rows) and then
-/// read by all of its tasks.
-struct QuantizedRows(*mut QuantizedRow, usize);
-
-// SAFETY: the callers of `row_mut` and `all` keep writes to disjoint rows and every read
-// after the writes (see `run`), as if each prelude call had its own `&mut` rows.
-unsafe impl Sync for QuantizedRows {}
-
-impl QuantizedRows {
-    /// # Safety
-    /// `r < len`, and nothing else reads or writes row `r` meanwhile.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn row_mut(&self, r: usize) -> &mut QuantizedRow {
-        assert!(r < self.1, "row {r} of {}", self.1);
-        // SAFETY: in bounds (asserted); exclusive by the caller's contract.
-        unsafe { &mut *self.0.add(r) }
-    }
-
-    /// # Safety
-    /// No row is being written.
-    unsafe fn all(&self) -> &[QuantizedRow] {
-        // SAFETY: the pointer and length come from one `&mut [QuantizedRow]`; no writer
-        // meanwhile by the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.0, self.1) }
-    }
 }
 
 /// Work per activation value quantized, in [`parts_for`]'s simple operations.

@@ -46,8 +46,9 @@ pub fn balanced_parts(units: usize, threads: usize, want: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// A `&mut [T]` that tasks on several threads carve disjoint ranges from.
-struct Shared<'a, T> {
+/// A `&mut [T]` that tasks on several threads carve disjoint ranges from (or, once no one
+/// writes, read whole).
+pub(crate) struct Shared<'a, T> {
     ptr: *mut T,
     len: usize,
     _borrow: PhantomData<&'a mut [T]>,
@@ -58,7 +59,7 @@ struct Shared<'a, T> {
 unsafe impl<T: Send> Sync for Shared<'_, T> {}
 
 impl<'a, T> Shared<'a, T> {
-    fn new(s: &'a mut [T]) -> Self {
+    pub(crate) fn new(s: &'a mut [T]) -> Self {
         Shared {
             ptr: s.as_mut_ptr(),
             len: s.len(),
@@ -72,12 +73,21 @@ impl<'a, T> Shared<'a, T> {
     /// No two live results may overlap: each caller passes ranges disjoint from every other
     /// range handed out while the borrow lasts.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn range(&self, r: Range<usize>) -> &mut [T] {
+    pub(crate) unsafe fn range(&self, r: Range<usize>) -> &mut [T] {
         let end = r.end.min(self.len);
         let start = r.start.min(end);
         // SAFETY: `start..end` lies inside the original slice, and the caller guarantees no
         // other live reference covers it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
+    }
+
+    /// The whole slice, shared.
+    ///
+    /// # Safety
+    /// No range handed out by [`Shared::range`] is live (every writer has finished).
+    pub(crate) unsafe fn all(&self) -> &[T] {
+        // SAFETY: the original slice; no live `&mut` into it by the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 

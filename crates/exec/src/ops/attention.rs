@@ -549,53 +549,40 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
     let new_kv = |i: usize| new_rows(inputs, q, packed, q_width, heads, kv_heads, hs, i);
     let (segments, tables) = (paged.segments, paged.tables);
     let (pool, k_at, v_at) = paged.store.layer_views::<T>(paged.layer)?;
-    let k_new = new_kv(1)?;
-    kp::paged_append(
-        &k_new,
-        &layout,
-        segments,
-        tables,
-        rope.as_ref(),
-        &mut pool[k_at..],
-    )
-    .map_err(OpError::from)?;
-    let v_new = new_kv(2)?;
-    kp::paged_append(&v_new, &layout, segments, tables, None, &mut pool[v_at..])
-        .map_err(OpError::from)?;
-    let mut rotated = None;
-    if let Some(rope) = &rope {
-        let mut t = ctx.alloc(dtype, [1, tokens, heads * hs])?;
-        let rows = Rows {
-            data: q,
-            stride: q_width,
-            offset: 0,
-        };
-        kp::paged_rotate_query(&rows, heads, hs, segments, rope, t.as_mut_slice::<T>()?)
-            .map_err(OpError::from)?;
-        rotated = Some(t);
-    }
-    let q_rows = query_rows(rotated.as_ref(), q, q_width, heads, hs)?;
+    let new = kp::NewKv {
+        keys: new_kv(1)?,
+        values: new_kv(2)?,
+        rope: rope.as_ref(),
+    };
+    let rows = Rows {
+        data: q,
+        stride: q_width,
+        offset: 0,
+    };
+    let rotated_len = if rope.is_some() { tokens } else { 0 };
+    let mut rotated = ctx.alloc(dtype, [1, rotated_len, heads * hs])?;
     let score = score_mod(g, hs);
     let mut out = ctx.alloc(dtype, [1, tokens, heads * hs])?;
     let scratch_len = kp::paged_scratch_len(&layout, heads, segments, ctx.pool);
     let mut scratch = ctx.alloc(DType::F32, [scratch_len])?;
-    kp::paged_attention(
+    kp::paged_step(
         heads,
         &layout,
         &score,
-        &q_rows,
-        &pool[k_at..],
-        &pool[v_at..],
+        &rows,
+        &new,
+        pool,
+        (k_at, v_at),
         segments,
         tables,
+        rotated.as_mut_slice::<T>()?,
         out.as_mut_slice::<T>()?,
         scratch.as_mut_slice::<f32>()?,
         ctx.pool,
     )
     .map_err(OpError::from)?;
-    for t in [Some(scratch), rotated].into_iter().flatten() {
-        ctx.arena.release(t);
-    }
+    ctx.arena.release(scratch);
+    ctx.arena.release(rotated);
     let mut outputs: Outputs = smallvec![out];
     if n_outputs > 1 {
         outputs.push(owned_input(inputs, donated, 3)?);
