@@ -202,7 +202,7 @@ fn rmsnorm(c: &mut Criterion) {
     let pools = pools();
     let mut g = group(c, "rmsnorm");
     let gamma = values(HIDDEN, 4);
-    for rows in [1, 128] {
+    for rows in [1, 8, 128] {
         let n = rows * HIDDEN;
         let (x, skip) = (values(n, 5), values(n, 6));
         let (mut out, mut sum) = (vec![0f32; n], vec![0f32; n]);
