@@ -7,6 +7,8 @@
 //! - `matmul_nbits/q8_gemv/KxN/threads=T`: the same with 8-bit weights (the output head);
 //! - `matmul_nbits/q4_gemm/MxKxN/threads=T`: a batch of 8 decode rows and a 128-row prefill
 //!   chunk; throughput in elements = floating-point operations (`2·M·K·N`);
+//! - `matmul_nbits/q4_gemm_codes/8x576x3072/threads=T`: the batch of 8 with uint8 zero-point
+//!   codes, as an onnxruntime-genai int4 export (the default model) has them;
 //! - `matmul_nbits/q8_gemm/8x576x49152/threads=T`: the 8-bit output head at batch 8, 28 MB
 //!   streamed from beyond L2 each call; throughput in floating-point operations;
 //! - `matmul_nbits/q4_reference/1xKxN/threads=T`: the scalar reference every fast variant
@@ -90,6 +92,19 @@ type Group<'a> = BenchmarkGroup<'a, criterion::measurement::WallTime>;
 /// `matmul_nbits/NAME/threads=T` on the packed kernel at 1 and 2 threads; the throughput is
 /// the packed bytes, or `2·M·K·N` elements when `flops`.
 fn packed(g: &mut Group<'_>, name: &str, (m, k, n): (usize, usize, usize), bits: u32, flops: bool) {
+    packed_zp(g, name, (m, k, n), bits, flops, false);
+}
+
+/// [`packed`], with `codes`: uint8 zero-point codes (an onnxruntime-genai int4 export's,
+/// the default model's) instead of the Q4_1 floats or the default.
+fn packed_zp(
+    g: &mut Group<'_>,
+    name: &str,
+    (m, k, n): (usize, usize, usize),
+    bits: u32,
+    flops: bool,
+    codes: bool,
+) {
     let layout = NBitsLayout::new(n, k, bits, 32).expect("a valid layout");
     let Inputs {
         data,
@@ -97,14 +112,17 @@ fn packed(g: &mut Group<'_>, name: &str, (m, k, n): (usize, usize, usize), bits:
         zp,
         a,
     } = inputs(&layout, m, 2);
+    let zp_codes: Vec<u8> = (0..n * layout.zp_row_bytes)
+        .map(|i| (i * 37 % 251) as u8)
+        .collect();
     let w = QuantWeights {
         layout,
         data: &data,
         scales: &scales,
-        zero_points: if bits == 4 {
-            ZeroPoints::Float(&zp)
-        } else {
-            ZeroPoints::Default
+        zero_points: match (codes, bits) {
+            (true, _) => ZeroPoints::Packed(&zp_codes),
+            (false, 4) => ZeroPoints::Float(&zp),
+            (false, _) => ZeroPoints::Default,
         },
     };
     let packed = PackedNBits::pack(&w)
@@ -141,6 +159,15 @@ fn bench(c: &mut Criterion) {
     for (m, k, n) in GEMM_SHAPES {
         packed(&mut g, &format!("q4_gemm/{m}x{k}x{n}"), (m, k, n), 4, true);
     }
+    // The default model's gate and up at batch 8, with its zero-point codes.
+    packed_zp(
+        &mut g,
+        "q4_gemm_codes/8x576x3072",
+        (8, 576, 3072),
+        4,
+        true,
+        true,
+    );
     // The output head at batch 8: 28 MB, streamed from beyond L2 on every call.
     packed(&mut g, "q8_gemm/8x576x49152", (8, 576, 49152), 8, true);
 

@@ -132,6 +132,8 @@ pub struct QuantizedRow {
     sums: Vec<i32>,
     /// `scale_a · Σ q_a` per block: what a float zero point's offset multiplies.
     scaled_sums: Vec<f32>,
+    /// `Σ q_a` per block as f32 (exact: at most `127 · block_size`).
+    float_sums: Vec<f32>,
     natural: Vec<i8>,
 }
 
@@ -149,6 +151,11 @@ impl QuantizedRow {
     /// Scale per block.
     pub(crate) fn scales(&self) -> &[f32] {
         &self.scales
+    }
+
+    /// `Σ q_a` per block, as f32.
+    pub(crate) fn float_sums(&self) -> &[f32] {
+        &self.float_sums
     }
 
     /// `scale_a · Σ q_a` per block.
@@ -180,6 +187,9 @@ impl QuantizedRow {
                 .zip(&self.sums)
                 .map(|(&s, &sum)| s * sum as f32),
         );
+        self.float_sums.clear();
+        self.float_sums
+            .extend(self.sums.iter().map(|&sum| sum as f32));
         self.q.clear();
         if !interleave {
             return;

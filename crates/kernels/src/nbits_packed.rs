@@ -183,7 +183,7 @@ impl PackedNBits {
                      points: {a:?} against {b:?}"
                 )));
             }
-            if !supported(a) {
+            if !supported(a) || !zero_point_terms_exact_in_f32(a) {
                 return Ok(None);
             }
         }
@@ -440,6 +440,17 @@ fn run(
         );
     });
     Ok(())
+}
+
+/// Whether a block's `dot`, `z·sum_a` and their difference are integers f32 holds exactly
+/// (at most 2^24 in magnitude: `block_size · 127 · (2^bits − 1)` bounds all three), so the
+/// AVX-512 kernel may compute `(dot − z·sum_a) as f32` as one fused `dot − z·sum_a` in f32:
+/// every 8-bit block size up to 512, every 4-bit one up to 8192.
+fn zero_point_terms_exact_in_f32(l: &NBitsLayout) -> bool {
+    let most = (l.block_size as u64)
+        .saturating_mul(127)
+        .saturating_mul((1u64 << l.bits) - 1);
+    most <= 1 << 24
 }
 
 /// Work per activation value quantized, in [`parts_for`]'s simple operations.

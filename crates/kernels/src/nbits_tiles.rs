@@ -124,9 +124,10 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
         zp_ptrs,
         codes,
         row_scales,
-        row_sums,
+        row_float_sums,
         row_scaled_sums,
         tile_bytes,
+        ..
     } = tile_io(rows, w, t, 2, BITS);
     // Sixteen f32 lanes: eight at `a` (tile t) then eight at `b` (tile t + 1), from f32 or
     // f16 storage.
@@ -192,7 +193,7 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
         }
         let (a0, a1) = ((t * kb + b) * TILE, ((t + 1) * kb + b) * TILE);
         let sw = load16(scale_ptrs, a0, a1);
-        // The block's zero points: integer codes or float offsets, per ZP.
+        // The block's zero points: integer codes (as f32) or float offsets, per ZP.
         let (z, offsets) = match ZP {
             ZP_CODES => {
                 let (lo, hi) = (&codes[a0..a0 + TILE], &codes[a1..a1 + TILE]);
@@ -203,35 +204,41 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
                         _mm_loadl_epi64(hi.as_ptr().cast()),
                     )
                 };
-                (_mm512_cvtepu8_epi32(both), _mm512_setzero_ps())
+                (
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(both)),
+                    _mm512_setzero_ps(),
+                )
             }
-            ZP_FLOAT => (_mm512_setzero_si512(), load16(zp_ptrs, a0, a1)),
-            _ => (_mm512_setzero_si512(), _mm512_setzero_ps()),
+            ZP_FLOAT => (_mm512_setzero_ps(), load16(zp_ptrs, a0, a1)),
+            _ => (
+                _mm512_set1_ps((1 << (BITS - 1)) as f32),
+                _mm512_setzero_ps(),
+            ),
         };
         for r in 0..R {
             // SAFETY: every row holds `kb` blocks of scales and sums (asserted by `tile_io`).
             let (row_scale, sum_a, scaled_sum) = unsafe {
                 (
                     *row_scales[r].add(b),
-                    *row_sums[r].add(b),
+                    *row_float_sums[r].add(b),
                     *row_scaled_sums[r].add(b),
                 )
             };
             let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row_scale));
-            let dot = dots[r];
+            let dot = _mm512_cvtepi32_ps(dots[r]);
             acc[r] = match ZP {
-                ZP_CODES => {
-                    let zs = _mm512_mullo_epi32(z, _mm512_set1_epi32(sum_a));
-                    _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, zs)), acc[r])
-                }
                 ZP_FLOAT => {
-                    let a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[r]);
+                    let a = _mm512_fmadd_ps(scale, dot, acc[r]);
                     _mm512_fmadd_ps(offsets, _mm512_set1_ps(scaled_sum), a)
                 }
-                _ => {
-                    let zs = _mm512_set1_epi32((1 << (BITS - 1)) * sum_a);
-                    _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_sub_epi32(dot, zs)), acc[r])
-                }
+                // `dot − z·sum_a` in f32 with one rounding, of an integer no larger than
+                // 2^24 (`PackedNBits` packs no block size where it could be): exact, so
+                // the reference's integer difference converted.
+                _ => _mm512_fmadd_ps(
+                    scale,
+                    _mm512_fnmadd_ps(z, _mm512_set1_ps(sum_a), dot),
+                    acc[r],
+                ),
             };
         }
     }
@@ -265,6 +272,7 @@ struct TileIo<'a, const R: usize> {
     /// Each row's per-block scales, `Σ q_a` and `scale_a · Σ q_a`, `k_blocks` of each.
     row_scales: [*const f32; R],
     row_sums: [*const i32; R],
+    row_float_sums: [*const f32; R],
     row_scaled_sums: [*const f32; R],
     tile_bytes: usize,
 }
@@ -293,6 +301,7 @@ fn tile_io<'a, const R: usize>(
             row.natural().len() >= kb * bs
                 && row.sums().len() >= kb
                 && row.scaled_sums().len() >= kb
+                && row.float_sums().len() >= kb
                 && row.scales().len() >= kb,
             "quantized rows hold whole blocks"
         );
@@ -315,6 +324,7 @@ fn tile_io<'a, const R: usize>(
         },
         row_scales: rows.map(|r| r.scales().as_ptr()),
         row_sums: rows.map(|r| r.sums().as_ptr()),
+        row_float_sums: rows.map(|r| r.float_sums().as_ptr()),
         row_scaled_sums: rows.map(|r| r.scaled_sums().as_ptr()),
         tile_bytes,
     }
@@ -350,6 +360,7 @@ macro_rules! packed_tile {
                 row_sums,
                 row_scaled_sums,
                 tile_bytes,
+                ..
             } = tile_io(rows, w, t, 1, BITS);
             // Eight f32 lanes at `at` from f32 or f16 storage (the branch is the same for the
             // whole call).
