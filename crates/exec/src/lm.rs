@@ -389,7 +389,15 @@ impl NativeLm {
             .take()
             .ok_or_else(|| backend_error(format!("the run returned no '{}'", c.logits)))?;
         let copied = copy_rows(&logits, batch, &p.rows, tokens, out);
-        self.session.recycle(logits);
+        // Rows the graph computed for exactly the wanted tokens are read in place; the
+        // tensor comes back at the next step.
+        let unheld = match copied {
+            Ok(true) => out.hold(logits).err(),
+            _ => Some(logits),
+        };
+        if let Some(logits) = unheld {
+            self.session.recycle(logits);
+        }
         for t in self.out_slots.iter_mut().filter_map(Option::take) {
             self.session.recycle(t);
         }
@@ -563,14 +571,16 @@ fn attention_layers(graph: &Graph, c: &LmContract) -> Option<Vec<Option<usize>>>
 }
 
 /// Appends to `out` the logits rows each step of `batch` wants from the `logits` of a
-/// stacked batch of `tokens` rows, which holds either those rows or only rows `rows`.
+/// stacked batch of `tokens` rows, which holds either those rows or only rows `rows`. When
+/// it holds only those, in f32, they are already `out`'s rows: nothing is copied and the
+/// result is `true` (the caller has `out` hold the tensor).
 fn copy_rows(
     logits: &Tensor,
     batch: &Batch,
     rows: &[usize],
     tokens: usize,
     out: &mut StepLogits,
-) -> Result<(), RuntimeError> {
+) -> Result<bool, RuntimeError> {
     let (have, vocab) = match logits.dims() {
         [1, r, v] => (*r, *v),
         other => {
@@ -586,6 +596,7 @@ fn copy_rows(
         )));
     }
     out.vocab = vocab;
+    let in_place = selected && logits.dtype() == DType::F32;
     let mut next = 0;
     for step in batch.steps {
         let want = match step.logits {
@@ -593,15 +604,16 @@ fn copy_rows(
             LogitsWanted::All => step.tokens.len(),
             LogitsWanted::None => 0,
         };
-        let first = out.data.len() / vocab.max(1);
-        out.rows.push(first..first + want);
+        out.rows.push(next..next + want);
         for &r in &rows[next..next + want] {
             let r = if selected { next } else { r };
-            logits_rows(logits, r..r + 1, vocab, &mut out.data)?;
+            if !in_place {
+                logits_rows(logits, r..r + 1, vocab, &mut out.data)?;
+            }
             next += 1;
         }
     }
-    Ok(())
+    Ok(in_place)
 }
 
 /// Appends the rows `step` wants from a `[1, sequence, vocab]` logits tensor to `out`.
@@ -743,6 +755,9 @@ impl LanguageModel for NativeLm {
     }
 
     fn step(&mut self, batch: &Batch, out: &mut StepLogits) -> Result<(), RuntimeError> {
+        if let Some(logits) = out.take_held() {
+            self.session.recycle(logits);
+        }
         out.clear();
         self.counters.steps += 1;
         if self.paged.is_some() {
