@@ -132,8 +132,6 @@ pub struct QuantizedRow {
     sums: Vec<i32>,
     /// `scale_a · Σ q_a` per block: what a float zero point's offset multiplies.
     scaled_sums: Vec<f32>,
-    /// `Σ q_a` per block as f32 (exact: at most `127 · block_size`).
-    float_sums: Vec<f32>,
     natural: Vec<i8>,
 }
 
@@ -151,11 +149,6 @@ impl QuantizedRow {
     /// Scale per block.
     pub(crate) fn scales(&self) -> &[f32] {
         &self.scales
-    }
-
-    /// `Σ q_a` per block, as f32.
-    pub(crate) fn float_sums(&self) -> &[f32] {
-        &self.float_sums
     }
 
     /// `scale_a · Σ q_a` per block.
@@ -187,9 +180,6 @@ impl QuantizedRow {
                 .zip(&self.sums)
                 .map(|(&s, &sum)| s * sum as f32),
         );
-        self.float_sums.clear();
-        self.float_sums
-            .extend(self.sums.iter().map(|&sum| sum as f32));
         self.q.clear();
         if !interleave {
             return;
@@ -207,6 +197,8 @@ impl QuantizedRow {
 thread_local! {
     /// Per-thread activation buffers, so a decode step allocates nothing once warm.
     static ROWS: RefCell<Vec<QuantizedRow>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread block statistics of a batch's rows (see [`with_rows_and_meta`]).
+    static META: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with `m` quantized-row buffers of this thread.
@@ -217,6 +209,22 @@ pub fn with_rows<R>(m: usize, f: impl FnOnce(&mut [QuantizedRow]) -> R) -> R {
             rows.resize_with(m, QuantizedRow::default);
         }
         f(&mut rows[..m])
+    })
+}
+
+/// [`with_rows`], with `meta_len` values of this thread for the rows' block statistics as the
+/// AVX-512 tile kernel reads them (`nbits_packed`'s `Meta`).
+pub(crate) fn with_rows_and_meta<R>(
+    m: usize,
+    meta_len: usize,
+    f: impl FnOnce(&mut [QuantizedRow], &mut [f32]) -> R,
+) -> R {
+    META.with(|meta| {
+        let mut meta = meta.borrow_mut();
+        if meta.len() < meta_len {
+            meta.resize(meta_len, 0.0);
+        }
+        with_rows(m, |rows| f(rows, &mut meta[..meta_len]))
     })
 }
 

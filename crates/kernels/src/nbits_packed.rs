@@ -25,7 +25,7 @@ use crate::layout::LayoutError;
 use crate::layout::{check_len, numel};
 use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::matmul_nbits_int8::block_offset;
-use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows};
+use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows_and_meta};
 #[cfg(target_arch = "x86_64")]
 use crate::nbits_tiles::{tile, tile_glu, tile_pair};
 use crate::par::{Shared, balanced_parts, par_row_blocks_spans, parts_for};
@@ -382,21 +382,25 @@ fn run(
             "{isa:?} is not available on this CPU"
         )));
     }
-    with_rows(m, |rows| {
+    let kb = l.k_blocks;
+    let meta_len = m.div_ceil(Meta::ROWS) * kb * Meta::BLOCK;
+    with_rows_and_meta(m, meta_len, |rows, meta| {
         // Each row alone (a batch's rows are worth spreading: ~0.6 µs per row of 576), in the
         // prelude of the columns' region: the rows are quantized, then every part reads them.
         let per_part = m
             .div_ceil(parts_for(pool, m, l.k.saturating_mul(QUANTIZE_WORK)))
             .max(1);
         let quantize_parts = m.div_ceil(per_part);
-        let quantized = Shared::new(rows);
+        let (quantized, stats) = (Shared::new(rows), Shared::new(meta));
         let quantize = |part: usize| {
             let first = part * per_part;
             for r in first..(first + per_part).min(m) {
-                // SAFETY: prelude call `part` alone writes rows `first..first + per_part`, and
-                // no part reads a row before every prelude call has finished.
+                // SAFETY: prelude call `part` alone writes rows `first..first + per_part` and
+                // their statistics, and no part reads either before every prelude call has
+                // finished.
                 let row = unsafe { &mut quantized.range(r..r + 1)[0] };
                 row.quantize(&a[r * l.k..][..l.k], &l, false);
+                unsafe { Meta::write(&stats, r, kb, row) };
             }
         };
         // Several rows: parts of about 64 columns so each thread gets several, but at most
@@ -434,12 +438,44 @@ fn run(
             parts,
             |first, _, cols, outs| {
                 // SAFETY: parts run after the prelude, which wrote every row, has finished.
-                let rows = unsafe { quantized.all() };
-                row_block_tiles(&rows[first..first + outs.len()], w, bias, cols, outs, isa);
+                let (rows, meta) = unsafe { (quantized.all(), stats.all()) };
+                let meta = &meta[first / Meta::ROWS * kb * Meta::BLOCK..][..kb * Meta::BLOCK];
+                let rows = &rows[first..first + outs.len()];
+                row_block_tiles(rows, meta, w, bias, cols, outs, isa);
             },
         );
     });
     Ok(())
+}
+
+/// The block statistics of a batch's quantized rows as the AVX-512 tile kernel reads them:
+/// per group of [`Meta::ROWS`] rows (a task's rows) and block, the rows' scales, then their
+/// `Σ q_a` as f32 (exact: at most `127 · block_size`), then their `scale_a · Σ q_a`. A
+/// block's statistics for all rows are then one pointer and constant offsets away, where
+/// per-row arrays took three pointers per row (24 at eight rows, more than the registers).
+pub(crate) struct Meta;
+
+impl Meta {
+    pub(crate) const ROWS: usize = ROW_BLOCK;
+    /// Values per block of a group.
+    pub(crate) const BLOCK: usize = 3 * Self::ROWS;
+
+    /// Writes row `r`'s `kb` blocks of statistics.
+    ///
+    /// # Safety
+    /// No other live reference covers row `r`'s statistics.
+    unsafe fn write(meta: &Shared<f32>, r: usize, kb: usize, row: &QuantizedRow) {
+        let (group, i) = (r / Self::ROWS, r % Self::ROWS);
+        for b in 0..kb {
+            let at = (group * kb + b) * Self::BLOCK + i;
+            let values = [row.scales()[b], row.sums()[b] as f32, row.scaled_sums()[b]];
+            for (k, v) in values.into_iter().enumerate() {
+                let at = at + k * Self::ROWS;
+                // SAFETY: the caller's contract.
+                unsafe { meta.range(at..at + 1)[0] = v };
+            }
+        }
+    }
 }
 
 /// Whether a block's `dot`, `z·sum_a` and their difference are integers f32 holds exactly
@@ -469,6 +505,7 @@ const GLU_WINDOW: usize = 64;
 /// each tile's gate and up sums become gated SiLUs there.
 fn row_block_tiles(
     rows: &[QuantizedRow],
+    meta: &[f32],
     w: &PackedNBits,
     bias: Option<&[f32]>,
     cols: Range<usize>,
@@ -497,7 +534,7 @@ fn row_block_tiles(
         // weights, each pass one kernel call that uses every weight load for its rows; `$store`
         // takes each row's lanes.
         macro_rules! passes {
-            ($width:expr, [$($n:literal),*], $store:ident, |$g:ident, $l:ident, $p:ident| $call:expr) => {{
+            ($width:expr, [$($n:literal),*], $store:ident, |$g:ident, $m:ident, $l:ident, $p:ident| $call:expr) => {{
                 let mut r = 0;
                 $(
                     while rows.len() - r >= $n {
@@ -508,7 +545,7 @@ fn row_block_tiles(
                         // `cols`; `2t + 1` for a gate and up pair); the rows' buffers hold
                         // whole blocks (asserted inside).
                         unsafe {
-                            let ($g, $l, $p) = (group, &mut lanes, r == 0);
+                            let ($g, $m, $l, $p) = (group, &meta[r..], &mut lanes, r == 0);
                             $call
                         };
                         for (i, l) in lanes.iter().enumerate() {
@@ -528,11 +565,11 @@ fn row_block_tiles(
             };
             // Output tile t is gate tile 2t beside up tile 2t + 1.
             if isa == Isa::Avx512Vnni {
-                passes!(2 * TILE, [8, 4, 2, 1], store, |g, l, p| {
-                    tile_pair(g, w, 2 * t, l, p)
+                passes!(2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| {
+                    tile_pair(g, m, w, 2 * t, l, p)
                 });
             } else {
-                passes!(2 * TILE, [4, 2, 1], store, |g, l, p| {
+                passes!(2 * TILE, [4, 2, 1], store, |g, _m, l, p| {
                     tile_glu(g, w, t, l, isa.ymm(), p)
                 });
             }
@@ -559,13 +596,13 @@ fn row_block_tiles(
         };
         if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
             // Two tiles per 512-bit vector; eight rows fit the 32 vector registers.
-            passes!(2 * TILE, [8, 4, 2, 1], store, |g, l, p| tile_pair(
-                g, w, t, l, p
+            passes!(2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| tile_pair(
+                g, m, w, t, l, p
             ));
             j0 += 2 * TILE;
             continue;
         }
-        passes!(TILE, [4, 2, 1], store, |g, l, p| tile(
+        passes!(TILE, [4, 2, 1], store, |g, _m, l, p| tile(
             g,
             w,
             t,
@@ -577,7 +614,7 @@ fn row_block_tiles(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, w, bias, cols, outs, isa);
+        let _ = (rows, meta, w, bias, cols, outs, isa);
         unreachable!("supported() is false off x86-64, so nothing is packed");
     }
 }

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE};
-use crate::nbits_packed::{Floats, PackedNBits, PackedZp};
+use crate::nbits_packed::{Floats, Meta, PackedNBits, PackedZp};
 
 /// The kinds of [`PackedZp`], as a kernel's const parameter: each kernel instance then holds
 /// only its own block epilogue, with no branch per block or row.
@@ -78,14 +78,16 @@ pub(crate) unsafe fn tile_glu<const R: usize>(
     }
 }
 
-/// Tiles `t` and `t + 1` (sixteen column sums before the bias) for each of `R` rows;
-/// `prefetch` asks for the next pair meanwhile.
+/// Tiles `t` and `t + 1` (sixteen column sums before the bias) for each of `R` rows, whose
+/// block statistics `meta` holds from the first row's on (see [`Meta`]); `prefetch` asks for
+/// the next pair meanwhile.
 ///
 /// # Safety
 /// AVX-512 VNNI must be available and `t + 1 < w.tiles`.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn tile_pair<const R: usize>(
     rows: [&QuantizedRow; R],
+    meta: &[f32],
     w: &PackedNBits,
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
@@ -94,8 +96,8 @@ pub(crate) unsafe fn tile_pair<const R: usize>(
     // SAFETY: forwarded from the caller.
     unsafe {
         match w.layout.bits {
-            4 => with_zp!(tile_pair_avx512::<4, R>(rows, w, t, out, prefetch)),
-            _ => with_zp!(tile_pair_avx512::<8, R>(rows, w, t, out, prefetch)),
+            4 => with_zp!(tile_pair_avx512::<4, R>(rows, w, meta, t, out, prefetch)),
+            _ => with_zp!(tile_pair_avx512::<8, R>(rows, w, meta, t, out, prefetch)),
         }
     }
 }
@@ -111,6 +113,7 @@ pub(crate) unsafe fn tile_pair<const R: usize>(
 unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     rows: [&QuantizedRow; R],
     w: &PackedNBits,
+    meta: &[f32],
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
     prefetch: bool,
@@ -123,12 +126,14 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
         scale_ptrs,
         zp_ptrs,
         codes,
-        row_scales,
-        row_float_sums,
-        row_scaled_sums,
         tile_bytes,
         ..
     } = tile_io(rows, w, t, 2, BITS);
+    assert!(
+        R <= Meta::ROWS && meta.len() >= (kb - 1) * Meta::BLOCK + 2 * Meta::ROWS + R,
+        "block statistics for every row and block"
+    );
+    let meta = meta.as_ptr();
     // Sixteen f32 lanes: eight at `a` (tile t) then eight at `b` (tile t + 1), from f32 or
     // f16 storage.
     let load16 = |(p32, p16): (*const f32, *const u16), a: usize, b: usize| {
@@ -216,13 +221,10 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
             ),
         };
         for r in 0..R {
-            // SAFETY: every row holds `kb` blocks of scales and sums (asserted by `tile_io`).
+            // SAFETY: `meta` holds `kb` blocks of statistics for these rows (asserted above).
             let (row_scale, sum_a, scaled_sum) = unsafe {
-                (
-                    *row_scales[r].add(b),
-                    *row_float_sums[r].add(b),
-                    *row_scaled_sums[r].add(b),
-                )
+                let m = meta.add(b * Meta::BLOCK + r);
+                (*m, *m.add(Meta::ROWS), *m.add(2 * Meta::ROWS))
             };
             let scale = _mm512_mul_ps(sw, _mm512_set1_ps(row_scale));
             let dot = _mm512_cvtepi32_ps(dots[r]);
@@ -272,7 +274,6 @@ struct TileIo<'a, const R: usize> {
     /// Each row's per-block scales, `Σ q_a` and `scale_a · Σ q_a`, `k_blocks` of each.
     row_scales: [*const f32; R],
     row_sums: [*const i32; R],
-    row_float_sums: [*const f32; R],
     row_scaled_sums: [*const f32; R],
     tile_bytes: usize,
 }
@@ -301,7 +302,6 @@ fn tile_io<'a, const R: usize>(
             row.natural().len() >= kb * bs
                 && row.sums().len() >= kb
                 && row.scaled_sums().len() >= kb
-                && row.float_sums().len() >= kb
                 && row.scales().len() >= kb,
             "quantized rows hold whole blocks"
         );
@@ -324,7 +324,6 @@ fn tile_io<'a, const R: usize>(
         },
         row_scales: rows.map(|r| r.scales().as_ptr()),
         row_sums: rows.map(|r| r.sums().as_ptr()),
-        row_float_sums: rows.map(|r| r.float_sums().as_ptr()),
         row_scaled_sums: rows.map(|r| r.scaled_sums().as_ptr()),
         tile_bytes,
     }
