@@ -526,6 +526,10 @@ fn row_block_tiles(
         rows.len() <= ROW_BLOCK,
         "a task takes at most {ROW_BLOCK} rows"
     );
+    // Each pass's column sums, per row: zeroed once per task, not once per pass.
+    #[cfg(target_arch = "x86_64")]
+    let (mut pair_lanes, mut tile_lanes) =
+        ([[0f32; 2 * TILE]; ROW_BLOCK], [[0f32; TILE]; ROW_BLOCK]);
     #[cfg(target_arch = "x86_64")]
     while j0 < cols.end {
         let t = j0 / TILE;
@@ -534,18 +538,21 @@ fn row_block_tiles(
         // weights, each pass one kernel call that uses every weight load for its rows; `$store`
         // takes each row's lanes.
         macro_rules! passes {
-            ($width:expr, [$($n:literal),*], $store:ident, |$g:ident, $m:ident, $l:ident, $p:ident| $call:expr) => {{
+            ($lanes:ident, $width:expr, [$($n:literal),*], $store:ident, |$g:ident, $m:ident, $l:ident, $p:ident| $call:expr) => {{
                 let mut r = 0;
                 $(
                     while rows.len() - r >= $n {
-                        let mut lanes = [[0f32; $width]; $n];
+                        // The kernel writes every lane of its rows.
+                        let lanes: &mut [[f32; $width]; $n] = (&mut $lanes[..$n])
+                            .try_into()
+                            .expect("lane buffers hold every pass's rows");
                         let group: [&QuantizedRow; $n] = std::array::from_fn(|i| &rows[r + i]);
                         // SAFETY: `run` checked the ISA is available; the tiles read exist
                         // (`t < w.tiles`; `t + 1` for a pair, whose first column is inside
                         // `cols`; `2t + 1` for a gate and up pair); the rows' buffers hold
                         // whole blocks (asserted inside).
                         unsafe {
-                            let ($g, $m, $l, $p) = (group, &meta[r..], &mut lanes, r == 0);
+                            let ($g, $m, $l, $p) = (group, &meta[r..], &mut *lanes, r == 0);
                             $call
                         };
                         for (i, l) in lanes.iter().enumerate() {
@@ -565,11 +572,11 @@ fn row_block_tiles(
             };
             // Output tile t is gate tile 2t beside up tile 2t + 1.
             if isa == Isa::Avx512Vnni {
-                passes!(2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| {
+                passes!(pair_lanes, 2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| {
                     tile_pair(g, m, w, 2 * t, l, p)
                 });
             } else {
-                passes!(2 * TILE, [4, 2, 1], store, |g, _m, l, p| {
+                passes!(pair_lanes, 2 * TILE, [4, 2, 1], store, |g, _m, l, p| {
                     tile_glu(g, w, t, l, isa.ymm(), p)
                 });
             }
@@ -596,13 +603,13 @@ fn row_block_tiles(
         };
         if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
             // Two tiles per 512-bit vector; eight rows fit the 32 vector registers.
-            passes!(2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| tile_pair(
-                g, m, w, t, l, p
-            ));
+            passes!(pair_lanes, 2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| {
+                tile_pair(g, m, w, t, l, p)
+            });
             j0 += 2 * TILE;
             continue;
         }
-        passes!(TILE, [4, 2, 1], store, |g, _m, l, p| tile(
+        passes!(tile_lanes, TILE, [4, 2, 1], store, |g, _m, l, p| tile(
             g,
             w,
             t,
