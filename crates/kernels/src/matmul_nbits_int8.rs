@@ -43,17 +43,28 @@ const Q_MAX: f32 = 127.0;
 pub fn quantize_row(a: &[f32], block_size: usize, q: &mut [i8], scales: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        for ((block, q_block), scale) in a
-            .chunks(block_size)
-            .zip(q.chunks_mut(block_size))
-            .zip(scales.iter_mut())
-        {
-            // SAFETY: AVX2 is available (checked above).
-            *scale = unsafe { quantize_block_avx2(block, q_block) };
-        }
+        // SAFETY: AVX2 is available (checked above).
+        unsafe { quantize_row_avx2(a, block_size, q, scales) };
         return;
     }
     quantize_row_reference(a, block_size, q, scales);
+}
+
+/// [`quantize_row`]'s AVX2 loop: one call, so each block's quantization inlines.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(a: &[f32], block_size: usize, q: &mut [i8], scales: &mut [f32]) {
+    for ((block, q_block), scale) in a
+        .chunks(block_size)
+        .zip(q.chunks_mut(block_size))
+        .zip(scales.iter_mut())
+    {
+        // SAFETY: AVX2 is available (the caller's contract).
+        *scale = unsafe { quantize_block_avx2(block, q_block) };
+    }
 }
 
 /// [`quantize_row`] in scalar code: the oracle of the AVX2 path.
@@ -81,6 +92,7 @@ pub fn quantize_row_reference(a: &[f32], block_size: usize, q: &mut [i8], scales
 /// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[inline]
 unsafe fn quantize_block_avx2(block: &[f32], q: &mut [i8]) -> f32 {
     use std::arch::x86_64::*;
     assert!(q.len() >= block.len(), "a code per value");

@@ -162,17 +162,15 @@ impl QuantizedRow {
     pub fn quantize(&mut self, a: &[f32], layout: &NBitsLayout, interleave: bool) {
         let (bs, kb) = (layout.block_size, layout.k_blocks);
         let padded = kb * bs;
-        self.natural.clear();
+        // Every code and scale is written below (the padding's codes explicitly), so the
+        // buffers are only sized, not cleared.
         self.natural.resize(padded, 0);
-        self.scales.clear();
+        self.natural[a.len()..].fill(0);
         self.scales.resize(kb, 0.0);
-        quantize_row(a, bs, &mut self.natural[..a.len()], &mut self.scales);
+        quantize_row(a, bs, &mut self.natural[..a.len()], &mut self.scales[..kb]);
         self.sums.clear();
-        self.sums.extend(
-            self.natural
-                .chunks(bs)
-                .map(|b| b.iter().map(|&v| v as i32).sum::<i32>()),
-        );
+        self.sums
+            .extend(self.natural[..padded].chunks(bs).map(block_sum));
         self.scaled_sums.clear();
         self.scaled_sums.extend(
             self.scales
@@ -192,6 +190,11 @@ impl QuantizedRow {
             }
         }
     }
+}
+
+/// `Σ q` of one block of codes.
+fn block_sum(codes: &[i8]) -> i32 {
+    codes.iter().map(|&v| i32::from(v)).sum()
 }
 
 thread_local! {
