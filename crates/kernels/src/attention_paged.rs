@@ -691,6 +691,25 @@ mod tests {
             .collect()
     }
 
+    /// A batch of sequences `(positions before, new rows)` stacked row after row, each with
+    /// the blocks it needs taken from the top of a pool of `blocks` (so the sequences'
+    /// blocks interleave): the block tables, the segments and the rows in all.
+    fn stack(seqs: &[(usize, usize)], bs: usize, blocks: usize) -> (Vec<u32>, Vec<Segment>, usize) {
+        let mut free: Vec<u32> = (0..blocks as u32).collect();
+        let (mut tables, mut segments, mut row) = (Vec::new(), Vec::new(), 0);
+        for &(past, new) in seqs {
+            let t0 = tables.len();
+            tables.extend((0..(past + new).div_ceil(bs)).map(|_| free.pop().unwrap()));
+            segments.push(Segment {
+                rows: row..row + new,
+                start: past,
+                table: t0..tables.len(),
+            });
+            row += new;
+        }
+        (tables, segments, row)
+    }
+
     /// One sequence of `len` positions attended contiguously, and the same in a paged pool
     /// with scattered blocks inside a batch with another sequence: identical bits.
     fn check(len: usize, new: usize, bs: usize, hs: usize, window: Option<usize>, threads: usize) {
@@ -828,24 +847,7 @@ mod tests {
         let layout = PagedLayout::dense(per_seq.iter().sum::<usize>() + 3, bs, kv_heads, hs);
         let cache = layout.cache_len().unwrap();
         let (kp, vp) = (values(cache, 7), values(cache, 8));
-        // Blocks handed out round-robin from the top of the pool, so sequences interleave.
-        let mut free: Vec<u32> = (0..layout.blocks as u32).collect();
-        let mut tables = Vec::new();
-        let mut segments = Vec::new();
-        let mut row = 0;
-        for (i, &(past, new)) in seqs.iter().enumerate() {
-            let t0 = tables.len();
-            for _ in 0..per_seq[i] {
-                tables.push(free.pop().unwrap());
-            }
-            segments.push(Segment {
-                rows: row..row + new,
-                start: past,
-                table: t0..tables.len(),
-            });
-            row += new;
-        }
-        let tokens = row;
+        let (tables, segments, tokens) = stack(&seqs, bs, layout.blocks);
         let q = values(tokens * heads * hs, 9);
         let score = ScoreMod {
             scale: 0.125,
@@ -938,19 +940,7 @@ mod tests {
             ..dense
         };
         let (k_at, v_at) = (block, 2 * block);
-        let (mut tables, mut segments, mut row) = (Vec::new(), Vec::new(), 0);
-        let mut free: Vec<u32> = (0..blocks as u32).collect();
-        for (i, &(past, new)) in seqs.iter().enumerate() {
-            let t0 = tables.len();
-            tables.extend((0..per_seq[i]).map(|_| free.pop().unwrap()));
-            segments.push(Segment {
-                rows: row..row + new,
-                start: past,
-                table: t0..tables.len(),
-            });
-            row += new;
-        }
-        let tokens = row;
+        let (tables, segments, tokens) = stack(&seqs, bs, blocks);
         let q = values(tokens * heads * hs, 11);
         let qkv = values(tokens * (heads + 2 * kv_heads) * hs, 12);
         let rows_at = |offset: usize| Rows {
