@@ -392,22 +392,12 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
 ) -> Result<(), LayoutError> {
     check_pool(layout, k.len(), "key pool")?;
     check_pool(layout, v.len(), "value pool")?;
-    let Some(split) = Split::new(
-        heads, layout, score, q, segments, tables, out, scratch, pool,
-    )?
-    else {
-        return Ok(());
-    };
-    par_cuts2(
-        pool,
+    Split::run(
+        (heads, layout, score, q, segments, tables),
+        (out, scratch, pool),
         Prelude::NONE,
-        out,
-        &split.bounds,
-        scratch,
-        split.per_part,
-        |part, out, scratch| split.attend(part, q, k, v, out, scratch),
-    );
-    Ok(())
+        |split, part, out, scratch| split.attend(part, q, k, v, out, scratch),
+    )
 }
 
 /// A step's (row, head) pairs cut into parts of about equal work (see [`cuts`]), after the
@@ -473,6 +463,40 @@ impl<'a> Split<'a> {
             bounds,
             per_part,
         }))
+    }
+
+    /// Checks, cuts and runs `attend(split, part, out, scratch)` for every part in one region
+    /// after `prelude`, each part with its run of `out` and its own `scratch`.
+    #[allow(clippy::type_complexity)]
+    fn run<T: Send>(
+        (heads, layout, score, q, segments, tables): (
+            usize,
+            &PagedLayout,
+            &'a ScoreMod,
+            &Rows<T>,
+            &'a [Segment],
+            &'a [u32],
+        ),
+        (out, scratch, pool): (&mut [T], &mut [f32], &ThreadPool),
+        prelude: Prelude<'_>,
+        attend: impl Fn(&Split<'a>, usize, &mut [T], &mut [f32]) + Sync,
+    ) -> Result<(), LayoutError> {
+        let Some(split) = Split::new(
+            heads, layout, score, q, segments, tables, out, scratch, pool,
+        )?
+        else {
+            return Ok(());
+        };
+        par_cuts2(
+            pool,
+            prelude,
+            out,
+            &split.bounds,
+            scratch,
+            split.per_part,
+            |part, out, scratch| attend(&split, part, out, scratch),
+        );
+        Ok(())
     }
 
     /// Part `part`'s pairs into `out` (its run of the output), with `scratch` its own.
@@ -640,23 +664,14 @@ pub fn paged_step<T: Accum<Acc = f32>>(
             }
         }
     };
-    let Some(split) = Split::new(
-        heads, layout, score, q, segments, tables, out, scratch, pool,
-    )?
-    else {
-        return Ok(());
-    };
-    par_cuts2(
-        pool,
+    Split::run(
+        (heads, layout, score, q, segments, tables),
+        (out, scratch, pool),
         Prelude {
             tasks: tokens.div_ceil(per_call.max(1)),
             run: &write,
         },
-        out,
-        &split.bounds,
-        scratch,
-        split.per_part,
-        |part, out, scratch| {
+        |split, part, out, scratch| {
             // SAFETY: the parts run after the prelude, every writer finished.
             let (store, rotated) = unsafe { (store.all(), rotated.all()) };
             let q = match new.rope {
@@ -669,8 +684,7 @@ pub fn paged_step<T: Accum<Acc = f32>>(
             };
             split.attend(part, &q, &store[k_at..], &store[v_at..], out, scratch);
         },
-    );
-    Ok(())
+    )
 }
 
 #[cfg(test)]
