@@ -8,7 +8,8 @@
 //! - `matmul_nbits/q4_gemm/MxKxN/threads=T`: a batch of 8 decode rows and a 128-row prefill
 //!   chunk; throughput in elements = floating-point operations (`2·M·K·N`);
 //! - `matmul_nbits/q4_gemm_codes/8x576x3072/threads=T`: the batch of 8 with uint8 zero-point
-//!   codes, as an onnxruntime-genai int4 export (the default model) has them;
+//!   codes, as onnxruntime-genai int4 exports have them (the default model, a GGUF Q4_1
+//!   import, has float zero points like the other q4 shapes here);
 //! - `matmul_nbits/q8_gemm/8x576x49152/threads=T`: the 8-bit output head at batch 8, 28 MB
 //!   streamed from beyond L2 each call; throughput in floating-point operations;
 //! - `matmul_nbits/q4_reference/1xKxN/threads=T`: the scalar reference every fast variant
@@ -95,8 +96,8 @@ fn packed(g: &mut Group<'_>, name: &str, (m, k, n): (usize, usize, usize), bits:
     packed_zp(g, name, (m, k, n), bits, flops, false);
 }
 
-/// [`packed`], with `codes`: uint8 zero-point codes (an onnxruntime-genai int4 export's,
-/// the default model's) instead of the Q4_1 floats or the default.
+/// [`packed`], with `codes`: uint8 zero-point codes (an onnxruntime-genai int4 export's)
+/// instead of the Q4_1 floats or the default.
 fn packed_zp(
     g: &mut Group<'_>,
     name: &str,
@@ -159,7 +160,7 @@ fn bench(c: &mut Criterion) {
     for (m, k, n) in GEMM_SHAPES {
         packed(&mut g, &format!("q4_gemm/{m}x{k}x{n}"), (m, k, n), 4, true);
     }
-    // The default model's gate and up at batch 8, with its zero-point codes.
+    // Gate and up at batch 8 with an onnxruntime-genai export's zero-point codes.
     packed_zp(
         &mut g,
         "q4_gemm_codes/8x576x3072",
