@@ -1,0 +1,472 @@
+//! Tests of the paged attention kernels: paged rows against contiguous ones, batches against
+//! sequences alone, a fused step against its three calls, bit for bit.
+
+use super::*;
+use crate::attention::{GqaShape, attention, scratch_len};
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// A batch of sequences `(positions before, new rows)` stacked row after row, each with
+/// the blocks it needs taken from the top of a pool of `blocks` (so the sequences'
+/// blocks interleave): the block tables, the segments and the rows in all.
+fn stack(seqs: &[(usize, usize)], bs: usize, blocks: usize) -> (Vec<u32>, Vec<Segment>, usize) {
+    let mut free: Vec<u32> = (0..blocks as u32).collect();
+    let (mut tables, mut segments, mut row) = (Vec::new(), Vec::new(), 0);
+    for &(past, new) in seqs {
+        let t0 = tables.len();
+        tables.extend((0..(past + new).div_ceil(bs)).map(|_| free.pop().unwrap()));
+        segments.push(Segment {
+            rows: row..row + new,
+            start: past,
+            table: t0..tables.len(),
+        });
+        row += new;
+    }
+    (tables, segments, row)
+}
+
+/// One sequence of `len` positions attended contiguously, and the same in a paged pool
+/// with scattered blocks inside a batch with another sequence: identical bits.
+fn check(len: usize, new: usize, bs: usize, hs: usize, window: Option<usize>, threads: usize) {
+    let (heads, kv_heads) = (4, 2);
+    let pool = ThreadPool::new(threads);
+    let keys = values(kv_heads * len * hs, 1);
+    let vals = values(kv_heads * len * hs, 2);
+    let q = values(new * heads * hs, 3);
+    let score = ScoreMod {
+        scale: 0.3,
+        softcap: 0.0,
+        window,
+    };
+    // Contiguous: the last `new` positions as queries.
+    let shape = GqaShape {
+        batch: 1,
+        seq: new,
+        heads,
+        kv_heads,
+        head_size: hs,
+        capacity: len,
+    };
+    let rows = Rows {
+        data: &q[..],
+        stride: heads * hs,
+        offset: 0,
+    };
+    let mut want = vec![0f32; heads * new * hs];
+    let mut scratch = vec![0f32; scratch_len(&shape, &pool)];
+    attention(
+        &shape,
+        &score,
+        &rows,
+        &keys,
+        &vals,
+        &[len - new],
+        &[len],
+        &mut want,
+        &mut scratch,
+        &pool,
+    )
+    .unwrap();
+
+    // Paged: an unrelated 3-row sequence first, then ours, blocks in reverse order.
+    let blocks = len.div_ceil(bs) + 4;
+    let layout = PagedLayout::dense(blocks, bs, kv_heads, hs);
+    let cache = layout.cache_len().unwrap();
+    let (mut kp, mut vp) = (values(cache, 4), values(cache, 5));
+    let ours: Vec<u32> = (0..len.div_ceil(bs) as u32).rev().map(|b| b + 1).collect();
+    let mut tables = vec![0u32];
+    tables.extend(&ours);
+    for (p, b) in (0..len).map(|p| (p, ours[p / bs])) {
+        for h in 0..kv_heads {
+            let at = layout.head_start(b, h) + p % bs * hs;
+            kp[at..at + hs].copy_from_slice(&keys[(h * len + p) * hs..][..hs]);
+            vp[at..at + hs].copy_from_slice(&vals[(h * len + p) * hs..][..hs]);
+        }
+    }
+    let other = values(3 * heads * hs, 6);
+    let mut q2 = other.clone();
+    q2.extend(&q);
+    let segments = [
+        Segment {
+            rows: 0..3,
+            start: 0,
+            table: 0..1,
+        },
+        Segment {
+            rows: 3..3 + new,
+            start: len - new,
+            table: 1..1 + ours.len(),
+        },
+    ];
+    let tokens = 3 + new;
+    let mut got = vec![0f32; heads * tokens * hs];
+    let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, &pool)];
+    let rows = Rows {
+        data: &q2[..],
+        stride: heads * hs,
+        offset: 0,
+    };
+    paged_attention(
+        heads,
+        &layout,
+        &score,
+        &rows,
+        &kp,
+        &vp,
+        &segments,
+        &tables,
+        &mut got,
+        &mut scratch,
+        &pool,
+    )
+    .unwrap();
+    for h in 0..heads {
+        for s in 0..new {
+            let a = &want[(h * new + s) * hs..][..hs];
+            let b = &got[((3 + s) * heads + h) * hs..][..hs];
+            let (a, b): (Vec<u32>, Vec<u32>) = (
+                a.iter().map(|x| x.to_bits()).collect(),
+                b.iter().map(|x| x.to_bits()).collect(),
+            );
+            assert_eq!(a, b, "head {h} row {s} (len {len}, bs {bs}, hs {hs})");
+        }
+    }
+}
+
+#[test]
+fn paged_rows_equal_contiguous_rows_bit_for_bit() {
+    for (len, new, bs, hs, window, threads) in [
+        (1, 1, 16, 8, None, 1),
+        (37, 1, 16, 64, None, 2),
+        (37, 5, 4, 64, None, 2),
+        (64, 64, 16, 32, None, 3),
+        (50, 7, 8, 12, None, 1),
+        (50, 7, 16, 64, Some(9), 2),
+        (300, 2, 32, 64, None, 2),
+    ] {
+        check(len, new, bs, hs, window, threads);
+    }
+}
+
+/// A decode batch of sequences of different lengths with a prefill chunk among them: at
+/// 1-3 threads (cuts between sequences, KV heads and inside a group), and with the pools
+/// as strided views of one buffer, each row's bits are what it gets when its sequence
+/// runs alone.
+#[test]
+fn batched_rows_equal_rows_alone_at_any_thread_count() {
+    let (heads, kv_heads, hs, bs) = (6, 2, 64, 16);
+    // (positions before, new rows)
+    let seqs: [(usize, usize); 7] = [(4, 1), (39, 1), (16, 1), (29, 4), (0, 1), (63, 1), (100, 1)];
+    let per_seq: Vec<usize> = seqs.iter().map(|&(p, n)| (p + n).div_ceil(bs)).collect();
+    let layout = PagedLayout::dense(per_seq.iter().sum::<usize>() + 3, bs, kv_heads, hs);
+    let cache = layout.cache_len().unwrap();
+    let (kp, vp) = (values(cache, 7), values(cache, 8));
+    let (tables, segments, tokens) = stack(&seqs, bs, layout.blocks);
+    let q = values(tokens * heads * hs, 9);
+    let score = ScoreMod {
+        scale: 0.125,
+        softcap: 0.0,
+        window: None,
+    };
+    // The same pools interleaved in one buffer, as a store keeping several layers'
+    // blocks together lays them out: per block, junk, then the keys, then the values.
+    let block = layout.block_len();
+    let strided = PagedLayout {
+        block_stride: 3 * block,
+        ..layout
+    };
+    let mut both = values(layout.blocks * 3 * block, 10);
+    for b in 0..layout.blocks {
+        let at = b * 3 * block;
+        both[at + block..at + 2 * block].copy_from_slice(&kp[b * block..][..block]);
+        both[at + 2 * block..at + 3 * block].copy_from_slice(&vp[b * block..][..block]);
+    }
+    let run_on = |layout: &PagedLayout,
+                  k: &[f32],
+                  v: &[f32],
+                  segments: &[Segment],
+                  q: &[f32],
+                  threads: usize| {
+        let pool = ThreadPool::new(threads);
+        let tokens = segments.last().unwrap().rows.end;
+        let mut out = vec![0f32; tokens * heads * hs];
+        let mut scratch = vec![0f32; paged_scratch_len(layout, heads, segments, &pool)];
+        let rows = Rows {
+            data: q,
+            stride: heads * hs,
+            offset: 0,
+        };
+        paged_attention(
+            heads,
+            layout,
+            &score,
+            &rows,
+            k,
+            v,
+            segments,
+            &tables,
+            &mut out,
+            &mut scratch,
+            &pool,
+        )
+        .unwrap();
+        out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    let run = |segments: &[Segment], q: &[f32], threads: usize| {
+        run_on(&layout, &kp, &vp, segments, q, threads)
+    };
+    let width = heads * hs;
+    let alone: Vec<u32> = segments
+        .iter()
+        .flat_map(|s| {
+            let one = [Segment {
+                rows: 0..s.rows.len(),
+                ..s.clone()
+            }];
+            run(&one, &q[s.rows.start * width..s.rows.end * width], 1)
+        })
+        .collect();
+    for threads in 1..=3 {
+        assert_eq!(run(&segments, &q, threads), alone, "{threads} threads");
+    }
+    let (k, v) = (&both[block..], &both[2 * block..]);
+    assert_eq!(
+        run_on(&strided, k, v, &segments, &q, 2),
+        alone,
+        "strided pools"
+    );
+}
+
+/// One layer's step in one region (writes in the prelude) against the three calls it
+/// stands for, on a store that keeps each block's keys and values together: the same
+/// cache, rotated queries and output bits, with a rope and without, at 1-3 threads.
+#[test]
+fn a_fused_step_equals_append_rotate_attend() {
+    let (heads, kv_heads, hs, bs, half) = (6, 2, 16, 4, 4);
+    // (positions before, new rows): decode rows and a prefill chunk.
+    let seqs: [(usize, usize); 4] = [(5, 1), (0, 3), (9, 1), (2, 1)];
+    let per_seq: Vec<usize> = seqs.iter().map(|&(p, n)| (p + n).div_ceil(bs)).collect();
+    let blocks = per_seq.iter().sum::<usize>() + 2;
+    let dense = PagedLayout::dense(blocks, bs, kv_heads, hs);
+    let block = dense.block_len();
+    let layout = PagedLayout {
+        block_stride: 3 * block,
+        ..dense
+    };
+    let (k_at, v_at) = (block, 2 * block);
+    let (tables, segments, tokens) = stack(&seqs, bs, blocks);
+    let q = values(tokens * heads * hs, 11);
+    let qkv = values(tokens * (heads + 2 * kv_heads) * hs, 12);
+    let rows_at = |offset: usize| Rows {
+        data: &qkv[..],
+        stride: (heads + 2 * kv_heads) * hs,
+        offset,
+    };
+    let (keys, vals) = (rows_at(heads * hs), rows_at((heads + kv_heads) * hs));
+    let (cos, sin) = (values(16 * half, 13), values(16 * half, 14));
+    let rope = Rope::new(&cos, &sin, half, false).unwrap();
+    let score = ScoreMod {
+        scale: 0.25,
+        softcap: 0.0,
+        window: None,
+    };
+    let qrows = Rows {
+        data: &q[..],
+        stride: heads * hs,
+        offset: 0,
+    };
+    let start = values(blocks * 3 * block, 15);
+    for (rope, threads) in [
+        (Some(&rope), 1),
+        (Some(&rope), 2),
+        (None, 3),
+        (Some(&rope), 3),
+    ] {
+        let pool = ThreadPool::new(threads);
+        let scratch_len = paged_scratch_len(&layout, heads, &segments, &pool);
+        // Three calls.
+        let mut store = start.clone();
+        for (src, at, rope) in [(&keys, k_at, rope), (&vals, v_at, None)] {
+            paged_append(src, &layout, &segments, &tables, rope, &mut store[at..]).unwrap();
+        }
+        let mut rotated = vec![0f32; tokens * heads * hs];
+        if let Some(r) = rope {
+            paged_rotate_query(&qrows, heads, hs, &segments, r, &mut rotated).unwrap();
+        }
+        let query = match rope {
+            Some(_) => Rows {
+                data: &rotated[..],
+                ..qrows
+            },
+            None => qrows,
+        };
+        let mut want = vec![0f32; tokens * heads * hs];
+        let mut scratch = vec![0f32; scratch_len];
+        let (k, v) = (&store[k_at..], &store[v_at..]);
+        paged_attention(
+            heads,
+            &layout,
+            &score,
+            &query,
+            k,
+            v,
+            &segments,
+            &tables,
+            &mut want,
+            &mut scratch,
+            &pool,
+        )
+        .unwrap();
+        // One region.
+        let mut fused = start.clone();
+        let mut rotated2 = vec![0f32; tokens * heads * hs];
+        let mut got = vec![0f32; tokens * heads * hs];
+        let new = NewKv {
+            keys,
+            values: vals,
+            rope,
+        };
+        paged_step(
+            heads,
+            &layout,
+            &score,
+            &qrows,
+            &new,
+            &mut fused,
+            (k_at, v_at),
+            &segments,
+            &tables,
+            &mut rotated2,
+            &mut got,
+            &mut scratch,
+            &pool,
+        )
+        .unwrap();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&fused), bits(&store), "cache, {threads} threads");
+        assert_eq!(bits(&got), bits(&want), "output, {threads} threads");
+    }
+    // Pools that overlap, or two sequences writing one block, are refused.
+    let pool = ThreadPool::new(2);
+    let new = NewKv {
+        keys,
+        values: vals,
+        rope: None,
+    };
+    let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, &pool)];
+    let (mut store, mut rot, mut out) = (
+        start.clone(),
+        vec![0f32; 0],
+        vec![0f32; tokens * heads * hs],
+    );
+    let mut step = |at: (usize, usize), tables: &[u32]| {
+        paged_step(
+            heads,
+            &layout,
+            &score,
+            &qrows,
+            &new,
+            &mut store,
+            at,
+            &segments,
+            tables,
+            &mut rot,
+            &mut out,
+            &mut scratch,
+            &pool,
+        )
+    };
+    assert!(step((k_at, k_at + hs), &tables).is_err());
+    assert!(step((k_at, v_at + 3 * block), &tables).is_err());
+    let mut shared = tables.clone();
+    // Sequence 0 writes position 5 (its second block), sequence 1 positions 0..3.
+    shared[segments[1].table.start] = tables[segments[0].table.start + 1];
+    assert!(step((k_at, v_at), &shared).is_err());
+    assert!(step((k_at, v_at), &tables).is_ok());
+}
+
+#[test]
+fn append_writes_each_position_to_its_block() {
+    let layout = PagedLayout::dense(4, 2, 1, 2);
+    let src = [1f32, 2., 3., 4., 5., 6.];
+    let rows = Rows {
+        data: &src[..],
+        stride: 2,
+        offset: 0,
+    };
+    let mut cache = vec![0f32; 16];
+    let segments = [Segment {
+        rows: 0..3,
+        start: 1,
+        table: 0..2,
+    }];
+    paged_append(&rows, &layout, &segments, &[3, 0], None, &mut cache).unwrap();
+    // Position 1 → block 3 row 1; positions 2, 3 → block 0 rows 0, 1.
+    assert_eq!(&cache[14..16], &[1., 2.]);
+    assert_eq!(&cache[0..4], &[3., 4., 5., 6.]);
+}
+
+#[test]
+fn bad_segments_are_errors() {
+    let layout = PagedLayout::dense(2, 2, 1, 2);
+    let src = [0f32; 8];
+    let rows = Rows {
+        data: &src[..],
+        stride: 2,
+        offset: 0,
+    };
+    let mut cache = vec![0f32; 8];
+    let bad = [
+        // A position past its table.
+        (
+            vec![Segment {
+                rows: 0..3,
+                start: 0,
+                table: 0..1,
+            }],
+            vec![0u32],
+        ),
+        // A block outside the pool.
+        (
+            vec![Segment {
+                rows: 0..1,
+                start: 0,
+                table: 0..1,
+            }],
+            vec![7],
+        ),
+        // A table range outside the tables.
+        (
+            vec![Segment {
+                rows: 0..1,
+                start: 0,
+                table: 0..3,
+            }],
+            vec![0],
+        ),
+        // Rows that skip row 0.
+        (
+            vec![Segment {
+                rows: 1..2,
+                start: 0,
+                table: 0..1,
+            }],
+            vec![0],
+        ),
+    ];
+    for (segments, tables) in bad {
+        let r = paged_append(&rows, &layout, &segments, &tables, None, &mut cache);
+        assert!(r.is_err(), "{segments:?} {tables:?}");
+    }
+}
