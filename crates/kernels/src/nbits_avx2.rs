@@ -167,7 +167,7 @@ impl QuantizedRow {
         self.natural.resize(padded, 0);
         self.natural[a.len()..].fill(0);
         self.scales.resize(kb, 0.0);
-        quantize_row(a, bs, &mut self.natural[..a.len()], &mut self.scales[..kb]);
+        quantize_row(a, bs, &mut self.natural[..a.len()], &mut self.scales);
         self.sums.clear();
         self.sums
             .extend(self.natural[..padded].chunks(bs).map(block_sum));

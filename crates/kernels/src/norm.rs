@@ -142,8 +142,12 @@ pub fn layer_norm<T: Accum>(
 
 /// `1 / sqrt(mean(v²) + eps)` over a row's values, summed in order.
 fn inv_rms<A: AccScalar>(values: impl Iterator<Item = A>, count: A, eps: A) -> A {
-    let ms = values.fold(A::ZERO, |a, v| a.add(v.mul(v))).div(count);
-    A::ONE.div(ms.add(eps).sqrt())
+    inv_of_squares(values.fold(A::ZERO, |a, v| a.add(v.mul(v))), count, eps)
+}
+
+/// `1 / sqrt(squares / count + eps)`: [`inv_rms`] from its sum of squares.
+fn inv_of_squares<A: AccScalar>(squares: A, count: A, eps: A) -> A {
+    A::ONE.div(squares.div(count).add(eps).sqrt())
 }
 
 /// RMSNormalization of each row of `x` (`rows × n`): `x / sqrt(mean(x²) + epsilon) * scale`,
@@ -287,32 +291,28 @@ pub fn skip_rms_norm<T: Accum>(
     // Rows `first..first + R` at once: each row's sum of squares in its own order, the R
     // chains interleaved so their additions overlap (one chain is an add's latency per
     // element: ~0.7 µs a row of 576).
-    fn group_inv<T: Accum, const R: usize>(
-        rows: [(&[T], &[T]); R],
-        bias: Option<&[T]>,
+    fn group_inv<'r, T: Accum, const R: usize>(
+        rows: [(&'r [T], &'r [T]); R],
+        n: usize,
+        value: impl Fn((&'r [T], &'r [T]), usize) -> T::Acc,
         count: T::Acc,
         eps: T::Acc,
     ) -> [T::Acc; R] {
         let mut acc = [<T::Acc as Scalar>::ZERO; R];
-        let n = rows[0].0.len();
         for h in 0..n {
-            for (a, (x, skip)) in acc.iter_mut().zip(&rows) {
-                let v = x[h].widen().add(skip[h].widen());
-                let v = match bias {
-                    Some(b) => v.add(b[h].widen()),
-                    None => v,
-                };
+            for (a, &row) in acc.iter_mut().zip(&rows) {
+                let v = value(row, h);
                 *a = a.add(v.mul(v));
             }
         }
-        acc.map(|a| <T::Acc as Scalar>::ONE.div(a.div(count).add(eps).sqrt()))
+        acc.map(|a| inv_of_squares(a, count, eps))
     }
     // The inverse RMS of each row of `rows` (at most ROW_GROUP) into `inv`.
     let invs = |rows: std::ops::Range<usize>, inv: &mut [T::Acc; ROW_GROUP]| match stats {
         Some(s) => inv[..rows.len()].copy_from_slice(&s[rows]),
         None if rows.len() == ROW_GROUP => {
             let group = std::array::from_fn(|i| rows_of(rows.start + i));
-            *inv = group_inv::<T, ROW_GROUP>(group, bias, count, eps);
+            *inv = group_inv::<T, ROW_GROUP>(group, n, value, count, eps);
         }
         None => {
             for (i, v) in inv[..rows.len()].iter_mut().enumerate() {

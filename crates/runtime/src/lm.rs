@@ -324,8 +324,10 @@ pub struct Batch<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct StepLogits {
     pub vocab: usize,
-    /// For each step of the batch, the range of rows in `data` it produced.
+    /// For each step of the batch, the range of rows it produced ([`StepLogits::row`]).
     pub rows: Vec<std::ops::Range<usize>>,
+    /// The rows a backend copied; empty when it holds its own tensor instead (read rows
+    /// through [`StepLogits::row`]).
     pub data: Vec<f32>,
     /// The backend's own f32 logits tensor, when it holds exactly the rows `data` would
     /// (batch order, nothing else): read in place instead of copied (1.5 MB a step at batch
