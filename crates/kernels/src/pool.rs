@@ -169,6 +169,7 @@ impl ThreadPool {
             panic!("a thread-pool task panicked (see the message above)");
         }
     }
+
     /// Runs `prelude`'s calls, then `task(i)` for every `i` in `0..n`, in one parallel region
     /// (on the calling thread alone when there are no workers or at most one task).
     /// Tasks are claimed in order, so a thread that claims a task knows every prelude call
