@@ -16,7 +16,9 @@
 //!   equals bit for bit, for scale.
 //!
 //! KxN 576x192 is a K or V projection, 576x576 Q or O, 576x1536 gate or up, 1536x576 down,
-//! 576x49152 the output head; 576x960 and 576x3072 are the grouped Q/K/V and gate/up matmuls
+//! 576x49152 the output head (each but the head fits L2 or L3 after the first call);
+//! 576x262144 streams 94 MB, about what a decode step of the default model reads, from
+//! memory on every call; 576x960 and 576x3072 are the grouped Q/K/V and gate/up matmuls
 //! (one call over matrices packed side by side) that models actually run.
 //! `cargo bench -p oxgen-kernels --bench matmul_nbits`
 
@@ -31,7 +33,7 @@ use oxgen_kernels::nbits_avx2::Isa;
 use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed};
 
 /// (K, N) of the decode rows.
-const GEMV_SHAPES: [(usize, usize); 7] = [
+const GEMV_SHAPES: [(usize, usize); 8] = [
     (576, 192),
     (576, 576),
     (576, 960),
@@ -39,6 +41,7 @@ const GEMV_SHAPES: [(usize, usize); 7] = [
     (576, 3072),
     (1536, 576),
     (576, 49152),
+    (576, 262144),
 ];
 
 /// (M, K, N) of batched rows.

@@ -492,6 +492,24 @@ fn zero_point_terms_exact_in_f32(l: &NBitsLayout) -> bool {
 /// Work per activation value quantized, in [`parts_for`]'s simple operations.
 const QUANTIZE_WORK: usize = 16;
 
+/// How many packed tiles ahead of the one it computes a task prefetches: about
+/// [`PREFETCH_BYTES`] of weights ahead, in whole tile pairs, at least one pair.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_distance(tile_bytes: usize) -> usize {
+    PREFETCH_BYTES
+        .div_ceil(tile_bytes.max(1))
+        .next_multiple_of(2)
+        .max(2)
+}
+
+/// How far ahead a decode row's weight stream is prefetched. One pair ahead (4.6 KB for a
+/// 4-bit K = 576 matrix) left the stream short of what one core can pull from memory on a
+/// Zen 5 slice; four tiles (9.2 KB) gained ~4% single-thread decode there, 16 KB and more
+/// lost (`oxgen bench`, interleaved, docs/PERFORMANCE.md). Matrices whose tiles are larger
+/// (8-bit, or K = 1536) stay one pair ahead.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BYTES: usize = 8192;
+
 /// Rows a task takes at once (each weight tile it loads serves all of them).
 const ROW_BLOCK: usize = 8;
 
@@ -531,14 +549,27 @@ fn row_block_tiles(
     let (mut pair_lanes, mut tile_lanes) =
         ([[0f32; 2 * TILE]; ROW_BLOCK], [[0f32; TILE]; ROW_BLOCK]);
     #[cfg(target_arch = "x86_64")]
+    let (per_tile, tile_bytes) = (
+        if w.glu { 2 } else { 1 },
+        w.layout.block_size * w.layout.bits as usize * w.layout.k_blocks,
+    );
+    #[cfg(target_arch = "x86_64")]
+    let (end_tile, distance) = (
+        per_tile * cols.end.div_ceil(TILE),
+        prefetch_distance(tile_bytes),
+    );
+    #[cfg(target_arch = "x86_64")]
     while j0 < cols.end {
         let t = j0 / TILE;
         let o = j0 - cols.start;
+        // A call whose last packed tile is `last` prefetches `d` tiles ahead while that stays
+        // inside this part: past it they are another task's.
+        let ahead = |last: usize, d: usize| if last + d < end_tile { d } else { 0 };
         // The rows in passes of `$n` (the first count that fits, in order) over the tile's
         // weights, each pass one kernel call that uses every weight load for its rows; `$store`
         // takes each row's lanes.
         macro_rules! passes {
-            ($lanes:ident, $width:expr, [$($n:literal),*], $store:ident, |$g:ident, $m:ident, $l:ident, $p:ident| $call:expr) => {{
+            ($lanes:ident, $width:expr, [$($n:literal),*], $store:ident, $ahead:expr, |$g:ident, $m:ident, $l:ident, $p:ident| $call:expr) => {{
                 let mut r = 0;
                 $(
                     while rows.len() - r >= $n {
@@ -552,7 +583,7 @@ fn row_block_tiles(
                         // `cols`; `2t + 1` for a gate and up pair); the rows' buffers hold
                         // whole blocks (asserted inside).
                         unsafe {
-                            let ($g, $m, $l, $p) = (group, &meta[r..], &mut *lanes, r == 0);
+                            let ($g, $m, $l, $p) = (group, &meta[r..], &mut *lanes, if r == 0 { $ahead } else { 0 });
                             $call
                         };
                         for (i, l) in lanes.iter().enumerate() {
@@ -572,13 +603,23 @@ fn row_block_tiles(
             };
             // Output tile t is gate tile 2t beside up tile 2t + 1.
             if isa == Isa::Avx512Vnni {
-                passes!(pair_lanes, 2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| {
-                    tile_pair(g, m, w, 2 * t, l, p)
-                });
+                passes!(
+                    pair_lanes,
+                    2 * TILE,
+                    [8, 4, 2, 1],
+                    store,
+                    ahead(2 * t + 1, distance),
+                    |g, m, l, p| tile_pair(g, m, w, 2 * t, l, p)
+                );
             } else {
-                passes!(pair_lanes, 2 * TILE, [4, 2, 1], store, |g, _m, l, p| {
-                    tile_glu(g, w, t, l, isa.ymm(), p)
-                });
+                passes!(
+                    pair_lanes,
+                    2 * TILE,
+                    [4, 2, 1],
+                    store,
+                    ahead(2 * t + 1, 1),
+                    |g, _m, l, p| tile_glu(g, w, t, l, isa.ymm(), p)
+                );
             }
             j0 += TILE;
             if j0 - window == GLU_WINDOW || j0 >= cols.end {
@@ -603,20 +644,25 @@ fn row_block_tiles(
         };
         if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
             // Two tiles per 512-bit vector; eight rows fit the 32 vector registers.
-            passes!(pair_lanes, 2 * TILE, [8, 4, 2, 1], store, |g, m, l, p| {
-                tile_pair(g, m, w, t, l, p)
-            });
+            passes!(
+                pair_lanes,
+                2 * TILE,
+                [8, 4, 2, 1],
+                store,
+                ahead(t + 1, distance),
+                |g, m, l, p| tile_pair(g, m, w, t, l, p)
+            );
             j0 += 2 * TILE;
             continue;
         }
-        passes!(tile_lanes, TILE, [4, 2, 1], store, |g, _m, l, p| tile(
-            g,
-            w,
-            t,
-            l,
-            isa.ymm(),
-            p
-        ));
+        passes!(
+            tile_lanes,
+            TILE,
+            [4, 2, 1],
+            store,
+            ahead(t, 1),
+            |g, _m, l, p| tile(g, w, t, l, isa.ymm(), p)
+        );
         j0 += TILE;
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -28,7 +28,7 @@ macro_rules! with_zp {
 }
 
 /// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa` (a
-/// 256-bit variant); `prefetch` asks for the next tile meanwhile.
+/// 256-bit variant); meanwhile tile `t + ahead` is prefetched (none when `ahead` is 0).
 ///
 /// # Safety
 /// `isa` must be available and `t < w.tiles`.
@@ -39,21 +39,21 @@ pub(crate) unsafe fn tile<const R: usize>(
     t: usize,
     out: &mut [[f32; TILE]; R],
     isa: Isa,
-    prefetch: bool,
+    ahead: usize,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match (w.layout.bits, isa) {
-            (4, Isa::AvxVnni) => with_zp!(tile_vnni::<4, R>(rows, w, t, out, prefetch)),
-            (4, _) => with_zp!(tile_avx2::<4, R>(rows, w, t, out, prefetch)),
-            (_, Isa::AvxVnni) => with_zp!(tile_vnni::<8, R>(rows, w, t, out, prefetch)),
-            (_, _) => with_zp!(tile_avx2::<8, R>(rows, w, t, out, prefetch)),
+            (4, Isa::AvxVnni) => with_zp!(tile_vnni::<4, R>(rows, w, t, out, ahead)),
+            (4, _) => with_zp!(tile_avx2::<4, R>(rows, w, t, out, ahead)),
+            (_, Isa::AvxVnni) => with_zp!(tile_vnni::<8, R>(rows, w, t, out, ahead)),
+            (_, _) => with_zp!(tile_avx2::<8, R>(rows, w, t, out, ahead)),
         }
     }
 }
 
 /// Gate tile `2t` and up tile `2t + 1` of a [`PackedNBits::pack_glu`] matrix side by side,
-/// for each of `R` rows, on `isa` (a 256-bit variant).
+/// for each of `R` rows, on `isa` (a 256-bit variant), each prefetching `ahead` tiles ahead.
 ///
 /// # Safety
 /// `isa` must be available and `2t + 1 < w.tiles`.
@@ -64,13 +64,13 @@ pub(crate) unsafe fn tile_glu<const R: usize>(
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
     isa: Isa,
-    prefetch: bool,
+    ahead: usize,
 ) {
     let (mut gate, mut up) = ([[0f32; TILE]; R], [[0f32; TILE]; R]);
     // SAFETY: forwarded from the caller.
     unsafe {
-        tile(rows, w, 2 * t, &mut gate, isa, prefetch);
-        tile(rows, w, 2 * t + 1, &mut up, isa, prefetch);
+        tile(rows, w, 2 * t, &mut gate, isa, ahead);
+        tile(rows, w, 2 * t + 1, &mut up, isa, ahead);
     }
     for ((o, g), u) in out.iter_mut().zip(&gate).zip(&up) {
         o[..TILE].copy_from_slice(g);
@@ -79,8 +79,8 @@ pub(crate) unsafe fn tile_glu<const R: usize>(
 }
 
 /// Tiles `t` and `t + 1` (sixteen column sums before the bias) for each of `R` rows, whose
-/// block statistics `meta` holds from the first row's on (see [`Meta`]); `prefetch` asks for
-/// the next pair meanwhile.
+/// block statistics `meta` holds from the first row's on (see [`Meta`]); meanwhile tiles
+/// `t + ahead` and `t + ahead + 1` are prefetched (none when `ahead` is 0).
 ///
 /// # Safety
 /// AVX-512 VNNI must be available and `t + 1 < w.tiles`.
@@ -91,13 +91,13 @@ pub(crate) unsafe fn tile_pair<const R: usize>(
     w: &PackedNBits,
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
-    prefetch: bool,
+    ahead: usize,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match w.layout.bits {
-            4 => with_zp!(tile_pair_avx512::<4, R>(rows, w, meta, t, out, prefetch)),
-            _ => with_zp!(tile_pair_avx512::<8, R>(rows, w, meta, t, out, prefetch)),
+            4 => with_zp!(tile_pair_avx512::<4, R>(rows, w, meta, t, out, ahead)),
+            _ => with_zp!(tile_pair_avx512::<8, R>(rows, w, meta, t, out, ahead)),
         }
     }
 }
@@ -116,7 +116,7 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     meta: &[f32],
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
-    prefetch: bool,
+    ahead: usize,
 ) {
     let l = &w.layout;
     let (kb, bs) = (l.k_blocks, l.block_size);
@@ -160,11 +160,10 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..kb {
-        if prefetch {
-            // The next pair.
+        if ahead > 0 {
             let at = b * (bs / 32) * chunk_bytes;
-            prefetch_block(data.wrapping_add(2 * tile_bytes), at, bs, BITS);
-            prefetch_block(data.wrapping_add(3 * tile_bytes), at, bs, BITS);
+            prefetch_block(data.wrapping_add(ahead * tile_bytes), at, bs, BITS);
+            prefetch_block(data.wrapping_add((ahead + 1) * tile_bytes), at, bs, BITS);
         }
         let mut dots = [_mm512_setzero_si512(); R];
         for sub in 0..bs / 32 {
@@ -250,11 +249,12 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     }
 }
 
-/// Asks for block `at` (a byte offset) of the tile starting at `tile`: the tile a task takes
-/// next, while this one computes (only in a tile's first pass over its rows). A decode token streams every weight once from a cache the
-/// machine shares, and the hardware prefetcher restarts at every matrix and page; fetching
-/// the next tile ahead gained 4-12% decode here. A prefetch never faults, so `tile` may lie
-/// past the last tile.
+/// Asks for block `at` (a byte offset) of the tile starting at `tile`: one the task takes a
+/// few tiles later, while this one computes (only in a tile's first pass over its rows). A
+/// decode token streams every weight once from a cache the machine shares, and the hardware
+/// prefetcher restarts at every matrix and page; fetching the next tile ahead gained 4-12%
+/// decode on a Xeon, and fetching about 8 KB ahead (`nbits_packed`'s `PREFETCH_BYTES`) ~4%
+/// more on a Zen 5. A prefetch never faults, so `tile` may lie past the last tile.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_block(tile: *const u8, at: usize, bs: usize, bits: u32) {
@@ -333,8 +333,8 @@ fn tile_io<'a, const R: usize>(
 macro_rules! packed_tile {
     ($name:ident, $features:literal, $vnni:literal) => {
         /// Tile `t`'s eight column sums (before the bias) for each of the `R` rows into
-        /// `out`: each 32-byte weight load serves every row; `prefetch` asks for the next
-        /// tile meanwhile.
+        /// `out`: each 32-byte weight load serves every row; meanwhile tile `t + ahead` is
+        /// prefetched (none when `ahead` is 0).
         ///
         /// # Safety
         /// The named CPU features must be available and `t < w.tiles`.
@@ -345,7 +345,7 @@ macro_rules! packed_tile {
             w: &PackedNBits,
             t: usize,
             out: &mut [[f32; TILE]; R],
-            prefetch: bool,
+            ahead: usize,
         ) {
             let l = &w.layout;
             let (kb, bs) = (l.k_blocks, l.block_size);
@@ -379,9 +379,9 @@ macro_rules! packed_tile {
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..kb {
-                if prefetch {
+                if ahead > 0 {
                     prefetch_block(
-                        data.wrapping_add(tile_bytes),
+                        data.wrapping_add(ahead * tile_bytes),
                         b * (bs / 32) * chunk_bytes,
                         bs,
                         BITS,
