@@ -403,16 +403,19 @@ fn run(
                 unsafe { Meta::write(&stats, r, kb, row) };
             }
         };
-        // Several rows: parts of about 64 columns so each thread gets several, but at most
-        // eight per thread: a part's first tiles come unprefetched, and the 768 parts of an
-        // output head cost a batch-8 step 20% more than 16 (`q8_gemm/8x576x49152`). Parts
-        // hold whole tile pairs on AVX-512 (a lone tile takes the 256-bit kernel), and as
-        // many per thread as the count allows (`balanced_parts`).
-        let want = parts_for(pool, w.tiles, m * l.k).max(if m > 1 {
-            l.n.div_ceil(64).min(8 * pool.threads())
-        } else {
-            1
-        });
+        // One row streams its weights from memory: one part per thread, each a contiguous
+        // stream its prefetch runs ahead in (every part more starts cold: four per thread
+        // cost two-thread decode ~10% on a Zen 5, docs/PERFORMANCE.md). Several rows: parts
+        // of about 64 columns so each thread gets several, but at most eight per thread: a
+        // part's first tiles come unprefetched, and the 768 parts of an output head cost a
+        // batch-8 step 20% more than 16 (`q8_gemm/8x576x49152`). Parts hold whole tile pairs
+        // on AVX-512 (a lone tile takes the 256-bit kernel), and as many per thread as the
+        // count allows (`balanced_parts`).
+        let want = match parts_for(pool, w.tiles, m * l.k) {
+            1 if m == 1 => 1,
+            _ if m == 1 => pool.threads(),
+            p => p.max(l.n.div_ceil(64).min(8 * pool.threads())),
+        };
         let unit = if isa == Isa::Avx512Vnni {
             2 * TILE
         } else {
