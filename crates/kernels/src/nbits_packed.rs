@@ -28,7 +28,7 @@ use crate::matmul_nbits_int8::block_offset;
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows_and_meta};
 #[cfg(target_arch = "x86_64")]
 use crate::nbits_tiles::{tile, tile_glu, tile_pair};
-use crate::par::{Shared, balanced_parts, par_row_blocks_spans, parts_for};
+use crate::par::{Shared, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 use crate::quant::code;
 
@@ -403,30 +403,21 @@ fn run(
                 unsafe { Meta::write(&stats, r, kb, row) };
             }
         };
-        // One row streams its weights from memory: one part per thread, each a contiguous
-        // stream its prefetch runs ahead in (every part more starts cold: four per thread
-        // cost two-thread decode ~10% on a Zen 5, docs/PERFORMANCE.md). Several rows: parts
-        // of about 64 columns so each thread gets several, but at most eight per thread: a
-        // part's first tiles come unprefetched, and the 768 parts of an output head cost a
-        // batch-8 step 20% more than 16 (`q8_gemm/8x576x49152`). Parts hold whole tile pairs
-        // on AVX-512 (a lone tile takes the 256-bit kernel), and as many per thread as the
-        // count allows (`balanced_parts`).
-        let want = match parts_for(pool, w.tiles, m * l.k) {
-            1 if m == 1 => 1,
-            _ if m == 1 => pool.threads(),
-            p => p.max(l.n.div_ceil(64).min(8 * pool.threads())),
+        // One part of the columns per thread, each a contiguous stream its prefetch runs
+        // ahead in (batches of more than eight rows add tasks by rows). Every part more starts
+        // cold, and a part's prefetch stops at its end: four parts per thread for a decode row
+        // and up to eight for a batch cost ~7-10% at every batch size on a Zen 5
+        // (docs/PERFORMANCE.md). Parts hold whole tile pairs on AVX-512 (a lone tile takes the
+        // 256-bit kernel).
+        let parts = if m == 1 && parts_for(pool, w.tiles, l.k) == 1 {
+            1
+        } else {
+            pool.threads()
         };
         let unit = if isa == Isa::Avx512Vnni {
             2 * TILE
         } else {
             TILE
-        };
-        let parts = match want {
-            1 => 1,
-            _ => {
-                let cols = w.spans.last().map_or(0, |s| s.end);
-                balanced_parts(cols.div_ceil(unit), pool.threads(), want)
-            }
         };
         par_row_blocks_spans(
             pool,

@@ -32,20 +32,6 @@ pub fn parts_for(pool: &ThreadPool, units: usize, work_per_unit: usize) -> usize
     (threads * PARTS_PER_THREAD).min(units)
 }
 
-/// How many equal parts of whole units to cut `units` into, near `want`, so that the threads
-/// finish together: among counts between `want / 2` and `2 * want` (at most `units`), the one
-/// whose busiest thread has the least to do when tasks are claimed in turn (`ceil(parts /
-/// threads)` parts of at most `ceil(units / parts)` units each), the nearest to `want` on a
-/// tie, the larger of two as near. 36 units, two threads, want 9: 9 parts leave one thread a
-/// fifth part of 4 units while the other waits; 12 parts of 3 give each thread 18 units.
-pub fn balanced_parts(units: usize, threads: usize, want: usize) -> usize {
-    let (threads, want) = (threads.max(1), want.clamp(1, units.max(1)));
-    let busiest = |p: usize| p.div_ceil(threads) * units.div_ceil(p);
-    ((want / 2).max(1)..=(2 * want).min(units.max(1)))
-        .min_by_key(|&p| (busiest(p), p.abs_diff(want), std::cmp::Reverse(p)))
-        .unwrap_or(1)
-}
-
 /// A `&mut [T]` that tasks on several threads carve disjoint ranges from (or, once no one
 /// writes, read whole).
 pub(crate) struct Shared<'a, T> {
@@ -314,19 +300,6 @@ pub fn par_row_blocks_spans<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn balanced_parts_give_every_thread_the_same_work() {
-        // 36 tile pairs of a 576-column matrix on two threads: 9 parts idle one thread for a
-        // part; 12 of 3 (or 6 of 6) do not.
-        assert_eq!(balanced_parts(36, 2, 9), 12);
-        assert_eq!(balanced_parts(36, 2, 8), 6);
-        assert_eq!(balanced_parts(96, 2, 16), 16);
-        assert_eq!(balanced_parts(60, 2, 15), 12);
-        assert_eq!(balanced_parts(5, 2, 16), 5);
-        assert_eq!(balanced_parts(1, 2, 8), 1);
-        assert_eq!(balanced_parts(0, 2, 8), 1);
-    }
 
     #[test]
     fn chunks_cover_every_element_once() {
