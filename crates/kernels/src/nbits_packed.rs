@@ -27,7 +27,7 @@ use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::matmul_nbits_int8::block_offset;
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE, supported, with_rows_and_meta};
 #[cfg(target_arch = "x86_64")]
-use crate::nbits_tiles::{tile, tile_glu, tile_pair};
+use crate::nbits_tiles::{Ahead, tile, tile_glu, tile_pair};
 use crate::par::{Shared, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 use crate::quant::code;
@@ -435,7 +435,10 @@ fn run(
                 let (rows, meta) = unsafe { (quantized.all(), stats.all()) };
                 let meta = &meta[first / Meta::ROWS * kb * Meta::BLOCK..][..kb * Meta::BLOCK];
                 let rows = &rows[first..first + outs.len()];
-                row_block_tiles(rows, meta, w, bias, cols, outs, isa);
+                // The first row block streams the weights from memory; later ones find most
+                // of them in cache, where prefetching the statistics too costs more than
+                // it brings (prefill 6% slower).
+                row_block_tiles(rows, meta, w, bias, cols, outs, isa, first == 0);
             },
         );
     });
@@ -514,7 +517,9 @@ const GLU_WINDOW: usize = 64;
 /// row of `rows`): tile by tile, four rows per pass over the tile's weights, then one at a
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
 /// many rows share the call. For a gate and up pair (`w.glu`), `cols` are output columns and
-/// each tile's gate and up sums become gated SiLUs there.
+/// each tile's gate and up sums become gated SiLUs there. The kernels prefetch the weights'
+/// codes a few tiles ahead, and with `stats` their scales and zero points too.
+#[allow(clippy::too_many_arguments)]
 fn row_block_tiles(
     rows: &[QuantizedRow],
     meta: &[f32],
@@ -523,6 +528,7 @@ fn row_block_tiles(
     cols: Range<usize>,
     outs: &mut [&mut [f32]],
     isa: Isa,
+    stats: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     let mut j0 = cols.start;
@@ -558,7 +564,10 @@ fn row_block_tiles(
         let o = j0 - cols.start;
         // A call whose last packed tile is `last` prefetches `d` tiles ahead while that stays
         // inside this part: past it they are another task's.
-        let ahead = |last: usize, d: usize| if last + d < end_tile { d } else { 0 };
+        let ahead = |last: usize, d: usize| Ahead {
+            tiles: if last + d < end_tile { d } else { 0 },
+            stats,
+        };
         // The rows in passes of `$n` (the first count that fits, in order) over the tile's
         // weights, each pass one kernel call that uses every weight load for its rows; `$store`
         // takes each row's lanes.
@@ -577,7 +586,7 @@ fn row_block_tiles(
                         // `cols`; `2t + 1` for a gate and up pair); the rows' buffers hold
                         // whole blocks (asserted inside).
                         unsafe {
-                            let ($g, $m, $l, $p) = (group, &meta[r..], &mut *lanes, if r == 0 { $ahead } else { 0 });
+                            let ($g, $m, $l, $p) = (group, &meta[r..], &mut *lanes, if r == 0 { $ahead } else { Ahead::NONE });
                             $call
                         };
                         for (i, l) in lanes.iter().enumerate() {

@@ -7,6 +7,9 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+#[cfg(target_arch = "x86_64")]
+use std::ops::Range;
+
 use crate::nbits_avx2::{Isa, QuantizedRow, TILE};
 use crate::nbits_packed::{Floats, Meta, PackedNBits, PackedZp};
 
@@ -28,7 +31,7 @@ macro_rules! with_zp {
 }
 
 /// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa` (a
-/// 256-bit variant); meanwhile tile `t + ahead` is prefetched (none when `ahead` is 0).
+/// 256-bit variant), prefetching tile `t + ahead.tiles` meanwhile.
 ///
 /// # Safety
 /// `isa` must be available and `t < w.tiles`.
@@ -39,7 +42,7 @@ pub(crate) unsafe fn tile<const R: usize>(
     t: usize,
     out: &mut [[f32; TILE]; R],
     isa: Isa,
-    ahead: usize,
+    ahead: Ahead,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -53,7 +56,7 @@ pub(crate) unsafe fn tile<const R: usize>(
 }
 
 /// Gate tile `2t` and up tile `2t + 1` of a [`PackedNBits::pack_glu`] matrix side by side,
-/// for each of `R` rows, on `isa` (a 256-bit variant), each prefetching `ahead` tiles ahead.
+/// for each of `R` rows, on `isa` (a 256-bit variant), each prefetching `ahead.tiles` ahead.
 ///
 /// # Safety
 /// `isa` must be available and `2t + 1 < w.tiles`.
@@ -64,7 +67,7 @@ pub(crate) unsafe fn tile_glu<const R: usize>(
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
     isa: Isa,
-    ahead: usize,
+    ahead: Ahead,
 ) {
     let (mut gate, mut up) = ([[0f32; TILE]; R], [[0f32; TILE]; R]);
     // SAFETY: forwarded from the caller.
@@ -80,7 +83,7 @@ pub(crate) unsafe fn tile_glu<const R: usize>(
 
 /// Tiles `t` and `t + 1` (sixteen column sums before the bias) for each of `R` rows, whose
 /// block statistics `meta` holds from the first row's on (see [`Meta`]); meanwhile tiles
-/// `t + ahead` and `t + ahead + 1` are prefetched (none when `ahead` is 0).
+/// `t + ahead.tiles` and the one after are prefetched.
 ///
 /// # Safety
 /// AVX-512 VNNI must be available and `t + 1 < w.tiles`.
@@ -91,7 +94,7 @@ pub(crate) unsafe fn tile_pair<const R: usize>(
     w: &PackedNBits,
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
-    ahead: usize,
+    ahead: Ahead,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -116,7 +119,7 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     meta: &[f32],
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
-    ahead: usize,
+    ahead: Ahead,
 ) {
     let l = &w.layout;
     let (kb, bs) = (l.k_blocks, l.block_size);
@@ -156,14 +159,37 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
         let lo = _mm512_castsi256_si512(_mm256_loadu_si256(p.cast()));
         _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(p.add(tile_bytes).cast()))
     };
+    // Tiles `t + ahead.tiles` and the one after.
+    let (first, last) = (t + ahead.tiles, t + ahead.tiles + 2);
+    let stats_per_block = ahead.tiles > 0 && ahead.stats && R == 1;
+    if ahead.tiles > 0 && ahead.stats && R > 1 {
+        prefetch_stats(w, first..last, 0..kb);
+    }
     let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
     let low = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..kb {
-        if ahead > 0 {
-            let at = b * (bs / 32) * chunk_bytes;
-            prefetch_block(data.wrapping_add(ahead * tile_bytes), at, bs, BITS);
-            prefetch_block(data.wrapping_add((ahead + 1) * tile_bytes), at, bs, BITS);
+        if ahead.tiles > 0 {
+            prefetch_block(w, first, b);
+            prefetch_block(w, first + 1, b);
+        }
+        if stats_per_block {
+            // The lines holding block b's scales and zero points (pointers already in
+            // registers: one address each).
+            for tile in first..last {
+                let at = (tile * kb + b) * TILE;
+                for (p32, p16) in [scale_ptrs, zp_ptrs] {
+                    let p: *const u8 = match (p16.is_null(), p32.is_null()) {
+                        (false, _) => p16.wrapping_add(at).cast(),
+                        (true, false) => p32.wrapping_add(at).cast(),
+                        (true, true) => continue,
+                    };
+                    crate::mem::prefetch_lines(p, 1);
+                }
+                if !codes.is_empty() {
+                    crate::mem::prefetch_lines(codes.as_ptr().wrapping_add(at), 1);
+                }
+            }
         }
         let mut dots = [_mm512_setzero_si512(); R];
         for sub in 0..bs / 32 {
@@ -249,17 +275,76 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     }
 }
 
-/// Asks for block `at` (a byte offset) of the tile starting at `tile`: one the task takes a
-/// few tiles later, while this one computes (only in a tile's first pass over its rows). A
-/// decode token streams every weight once from a cache the machine shares, and the hardware
-/// prefetcher restarts at every matrix and page; fetching the next tile ahead gained 4-12%
-/// decode on a Xeon, and fetching about 8 KB ahead (`nbits_packed`'s `PREFETCH_BYTES`) ~4%
-/// more on a Zen 5. A prefetch never faults, so `tile` may lie past the last tile.
+/// What a tile kernel prefetches while it computes (only in a tile's first pass over its
+/// rows).
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead {
+    /// How many tiles ahead of the first one computed; none when 0.
+    pub(crate) tiles: usize,
+    /// Whether the tiles' scales and zero points come too, or only their codes.
+    pub(crate) stats: bool,
+}
+
+impl Ahead {
+    pub(crate) const NONE: Ahead = Ahead {
+        tiles: 0,
+        stats: false,
+    };
+}
+
+/// Asks for block `b` of packed tile `tile`'s codes, a tile the task takes a few tiles later.
+/// A decode token streams every weight once from a cache the machine shares, and the
+/// hardware prefetcher restarts at every matrix and page: fetching the next tile's codes
+/// gained 4-12% decode on a Xeon, fetching about 8 KB ahead (`nbits_packed`'s
+/// `PREFETCH_BYTES`) ~4% more on a Zen 5. A prefetch never faults, so `tile` may lie past the
+/// last tile.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_block(tile: *const u8, at: usize, bs: usize, bits: u32) {
-    // 8 columns x bs codes x bits / 8.
-    crate::mem::prefetch_lines(tile.wrapping_add(at), bs * bits as usize);
+fn prefetch_block(w: &PackedNBits, tile: usize, b: usize) {
+    let l = &w.layout;
+    // 8 columns x block_size codes x bits / 8 per tile and block.
+    let block_bytes = l.block_size * l.bits as usize;
+    let at = (tile * l.k_blocks + b) * block_bytes;
+    crate::mem::prefetch_lines(w.data.as_ptr().wrapping_add(at), block_bytes);
+}
+
+/// Asks for the scales and zero points of blocks `blocks` of packed tiles `tiles` (a fifth
+/// of a Q4_1 import's bytes, in streams of their own): another 7-13% decode on a Zen 5. The
+/// single-row AVX-512 kernel asks block by block in its block loop instead; kernels of more
+/// rows have no registers to spare for these pointers there (asking there cost prefill
+/// 6-8%) and call this once per tile, before its blocks.
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+fn prefetch_stats(w: &PackedNBits, tiles: Range<usize>, blocks: Range<usize>) {
+    let kb = w.layout.k_blocks;
+    for tile in tiles {
+        let values = (tile * kb + blocks.start) * TILE..(tile * kb + blocks.end) * TILE;
+        let floats = |f: &Floats| {
+            let (p32, p16) = f.ptrs();
+            if p16.is_null() {
+                (
+                    p32.wrapping_add(values.start).cast::<u8>(),
+                    4 * values.len(),
+                )
+            } else {
+                (
+                    p16.wrapping_add(values.start).cast::<u8>(),
+                    2 * values.len(),
+                )
+            }
+        };
+        let zero_points = match &w.zero_points {
+            PackedZp::Float(z) => Some(floats(z)),
+            PackedZp::Codes(c) => Some((c.as_ptr().wrapping_add(values.start), values.len())),
+            PackedZp::Default => None,
+        };
+        for (start, bytes) in [Some(floats(&w.scales)), zero_points].into_iter().flatten() {
+            // From the line holding the first byte to the one holding the last.
+            let first = start as usize & !63;
+            let lines = (start as usize + bytes).div_ceil(64) - first / 64;
+            crate::mem::prefetch_lines(first as *const u8, 64 * lines);
+        }
+    }
 }
 
 /// What a tile kernel reads, after the checks that make its raw loads sound.
@@ -333,8 +418,8 @@ fn tile_io<'a, const R: usize>(
 macro_rules! packed_tile {
     ($name:ident, $features:literal, $vnni:literal) => {
         /// Tile `t`'s eight column sums (before the bias) for each of the `R` rows into
-        /// `out`: each 32-byte weight load serves every row; meanwhile tile `t + ahead` is
-        /// prefetched (none when `ahead` is 0).
+        /// `out`: each 32-byte weight load serves every row; meanwhile tile `t + ahead.tiles`
+        /// is prefetched.
         ///
         /// # Safety
         /// The named CPU features must be available and `t < w.tiles`.
@@ -345,7 +430,7 @@ macro_rules! packed_tile {
             w: &PackedNBits,
             t: usize,
             out: &mut [[f32; TILE]; R],
-            ahead: usize,
+            ahead: Ahead,
         ) {
             let l = &w.layout;
             let (kb, bs) = (l.k_blocks, l.block_size);
@@ -373,19 +458,18 @@ macro_rules! packed_tile {
                     }
                 }};
             }
+            if ahead.tiles > 0 && ahead.stats {
+                let tile = t + ahead.tiles;
+                prefetch_stats(w, tile..tile + 1, 0..kb);
+            }
             let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
             let low = _mm256_set1_epi8(0x0F);
             let flip = _mm256_set1_epi8(-128);
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); R];
             for b in 0..kb {
-                if ahead > 0 {
-                    prefetch_block(
-                        data.wrapping_add(ahead * tile_bytes),
-                        b * (bs / 32) * chunk_bytes,
-                        bs,
-                        BITS,
-                    );
+                if ahead.tiles > 0 {
+                    prefetch_block(w, t + ahead.tiles, b);
                 }
                 let mut dots = [_mm256_setzero_si256(); R];
                 for sub in 0..bs / 32 {
