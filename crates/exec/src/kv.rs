@@ -14,10 +14,11 @@ use crate::OpError;
 
 /// Key and value block pools of every layer, block by block:
 /// `[block][layer][key | value][kv_head][row][d]`, so one block of a sequence holds its keys
-/// and values of every layer in one contiguous run. The memory asks for transparent huge
-/// pages: a decode step reads every sequence's blocks of a layer from all over the pool, one
-/// TLB miss per 4 KiB page otherwise, and blocks handed out lowest first keep what huge pages
-/// commit close to what is used.
+/// and values of every layer in one contiguous run. The memory takes ordinary pages, not
+/// transparent huge ones: a server's pool is first touched inside steps as requests take
+/// fresh blocks, and a huge-page fault may compact memory synchronously (batch-8 server
+/// steps' p99 21 → 9 ms without them on a Zen 5, with `oxgen bench --batch 8` unchanged;
+/// docs/PERFORMANCE.md).
 pub struct KvStore {
     dtype: DType,
     /// One layer's pool as a view: blocks `layers * 2` pools' blocks apart.
@@ -68,8 +69,7 @@ impl KvStore {
         }
         // SAFETY: allocated above by the global allocator with the layout of `words` u64s,
         // all initialized (zero).
-        let mut mem = unsafe { Vec::from_raw_parts(ptr, words, words) };
-        oxgen_kernels::mem::advise_huge_pages(&mut mem);
+        let mem = unsafe { Vec::from_raw_parts(ptr, words, words) };
         Ok(KvStore {
             dtype,
             layout: PagedLayout {
