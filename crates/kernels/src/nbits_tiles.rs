@@ -178,12 +178,10 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
             // registers: one address each).
             for tile in first..last {
                 let at = (tile * kb + b) * TILE;
-                for (p32, p16) in [scale_ptrs, zp_ptrs] {
-                    let p: *const u8 = match (p16.is_null(), p32.is_null()) {
-                        (false, _) => p16.wrapping_add(at).cast(),
-                        (true, false) => p32.wrapping_add(at).cast(),
-                        (true, true) => continue,
-                    };
+                for (p, _) in [scale_ptrs, zp_ptrs]
+                    .into_iter()
+                    .filter_map(|f| float_at(f, at))
+                {
                     crate::mem::prefetch_lines(p, 1);
                 }
                 if !codes.is_empty() {
@@ -319,31 +317,31 @@ fn prefetch_stats(w: &PackedNBits, tiles: Range<usize>, blocks: Range<usize>) {
     let kb = w.layout.k_blocks;
     for tile in tiles {
         let values = (tile * kb + blocks.start) * TILE..(tile * kb + blocks.end) * TILE;
-        let floats = |f: &Floats| {
-            let (p32, p16) = f.ptrs();
-            if p16.is_null() {
-                (
-                    p32.wrapping_add(values.start).cast::<u8>(),
-                    4 * values.len(),
-                )
-            } else {
-                (
-                    p16.wrapping_add(values.start).cast::<u8>(),
-                    2 * values.len(),
-                )
-            }
-        };
+        let floats =
+            |f: &Floats| float_at(f.ptrs(), values.start).map(|(p, size)| (p, size * values.len()));
         let zero_points = match &w.zero_points {
-            PackedZp::Float(z) => Some(floats(z)),
+            PackedZp::Float(z) => floats(z),
             PackedZp::Codes(c) => Some((c.as_ptr().wrapping_add(values.start), values.len())),
             PackedZp::Default => None,
         };
-        for (start, bytes) in [Some(floats(&w.scales)), zero_points].into_iter().flatten() {
+        for (start, bytes) in [floats(&w.scales), zero_points].into_iter().flatten() {
             // From the line holding the first byte to the one holding the last.
             let first = start as usize & !63;
             let lines = (start as usize + bytes).div_ceil(64) - first / 64;
             crate::mem::prefetch_lines(first as *const u8, 64 * lines);
         }
+    }
+}
+
+/// Where value `at` of f32 or f16 storage `(p32, p16)` lies (the f16 when both are set, as
+/// the kernels read it), and the bytes per value; `None` when there is no storage.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn float_at((p32, p16): (*const f32, *const u16), at: usize) -> Option<(*const u8, usize)> {
+    match (p16.is_null(), p32.is_null()) {
+        (false, _) => Some((p16.wrapping_add(at).cast(), 2)),
+        (true, false) => Some((p32.wrapping_add(at).cast(), 4)),
+        (true, true) => None,
     }
 }
 
