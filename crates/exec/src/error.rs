@@ -48,10 +48,10 @@ pub enum ExecError {
 }
 
 /// Kernel errors keep their message; bad indices are value errors, the rest shape errors.
-impl From<oxgen_kernels::layout::LayoutError> for OpError {
-    fn from(e: oxgen_kernels::layout::LayoutError) -> Self {
+impl From<oxgen_kernels::KernelError> for OpError {
+    fn from(e: oxgen_kernels::KernelError) -> Self {
         match e {
-            oxgen_kernels::layout::LayoutError::Index { .. } => OpError::value(e.to_string()),
+            oxgen_kernels::KernelError::Index { .. } => OpError::value(e.to_string()),
             _ => OpError::shape(e.to_string()),
         }
     }

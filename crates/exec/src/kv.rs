@@ -6,7 +6,7 @@
 //! address space, not memory. Blocks are handed out lowest first and each holds every layer,
 //! which keeps what is touched compact.
 
-use oxgen_kernels::attention_paged::{PagedLayout, Segment};
+use oxgen_kernels::attention::paged::{PagedLayout, Segment};
 use oxgen_runtime::RuntimeError;
 use oxgen_tensor::{DType, Element};
 

@@ -25,11 +25,11 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterio
 
 mod common;
 use oxgen_kernels::ThreadPool;
-use oxgen_kernels::activation::silu_mul;
+use oxgen_kernels::attention::paged::{PagedLayout, Segment, paged_attention, paged_scratch_len};
 use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
-use oxgen_kernels::attention_paged::{PagedLayout, Segment, paged_attention, paged_scratch_len};
 use oxgen_kernels::norm::{Residual, rms_norm, skip_rms_norm};
 use oxgen_kernels::rotary::{HeadsShape, Positions, Rope, rotary};
+use oxgen_kernels::sigmoid::silu_mul;
 use oxgen_kernels::softmax::{SoftmaxKind, softmax};
 
 const HIDDEN: usize = 576;

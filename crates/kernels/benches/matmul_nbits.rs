@@ -27,10 +27,10 @@ use std::hint::black_box;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 mod common;
 use oxgen_kernels::ThreadPool;
-use oxgen_kernels::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
-use oxgen_kernels::matmul_nbits_int8::matmul_nbits_int8_reference;
-use oxgen_kernels::nbits_avx2::Isa;
-use oxgen_kernels::nbits_packed::{PackedNBits, matmul_packed};
+use oxgen_kernels::nbits::{
+    Isa, NBitsLayout, PackedNBits, QuantWeights, ZeroPoints, matmul_nbits_int8_reference,
+    matmul_packed,
+};
 
 /// (K, N) of the decode rows.
 const GEMV_SHAPES: [(usize, usize); 8] = [

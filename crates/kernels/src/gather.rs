@@ -1,16 +1,17 @@
 //! Index-driven data movement: Gather, GatherElements and ScatterND.
 //!
 //! Indices come from tensor data, so every one is range-checked (negative values count from
-//! the end, as ONNX allows) and a bad one is reported as [`LayoutError::Index`], never used.
+//! the end, as ONNX allows) and a bad one is reported as [`KernelError::Index`], never used.
 //!
 //! References: ONNX operator docs for Gather (opset 13), GatherElements (opset 13) and
 //! ScatterND (opset 18); the ONNX reference implementation in `onnx/reference/ops`.
 
-use crate::layout::{LayoutError, check_len, contiguous_strides, numel};
+use crate::error::{KernelError, check_len, numel};
+use crate::layout::contiguous_strides;
 
 /// Resolves a possibly negative `index` into `0..dim`.
 #[inline]
-pub fn resolve_index(index: i64, axis: usize, dim: usize) -> Result<usize, LayoutError> {
+pub fn resolve_index(index: i64, axis: usize, dim: usize) -> Result<usize, KernelError> {
     let d = dim as i64;
     let i = if index < 0 {
         index.wrapping_add(d)
@@ -20,7 +21,7 @@ pub fn resolve_index(index: i64, axis: usize, dim: usize) -> Result<usize, Layou
     if (0..d).contains(&i) {
         Ok(i as usize)
     } else {
-        Err(LayoutError::Index { index, axis, dim })
+        Err(KernelError::Index { index, axis, dim })
     }
 }
 
@@ -33,9 +34,9 @@ pub fn gather<T: Copy>(
     axis: usize,
     indices: &[i64],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let n = *data_dims.get(axis).ok_or_else(|| {
-        LayoutError::Shape(format!(
+        KernelError::Shape(format!(
             "axis {axis} is out of range for rank {}",
             data_dims.len()
         ))
@@ -73,7 +74,7 @@ pub fn gather_elements<T: Copy>(
     indices: &[i64],
     index_dims: &[usize],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_index_shape(data_dims, axis, index_dims, "GatherElements")?;
     check_len("data", data.len(), numel(data_dims)?)?;
     let n = numel(index_dims)?;
@@ -96,12 +97,12 @@ pub fn scatter_nd<T: Copy>(
     index_dims: &[usize],
     updates: &[T],
     combine: impl Fn(T, T) -> T,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let (&k, batch) = index_dims
         .split_last()
-        .ok_or_else(|| LayoutError::Shape("ScatterND indices must have rank >= 1".into()))?;
+        .ok_or_else(|| KernelError::Shape("ScatterND indices must have rank >= 1".into()))?;
     if k > data_dims.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "index tuples of length {k} are longer than the data rank {}",
             data_dims.len()
         )));
@@ -131,23 +132,23 @@ fn check_index_shape(
     axis: usize,
     index_dims: &[usize],
     op: &str,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     if index_dims.len() != data_dims.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{op}: indices have rank {} but data has rank {}",
             index_dims.len(),
             data_dims.len()
         )));
     }
     if axis >= data_dims.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{op}: axis {axis} is out of range for rank {}",
             data_dims.len()
         )));
     }
     for (d, (&i, &x)) in index_dims.iter().zip(data_dims).enumerate() {
         if d != axis && i > x {
-            return Err(LayoutError::Shape(format!(
+            return Err(KernelError::Shape(format!(
                 "{op}: indices shape {index_dims:?} exceeds data shape {data_dims:?} at axis {d}"
             )));
         }
@@ -164,7 +165,7 @@ fn for_each_element_offset(
     indices: &[i64],
     index_dims: &[usize],
     mut f: impl FnMut(usize, usize),
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     if indices.is_empty() {
         return Ok(());
     }
@@ -214,7 +215,7 @@ mod tests {
         let e = gather(&[1, 2, 3], &[3], 0, &[3], &mut out[..1]).unwrap_err();
         assert_eq!(
             e,
-            LayoutError::Index {
+            KernelError::Index {
                 index: 3,
                 axis: 0,
                 dim: 3

@@ -2,52 +2,14 @@
 //! Split, Trilu and Range, all over plain row-major slices.
 //!
 //! Contract: callers pass dimensions they have validated against the ONNX spec; the kernels
-//! still check every length and every offset they touch and return a [`LayoutError`] instead
+//! still check every length and every offset they touch and return a [`KernelError`] instead
 //! of panicking, so a wrong caller cannot read or write out of bounds.
 //!
 //! References: ONNX operator docs for Slice, Expand, Tile, Concat, Split, Trilu and Range
 //! (`docs/Operators.md`); NumPy's strided array model.
 
 use crate::Scalar;
-
-/// Why a layout or indexing kernel refused its arguments.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LayoutError {
-    #[error("{what} holds {actual} elements, expected {expected}")]
-    Length {
-        what: &'static str,
-        expected: usize,
-        actual: usize,
-    },
-    #[error("index {index} is out of range for axis {axis} of size {dim} (valid: -{dim}..{dim})")]
-    Index { index: i64, axis: usize, dim: usize },
-    #[error("{0}")]
-    Shape(String),
-}
-
-/// Checks `slice.len() == expected`.
-pub(crate) fn check_len(
-    what: &'static str,
-    actual: usize,
-    expected: usize,
-) -> Result<(), LayoutError> {
-    if actual == expected {
-        Ok(())
-    } else {
-        Err(LayoutError::Length {
-            what,
-            expected,
-            actual,
-        })
-    }
-}
-
-/// The element count of `dims`, or an error when it overflows.
-pub(crate) fn numel(dims: &[usize]) -> Result<usize, LayoutError> {
-    dims.iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| LayoutError::Shape(format!("shape {dims:?} overflows")))
-}
+use crate::error::{KernelError, check_len, numel};
 
 /// Row-major element strides of `dims`.
 pub fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
@@ -69,9 +31,9 @@ pub fn strided_copy<T: Copy>(
     strides: &[isize],
     out_dims: &[usize],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     if strides.len() != out_dims.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{} strides for {} output dimensions",
             strides.len(),
             out_dims.len()
@@ -89,7 +51,7 @@ pub fn strided_copy<T: Copy>(
         if reach < 0 { lo += reach } else { hi += reach }
     }
     if lo < 0 || hi >= src.len() as i128 {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "strided view (offset {offset}, strides {strides:?}, dims {out_dims:?}) reaches outside a source of {} elements",
             src.len()
         )));
@@ -139,10 +101,10 @@ pub fn slice<T: Copy>(
     steps: &[isize],
     out_dims: &[usize],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_len("input", src.len(), numel(dims)?)?;
     if starts.len() != dims.len() || steps.len() != dims.len() || out_dims.len() != dims.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "slice of rank {} got {} starts, {} steps, {} output dims",
             dims.len(),
             starts.len(),
@@ -161,7 +123,7 @@ pub fn slice<T: Copy>(
             .ok()
             .and_then(|b| steps[d].checked_mul(b));
         strides.push(stride.ok_or_else(|| {
-            LayoutError::Shape(format!("slice step {} overflows on axis {d}", steps[d]))
+            KernelError::Shape(format!("slice step {} overflows on axis {d}", steps[d]))
         })?);
     }
     strided_copy(src, offset, &strides, out_dims, out)
@@ -174,10 +136,10 @@ pub fn expand<T: Copy>(
     src_dims: &[usize],
     out_dims: &[usize],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_len("input", src.len(), numel(src_dims)?)?;
     if src_dims.len() > out_dims.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "cannot expand rank {} to rank {}",
             src_dims.len(),
             out_dims.len()
@@ -186,7 +148,7 @@ pub fn expand<T: Copy>(
     let pad = out_dims.len() - src_dims.len();
     for (i, &d) in src_dims.iter().enumerate() {
         if d != 1 && d != out_dims[pad + i] {
-            return Err(LayoutError::Shape(format!(
+            return Err(KernelError::Shape(format!(
                 "shape {src_dims:?} does not broadcast to {out_dims:?}"
             )));
         }
@@ -205,10 +167,10 @@ pub fn tile<T: Copy>(
     dims: &[usize],
     repeats: &[usize],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_len("input", src.len(), numel(dims)?)?;
     if repeats.len() != dims.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{} repeats for rank {}",
             repeats.len(),
             dims.len()
@@ -234,9 +196,9 @@ pub fn concat<T: Copy>(
     outer: usize,
     part_inner: &[usize],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     if parts.len() != part_inner.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{} parts but {} inner sizes",
             parts.len(),
             part_inner.len()
@@ -248,7 +210,7 @@ pub fn concat<T: Copy>(
             p.len(),
             outer
                 .checked_mul(inner)
-                .ok_or_else(|| LayoutError::Shape("concat size overflows".into()))?,
+                .ok_or_else(|| KernelError::Shape("concat size overflows".into()))?,
         )?;
     }
     let row: usize = part_inner.iter().sum();
@@ -273,9 +235,9 @@ pub fn split<T: Copy>(
     outer: usize,
     part_inner: &[usize],
     outs: &mut [&mut [T]],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     if outs.len() != part_inner.len() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{} outputs but {} inner sizes",
             outs.len(),
             part_inner.len()
@@ -287,7 +249,7 @@ pub fn split<T: Copy>(
         src.len(),
         outer
             .checked_mul(row)
-            .ok_or_else(|| LayoutError::Shape("split size overflows".into()))?,
+            .ok_or_else(|| KernelError::Shape("split size overflows".into()))?,
     )?;
     for (p, &inner) in outs.iter().zip(part_inner) {
         check_len("split output", p.len(), outer * inner)?;
@@ -315,16 +277,16 @@ pub fn trilu<T: Copy>(
     upper: bool,
     zero: T,
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_len("output", out.len(), src.len())?;
     let mat = rows
         .checked_mul(cols)
-        .ok_or_else(|| LayoutError::Shape("trilu matrix size overflows".into()))?;
+        .ok_or_else(|| KernelError::Shape("trilu matrix size overflows".into()))?;
     if mat == 0 {
         return Ok(());
     }
     if !src.len().is_multiple_of(mat) {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{} elements are not a whole number of {rows}x{cols} matrices",
             src.len()
         )));

@@ -1,26 +1,33 @@
 //! oxgen-kernels: CPU kernels over plain slices, and the thread pool they run on.
 //!
-//! Every kernel family has a portable scalar reference here; optimized versions (SIMD,
-//! packed weights) are added beside them and tested against the reference. Kernels take
-//! slices and dimensions, never tensors or graph nodes.
+//! Every kernel family has a portable scalar reference; optimized versions (SIMD, packed
+//! weights) sit beside it and are tested against it. Kernels take slices and dimensions,
+//! never tensors or graph nodes. [`cpu`] detects the CPU's features once and decides for
+//! every family whether a SIMD path may run (`OXGEN_ISA=scalar|avx2|avx512` caps it).
+//!
+//! Layout: a family with several files (reference, packing, one file per ISA) is a folder;
+//! a small family is one file.
+//! - [`nbits`]: `MatMulNBits`, f32 and int8-activation references, packed weights, x86 tiles;
+//! - [`attention`]: grouped-query attention, contiguous and paged, AVX2 and AVX-512 rows;
+//! - [`matmul`], [`norm`], [`softmax`], [`reduce`], [`rotary`], [`quant`], [`sigmoid`]
+//!   (with the gated SiLU): one file each;
+//! - data movement: [`layout`] (Slice, Expand, Tile, Concat, Split, Trilu, Range),
+//!   [`broadcast`], [`gather`], [`transpose`];
+//! - support: [`error`] (the crate's [`KernelError`]), [`cpu`], [`acc`] and [`num`] (element
+//!   types), [`pool`] and [`par`] (threads), [`mem`] (memory hints).
 //!
 //! This crate must never know about ONNX, protobufs or graphs.
 
 pub mod acc;
-pub mod activation;
 pub mod attention;
-pub mod attention_avx2;
-pub mod attention_paged;
 pub mod broadcast;
+pub mod cpu;
+pub mod error;
 pub mod gather;
 pub mod layout;
 pub mod matmul;
-pub mod matmul_nbits;
-pub mod matmul_nbits_int8;
 pub mod mem;
-pub mod nbits_avx2;
-pub mod nbits_packed;
-mod nbits_tiles;
+pub mod nbits;
 pub mod norm;
 pub mod num;
 pub mod par;
@@ -28,8 +35,10 @@ pub mod pool;
 pub mod quant;
 pub mod reduce;
 pub mod rotary;
+pub mod sigmoid;
 pub mod softmax;
 pub mod transpose;
 
+pub use error::KernelError;
 pub use num::{Float, Scalar};
 pub use pool::ThreadPool;

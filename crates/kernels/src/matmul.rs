@@ -14,7 +14,7 @@
 use std::ops::Range;
 
 use crate::acc::Accum;
-use crate::layout::{LayoutError, check_len};
+use crate::error::{KernelError, check_len};
 use crate::par::{par_row_parts, parts_for};
 use crate::{Scalar, ThreadPool};
 
@@ -31,9 +31,9 @@ pub struct Bias<'a, T> {
     pub col_stride: usize,
 }
 
-fn mul(a: usize, b: usize, what: &str) -> Result<usize, LayoutError> {
+fn mul(a: usize, b: usize, what: &str) -> Result<usize, KernelError> {
     a.checked_mul(b)
-        .ok_or_else(|| LayoutError::Shape(format!("{what} {a} x {b} overflows")))
+        .ok_or_else(|| KernelError::Shape(format!("{what} {a} x {b} overflows")))
 }
 
 /// `c = a·b` for row-major `a` (m, k), `b` (k, n) and `c` (m, n).
@@ -45,7 +45,7 @@ pub fn matmul<T: Accum>(
     k: usize,
     n: usize,
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     matmul_batched(a, b, c, &[0], &[0], m, k, n, pool)
 }
 
@@ -63,7 +63,7 @@ pub fn matmul_batched<T: Accum>(
     k: usize,
     n: usize,
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     product(
         a,
         b,
@@ -91,7 +91,7 @@ pub fn gemm<T: Accum>(
     beta: f64,
     bias: Option<Bias<'_, T>>,
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let alpha_acc = <T::Acc as Scalar>::from_f64(alpha);
     let beta_acc = <T::Acc as Scalar>::from_f64(beta);
     let scale = |acc: T::Acc| {
@@ -113,7 +113,7 @@ pub fn gemm<T: Accum>(
                         .and_then(|c| r.checked_add(c))
                 });
                 if last.is_none_or(|l| l >= bias.data.len()) {
-                    return Err(LayoutError::Shape(format!(
+                    return Err(KernelError::Shape(format!(
                         "bias of {} elements cannot broadcast to ({m}, {n}) with strides ({}, {})",
                         bias.data.len(),
                         bias.row_stride,
@@ -141,7 +141,7 @@ fn product<T: Accum>(
     (m, k, n): (usize, usize, usize),
     pool: &ThreadPool,
     epilogue: impl Fn(usize, usize, T::Acc) -> T + Sync,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let batch = a_offsets.len();
     check_len("b offsets", b_offsets.len(), batch)?;
     let (a_size, b_size, c_size) = (mul(m, k, "A")?, mul(k, n, "B")?, mul(m, n, "C")?);
@@ -154,7 +154,7 @@ fn product<T: Accum>(
             .iter()
             .find(|&&off| off.checked_add(size).is_none_or(|end| end > len))
         {
-            return Err(LayoutError::Shape(format!(
+            return Err(KernelError::Shape(format!(
                 "{what} matrix at offset {off} of {size} elements overruns its {len}-element buffer"
             )));
         }

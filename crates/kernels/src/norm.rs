@@ -11,7 +11,7 @@
 //! `onnxruntime/contrib_ops/cpu/skip_layer_norm.cc`).
 
 use crate::acc::{AccScalar, Accum};
-use crate::layout::{LayoutError, check_len};
+use crate::error::{KernelError, check_len};
 use crate::par::{par_chunks, par_chunks2, parts_for};
 use crate::{Scalar, ThreadPool};
 
@@ -29,9 +29,9 @@ pub struct LayerNormStats<'a, A> {
     pub inv_std_dev: &'a mut [A],
 }
 
-fn rows_len(rows: usize, n: usize) -> Result<usize, LayoutError> {
+fn rows_len(rows: usize, n: usize) -> Result<usize, KernelError> {
     rows.checked_mul(n)
-        .ok_or_else(|| LayoutError::Shape(format!("({rows}, {n}) overflows")))
+        .ok_or_else(|| KernelError::Shape(format!("({rows}, {n}) overflows")))
 }
 
 /// `(mean, 1 / sqrt(var + eps))` of one row.
@@ -79,7 +79,7 @@ pub fn layer_norm<T: Accum>(
     out: &mut [T],
     stats: Option<LayerNormStats<'_, T::Acc>>,
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let total = rows_len(rows, n)?;
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
@@ -161,7 +161,7 @@ pub fn rms_norm<T: Accum>(
     epsilon: f32,
     out: &mut [T],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     rms_norm_stats(x, scale, rows, n, epsilon, out, None, pool)
 }
 
@@ -177,7 +177,7 @@ pub fn rms_norm_stats<T: Accum>(
     out: &mut [T],
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let total = rows_len(rows, n)?;
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
@@ -236,7 +236,7 @@ pub fn skip_rms_norm<T: Accum>(
     sum: Option<&mut [T]>,
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let total = rows_len(rows, n)?;
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
@@ -247,7 +247,7 @@ pub fn skip_rms_norm<T: Accum>(
     }
     let period = skip.len();
     if total > 0 && (period == 0 || !period.is_multiple_of(n) || !total.is_multiple_of(period)) {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "skip of {period} elements does not repeat over rows of {n} in an input of {total}"
         )));
     }

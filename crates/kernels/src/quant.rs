@@ -23,18 +23,18 @@
 
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::layout::{LayoutError, check_len, numel};
+use crate::error::{KernelError, check_len, numel};
 use crate::par::{par_chunks, parts_for};
 
 /// Code widths the kernels unpack: those that divide 8, so no code straddles two bytes.
 pub const SUPPORTED_BITS: [u32; 3] = [2, 4, 8];
 
 /// Checks `bits` is one of [`SUPPORTED_BITS`].
-pub fn check_bits(bits: u32) -> Result<(), LayoutError> {
+pub fn check_bits(bits: u32) -> Result<(), KernelError> {
     if SUPPORTED_BITS.contains(&bits) {
         Ok(())
     } else {
-        Err(LayoutError::Shape(format!(
+        Err(KernelError::Shape(format!(
             "{bits}-bit codes are not supported (supported: {SUPPORTED_BITS:?})"
         )))
     }
@@ -46,11 +46,11 @@ pub const fn default_zero_point(bits: u32) -> u8 {
 }
 
 /// Bytes holding `count` packed `bits`-bit codes (the last byte may be partly used).
-pub fn packed_bytes(count: usize, bits: u32) -> Result<usize, LayoutError> {
+pub fn packed_bytes(count: usize, bits: u32) -> Result<usize, KernelError> {
     count
         .checked_mul(bits as usize)
         .map(|b| b.div_ceil(8))
-        .ok_or_else(|| LayoutError::Shape(format!("{count} codes of {bits} bits overflow")))
+        .ok_or_else(|| KernelError::Shape(format!("{count} codes of {bits} bits overflow")))
 }
 
 /// Code `e` of a packed run. `bits` must be one of [`SUPPORTED_BITS`] and `e * bits / 8` in
@@ -84,17 +84,17 @@ pub struct QuantRows<'a, S> {
 impl<S> QuantRows<'_, S> {
     /// Validates the lengths; returns `(bytes per data row, blocks per row, zero-point bytes
     /// per row)`.
-    fn layout(&self) -> Result<(usize, usize, usize), LayoutError> {
+    fn layout(&self) -> Result<(usize, usize, usize), KernelError> {
         check_bits(self.bits)?;
         if self.block_size == 0 {
-            return Err(LayoutError::Shape("block_size must be positive".into()));
+            return Err(KernelError::Shape("block_size must be positive".into()));
         }
         let row_bits = self
             .cols
             .checked_mul(self.bits as usize)
-            .ok_or_else(|| LayoutError::Shape(format!("row of {} codes overflows", self.cols)))?;
+            .ok_or_else(|| KernelError::Shape(format!("row of {} codes overflows", self.cols)))?;
         if !row_bits.is_multiple_of(8) {
-            return Err(LayoutError::Shape(format!(
+            return Err(KernelError::Shape(format!(
                 "a row of {} {}-bit codes does not fill whole bytes",
                 self.cols, self.bits
             )));
@@ -127,14 +127,14 @@ pub fn gather_block_quantized<T, I>(
     indices: &[I],
     out: &mut [T],
     pool: &ThreadPool,
-) -> Result<(), LayoutError>
+) -> Result<(), KernelError>
 where
     T: Accum<Acc = f32>,
     I: Copy + Into<i64> + Sync,
 {
     let (row_bytes, blocks, zp_bytes) = src.layout()?;
     if group == 0 || !src.rows.is_multiple_of(group) {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "{} quantized rows do not split into groups of {group}",
             src.rows
         )));
@@ -147,7 +147,7 @@ where
         .iter()
         .find(|&&i| resolve(i.into(), groups).is_none())
     {
-        return Err(LayoutError::Index {
+        return Err(KernelError::Index {
             index: bad.into(),
             axis: 0,
             dim: groups,
@@ -275,7 +275,7 @@ mod tests {
         let pool = ThreadPool::new(1);
         let mut out = vec![7f32; 16];
         let err = gather_block_quantized(&src, 1, &[2i64], &mut out, &pool).unwrap_err();
-        assert!(matches!(err, LayoutError::Index { index: 2, .. }), "{err}");
+        assert!(matches!(err, KernelError::Index { index: 2, .. }), "{err}");
         assert!(gather_block_quantized(&src, 1, &[-3i64], &mut out, &pool).is_err());
         assert!(out.iter().all(|&v| v == 7.0), "nothing written on error");
         src.cols = 18;

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 
 use crate::acc::{AccScalar, Accum, max_nan, min_nan};
-use crate::layout::{LayoutError, check_len};
+use crate::error::{KernelError, check_len};
 use crate::par::{par_chunks, par_chunks2, parts_for};
 use crate::{Scalar, ThreadPool};
 
@@ -40,11 +40,11 @@ pub enum ReduceOp {
     LogSumExp,
 }
 
-fn numel3(outer: usize, n: usize, inner: usize) -> Result<usize, LayoutError> {
+fn numel3(outer: usize, n: usize, inner: usize) -> Result<usize, KernelError> {
     outer
         .checked_mul(n)
         .and_then(|v| v.checked_mul(inner))
-        .ok_or_else(|| LayoutError::Shape(format!("({outer}, {n}, {inner}) overflows")))
+        .ok_or_else(|| KernelError::Shape(format!("({outer}, {n}, {inner}) overflows")))
 }
 
 /// Folds lane elements `x[start + j * stride]`, `j = 0..n`, in order.
@@ -127,7 +127,7 @@ pub fn reduce<T: Accum>(
     inner: usize,
     out: &mut [T],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_len("input", x.len(), numel3(outer, n, inner)?)?;
     check_len("output", out.len(), outer * inner)?;
     if out.is_empty() {
@@ -156,14 +156,14 @@ pub fn arg_reduce<T: Scalar>(
     select_last: bool,
     out: &mut [i64],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_len("input", x.len(), numel3(outer, n, inner)?)?;
     check_len("output", out.len(), outer * inner)?;
     if out.is_empty() {
         return Ok(());
     }
     if n == 0 {
-        return Err(LayoutError::Shape(
+        return Err(KernelError::Shape(
             "ArgMax/ArgMin over an axis of size 0 has no answer".into(),
         ));
     }
@@ -205,7 +205,7 @@ pub fn cumsum<T: Accum>(
     reverse: bool,
     out: &mut [T],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let total = numel3(outer, n, inner)?;
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
@@ -257,10 +257,10 @@ pub fn top_k<T: Scalar>(
     values: &mut [T],
     indices: &mut [i64],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_len("input", x.len(), numel3(outer, n, inner)?)?;
     if k > n {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "k = {k} is larger than the axis ({n} elements)"
         )));
     }

@@ -21,7 +21,7 @@
 
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::layout::{LayoutError, check_len};
+use crate::error::{KernelError, check_len};
 use crate::par::{par_chunks, parts_for};
 
 /// The cos/sin caches: `cos` and `sin` are `(rows, half)` row-major, `rotary_dim = 2 * half`.
@@ -40,9 +40,9 @@ impl<'a, T> Rope<'a, T> {
         sin: &'a [T],
         half: usize,
         interleaved: bool,
-    ) -> Result<Self, LayoutError> {
+    ) -> Result<Self, KernelError> {
         if half == 0 || !cos.len().is_multiple_of(half) {
-            return Err(LayoutError::Shape(format!(
+            return Err(KernelError::Shape(format!(
                 "the cos cache ({} values) is not a whole number of rows of rotary_dim / 2 = {half}",
                 cos.len()
             )));
@@ -69,18 +69,18 @@ pub fn rotate_one<T: Accum<Acc = f32>>(
     row: usize,
     rope: &Rope<T>,
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let half = rope.half;
     check_len("rotary output", out.len(), x.len())?;
     if x.len() < 2 * half {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "rotary_dim {} exceeds the head size {}",
             2 * half,
             x.len()
         )));
     }
     if row >= rope.rows() {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "position {row} is out of range for cos/sin caches of {} rows",
             rope.rows()
         )));
@@ -124,7 +124,7 @@ pub enum Positions<'a> {
 
 impl Positions<'_> {
     /// The cache row of token `(b, s)`, checked against `rows`.
-    pub fn row(&self, b: usize, s: usize, seq: usize, rows: usize) -> Result<usize, LayoutError> {
+    pub fn row(&self, b: usize, s: usize, seq: usize, rows: usize) -> Result<usize, KernelError> {
         let pos: Option<i64> = match *self {
             Positions::Offset(o) => o.checked_add(s as i64),
             Positions::Ids(ids) => ids.get(b * seq + s).copied(),
@@ -136,10 +136,10 @@ impl Positions<'_> {
         };
         match pos {
             Some(p) if p >= 0 && (p as u64) < rows as u64 => Ok(p as usize),
-            Some(p) => Err(LayoutError::Shape(format!(
+            Some(p) => Err(KernelError::Shape(format!(
                 "position {p} of token (batch {b}, position {s}) is out of range for cos/sin caches of {rows} rows"
             ))),
-            None => Err(LayoutError::Shape(format!(
+            None => Err(KernelError::Shape(format!(
                 "no position for token (batch {b}, position {s})"
             ))),
         }
@@ -165,7 +165,7 @@ pub fn rotary<T: Accum<Acc = f32>>(
     rope: &Rope<T>,
     out: &mut [T],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let HeadsShape {
         batch,
         seq,
@@ -176,7 +176,7 @@ pub fn rotary<T: Accum<Acc = f32>>(
     let total = [batch, seq, heads, head_size]
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| LayoutError::Shape(format!("{shape:?} overflows")))?;
+        .ok_or_else(|| KernelError::Shape(format!("{shape:?} overflows")))?;
     check_len("rotary input", x.len(), total)?;
     check_len("rotary output", out.len(), total)?;
     if let Positions::Ids(ids) = positions {

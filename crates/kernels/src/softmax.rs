@@ -8,7 +8,7 @@
 //! (`(x - max) - log(Σ exp(x - max))` for LogSoftmax).
 
 use crate::acc::{AccScalar, Accum, max_nan};
-use crate::layout::{LayoutError, check_len};
+use crate::error::{KernelError, check_len};
 use crate::par::{par_chunks, parts_for};
 use crate::{Scalar, ThreadPool};
 
@@ -33,13 +33,13 @@ pub fn softmax<T: Accum>(
     inner: usize,
     out: &mut [T],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let block = n
         .checked_mul(inner)
-        .ok_or_else(|| LayoutError::Shape(format!("({outer}, {n}, {inner}) overflows")))?;
+        .ok_or_else(|| KernelError::Shape(format!("({outer}, {n}, {inner}) overflows")))?;
     let total = outer
         .checked_mul(block)
-        .ok_or_else(|| LayoutError::Shape(format!("({outer}, {n}, {inner}) overflows")))?;
+        .ok_or_else(|| KernelError::Shape(format!("({outer}, {n}, {inner}) overflows")))?;
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
     if total == 0 {

@@ -6,7 +6,8 @@
 //! transpose becomes `[batch, M, N] -> [batch, N, M]`, which is copied in square tiles to keep
 //! both the reads and the writes within a few cache lines.
 
-use crate::layout::{LayoutError, check_len, contiguous_strides, numel, strided_copy};
+use crate::error::{KernelError, check_len, numel};
+use crate::layout::{contiguous_strides, strided_copy};
 
 /// Tile edge for the blocked matrix transpose: 16 x 16 elements of up to 8 bytes fit in
 /// 2 KiB, well inside L1.
@@ -18,10 +19,10 @@ pub fn transposed_dims(dims: &[usize], perm: &[usize]) -> Vec<usize> {
 }
 
 /// Checks that `perm` is a permutation of `0..rank`.
-pub fn check_perm(perm: &[usize], rank: usize) -> Result<(), LayoutError> {
+pub fn check_perm(perm: &[usize], rank: usize) -> Result<(), KernelError> {
     let mut seen = vec![false; rank];
     if perm.len() != rank {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "perm {perm:?} has {} entries for rank {rank}",
             perm.len()
         )));
@@ -30,7 +31,7 @@ pub fn check_perm(perm: &[usize], rank: usize) -> Result<(), LayoutError> {
         match seen.get_mut(p) {
             Some(s) if !*s => *s = true,
             _ => {
-                return Err(LayoutError::Shape(format!(
+                return Err(KernelError::Shape(format!(
                     "perm {perm:?} is not a permutation of 0..{rank}"
                 )));
             }
@@ -71,7 +72,7 @@ pub fn transpose<T: Copy>(
     dims: &[usize],
     perm: &[usize],
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_perm(perm, dims.len())?;
     let n = numel(dims)?;
     check_len("input", src.len(), n)?;

@@ -23,8 +23,8 @@ use half::{bf16, f16};
 use oxgen_graph::Op;
 use oxgen_graph::ops::{GroupQueryAttention, Rotary, RotaryKind};
 use oxgen_kernels::acc::Accum;
+use oxgen_kernels::attention::paged as kp;
 use oxgen_kernels::attention::{self as ka, GqaShape, Rows, ScoreMod};
-use oxgen_kernels::attention_paged as kp;
 use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
 use oxgen_tensor::{DType, Element, Tensor};
 

@@ -4,7 +4,7 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 use oxgen_kernels::broadcast::{self, broadcast_shape};
-use oxgen_kernels::{Float, Scalar, activation, par};
+use oxgen_kernels::{Float, Scalar, par, sigmoid as activation};
 use oxgen_tensor::{DType, Element, Tensor};
 use smallvec::SmallVec;
 

@@ -15,7 +15,7 @@ mod shape;
 
 use oxgen_graph::Op;
 use oxgen_kernels::ThreadPool;
-use oxgen_kernels::nbits_packed::PackedNBits;
+use oxgen_kernels::nbits::PackedNBits;
 use oxgen_tensor::{DType, Shape, Tensor};
 use smallvec::{SmallVec, smallvec};
 

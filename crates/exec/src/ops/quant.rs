@@ -2,15 +2,15 @@
 //!
 //! Validates shapes and dtypes against onnxruntime's rules (`matmul_nbits_helper.h`,
 //! `gather_block_quantized.cc`), then runs the reference kernels
-//! (`oxgen_kernels::matmul_nbits`, `oxgen_kernels::quant`) directly on the tensors' bytes:
+//! (`oxgen_kernels::nbits`, `oxgen_kernels::quant`) directly on the tensors' bytes:
 //! nothing is dequantized ahead of time and nothing but the output is allocated.
 
 use oxgen_graph::Op;
 use oxgen_graph::ops::{GatherBlockQuantized, MatMulNBits};
-use oxgen_kernels::matmul_nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoints};
-use oxgen_kernels::matmul_nbits_int8 as kq8;
-use oxgen_kernels::nbits_avx2::Isa;
-use oxgen_kernels::nbits_packed::{self as kpacked, PackedNBits};
+use oxgen_kernels::nbits as kq8;
+use oxgen_kernels::nbits::Isa;
+use oxgen_kernels::nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoints};
+use oxgen_kernels::nbits::{self as kpacked, PackedNBits};
 
 /// The `accuracy_level` that selects int8 activations.
 const INT8_ACCURACY_LEVEL: u8 = 4;

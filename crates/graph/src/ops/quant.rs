@@ -3,7 +3,7 @@
 //! Reference: onnxruntime `docs/ContribOperators.md` and the CPU kernels in
 //! `onnxruntime/contrib_ops/cpu/quantization/` (`matmul_nbits.cc`,
 //! `gather_block_quantized.cc`). The weight layouts are documented on the kernels
-//! (`oxgen_kernels::matmul_nbits`, `oxgen_kernels::quant`).
+//! (`oxgen_kernels::nbits`, `oxgen_kernels::quant`).
 
 use super::Op;
 use crate::{GraphError, NodeCtx, OpSpec};

@@ -1,5 +1,5 @@
-//! AVX2 attention rows for f32 caches: the arithmetic of [`crate::attention`]'s reference,
-//! bit for bit.
+//! AVX2 attention rows for f32 caches: the arithmetic of [`super::group`]'s reference, bit
+//! for bit.
 //!
 //! The reference takes each dot product `q · k_j` in eight lanes (lane `l` the `d` with
 //! `d % 8 == l`, ascending, by fused multiply-add) summed by a fixed tree, and each output
@@ -8,9 +8,9 @@
 //! - scores: one accumulator vector per key, `fma(q[c..c + 8], k_j[c..c + 8], acc)` for `c`
 //!   ascending, then the horizontal sum in the reference's tree; eight keys at a time so
 //!   their chains overlap;
-//! - values: eight (or, with AVX-512, sixteen) output elements at once, one per lane, each
-//!   adding `p_j * v_j[d]` for `j` ascending; with AVX-512 the heads that share a KV head
-//!   take each value row together, so their chains overlap.
+//! - values: eight (or, with AVX-512, sixteen: [`super::avx512`]) output elements at once,
+//!   one per lane, each adding `p_j * v_j[d]` for `j` ascending; with AVX-512 the heads that
+//!   share a KV head take each value row together, so their chains overlap.
 //!
 //! Head sizes not a multiple of eight, softcapping and the softmax itself run the reference's
 //! scalar code.
@@ -18,13 +18,14 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// Whether [`dots`] and [`weighted_sum64`] can run here.
-pub fn supported(head_size: usize) -> bool {
+#[cfg(target_arch = "x86_64")]
+use crate::cpu;
+
+/// Whether [`dots`] and [`weighted_sum64`] can run here (AVX2 and FMA, per [`crate::cpu`]).
+pub(super) fn supported(head_size: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        head_size.is_multiple_of(8)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
+        head_size.is_multiple_of(8) && cpu::features().avx2_fma()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -85,7 +86,7 @@ unsafe fn hsum4(v: [__m256; 4], out: &mut [f32]) {
 /// `k.len() >= (j0 + out.len()) * hs`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
+pub(super) unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
     let hs = q.len();
     assert!(
         hs.is_multiple_of(8) && k.len() >= (j0 + out.len()) * hs,
@@ -138,7 +139,7 @@ pub unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
 /// AVX2 and FMA must be available and `acc.len() == v.len()`, a multiple of 8.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
+pub(super) unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
     assert!(
         acc.len() == v.len() && acc.len().is_multiple_of(8),
         "weighted_add arguments were checked by the caller"
@@ -154,87 +155,6 @@ pub unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
     }
 }
 
-/// [`weighted_sum64`] for the `g` heads of a group (`1 <= g <= 4`): head `h`'s weights are
-/// `ps[h * stride..][..len]` and its accumulator `acc[h * 64..][..64]`. Where the CPU has
-/// AVX-512, every value row is loaded once for all the heads and each head's sums are four
-/// 512-bit accumulators (4·g independent chains); else head by head in AVX2. Each element
-/// sees the same operations in the same order as for its head alone.
-///
-/// # Safety
-/// AVX2 and FMA must be available, `acc.len() >= 64 * g`, `ps.len() >= (g - 1) * stride +
-/// len` and `v.len() >= (j0 + len) * 64`.
-#[cfg(target_arch = "x86_64")]
-pub unsafe fn weighted_sum64_group(
-    acc: &mut [f32],
-    ps: &[f32],
-    stride: usize,
-    len: usize,
-    g: usize,
-    v: &[f32],
-    j0: usize,
-) {
-    assert!(
-        (1..=4).contains(&g)
-            && acc.len() >= 64 * g
-            && ps.len() >= (g - 1) * stride + len
-            && v.len() >= (j0 + len) * 64,
-        "weighted_sum64_group arguments were checked by the caller"
-    );
-    // SAFETY: the bounds are asserted above; AVX-512 F is checked for the wide kernel (the
-    // detection is cached by std), AVX2 and FMA are the caller's contract.
-    unsafe {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            match g {
-                1 => group_avx512::<1>(acc, ps, stride, len, v, j0),
-                2 => group_avx512::<2>(acc, ps, stride, len, v, j0),
-                3 => group_avx512::<3>(acc, ps, stride, len, v, j0),
-                _ => group_avx512::<4>(acc, ps, stride, len, v, j0),
-            }
-        } else {
-            for (h, acc) in acc.chunks_exact_mut(64).take(g).enumerate() {
-                weighted_sum64(acc, &ps[h * stride..][..len], v, j0);
-            }
-        }
-    }
-}
-
-/// [`weighted_sum64_group`]'s AVX-512 kernel for `G` heads.
-///
-/// # Safety
-/// AVX-512 F must be available; the bounds of [`weighted_sum64_group`] hold for `g = G`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn group_avx512<const G: usize>(
-    acc: &mut [f32],
-    ps: &[f32],
-    stride: usize,
-    len: usize,
-    v: &[f32],
-    j0: usize,
-) {
-    // SAFETY: `acc` holds 64 f32 per head (the caller's contract).
-    let mut a: [[__m512; 4]; G] = std::array::from_fn(|h| {
-        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(acc.as_ptr().add(64 * h + 16 * i)) })
-    });
-    for j in 0..len {
-        let row = v.as_ptr().wrapping_add((j0 + j) * 64);
-        // SAFETY: row `j0 + j` lies inside `v` (the caller's contract).
-        let x: [__m512; 4] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(row.add(16 * i)) });
-        for (h, a) in a.iter_mut().enumerate() {
-            let pv = _mm512_set1_ps(ps[h * stride + j]);
-            for (a, &x) in a.iter_mut().zip(&x) {
-                *a = _mm512_fmadd_ps(pv, x, *a);
-            }
-        }
-    }
-    for (h, a) in a.iter().enumerate() {
-        for (i, a) in a.iter().enumerate() {
-            // SAFETY: as for the loads.
-            unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(64 * h + 16 * i), *a) };
-        }
-    }
-}
-
 /// `acc[d] = fma(ps[j], v[(j0 + j) * hs + d], acc[d])` for every `j` ascending and every
 /// `d`, with `hs == acc.len() == 64`: the eight accumulator vectors stay in registers across
 /// the keys (each element sees the same operations in the same order as [`weighted_add`] per
@@ -244,7 +164,7 @@ unsafe fn group_avx512<const G: usize>(
 /// AVX2 and FMA must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
+pub(super) unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
     assert!(
         acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
         "weighted_sum64 arguments were checked by the caller"

@@ -4,6 +4,8 @@
 use half::f16;
 
 use super::*;
+use crate::attention::{append_kv, copy_prefix};
+use crate::rotary::Rope;
 
 struct XorShift(u64);
 

@@ -6,10 +6,10 @@
 //! one block of one KV head is `block_size` contiguous head vectors. Position `p` of a sequence
 //! lives in block `table[p / block_size]`, row `p % block_size`.
 //!
-//! Each row's arithmetic is [`crate::attention`]'s (the same dot products, softmax and
-//! weighted sum, walked in absolute position order): a sequence's rows get the same bits
-//! whatever it is batched with, however its prompt was chunked, and paged or contiguous
-//! (tested below). Threads split the (row, head) pairs, in output order, into runs of about
+//! Each row's arithmetic is [`super::attention`]'s (`attention/group.rs`: the same dot
+//! products, softmax and weighted sum, walked in absolute position order): a sequence's rows
+//! get the same bits whatever it is batched with, however its prompt was chunked, and paged
+//! or contiguous (tested below). Threads split the (row, head) pairs, in output order, into runs of about
 //! equal work, never one head's row; a decode batch so splits between whole sequences and KV
 //! heads, and each thread streams its own blocks once. Each block's successor is prefetched
 //! while the block computes: the blocks lie scattered, so the hardware's stream prefetch
@@ -17,10 +17,11 @@
 
 use std::ops::Range;
 
+use super::group::{MAX_GROUP, attend_group_pieces, group_len, head_parts};
+use super::shape::{Rows, ScoreMod};
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::attention::{MAX_GROUP, Rows, ScoreMod, attend_group_pieces, group_len, head_parts};
-use crate::layout::{LayoutError, check_len};
+use crate::error::{KernelError, check_len};
 use crate::par::{Shared, par_cuts2, parts_for};
 use crate::pool::Prelude;
 use crate::rotary::{Rope, rotate_one};
@@ -94,8 +95,8 @@ fn check_segments(
     segments: &[Segment],
     tables: &[u32],
     tokens: usize,
-) -> Result<(), LayoutError> {
-    let err = |i: usize, msg: String| Err(LayoutError::Shape(format!("segment {i}: {msg}")));
+) -> Result<(), KernelError> {
+    let err = |i: usize, msg: String| Err(KernelError::Shape(format!("segment {i}: {msg}")));
     let mut next = 0;
     for (i, s) in segments.iter().enumerate() {
         if s.rows.start != next || s.rows.end < s.rows.start {
@@ -126,20 +127,20 @@ fn check_segments(
         }
     }
     if next != tokens {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "the segments cover {next} rows of {tokens}"
         )));
     }
     Ok(())
 }
 
-fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<(), LayoutError> {
+fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<(), KernelError> {
     let want = layout
         .cache_len()
         .filter(|_| layout.block_stride >= layout.block_len())
-        .ok_or_else(|| LayoutError::Shape(format!("{layout:?} overflows or overlaps")))?;
+        .ok_or_else(|| KernelError::Shape(format!("{layout:?} overflows or overlaps")))?;
     if len < want {
-        return Err(LayoutError::Length {
+        return Err(KernelError::Length {
             what,
             expected: want,
             actual: len,
@@ -157,7 +158,7 @@ pub fn paged_append<T: Accum<Acc = f32>>(
     tables: &[u32],
     rope: Option<&Rope<T>>,
     cache: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     check_segments(layout, segments, tables, tokens)?;
     check_pool(layout, cache.len(), "KV pool")?;
@@ -184,18 +185,18 @@ fn check_rope<T>(
     rope: Option<&Rope<T>>,
     segments: &[Segment],
     head_size: usize,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let Some(rope) = rope else {
         return Ok(());
     };
     if 2 * rope.half > head_size {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "rotary_dim {} exceeds the head size {head_size}",
             2 * rope.half
         )));
     }
     match max_positions(segments) {
-        end if end > rope.rows() => Err(LayoutError::Shape(format!(
+        end if end > rope.rows() => Err(KernelError::Shape(format!(
             "position {} is out of range for cos/sin caches of {} rows",
             end - 1,
             rope.rows()
@@ -252,7 +253,7 @@ pub fn paged_rotate_query<T: Accum<Acc = f32>>(
     segments: &[Segment],
     rope: &Rope<T>,
     out: &mut [T],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     q.check(tokens, heads, head_size, "query")?;
     check_len("rotated query", out.len(), tokens * heads * head_size)?;
@@ -389,7 +390,7 @@ pub fn paged_attention<T: Accum<Acc = f32>>(
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_pool(layout, k.len(), "key pool")?;
     check_pool(layout, v.len(), "value pool")?;
     Split::run(
@@ -428,10 +429,10 @@ impl<'a> Split<'a> {
         out: &[T],
         scratch: &[f32],
         pool: &ThreadPool,
-    ) -> Result<Option<Split<'a>>, LayoutError> {
+    ) -> Result<Option<Split<'a>>, KernelError> {
         let (kv_heads, hs) = (layout.kv_heads, layout.head_size);
         if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(LayoutError::Shape(format!(
+            return Err(KernelError::Shape(format!(
                 "num_heads {heads} is not a multiple of kv_num_heads {kv_heads}"
             )));
         }
@@ -445,7 +446,7 @@ impl<'a> Split<'a> {
         let parts = part_count(layout, heads, segments, pool);
         let per_part = group_len(heads, kv_heads) * (max_positions(segments) + hs);
         if scratch.len() < parts * per_part {
-            return Err(LayoutError::Length {
+            return Err(KernelError::Length {
                 what: "attention scratch",
                 expected: parts * per_part,
                 actual: scratch.len(),
@@ -480,7 +481,7 @@ impl<'a> Split<'a> {
         (out, scratch, pool): (&mut [T], &mut [f32], &ThreadPool),
         prelude: Prelude<'_>,
         attend: impl Fn(&Split<'a>, usize, &mut [T], &mut [f32]) + Sync,
-    ) -> Result<(), LayoutError> {
+    ) -> Result<(), KernelError> {
         let Some(split) = Split::new(
             heads, layout, score, q, segments, tables, out, scratch, pool,
         )?
@@ -553,7 +554,7 @@ fn check_disjoint_writes(
     (k_at, v_at): (usize, usize),
     segments: &[Segment],
     tables: &[u32],
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     if layout.blocks == 0 {
         return Ok(());
     }
@@ -571,7 +572,7 @@ fn check_disjoint_writes(
         .iter()
         .any(|&j| (d + j * stride).abs() < len)
     {
-        return Err(LayoutError::Shape(format!(
+        return Err(KernelError::Shape(format!(
             "the key pool at {k_at} and the value pool at {v_at} overlap (blocks of {len} values every {stride})"
         )));
     }
@@ -585,7 +586,7 @@ fn check_disjoint_writes(
         .collect();
     written.sort_unstable();
     match written.windows(2).find(|w| w[0] == w[1]) {
-        Some(w) => Err(LayoutError::Shape(format!(
+        Some(w) => Err(KernelError::Shape(format!(
             "block {} is written by two segments of one step",
             w[0]
         ))),
@@ -624,7 +625,7 @@ pub fn paged_step<T: Accum<Acc = f32>>(
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     let (kv_heads, hs) = (layout.kv_heads, layout.head_size);
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     check_segments(layout, segments, tables, tokens)?;
@@ -688,5 +689,5 @@ pub fn paged_step<T: Accum<Acc = f32>>(
 }
 
 #[cfg(test)]
-#[path = "attention_paged_tests.rs"]
+#[path = "paged_tests.rs"]
 mod tests;

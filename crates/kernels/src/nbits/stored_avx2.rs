@@ -1,5 +1,6 @@
 //! AVX2 `MatMulNBits` with int8 activations, 4- or 8-bit weights and blocks of a multiple of
-//! 32: the same arithmetic as [`crate::matmul_nbits_int8`]'s reference, bit for bit.
+//! 32: the same arithmetic as [`super::int8_reference`], bit for bit. AVX2 alone or with
+//! AVX-VNNI: an AVX-512 variant runs its 256-bit sibling here ([`Isa::ymm`]).
 //!
 //! Why it is bit-identical: a block's dot product `Σ q_w·q_a` is an exact integer in any
 //! order, so it may be computed 32 products at a time (`vpmaddubsw` of the unsigned weight
@@ -21,219 +22,20 @@
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
-use std::cell::RefCell;
 use std::ops::Range;
 
-use crate::matmul_nbits::{NBitsLayout, QuantWeights, ZeroPoints};
-use crate::matmul_nbits_int8::{block_offset, quantize_row, row_part as reference_row_part};
+use super::int8_reference::{block_offset, row_part as reference_row_part};
+use super::isa::Isa;
+use super::layout::{QuantWeights, ZeroPoints};
+use super::quantized_row::QuantizedRow;
 use crate::quant::code;
 
 /// How far ahead of the current block each weight stream is prefetched, in bytes.
 const PREFETCH_AHEAD: usize = 512;
 
-/// Output columns one kernel call computes together.
-pub const TILE: usize = 8;
-
-/// The instruction sets the kernel has variants for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    Avx2,
-    /// AVX2 with AVX-VNNI's `vpdpbusd`.
-    AvxVnni,
-    /// AVX-512 with VNNI: the packed kernel computes two tiles per 512-bit vector (the
-    /// stored-layout kernel runs its 256-bit variant, [`Isa::ymm`]).
-    Avx512Vnni,
-}
-
-impl Isa {
-    /// Every variant this CPU runs (checked once: kernels ask on every call, so this must
-    /// not allocate).
-    pub fn available() -> &'static [Isa] {
-        static AVAILABLE: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
-        AVAILABLE.get_or_init(|| {
-            let mut isas = Vec::new();
-            #[cfg(target_arch = "x86_64")]
-            // The kernels' epilogue needs FMA and the packed kernel's f16 scales F16C; every
-            // AVX2 CPU but a few early VIA ones has both.
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                isas.push(Isa::Avx2);
-                if std::arch::is_x86_feature_detected!("avxvnni") {
-                    isas.push(Isa::AvxVnni);
-                }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512vnni")
-                {
-                    isas.push(Isa::Avx512Vnni);
-                }
-            }
-            isas
-        })
-    }
-
-    /// The fastest variant here, checked once. `OXGEN_NO_AVX512` (set to anything) keeps
-    /// to 256-bit vectors and `OXGEN_NO_VNNI` to AVX2, to compare them.
-    pub fn best() -> Isa {
-        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let has = |isa| Isa::available().contains(&isa);
-            let off = |var: &str| std::env::var_os(var).is_some();
-            if off("OXGEN_NO_VNNI") {
-                Isa::Avx2
-            } else if has(Isa::Avx512Vnni) && !off("OXGEN_NO_AVX512") {
-                Isa::Avx512Vnni
-            } else if has(Isa::AvxVnni) {
-                Isa::AvxVnni
-            } else {
-                Isa::Avx2
-            }
-        })
-    }
-
-    /// The 256-bit variant to run where this one has none: AVX-VNNI where the CPU has it,
-    /// else AVX2.
-    pub fn ymm(self) -> Isa {
-        match self {
-            Isa::Avx512Vnni if Isa::available().contains(&Isa::AvxVnni) => Isa::AvxVnni,
-            Isa::Avx512Vnni => Isa::Avx2,
-            other => other,
-        }
-    }
-}
-
-/// Whether [`row_part`] handles this layout on this CPU.
-pub fn supported(layout: &NBitsLayout) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        (layout.bits == 4 || layout.bits == 8)
-            && layout.block_size.is_multiple_of(32)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = layout;
-        false
-    }
-}
-
-/// One row's activations, quantized and laid out for the kernel.
-#[derive(Default)]
-pub struct QuantizedRow {
-    /// Codes padded to whole blocks (zeros past `k`), each 32-chunk in `[even | odd]` order.
-    q: Vec<i8>,
-    /// Scale per block.
-    scales: Vec<f32>,
-    /// `Σ q_a` per block (over the real codes; padding is zero).
-    sums: Vec<i32>,
-    /// `scale_a · Σ q_a` per block: what a float zero point's offset multiplies.
-    scaled_sums: Vec<f32>,
-    natural: Vec<i8>,
-}
-
-impl QuantizedRow {
-    /// Codes in K order, padded with zeros to whole blocks.
-    pub(crate) fn natural(&self) -> &[i8] {
-        &self.natural
-    }
-
-    /// `Σ q_a` per block.
-    pub(crate) fn sums(&self) -> &[i32] {
-        &self.sums
-    }
-
-    /// Scale per block.
-    pub(crate) fn scales(&self) -> &[f32] {
-        &self.scales
-    }
-
-    /// `scale_a · Σ q_a` per block.
-    pub(crate) fn scaled_sums(&self) -> &[f32] {
-        &self.scaled_sums
-    }
-
-    /// Quantizes `a` (`k` values) with the reference's rounding; reuses its buffers. The
-    /// even/odd interleaved codes the stored-layout kernel reads are made only when
-    /// `interleave` (the packed kernel reads the natural order).
-    pub fn quantize(&mut self, a: &[f32], layout: &NBitsLayout, interleave: bool) {
-        let (bs, kb) = (layout.block_size, layout.k_blocks);
-        let padded = kb * bs;
-        // Every code and scale is written below (the padding's codes explicitly), so the
-        // buffers are only sized, not cleared.
-        self.natural.resize(padded, 0);
-        self.natural[a.len()..].fill(0);
-        self.scales.resize(kb, 0.0);
-        quantize_row(a, bs, &mut self.natural[..a.len()], &mut self.scales);
-        self.sums.clear();
-        self.sums
-            .extend(self.natural[..padded].chunks(bs).map(block_sum));
-        self.scaled_sums.clear();
-        self.scaled_sums.extend(
-            self.scales
-                .iter()
-                .zip(&self.sums)
-                .map(|(&s, &sum)| s * sum as f32),
-        );
-        self.q.clear();
-        if !interleave {
-            return;
-        }
-        self.q.resize(padded, 0);
-        for (src, dst) in self.natural.chunks(32).zip(self.q.chunks_mut(32)) {
-            for i in 0..16 {
-                dst[i] = src[2 * i];
-                dst[16 + i] = src[2 * i + 1];
-            }
-        }
-    }
-}
-
-/// `Σ q` of one block of codes.
-fn block_sum(codes: &[i8]) -> i32 {
-    codes.iter().map(|&v| i32::from(v)).sum()
-}
-
-thread_local! {
-    /// Per-thread activation buffers, so a decode step allocates nothing once warm.
-    static ROWS: RefCell<Vec<QuantizedRow>> = const { RefCell::new(Vec::new()) };
-    /// Per-thread block statistics of a batch's rows (see [`with_rows_and_meta`]).
-    static META: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` with `m` quantized-row buffers of this thread.
-pub fn with_rows<R>(m: usize, f: impl FnOnce(&mut [QuantizedRow]) -> R) -> R {
-    ROWS.with(|rows| {
-        let mut rows = rows.borrow_mut();
-        if rows.len() < m {
-            rows.resize_with(m, QuantizedRow::default);
-        }
-        f(&mut rows[..m])
-    })
-}
-
-/// [`with_rows`], with `meta_len` values of this thread for the rows' block statistics as the
-/// AVX-512 tile kernel reads them (`nbits_packed`'s `Meta`).
-pub(crate) fn with_rows_and_meta<R>(
-    m: usize,
-    meta_len: usize,
-    f: impl FnOnce(&mut [QuantizedRow], &mut [f32]) -> R,
-) -> R {
-    META.with(|meta| {
-        let mut meta = meta.borrow_mut();
-        if meta.len() < meta_len {
-            meta.resize(meta_len, 0.0);
-        }
-        with_rows(m, |rows| f(rows, &mut meta[..meta_len]))
-    })
-}
-
 /// Columns `cols` of one output row from its quantized activations. The caller checked
-/// [`supported`].
-pub fn row_part(
+/// [`super::isa::supported`].
+pub(crate) fn row_part(
     row: &QuantizedRow,
     w: &QuantWeights<'_, f32>,
     bias: Option<&[f32]>,

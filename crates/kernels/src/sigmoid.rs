@@ -1,7 +1,8 @@
-//! The logistic sigmoid of f32 values, computed in f64 and rounded once, over an exponential
-//! of oxgen's own rather than libm's: the same operations in the scalar reference and in the
-//! AVX2 and AVX-512 kernels (four and eight f64 lanes), so all give the same bits on every
-//! machine, where libm's `exp` differs between C libraries and cannot be vectorized.
+//! The logistic sigmoid of f32 values and the gated SiLU over it: computed in f64 and rounded
+//! once, over an exponential of oxgen's own rather than libm's: the same operations in the
+//! scalar reference and in the AVX2 and AVX-512 kernels (four and eight f64 lanes), so all
+//! give the same bits on every machine, where libm's `exp` differs between C libraries and
+//! cannot be vectorized.
 //!
 //! `sigmoid(x) = 1 / (1 + e^-x)` for `x >= 0` and `e^x / (1 + e^x)` below, so the exponential
 //! only ever sees `t = -|x| <= 0`. Below `t = -110` it is taken as 0: then `1 + e^t` rounds to
@@ -12,15 +13,14 @@
 //! multiply-adds, and `2^k` is built from its exponent bits. The result is within a few f64
 //! ulps of `e^t`, so the rounded f32 sigmoid almost always equals the correctly rounded one.
 //!
-//! The softmax exponential ([`exp_shifted_sum`]) is its f32 sibling: `e^(x - max)` with the
-//! same reduction in f32 constants and a degree-7 Taylor polynomial (truncation below 1e-8
-//! relative, so within a couple of f32 ulps of `expf`), taken as 0 below `-87.3` (where f32
-//! results would turn subnormal), summed in eight lanes (element `i` into lane `i % 8`) and
-//! then by the tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, the scalar reference
-//! and the AVX2 kernel alike.
+//! [`silu_mul`] is the gated SiLU of a decoder's MLP over this sigmoid. The softmax's f32
+//! exponential, the same reduction in f32, is [`crate::attention`]'s (`attention/exp.rs`).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+#[cfg(target_arch = "x86_64")]
+use crate::cpu;
 
 /// Below this `t`, `e^t` counts as 0 (see the module doc).
 const EXP_FLOOR: f64 = -110.0;
@@ -71,20 +71,21 @@ pub fn sigmoid(x: f32) -> f32 {
     (num / (1.0 + e)) as f32
 }
 
-/// `out[i] = sigmoid(x[i])`: AVX2 where the CPU has it, the same bits as [`sigmoid`].
+/// `out[i] = sigmoid(x[i])`: AVX-512 or AVX2 where [`crate::cpu`] allows, the same bits as
+/// [`sigmoid`].
 pub fn sigmoid_slice(x: &[f32], out: &mut [f32]) {
     let n = x.len().min(out.len());
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if cpu::isa() >= cpu::Isa::Avx512 {
         done = n / 8 * 8;
-        // SAFETY: AVX-512 F was detected; both slices hold `done` elements.
+        // SAFETY: AVX-512 F is available (checked above); both slices hold `done` elements.
         unsafe { sigmoid_avx512(&x[..done], &mut out[..done]) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if cpu::isa() >= cpu::Isa::Avx2 {
         let end = done + (n - done) / 4 * 4;
-        // SAFETY: AVX2 was detected; both ranges hold a multiple of four elements.
+        // SAFETY: AVX2 is available (checked above); both ranges hold a multiple of four elements.
         unsafe { sigmoid_avx2(&x[done..end], &mut out[done..end]) };
         done = end;
     }
@@ -191,112 +192,6 @@ unsafe fn sigmoid_avx512(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Below this `t`, `e^t` in f32 counts as 0.
-const EXP32_FLOOR: f32 = -87.3;
-const INV_LN2_32: f32 = std::f32::consts::LOG2_E;
-/// ln 2 split so that `k * LN2_HI_32` is exact for the `k` that occur (|k| <= 126).
-const LN2_HI_32: f32 = 0.693_359_4;
-const LN2_LO_32: f32 = -2.121_944_4e-4;
-/// `1 / n!` for n = 7 down to 2.
-const TAYLOR32: [f32; 6] = [
-    1.0 / 5040.0,
-    1.0 / 720.0,
-    1.0 / 120.0,
-    1.0 / 24.0,
-    1.0 / 6.0,
-    1.0 / 2.0,
-];
-
-/// `e^t` in f32 for `t <= 0` (see the module doc); NaN stays NaN.
-pub fn exp32_nonpositive(t: f32) -> f32 {
-    if t < EXP32_FLOOR {
-        return 0.0;
-    }
-    let k = (t * INV_LN2_32).round_ties_even();
-    let r = (t - k * LN2_HI_32) - k * LN2_LO_32;
-    let mut p = TAYLOR32[0];
-    for c in &TAYLOR32[1..] {
-        p = p * r + c;
-    }
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    // k is in [-126, 0]: 2^k is a normal f32.
-    p * f32::from_bits(((k as i32 + 127) as u32) << 23)
-}
-
-/// `xs[i] = e^(xs[i] - max)` for every `i` (each `xs[i] <= max`), returning their sum, in
-/// the module doc's order: the softmax numerators and denominator of one attention row.
-pub fn exp_shifted_sum(xs: &mut [f32], max: f32) -> f32 {
-    let mut lanes = [0f32; 8];
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        done = xs.len() / 8 * 8;
-        // SAFETY: AVX2 was detected; `done` elements are whole vectors of `xs`.
-        lanes = unsafe { exp_shifted_avx2(&mut xs[..done], max) };
-    }
-    for (i, x) in xs.iter_mut().enumerate().skip(done) {
-        *x = exp32_nonpositive(*x - max);
-        lanes[i % 8] += *x;
-    }
-    lane_tree(lanes)
-}
-
-/// The sum of eight lanes by the tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`
-/// (what one 8-wide vector and its horizontal sum do): the order every eight-lane reduction
-/// of the kernels' references ends in.
-pub(crate) fn lane_tree(l: [f32; 8]) -> f32 {
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
-/// Eight elements at a time, each lane the reference's operations; returns the lane sums.
-///
-/// # Safety
-/// AVX2 must be available; `xs.len()` a multiple of 8.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn exp_shifted_avx2(xs: &mut [f32], max: f32) -> [f32; 8] {
-    let (maxv, floor, one) = (
-        _mm256_set1_ps(max),
-        _mm256_set1_ps(EXP32_FLOOR),
-        _mm256_set1_ps(1.0),
-    );
-    let (inv_ln2, hi, lo) = (
-        _mm256_set1_ps(INV_LN2_32),
-        _mm256_set1_ps(LN2_HI_32),
-        _mm256_set1_ps(LN2_LO_32),
-    );
-    let mut sum = _mm256_setzero_ps();
-    for chunk in xs.chunks_exact_mut(8) {
-        // SAFETY: `chunk` holds eight f32.
-        let t = _mm256_sub_ps(unsafe { _mm256_loadu_ps(chunk.as_ptr()) }, maxv);
-        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(t, inv_ln2),
-        );
-        let r = _mm256_sub_ps(_mm256_sub_ps(t, _mm256_mul_ps(k, hi)), _mm256_mul_ps(k, lo));
-        let mut p = _mm256_set1_ps(TAYLOR32[0]);
-        for &c in &TAYLOR32[1..] {
-            p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
-        }
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), one);
-        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(k),
-            _mm256_set1_epi32(127),
-        ));
-        let e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-        // t < floor → 0 (a NaN t compares false and keeps its NaN).
-        let e = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(t, floor), e);
-        // SAFETY: as for the load.
-        unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), e) };
-        sum = _mm256_add_ps(sum, e);
-    }
-    let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` holds eight f32.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-    lanes
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,53 +253,18 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             let whole = x.len() / 8 * 8;
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: AVX2 was detected; `whole` is a multiple of 8.
+            if cpu::isa() >= cpu::Isa::Avx2 {
+                // SAFETY: AVX2 is available (checked above); `whole` is a multiple of 8.
                 unsafe { sigmoid_avx2(&x[..whole], &mut got[..whole]) };
                 check(&got[..whole], "avx2");
             }
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            if cpu::isa() >= cpu::Isa::Avx512 {
                 got.fill(0.0);
-                // SAFETY: AVX-512 F was detected; `whole` is a multiple of 8.
+                // SAFETY: AVX-512 F is available (checked above); `whole` is a multiple of 8.
                 unsafe { sigmoid_avx512(&x[..whole], &mut got[..whole]) };
                 check(&got[..whole], "avx512");
             }
         }
-    }
-
-    #[test]
-    fn softmax_exponentials_equal_the_reference_and_stay_near_libm() {
-        let mut rng = 3u64;
-        for len in [0, 1, 7, 8, 9, 31, 64, 200] {
-            let xs: Vec<f32> = (0..len)
-                .map(|_| {
-                    rng = rng
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((rng >> 40) as f32 / (1u64 << 24) as f32) * 120.0 - 100.0
-                })
-                .collect();
-            let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut fast = xs.clone();
-            let sum = exp_shifted_sum(&mut fast, max);
-            let mut lanes = [0f32; 8];
-            for (i, (&x, &f)) in xs.iter().zip(&fast).enumerate() {
-                let want = exp32_nonpositive(x - max);
-                assert_eq!(want.to_bits(), f.to_bits(), "e^({x} - {max})");
-                let libm = (x - max).exp();
-                assert!(
-                    (want - libm).abs() <= 4.0 * f32::EPSILON * libm.max(f32::MIN_POSITIVE)
-                        || x - max < EXP32_FLOOR
-                );
-                lanes[i % 8] += want;
-            }
-            let l = lanes;
-            let want = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-            assert_eq!(want.to_bits(), sum.to_bits());
-        }
-        assert_eq!(exp32_nonpositive(0.0), 1.0);
-        assert_eq!(exp32_nonpositive(f32::NEG_INFINITY), 0.0);
-        assert!(exp32_nonpositive(f32::NAN).is_nan());
     }
 
     #[test]

@@ -1,27 +1,6 @@
 //! `MatMulNBits`: `Y = A · dequant(B)ᵀ (+ bias)` with B block-quantized along K — the scalar
 //! reference that optimized kernels (packed SIMD GEMV, int8 activations) are tested against.
-//!
-//! # Quantized block layout
-//!
-//! As specified for `com.microsoft.MatMulNBits` in onnxruntime's `docs/ContribOperators.md`
-//! (and built by `onnxruntime/test/contrib_ops/matmul_4bits_test.cc`):
-//!
-//! - `B` is uint8 of shape `[N, k_blocks, blob_size]`: row `n` holds column `n` of the
-//!   logical `K × N` weight matrix, cut into `k_blocks = ceil(K / block_size)` blocks of
-//!   `block_size` codes along K. `blob_size = block_size * bits / 8` bytes per block.
-//! - Inside a blob, codes are packed low bits first ([`crate::quant`]): for 4 bits, code
-//!   `2j` is the low nibble of byte `j` and code `2j + 1` the high nibble; for 8 bits one
-//!   byte per code. When `K` is not a multiple of `block_size`, the last blob is padded and
-//!   its codes past `K` are never read.
-//! - `scales` has `N × k_blocks` values (row-major `[N, k_blocks]`), in A's type.
-//! - Zero points are absent (every block uses `2^(bits - 1)`), packed uint8 of
-//!   `N × ceil(k_blocks * bits / 8)` bytes (each row packed like B's codes and padded to a
-//!   whole byte), or unpacked floats of `N × k_blocks` in the scales' type.
-//! - Weight `(k, n) = (q - zero_point) * scale`, for the code `q` of block `k / block_size`.
-//!
-//! No `#[repr(C)]` block struct describes a blob: its size follows the `block_size`
-//! attribute (16..=256 bytes of codes in practice), so the layout is the validated
-//! [`NBitsLayout`] instead.
+//! The weight layout is [`super::layout`]'s.
 //!
 //! # Reduction contract (DESIGN.md §6)
 //!
@@ -34,96 +13,15 @@
 
 use std::ops::Range;
 
+use super::layout::{QuantWeights, ZeroPoints, check_args, par_output_rows};
 use crate::ThreadPool;
 use crate::acc::Accum;
-use crate::layout::{LayoutError, check_len, numel};
-use crate::par::{par_row_parts, parts_for};
-use crate::quant::{check_bits, code, default_zero_point, packed_bytes};
-
-/// The validated geometry of a quantized weight matrix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NBitsLayout {
-    pub n: usize,
-    pub k: usize,
-    pub bits: u32,
-    pub block_size: usize,
-    /// `ceil(k / block_size)`.
-    pub k_blocks: usize,
-    /// Bytes per block: `block_size * bits / 8`.
-    pub blob_size: usize,
-    /// Bytes of packed zero points per row: `ceil(k_blocks * bits / 8)`.
-    pub zp_row_bytes: usize,
-}
-
-impl NBitsLayout {
-    /// The layout of an `n × k` matrix of `bits`-bit codes in blocks of `block_size`.
-    /// `block_size` must be a power of two and at least 16 (the spec's rule).
-    pub fn new(n: usize, k: usize, bits: u32, block_size: usize) -> Result<Self, LayoutError> {
-        check_bits(bits)?;
-        if block_size < 16 || !block_size.is_power_of_two() {
-            return Err(LayoutError::Shape(format!(
-                "block_size must be a power of two >= 16, got {block_size}"
-            )));
-        }
-        let k_blocks = k.div_ceil(block_size);
-        let blob_size = block_size * bits as usize / 8;
-        numel(&[n, k_blocks, blob_size])?;
-        Ok(NBitsLayout {
-            n,
-            k,
-            bits,
-            block_size,
-            k_blocks,
-            blob_size,
-            zp_row_bytes: packed_bytes(k_blocks, bits)?,
-        })
-    }
-}
-
-/// The zero points of a quantized matrix.
-#[derive(Debug, Clone, Copy)]
-pub enum ZeroPoints<'a, S> {
-    /// Every block uses `2^(bits - 1)`.
-    Default,
-    /// uint8 codes packed like B, `zp_row_bytes` per row.
-    Packed(&'a [u8]),
-    /// One value per block in the scales' type.
-    Float(&'a [S]),
-}
-
-/// A block-quantized weight matrix (`B`, its scales and zero points).
-#[derive(Debug, Clone, Copy)]
-pub struct QuantWeights<'a, S> {
-    pub layout: NBitsLayout,
-    /// `n × k_blocks × blob_size` bytes.
-    pub data: &'a [u8],
-    /// `n × k_blocks` scales.
-    pub scales: &'a [S],
-    pub zero_points: ZeroPoints<'a, S>,
-}
-
-impl<S> QuantWeights<'_, S> {
-    pub(crate) fn check(&self) -> Result<(), LayoutError> {
-        let l = &self.layout;
-        check_len(
-            "B",
-            self.data.len(),
-            numel(&[l.n, l.k_blocks, l.blob_size])?,
-        )?;
-        let per_block = numel(&[l.n, l.k_blocks])?;
-        check_len("scales", self.scales.len(), per_block)?;
-        match self.zero_points {
-            ZeroPoints::Default => Ok(()),
-            ZeroPoints::Packed(z) => {
-                check_len("zero points", z.len(), numel(&[l.n, l.zp_row_bytes])?)
-            }
-            ZeroPoints::Float(z) => check_len("zero points", z.len(), per_block),
-        }
-    }
-}
+use crate::error::KernelError;
+use crate::quant::{code, default_zero_point};
 
 /// `out = a · dequant(w)ᵀ + bias` for `a` of `m × K` (row-major), `bias` of `N` values and
-/// `out` of `m × N`. See the module doc for the layout and the reduction order.
+/// `out` of `m × N`. See `nbits/layout.rs` for the layout and `nbits/reference.rs` for the
+/// reduction order.
 pub fn matmul_nbits<T: Accum<Acc = f32>>(
     a: &[T],
     m: usize,
@@ -131,64 +29,13 @@ pub fn matmul_nbits<T: Accum<Acc = f32>>(
     bias: Option<&[T]>,
     out: &mut [T],
     pool: &ThreadPool,
-) -> Result<(), LayoutError> {
+) -> Result<(), KernelError> {
     check_args(a.len(), m, w, bias.map(<[T]>::len), out.len())?;
     let k = w.layout.k;
     par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
         row_part(&a[i * k..][..k], w, bias, cols, out_row);
     });
     Ok(())
-}
-
-/// Checks the lengths of `A` (`m × K`), the weights, the bias (`N`) and the output (`m × N`).
-pub(crate) fn check_args<S>(
-    a_len: usize,
-    m: usize,
-    w: &QuantWeights<'_, S>,
-    bias_len: Option<usize>,
-    out_len: usize,
-) -> Result<(), LayoutError> {
-    w.check()?;
-    check_io(a_len, m, &w.layout, bias_len, out_len)
-}
-
-/// The lengths of `A`, the bias and the output against a layout.
-pub(crate) fn check_io(
-    a_len: usize,
-    m: usize,
-    layout: &NBitsLayout,
-    bias_len: Option<usize>,
-    out_len: usize,
-) -> Result<(), LayoutError> {
-    let NBitsLayout { n, k, .. } = *layout;
-    check_len("A", a_len, numel(&[m, k])?)?;
-    check_len("output", out_len, numel(&[m, n])?)?;
-    if let Some(b) = bias_len {
-        check_len("bias", b, n)?;
-    }
-    Ok(())
-}
-
-/// Hands output rows (or, for few rows, column ranges of them) to pool tasks: `f(row, cols,
-/// out_row_part)`. Never splits K, so results do not depend on the split.
-pub(crate) fn par_output_rows<T: Send>(
-    pool: &ThreadPool,
-    m: usize,
-    layout: NBitsLayout,
-    out: &mut [T],
-    f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
-) {
-    let NBitsLayout { n, k, .. } = layout;
-    if m == 0 || n == 0 {
-        return;
-    }
-    let parts = parts_for(pool, m * n, k);
-    let (rows_per_task, col_parts) = if parts <= m {
-        (m.div_ceil(parts), 1)
-    } else {
-        (1, parts.div_ceil(m).min(n))
-    };
-    par_row_parts(pool, out, n, rows_per_task, col_parts, f);
 }
 
 /// Columns `cols` of one output row.
@@ -232,6 +79,7 @@ mod tests {
     use half::f16;
 
     use super::*;
+    use crate::nbits::NBitsLayout;
 
     /// A tiny xorshift64 for reproducible test data.
     struct Rng(u64);

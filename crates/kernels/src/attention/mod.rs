@@ -1,0 +1,27 @@
+//! Causal grouped-query attention (com.microsoft::GroupQueryAttention) over a contiguous KV
+//! cache, and over a paged one for a ragged batch ([`paged`]): one scalar reference for the
+//! arithmetic of a row, and AVX2 and AVX-512 rows for f32 caches that give its bits.
+//!
+//! The files, each depending only on those listed before it:
+//! - `shape`: a call's arguments ([`GqaShape`], [`ScoreMod`], [`Rows`]);
+//! - `exp`: the softmax exponentials and their sum (reference and AVX2);
+//! - `avx2`, `avx512`: the f32 dot products and value sums of a row;
+//! - `group`: the row arithmetic of a group of heads over their keys (the reference, and
+//!   the dispatch to `avx2` and `avx512` through [`crate::cpu`]);
+//! - `cache`: the KV cache updates and rotated queries around a step;
+//! - `gqa`: [`attention`] over contiguous caches (tests in `gqa_tests.rs`);
+//! - [`paged`]: attention over block tables (tests in `paged_tests.rs`).
+
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod cache;
+mod exp;
+mod gqa;
+mod group;
+pub mod paged;
+mod shape;
+
+pub use cache::{append_kv, copy_prefix, rotate_query};
+pub use gqa::{attention, attention_reference, heads_to_rows, scratch_len};
+pub use shape::{GqaShape, Rows, ScoreMod};

@@ -1,0 +1,44 @@
+//! `MatMulNBits` (com.microsoft): `Y = A · dequant(B)ᵀ (+ bias)` with B block-quantized along
+//! K, as onnxruntime's `docs/ContribOperators.md` specifies it. One scalar reference per
+//! arithmetic, fast x86 kernels that give their reference's bits, and the repacked layout
+//! models load into.
+//!
+//! The files, each depending only on those listed before it:
+//! - `layout`: the weights' geometry and layout ([`NBitsLayout`], [`QuantWeights`],
+//!   [`ZeroPoints`]), argument checks, the split of output rows over the pool;
+//! - `isa`: the fast kernels' variants ([`Isa`]) and [`supported`], from [`crate::cpu`];
+//! - `reference`: [`matmul_nbits`], the f32 reference (any float type);
+//! - `quantize`: activation rows to int8 ([`quantize_row`]: reference and AVX2);
+//! - `quantized_row`: a quantized row laid out for the kernels, per-thread buffers;
+//! - `int8_reference`: the int8-activation arithmetic ([`matmul_nbits_int8_reference`]);
+//! - `stored_avx2`: AVX2 / AVX-VNNI kernel over the stored (ONNX) layout;
+//! - `int8`: [`matmul_nbits_int8`], which picks that kernel or the reference;
+//! - `packed`: [`PackedNBits`], the weights repacked at load into column tiles;
+//! - `tile_io`: what the packed tile kernels share (checked pointers, prefetches);
+//! - `packed_avx2`, `packed_avx512`: the tile kernels (x86-64 only);
+//! - `packed_matmul`: [`matmul_packed`] and its variants, the passes over the tiles.
+
+mod int8;
+mod int8_reference;
+mod isa;
+mod layout;
+mod packed;
+#[cfg(target_arch = "x86_64")]
+mod packed_avx2;
+#[cfg(target_arch = "x86_64")]
+mod packed_avx512;
+mod packed_matmul;
+mod quantize;
+mod quantized_row;
+mod reference;
+mod stored_avx2;
+mod tile_io;
+
+pub use int8::{matmul_nbits_int8, matmul_nbits_int8_isa};
+pub use int8_reference::{block_offset, matmul_nbits_int8_reference};
+pub use isa::{Isa, supported, supported_on};
+pub use layout::{NBitsLayout, QuantWeights, TILE, ZeroPoints};
+pub use packed::PackedNBits;
+pub use packed_matmul::{matmul_packed, matmul_packed_glu, matmul_packed_parts};
+pub use quantize::{quantize_row, quantize_row_reference};
+pub use reference::matmul_nbits;
