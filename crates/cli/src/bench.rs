@@ -142,7 +142,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let ttft = stats(&series(&|o| o.timings.ttft.as_secs_f64() * 1e3));
     let report = json!({
         "model": dir.display().to_string(),
-        "threads": args.run.threads,
+        "threads": model.threads(),
         "prompt_len": prompt_len,
         "gen_len": gen_len,
         "runs": args.runs,
@@ -212,7 +212,6 @@ fn run_batch(
     options: &GenerateOptions,
 ) -> anyhow::Result<()> {
     let n = args.batch as usize;
-    let capacity = ids.len() + options.max_new_tokens;
     let (mut prefill, mut decode, mut per_step, mut per_token) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.warmup + args.runs {
@@ -221,7 +220,7 @@ fn run_batch(
         }
         model.reset();
         let mut seqs = (0..n)
-            .map(|_| model.start(ids, options, capacity, None))
+            .map(|_| model.start(ids, options, None))
             .collect::<Result<Vec<Sequence>, _>>()?;
         let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
         let started = Instant::now();
@@ -264,7 +263,7 @@ fn run_batch(
     }
     let report = json!({
         "model": model.dir().display().to_string(),
-        "threads": args.run.threads,
+        "threads": model.threads(),
         "batch": n,
         "prompt_len": ids.len(),
         "gen_len": options.max_new_tokens,

@@ -63,6 +63,10 @@ fn history_path(args: &Args) -> Option<PathBuf> {
 struct Session {
     model: Model,
     chat: Chat,
+    /// The flags, as `/set` has changed them.
+    sample: SampleArgs,
+    /// Seeds every reply's draw unless a seed is set.
+    seed: u64,
     options: GenerateOptions,
     last: Option<Output>,
 }
@@ -92,8 +96,15 @@ impl Session {
             }
             "/set" => {
                 let (name, value) = rest.split_once(' ').unwrap_or((rest, ""));
-                match set_param(&mut self.options, name, value.trim()) {
-                    Ok(()) => eprintln!("{name} = {}", value.trim()),
+                let mut sample = self.sample.clone();
+                let set = set_param(&mut sample, name, value.trim()).and_then(|()| {
+                    (sample.options(&self.model, self.seed)).map_err(|e| e.to_string())
+                });
+                match set {
+                    Ok(options) => {
+                        (self.sample, self.options) = (sample, options);
+                        eprintln!("{name} = {}", value.trim());
+                    }
                     Err(e) => eprintln!("/set {name}: {e}"),
                 }
             }
@@ -140,10 +151,13 @@ impl Session {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = model_dir(args.model.as_deref())?;
     let model = open_model(&dir, &args.run, &args.backend, Some(DEFAULT_CHAT_CONTEXT))?;
-    let options = args.sample.options(&model);
+    let seed = oxgen::fresh_seed();
+    let options = args.sample.options(&model, seed)?;
     let mut session = Session {
         model,
         chat: Chat::new(args.system.as_deref()),
+        sample: args.sample.clone(),
+        seed,
         options,
         last: None,
     };

@@ -116,25 +116,8 @@ fn report(args: &Args) -> anyhow::Result<Report> {
             .entry(node.op_type().to_string())
             .or_default() += 1;
     }
-    let unsupported = oxgen::native_unsupported(&model);
-    // Auto picks native when the graph loads there (ops, opsets and attributes all known).
-    let auto_backend = match oxgen_graph::Graph::from_model(&model) {
-        Ok(_) => AutoBackend {
-            backend: "native",
-            why: "the native backend loads every node".into(),
-        },
-        Err(e) => AutoBackend {
-            backend: if oxgen::HAS_ORT { "ort" } else { "none" },
-            why: if unsupported.is_empty() {
-                format!("the native backend cannot load it: {e}")
-            } else {
-                format!(
-                    "the native backend has no kernel for {}",
-                    unsupported.join(", ")
-                )
-            },
-        },
-    };
+    let auto = oxgen::auto_choice(model.path().unwrap_or(&args.model))
+        .with_context(|| format!("inspecting {}", args.model.display()))?;
     let init_names: std::collections::HashSet<&str> =
         g.initializer.iter().map(|i| i.name()).collect();
     let external_files = model
@@ -194,8 +177,11 @@ fn report(args: &Args) -> anyhow::Result<Report> {
         initializers: g.initializer.len(),
         initializer_bytes: g.initializer.iter().map(tensor_bytes).sum(),
         external_files,
-        native_unsupported: unsupported,
-        auto_backend,
+        native_unsupported: auto.native_unsupported,
+        auto_backend: AutoBackend {
+            backend: auto.backend,
+            why: auto.why,
+        },
     })
 }
 

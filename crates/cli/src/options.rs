@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use oxgen::{GenerateOptions, Model, ModelOptions};
+use oxgen::{GenerateOptions, Model, ModelOptions, Param, SamplingRequest};
 
 /// How to load and run the model.
 #[derive(clap::Args, Clone)]
@@ -44,55 +44,34 @@ impl BackendArgs {
     }
 }
 
-fn parse_f32(s: &str) -> Result<f32, String> {
+/// A sampling value from a flag or `/set`, checked by the one range check of its parameter.
+fn param(which: Param, s: &str) -> Result<f32, String> {
     let v: f32 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
-    if v.is_finite() {
-        Ok(v)
-    } else {
-        Err(format!("'{s}' is not a finite number"))
-    }
+    which.check(v)
 }
 
 fn temperature(s: &str) -> Result<f32, String> {
-    let v = parse_f32(s)?;
-    if v < 0.0 {
-        return Err(format!(
-            "{v} is negative; use 0 for greedy or a positive value"
-        ));
-    }
-    Ok(v)
+    param(Param::Temperature, s)
 }
 
 fn top_p(s: &str) -> Result<f32, String> {
-    let v = parse_f32(s)?;
-    if v <= 0.0 || v > 1.0 {
-        return Err(format!("{v} is outside (0, 1]; 1 turns top-p off"));
-    }
-    Ok(v)
+    param(Param::TopP, s)
 }
 
 fn min_p(s: &str) -> Result<f32, String> {
-    let v = parse_f32(s)?;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(format!("{v} is outside [0, 1]; 0 turns min-p off"));
-    }
-    Ok(v)
+    param(Param::MinP, s)
 }
 
-fn positive(s: &str) -> Result<f32, String> {
-    let v = parse_f32(s)?;
-    if v <= 0.0 {
-        return Err(format!("{v} must be above 0; 1 turns the penalty off"));
-    }
-    Ok(v)
+fn repetition_penalty(s: &str) -> Result<f32, String> {
+    param(Param::RepetitionPenalty, s)
 }
 
-fn openai_penalty(s: &str) -> Result<f32, String> {
-    let v = parse_f32(s)?;
-    if !(-2.0..=2.0).contains(&v) {
-        return Err(format!("{v} is outside [-2, 2]"));
-    }
-    Ok(v)
+fn frequency_penalty(s: &str) -> Result<f32, String> {
+    param(Param::FrequencyPenalty, s)
+}
+
+fn presence_penalty(s: &str) -> Result<f32, String> {
+    param(Param::PresencePenalty, s)
 }
 
 /// What to generate and how to choose tokens.
@@ -114,13 +93,13 @@ pub struct SampleArgs {
     #[arg(long, env = "OXGEN_MIN_P", value_parser = min_p, allow_hyphen_values = true)]
     pub min_p: Option<f32>,
     /// Divide the logits of tokens already seen (prompt and output) by this (> 0; 1: off).
-    #[arg(long, env = "OXGEN_REPETITION_PENALTY", value_parser = positive, allow_hyphen_values = true)]
+    #[arg(long, env = "OXGEN_REPETITION_PENALTY", value_parser = repetition_penalty, allow_hyphen_values = true)]
     pub repetition_penalty: Option<f32>,
     /// Subtract this times a token's count in the output, in [-2, 2].
-    #[arg(long, env = "OXGEN_FREQUENCY_PENALTY", value_parser = openai_penalty, allow_hyphen_values = true)]
+    #[arg(long, env = "OXGEN_FREQUENCY_PENALTY", value_parser = frequency_penalty, allow_hyphen_values = true)]
     pub frequency_penalty: Option<f32>,
     /// Subtract this from tokens present in the output, in [-2, 2].
-    #[arg(long, env = "OXGEN_PRESENCE_PENALTY", value_parser = openai_penalty, allow_hyphen_values = true)]
+    #[arg(long, env = "OXGEN_PRESENCE_PENALTY", value_parser = presence_penalty, allow_hyphen_values = true)]
     pub presence_penalty: Option<f32>,
     /// Seed of the sampler's ChaCha8 generator (default: a fresh one each run).
     #[arg(long, env = "OXGEN_SEED")]
@@ -136,42 +115,36 @@ pub struct SampleArgs {
     pub ignore_eos: bool,
 }
 
-/// A seed nobody chose: the clock's nanoseconds mixed with the process id.
-fn fresh_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32)
-}
-
 impl SampleArgs {
-    /// The model's defaults with these flags laid over them. Giving a sampling parameter
-    /// turns sampling on (unless it is `--temperature 0` or `--greedy`).
-    pub fn options(&self, model: &Model) -> GenerateOptions {
+    /// The sampling values these flags give.
+    fn request(&self) -> SamplingRequest {
+        SamplingRequest {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: Vec::new(),
+            seed: self.seed,
+            choices: 1,
+            greedy: self.greedy,
+        }
+    }
+
+    /// The model's defaults with these flags laid over them (the rule that turns sampling on
+    /// is [`SamplingRequest::resolve`]'s); `fresh_seed` seeds the draw when `--seed` is not
+    /// given.
+    pub fn options(&self, model: &Model, fresh_seed: u64) -> anyhow::Result<GenerateOptions> {
         let mut o = model.default_options();
-        let s = &mut o.sampling;
+        o.sampling = self.request().resolve(&o.sampling, fresh_seed)?;
         if let Some(n) = self.max_new_tokens {
             o.max_new_tokens = n;
         }
-        let sampling_flag = self.temperature.is_some()
-            || self.top_k.is_some()
-            || self.top_p.is_some()
-            || self.min_p.is_some();
-        if sampling_flag {
-            s.greedy = false;
-        }
-        s.temperature = self.temperature.unwrap_or(s.temperature);
-        s.top_k = self.top_k.unwrap_or(s.top_k);
-        s.top_p = self.top_p.unwrap_or(s.top_p);
-        s.min_p = self.min_p.unwrap_or(s.min_p);
-        s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
-        s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
-        s.presence_penalty = self.presence_penalty.unwrap_or(s.presence_penalty);
-        s.seed = self.seed.unwrap_or_else(fresh_seed);
-        s.greedy |= self.greedy;
         o.stop = self.stop.clone();
         o.ignore_eos = self.ignore_eos;
-        o
+        Ok(o)
     }
 }
 
@@ -204,7 +177,7 @@ pub fn open_model(
 ) -> anyhow::Result<Model> {
     let options = ModelOptions {
         threads: run.threads,
-        context: run.ctx_size.map(|c| c as usize).or(default_ctx),
+        ctx_size: run.ctx_size.map(|c| c as usize).or(default_ctx),
         exact: run.exact,
         backend: backend.backend(),
         ort_lib: backend.ort_lib.clone(),
@@ -233,42 +206,30 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// `/set PARAM VALUE` in the chat REPL: the same names and checks as the flags.
-pub fn set_param(o: &mut GenerateOptions, name: &str, value: &str) -> Result<(), String> {
+/// `/set PARAM VALUE` in the chat REPL: the same names and checks as the flags, and the
+/// same rule when the REPL resolves them again ([`SampleArgs::options`]).
+pub fn set_param(a: &mut SampleArgs, name: &str, value: &str) -> Result<(), String> {
     let int = |v: &str| {
         v.parse::<u64>()
             .map_err(|_| format!("'{v}' is not a whole number"))
     };
-    let s = &mut o.sampling;
     match name.replace('-', "_").as_str() {
-        "temperature" => {
-            s.temperature = temperature(value)?;
-            s.greedy = s.temperature == 0.0;
-        }
-        "top_k" => {
-            s.top_k = int(value)? as usize;
-            s.greedy = false;
-        }
-        "top_p" => {
-            s.top_p = top_p(value)?;
-            s.greedy = false;
-        }
-        "min_p" => {
-            s.min_p = min_p(value)?;
-            s.greedy = false;
-        }
-        "repetition_penalty" => s.repetition_penalty = positive(value)?,
-        "frequency_penalty" => s.frequency_penalty = openai_penalty(value)?,
-        "presence_penalty" => s.presence_penalty = openai_penalty(value)?,
-        "seed" => s.seed = int(value)?,
+        "temperature" => a.temperature = Some(temperature(value)?),
+        "top_k" => a.top_k = Some(int(value)? as usize),
+        "top_p" => a.top_p = Some(top_p(value)?),
+        "min_p" => a.min_p = Some(min_p(value)?),
+        "repetition_penalty" => a.repetition_penalty = Some(repetition_penalty(value)?),
+        "frequency_penalty" => a.frequency_penalty = Some(frequency_penalty(value)?),
+        "presence_penalty" => a.presence_penalty = Some(presence_penalty(value)?),
+        "seed" => a.seed = Some(int(value)?),
         "greedy" => {
-            s.greedy = match value {
+            a.greedy = match value {
                 "on" | "true" | "1" => true,
                 "off" | "false" | "0" => false,
                 _ => return Err(format!("'{value}': use on or off")),
             }
         }
-        "max_new_tokens" => o.max_new_tokens = int(value)? as usize,
+        "max_new_tokens" => a.max_new_tokens = Some(int(value)? as usize),
         _ => {
             return Err(format!(
                 "unknown parameter '{name}'; one of: temperature, top_k, top_p, min_p, \

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use oxgen::{KvBudget, Model, ModelOptions};
-use oxgen_server::{Config, Server};
+use oxgen_server::{
+    Config, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
+    DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
+};
 
 use crate::options::{BackendArgs, RunArgs, model_dir};
 
@@ -31,16 +34,16 @@ pub struct Args {
     #[arg(long, env = "OXGEN_ALIAS", value_delimiter = ',')]
     alias: Vec<String>,
     /// Requests that may wait for a slot (at least 1); more get 429 with Retry-After.
-    #[arg(long, env = "OXGEN_MAX_QUEUE", default_value_t = 64,
+    #[arg(long, env = "OXGEN_MAX_QUEUE", default_value_t = DEFAULT_MAX_QUEUE as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_queue: u64,
     /// Sequences generating at once (a request with n choices counts n); also bounds n.
-    #[arg(long, env = "OXGEN_MAX_BATCH", default_value_t = 8,
+    #[arg(long, env = "OXGEN_MAX_BATCH", default_value_t = DEFAULT_MAX_BATCH as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_batch: u64,
     /// Prompt tokens a sequence prefills per step; longer prompts go a chunk per step while
     /// the running streams keep decoding.
-    #[arg(long, env = "OXGEN_PREFILL_CHUNK", default_value_t = 256,
+    #[arg(long, env = "OXGEN_PREFILL_CHUNK", default_value_t = DEFAULT_PREFILL_CHUNK as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     prefill_chunk: u64,
     /// KV cache blocks (16 positions each) shared by all requests; a request waits until
@@ -57,17 +60,17 @@ pub struct Args {
     no_prefix_cache: bool,
     /// The most tokens a request may ask for, and what it gets when it asks for none (always
     /// capped by the context left after the prompt).
-    #[arg(long, env = "OXGEN_MAX_TOKENS_LIMIT", default_value_t = 4096,
+    #[arg(long, env = "OXGEN_MAX_TOKENS_LIMIT", default_value_t = DEFAULT_MAX_TOKENS_LIMIT as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_tokens_limit: u64,
     /// Seconds a request may take from arrival to its last token (0: no limit).
-    #[arg(long, env = "OXGEN_REQUEST_TIMEOUT", default_value_t = 600)]
+    #[arg(long, env = "OXGEN_REQUEST_TIMEOUT", default_value_t = DEFAULT_REQUEST_TIMEOUT_SECS)]
     request_timeout: u64,
     /// Largest request body in bytes; bigger ones get 413.
-    #[arg(long, env = "OXGEN_MAX_BODY", default_value_t = 4 << 20)]
+    #[arg(long, env = "OXGEN_MAX_BODY", default_value_t = DEFAULT_MAX_BODY)]
     max_body: usize,
     /// Seconds running requests get to finish after SIGTERM before they are failed.
-    #[arg(long, env = "OXGEN_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    #[arg(long, env = "OXGEN_SHUTDOWN_TIMEOUT", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout: u64,
     #[command(flatten)]
     backend: BackendArgs,
@@ -110,7 +113,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         max_batch: args.max_batch as usize,
         prefill_chunk: args.prefill_chunk as usize,
         max_tokens_limit: args.max_tokens_limit as usize,
-        ctx_size: args.run.ctx_size.map(|c| c as usize),
         request_timeout: (args.request_timeout > 0)
             .then(|| Duration::from_secs(args.request_timeout)),
         max_body: args.max_body,
@@ -119,7 +121,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     let options = ModelOptions {
         threads: args.run.threads,
-        context: None,
+        ctx_size: args.run.ctx_size.map(|c| c as usize),
         exact: args.run.exact,
         backend: args.backend.backend(),
         ort_lib: args.backend.ort_lib.clone(),

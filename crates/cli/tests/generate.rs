@@ -137,6 +137,33 @@ fn seeded_sampling_from_the_cli_repeats() {
     assert_ne!(json(&a)["token_ids"], json(&greedy)["token_ids"]);
 }
 
+/// One rule everywhere (the server's): a seed alone turns sampling on for a package whose
+/// defaults are greedy, at its temperature; `--temperature 0` keeps it greedy.
+#[test]
+fn a_seed_alone_turns_sampling_on() {
+    let dir = package();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            path(dir.path()),
+            "the cat",
+            "--json",
+            "--max-new-tokens",
+            "16",
+            "--ignore-eos",
+        ];
+        a.extend_from_slice(extra);
+        let (code, out, stderr) = run(oxgen().args(a));
+        assert_eq!(code, 0, "{stderr}");
+        json(&out)["token_ids"].clone()
+    };
+    let greedy = args(&[]);
+    let seeded = args(&["--seed", "11"]);
+    assert_ne!(seeded, greedy, "--seed samples");
+    assert_eq!(args(&["--seed", "11"]), seeded, "and repeats");
+    assert_eq!(args(&["--seed", "11", "--temperature", "0"]), greedy);
+}
+
 #[test]
 fn generate_profile_reports_the_figures() {
     let dir = package();
@@ -255,7 +282,7 @@ fn run_under_a_terminal_chats_with_commands_and_stats() {
     s.send_line("/stats").unwrap();
     s.expect("KV cache").unwrap();
     s.send_line("/set top_p 2").unwrap();
-    s.expect("outside (0, 1]").unwrap();
+    s.expect("must be in (0, 1]").unwrap();
     s.send_line("/exit").unwrap();
     s.expect(Eof).unwrap();
     let saved = std::fs::read_to_string(&history).expect("the history file is written");
@@ -277,18 +304,14 @@ fn fails(args: &[&str], code: i32, needles: &[&str]) {
 fn bad_input_is_a_one_line_error_never_a_panic() {
     let dir = package();
     let p = path(dir.path());
-    fails(
-        &["generate", p, "x", "--temperature", "-1"],
-        2,
-        &["negative"],
-    );
+    fails(&["generate", p, "x", "--temperature", "-1"], 2, &[">= 0"]);
     fails(&["generate", p, "x", "--top-p", "0"], 2, &["(0, 1]"]);
     fails(&["generate", p, "x", "--top-p", "1.5"], 2, &["(0, 1]"]);
     fails(&["generate", p, "x", "--min-p", "2"], 2, &["[0, 1]"]);
     fails(
         &["generate", p, "x", "--repetition-penalty", "0"],
         2,
-        &["above 0"],
+        &["> 0"],
     );
     fails(
         &["generate", p, "x", "--frequency-penalty", "3"],

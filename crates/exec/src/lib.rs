@@ -8,7 +8,10 @@
 //! `SimplifiedLayerNormalization`, `RotaryEmbedding`, `GroupQueryAttention`) with these
 //! kernels as their evaluator; [`NativeLm`] does so before planning.
 //!
-//! This crate must never parse files or know which other backends exist.
+//! [`NativeLm::open`] is the backend's door: it loads a graph (through `oxgen-onnx`), optimizes
+//! and plans it, and sizes the paged KV pool once.
+//!
+//! This crate must never parse file formats itself or know which other backends exist.
 
 mod arena;
 mod error;
@@ -22,8 +25,11 @@ mod session;
 pub use arena::Arena;
 pub use error::{ExecError, OpError};
 pub use kv::{KvStore, PagedLayer, PagedStep};
-pub use lm::{DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvConfig, NativeLm};
+pub use lm::{
+    DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvBudget, NativeLm, NativeOptions, OpenError, Unsupported,
+};
 pub use optimize::{NativeEvaluator, optimize};
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
+pub use oxgen_runtime::OpTime;
 pub use plan::Plan;
-pub use session::{ExecOptions, NativeSession, OpTime, RunStats};
+pub use session::{ExecOptions, NativeSession, RunStats};

@@ -19,13 +19,15 @@
 //! Graphs are optimized first ([`crate::optimize`]): an optimum export's `Concat(past, new)`
 //! attention becomes `GroupQueryAttention`, so it is paged too.
 
+use std::path::Path;
+
 use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 use oxgen_graph::{Graph, Op, ValueId};
-use oxgen_kernels::attention_paged::{PagedLayout, Segment};
+use oxgen_kernels::attention::paged::{PagedLayout, Segment};
 use oxgen_runtime::{
     Batch, BlockPool, BlockTable, Capabilities, IoSpec, KvTemplates, KvUsage, LanguageModel,
-    LmContract, LogitsWanted, RuntimeError, SeqId, SeqStep, SeqTable, Session, StepCounters,
-    StepLogits, check_context,
+    LmContract, LogitsWanted, OpTime, RuntimeError, SeqId, SeqStep, SeqTable, Session,
+    StepCounters, StepLogits, check_context,
 };
 use oxgen_tensor::{DType, Tensor, bf16, f16};
 
@@ -34,29 +36,113 @@ use crate::{ExecError, ExecOptions, NativeSession};
 
 /// Positions per KV block.
 pub const KV_BLOCK_SIZE: usize = 16;
-/// Blocks in the pool unless [`NativeLm::configure_kv`] says otherwise (address space is
-/// reserved for them; memory is committed as blocks are written).
+/// The fewest blocks a pool sized by [`KvBudget::Sequences`] gets, and the pool's size when
+/// the context length is unknown (address space is reserved for them; memory is committed as
+/// blocks are written).
 pub const DEFAULT_KV_BLOCKS: usize = 1024;
 
-/// The paged KV pool of a [`NativeLm`].
+/// How big the paged KV pool is (blocks of [`KV_BLOCK_SIZE`] positions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvConfig {
-    pub blocks: usize,
-    /// Positions per block.
-    pub block_size: usize,
-    /// Keep full blocks for later sequences with the same prefix. Off, a finished sequence's
-    /// blocks are reused first (their memory is already committed).
-    pub prefix_cache: bool,
+pub enum KvBudget {
+    /// Enough for this many sequences of the whole context length (and at least
+    /// [`DEFAULT_KV_BLOCKS`]).
+    Sequences(usize),
+    Blocks(usize),
+    /// As many blocks as fit in this many bytes (at least one).
+    Bytes(usize),
 }
 
-impl Default for KvConfig {
+impl Default for KvBudget {
     fn default() -> Self {
-        KvConfig {
-            blocks: DEFAULT_KV_BLOCKS,
-            block_size: KV_BLOCK_SIZE,
+        KvBudget::Sequences(2)
+    }
+}
+
+/// How the native backend opens a language model.
+#[derive(Debug, Clone)]
+pub struct NativeOptions {
+    pub exec: ExecOptions,
+    /// How the graph names its KV inputs and outputs.
+    pub kv_names: KvTemplates,
+    /// The package's context length: rotary caches are sized to it (`None` leaves rotary
+    /// embeddings spelled out) and [`KvBudget::Sequences`] counts in it.
+    pub context_length: Option<usize>,
+    /// The paged KV pool's size.
+    pub kv: KvBudget,
+    /// Keep full KV blocks for later sequences with the same prefix. Off, a finished
+    /// sequence's blocks are reused first (their memory is already committed).
+    pub prefix_cache: bool,
+    /// Run the graph passes (off keeps the graph as loaded, for comparisons).
+    pub optimize: bool,
+}
+
+impl Default for NativeOptions {
+    fn default() -> Self {
+        NativeOptions {
+            exec: ExecOptions::default(),
+            kv_names: KvTemplates::default(),
+            context_length: None,
+            kv: KvBudget::default(),
             prefix_cache: false,
+            optimize: true,
         }
     }
+}
+
+/// What the native backend cannot run in a graph: the op types it has no kernel for (empty
+/// when every op type is known but an opset or attribute is not), and the load error.
+#[derive(Debug)]
+pub struct Unsupported {
+    pub missing_ops: Vec<String>,
+    pub error: oxgen_graph::GraphError,
+}
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.missing_ops.is_empty() {
+            write!(f, "the native backend cannot load it ({})", self.error)
+        } else {
+            write!(
+                f,
+                "the native backend has no kernel for {}",
+                self.missing_ops.join(", ")
+            )
+        }
+    }
+}
+
+/// Why [`NativeLm::open`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("loading {path}: {source}")]
+    Onnx {
+        path: String,
+        source: Box<oxgen_onnx::OnnxError>,
+    },
+    /// The graph needs an op, opset or attribute native lacks (ONNX Runtime may run it).
+    #[error("loading {path}: {unsupported}")]
+    Unsupported {
+        path: String,
+        unsupported: Box<Unsupported>,
+    },
+    #[error("loading {path}: {source}")]
+    Runtime { path: String, source: RuntimeError },
+}
+
+/// Reads the graph at `path` and builds native's typed ops from it.
+fn load_graph(path: &Path) -> Result<Graph, OpenError> {
+    let shown = || path.display().to_string();
+    let onnx = oxgen_onnx::Model::load(path).map_err(|e| OpenError::Onnx {
+        path: shown(),
+        source: Box::new(e),
+    })?;
+    Graph::from_model(&onnx).map_err(|error| OpenError::Unsupported {
+        path: shown(),
+        unsupported: Box::new(Unsupported {
+            missing_ops: oxgen_graph::Registry::default().unknown_ops(onnx.graph()),
+            error,
+        }),
+    })
 }
 
 /// One sequence's KV.
@@ -80,6 +166,36 @@ struct Paged {
     tables: Vec<u32>,
     /// Rows of the stacked batch whose logits are wanted.
     rows: Vec<usize>,
+}
+
+impl Paged {
+    /// The pool `options.kv` asks for.
+    fn new(
+        c: &LmContract,
+        layer_of_node: Vec<Option<usize>>,
+        options: &NativeOptions,
+    ) -> Result<Paged, RuntimeError> {
+        let block_layout =
+            |blocks| PagedLayout::dense(blocks, KV_BLOCK_SIZE, c.kv_heads, c.head_size);
+        let blocks = match options.kv {
+            KvBudget::Sequences(n) => match options.context_length {
+                Some(len) => DEFAULT_KV_BLOCKS.max(n.saturating_mul(len.div_ceil(KV_BLOCK_SIZE))),
+                None => DEFAULT_KV_BLOCKS,
+            },
+            KvBudget::Blocks(n) => n,
+            KvBudget::Bytes(bytes) => (bytes / c.kv_bytes(KV_BLOCK_SIZE).max(1)).max(1),
+        };
+        Ok(Paged {
+            pool: BlockPool::new(blocks, KV_BLOCK_SIZE)?,
+            prefix_cache: options.prefix_cache,
+            store: KvStore::new(c.kv_dtype, block_layout(blocks), c.layers.len())?,
+            layer_of_node,
+            empty: fresh_kv(c, false, 0)?,
+            segments: Vec::new(),
+            tables: Vec::new(),
+            rows: Vec::new(),
+        })
+    }
 }
 
 /// A language model on the native backend.
@@ -157,24 +273,24 @@ fn logits_rows(
 }
 
 impl NativeLm {
-    /// Wraps a graph that fits the language-model contract (KV names per `kv`), optimized
-    /// with the default passes (no rotary caches: see [`NativeLm::with_passes`]).
-    pub fn new(
-        graph: Graph,
-        options: &ExecOptions,
-        kv: &KvTemplates,
-    ) -> Result<NativeLm, RuntimeError> {
-        Self::with_passes(graph, options, kv, &PassOptions::default())
+    /// Opens the graph at `path`: loads it, optimizes it (rotary caches sized to
+    /// `options.context_length`), plans it and sizes the paged KV pool once.
+    pub fn open(path: &Path, options: &NativeOptions) -> Result<NativeLm, OpenError> {
+        let graph = load_graph(path)?;
+        NativeLm::from_graph(graph, options).map_err(|source| OpenError::Runtime {
+            path: path.display().to_string(),
+            source,
+        })
     }
 
-    /// Like [`NativeLm::new`], choosing the passes: `passes.max_positions` should be the
-    /// package's context length, so rotary embeddings fold into attention.
-    pub fn with_passes(
-        graph: Graph,
-        options: &ExecOptions,
-        kv: &KvTemplates,
-        passes: &PassOptions,
-    ) -> Result<NativeLm, RuntimeError> {
+    /// Checks that the native backend can load the graph at `path` (every node's op type,
+    /// opset and attributes known), without optimizing or planning it.
+    pub fn check(path: &Path) -> Result<(), OpenError> {
+        load_graph(path).map(drop)
+    }
+
+    /// [`NativeLm::open`] on a graph already built (tests build them in memory).
+    pub fn from_graph(graph: Graph, options: &NativeOptions) -> Result<NativeLm, RuntimeError> {
         let spec = |id: &ValueId| {
             let v = graph.value(*id);
             IoSpec {
@@ -185,14 +301,22 @@ impl NativeLm {
         };
         let inputs: Vec<IoSpec> = graph.inputs.iter().map(spec).collect();
         let outputs: Vec<IoSpec> = graph.outputs.iter().map(spec).collect();
-        let contract = LmContract::from_io(&inputs, &outputs, kv)?;
-        let (graph, report) = crate::optimize(graph, Some(&contract), passes);
-        let session = NativeSession::new(graph, options);
+        let contract = LmContract::from_io(&inputs, &outputs, &options.kv_names)?;
+        let passes = PassOptions {
+            enabled: options.optimize,
+            context_length: options.context_length,
+        };
+        let (graph, report) = crate::optimize(graph, Some(&contract), &passes);
+        let session = NativeSession::new(graph, &options.exec);
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         let logits_node = session.row_wise_producer(io.logits);
         let layer_of_node = attention_layers(session.graph(), &contract).filter(|_| shared_kv);
-        let mut lm = NativeLm {
+        let paged = match layer_of_node {
+            Some(layer_of_node) => Some(Paged::new(&contract, layer_of_node, options)?),
+            None => None,
+        };
+        Ok(NativeLm {
             logits_node,
             in_slots: vec![None; session.inputs().len()],
             out_slots: vec![None; session.outputs().len()],
@@ -201,47 +325,10 @@ impl NativeLm {
             shared_kv,
             passes: report,
             seqs: SeqTable::default(),
-            paged: None,
+            paged,
             counters: StepCounters::default(),
             io,
-        };
-        if let Some(layer_of_node) = layer_of_node {
-            lm.paged = Some(lm.new_paged(layer_of_node, &KvConfig::default())?);
-        }
-        Ok(lm)
-    }
-
-    fn new_paged(
-        &self,
-        layer_of_node: Vec<Option<usize>>,
-        kv: &KvConfig,
-    ) -> Result<Paged, RuntimeError> {
-        let c = &self.contract;
-        let layout = PagedLayout::dense(kv.blocks, kv.block_size, c.kv_heads, c.head_size);
-        Ok(Paged {
-            pool: BlockPool::new(kv.blocks, kv.block_size)?,
-            prefix_cache: kv.prefix_cache,
-            store: KvStore::new(c.kv_dtype, layout, c.layers.len())?,
-            layer_of_node,
-            empty: fresh_kv(c, false, 0)?,
-            segments: Vec::new(),
-            tables: Vec::new(),
-            rows: Vec::new(),
         })
-    }
-
-    /// Sets up the paged KV pool anew. Only while no sequence is live; a no-op for a dense
-    /// model.
-    pub fn configure_kv(&mut self, kv: &KvConfig) -> Result<(), RuntimeError> {
-        if self.seqs.count() > 0 {
-            return Err(backend_error(
-                "the KV pool cannot be resized while sequences are live".into(),
-            ));
-        }
-        if let Some(p) = self.paged.take() {
-            self.paged = Some(self.new_paged(p.layer_of_node, kv)?);
-        }
-        Ok(())
     }
 
     /// Bytes of KV one block holds across every layer (0 for a dense model).
@@ -257,21 +344,6 @@ impl NativeLm {
     /// The graph as it runs (after the passes).
     pub fn graph(&self) -> &Graph {
         self.session.graph()
-    }
-
-    /// Times each op type from now on (see [`NativeSession::set_profiling`]).
-    pub fn set_profiling(&mut self, on: bool) {
-        self.session.set_profiling(on);
-    }
-
-    /// Time per op type since profiling was switched on, most expensive first.
-    pub fn op_times(&self) -> Vec<crate::OpTime> {
-        self.session.op_times()
-    }
-
-    /// Sequences added and not removed.
-    pub fn sequence_count(&self) -> usize {
-        self.seqs.count()
     }
 
     /// Whether KV is updated in place (paged, or context-sized buffers) rather than grown.
@@ -470,17 +542,13 @@ impl NativeLm {
             self.in_slots.iter_mut().for_each(|s| *s = None);
             self.out_slots.iter_mut().for_each(|s| *s = None);
             state.len = 0;
-            state.kv = SeqKv::Dense(fresh_kv(c, self.shared_kv, state.max_context)?);
+            state.kv = SeqKv::Dense(fresh_kv(c, self.shared_kv, state.ctx_size)?);
             return Err(match e {
                 ExecError::Runtime(r) => r,
                 other => RuntimeError::Backend(Box::new(other)),
             });
         }
-        let want = if self.shared_kv {
-            state.max_context
-        } else {
-            end
-        };
+        let want = if self.shared_kv { state.ctx_size } else { end };
         let SeqKv::Dense(kv) = &mut state.kv else {
             unreachable!("a dense model holds dense sequences")
         };
@@ -668,9 +736,9 @@ impl IoIndex {
 fn fresh_kv(
     c: &LmContract,
     shared: bool,
-    max_context: usize,
+    ctx_size: usize,
 ) -> Result<Vec<[Option<Tensor>; 2]>, RuntimeError> {
-    let len = if shared { max_context } else { 0 };
+    let len = if shared { ctx_size } else { 0 };
     let kv = || {
         Tensor::zeros(c.kv_dtype, [1, c.kv_heads, len, c.head_size])
             .map_err(|e| backend_error(e.to_string()))
@@ -703,8 +771,24 @@ fn truncate(t: Tensor, len: usize) -> Result<Tensor, RuntimeError> {
 }
 
 impl LanguageModel for NativeLm {
+    fn backend(&self) -> &'static str {
+        "native"
+    }
+
     fn contract(&self) -> &LmContract {
         &self.contract
+    }
+
+    fn sequence_count(&self) -> usize {
+        self.seqs.count()
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.session.set_profiling(on);
+    }
+
+    fn op_times(&self) -> Vec<OpTime> {
+        self.session.op_times()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -714,30 +798,30 @@ impl LanguageModel for NativeLm {
         }
     }
 
-    fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
-        self.start_sequence(max_context, &[]).map(|(seq, _)| seq)
+    fn add_sequence(&mut self, ctx_size: usize) -> Result<SeqId, RuntimeError> {
+        self.start_sequence(ctx_size, &[]).map(|(seq, _)| seq)
     }
 
     fn start_sequence(
         &mut self,
-        max_context: usize,
+        ctx_size: usize,
         prompt: &[u32],
     ) -> Result<(SeqId, usize), RuntimeError> {
-        check_context(max_context)?;
+        check_context(ctx_size)?;
         let Some(p) = &mut self.paged else {
-            let kv = fresh_kv(&self.contract, self.shared_kv, max_context)?;
-            return Ok((self.seqs.add(max_context, SeqKv::Dense(kv)), 0));
+            let kv = fresh_kv(&self.contract, self.shared_kv, ctx_size)?;
+            return Ok((self.seqs.add(ctx_size, SeqKv::Dense(kv)), 0));
         };
-        let mut table = p.pool.reserve(max_context)?;
+        let mut table = p.pool.reserve(ctx_size)?;
         let cached = if p.prefix_cache {
             p.pool
                 .attach_prefix(&mut table, prompt, prompt.len().saturating_sub(1))
         } else {
             0
         };
-        let mut ids = Vec::with_capacity(max_context);
+        let mut ids = Vec::with_capacity(ctx_size);
         ids.extend_from_slice(&prompt[..cached]);
-        let seq = self.seqs.add(max_context, SeqKv::Paged { table, ids });
+        let seq = self.seqs.add(ctx_size, SeqKv::Paged { table, ids });
         self.seqs.get_mut(seq).expect("just added").len = cached;
         Ok((seq, cached))
     }

@@ -138,6 +138,22 @@ impl Evaluator for NativeEvaluator {
 /// language-model contract when the graph is stepped as one; without it the attention
 /// rewrite, which relies on how language models are fed, is skipped.
 pub fn optimize(mut graph: Graph, lm: Option<&LmContract>, options: &Options) -> (Graph, Report) {
-    let report = passes::optimize(&mut graph, &mut NativeEvaluator::default(), lm, options);
+    let lm = lm.map(|c| passes::LmInputs {
+        input_ids: (c.input_ids.clone(), c.input_ids_dtype),
+        attention_mask: c.attention_mask.clone(),
+        position_ids: c.position_ids.clone(),
+        past_kv: (c.layers.iter())
+            .map(|l| (l.past_key.clone(), l.past_value.clone()))
+            .collect(),
+        kv_dtype: c.kv_dtype,
+        kv_heads: c.kv_heads,
+        head_size: c.head_size,
+    });
+    let report = passes::optimize(
+        &mut graph,
+        &mut NativeEvaluator::default(),
+        lm.as_ref(),
+        options,
+    );
     (graph, report)
 }

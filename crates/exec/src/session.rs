@@ -8,8 +8,8 @@ use smallvec::SmallVec;
 use oxgen_graph::ops::MatMulNBits;
 use oxgen_graph::{Graph, Op, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
-use oxgen_kernels::nbits_packed::PackedNBits;
-use oxgen_runtime::{IoSpec, RuntimeError, Session, Tensors};
+use oxgen_kernels::nbits::PackedNBits;
+use oxgen_runtime::{IoSpec, OpTime, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
 use crate::kv::{PagedLayer, PagedStep};
@@ -33,14 +33,6 @@ pub struct RunStats {
     pub peak_activation_bytes: usize,
     /// Nodes executed.
     pub nodes: usize,
-}
-
-/// Time spent in one op type (`domain::op_type` for non-ONNX domains).
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpTime {
-    pub op_type: String,
-    pub calls: u64,
-    pub total: Duration,
 }
 
 /// Per-node timing, on when profiling: each node's row in `times`.
@@ -110,10 +102,7 @@ fn spec(graph: &Graph, id: ValueId) -> IoSpec {
 
 impl NativeSession {
     pub fn new(graph: Graph, options: &ExecOptions) -> NativeSession {
-        let threads = match options.threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
+        let threads = oxgen_runtime::resolve_threads(options.threads);
         Self::with_pool(graph, Arc::new(ThreadPool::new(threads)), options.exact)
     }
 
@@ -440,7 +429,7 @@ fn nbits_parts(op: &Op) -> Vec<(&MatMulNBits, usize)> {
 }
 
 /// Repacks the weights of every int8-activation `MatMulNBits` node (and group) whose weights
-/// are initializers ([`oxgen_kernels::nbits_packed`]), then lets go of the originals: an
+/// are initializers ([`oxgen_kernels::nbits::PackedNBits`]), then lets go of the originals: an
 /// initializer only packed nodes read leaves the graph, and the file pages it was read from
 /// are handed back to the OS, so the weights are not resident twice.
 fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {

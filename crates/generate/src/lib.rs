@@ -14,16 +14,19 @@
 //! or read ONNX files.
 
 mod decode;
+mod processors;
 mod sampling;
 mod stop;
 mod template;
 mod tokenizer;
 
 pub use decode::{DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence};
-pub use sampling::{
-    Sampler, SamplingParams, Scratch, apply_frequency_presence, apply_logit_bias, apply_min_p,
+pub use processors::{
+    FrequencyPresence, History, LogitBias, LogitsProcessor, MinP, RepetitionPenalty, Scratch,
+    Temperature, TopK, TopP, apply_frequency_presence, apply_logit_bias, apply_min_p,
     apply_repetition_penalty, apply_temperature, apply_top_k, apply_top_p,
 };
+pub use sampling::{Param, Sampler, SamplingParams, SamplingRequest, fresh_seed};
 pub use stop::{StopCheck, StopStrings};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{Detokenizer, Tokenizer, byte_level_char};
@@ -37,6 +40,16 @@ pub enum GenerateError {
     Template(String),
     #[error("prompt: {0}")]
     Prompt(String),
+    #[error(
+        "prompt: the prompt has {prompt_tokens} tokens but the context holds {ctx_size}; \
+         shorten the prompt or raise the context (--ctx-size, at most the model's \
+         {context_length})"
+    )]
+    PromptTooLong {
+        prompt_tokens: usize,
+        ctx_size: usize,
+        context_length: usize,
+    },
     #[error("sampling: {0}")]
     Sampling(String),
     #[error(transparent)]

@@ -1,7 +1,9 @@
-//! Logits processors and the seeded token selector.
+//! Sampling settings, the one rule that lays a caller's values over a package's defaults, and
+//! the seeded token selector.
 //!
-//! A [`Sampler`] turns one logits row into one token id through a fixed chain, in this order
-//! (the order of Hugging Face transformers' `generate`: processors on raw logits, then warpers):
+//! A [`Sampler`] turns one logits row into one token id through a chain of
+//! [`LogitsProcessor`]s (`crate::processors`), in this order (the order of Hugging Face
+//! transformers' `generate`: processors on raw logits, then warpers):
 //!
 //! 1. masked ids → −inf, NaN → −inf (a broken row must not panic or win);
 //! 2. [`apply_logit_bias`] (OpenAI `logit_bias`);
@@ -15,9 +17,10 @@
 //! 8. [`apply_min_p`] (HF `MinPLogitsWarper`);
 //! 9. selection: argmax when greedy, else one seeded categorical draw.
 //!
-//! Filtered ids are left at −inf, as HF's `filter_value`. Under greedy selection steps 5–8 are
-//! skipped: none of them can change the argmax. Every processor with its neutral value
-//! (temperature 1, top-k 0, top-p 1, min-p 0, penalties 1/0/0) is skipped outright.
+//! A constraint a caller adds ([`Sampler::push_front`]) runs before step 2. Under greedy
+//! selection steps 5–8 are left out: none of them can change the argmax. A processor with its
+//! neutral value (temperature 1, top-k 0, top-p 1, min-p 0, penalties 1/0/0, no bias) is not
+//! in the chain at all.
 //!
 //! **Reproducibility.** The RNG is ChaCha8 seeded with `seed_from_u64(seed)`; one draw is
 //! `(next_u64() >> 11) · 2⁻⁵³` (uniform in [0, 1), every value exact), and the categorical
@@ -29,21 +32,22 @@
 //! first row of a vocabulary and reused: [`Sampler::sample`] and [`Sampler::accept`] allocate
 //! nothing afterwards (DESIGN.md invariant 4).
 //!
-//! References: transformers `src/transformers/generation/logits_process.py`; the OpenAI API
-//! reference ("Parameter details" for the frequency and presence penalties).
+//! **Which values, and greedy or not.** [`SamplingRequest::resolve`] is the one place where
+//! values a caller gave (CLI flags, the REPL's `/set`, an HTTP request, a library caller)
+//! meet the package's defaults, and where the one rule for turning sampling on lives; the
+//! ranges are checked by [`Param::check`] alone.
 
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::GenerateError;
+use crate::processors::{
+    FrequencyPresence, History, LogitBias, LogitsProcessor, MAX_TRACKED_ID, MinP,
+    RepetitionPenalty, Temperature, TopK, TopP,
+};
 
 /// 2⁻⁵³: scales the top 53 bits of a `u64` to a uniform f64 in [0, 1), every value exact.
 const UNIT_53: f64 = 1.0 / (1u64 << 53) as f64;
-
-/// Token ids at or above this are ignored by the penalty tables instead of growing them.
-/// The largest vocabularies in use have ~262k ids (Gemma 3); a bogus id near `u32::MAX` must
-/// not make the tables gigabytes long. 2²⁴ ids cost at most 80 MiB of tables.
-const MAX_TRACKED_ID: u32 = 1 << 24;
 
 /// Sampling options. The defaults turn every processor off and sample at temperature 1.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,43 +92,73 @@ impl Default for SamplingParams {
     }
 }
 
+/// A float sampling parameter, with its one range check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    Temperature,
+    TopP,
+    MinP,
+    RepetitionPenalty,
+    FrequencyPenalty,
+    PresencePenalty,
+}
+
+impl Param {
+    /// Its name, as the CLI flag (with `-`) and the HTTP field spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Param::Temperature => "temperature",
+            Param::TopP => "top_p",
+            Param::MinP => "min_p",
+            Param::RepetitionPenalty => "repetition_penalty",
+            Param::FrequencyPenalty => "frequency_penalty",
+            Param::PresencePenalty => "presence_penalty",
+        }
+    }
+
+    /// `v` if it is in range; else what is allowed, and which value turns it off.
+    pub fn check(self, v: f32) -> Result<f32, String> {
+        let ok = match self {
+            Param::Temperature => v.is_finite() && v >= 0.0,
+            Param::TopP => v > 0.0 && v <= 1.0,
+            Param::MinP => (0.0..=1.0).contains(&v),
+            Param::RepetitionPenalty => v.is_finite() && v > 0.0,
+            Param::FrequencyPenalty | Param::PresencePenalty => (-2.0..=2.0).contains(&v),
+        };
+        if ok {
+            return Ok(v);
+        }
+        let allowed = match self {
+            Param::Temperature => "must be a finite number >= 0 (0 selects greedily)",
+            Param::TopP => "must be in (0, 1] (1 turns it off)",
+            Param::MinP => "must be in [0, 1] (0 turns it off)",
+            Param::RepetitionPenalty => "must be a finite number > 0 (1 turns it off)",
+            Param::FrequencyPenalty | Param::PresencePenalty => {
+                "must be in [-2, 2] (0 turns it off)"
+            }
+        };
+        Err(format!("{} = {v}: {allowed}", self.name()))
+    }
+}
+
 impl SamplingParams {
     /// Checks every value; the error names the parameter, its value and the allowed range.
     pub fn validate(&self) -> Result<(), GenerateError> {
-        let bad = |what: String| Err(GenerateError::Sampling(what));
-        let t = self.temperature;
-        if !(t.is_finite() && t >= 0.0) {
-            return bad(format!(
-                "temperature = {t}: must be a finite number >= 0 (0 selects greedily)"
-            ));
-        }
-        let p = self.top_p;
-        if !(p > 0.0 && p <= 1.0) {
-            return bad(format!("top_p = {p}: must be in (0, 1] (1 turns it off)"));
-        }
-        let m = self.min_p;
-        if !(0.0..=1.0).contains(&m) {
-            return bad(format!("min_p = {m}: must be in [0, 1] (0 turns it off)"));
-        }
-        let r = self.repetition_penalty;
-        if !(r.is_finite() && r > 0.0) {
-            return bad(format!(
-                "repetition_penalty = {r}: must be a finite number > 0 (1 turns it off)"
-            ));
-        }
-        for (name, v) in [
-            ("frequency_penalty", self.frequency_penalty),
-            ("presence_penalty", self.presence_penalty),
+        for (param, v) in [
+            (Param::Temperature, self.temperature),
+            (Param::TopP, self.top_p),
+            (Param::MinP, self.min_p),
+            (Param::RepetitionPenalty, self.repetition_penalty),
+            (Param::FrequencyPenalty, self.frequency_penalty),
+            (Param::PresencePenalty, self.presence_penalty),
         ] {
-            if !(-2.0..=2.0).contains(&v) {
-                return bad(format!("{name} = {v}: must be in [-2, 2] (0 turns it off)"));
-            }
+            param.check(v).map_err(GenerateError::Sampling)?;
         }
         for &(id, b) in &self.logit_bias {
             if b.is_nan() || b == f32::INFINITY {
-                return bad(format!(
+                return Err(GenerateError::Sampling(format!(
                     "logit_bias for token {id} = {b}: must be a finite number, or -inf to ban the token"
-                ));
+                )));
             }
         }
         Ok(())
@@ -136,81 +170,81 @@ impl SamplingParams {
     }
 }
 
-/// Reusable buffers for the processors that sort or normalize the row ([`apply_top_k`],
-/// [`apply_top_p`]); they grow to the vocabulary once and are then reused.
-#[derive(Debug, Default)]
-pub struct Scratch {
-    /// Sort keys from [`order_key`]: value in the high half, index in the low half.
-    keys: Vec<u64>,
-    /// `exp(logit − max)` per id, for a categorical draw.
-    weights: Vec<f64>,
+/// Sampling values a caller gave (CLI flags, the REPL's `/set`, an HTTP request), each
+/// `None` when not given, to lay over a package's defaults with [`SamplingRequest::resolve`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingRequest {
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    /// Added to the package's bias, if it has one.
+    pub logit_bias: Vec<(u32, f32)>,
+    pub seed: Option<u64>,
+    /// Generations asked for of one prompt (an HTTP request's `n`; 0 counts as 1).
+    pub choices: usize,
+    /// Always select greedily (`--greedy`).
+    pub greedy: bool,
 }
 
-/// Which ids the penalties see.
-#[derive(Debug, Default)]
-struct History {
-    /// `seen[id]`: `id` is in the prompt or was generated (repetition penalty).
-    seen: Vec<bool>,
-    /// The ids with `seen` set, each once.
-    seen_ids: Vec<u32>,
-    /// How often each id was generated (frequency and presence penalties).
-    counts: Vec<u32>,
-    /// The ids with a nonzero count, each once.
-    generated_ids: Vec<u32>,
+impl SamplingRequest {
+    /// Whether the values given turn sampling on: any of temperature > 0, top_k, top_p,
+    /// min_p, seed, or more than one choice.
+    pub fn asks_to_sample(&self) -> bool {
+        self.temperature.is_some_and(|t| t > 0.0)
+            || self.top_k.is_some()
+            || self.top_p.is_some()
+            || self.min_p.is_some()
+            || self.seed.is_some()
+            || self.choices > 1
+    }
+
+    /// The package's `defaults` with these values laid over them, by one rule (the same for
+    /// the CLI, the REPL, the library and the server): a request that
+    /// [asks to sample](Self::asks_to_sample) samples, at its own temperature or else the
+    /// package's (1 where the package's is 0, its way of saying greedy); `temperature: 0` or
+    /// `greedy` always selects greedily; a request that asks for neither decodes as the
+    /// package says. Without a seed, `fresh_seed` seeds the draw. Every value is checked.
+    pub fn resolve(
+        &self,
+        defaults: &SamplingParams,
+        fresh_seed: u64,
+    ) -> Result<SamplingParams, GenerateError> {
+        let mut s = defaults.clone();
+        if self.asks_to_sample() {
+            s.greedy = false;
+            if s.temperature == 0.0 {
+                s.temperature = 1.0;
+            }
+        }
+        if let Some(t) = self.temperature {
+            if t == 0.0 {
+                s.greedy = true;
+            } else {
+                s.temperature = t;
+            }
+        }
+        s.top_k = self.top_k.unwrap_or(s.top_k);
+        s.top_p = self.top_p.unwrap_or(s.top_p);
+        s.min_p = self.min_p.unwrap_or(s.min_p);
+        s.repetition_penalty = self.repetition_penalty.unwrap_or(s.repetition_penalty);
+        s.frequency_penalty = self.frequency_penalty.unwrap_or(s.frequency_penalty);
+        s.presence_penalty = self.presence_penalty.unwrap_or(s.presence_penalty);
+        s.logit_bias.extend_from_slice(&self.logit_bias);
+        s.seed = self.seed.unwrap_or(fresh_seed);
+        s.greedy |= self.greedy;
+        s.validate()?;
+        Ok(s)
+    }
 }
 
-impl History {
-    /// Makes the tables cover ids below `len`. The id lists hold at most one entry per id,
-    /// so reserving `len` means pushing to them never reallocates.
-    fn ensure(&mut self, len: usize) {
-        if len <= self.seen.len() {
-            return;
-        }
-        self.seen.resize(len, false);
-        self.counts.resize(len, 0);
-        self.seen_ids.reserve(len - self.seen_ids.len());
-        self.generated_ids.reserve(len - self.generated_ids.len());
-    }
-
-    /// Forgets everything, touching only the entries that were set.
-    fn clear(&mut self) {
-        for &id in &self.seen_ids {
-            self.seen[id as usize] = false;
-        }
-        for &id in &self.generated_ids {
-            self.counts[id as usize] = 0;
-        }
-        self.seen_ids.clear();
-        self.generated_ids.clear();
-    }
-
-    /// Grows the tables to hold `id`; false for an id beyond [`MAX_TRACKED_ID`].
-    fn track(&mut self, id: u32) -> bool {
-        if id >= MAX_TRACKED_ID {
-            return false;
-        }
-        self.ensure(id as usize + 1);
-        true
-    }
-
-    fn see(&mut self, id: u32) {
-        if self.track(id) && !self.seen[id as usize] {
-            self.seen[id as usize] = true;
-            self.seen_ids.push(id);
-        }
-    }
-
-    fn generate(&mut self, id: u32) {
-        if !self.track(id) {
-            return;
-        }
-        let count = &mut self.counts[id as usize];
-        if *count == 0 {
-            self.generated_ids.push(id);
-        }
-        *count += 1;
-        self.see(id);
-    }
+/// A seed nobody chose, different on every call: the clock and a per-process random hash.
+pub fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
 /// The logits-processor chain and the seeded selection for one sequence. Holds its scratch
@@ -219,10 +253,47 @@ impl History {
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    /// In order; built from `params` (see the module doc), plus any pushed in front.
+    chain: Vec<Box<dyn LogitsProcessor>>,
     /// The working copy of the logits row that the chain edits.
     row: Vec<f32>,
-    scratch: Scratch,
+    /// `exp(logit − max)` per id, for a categorical draw.
+    weights: Vec<f64>,
     history: History,
+}
+
+/// The chain `params` asks for: its non-neutral processors, without the warpers under greedy
+/// selection.
+fn chain_of(p: &SamplingParams) -> Vec<Box<dyn LogitsProcessor>> {
+    let mut chain: Vec<Box<dyn LogitsProcessor>> = Vec::new();
+    if !p.logit_bias.is_empty() {
+        chain.push(Box::new(LogitBias(p.logit_bias.clone())));
+    }
+    if p.repetition_penalty != 1.0 {
+        chain.push(Box::new(RepetitionPenalty(p.repetition_penalty)));
+    }
+    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+        chain.push(Box::new(FrequencyPresence {
+            frequency: p.frequency_penalty,
+            presence: p.presence_penalty,
+        }));
+    }
+    if p.is_greedy() {
+        return chain;
+    }
+    if p.temperature != 1.0 {
+        chain.push(Box::new(Temperature(p.temperature)));
+    }
+    if p.top_k > 0 {
+        chain.push(Box::new(TopK::new(p.top_k)));
+    }
+    if p.top_p < 1.0 {
+        chain.push(Box::new(TopP::new(p.top_p)));
+    }
+    if p.min_p > 0.0 {
+        chain.push(Box::new(MinP(p.min_p)));
+    }
+    chain
 }
 
 impl Sampler {
@@ -231,9 +302,10 @@ impl Sampler {
         params.validate()?;
         Ok(Sampler {
             rng: ChaCha8Rng::seed_from_u64(params.seed),
+            chain: chain_of(&params),
             params,
             row: Vec::new(),
-            scratch: Scratch::default(),
+            weights: Vec::new(),
             history: History::default(),
         })
     }
@@ -242,13 +314,19 @@ impl Sampler {
         &self.params
     }
 
+    /// Puts `processor` first in the chain, before the bias and penalties (where a grammar
+    /// constraint goes: on raw logits, so nothing after it can pick what it forbids).
+    pub fn push_front(&mut self, processor: Box<dyn LogitsProcessor>) {
+        self.chain.insert(0, processor);
+    }
+
     /// Starts a new sequence: forgets generated-token counts, counts `prompt` ids for the
-    /// repetition penalty, and reseeds the RNG, so a reset sampler draws exactly what a new
-    /// one would.
+    /// repetition penalty, resets every processor, and reseeds the RNG, so a reset sampler
+    /// draws exactly what a new one would.
     pub fn reset(&mut self, prompt: &[u32]) {
-        self.history.clear();
-        for &id in prompt {
-            self.history.see(id);
+        self.history.reset(prompt);
+        for p in &mut self.chain {
+            p.reset(prompt);
         }
         self.rng = ChaCha8Rng::seed_from_u64(self.params.seed);
     }
@@ -262,23 +340,15 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32], masked: &[u32]) -> u32 {
         self.history
             .ensure(logits.len().min(MAX_TRACKED_ID as usize));
+        let greedy = self.params.is_greedy();
         // Greedy with no processor that could move the argmax: pick it from the row as it
         // is, unless the winner is masked (then the whole chain below decides).
-        let p = &self.params;
-        let untouched = p.logit_bias.is_empty()
-            && p.repetition_penalty == 1.0
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0;
-        if p.is_greedy()
-            && untouched
+        if greedy
+            && self.chain.iter().all(|p| !p.moves_argmax())
             && let Some(i) = argmax(logits).filter(|&i| !masked.contains(&(i as u32)))
         {
             return i as u32;
         }
-        // Top-p sorts only the finite logits, whose number varies per row: size for all.
-        // (`weights` needs no reserve: every categorical draw fills it with the whole row.)
-        self.scratch.keys.clear();
-        self.scratch.keys.reserve(logits.len());
         self.row.clear();
         self.row.extend_from_slice(logits);
         for &id in masked {
@@ -287,16 +357,13 @@ impl Sampler {
             }
         }
         sanitize(&mut self.row);
-        run_chain(
-            &self.params,
-            &self.history,
-            &mut self.scratch,
-            &mut self.row,
-        );
-        let chosen = if self.params.is_greedy() {
+        for p in &mut self.chain {
+            p.apply(&mut self.row, &self.history);
+        }
+        let chosen = if greedy {
             argmax(&self.row)
         } else {
-            categorical(&self.row, &mut self.scratch.weights, &mut self.rng)
+            categorical(&self.row, &mut self.weights, &mut self.rng)
         };
         let chosen = chosen.unwrap_or_else(|| {
             (0..logits.len())
@@ -306,9 +373,12 @@ impl Sampler {
         chosen as u32
     }
 
-    /// Records a generated id (for the repetition, frequency and presence penalties).
+    /// Records a generated id (for the penalties, and any processor that keeps state).
     pub fn accept(&mut self, id: u32) {
-        self.history.generate(id);
+        self.history.accept(id);
+        for p in &mut self.chain {
+            p.accept(id);
+        }
     }
 
     /// Applies the chain (bias → repetition → frequency/presence → temperature → top-k →
@@ -316,7 +386,9 @@ impl Sampler {
     /// greedy selection it stops after the penalties, as [`Sampler::sample`] does.
     pub fn process(&mut self, logits: &mut [f32]) {
         sanitize(logits);
-        run_chain(&self.params, &self.history, &mut self.scratch, logits);
+        for p in &mut self.chain {
+            p.apply(logits, &self.history);
+        }
     }
 }
 
@@ -324,201 +396,6 @@ impl Sampler {
 fn sanitize(row: &mut [f32]) {
     for v in row {
         if v.is_nan() {
-            *v = f32::NEG_INFINITY;
-        }
-    }
-}
-
-/// Steps 2–8 of the module doc on a sanitized row.
-fn run_chain(p: &SamplingParams, history: &History, scratch: &mut Scratch, row: &mut [f32]) {
-    apply_logit_bias(row, &p.logit_bias);
-    if p.repetition_penalty != 1.0 {
-        apply_repetition_penalty(row, &history.seen_ids, p.repetition_penalty);
-    }
-    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-        let counts = history
-            .generated_ids
-            .iter()
-            .map(|&id| (id, history.counts[id as usize]));
-        apply_frequency_presence(row, counts, p.frequency_penalty, p.presence_penalty);
-    }
-    if p.is_greedy() {
-        return;
-    }
-    if p.temperature != 1.0 {
-        apply_temperature(row, p.temperature);
-    }
-    if p.top_k > 0 {
-        apply_top_k(row, p.top_k, scratch);
-    }
-    if p.top_p < 1.0 {
-        apply_top_p(row, p.top_p, scratch);
-    }
-    if p.min_p > 0.0 {
-        apply_min_p(row, p.min_p);
-    }
-}
-
-/// OpenAI `logit_bias`: adds `bias` to the logit of its id; ids outside the row are ignored,
-/// an id listed twice gets both. A −inf (masked) logit stays −inf.
-pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
-    for &(id, b) in bias {
-        if let Some(v) = logits.get_mut(id as usize) {
-            *v += b;
-        }
-    }
-}
-
-/// HF `RepetitionPenaltyLogitsProcessor`: for each id of `ids`, a logit < 0 is multiplied by
-/// `penalty`, any other divided by it, so `penalty > 1` always makes the id less likely.
-/// `ids` must list each id once (HF gathers then scatters, so a repeated id is penalized
-/// once); ids outside the row are ignored.
-pub fn apply_repetition_penalty(logits: &mut [f32], ids: &[u32], penalty: f32) {
-    for &id in ids {
-        if let Some(v) = logits.get_mut(id as usize) {
-            *v = if *v < 0.0 { *v * penalty } else { *v / penalty };
-        }
-    }
-}
-
-/// OpenAI frequency and presence penalties: `logit[j] -= frequency · c[j] + presence · (c[j] > 0)`
-/// for each `(j, c[j])` of `counts` (occurrences of `j` among the generated ids; the prompt
-/// does not count). Ids outside the row and zero counts are ignored.
-pub fn apply_frequency_presence(
-    logits: &mut [f32],
-    counts: impl IntoIterator<Item = (u32, u32)>,
-    frequency: f32,
-    presence: f32,
-) {
-    for (id, count) in counts {
-        if count == 0 {
-            continue;
-        }
-        if let Some(v) = logits.get_mut(id as usize) {
-            *v -= frequency * count as f32 + presence;
-        }
-    }
-}
-
-/// HF `TemperatureLogitsWarper`: `logits / temperature` (temperature > 0).
-pub fn apply_temperature(logits: &mut [f32], temperature: f32) {
-    for v in logits {
-        *v /= temperature;
-    }
-}
-
-/// HF `TopKLogitsWarper`: with `k` clamped to [1, len], sets to −inf every logit below the
-/// k-th largest; logits equal to it are kept, so ties can keep more than `k`. O(len).
-pub fn apply_top_k(logits: &mut [f32], k: usize, scratch: &mut Scratch) {
-    let k = k.max(1);
-    if k >= logits.len() {
-        return;
-    }
-    let keys = &mut scratch.keys;
-    keys.clear();
-    keys.extend(logits.iter().enumerate().map(|(i, &v)| order_key(v, i)));
-    let (_, kth, _) = keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-    let threshold = key_value(*kth);
-    for v in logits {
-        if *v < threshold {
-            *v = f32::NEG_INFINITY;
-        }
-    }
-}
-
-/// HF `TopPLogitsWarper`: sets to −inf every token whose cumulative softmax probability,
-/// summed in ascending order, is `<= 1 − top_p` (so a token exactly at the boundary is
-/// removed), always keeping the most likely one. Equivalently, from the top down: a token
-/// stays while the probability mass of the tokens above it is below `top_p`, which is how it is
-/// computed here, so that only the head of the distribution is ever sorted: a partial selection
-/// brings the 64 most likely tokens to the front (then 256, 1024, ... when they hold less than
-/// `top_p` of the mass), and only those are sorted.
-///
-/// Equal logits are ordered by index (what a stable ascending sort does), so among ties at the
-/// cut the lower ids go first. Probabilities are `exp(logit − max)` in f64 over the f64 total
-/// (summed in index order); HF computes the softmax in f32 and the cumulative sum in f64, so
-/// the two agree wherever the sums are exact. With +inf logits all mass is on them: everything
-/// else is removed.
-pub fn apply_top_p(logits: &mut [f32], top_p: f32, scratch: &mut Scratch) {
-    if top_p >= 1.0 {
-        return;
-    }
-    let keys = &mut scratch.keys;
-    keys.clear();
-    // −inf tokens have probability 0: they go whatever the cut.
-    keys.extend(
-        logits
-            .iter()
-            .enumerate()
-            .filter(|&(_, &v)| v > f32::NEG_INFINITY)
-            .map(|(i, &v)| order_key(v, i)),
-    );
-    let Some(&top) = keys.iter().max() else {
-        return;
-    };
-    let max = key_value(top) as f64;
-    if max == f64::INFINITY {
-        keep_only_infinite(logits);
-        return;
-    }
-    let weight = |v: f32| (v as f64 - max).exp();
-    let total: f64 = logits
-        .iter()
-        .filter(|&&v| v > f32::NEG_INFINITY)
-        .map(|&v| weight(v))
-        .sum();
-    let keep_mass = top_p as f64 * total;
-    let mut head = keys.len().min(64);
-    let last_kept = loop {
-        if head < keys.len() {
-            keys.select_nth_unstable_by(head - 1, |a, b| b.cmp(a));
-        }
-        keys[..head].sort_unstable_by(|a, b| b.cmp(a));
-        let mut above = 0.0;
-        let cut = keys[..head].iter().position(|&k| {
-            let reached = above >= keep_mass;
-            above += weight(key_value(k));
-            reached
-        });
-        match cut {
-            // The first token is never cut: nothing is above it.
-            Some(n) => break keys[n - 1],
-            None if head == keys.len() => return,
-            None => head = (head * 4).min(keys.len()),
-        }
-    };
-    for (i, v) in logits.iter_mut().enumerate() {
-        if *v > f32::NEG_INFINITY && order_key(*v, i) < last_kept {
-            *v = f32::NEG_INFINITY;
-        }
-    }
-}
-
-/// HF `MinPLogitsWarper`: sets to −inf every token whose probability is below
-/// `min_p · max probability`; tokens exactly at the threshold are kept, and so is the most
-/// likely one. Compared as `exp(logit − max) < min_p` in f64, which is the HF inequality
-/// with the softmax denominator cancelled. With +inf logits everything else is removed.
-pub fn apply_min_p(logits: &mut [f32], min_p: f32) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        return;
-    }
-    if max == f32::INFINITY {
-        keep_only_infinite(logits);
-        return;
-    }
-    let min_p = min_p as f64;
-    for v in logits {
-        if ((*v as f64) - max as f64).exp() < min_p {
-            *v = f32::NEG_INFINITY;
-        }
-    }
-}
-
-/// The softmax limit of a row holding +inf: all mass on the +inf entries.
-fn keep_only_infinite(logits: &mut [f32]) {
-    for v in logits {
-        if *v != f32::INFINITY {
             *v = f32::NEG_INFINITY;
         }
     }
@@ -579,59 +456,4 @@ fn categorical(row: &[f32], weights: &mut Vec<f64>, rng: &mut ChaCha8Rng) -> Opt
     }
     // `u · total` rounded up to `total`: the draw belongs to the last possible token.
     weights.iter().rposition(|&w| w > 0.0)
-}
-
-/// A `u64` whose unsigned order is the order of `(value, index)`: the value's bits made
-/// monotone (negative floats flipped, positive ones offset by the sign bit) in the high half,
-/// the index in the low half. −0.0 is folded into +0.0 so that equal values tie on index,
-/// as IEEE comparison has them equal. Sorting integers is several times faster than sorting
-/// floats with a comparator over a 50k vocabulary.
-fn order_key(v: f32, index: usize) -> u64 {
-    let bits = (v + 0.0).to_bits();
-    let monotone = if bits >> 31 == 1 {
-        !bits
-    } else {
-        bits | 1 << 31
-    };
-    (monotone as u64) << 32 | index as u64
-}
-
-fn key_value(key: u64) -> f32 {
-    let monotone = (key >> 32) as u32;
-    f32::from_bits(if monotone >> 31 == 1 {
-        monotone & !(1 << 31)
-    } else {
-        !monotone
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn order_keys_sort_like_values_then_indices_and_round_trip() {
-        let values = [
-            f32::NEG_INFINITY,
-            -3.5,
-            -0.0,
-            0.0,
-            1e-30,
-            2.0,
-            f32::MAX,
-            f32::INFINITY,
-        ];
-        let keys: Vec<u64> = values
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| order_key(v, i))
-            .collect();
-        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:x?}");
-        for (i, &k) in keys.iter().enumerate() {
-            assert_eq!((k & 0xFFFF_FFFF) as usize, i, "the index is the low half");
-            assert_eq!(key_value(k), values[i]);
-        }
-        // -0.0 and 0.0 tie on value, so the index decides.
-        assert!(order_key(-0.0, 1) > order_key(0.0, 0));
-    }
 }

@@ -579,3 +579,140 @@ fn sampling_allocates_nothing_per_token_once_warm() {
         assert_eq!(after - before, 0, "allocations in 300 warm steps");
     }
 }
+
+// ---------------------------------------------------------------- the one rule, and new processors
+
+#[test]
+fn a_request_turns_sampling_on_by_one_rule() {
+    use oxgen_generate::SamplingRequest;
+    let greedy_package = SamplingParams {
+        greedy: true,
+        temperature: 0.6,
+        ..SamplingParams::default()
+    };
+    let resolve = |r: SamplingRequest| r.resolve(&greedy_package, 77).unwrap();
+    let none = resolve(SamplingRequest::default());
+    assert!(none.is_greedy(), "nothing asked: as the package says");
+    assert_eq!(none.seed, 77, "no seed given: the fresh one");
+    for (what, r) in [
+        (
+            "seed",
+            SamplingRequest {
+                seed: Some(5),
+                ..Default::default()
+            },
+        ),
+        (
+            "n > 1",
+            SamplingRequest {
+                choices: 2,
+                ..Default::default()
+            },
+        ),
+        (
+            "top_k",
+            SamplingRequest {
+                top_k: Some(40),
+                ..Default::default()
+            },
+        ),
+        (
+            "top_p",
+            SamplingRequest {
+                top_p: Some(0.9),
+                ..Default::default()
+            },
+        ),
+        (
+            "min_p",
+            SamplingRequest {
+                min_p: Some(0.1),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let s = resolve(r);
+        assert!(!s.is_greedy(), "{what} turns sampling on");
+        assert_eq!(s.temperature, 0.6, "{what}: at the package's temperature");
+    }
+    let t = resolve(SamplingRequest {
+        temperature: Some(0.9),
+        ..Default::default()
+    });
+    assert!(!t.is_greedy() && t.temperature == 0.9);
+    let zero = resolve(SamplingRequest {
+        temperature: Some(0.0),
+        top_p: Some(0.9),
+        seed: Some(1),
+        ..Default::default()
+    });
+    assert!(zero.is_greedy(), "temperature 0 is always greedy");
+    let forced = resolve(SamplingRequest {
+        greedy: true,
+        temperature: Some(0.9),
+        ..Default::default()
+    });
+    assert!(forced.is_greedy(), "--greedy wins");
+    // A package that says greedy with temperature 0 samples at the neutral 1 when asked to.
+    let zero_package = SamplingParams {
+        temperature: 0.0,
+        ..SamplingParams::default()
+    };
+    let s = SamplingRequest {
+        top_p: Some(0.9),
+        ..Default::default()
+    }
+    .resolve(&zero_package, 0)
+    .unwrap();
+    assert!(!s.is_greedy() && s.temperature == 1.0);
+    let e = SamplingRequest {
+        top_p: Some(1.5),
+        ..Default::default()
+    }
+    .resolve(&zero_package, 0)
+    .unwrap_err();
+    assert!(e.to_string().contains("top_p = 1.5"), "{e}");
+}
+
+#[test]
+fn a_processor_pushed_in_front_sees_raw_logits_and_every_token() {
+    use oxgen_generate::{History, LogitsProcessor};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Bans id 0, counts the tokens it is told of.
+    #[derive(Debug)]
+    struct BanZero(Arc<AtomicUsize>);
+    impl LogitsProcessor for BanZero {
+        fn apply(&mut self, logits: &mut [f32], _: &History) {
+            logits[0] = f32::NEG_INFINITY;
+        }
+        fn accept(&mut self, _: u32) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn reset(&mut self, _: &[u32]) {
+            self.0.store(0, Ordering::Relaxed);
+        }
+    }
+    let accepted = Arc::new(AtomicUsize::new(0));
+    for greedy in [true, false] {
+        let mut s = sampler(SamplingParams {
+            greedy,
+            logit_bias: vec![(0, 50.0)],
+            seed: 3,
+            ..SamplingParams::default()
+        });
+        s.push_front(Box::new(BanZero(accepted.clone())));
+        for _ in 0..50 {
+            let id = s.sample(&[10.0, 1.0, 0.5], &[]);
+            assert_ne!(
+                id, 0,
+                "greedy {greedy}: the bias after the ban cannot revive id 0"
+            );
+            s.accept(id);
+        }
+        assert_eq!(accepted.load(Ordering::Relaxed), 50);
+        s.reset(&[]);
+        assert_eq!(accepted.load(Ordering::Relaxed), 0);
+    }
+}

@@ -12,7 +12,7 @@ use crate::{GraphError, NodeRef, Op, Registry};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(pub usize);
 
-pub use oxgen_runtime::Dim;
+pub use oxgen_tensor::Dim;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ValueKind {

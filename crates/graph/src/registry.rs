@@ -84,6 +84,23 @@ impl Registry {
             .contains_key(&(normalize_domain(domain), op_type))
     }
 
+    /// The op types of `graph` that nothing is registered for, as `domain::op_type`
+    /// (`ai.onnx` for the default domain), sorted, each once.
+    pub fn unknown_ops(&self, graph: &oxgen_onnx::proto::GraphProto) -> Vec<String> {
+        let missing: BTreeSet<String> = (graph.node.iter())
+            .filter(|n| !self.knows(n.domain(), n.op_type()))
+            .map(|n| {
+                let domain = if n.domain().is_empty() {
+                    "ai.onnx"
+                } else {
+                    n.domain()
+                };
+                format!("{domain}::{}", n.op_type())
+            })
+            .collect();
+        missing.into_iter().collect()
+    }
+
     /// Every registered `(domain, op_type)`, sorted.
     pub fn op_types(&self) -> BTreeSet<(&'static str, &'static str)> {
         self.specs.keys().copied().collect()

@@ -15,10 +15,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use oxgen_exec::{ExecOptions, NativeLm};
+use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
 use oxgen_generate::Tokenizer;
 use oxgen_import::{ImportOptions, import_gguf};
-use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LogitsWanted, SeqStep, StepLogits};
+use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 
 /// Native and onnxruntime compute in f32 from weights that dequantize identically (Q4_1
 /// within a few ulps of the block minimum, `oxgen_gguf::repack`); only summation order
@@ -76,17 +76,14 @@ fn exact() -> ImportOptions<'static> {
 
 /// Every logits row of `spans` run on one fresh native sequence.
 fn native_rows(model: &Path, spans: &[Vec<u32>]) -> Vec<Vec<f32>> {
-    let m = oxgen_onnx::Model::load(model).unwrap();
-    let g = oxgen_graph::Graph::from_model(&m).unwrap();
-    let mut lm = NativeLm::new(
-        g,
-        &ExecOptions {
+    let options = NativeOptions {
+        exec: ExecOptions {
             threads: 2,
             ..Default::default()
         },
-        &KvTemplates::default(),
-    )
-    .unwrap();
+        ..NativeOptions::default()
+    };
+    let mut lm = NativeLm::open(model, &options).unwrap();
     assert!(lm.shared_kv(), "GroupQueryAttention keeps KV in place");
     let seq = lm.add_sequence(64).unwrap();
     let mut out = StepLogits::default();

@@ -258,7 +258,7 @@ fn accuracy_level_0_package_gives_the_same_greedy_ids_in_oxgen_onnxruntime_and_g
     let mut model = Model::open(
         &package,
         &ModelOptions {
-            context: Some(CONTEXT),
+            ctx_size: Some(CONTEXT),
             ..ModelOptions::default()
         },
     )

@@ -15,7 +15,7 @@ mod lm;
 mod locate;
 mod session;
 
-pub use lm::OrtLm;
+pub use lm::{OrtLm, OrtOptions};
 pub use locate::locate_library;
 pub use session::OrtSession;
 

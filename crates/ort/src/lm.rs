@@ -18,7 +18,7 @@ pub struct OrtLm {
     session: ort::session::Session,
     contract: LmContract,
     shared_kv: bool,
-    /// Per sequence and layer: key and value. Shared-buffer graphs: `[1, heads, max_context, size]`, written in place by the run; otherwise the last run's present (`len` positions).
+    /// Per sequence and layer: key and value. Shared-buffer graphs: `[1, heads, ctx_size, size]`, written in place by the run; otherwise the last run's present (`len` positions).
     seqs: SeqTable<Vec<[DynTensor; 2]>>,
 }
 
@@ -26,31 +26,47 @@ fn err(e: impl std::fmt::Display) -> RuntimeError {
     OrtError::Ort(e.to_string()).into()
 }
 
+/// How ONNX Runtime opens a language model.
+#[derive(Debug, Clone, Default)]
+pub struct OrtOptions {
+    /// ONNX Runtime's shared library (else `ORT_DYLIB_PATH`, else the Python wheel's).
+    pub lib: Option<std::path::PathBuf>,
+    /// Intra-op threads; 0 uses every core.
+    pub threads: usize,
+    /// How the graph names its KV inputs and outputs.
+    pub kv_names: KvTemplates,
+}
+
+/// Whether every past-KV input is read only by `GroupQueryAttention` nodes, which may share
+/// one context-sized buffer between past and present (the rule native applies to its own
+/// graph after its passes; ONNX Runtime runs the graph as written).
+fn shared_kv(graph: &oxgen_onnx::proto::GraphProto, contract: &LmContract) -> bool {
+    let only_gqa = |name: &str| {
+        let mut readers = (graph.node.iter())
+            .filter(|n| n.input.iter().any(|i| i == name))
+            .peekable();
+        readers.peek().is_some() && readers.all(|n| n.op_type() == "GroupQueryAttention")
+    };
+    (contract.layers.iter()).all(|l| only_gqa(&l.past_key) && only_gqa(&l.past_value))
+}
+
 impl OrtLm {
-    /// Opens the graph at `model` (KV names per `kv`). `shared_kv`: the graph's attention is
-    /// `GroupQueryAttention`, whose past and present may share one context-sized buffer.
-    pub fn open(
-        model: &Path,
-        lib: Option<&Path>,
-        threads: usize,
-        kv: &KvTemplates,
-        shared_kv: bool,
-    ) -> Result<OrtLm, RuntimeError> {
-        let session = open_session(model, lib, threads)?;
+    /// Opens the graph at `model`. Past and present KV share one context-sized buffer when
+    /// the graph's attention is `GroupQueryAttention` (which updates it in place).
+    pub fn open(model: &Path, options: &OrtOptions) -> Result<OrtLm, RuntimeError> {
+        let graph = oxgen_onnx::Model::load(model).map_err(|e| {
+            RuntimeError::Backend(format!("loading {}: {e}", model.display()).into())
+        })?;
+        let session = open_session(model, options.lib.as_deref(), options.threads)?;
         let inputs: Vec<_> = session.inputs().iter().map(io_spec).collect();
         let outputs: Vec<_> = session.outputs().iter().map(io_spec).collect();
-        let contract = LmContract::from_io(&inputs, &outputs, kv)?;
+        let contract = LmContract::from_io(&inputs, &outputs, &options.kv_names)?;
         Ok(OrtLm {
+            shared_kv: shared_kv(graph.graph(), &contract),
             session,
             contract,
-            shared_kv,
             seqs: SeqTable::default(),
         })
-    }
-
-    /// Sequences added and not removed.
-    pub fn sequence_count(&self) -> usize {
-        self.seqs.count()
     }
 
     /// Whether past and present KV share one buffer per layer.
@@ -133,8 +149,8 @@ impl OrtLm {
     }
 
     /// KV for a new (or restarted) sequence.
-    fn fresh_kv(&self, max_context: usize) -> Result<Vec<[DynTensor; 2]>, RuntimeError> {
-        let positions = if self.shared_kv { max_context } else { 0 };
+    fn fresh_kv(&self, ctx_size: usize) -> Result<Vec<[DynTensor; 2]>, RuntimeError> {
+        let positions = if self.shared_kv { ctx_size } else { 0 };
         (0..self.contract.layers.len())
             .map(|_| Ok([self.kv_tensor(positions)?, self.kv_tensor(positions)?]))
             .collect()
@@ -146,8 +162,8 @@ impl OrtLm {
         if result.is_err() {
             // As on native: the KV went into a failed run, so the sequence starts over rather
             // than keep a cache that may be half written.
-            let max_context = self.seqs.get(step.seq).expect("checked above").max_context;
-            let kv = self.fresh_kv(max_context)?;
+            let ctx_size = self.seqs.get(step.seq).expect("checked above").ctx_size;
+            let kv = self.fresh_kv(ctx_size)?;
             let slot = self.seqs.get_mut(step.seq).expect("checked above");
             (slot.len, slot.kv) = (0, kv);
         }
@@ -272,14 +288,22 @@ fn copy_logits(
 }
 
 impl LanguageModel for OrtLm {
+    fn backend(&self) -> &'static str {
+        "ort"
+    }
+
     fn contract(&self) -> &LmContract {
         &self.contract
     }
 
-    fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError> {
-        check_context(max_context)?;
-        let kv = self.fresh_kv(max_context)?;
-        Ok(self.seqs.add(max_context, kv))
+    fn sequence_count(&self) -> usize {
+        self.seqs.count()
+    }
+
+    fn add_sequence(&mut self, ctx_size: usize) -> Result<SeqId, RuntimeError> {
+        check_context(ctx_size)?;
+        let kv = self.fresh_kv(ctx_size)?;
+        Ok(self.seqs.add(ctx_size, kv))
     }
 
     fn remove_sequence(&mut self, seq: SeqId) {

@@ -40,6 +40,7 @@
 
 mod backend;
 mod chat;
+mod context;
 mod defaults;
 mod encoder;
 mod package;
@@ -54,13 +55,16 @@ use std::time::Instant;
 use oxgen_generate::{ChatTemplate, Tokenizer};
 use oxgen_runtime::{LanguageModel, SeqId};
 
-pub use backend::{Backend, HAS_ORT, native_unsupported};
+pub use backend::{AutoChoice, Backend, HAS_ORT, auto_choice};
 pub use chat::Chat;
+pub use context::{ContextLimit, Sizing};
 pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
-pub use oxgen_exec::OpTime;
-pub use oxgen_generate::{ChatMessage, FinishReason, GenerateError, SamplingParams};
-pub use oxgen_runtime::{Capabilities, KvUsage, StepCounters};
+pub use oxgen_exec::KvBudget;
+pub use oxgen_generate::{
+    ChatMessage, FinishReason, GenerateError, Param, SamplingParams, SamplingRequest, fresh_seed,
+};
+pub use oxgen_runtime::{Capabilities, KvUsage, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
 pub use sequence::{Logprobs, Sequence, Step};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
@@ -70,16 +74,8 @@ pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
 pub enum Error {
     #[error("{path}: {reason}")]
     Package { path: String, reason: String },
-    #[error("loading {path}: {source}")]
-    Onnx {
-        path: String,
-        source: Box<oxgen_onnx::OnnxError>,
-    },
-    #[error("loading {path}: {source}")]
-    Graph {
-        path: String,
-        source: Box<oxgen_graph::GraphError>,
-    },
+    #[error(transparent)]
+    Native(#[from] oxgen_exec::OpenError),
     #[error(transparent)]
     Runtime(#[from] oxgen_runtime::RuntimeError),
     #[error(transparent)]
@@ -91,9 +87,10 @@ pub enum Error {
 pub struct ModelOptions {
     /// Kernel threads; 0 uses every core.
     pub threads: usize,
-    /// Positions each sequence's KV holds. `None`: the prompt plus `max_new_tokens` of each
-    /// request, capped by the package's context length.
-    pub context: Option<usize>,
+    /// Positions each sequence's KV holds, at most the package's context length (a larger
+    /// value is clamped to it). `None`: the prompt plus `max_new_tokens` of each request,
+    /// capped by the package's context length.
+    pub ctx_size: Option<usize>,
     /// f32 activations whatever the model's `accuracy_level` allows (no int8 activations;
     /// native backend only).
     pub exact: bool,
@@ -106,23 +103,6 @@ pub struct ModelOptions {
     /// Keep full KV blocks for later sequences that start with the same ids (a server's
     /// shared system prompt is then prefilled once).
     pub prefix_cache: bool,
-}
-
-/// How big the paged KV pool is (blocks of 16 positions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvBudget {
-    /// Enough for this many sequences of the package's whole context (and at least 1024
-    /// blocks).
-    Sequences(usize),
-    Blocks(usize),
-    /// As many blocks as fit in this many bytes (at least one).
-    Bytes(usize),
-}
-
-impl Default for KvBudget {
-    fn default() -> Self {
-        KvBudget::Sequences(2)
-    }
 }
 
 /// Stops a generation from another thread (or a signal handler) at the next token.
@@ -202,18 +182,20 @@ struct CachedSeq {
     seq: SeqId,
     /// The ids whose KV the sequence holds.
     ids: Vec<u32>,
-    capacity: usize,
+    ctx_size: usize,
 }
 
 /// A loaded model with its tokenizer, chat template and generation defaults.
 pub struct Model {
-    lm: backend::Lm,
+    lm: Box<dyn LanguageModel>,
     /// Why `auto` picked ONNX Runtime.
     backend_note: Option<String>,
     encoder: Encoder,
     config: PackageConfig,
     defaults: PackageDefaults,
-    context: Option<usize>,
+    limit: ContextLimit,
+    /// Kernel threads, resolved ([`ModelOptions::threads`] 0 is every core).
+    threads: usize,
     prefix_cache: bool,
     cached: Option<CachedSeq>,
     /// Logits of the last step of [`Model::advance`].
@@ -252,10 +234,11 @@ impl Model {
         };
         let config = PackageConfig::read(&dir)?;
         let model_path = dir.join(&config.model_file);
+        let threads = oxgen_runtime::resolve_threads(options.threads);
         let (lm, backend_note) = backend::open(&backend::Open {
             model_path: &model_path,
             config: &config,
-            threads: options.threads,
+            threads,
             exact: options.exact,
             backend: options.backend,
             ort_lib: options.ort_lib.as_deref(),
@@ -267,14 +250,15 @@ impl Model {
         let template = ChatTemplate::from_package(&dir)?;
         let defaults = PackageDefaults::read(&dir)?;
         release_freed_heap();
-        let context = options.context.map(|c| c.min(config.context_length));
+        let limit = ContextLimit::new(options.ctx_size, config.context_length);
         Ok(Model {
             lm,
             backend_note,
             encoder: Encoder::new(tokenizer, template),
             config,
             defaults,
-            context,
+            limit,
+            threads,
             prefix_cache: options.prefix_cache,
             cached: None,
             scratch: Default::default(),
@@ -296,9 +280,14 @@ impl Model {
         &self.encoder
     }
 
+    /// The kernel threads it runs with (0 asked for is resolved to the core count).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// `native` or `ort`.
     pub fn backend(&self) -> &'static str {
-        self.lm.name()
+        self.lm.backend()
     }
 
     /// What the backend can run in one forward (fused batches of sequences).
@@ -338,8 +327,7 @@ impl Model {
 
     /// Bytes of KV cache a sequence of `positions` holds.
     pub fn kv_bytes(&self, positions: usize) -> usize {
-        let c = self.lm.contract();
-        c.layers.len() * 2 * c.kv_heads * c.head_size * positions * c.kv_dtype.bits() / 8
+        self.lm.contract().kv_bytes(positions)
     }
 
     /// How full the paged KV pool is (native backend on a paged graph).
@@ -359,7 +347,7 @@ impl Model {
 
     /// Positions the KV kept from the last generation holds.
     pub fn kv_positions(&self) -> Option<usize> {
-        self.cached.as_ref().map(|c| c.capacity)
+        self.cached.as_ref().map(|c| c.ctx_size)
     }
 
     /// Times every op type of the native backend from now on (a little slower); read them
@@ -400,21 +388,12 @@ impl Model {
     ) -> Result<Stream<'_>, Error> {
         let start = Instant::now();
         let ids = self.encode(prompt)?;
-        let context = self.context.unwrap_or_else(|| {
-            (ids.len() + options.max_new_tokens.max(1)).min(self.config.context_length)
-        });
-        if ids.len() >= context {
-            return Err(oxgen_generate::GenerateError::Prompt(format!(
-                "the prompt has {} tokens but the context holds {context}; shorten the prompt \
-                 or raise the context (--ctx-size, at most the model's {})",
-                ids.len(),
-                self.config.context_length
-            ))
-            .into());
-        }
-        let (seq, reused) = self.sequence_for(&ids, context)?;
+        let sizing = self.limit.size(ids.len(), options.max_new_tokens)?;
+        // The sequence is kept for the next prompt: a fixed ctx_size lets later turns fit.
+        let ctx_size = self.limit.ctx_size().unwrap_or(sizing.positions);
+        let (seq, reused) = self.sequence_for(&ids, ctx_size)?;
         let decode = self.decode_options(options);
-        let decoding = match oxgen_generate::Decoding::new(&ids, reused, context, decode) {
+        let decoding = match oxgen_generate::Decoding::new(&ids, reused, ctx_size, decode) {
             Ok(d) => d,
             Err(e) => {
                 self.drop_cache();
@@ -424,11 +403,17 @@ impl Model {
         Ok(Stream::new(
             self,
             seq,
-            context,
+            ctx_size,
             decoding,
             options.cancel.clone(),
             start,
         ))
+    }
+
+    /// The positions sequences may hold, to size requests on other threads as the model
+    /// does.
+    pub fn context_limit(&self) -> ContextLimit {
+        self.limit
     }
 
     fn decode_options(&self, options: &GenerateOptions) -> oxgen_generate::DecodeOptions {
@@ -442,15 +427,15 @@ impl Model {
     }
 
     /// A sequence holding `ids`' longest cached prefix, and that prefix's length.
-    fn sequence_for(&mut self, ids: &[u32], context: usize) -> Result<(SeqId, usize), Error> {
+    fn sequence_for(&mut self, ids: &[u32], ctx_size: usize) -> Result<(SeqId, usize), Error> {
         if let Some(c) = self.cached.take() {
-            if c.capacity >= context {
+            if c.ctx_size >= ctx_size {
                 let shared = c.ids.iter().zip(ids).take_while(|(a, b)| a == b).count();
                 return Ok((c.seq, shared));
             }
             self.lm.remove_sequence(c.seq);
         }
-        Ok((self.lm.add_sequence(context)?, 0))
+        Ok((self.lm.add_sequence(ctx_size)?, 0))
     }
 
     fn lm_remove(&mut self, seq: SeqId) {

@@ -3,7 +3,7 @@
 //! the backend fuses batches) until finished → [`Model::end`].
 
 use oxgen_generate::{Decoding, FinishReason};
-use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep};
+use oxgen_runtime::{Batch, LogitsWanted, SeqId, SeqStep};
 
 use crate::{Error, GenerateOptions, Model};
 
@@ -73,21 +73,23 @@ impl Logprobs {
 }
 
 impl Model {
-    /// Starts a generation of `ids` whose KV holds up to `capacity` positions (at most the
-    /// model's context). `top_logprobs`: report each token's log-probability and that many
-    /// alternatives.
+    /// Starts a generation of `ids` whose KV holds the prompt and `options.max_new_tokens`
+    /// (at most the model's [`ContextLimit`](crate::ContextLimit)). `top_logprobs`: report
+    /// each token's log-probability and that many alternatives.
     pub fn start(
         &mut self,
         ids: &[u32],
         options: &GenerateOptions,
-        capacity: usize,
         top_logprobs: Option<usize>,
     ) -> Result<Sequence, Error> {
-        let capacity = capacity.min(self.config.context_length);
+        let positions = self
+            .limit
+            .size(ids.len(), options.max_new_tokens)?
+            .positions;
         // Checked before any KV is reserved.
-        Decoding::new(ids, 0, capacity, self.decode_options(options))?;
-        let (seq, cached) = self.lm.start_sequence(capacity, ids)?;
-        let decoding = match Decoding::new(ids, cached, capacity, self.decode_options(options)) {
+        Decoding::new(ids, 0, positions, self.decode_options(options))?;
+        let (seq, cached) = self.lm.start_sequence(positions, ids)?;
+        let decoding = match Decoding::new(ids, cached, positions, self.decode_options(options)) {
             Ok(d) => d,
             Err(e) => {
                 self.lm.remove_sequence(seq);

@@ -57,7 +57,7 @@ pub struct Output {
 pub struct Stream<'m> {
     model: &'m mut Model,
     seq: SeqId,
-    capacity: usize,
+    ctx_size: usize,
     decoding: Decoding,
     cancel: Option<Cancel>,
     logits: StepLogits,
@@ -75,7 +75,7 @@ impl<'m> Stream<'m> {
     pub(crate) fn new(
         model: &'m mut Model,
         seq: SeqId,
-        capacity: usize,
+        ctx_size: usize,
         decoding: Decoding,
         cancel: Option<Cancel>,
         start: Instant,
@@ -85,7 +85,7 @@ impl<'m> Stream<'m> {
         Stream {
             model,
             seq,
-            capacity,
+            ctx_size,
             decoding,
             cancel,
             logits: StepLogits::default(),
@@ -127,7 +127,7 @@ impl<'m> Stream<'m> {
     }
 
     fn step(&mut self) -> Result<Token, Error> {
-        let lm = &mut self.model.lm;
+        let lm = self.model.lm.as_mut();
         let row = step_sequence(lm, self.seq, &self.decoding, &mut self.logits)?;
         let emitted = self
             .decoding
@@ -185,7 +185,7 @@ impl Drop for Stream<'_> {
         self.model.cached = Some(CachedSeq {
             seq: self.seq,
             ids: self.decoding.ids()[..fed].to_vec(),
-            capacity: self.capacity,
+            ctx_size: self.ctx_size,
         });
     }
 }

@@ -71,7 +71,7 @@ fn run(model: &mut Model, arrivals: &[Arrival], chunk: usize) -> Vec<(Vec<u32>, 
     let mut step = 0;
     while step < 1000 {
         for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.join == step) {
-            let s = model.start(a.ids, &options(), 512, None).unwrap();
+            let s = model.start(a.ids, &options(), None).unwrap();
             out[i].1 = s.cached();
             running.push((i, s));
         }
@@ -196,7 +196,7 @@ fn a_step_reads_the_weights_once_whatever_the_batch() {
     let mut per_token = Vec::new();
     for n in [1usize, 2, 4, 8] {
         let mut seqs: Vec<Sequence> = (0..n)
-            .map(|_| model.start(&prompt, &options(), 256, None).unwrap())
+            .map(|_| model.start(&prompt, &options(), None).unwrap())
             .collect();
         let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
         // Prefill, then measure decode steps only.

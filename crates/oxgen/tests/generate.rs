@@ -14,7 +14,7 @@ fn generates_the_same_greedy_tokens_as_stepping_by_hand() {
         dir.path(),
         &ModelOptions {
             threads: 1,
-            context: Some(64),
+            ctx_size: Some(64),
             exact: false,
             ..ModelOptions::default()
         },
@@ -56,14 +56,14 @@ fn a_folder_without_genai_config_says_what_is_missing() {
     assert!(e.to_string().contains("genai_config.json"), "{e}");
 }
 
-fn fixture_model(context: Option<usize>) -> (tempfile::TempDir, Model) {
+fn fixture_model(ctx_size: Option<usize>) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
     write_package(dir.path(), &FixtureConfig::default()).unwrap();
     let model = Model::open(
         dir.path(),
         &ModelOptions {
             threads: 1,
-            context,
+            ctx_size,
             exact: false,
             ..ModelOptions::default()
         },

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use oxgen::{FinishReason, GenerateOptions, Model, ModelOptions, PackageConfig, Prompt};
-use oxgen_exec::{ExecOptions, NativeLm};
+use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 use serde::Deserialize;
 
@@ -89,7 +89,7 @@ const CONTEXT: usize = 256;
 fn open_default_model() -> Model {
     let options = ModelOptions {
         threads: 0,
-        context: Some(CONTEXT),
+        ctx_size: Some(CONTEXT),
         exact: true,
         ..ModelOptions::default()
     };
@@ -178,10 +178,12 @@ fn greedy_ids_match_the_reference_exactly() {
 fn native_lm(exact: bool) -> NativeLm {
     let dir = default_model_dir();
     let config = PackageConfig::read(&dir).expect("reading genai_config.json");
-    let onnx = oxgen_onnx::Model::load(dir.join(&config.model_file)).expect("loading the graph");
-    let graph = oxgen_graph::Graph::from_model(&onnx).expect("building the graph");
-    NativeLm::new(graph, &ExecOptions { threads: 0, exact }, &config.kv)
-        .expect("wrapping the graph")
+    let options = NativeOptions {
+        exec: ExecOptions { threads: 0, exact },
+        kv_names: config.kv.clone(),
+        ..NativeOptions::default()
+    };
+    NativeLm::open(&dir.join(&config.model_file), &options).expect("wrapping the graph")
 }
 
 /// oxgen's logits of tokens `a` and `b` after `prompt` followed by `generated`, stepping

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use oxgen::{GenerateOptions, Model, ModelOptions, PackageConfig, Prompt};
-use oxgen_exec::{ExecOptions, NativeLm};
+use oxgen_exec::{NativeLm, NativeOptions};
 use oxgen_runtime::LanguageModel;
 use oxgen_testkit::fixtures::{FixtureConfig, tokenizer, write_package};
 use oxgen_testkit::optimum::write_optimum_package;
@@ -33,9 +33,11 @@ fn edit_json(dir: &Path, file: &str, edit: impl FnOnce(&mut serde_json::Value)) 
 
 /// The native model of a package, for its contract.
 fn lm(dir: &Path, config: &PackageConfig) -> NativeLm {
-    let m = oxgen_onnx::Model::load(dir.join(&config.model_file)).unwrap();
-    let g = oxgen_graph::Graph::from_model(&m).unwrap();
-    NativeLm::new(g, &ExecOptions::default(), &config.kv).unwrap()
+    let options = NativeOptions {
+        kv_names: config.kv.clone(),
+        ..NativeOptions::default()
+    };
+    NativeLm::open(&dir.join(&config.model_file), &options).unwrap()
 }
 
 #[test]
@@ -200,7 +202,7 @@ fn an_optimum_export_opens_and_generates() {
         dir.path(),
         &ModelOptions {
             threads: 1,
-            context: Some(64),
+            ctx_size: Some(64),
             exact: false,
             ..ModelOptions::default()
         },

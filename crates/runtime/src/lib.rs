@@ -14,30 +14,21 @@ mod lm;
 pub use blocks::{BlockCopy, BlockPool, BlockTable, KvUsage};
 
 pub use lm::{
-    Batch, Capabilities, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, SeqId,
-    SeqSlot, SeqStep, SeqTable, StepCounters, StepLogits, check_context,
+    Batch, Capabilities, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, OpTime,
+    SeqId, SeqSlot, SeqStep, SeqTable, StepCounters, StepLogits, check_context,
 };
 
-use oxgen_tensor::{DType, Tensor};
+pub use oxgen_tensor::Dim;
 
-/// One dimension of a declared input or output shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Dim {
-    Fixed(usize),
-    /// A named dimension such as `batch_size` or `sequence_length`.
-    Symbolic(String),
-    Unknown,
-}
-
-impl std::fmt::Display for Dim {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Dim::Fixed(d) => write!(f, "{d}"),
-            Dim::Symbolic(s) => f.write_str(s),
-            Dim::Unknown => f.write_str("?"),
-        }
+/// The thread count a backend runs with when asked for `threads`: 0 means every core the
+/// process may use. Resolved once, so what a run reports is what it used.
+pub fn resolve_threads(threads: usize) -> usize {
+    match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
     }
 }
+use oxgen_tensor::{DType, Tensor};
 
 /// What a model declares about one of its inputs or outputs.
 #[derive(Debug, Clone, PartialEq, Eq)]

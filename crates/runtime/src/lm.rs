@@ -67,6 +67,20 @@ impl Default for KvTemplates {
 }
 
 impl LmContract {
+    /// Bytes of KV that `positions` positions of one sequence hold across every layer
+    /// (saturating).
+    pub fn kv_bytes(&self, positions: usize) -> usize {
+        [
+            2,
+            self.kv_heads,
+            self.head_size,
+            positions,
+            self.kv_dtype.bits() / 8,
+        ]
+        .iter()
+        .fold(self.layers.len(), |n, &f| n.saturating_mul(f))
+    }
+
     /// Reads the contract from a graph's declared inputs and outputs. `input_ids`,
     /// `attention_mask`, `position_ids` and `logits` are the names used; KV names follow
     /// `kv`. Fails naming what is missing.
@@ -215,13 +229,13 @@ pub struct SeqStep<'a> {
 #[derive(Debug)]
 pub struct SeqSlot<K> {
     pub len: usize,
-    pub max_context: usize,
+    pub ctx_size: usize,
     pub kv: K,
 }
 
 /// Fails for a context of zero positions (before a backend allocates KV for it).
-pub fn check_context(max_context: usize) -> Result<(), RuntimeError> {
-    if max_context == 0 {
+pub fn check_context(ctx_size: usize) -> Result<(), RuntimeError> {
+    if ctx_size == 0 {
         return Err(RuntimeError::Backend(
             "a sequence needs a context of at least one position".into(),
         ));
@@ -247,14 +261,14 @@ impl<K> Default for SeqTable<K> {
 
 impl<K> SeqTable<K> {
     /// Adds an empty sequence holding `kv`.
-    pub fn add(&mut self, max_context: usize, kv: K) -> SeqId {
+    pub fn add(&mut self, ctx_size: usize, kv: K) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
         self.seqs.insert(
             id,
             SeqSlot {
                 len: 0,
-                max_context,
+                ctx_size,
                 kv,
             },
         );
@@ -285,16 +299,16 @@ impl<K> SeqTable<K> {
 
     /// Checks `step` against its sequence; returns the position after the span.
     pub fn check(&self, step: &SeqStep) -> Result<usize, RuntimeError> {
-        step.check(self.get(step.seq).map(|s| (s.len, s.max_context)))
+        step.check(self.get(step.seq).map(|s| (s.len, s.ctx_size)))
     }
 }
 
 impl SeqStep<'_> {
     /// Checks the step against its sequence (`None`: not found), which holds `len`
-    /// positions of at most `max_context`; returns the position after the span.
+    /// positions of at most `ctx_size`; returns the position after the span.
     pub fn check(&self, seq: Option<(usize, usize)>) -> Result<usize, RuntimeError> {
         let err = |msg: String| RuntimeError::Sequence(self.seq.0, msg);
-        let (len, max_context) = seq.ok_or_else(|| err("no such sequence".into()))?;
+        let (len, ctx_size) = seq.ok_or_else(|| err("no such sequence".into()))?;
         if self.tokens.is_empty() {
             return Err(err("a step needs at least one token".into()));
         }
@@ -305,9 +319,9 @@ impl SeqStep<'_> {
             )));
         }
         let end = self.pos + self.tokens.len();
-        if end > max_context {
+        if end > ctx_size {
             return Err(err(format!(
-                "{end} positions exceed the context of {max_context} this sequence was added with"
+                "{end} positions exceed the context of {ctx_size} this sequence was added with"
             )));
         }
         Ok(end)
@@ -430,15 +444,25 @@ pub struct Capabilities {
     pub fused_prefill_with_past: bool,
 }
 
+/// Time spent in one op type (`domain::op_type` for non-ONNX domains).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTime {
+    pub op_type: String,
+    pub calls: u64,
+    pub total: std::time::Duration,
+}
+
 /// A decoder-only language model stepped token span by token span.
 pub trait LanguageModel: Send {
+    /// The backend's name (`native`, `ort`).
+    fn backend(&self) -> &'static str;
     fn contract(&self) -> &LmContract;
     /// What one forward can hold; by default one sequence per forward.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
-    /// Adds a sequence whose KV holds up to `max_context` positions.
-    fn add_sequence(&mut self, max_context: usize) -> Result<SeqId, RuntimeError>;
+    /// Adds a sequence whose KV holds up to `ctx_size` positions.
+    fn add_sequence(&mut self, ctx_size: usize) -> Result<SeqId, RuntimeError>;
     /// Frees a sequence's KV; unknown ids are ignored.
     fn remove_sequence(&mut self, seq: SeqId);
     /// Positions the sequence's KV holds.
@@ -450,11 +474,11 @@ pub trait LanguageModel: Send {
     /// `prompt.len() - 1`, so the last prompt id is always fed). By default nothing is cached.
     fn start_sequence(
         &mut self,
-        max_context: usize,
+        ctx_size: usize,
         prompt: &[u32],
     ) -> Result<(SeqId, usize), RuntimeError> {
         let _ = prompt;
-        Ok((self.add_sequence(max_context)?, 0))
+        Ok((self.add_sequence(ctx_size)?, 0))
     }
     /// How full the paged KV pool is, for a backend that pages its KV.
     fn kv_usage(&self) -> Option<KvUsage> {
@@ -463,6 +487,16 @@ pub trait LanguageModel: Send {
     /// What the steps so far cost.
     fn counters(&self) -> StepCounters {
         StepCounters::default()
+    }
+    /// Sequences added and not removed.
+    fn sequence_count(&self) -> usize;
+    /// Times each op type from now on, a little slower (a backend that cannot does nothing).
+    fn set_profiling(&mut self, on: bool) {
+        let _ = on;
+    }
+    /// Time per op type since profiling was switched on, most expensive first.
+    fn op_times(&self) -> Vec<OpTime> {
+        Vec::new()
     }
 }
 

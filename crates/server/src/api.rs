@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use oxgen::{ChatMessage, GenerateOptions, Prompt, SamplingParams};
+use oxgen::{
+    ChatMessage, GenerateOptions, Param, Prompt, SamplingParams, SamplingRequest, fresh_seed,
+};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -186,10 +188,14 @@ fn count(param: &str, v: i64, lo: i64, hi: usize) -> Result<usize, ApiError> {
     }
 }
 
-/// A seed for requests that give none, different each time.
-fn fresh_seed() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::time::SystemTime::now())
+/// A float sampling value checked by its parameter's one range check.
+fn param(which: Param, v: Option<f32>) -> Result<Option<f32>, ApiError> {
+    v.map(|v| {
+        which
+            .check(v)
+            .map_err(|m| ApiError::invalid(which.name(), m))
+    })
+    .transpose()
 }
 
 fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
@@ -234,63 +240,13 @@ impl Common {
         top_logprobs: Option<usize>,
         bounds: &Bounds,
     ) -> Result<Request, ApiError> {
-        let mut s = bounds.defaults.clone();
         let n = count("n", self.n.unwrap_or(1), 1, bounds.max_n)?;
-        match self.temperature {
-            Some(t) => {
-                let t = range("temperature", t, 0.0, 2.0)?;
-                s.greedy = t == 0.0;
-                if t > 0.0 {
-                    s.temperature = t;
-                }
-            }
-            // As the CLI: asking for a sampling control, a seed or several choices turns
-            // sampling on, at the package's temperature; otherwise these would be ignored
-            // on a greedy package.
-            None if self.top_p.is_some()
-                || self.top_k.is_some()
-                || self.min_p.is_some()
-                || self.seed.is_some()
-                || n > 1 =>
-            {
-                s.greedy = false;
-                if s.temperature == 0.0 {
-                    // A package spelling greedy as temperature 0: sample at the neutral 1.
-                    s.temperature = 1.0;
-                }
-            }
-            None => {}
-        }
-        if let Some(p) = self.top_p {
-            if p <= 0.0 {
-                return Err(ApiError::invalid(
-                    "top_p",
-                    format!("top_p must be in (0, 1], got {p}"),
-                ));
-            }
-            s.top_p = range("top_p", p, 0.0, 1.0)?;
-        }
-        if let Some(k) = self.top_k {
-            s.top_k = count("top_k", k, 0, bounds.vocab)?;
-        }
-        if let Some(p) = self.min_p {
-            s.min_p = range("min_p", p, 0.0, 1.0)?;
-        }
-        if let Some(p) = self.presence_penalty {
-            s.presence_penalty = range("presence_penalty", p, -2.0, 2.0)?;
-        }
-        if let Some(p) = self.frequency_penalty {
-            s.frequency_penalty = range("frequency_penalty", p, -2.0, 2.0)?;
-        }
-        if let Some(p) = self.repetition_penalty {
-            if p <= 0.0 {
-                return Err(ApiError::invalid(
-                    "repetition_penalty",
-                    format!("repetition_penalty must be positive, got {p}"),
-                ));
-            }
-            s.repetition_penalty = range("repetition_penalty", p, 0.0, 10.0)?;
-        }
+        // OpenAI's documented bounds for these two; every range check proper is `Param`'s.
+        let temperature = self
+            .temperature
+            .map(|t| range("temperature", t, 0.0, 2.0))
+            .transpose()?;
+        let mut logit_bias = Vec::new();
         for (key, bias) in self.logit_bias.unwrap_or_default() {
             let id = key
                 .parse::<u32>()
@@ -305,11 +261,35 @@ impl Common {
                     ),
                 ));
             };
-            s.logit_bias
-                .push((id, range("logit_bias", bias, -100.0, 100.0)?));
+            logit_bias.push((id, range("logit_bias", bias, -100.0, 100.0)?));
         }
-        s.seed = self.seed.map_or_else(fresh_seed, |v| v as u64);
-        s.validate()
+        let request = SamplingRequest {
+            temperature: param(Param::Temperature, temperature)?,
+            top_k: self
+                .top_k
+                .map(|k| count("top_k", k, 0, bounds.vocab))
+                .transpose()?,
+            top_p: param(Param::TopP, self.top_p.map(|v| v as f32))?,
+            min_p: param(Param::MinP, self.min_p.map(|v| v as f32))?,
+            repetition_penalty: param(
+                Param::RepetitionPenalty,
+                self.repetition_penalty.map(|v| v as f32),
+            )?,
+            frequency_penalty: param(
+                Param::FrequencyPenalty,
+                self.frequency_penalty.map(|v| v as f32),
+            )?,
+            presence_penalty: param(
+                Param::PresencePenalty,
+                self.presence_penalty.map(|v| v as f32),
+            )?,
+            logit_bias,
+            seed: self.seed.map(|v| v as u64),
+            choices: n,
+            greedy: false,
+        };
+        let s = request
+            .resolve(bounds.defaults, fresh_seed())
             .map_err(|e| ApiError::invalid("", e.to_string()))?;
         let max_tokens = max_tokens
             .map(|m| count("max_tokens", m, 1, bounds.max_tokens_limit))

@@ -15,8 +15,6 @@ use std::time::{Duration, Instant};
 
 use oxgen::{GenerateOptions, Model, Sequence, Step};
 
-/// Prompt ids a sequence feeds per step unless `--prefill-chunk` says otherwise.
-pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
@@ -27,8 +25,8 @@ pub struct Job {
     pub ids: Vec<u32>,
     pub options: GenerateOptions,
     pub n: usize,
-    /// KV positions each sequence may hold (prompt plus new tokens, within the context).
-    pub capacity: usize,
+    /// KV positions each sequence holds (prompt plus new tokens, as the model sizes them).
+    pub positions: usize,
     pub top_logprobs: Option<usize>,
     pub arrived: Instant,
     pub deadline: Option<Instant>,
@@ -179,7 +177,7 @@ fn admit(model: &mut Model, job: Job, metrics: &Metrics) -> Option<Running> {
     for choice in 0..job.n {
         let mut options = job.options.clone();
         options.sampling.seed = options.sampling.seed.wrapping_add(choice as u64);
-        match model.start(&job.ids, &options, job.capacity, job.top_logprobs) {
+        match model.start(&job.ids, &options, job.top_logprobs) {
             Ok(s) => seqs.push(Some(s)),
             Err(e) => {
                 for s in seqs.into_iter().flatten() {
@@ -222,14 +220,14 @@ fn fits(job: &Job, busy: usize, model: &Model, limits: &Limits) -> Result<bool, 
     let Some(kv) = model.kv_usage() else {
         return Ok(true);
     };
-    let need = job.n * kv.blocks_for(job.capacity);
+    let need = job.n * kv.blocks_for(job.positions);
     if need > kv.total {
         return Err(ApiError::unavailable(
             "kv_cache_full",
             format!(
                 "the request needs {need} KV blocks ({} sequences of {} positions) and the \
                  pool has {}; lower max_tokens or n, or raise --kv-blocks",
-                job.n, job.capacity, kv.total
+                job.n, job.positions, kv.total
             ),
         ));
     }

@@ -32,7 +32,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use oxgen::{Encoder, Model, SamplingParams};
+use oxgen::{ContextLimit, Encoder, Model, SamplingParams};
 use tokio::sync::Notify;
 
 pub use error::ApiError;
@@ -59,8 +59,6 @@ pub struct Config {
     pub prefill_chunk: usize,
     /// The most tokens one request may ask for, and what it gets when it asks for none.
     pub max_tokens_limit: usize,
-    /// Positions a sequence may hold; `None`: the model's context length.
-    pub ctx_size: Option<usize>,
     /// From arrival to the last token; `None` (or one too large to add to a time): no limit.
     pub request_timeout: Option<Duration>,
     /// Request bodies over this many bytes get 413.
@@ -72,20 +70,36 @@ pub struct Config {
     pub handle_signals: bool,
 }
 
+/// [`Config::max_queue`]'s default.
+pub const DEFAULT_MAX_QUEUE: usize = 64;
+/// [`Config::max_batch`]'s default.
+pub const DEFAULT_MAX_BATCH: usize = 8;
+/// [`Config::prefill_chunk`]'s default: long enough that a prompt's chunks run near full
+/// prefill speed, short enough that running streams wait about one chunk per step.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+/// [`Config::max_tokens_limit`]'s default.
+pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 4096;
+/// [`Config::request_timeout`]'s default, in seconds.
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 600;
+/// [`Config::max_body`]'s default: 4 MiB.
+pub const DEFAULT_MAX_BODY: usize = 4 << 20;
+/// [`Config::shutdown_timeout`]'s default, in seconds.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+
 impl Config {
+    /// The defaults above, no API key, no aliases.
     pub fn new(model_id: &str) -> Config {
         Config {
             model_id: model_id.into(),
             aliases: Vec::new(),
             api_key: None,
-            max_queue: 64,
-            max_batch: 8,
-            prefill_chunk: engine::DEFAULT_PREFILL_CHUNK,
-            max_tokens_limit: 4096,
-            ctx_size: None,
-            request_timeout: Some(Duration::from_secs(600)),
-            max_body: 4 << 20,
-            shutdown_timeout: Duration::from_secs(30),
+            max_queue: DEFAULT_MAX_QUEUE,
+            max_batch: DEFAULT_MAX_BATCH,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            max_tokens_limit: DEFAULT_MAX_TOKENS_LIMIT,
+            request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS)),
+            max_body: DEFAULT_MAX_BODY,
+            shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             handle_signals: false,
         }
     }
@@ -94,8 +108,8 @@ impl Config {
 /// What the HTTP side needs of the loaded model.
 pub(crate) struct Loaded {
     encoder: Encoder,
-    /// Positions a sequence may hold.
-    context: usize,
+    /// Positions a sequence may hold, and how requests are sized to fit.
+    limit: ContextLimit,
     vocab: usize,
     sampling: SamplingParams,
     /// `native` or `ort`.
@@ -223,14 +237,10 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         Ok(model) => model,
         Err(e) => return app.fail(format!("loading the model: {e}")),
     };
-    let package_context = model.config().context_length;
-    let context = app
-        .config
-        .ctx_size
-        .map_or(package_context, |c| c.min(package_context));
+    let limit = model.context_limit();
     let loaded = Loaded {
         encoder: model.encoder().clone(),
-        context,
+        limit,
         vocab: model.tokenizer().vocab_size(),
         sampling: model.default_options().sampling,
         backend: model.backend(),
@@ -242,9 +252,10 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
     // When a shutdown began during the load, the loop below sees `abort` soon.
     app.mark_ready();
     eprintln!(
-        "oxgen serve: model '{}' loaded in {:.2} s; context {context}",
+        "oxgen serve: model '{}' loaded in {:.2} s; ctx_size {}",
         app.config.model_id,
-        model.load_time().as_secs_f64()
+        model.load_time().as_secs_f64(),
+        limit.max()
     );
     let limits = engine::Limits {
         max_batch: app.config.max_batch,

@@ -181,24 +181,13 @@ impl App {
         if ids.is_empty() {
             return Err(ApiError::invalid(param, "the prompt has no tokens"));
         }
-        if ids.len() >= loaded.context {
-            let mut e = ApiError::invalid(
-                param,
-                format!(
-                    "the prompt has {} tokens but the context holds {}; shorten it (or start \
-                     the server with a larger --ctx-size)",
-                    ids.len(),
-                    loaded.context
-                ),
-            );
+        let asked = req.max_tokens.unwrap_or(self.config.max_tokens_limit);
+        let sizing = loaded.limit.size(ids.len(), asked).map_err(|e| {
+            let mut e = ApiError::invalid(param, e.to_string());
             e.code = Some("context_length_exceeded");
-            return Err(e);
-        }
-        let room = loaded.context - ids.len();
-        req.options.max_new_tokens = req
-            .max_tokens
-            .unwrap_or(self.config.max_tokens_limit)
-            .min(room);
+            e
+        })?;
+        req.options.max_new_tokens = sizing.max_new_tokens;
         // Every request passes through the queue, so a limit of 0 would refuse them all.
         let max_queue = self.config.max_queue.max(1);
         if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= max_queue {
@@ -215,7 +204,7 @@ impl App {
         let (events, receiver) = unbounded_channel();
         let arrived = Instant::now();
         let job = Job {
-            capacity: ids.len() + req.options.max_new_tokens,
+            positions: sizing.positions,
             ids,
             options: req.options,
             n: req.n,
@@ -558,7 +547,7 @@ fn model_card(app: &App) -> Value {
         "aliases": app.config.aliases,
         "meta": {
             "backend": app.loaded.get().map(|l| l.backend),
-            "context_length": app.loaded.get().map(|l| l.context),
+            "context_length": app.loaded.get().map(|l| l.limit.max()),
             "max_batch": app.config.max_batch,
             "max_tokens_limit": app.config.max_tokens_limit,
             "batching": batching(app),
@@ -629,7 +618,7 @@ async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
             }
         };
         let ids = encode(loaded, prompt).await?;
-        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.context}))
+        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.limit.max()}))
     };
     reply(result.await)
 }

@@ -14,7 +14,7 @@ mod tensor;
 
 pub use buffer::AlignedBuf;
 pub use dtype::{DType, Element};
-pub use shape::{Shape, checked_numel};
+pub use shape::{Dim, Shape, checked_numel};
 pub use tensor::Tensor;
 
 pub use half::{bf16, f16};

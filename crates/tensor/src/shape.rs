@@ -108,6 +108,25 @@ impl std::fmt::Debug for Shape {
     }
 }
 
+/// One dimension of a declared input or output shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(usize),
+    /// A named dimension such as `batch_size` or `sequence_length`.
+    Symbolic(String),
+    Unknown,
+}
+
+impl std::fmt::Display for Dim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dim::Fixed(d) => write!(f, "{d}"),
+            Dim::Symbolic(s) => f.write_str(s),
+            Dim::Unknown => f.write_str("?"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! The crate map in ARCHITECTURE.md is the truth about dependencies: this test compares it
-//! with `cargo metadata` so the map cannot drift and no dependency points up a layer.
+//! with `cargo metadata` so the map cannot drift and no dependency points up a layer, and
+//! with the paths each crate's source names, so no dependency is declared but unused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -36,8 +37,7 @@ fn crate_map() -> BTreeMap<String, Row> {
         .collect()
 }
 
-#[test]
-fn crate_map_matches_cargo_metadata() {
+fn metadata() -> serde_json::Value {
     let out = Command::new(env!("CARGO"))
         .args([
             "metadata",
@@ -54,8 +54,79 @@ fn crate_map_matches_cargo_metadata() {
         "cargo metadata failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
+}
+
+/// The oxgen crates a package's library or binary source names (`oxgen_exec::…`,
+/// `oxgen::…`), outside comments; tests, benches and examples are not counted.
+fn source_edges(manifest: &Path) -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(
+        &manifest
+            .parent()
+            .expect("a manifest has a folder")
+            .join("src"),
+        &mut files,
+    );
+    let mut used = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("source files are UTF-8");
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            let mut rest = line;
+            while let Some(at) = rest.find("oxgen") {
+                let before = rest[..at].chars().next_back();
+                let tail = &rest[at..];
+                let len = tail
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(tail.len());
+                let ident = &tail[..len];
+                let is_path = tail[len..].starts_with("::");
+                let in_word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '"';
+                if !before.is_some_and(in_word) && is_path {
+                    used.insert(ident.replace('_', "-"));
+                }
+                rest = &tail[len.max(1)..];
+            }
+        }
+    }
+    used
+}
+
+#[test]
+fn every_declared_dependency_is_used_in_the_source() {
+    let meta = metadata();
+    for package in meta["packages"].as_array().expect("packages is an array") {
+        let name = package["name"].as_str().expect("package name");
+        let declared: BTreeSet<String> = (package["dependencies"].as_array().into_iter())
+            .flatten()
+            .filter(|d| {
+                d["kind"].is_null() && d["name"].as_str().is_some_and(|n| n.starts_with("oxgen"))
+            })
+            .map(|d| d["name"].as_str().expect("dependency name").to_string())
+            .collect();
+        let manifest = Path::new(package["manifest_path"].as_str().expect("manifest path"));
+        let mut used = source_edges(manifest);
+        used.remove(name);
+        assert_eq!(
+            declared, used,
+            "{name}: the oxgen crates its Cargo.toml declares differ from those its source uses"
+        );
+    }
+}
+
+#[test]
+fn crate_map_matches_cargo_metadata() {
+    let meta = metadata();
     let map = crate_map();
     let mut seen = BTreeSet::new();
     for package in meta["packages"].as_array().expect("packages is an array") {

@@ -7,9 +7,8 @@ use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use oxgen_exec::{ExecOptions, NativeLm};
-use oxgen_graph::passes::Options as PassOptions;
-use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LogitsWanted, SeqStep, StepLogits};
+use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
+use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 use oxgen_testkit::fixtures::{FixtureConfig, write_package};
 use oxgen_testkit::optimum::write_optimum_package;
 
@@ -90,24 +89,17 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// Decode steps on `model.onnx` in `dir` at 1 and 2 threads: allocations per step.
 fn allocations_per_decode_step(dir: &std::path::Path) -> Vec<(usize, Vec<usize>)> {
     // Rotary caches sized to the context, as `oxgen::Model::open` sizes them.
-    let passes = PassOptions {
-        max_positions: Some(64),
-        ..PassOptions::default()
-    };
-    let model = oxgen_onnx::Model::load(dir.join("model.onnx")).unwrap();
-    let graph = oxgen_graph::Graph::from_model(&model).unwrap();
     let mut found = Vec::new();
     for threads in [1, 2] {
-        let mut lm = NativeLm::with_passes(
-            graph.clone(),
-            &ExecOptions {
+        let options = NativeOptions {
+            exec: ExecOptions {
                 threads,
                 ..Default::default()
             },
-            &KvTemplates::default(),
-            &passes,
-        )
-        .unwrap();
+            context_length: Some(64),
+            ..NativeOptions::default()
+        };
+        let mut lm = NativeLm::open(&dir.join("model.onnx"), &options).unwrap();
         let seq = lm.add_sequence(64).unwrap();
         let mut out = StepLogits::default();
         let step = |lm: &mut NativeLm, tokens: &[u32], pos: usize, out: &mut StepLogits| {

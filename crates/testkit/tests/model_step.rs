@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use oxgen_exec::{ExecOptions, NativeLm};
-use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
+use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
+use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
 use oxgen_testkit::fixtures::{FixtureConfig, Rng, tokenizer::VOCAB_SIZE, write_package};
 
 /// Both backends compute in f32 from the same dequantized 4-bit weights; only summation order
@@ -25,17 +25,14 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
 }
 
 fn lm(model: &Path, threads: usize) -> NativeLm {
-    let m = oxgen_onnx::Model::load(model).unwrap();
-    let g = oxgen_graph::Graph::from_model(&m).unwrap();
-    NativeLm::new(
-        g,
-        &ExecOptions {
+    let options = NativeOptions {
+        exec: ExecOptions {
             threads,
             ..Default::default()
         },
-        &KvTemplates::default(),
-    )
-    .unwrap()
+        ..NativeOptions::default()
+    };
+    NativeLm::open(model, &options).unwrap()
 }
 
 fn tokens(seed: u64, n: usize) -> Vec<u32> {
@@ -330,8 +327,7 @@ fn a_graph_without_kv_inputs_is_not_a_language_model() {
     );
     let path = dir.path().join("m.onnx");
     b.save(&path, None).unwrap();
-    let g = oxgen_graph::Graph::from_model(&oxgen_onnx::Model::load(&path).unwrap()).unwrap();
-    let e = NativeLm::new(g, &ExecOptions::default(), &KvTemplates::default())
+    let e = NativeLm::open(&path, &NativeOptions::default())
         .err()
         .expect("no KV inputs");
     assert!(e.to_string().contains("past_key_values.%d.key"), "{e}");

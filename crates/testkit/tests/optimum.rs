@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use oxgen_exec::{ExecOptions, NativeLm, PassOptions};
-use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LogitsWanted, SeqStep, StepLogits};
+use oxgen_exec::{ExecOptions, NativeLm, NativeOptions, PassOptions};
+use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 use oxgen_testkit::fixtures::{FixtureConfig, Rng, tokenizer::VOCAB_SIZE};
 use oxgen_testkit::optimum::write_optimum_package;
 
@@ -31,18 +31,16 @@ fn fixture(cfg: &FixtureConfig) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn load(model: &Path, passes: &PassOptions) -> NativeLm {
-    let m = oxgen_onnx::Model::load(model).unwrap();
-    let g = oxgen_graph::Graph::from_model(&m).unwrap();
-    NativeLm::with_passes(
-        g,
-        &ExecOptions {
+    let options = NativeOptions {
+        exec: ExecOptions {
             threads: 1,
             ..Default::default()
         },
-        &KvTemplates::default(),
-        passes,
-    )
-    .unwrap()
+        context_length: passes.context_length,
+        optimize: passes.enabled,
+        ..NativeOptions::default()
+    };
+    NativeLm::open(model, &options).unwrap()
 }
 
 fn unoptimized(model: &Path) -> NativeLm {
@@ -50,7 +48,7 @@ fn unoptimized(model: &Path) -> NativeLm {
         model,
         &PassOptions {
             enabled: false,
-            max_positions: None,
+            context_length: None,
         },
     )
 }
@@ -60,7 +58,7 @@ fn optimized(model: &Path, cfg: &FixtureConfig) -> NativeLm {
         model,
         &PassOptions {
             enabled: true,
-            max_positions: Some(cfg.context),
+            context_length: Some(cfg.context),
         },
     )
 }

@@ -16,24 +16,25 @@
 
 use std::path::{Path, PathBuf};
 
-use oxgen_exec::{ExecOptions, NativeLm};
-use oxgen_ort::OrtLm;
-use oxgen_runtime::{Batch, KvTemplates, LanguageModel, LogitsWanted, SeqStep, StepLogits};
+use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
+use oxgen_ort::{OrtLm, OrtOptions};
+use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 use oxgen_testkit::fixtures::{FixtureConfig, Rng, tokenizer::VOCAB_SIZE, write_package};
 
 fn native(model: &Path, exact: bool) -> NativeLm {
-    let m = oxgen_onnx::Model::load(model).unwrap();
-    let g = oxgen_graph::Graph::from_model(&m).unwrap();
-    NativeLm::new(
-        g,
-        &ExecOptions { threads: 2, exact },
-        &KvTemplates::default(),
-    )
-    .unwrap()
+    let options = NativeOptions {
+        exec: ExecOptions { threads: 2, exact },
+        ..NativeOptions::default()
+    };
+    NativeLm::open(model, &options).unwrap()
 }
 
-fn ort(model: &Path, shared_kv: bool) -> OrtLm {
-    OrtLm::open(model, None, 2, &KvTemplates::default(), shared_kv)
+fn ort(model: &Path) -> OrtLm {
+    let options = OrtOptions {
+        threads: 2,
+        ..OrtOptions::default()
+    };
+    OrtLm::open(model, &options)
         .unwrap_or_else(|e| panic!("opening {} in onnxruntime: {e}", model.display()))
 }
 
@@ -149,7 +150,7 @@ fn f32_fixture_logits_and_greedy_ids_match_onnxruntime() {
     let prompt = tokens(1, 12);
     let forced = tokens(2, 16);
     let mut n = native(&model, true);
-    let mut o = ort(&model, true);
+    let mut o = ort(&model);
     let d = diff(
         &teacher_forced(&mut n, &prompt, &forced),
         &teacher_forced(&mut o, &prompt, &forced),
@@ -177,7 +178,7 @@ fn int8_fixture_agrees_with_onnxruntime_teacher_forced() {
     let forced = tokens(4, 32);
     let d = diff(
         &teacher_forced(&mut native(&model, false), &prompt, &forced),
-        &teacher_forced(&mut ort(&model, true), &prompt, &forced),
+        &teacher_forced(&mut ort(&model), &prompt, &forced),
     );
     eprintln!(
         "int8 fixture: max |Δ| {:e}, max rel {:e}, top-1 {}/{}",
@@ -192,7 +193,7 @@ fn concatenating_kv_graphs_match_onnxruntime_including_a_rewind() {
     let dir = tempfile::tempdir().unwrap();
     oxgen_testkit::optimum::write_optimum_package(dir.path(), &FixtureConfig::default()).unwrap();
     let model = dir.path().join("model.onnx");
-    let mut o = ort(&model, false);
+    let mut o = ort(&model);
     assert!(!o.shared_kv());
     let prompt = tokens(5, 10);
     let forced = tokens(6, 12);
@@ -265,7 +266,7 @@ fn default_model_f32_greedy_ids_match_onnxruntime_and_the_goldens() {
     oxgen_import::import_gguf(&gguf, &pkg, &options).unwrap();
     let model = pkg.join("model.onnx");
     let mut n = native(&model, true);
-    let mut o = ort(&model, true);
+    let mut o = ort(&model);
     let mut worst = 0.0f32;
     // Three of the golden prompts, 12 tokens each: the f32 reference kernels are slow in the
     // test profile, and a kernel or graph difference shows within a few tokens.
@@ -289,7 +290,7 @@ fn default_model_int8_agrees_with_onnxruntime_teacher_forced() {
     let dir = env_path("OXGEN_DEFAULT_MODEL", "the imported default model");
     let model = dir.join("model.onnx");
     let mut n = native(&model, false);
-    let mut o = ort(&model, true);
+    let mut o = ort(&model);
     let (mut agree, mut rows, mut worst) = (0, 0, 0.0f32);
     for (i, g) in goldens().iter().enumerate() {
         let forced = &g.reference_ids[..16];

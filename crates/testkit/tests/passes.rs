@@ -25,10 +25,10 @@ fn op_types(g: &Graph) -> Vec<String> {
     g.nodes.iter().map(|n| n.op_type.clone()).collect()
 }
 
-fn passes(max_positions: Option<usize>) -> PassOptions {
+fn passes(context_length: Option<usize>) -> PassOptions {
     PassOptions {
         enabled: true,
-        max_positions,
+        context_length,
     }
 }
 
@@ -251,7 +251,7 @@ fn rotary_spelled_out_becomes_rotary_embedding_with_equal_values() {
 
 #[test]
 fn rotary_near_misses_stay_spelled_out() {
-    for (variant, max_positions, reason) in [
+    for (variant, context_length, reason) in [
         (RotaryVariant::Exact, None, None),
         (RotaryVariant::SwappedHalves, Some(32), None),
         (
@@ -261,7 +261,7 @@ fn rotary_near_misses_stay_spelled_out() {
         ),
     ] {
         let g = graph(&rotary_graph(variant));
-        let (after, report) = optimize(g, None, &passes(max_positions));
+        let (after, report) = optimize(g, None, &passes(context_length));
         assert_eq!(report.rotaries, 0);
         assert!(!op_types(&after).contains(&"RotaryEmbedding".to_string()));
         if let Some(reason) = reason {

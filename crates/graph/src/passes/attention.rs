@@ -28,12 +28,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use oxgen_runtime::LmContract;
 use oxgen_tensor::{DType, Tensor};
 
-use super::Evaluator;
 use super::edit::{self, Edits, Index, input, output};
 use super::shapes::{Facts, Sym, reshape_dims};
+use super::{Evaluator, LmInputs};
 use crate::ops::{BinaryOp, Cast, GroupQueryAttention, Op, Reduce, ReduceKind, RotaryKind};
 use crate::{Graph, Node, ValueId, ValueKind};
 
@@ -357,12 +356,12 @@ fn int_tensor(dtype: DType, dims: &[usize], values: impl Iterator<Item = i64>) -
 /// zero KV of `past` positions.
 fn probe_feeds(
     graph: &Graph,
-    lm: &LmContract,
+    lm: &LmInputs,
     (b, past, s): (usize, usize, usize),
 ) -> Option<Vec<(ValueId, Tensor)>> {
     let mut feeds = vec![(
-        graph.find(&lm.input_ids)?,
-        int_tensor(lm.input_ids_dtype, &[b, s], std::iter::repeat_n(0, b * s))?,
+        graph.find(&lm.input_ids.0)?,
+        int_tensor(lm.input_ids.1, &[b, s], std::iter::repeat_n(0, b * s))?,
     )];
     let (mask, dtype) = lm.attention_mask.as_ref()?;
     feeds.push((
@@ -377,8 +376,8 @@ fn probe_feeds(
         let pos = (0..b).flat_map(|_| past as i64..(past + s) as i64);
         feeds.push((graph.find(name)?, int_tensor(*dtype, &[b, s], pos)?));
     }
-    for layer in &lm.layers {
-        for name in [&layer.past_key, &layer.past_value] {
+    for (key, value) in &lm.past_kv {
+        for name in [key, value] {
             let t = Tensor::zeros(lm.kv_dtype, [b, lm.kv_heads, past, lm.head_size]).ok()?;
             feeds.push((graph.find(name)?, t));
         }
@@ -428,7 +427,7 @@ fn check_causal(mask: &Tensor, (b, past, s): (usize, usize, usize)) -> Result<()
 fn verify_masks(
     graph: &Graph,
     eval: &mut dyn Evaluator,
-    lm: &LmContract,
+    lm: &LmInputs,
     found: &[Candidate],
 ) -> Vec<Result<(), String>> {
     let masks: Vec<ValueId> = found
@@ -527,7 +526,7 @@ fn kv_still_read(graph: &Graph, accepted: &[&Candidate]) -> Vec<usize> {
 pub fn run(
     graph: &mut Graph,
     eval: &mut dyn Evaluator,
-    lm: &LmContract,
+    lm: &LmInputs,
     skipped: &mut Vec<String>,
 ) -> usize {
     let Some(mask_input) = lm
@@ -538,15 +537,10 @@ pub fn run(
         return 0;
     };
     let layer_of: HashMap<(ValueId, ValueId), usize> = lm
-        .layers
+        .past_kv
         .iter()
         .enumerate()
-        .filter_map(|(l, names)| {
-            Some((
-                (graph.find(&names.past_key)?, graph.find(&names.past_value)?),
-                l,
-            ))
-        })
+        .filter_map(|(l, (key, value))| Some(((graph.find(key)?, graph.find(value)?), l)))
         .collect();
     let past: HashSet<ValueId> = layer_of.keys().flat_map(|&(k, v)| [k, v]).collect();
     let index = Index::new(graph);

@@ -13,7 +13,7 @@
 //!    feeding it → `com.microsoft::SkipSimplifiedLayerNormalization`.
 //! 3. [`rotary`]: `x * cos + rotate_half(x) * sin` → `com.microsoft::RotaryEmbedding` with
 //!    cos/sin caches computed once from the model's own subgraph (needs
-//!    [`Options::max_positions`]).
+//!    [`Options::context_length`]).
 //! 4. [`attention`]: `Concat` KV, repeat_kv, `Q·Kᵀ`, scale, causal mask, `Softmax`, `·V` →
 //!    `com.microsoft::GroupQueryAttention`, which appends KV in place (needs the language-model
 //!    contract).
@@ -45,8 +45,7 @@ pub mod rotary;
 pub mod shapes;
 pub mod silu;
 
-use oxgen_runtime::LmContract;
-use oxgen_tensor::Tensor;
+use oxgen_tensor::{DType, Tensor};
 
 use crate::{Graph, ValueId};
 
@@ -64,6 +63,21 @@ pub trait Evaluator {
     ) -> Result<Vec<Tensor>, String>;
 }
 
+/// What the attention rewrite must know of a language model's inputs: which hold the ids,
+/// the mask, the positions and each layer's past KV, and the KV's shape. It is the backend
+/// seam's `LmContract` as the graph sees it (this crate knows no backend).
+#[derive(Debug, Clone)]
+pub struct LmInputs {
+    pub input_ids: (String, DType),
+    pub attention_mask: Option<(String, DType)>,
+    pub position_ids: Option<(String, DType)>,
+    /// Per layer, in layer order: the past key and past value inputs.
+    pub past_kv: Vec<(String, String)>,
+    pub kv_dtype: DType,
+    pub kv_heads: usize,
+    pub head_size: usize,
+}
+
 /// What the passes may assume and do.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -72,14 +86,14 @@ pub struct Options {
     /// Positions the rotary caches cover: the model's context length (`config.json`'s
     /// `max_position_embeddings`). `None` leaves rotary embeddings spelled out, since a cache
     /// needs a size; positions past it would fail at run time.
-    pub max_positions: Option<usize>,
+    pub context_length: Option<usize>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             enabled: true,
-            max_positions: None,
+            context_length: None,
         }
     }
 }
@@ -111,7 +125,7 @@ pub struct Report {
 pub fn optimize(
     graph: &mut Graph,
     eval: &mut dyn Evaluator,
-    lm: Option<&LmContract>,
+    lm: Option<&LmInputs>,
     options: &Options,
 ) -> Report {
     let mut report = Report {
@@ -122,8 +136,8 @@ pub fn optimize(
         report.folded += fold::run(graph, eval);
         report.rms_norms = norm::fuse_rms_norm(graph);
         report.skip_norms = norm::fuse_skip_norm(graph);
-        if let Some(max_positions) = options.max_positions {
-            report.rotaries = rotary::run(graph, eval, max_positions, &mut report.skipped);
+        if let Some(context_length) = options.context_length {
+            report.rotaries = rotary::run(graph, eval, context_length, &mut report.skipped);
         }
         if let Some(lm) = lm {
             report.attentions = attention::run(graph, eval, lm, &mut report.skipped);

@@ -9,7 +9,7 @@
 //! contrib op's 4-D form reads it).
 //!
 //! The caches come from the model's own `cos`/`sin` subgraph run on positions
-//! `0..max_positions` (whatever its frequencies, scaling or casts), and are accepted only when
+//! `0..context_length` (whatever its frequencies, scaling or casts), and are accepted only when
 //! (a) the subgraph depends on one integer graph input (the positions) and constants,
 //! (b) each row repeats its first half in its second (the `rotate_half` convention), and
 //! (c) running it on the positions in reverse order gives the same rows reversed, so row `p`
@@ -249,10 +249,10 @@ fn caches(
 pub fn run(
     graph: &mut Graph,
     eval: &mut dyn Evaluator,
-    max_positions: usize,
+    context_length: usize,
     skipped: &mut Vec<String>,
 ) -> usize {
-    if max_positions == 0 {
+    if context_length == 0 {
         return 0;
     }
     let index = Index::new(graph);
@@ -277,7 +277,7 @@ pub fn run(
             };
             let made = match only_input(graph, &index, &[c.cos, c.sin]) {
                 None => Err("cos/sin depend on more than one graph input".to_string()),
-                Some(pos) => caches(graph, eval, pos, key, max_positions, width).map(|t| (pos, t)),
+                Some(pos) => caches(graph, eval, pos, key, context_length, width).map(|t| (pos, t)),
             };
             let entry = match made {
                 Ok((pos, (cos_t, sin_t))) => {
