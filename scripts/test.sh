@@ -43,3 +43,6 @@ export OXGEN_DEFAULT_GGUF="$CACHE/oxgen/downloads/SmolLM2-135M-Instruct.Q4_1.ggu
 # everything else.
 cargo test --locked -p oxgen-testkit --test conformance -- --nocapture
 cargo test --locked --workspace -- --skip onnx_node_tests
+# The kernels again with the CPU capped at AVX2 (OXGEN_ISA, crates/kernels/src/cpu.rs): on an
+# AVX-512 machine the run above takes the AVX-512 paths, this one the AVX2 ones.
+OXGEN_ISA=avx2 cargo test --locked -p oxgen-kernels

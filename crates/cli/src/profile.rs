@@ -36,6 +36,11 @@ pub fn print(model: &Model, outs: &[Output]) {
         .collect();
     latencies.sort();
     eprintln!("model load      {}", ms(model.load_time()));
+    eprintln!(
+        "backend         {}, {} threads",
+        model.backend(),
+        model.threads()
+    );
     eprintln!("TTFT            {}", ms(last.timings.ttft));
     eprintln!("prefill         {:.1} tok/s", last.timings.prefill_tok_s);
     eprintln!("decode          {:.1} tok/s", last.timings.decode_tok_s);

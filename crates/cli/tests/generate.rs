@@ -183,6 +183,7 @@ fn generate_profile_reports_the_figures() {
         "prefill",
         "decode",
         "inter-token     p50",
+        " threads",
         "prefix reused: 0 tokens",
         "KV cache",
         "peak RSS",
@@ -208,11 +209,16 @@ fn bench_json_reports_medians() {
         "--warmup",
         "1",
         "--threads",
-        "1",
+        "0",
         "--json",
     ]));
     assert_eq!(code, 0, "{stderr}");
     let v = json(&stdout);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(
+        v["threads"], cores,
+        "the count it ran with, not the 0 asked for"
+    );
     assert_eq!(v["prompt_len"], 12);
     for key in ["prefill_tok_s", "decode_tok_s", "ttft_ms"] {
         assert_eq!(v[key]["runs"].as_array().unwrap().len(), 3, "{v}");

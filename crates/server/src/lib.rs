@@ -114,6 +114,8 @@ pub(crate) struct Loaded {
     sampling: SamplingParams,
     /// `native` or `ort`.
     backend: &'static str,
+    /// Kernel threads, resolved.
+    threads: usize,
     capabilities: oxgen::Capabilities,
     /// The paged KV pool at load, when the backend pages KV.
     kv: Option<oxgen::KvUsage>,
@@ -244,6 +246,7 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         vocab: model.tokenizer().vocab_size(),
         sampling: model.default_options().sampling,
         backend: model.backend(),
+        threads: model.threads(),
         capabilities: model.capabilities(),
         kv: model.kv_usage(),
         prefix_cache: model.prefix_cache(),

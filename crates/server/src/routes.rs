@@ -547,6 +547,7 @@ fn model_card(app: &App) -> Value {
         "aliases": app.config.aliases,
         "meta": {
             "backend": app.loaded.get().map(|l| l.backend),
+            "threads": app.loaded.get().map(|l| l.threads),
             "context_length": app.loaded.get().map(|l| l.limit.max()),
             "max_batch": app.config.max_batch,
             "max_tokens_limit": app.config.max_tokens_limit,

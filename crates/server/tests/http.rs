@@ -506,12 +506,15 @@ fn an_api_key_guards_everything_but_health() {
 #[test]
 fn models_lists_the_served_model() {
     let dir = fixture();
-    let server = start(dir.path(), 1, config());
+    // Threads 0: every core, and the card says how many that is.
+    let server = start(dir.path(), 0, config());
     let addr = server.addr();
     let v = get(addr, "/v1/models").json();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], MODEL);
     assert_eq!(v["data"][0]["meta"]["context_length"], 128);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(v["data"][0]["meta"]["threads"], cores);
     assert_eq!(get(addr, "/v1/models/other-name").json()["id"], MODEL);
     assert_eq!(get(addr, "/v1/models/nope").status, 404);
     // Hugging Face style ids hold slashes.

@@ -4,7 +4,7 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 use oxgen_kernels::broadcast::{self, broadcast_shape};
-use oxgen_kernels::{Float, Scalar, par, sigmoid as activation};
+use oxgen_kernels::{Float, Scalar, par, sigmoid};
 use oxgen_tensor::{DType, Element, Tensor};
 use smallvec::SmallVec;
 
@@ -154,12 +154,12 @@ pub(super) fn silu_mul(g: &Tensor, u: &Tensor, ctx: &mut OpCtx) -> Result<Tensor
     }
     let (gs, us) = (g.as_slice::<f32>()?, u.as_slice::<f32>()?);
     f32_chunks(g, ctx, |start, part| {
-        activation::silu_mul(&gs[start..], &us[start..], part)
+        sigmoid::silu_mul(&gs[start..], &us[start..], part)
     })
 }
 
 /// The logistic sigmoid of f64 values, through libm (f32 values go through
-/// [`activation::sigmoid`]).
+/// [`sigmoid::sigmoid`]).
 fn sigmoid_f64(x: f64) -> f64 {
     if x >= 0.0 {
         1.0 / (1.0 + (-x).exp())
@@ -206,10 +206,10 @@ fn unary_float<T: Float + Element>(
         if x.dtype() == DType::F32 {
             let src = x.as_slice::<f32>()?;
             return f32_chunks(x, ctx, |start, part| {
-                activation::sigmoid_slice(&src[start..], part)
+                sigmoid::sigmoid_slice(&src[start..], part)
             });
         }
-        return float_map::<T>(x, ctx, activation::sigmoid, sigmoid_f64);
+        return float_map::<T>(x, ctx, sigmoid::sigmoid, sigmoid_f64);
     }
     if let Some(f) = float_unary(op) {
         return float_map::<T>(x, ctx, to32(f), f);

@@ -7,10 +7,7 @@
 
 use oxgen_graph::Op;
 use oxgen_graph::ops::{GatherBlockQuantized, MatMulNBits};
-use oxgen_kernels::nbits as kq8;
-use oxgen_kernels::nbits::Isa;
-use oxgen_kernels::nbits::{self as kq, NBitsLayout, QuantWeights, ZeroPoints};
-use oxgen_kernels::nbits::{self as kpacked, PackedNBits};
+use oxgen_kernels::nbits::{self, Isa, NBitsLayout, PackedNBits, QuantWeights, ZeroPoints};
 
 /// The `accuracy_level` that selects int8 activations.
 const INT8_ACCURACY_LEVEL: u8 = 4;
@@ -138,7 +135,7 @@ fn matmul_nbits(
             zero_points: zero_points(zp)?,
         };
         let bias = bias.map(|t| t.as_slice::<f32>()).transpose()?;
-        kq8::matmul_nbits_int8(
+        nbits::matmul_nbits_int8(
             a.as_slice::<f32>()?,
             m,
             &w,
@@ -151,7 +148,7 @@ fn matmul_nbits(
     dispatch!(a.dtype(), T => {
         let w = QuantWeights { layout, data: b.as_slice::<u8>()?, scales: scales.as_slice::<T>()?, zero_points: zero_points(zp)? };
         let bias = bias.map(|t| t.as_slice::<T>()).transpose()?;
-        kq::matmul_nbits(a.as_slice::<T>()?, m, &w, bias, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from)
+        nbits::matmul_nbits(a.as_slice::<T>()?, m, &w, bias, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from)
     }; [F32, F16, BF16])?;
     Ok(out)
 }
@@ -243,7 +240,7 @@ fn matmul_nbits_group(
         .iter_mut()
         .map(|t| t.as_mut_slice::<f32>())
         .collect::<Result<_, _>>()?;
-    kpacked::matmul_packed_parts(
+    nbits::matmul_packed_parts(
         a.as_slice::<f32>()?,
         m,
         packed,
@@ -278,7 +275,7 @@ fn matmul_nbits_glu(
     let mut dims: Small<usize> = Small::from_slice(batch);
     dims.push(parts[0].n);
     let mut out = ctx.alloc(DType::F32, dims)?;
-    kpacked::matmul_packed_glu(
+    nbits::matmul_packed_glu(
         a.as_slice::<f32>()?,
         m,
         packed,
@@ -330,7 +327,7 @@ fn matmul_prepacked(
     out_dims.push(op.n);
     let mut out = ctx.alloc(DType::F32, out_dims)?;
     let bias = bias.map(|t| t.as_slice::<f32>()).transpose()?;
-    kpacked::matmul_packed(
+    nbits::matmul_packed(
         a.as_slice::<f32>()?,
         m,
         packed,
