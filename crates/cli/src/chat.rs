@@ -44,7 +44,8 @@ const HELP: &str = "\
 /reset                forget the conversation
 /system TEXT          set the system prompt (empty: none)
 /set PARAM VALUE      temperature, top_k, top_p, min_p, repetition_penalty,
-                      frequency_penalty, presence_penalty, seed, greedy on|off, max_new_tokens
+                      frequency_penalty, presence_penalty, seed, greedy on|off, max_new_tokens,
+                      json on|off (answers are JSON objects)
 /stats                figures of the last reply
 End a line with \\ to continue it; wrap a block in \"\"\" to type several lines.
 Ctrl-C stops a reply; a second Ctrl-C quits.";

@@ -64,7 +64,8 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the error chain from outermost context to root cause.
             eprintln!("error: {}", one_line(&e));
-            ExitCode::from(1)
+            let usage = e.downcast_ref::<options::Usage>().is_some();
+            ExitCode::from(if usage { 2 } else { 1 })
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use oxgen::{GenerateOptions, Model, ModelOptions, Param, SamplingRequest};
+use oxgen::{Constraint, GenerateOptions, Model, ModelOptions, Param, SamplingRequest};
 
 /// How to load and run the model.
 #[derive(clap::Args, Clone)]
@@ -113,9 +113,66 @@ pub struct SampleArgs {
     /// Keep generating past end-of-sequence tokens, to --max-new-tokens.
     #[arg(long, env = "OXGEN_IGNORE_EOS")]
     pub ignore_eos: bool,
+    /// Constrain the output to a JSON schema: a file holding it, or its JSON text.
+    #[arg(long, env = "OXGEN_JSON_SCHEMA", group = "constraint")]
+    pub json_schema: Option<String>,
+    /// Constrain the output to a JSON object (any).
+    #[arg(long, env = "OXGEN_JSON", group = "constraint")]
+    pub json_object: bool,
+    /// Constrain the output to match this regular expression (Rust regex syntax), whole.
+    #[arg(long, env = "OXGEN_REGEX", group = "constraint")]
+    pub regex: Option<String>,
+    /// Constrain the output to a grammar: a file in llguidance's Lark dialect.
+    #[arg(long, env = "OXGEN_GRAMMAR", group = "constraint")]
+    pub grammar: Option<PathBuf>,
+    /// Constrain the output to one of these strings (repeatable).
+    #[arg(long, group = "constraint")]
+    pub choice: Vec<String>,
 }
 
+/// A usage error found after the flags parsed (a schema that does not compile, say): exit 2.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
 impl SampleArgs {
+    /// The constraint the flags ask for, and the flag.
+    fn constraint(&self) -> anyhow::Result<Option<(&'static str, Constraint)>> {
+        let usage = |flag: &str, e: String| Usage(format!("--{flag}: {e}"));
+        if let Some(s) = &self.json_schema {
+            let text = match std::fs::read_to_string(s) {
+                Ok(text) => text,
+                Err(_) if s.trim_start().starts_with('{') => s.clone(),
+                Err(e) => return Err(usage("json-schema", format!("reading {s}: {e}")).into()),
+            };
+            let schema = serde_json::from_str(&text)
+                .map_err(|e| usage("json-schema", format!("not valid JSON: {e}")))?;
+            return Ok(Some(("json-schema", Constraint::JsonSchema(schema))));
+        }
+        if self.json_object {
+            return Ok(Some(("json-object", Constraint::JsonObject)));
+        }
+        if let Some(rx) = &self.regex {
+            return Ok(Some(("regex", Constraint::Regex(rx.clone()))));
+        }
+        if let Some(path) = &self.grammar {
+            let lark = std::fs::read_to_string(path)
+                .map_err(|e| usage("grammar", format!("reading {}: {e}", path.display())))?;
+            return Ok(Some(("grammar", Constraint::Lark(lark))));
+        }
+        if !self.choice.is_empty() {
+            return Ok(Some(("choice", Constraint::Choice(self.choice.clone()))));
+        }
+        Ok(None)
+    }
+
     /// The sampling values these flags give.
     fn request(&self) -> SamplingRequest {
         SamplingRequest {
@@ -138,6 +195,12 @@ impl SampleArgs {
     /// given.
     pub fn options(&self, model: &Model, fresh_seed: u64) -> anyhow::Result<GenerateOptions> {
         let mut o = model.default_options();
+        if let Some((flag, c)) = self.constraint()? {
+            let grammar = model
+                .compile(&c)
+                .map_err(|e| Usage(format!("--{flag}: {e}")))?;
+            o.constraint = Some(grammar);
+        }
         o.sampling = self.request().resolve(&o.sampling, fresh_seed)?;
         if let Some(n) = self.max_new_tokens {
             o.max_new_tokens = n;
@@ -206,6 +269,14 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+fn on_off(value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("'{value}': use on or off")),
+    }
+}
+
 /// `/set PARAM VALUE` in the chat REPL: the same names and checks as the flags, and the
 /// same rule when the REPL resolves them again ([`SampleArgs::options`]).
 pub fn set_param(a: &mut SampleArgs, name: &str, value: &str) -> Result<(), String> {
@@ -222,19 +293,14 @@ pub fn set_param(a: &mut SampleArgs, name: &str, value: &str) -> Result<(), Stri
         "frequency_penalty" => a.frequency_penalty = Some(frequency_penalty(value)?),
         "presence_penalty" => a.presence_penalty = Some(presence_penalty(value)?),
         "seed" => a.seed = Some(int(value)?),
-        "greedy" => {
-            a.greedy = match value {
-                "on" | "true" | "1" => true,
-                "off" | "false" | "0" => false,
-                _ => return Err(format!("'{value}': use on or off")),
-            }
-        }
+        "greedy" => a.greedy = on_off(value)?,
         "max_new_tokens" => a.max_new_tokens = Some(int(value)? as usize),
+        "json" => a.json_object = on_off(value)?,
         _ => {
             return Err(format!(
                 "unknown parameter '{name}'; one of: temperature, top_k, top_p, min_p, \
                  repetition_penalty, frequency_penalty, presence_penalty, seed, greedy, \
-                 max_new_tokens"
+                 max_new_tokens, json"
             ));
         }
     }

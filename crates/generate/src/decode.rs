@@ -9,7 +9,8 @@
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
 
 use crate::{
-    Detokenizer, GenerateError, Sampler, SamplingParams, StopCheck, StopStrings, Tokenizer,
+    Detokenizer, GenerateError, Grammar, ProcessorState, Sampler, SamplingParams, StopCheck,
+    StopStrings, Tokenizer,
 };
 
 /// What to generate after a prompt.
@@ -23,6 +24,8 @@ pub struct DecodeOptions {
     /// Strings that end generation; they are not emitted.
     pub stop: Vec<String>,
     pub sampling: SamplingParams,
+    /// A grammar the text must follow (the first processor of the chain).
+    pub constraint: Option<Grammar>,
 }
 
 /// Why a generation ended.
@@ -36,6 +39,8 @@ pub enum FinishReason {
     Length,
     /// The sequence filled its context.
     Context,
+    /// The constraint's grammar is complete: nothing may follow.
+    Grammar,
     /// The caller cancelled.
     Cancelled,
 }
@@ -44,7 +49,7 @@ impl FinishReason {
     /// The OpenAI spelling: `stop`, `length` or `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
-            FinishReason::Eos | FinishReason::StopString(_) => "stop",
+            FinishReason::Eos | FinishReason::StopString(_) | FinishReason::Grammar => "stop",
             FinishReason::Length | FinishReason::Context => "length",
             FinishReason::Cancelled => "cancelled",
         }
@@ -98,6 +103,9 @@ impl Decoding {
             )));
         }
         let mut sampler = Sampler::new(options.sampling.clone())?;
+        if let Some(grammar) = &options.constraint {
+            sampler.push_front(Box::new(grammar.mask()));
+        }
         sampler.reset(prompt);
         let mut ids = Vec::with_capacity((prompt.len() + options.max_new_tokens).min(context));
         ids.extend_from_slice(prompt);
@@ -171,6 +179,15 @@ impl Decoding {
         };
         let id = self.sampler.sample(row, masked);
         self.sampler.accept(id);
+        let constraint = self.sampler.state();
+        if let ProcessorState::Failed(e) = constraint {
+            // Never unconstrained text: the sequence ends here, with the error.
+            self.finish = Some(FinishReason::Cancelled);
+            return Err(GenerateError::Constraint(format!(
+                "the output left the grammar after {} tokens: {e}",
+                self.ids.len() - self.prompt_len
+            )));
+        }
         self.ids.push(id);
         let generated = self.ids.len() - self.prompt_len;
         if !self.options.ignore_eos && self.options.eos.contains(&id) {
@@ -178,6 +195,9 @@ impl Decoding {
         } else {
             let piece = self.detok.push(tok, id)?;
             self.release(&piece);
+            if self.finish.is_none() && constraint == ProcessorState::Complete {
+                self.finish = Some(FinishReason::Grammar);
+            }
         }
         if self.finish.is_none() {
             if generated >= self.options.max_new_tokens {

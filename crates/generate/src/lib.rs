@@ -13,6 +13,7 @@
 //! This crate sees logits as `&[f32]` rows; it must never know which backend runs the model
 //! or read ONNX files.
 
+mod constraint;
 mod decode;
 mod processors;
 mod sampling;
@@ -21,8 +22,10 @@ mod template;
 mod tokenizer;
 
 pub use decode::{DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence};
+pub use constraint::{Constraint, Grammar, GrammarMask, Grammars};
 pub use processors::{
-    FrequencyPresence, History, LogitBias, LogitsProcessor, MinP, RepetitionPenalty, Scratch,
+    FrequencyPresence, History, LogitBias, LogitsProcessor, MinP, ProcessorState,
+    RepetitionPenalty, Scratch,
     Temperature, TopK, TopP, apply_frequency_presence, apply_logit_bias, apply_min_p,
     apply_repetition_penalty, apply_temperature, apply_top_k, apply_top_p,
 };
@@ -52,6 +55,8 @@ pub enum GenerateError {
     },
     #[error("sampling: {0}")]
     Sampling(String),
+    #[error("constraint: {0}")]
+    Constraint(String),
     #[error(transparent)]
     Runtime(#[from] oxgen_runtime::RuntimeError),
 }

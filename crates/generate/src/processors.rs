@@ -142,6 +142,21 @@ pub trait LogitsProcessor: std::fmt::Debug + Send {
     fn moves_argmax(&self) -> bool {
         true
     }
+    /// Where a constraint stands: running, complete (the sequence ends), or failed (the
+    /// sequence ends with an error). Processors that constrain nothing are always running.
+    fn state(&self) -> ProcessorState {
+        ProcessorState::Running
+    }
+}
+
+/// Where a processor that constrains the text stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessorState {
+    Running,
+    /// The text is complete: nothing may follow, so the sequence ends here.
+    Complete,
+    /// The constraint failed: the sequence ends with this error.
+    Failed(String),
 }
 
 /// [`apply_logit_bias`].

@@ -43,7 +43,7 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use crate::GenerateError;
 use crate::processors::{
     FrequencyPresence, History, LogitBias, LogitsProcessor, MAX_TRACKED_ID, MinP,
-    RepetitionPenalty, Temperature, TopK, TopP,
+    ProcessorState, RepetitionPenalty, Temperature, TopK, TopP,
 };
 
 /// 2⁻⁵³: scales the top 53 bits of a `u64` to a uniform f64 in [0, 1), every value exact.
@@ -371,6 +371,15 @@ impl Sampler {
                 .unwrap_or(0)
         });
         chosen as u32
+    }
+
+    /// The first processor's state that is not [`ProcessorState::Running`]: a constraint
+    /// that is complete or failed.
+    pub fn state(&self) -> ProcessorState {
+        (self.chain.iter())
+            .map(|p| p.state())
+            .find(|s| *s != ProcessorState::Running)
+            .unwrap_or(ProcessorState::Running)
     }
 
     /// Records a generated id (for the penalties, and any processor that keeps state).

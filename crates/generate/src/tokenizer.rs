@@ -57,6 +57,13 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The text of `id` when it is a special token (`<|im_end|>`), which decoding skips and
+    /// no grammar can spell.
+    pub fn special_token(&self, id: u32) -> Option<String> {
+        let added = self.inner.get_added_tokens_decoder();
+        added.get(&id).filter(|t| t.special).map(|t| t.content.clone())
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

@@ -26,6 +26,11 @@ impl Encoder {
         &self.tokenizer
     }
 
+    /// The tokenizer, shared.
+    pub fn shared_tokenizer(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
+    }
+
     /// The token ids a prompt becomes.
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
         match prompt {

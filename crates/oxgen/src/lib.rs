@@ -62,7 +62,8 @@ pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
 pub use oxgen_exec::KvBudget;
 pub use oxgen_generate::{
-    ChatMessage, FinishReason, GenerateError, Param, SamplingParams, SamplingRequest, fresh_seed,
+    ChatMessage, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,
+    SamplingParams, SamplingRequest, fresh_seed,
 };
 pub use oxgen_runtime::{Capabilities, KvUsage, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
@@ -138,6 +139,8 @@ pub struct GenerateOptions {
     /// Keep generating past end-of-sequence tokens (their logits are masked).
     pub ignore_eos: bool,
     pub cancel: Option<Cancel>,
+    /// A grammar the output must follow ([`Model::compile`] makes one).
+    pub constraint: Option<Grammar>,
 }
 
 impl Default for GenerateOptions {
@@ -152,6 +155,7 @@ impl Default for GenerateOptions {
             stop: Vec::new(),
             ignore_eos: false,
             cancel: None,
+            constraint: None,
         }
     }
 }
@@ -196,6 +200,9 @@ pub struct Model {
     limit: ContextLimit,
     /// Kernel threads, resolved ([`ModelOptions::threads`] 0 is every core).
     threads: usize,
+    /// The grammar compiler, built on first use (the token trie costs a pass over the
+    /// vocabulary that unconstrained use never needs).
+    grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
     prefix_cache: bool,
     cached: Option<CachedSeq>,
     /// Logits of the last step of [`Model::advance`].
@@ -259,6 +266,7 @@ impl Model {
             defaults,
             limit,
             threads,
+            grammars: std::sync::OnceLock::new(),
             prefix_cache: options.prefix_cache,
             cached: None,
             scratch: Default::default(),
@@ -410,6 +418,27 @@ impl Model {
         ))
     }
 
+    /// The grammar compiler of this model's tokenizer, shared (compile on any thread). Built
+    /// on the first call.
+    pub fn grammars(&self) -> Result<Arc<Grammars>, Error> {
+        let built = self.grammars.get_or_init(|| {
+            let vocab = (self.lm.contract().vocab_size)
+                .unwrap_or_else(|| self.tokenizer().vocab_size());
+            Grammars::new(self.encoder.shared_tokenizer(), vocab, &self.config.eos_token_ids)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        built
+            .clone()
+            .map_err(|e| GenerateError::Constraint(e).into())
+    }
+
+    /// Compiles a constraint for [`GenerateOptions::constraint`]; an error says why it does
+    /// not compile.
+    pub fn compile(&self, constraint: &Constraint) -> Result<Grammar, Error> {
+        Ok(self.grammars()?.compile(constraint)?)
+    }
+
     /// The positions sequences may hold, to size requests on other threads as the model
     /// does.
     pub fn context_limit(&self) -> ContextLimit {
@@ -423,6 +452,7 @@ impl Model {
             ignore_eos: options.ignore_eos,
             stop: options.stop.clone(),
             sampling: options.sampling.clone(),
+            constraint: options.constraint.clone(),
         }
     }
 

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use oxgen::{
-    ChatMessage, GenerateOptions, Param, Prompt, SamplingParams, SamplingRequest, fresh_seed,
+    ChatMessage, Constraint, GenerateOptions, Param, Prompt, SamplingParams, SamplingRequest,
+    fresh_seed,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -30,6 +31,13 @@ const COMMON_FIELDS: &[&str] = &[
     "logit_bias",
     "user",
     "ignore_eos",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "grammar",
 ];
 
 /// Chat fields beyond the common ones. `store`, `metadata` and `service_tier` are accepted
@@ -39,7 +47,6 @@ const CHAT_FIELDS: &[&str] = &[
     "max_completion_tokens",
     "logprobs",
     "top_logprobs",
-    "response_format",
     "store",
     "metadata",
     "service_tier",
@@ -86,14 +93,6 @@ struct ChatFields {
     max_completion_tokens: Option<i64>,
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
-    response_format: Option<ResponseFormat>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ResponseFormat {
-    #[serde(rename = "type")]
-    kind: String,
 }
 
 #[derive(Deserialize)]
@@ -116,6 +115,8 @@ pub struct Request {
     pub include_usage: bool,
     /// Alternatives per token when log-probabilities were asked for.
     pub top_logprobs: Option<usize>,
+    /// The constraint asked for, and the field that asked (named when it does not compile).
+    pub constraint: Option<(String, Constraint)>,
 }
 
 /// What requests are checked against.
@@ -314,6 +315,7 @@ impl Common {
                 stop: stop_strings(self.stop)?,
                 ignore_eos: self.ignore_eos.unwrap_or(false),
                 cancel: None,
+                constraint: None,
             },
             max_tokens,
             n,
@@ -323,6 +325,7 @@ impl Common {
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
             top_logprobs,
+            constraint: None,
         })
     }
 }
@@ -406,6 +409,118 @@ pub(crate) fn chat_messages(
         .collect()
 }
 
+/// A JSON schema given as an object, or as a string holding one (vLLM accepts both).
+fn schema(param: &str, v: &Value) -> Result<Value, ApiError> {
+    let parsed = match v {
+        Value::String(s) => serde_json::from_str(s).map_err(|e| {
+            ApiError::invalid(param, format!("{param} is not valid JSON: {e}"))
+        })?,
+        other => other.clone(),
+    };
+    match parsed {
+        Value::Object(_) | Value::Bool(_) => Ok(parsed),
+        _ => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a JSON schema (an object)"),
+        )),
+    }
+}
+
+fn string(param: &str, v: &Value) -> Result<String, ApiError> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::invalid(param, format!("{param} must be a string")))
+}
+
+fn choices(param: &str, v: &Value) -> Result<Vec<String>, ApiError> {
+    let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+        ApiError::invalid(param, format!("{param} must be a non-empty array of strings"))
+    })?;
+    items.iter().map(|c| string(param, c)).collect()
+}
+
+/// The one constraint a request asks for: `response_format` (OpenAI), `structured_outputs`
+/// (vLLM) or vLLM's older `guided_*` fields. Giving two is a 400, as is llama.cpp's GBNF
+/// `grammar`.
+fn constraint(body: &Value) -> Result<Option<(String, Constraint)>, ApiError> {
+    let mut found: Vec<(String, Constraint)> = Vec::new();
+    if let Some(f) = body.get("response_format").filter(|v| !v.is_null()) {
+        let kind = f.get("type").and_then(Value::as_str);
+        match kind {
+            Some("text") => {}
+            Some("json_object") => found.push(("response_format".into(), Constraint::JsonObject)),
+            Some("json_schema") => {
+                let param = "response_format.json_schema.schema";
+                let spec = f.get("json_schema").ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format.json_schema",
+                        "response_format of type json_schema needs json_schema: {name, schema}",
+                    )
+                })?;
+                let s = spec.get("schema").map_or(Ok(Value::Bool(true)), |s| schema(param, s))?;
+                found.push((param.into(), Constraint::JsonSchema(s)));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    "response_format.type must be text, json_object or json_schema",
+                ));
+            }
+        }
+    }
+    if let Some(so) = body.get("structured_outputs").filter(|v| !v.is_null()) {
+        let Some(map) = so.as_object() else {
+            return Err(ApiError::invalid(
+                "structured_outputs",
+                "structured_outputs must be an object with one of json, regex, choice, grammar",
+            ));
+        };
+        for (key, v) in map {
+            let param = format!("structured_outputs.{key}");
+            let c = match key.as_str() {
+                "json" => Constraint::JsonSchema(schema(&param, v)?),
+                "regex" => Constraint::Regex(string(&param, v)?),
+                "choice" => Constraint::Choice(choices(&param, v)?),
+                "grammar" => Constraint::Lark(string(&param, v)?),
+                _ => {
+                    return Err(ApiError::invalid(
+                        param,
+                        format!("unsupported structured_outputs field '{key}'; use json, regex, choice or grammar"),
+                    ));
+                }
+            };
+            found.push((param, c));
+        }
+    }
+    for key in ["guided_json", "guided_regex", "guided_choice", "guided_grammar"] {
+        let Some(v) = body.get(key).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        let c = match key {
+            "guided_json" => Constraint::JsonSchema(schema(key, v)?),
+            "guided_regex" => Constraint::Regex(string(key, v)?),
+            "guided_choice" => Constraint::Choice(choices(key, v)?),
+            _ => Constraint::Lark(string(key, v)?),
+        };
+        found.push((key.into(), c));
+    }
+    if body.get("grammar").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::invalid(
+            "grammar",
+            "GBNF grammars (llama.cpp's grammar field) are not supported; send a Lark grammar \
+             in structured_outputs.grammar",
+        ));
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        return Err(ApiError::invalid(
+            &found[1].0,
+            format!("give one constraint, not several ({})", names.join(", ")),
+        ));
+    }
+    Ok(found.pop())
+}
+
 /// `POST /v1/chat/completions`.
 pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     let map = object(body)?;
@@ -413,14 +528,6 @@ pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     let value = Value::Object(map);
     let common: Common = typed(&value)?;
     let chat: ChatFields = typed(&value)?;
-    if let Some(f) = chat.response_format
-        && f.kind != "text"
-    {
-        return Err(ApiError::invalid(
-            "response_format",
-            format!("response_format '{}' is not supported; only 'text'", f.kind),
-        ));
-    }
     let top_logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
         (true, top) => Some(count(
             "top_logprobs",
@@ -438,7 +545,9 @@ pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     };
     let max_tokens = chat.max_completion_tokens.or(common.max_tokens);
     let prompt = Prompt::Chat(chat_messages(chat.messages)?);
-    common.into_request(prompt, max_tokens, top_logprobs, bounds)
+    let mut request = common.into_request(prompt, max_tokens, top_logprobs, bounds)?;
+    request.constraint = constraint(&value)?;
+    Ok(request)
 }
 
 /// `POST /v1/completions`: the prompt is a string or token ids (or a list of one of them).
@@ -454,7 +563,9 @@ pub fn completion(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
         .map(|n| count("logprobs", n, 0, MAX_TOP_LOGPROBS))
         .transpose()?;
     let max_tokens = common.max_tokens;
-    common.into_request(prompt, max_tokens, top_logprobs, bounds)
+    let mut request = common.into_request(prompt, max_tokens, top_logprobs, bounds)?;
+    request.constraint = constraint(&value)?;
+    Ok(request)
 }
 
 fn completion_prompt(prompt: Value, vocab: usize) -> Result<Prompt, ApiError> {

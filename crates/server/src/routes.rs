@@ -13,7 +13,7 @@ use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
-use oxgen::{Logprobs, Prompt};
+use oxgen::{Constraint, Grammar, Logprobs, Prompt};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -120,6 +120,19 @@ async fn encode(loaded: &Loaded, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
         })
 }
 
+/// Compiles a request's constraint off the HTTP worker; one that does not compile is a 400
+/// naming the field that gave it, before anything is queued.
+async fn compile(loaded: &Loaded, param: String, c: Constraint) -> Result<Grammar, ApiError> {
+    let grammars = match &loaded.grammars {
+        Ok(g) => g.clone(),
+        Err(e) => return Err(ApiError::invalid(param, e.clone())),
+    };
+    tokio::task::spawn_blocking(move || grammars.compile(&c).map_err(|e| (param, e)))
+        .await
+        .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?
+        .map_err(|(param, e)| ApiError::invalid(param, e.to_string()))
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -173,6 +186,9 @@ impl App {
         let loaded = self.ready()?;
         let prompt = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
         let ids = encode(loaded, prompt).await?;
+        if let Some((param, c)) = req.constraint.take() {
+            req.options.constraint = Some(compile(loaded, param, c).await?);
+        }
         let param = if kind == Kind::Chat {
             "messages"
         } else {

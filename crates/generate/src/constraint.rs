@@ -1,0 +1,290 @@
+//! Structured output: grammars that constrain a sequence's tokens, enforced as the first
+//! logits processor of its sampling chain.
+//!
+//! Built on llguidance (an Earley parser over a lexer of derivative-based regexes) and its
+//! token trie, `toktrie`. A [`Grammars`] is made once per tokenizer: the trie of every token's
+//! bytes, and llguidance's parser factory over it. [`Grammars::compile`] turns a
+//! [`Constraint`] (a JSON schema, any JSON object, a regex, a Lark grammar, a list of choices)
+//! into a [`Grammar`], cached by its text; each sequence gets its own matcher from it
+//! ([`GrammarMask`]), which masks the logits row before every other processor, so no later
+//! step (bias, penalties, sampling) can pick a token the grammar forbids.
+//!
+//! **Fail closed.** A constraint that does not compile is an error before any token is
+//! generated; a matcher that reaches an error state ends the sequence with an error, never
+//! with unconstrained text. End-of-sequence ids are allowed only where the grammar accepts.
+//!
+//! References: llguidance's `Matcher` (the server-side API) and its syntax docs
+//! (`docs/syntax.md`: the Lark dialect, `%json` and regex forms).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory, TokenParser};
+
+use crate::processors::{History, LogitsProcessor, ProcessorState};
+use crate::{GenerateError, Tokenizer};
+
+/// Compiled grammars kept for reuse, most recent last.
+const CACHE_SIZE: usize = 64;
+
+/// What a constrained sequence must produce.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Text valid against a JSON schema (the draft 2020-12 subset llguidance supports:
+    /// `$ref`, `enum`, `anyOf`, `pattern`, numeric bounds, `additionalProperties`, ...).
+    JsonSchema(serde_json::Value),
+    /// Any JSON object.
+    JsonObject,
+    /// Text matching a regular expression (Rust `regex` syntax), whole.
+    Regex(String),
+    /// A grammar in llguidance's Lark dialect (`start: ...`).
+    Lark(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+}
+
+impl Constraint {
+    /// llguidance's grammar for it, and the text it is cached by.
+    fn grammar(&self) -> Result<(TopLevelGrammar, String), GenerateError> {
+        Ok(match self {
+            Constraint::JsonSchema(schema) => {
+                let key = format!("json_schema:{schema}");
+                (TopLevelGrammar::from_json_schema(schema.clone()), key)
+            }
+            Constraint::JsonObject => {
+                let schema = serde_json::json!({"type": "object"});
+                (TopLevelGrammar::from_json_schema(schema), "json_object".into())
+            }
+            Constraint::Regex(rx) => (TopLevelGrammar::from_regex(rx), format!("regex:{rx}")),
+            Constraint::Lark(lark) => (
+                TopLevelGrammar::from_lark(lark.clone()),
+                format!("lark:{lark}"),
+            ),
+            Constraint::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err(GenerateError::Constraint(
+                        "a choice constraint needs at least one choice".into(),
+                    ));
+                }
+                // Lark string literals take JSON's escapes.
+                let alternatives: Vec<String> = (choices.iter())
+                    .map(|c| serde_json::Value::String(c.clone()).to_string())
+                    .collect();
+                let lark = format!("start: {}", alternatives.join(" | "));
+                let key = format!("choice:{lark}");
+                (TopLevelGrammar::from_lark(lark), key)
+            }
+        })
+    }
+}
+
+/// oxgen's tokenizer as llguidance sees it: the trie of every token's bytes (special tokens
+/// as `0xFF` then their text, toktrie's convention) and tokenization of bytes.
+struct TokenizerAdapter {
+    trie: TokTrie,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenizerEnv for TokenizerAdapter {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
+        // Only whole characters reach the tokenizer; a trailing partial one is left to the
+        // trie's greedy split.
+        let text = String::from_utf8_lossy(s);
+        self.tokenizer.encode(&text, false).unwrap_or_default()
+    }
+}
+
+/// The grammar compiler of one tokenizer: its token trie and parser factory (built once, at
+/// model load), and an LRU of compiled grammars shared by every sequence.
+pub struct Grammars {
+    factory: ParserFactory,
+    /// The package's end-of-sequence ids; the trie knows the first.
+    eos: Vec<u32>,
+    vocab: usize,
+    cache: Mutex<VecDeque<(String, Arc<TokenParser>)>>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars")
+            .field("vocab", &self.vocab)
+            .field("eos", &self.eos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Grammars {
+    /// Builds the token trie of `tokenizer` for logits rows of `vocab` ids (at least the
+    /// tokenizer's; ids past it can never be chosen) whose end-of-sequence ids are `eos`.
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        vocab: usize,
+        eos: &[u32],
+    ) -> Result<Grammars, GenerateError> {
+        let vocab = vocab.max(tokenizer.vocab_size());
+        let Some(&first_eos) = eos.first() else {
+            return Err(GenerateError::Constraint(
+                "the package names no end-of-sequence token, so a grammar cannot end".into(),
+            ));
+        };
+        let words: Vec<Vec<u8>> = (0..vocab as u32)
+            .map(|id| match tokenizer.special_token(id) {
+                Some(text) => [&[TokTrie::SPECIAL_TOKEN_MARKER], text.as_bytes()].concat(),
+                None if (id as usize) < tokenizer.vocab_size() => tokenizer.token_bytes(id),
+                None => Vec::new(),
+            })
+            .collect();
+        let info = TokRxInfo::new(vocab as u32, first_eos);
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(TokenizerAdapter { trie, tokenizer });
+        let mut factory = ParserFactory::new_simple(&env).map_err(constraint_error)?;
+        factory.quiet();
+        Ok(Grammars {
+            factory,
+            eos: eos.to_vec(),
+            vocab,
+            cache: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// Compiles `constraint`, or takes it from the cache. Fails with llguidance's message
+    /// when it does not compile (an invalid schema or regex, an unsupported keyword, an
+    /// empty language).
+    pub fn compile(&self, constraint: &Constraint) -> Result<Grammar, GenerateError> {
+        let (grammar, key) = constraint.grammar()?;
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+                let entry = cache.remove(i).expect("the index was just found");
+                let parser = entry.1.clone();
+                cache.push_back(entry);
+                return Ok(self.grammar(parser));
+            }
+        }
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(constraint_error)?;
+        // A grammar whose language is empty compiles but can never produce anything.
+        let mut probe = Matcher::new(Ok(parser.clone()));
+        let mask = probe.compute_mask().map_err(constraint_error)?;
+        if mask.is_zero() && !probe.is_accepting().unwrap_or(false) {
+            return Err(GenerateError::Constraint(
+                "the grammar accepts no text at all".into(),
+            ));
+        }
+        let parser = Arc::new(parser);
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_SIZE {
+            cache.pop_front();
+        }
+        cache.push_back((key, parser.clone()));
+        Ok(self.grammar(parser))
+    }
+
+    fn grammar(&self, parser: Arc<TokenParser>) -> Grammar {
+        Grammar {
+            parser,
+            eos: self.eos.clone().into(),
+            trie_eos: self.factory.tok_env().tok_trie().info().tok_eos,
+        }
+    }
+}
+
+/// llguidance's message on one line (its regex errors draw a caret under the text).
+fn constraint_error(e: impl std::fmt::Display) -> GenerateError {
+    let text = e.to_string();
+    GenerateError::Constraint(text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// A compiled grammar: cheap to clone, one matcher per sequence from it.
+#[derive(Clone)]
+pub struct Grammar {
+    parser: Arc<TokenParser>,
+    eos: Arc<[u32]>,
+    trie_eos: u32,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").finish_non_exhaustive()
+    }
+}
+
+impl Grammar {
+    /// A fresh matcher, at the start of the grammar.
+    pub fn mask(&self) -> GrammarMask {
+        GrammarMask {
+            grammar: self.clone(),
+            matcher: Matcher::new(Ok((*self.parser).clone())),
+        }
+    }
+}
+
+/// The processor that enforces a grammar on one sequence: ids the grammar does not allow
+/// next become −inf; end-of-sequence ids only where the grammar accepts.
+pub struct GrammarMask {
+    grammar: Grammar,
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for GrammarMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarMask")
+            .field("error", &self.matcher.get_error())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogitsProcessor for GrammarMask {
+    fn apply(&mut self, logits: &mut [f32], _: &History) {
+        let mask = match self.matcher.compute_mask_or_eos() {
+            Ok(mask) => mask,
+            // The error is kept by the matcher: the sequence ends with it (`state`). Until
+            // then nothing may be chosen.
+            Err(_) => {
+                logits.fill(f32::NEG_INFINITY);
+                return;
+            }
+        };
+        let eos_ok = mask.is_allowed(self.grammar.trie_eos);
+        for (id, v) in logits.iter_mut().enumerate() {
+            let allowed = if self.grammar.eos.contains(&(id as u32)) {
+                eos_ok
+            } else {
+                id < mask.len() && mask.get(id)
+            };
+            if !allowed {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    fn accept(&mut self, id: u32) {
+        if self.grammar.eos.contains(&id) {
+            return;
+        }
+        // A refused token puts the matcher in its error state, which `state` reports.
+        let _ = self.matcher.consume_token(id);
+    }
+
+    fn reset(&mut self, _: &[u32]) {
+        self.matcher = Matcher::new(Ok((*self.grammar.parser).clone()));
+    }
+
+    fn state(&self) -> ProcessorState {
+        if let Some(e) = self.matcher.get_error() {
+            ProcessorState::Failed(e)
+        } else if self.matcher.is_stopped() {
+            ProcessorState::Complete
+        } else {
+            ProcessorState::Running
+        }
+    }
+}
