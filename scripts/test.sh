@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0
-    onnxruntime-genai==0.18.0 openai==3.57.0)
+    onnxruntime-genai==0.18.0 openai==3.57.0 jsonschema==4.23.0)
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
 VENV="$CACHE/venv"
 STAMP="$VENV/.installed-$(echo "${PY_PACKAGES[*]}" | cksum | cut -d' ' -f1)"

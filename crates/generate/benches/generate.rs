@@ -13,6 +13,14 @@
 //!   an English text; `decode_stream` pushes the ids one at a time through the streaming
 //!   [`Detokenizer`], as generation does. Throughput in bytes of text.
 //!
+//! - `grammar/mask/{json_schema,regex,lark}/vocab={49152,150000}`: one step of a grammar
+//!   constraint, per token of a valid document: the mask for the next token computed and
+//!   applied to a logits row, then the token committed. The JSON schema has nested objects
+//!   and arrays; 49152 is the default model's tokenizer, 150000 a synthetic byte-level
+//!   vocabulary of that size (random words), as large models have. Throughput in tokens.
+//!   `grammar/compile/json_schema` compiles that schema (no cache), and
+//!   `grammar/token_trie/vocab=49152` builds the trie a model builds once.
+//!
 //! The tokenizer comes from `$OXGEN_DEFAULT_MODEL/tokenizer.json`, else from the default
 //! model's folder in the oxgen cache (`oxgen pull` puts it there).
 //! `cargo bench -p oxgen-generate --bench generate`
@@ -195,5 +203,137 @@ fn tokenization(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, sampling, tokenization);
+/// A byte-level BPE `tokenizer.json` of `vocab` ids: the 256 byte tokens, then random words
+/// (a leading space half the time, 2-10 letters), as a large model's vocabulary looks to a
+/// trie.
+fn synthetic_tokenizer(vocab: usize) -> Tokenizer {
+    let chars: Vec<char> = (0..=u8::MAX).map(oxgen_generate::byte_level_char).collect();
+    let mut words = serde_json::Map::new();
+    for (b, c) in chars.iter().enumerate() {
+        words.insert(c.to_string(), b.into());
+    }
+    let mut s = 42u64;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        s >> 33
+    };
+    while words.len() < vocab {
+        let mut w = String::new();
+        if next() % 2 == 0 {
+            w.push(chars[b' ' as usize]);
+        }
+        for _ in 0..2 + next() % 9 {
+            w.push((b'a' + (next() % 26) as u8) as char);
+        }
+        let id = words.len();
+        words.entry(w).or_insert(id.into());
+    }
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": words, "merges": []}
+    });
+    let dir = std::env::temp_dir().join(format!("oxgen-bench-tokenizer-{vocab}"));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).expect("writes the tokenizer");
+    Tokenizer::from_file(&path).expect("a valid tokenizer.json")
+}
+
+fn person_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "address": {"type": "object", "properties": {
+                "street": {"type": "string"}, "city": {"type": "string"},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"}
+            }, "required": ["street", "city", "zip"], "additionalProperties": false},
+            "pets": {"type": "array", "maxItems": 5, "items": {"type": "object", "properties": {
+                "kind": {"enum": ["cat", "dog", "fish"]}, "name": {"type": "string"}
+            }, "required": ["kind", "name"], "additionalProperties": false}}
+        },
+        "required": ["name", "age", "address", "pets"],
+        "additionalProperties": false
+    })
+}
+
+fn grammar(c: &mut Criterion) {
+    use oxgen_generate::{Constraint, Grammars, LogitsProcessor};
+    use std::sync::Arc;
+
+    let document = r#"{"name": "Ada Lovelace", "age": 36, "address": {"street": "12 St James's Square", "city": "London", "zip": "10001"}, "pets": [{"kind": "cat", "name": "Puff"}, {"kind": "dog", "name": "Rex"}]}"#;
+    let cases = [
+        ("json_schema", Constraint::JsonSchema(person_schema()), document.to_string()),
+        (
+            "regex",
+            Constraint::Regex(r"[A-Z][a-z]+ [A-Z][a-z]+, [0-9]{1,3} years, \+[0-9]{2} [0-9]{3} [0-9]{4}".into()),
+            "Ada Lovelace, 36 years, +44 207 9460".into(),
+        ),
+        (
+            "lark",
+            Constraint::Lark(
+                "start: expr
+expr: term (("+" | "-") term)*
+term: factor (("*" | "/") factor)*
+factor: NUMBER | "(" expr ")"
+NUMBER: /[0-9]+/".into(),
+            ),
+            "(12+7)*(3-1)/4+100*(2+(3*4))".into(),
+        ),
+    ];
+    let default = Arc::new(Tokenizer::from_file(&tokenizer_path()).expect("a valid tokenizer.json"));
+    let mut g = group(c, "grammar");
+    g.bench_function(format!("token_trie/vocab={VOCAB}"), |b| {
+        b.iter(|| Grammars::new(default.clone(), VOCAB, &[0]).expect("builds"))
+    });
+    for (vocab, tok) in [(VOCAB, default.clone()), (150_000, Arc::new(synthetic_tokenizer(150_000)))] {
+        let grammars = Grammars::new(tok.clone(), vocab, &[0]).expect("builds");
+        let row = vec![0.0f32; vocab];
+        for (name, constraint, text) in &cases {
+            let grammar = grammars.compile(constraint).expect("compiles");
+            let ids = tok.encode(text, false).expect("encodes");
+            g.throughput(Throughput::Elements(ids.len() as u64));
+            let history = Default::default();
+            g.bench_function(format!("mask/{name}/vocab={vocab}"), |b| {
+                b.iter_batched_ref(
+                    || (grammar.mask(), row.clone()),
+                    |(mask, row)| {
+                        for &id in &ids {
+                            mask.apply(row, &history);
+                            mask.accept(id);
+                        }
+                    },
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    g.throughput(Throughput::Elements(1));
+    let grammars = Grammars::new(default.clone(), VOCAB, &[0]).expect("builds");
+    let mut n = 0u64;
+    g.bench_function("compile/json_schema", |b| {
+        b.iter_batched(
+            || {
+                // A schema never seen before, so the cache cannot answer.
+                n += 1;
+                let mut schema = person_schema();
+                schema["properties"]["name"]["maxLength"] = (40 + n).into();
+                Constraint::JsonSchema(schema)
+            },
+            |schema| grammars.compile(&schema).expect("compiles"),
+            BatchSize::SmallInput,
+        )
+    });
+}
+
+criterion_group!(benches, sampling, tokenization, grammar);
 criterion_main!(benches);

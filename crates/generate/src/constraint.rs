@@ -55,7 +55,10 @@ impl Constraint {
             }
             Constraint::JsonObject => {
                 let schema = serde_json::json!({"type": "object"});
-                (TopLevelGrammar::from_json_schema(schema), "json_object".into())
+                (
+                    TopLevelGrammar::from_json_schema(schema),
+                    "json_object".into(),
+                )
             }
             Constraint::Regex(rx) => (TopLevelGrammar::from_regex(rx), format!("regex:{rx}")),
             Constraint::Lark(lark) => (

@@ -21,13 +21,13 @@ mod stop;
 mod template;
 mod tokenizer;
 
-pub use decode::{DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence};
 pub use constraint::{Constraint, Grammar, GrammarMask, Grammars};
+pub use decode::{DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence};
 pub use processors::{
     FrequencyPresence, History, LogitBias, LogitsProcessor, MinP, ProcessorState,
-    RepetitionPenalty, Scratch,
-    Temperature, TopK, TopP, apply_frequency_presence, apply_logit_bias, apply_min_p,
-    apply_repetition_penalty, apply_temperature, apply_top_k, apply_top_p,
+    RepetitionPenalty, Scratch, Temperature, TopK, TopP, apply_frequency_presence,
+    apply_logit_bias, apply_min_p, apply_repetition_penalty, apply_temperature, apply_top_k,
+    apply_top_p,
 };
 pub use sampling::{Param, Sampler, SamplingParams, SamplingRequest, fresh_seed};
 pub use stop::{StopCheck, StopStrings};

@@ -42,8 +42,8 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::GenerateError;
 use crate::processors::{
-    FrequencyPresence, History, LogitBias, LogitsProcessor, MAX_TRACKED_ID, MinP,
-    ProcessorState, RepetitionPenalty, Temperature, TopK, TopP,
+    FrequencyPresence, History, LogitBias, LogitsProcessor, MAX_TRACKED_ID, MinP, ProcessorState,
+    RepetitionPenalty, Temperature, TopK, TopP,
 };
 
 /// 2⁻⁵³: scales the top 53 bits of a `u64` to a uniform f64 in [0, 1), every value exact.

@@ -61,7 +61,10 @@ impl Tokenizer {
     /// no grammar can spell.
     pub fn special_token(&self, id: u32) -> Option<String> {
         let added = self.inner.get_added_tokens_decoder();
-        added.get(&id).filter(|t| t.special).map(|t| t.content.clone())
+        added
+            .get(&id)
+            .filter(|t| t.special)
+            .map(|t| t.content.clone())
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -62,8 +62,8 @@ pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
 pub use oxgen_exec::KvBudget;
 pub use oxgen_generate::{
-    ChatMessage, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,
-    SamplingParams, SamplingRequest, fresh_seed,
+    ChatMessage, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param, SamplingParams,
+    SamplingRequest, fresh_seed,
 };
 pub use oxgen_runtime::{Capabilities, KvUsage, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
@@ -422,11 +422,15 @@ impl Model {
     /// on the first call.
     pub fn grammars(&self) -> Result<Arc<Grammars>, Error> {
         let built = self.grammars.get_or_init(|| {
-            let vocab = (self.lm.contract().vocab_size)
-                .unwrap_or_else(|| self.tokenizer().vocab_size());
-            Grammars::new(self.encoder.shared_tokenizer(), vocab, &self.config.eos_token_ids)
-                .map(Arc::new)
-                .map_err(|e| e.to_string())
+            let vocab =
+                (self.lm.contract().vocab_size).unwrap_or_else(|| self.tokenizer().vocab_size());
+            Grammars::new(
+                self.encoder.shared_tokenizer(),
+                vocab,
+                &self.config.eos_token_ids,
+            )
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
         });
         built
             .clone()

@@ -412,9 +412,8 @@ pub(crate) fn chat_messages(
 /// A JSON schema given as an object, or as a string holding one (vLLM accepts both).
 fn schema(param: &str, v: &Value) -> Result<Value, ApiError> {
     let parsed = match v {
-        Value::String(s) => serde_json::from_str(s).map_err(|e| {
-            ApiError::invalid(param, format!("{param} is not valid JSON: {e}"))
-        })?,
+        Value::String(s) => serde_json::from_str(s)
+            .map_err(|e| ApiError::invalid(param, format!("{param} is not valid JSON: {e}")))?,
         other => other.clone(),
     };
     match parsed {
@@ -434,7 +433,10 @@ fn string(param: &str, v: &Value) -> Result<String, ApiError> {
 
 fn choices(param: &str, v: &Value) -> Result<Vec<String>, ApiError> {
     let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
-        ApiError::invalid(param, format!("{param} must be a non-empty array of strings"))
+        ApiError::invalid(
+            param,
+            format!("{param} must be a non-empty array of strings"),
+        )
     })?;
     items.iter().map(|c| string(param, c)).collect()
 }
@@ -457,7 +459,9 @@ fn constraint(body: &Value) -> Result<Option<(String, Constraint)>, ApiError> {
                         "response_format of type json_schema needs json_schema: {name, schema}",
                     )
                 })?;
-                let s = spec.get("schema").map_or(Ok(Value::Bool(true)), |s| schema(param, s))?;
+                let s = spec
+                    .get("schema")
+                    .map_or(Ok(Value::Bool(true)), |s| schema(param, s))?;
                 found.push((param.into(), Constraint::JsonSchema(s)));
             }
             _ => {
@@ -485,14 +489,21 @@ fn constraint(body: &Value) -> Result<Option<(String, Constraint)>, ApiError> {
                 _ => {
                     return Err(ApiError::invalid(
                         param,
-                        format!("unsupported structured_outputs field '{key}'; use json, regex, choice or grammar"),
+                        format!(
+                            "unsupported structured_outputs field '{key}'; use json, regex, choice or grammar"
+                        ),
                     ));
                 }
             };
             found.push((param, c));
         }
     }
-    for key in ["guided_json", "guided_regex", "guided_choice", "guided_grammar"] {
+    for key in [
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+    ] {
         let Some(v) = body.get(key).filter(|v| !v.is_null()) else {
             continue;
         };

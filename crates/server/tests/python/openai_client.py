@@ -16,8 +16,12 @@ import time
 import traceback
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
+import jsonschema
 import openai
+from pydantic import BaseModel, Field
 
 if len(sys.argv) not in (3, 4):
     sys.exit(__doc__)
@@ -418,6 +422,111 @@ def check_errors():
     greedy_content(chat(max_tokens=8))
 
 
+# Nested objects, arrays, enums and integer bounds; strings and arrays bounded so a sampled
+# answer ends well within max_tokens.
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "mood": {"enum": ["happy", "sad", "calm"]},
+        "pets": {
+            "type": "array",
+            "maxItems": 2,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "kind": {"enum": ["cat", "dog", "fish"]},
+                    "legs": {"type": "integer", "minimum": 0, "maximum": 4},
+                },
+                "required": ["kind", "legs"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["name", "age", "mood", "pets"],
+    "additionalProperties": False,
+}
+ASK_PERSON = [{"role": "user", "content": "Describe a person as JSON."}]
+PERSON_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+}
+
+
+def check_json_schema():
+    def one(seed):
+        r = chat(messages=ASK_PERSON, temperature=1, seed=seed, max_tokens=300,
+                 response_format=PERSON_FORMAT)
+        c = r.choices[0]
+        assert c.finish_reason == "stop", f"seed {seed}: {c.finish_reason}: {c.message.content!r}"
+        jsonschema.validate(json.loads(c.message.content), PERSON)
+        return c.message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(20)))
+    assert len(set(answers)) > 1, f"20 seeds gave one answer: {answers[0]!r}"
+
+    # Streamed, the pieces join into the same kind of document.
+    stream = chat(messages=ASK_PERSON, temperature=1, seed=7, max_tokens=300, stream=True,
+                  response_format=PERSON_FORMAT)
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+class Pet(BaseModel):
+    kind: Literal["cat", "dog"]
+    name: str = Field(max_length=10)
+
+
+class Owner(BaseModel):
+    name: str = Field(max_length=12)
+    age: int = Field(ge=0, le=120)
+    pets: list[Pet] = Field(max_length=2)
+
+
+def check_parse():
+    r = client.chat.completions.parse(
+        model=MODEL, messages=ASK_PERSON, temperature=0, max_tokens=300, response_format=Owner
+    )
+    owner = r.choices[0].message.parsed
+    assert isinstance(owner, Owner), f"parsed {owner!r} from {r.choices[0].message.content!r}"
+
+
+def check_json_object():
+    r = chat(messages=ASK_PERSON, max_tokens=200, response_format={"type": "json_object"})
+    c = r.choices[0]
+    if c.finish_reason == "stop":
+        assert isinstance(json.loads(c.message.content), dict), c.message.content
+    else:
+        # Cut short by max_tokens: what came is the start of an object.
+        assert c.finish_reason == "length" and c.message.content.startswith("{"), c
+
+
+def check_guided():
+    r = chat(extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}})
+    assert r.choices[0].message.content in ("red", "green", "blue"), r.choices[0]
+    r = chat(extra_body={"guided_regex": "[0-9]{3}-[a-z]{2}"}, max_tokens=20)
+    content = r.choices[0].message.content
+    assert len(content) == 6 and content[:3].isdigit() and content[3] == "-", content
+    r = client.completions.create(model=MODEL, prompt="Colors:", max_tokens=8, temperature=0,
+                                  extra_body={"guided_choice": ["red", "green"]})
+    assert r.choices[0].text in ("red", "green"), r.choices[0]
+
+    for body, param in [
+        ({"response_format": {"type": "json_schema",
+                              "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+         "response_format.json_schema.schema"),
+        ({"structured_outputs": {"regex": "["}}, "structured_outputs.regex"),
+        ({"guided_grammar": "start: ("}, "guided_grammar"),
+        ({"grammar": "root ::= \"a\""}, "grammar"),
+        ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice"),
+    ]:
+        e = expect_error(openai.BadRequestError, 400, extra_body=body)
+        assert e.param == param, f"{body}: param {e.param!r}: {e.body}"
+    greedy_content(chat(max_tokens=4))  # still serving
+
+
 CHECKS = [
     ("models", check_models),
     ("chat", check_chat),
@@ -430,6 +539,10 @@ CHECKS = [
     ("n", check_n),
     ("completions", check_completions),
     ("errors", check_errors),
+    ("json_schema", check_json_schema),
+    ("parse", check_parse),
+    ("json_object", check_json_object),
+    ("guided", check_guided),
 ]
 
 

@@ -1,0 +1,257 @@
+//! Grammar constraints on a real (small) byte-level BPE tokenizer: whatever the logits say,
+//! and whether selection is greedy or sampled, a constrained sequence produces text its
+//! grammar accepts; what does not compile fails before anything is generated; a matcher that
+//! is fed a forbidden token reports it.
+
+use std::sync::Arc;
+
+use oxgen_generate::{
+    Constraint, DecodeOptions, Decoding, FinishReason, Grammars, LogitsProcessor, ProcessorState,
+    SamplingParams, Tokenizer,
+};
+use oxgen_testkit::fixtures::{Rng, tokenizer};
+use serde_json::{Value, json};
+
+fn tokenizer() -> Arc<Tokenizer> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, tokenizer::json()).unwrap();
+    Arc::new(Tokenizer::from_file(&path).unwrap())
+}
+
+fn grammars() -> (Arc<Tokenizer>, Grammars) {
+    let tok = tokenizer();
+    let g = Grammars::new(tok.clone(), tokenizer::VOCAB_SIZE, &[tokenizer::EOS as u32]).unwrap();
+    (tok, g)
+}
+
+/// Decodes under `constraint` from random logits (seeded), greedy or sampled at temperature
+/// 1; returns the text and why it finished.
+fn decode(
+    tok: &Tokenizer,
+    grammars: &Grammars,
+    constraint: &Constraint,
+    seed: u64,
+    greedy: bool,
+) -> (String, FinishReason) {
+    let options = DecodeOptions {
+        max_new_tokens: 400,
+        eos: vec![tokenizer::EOS as u32],
+        ignore_eos: false,
+        stop: Vec::new(),
+        sampling: SamplingParams {
+            greedy,
+            seed,
+            ..SamplingParams::default()
+        },
+        constraint: Some(grammars.compile(constraint).unwrap()),
+    };
+    let mut d = Decoding::new(&[1, 40, 41], 0, 1024, options).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut text = String::new();
+    loop {
+        // Logits that favour the end-of-sequence id and the special tokens, which the grammar
+        // must keep out until it accepts.
+        let mut row: Vec<f32> = (0..tokenizer::VOCAB_SIZE)
+            .map(|_| rng.uniform() * 8.0)
+            .collect();
+        row[tokenizer::EOS] = 20.0;
+        row[tokenizer::BOS] = 20.0;
+        let emitted = d.on_logits(&row, tok).unwrap();
+        text.push_str(&d.take_text());
+        if let Some(finish) = emitted.finish {
+            return (text, finish);
+        }
+    }
+}
+
+fn check_person(v: &Value) {
+    let o = v.as_object().expect("an object");
+    let keys: Vec<&str> = o.keys().map(String::as_str).collect();
+    assert!(
+        keys.iter()
+            .all(|k| ["name", "age", "tags", "pet"].contains(k)),
+        "no other keys: {v}"
+    );
+    let name = o["name"].as_str().expect("name is a string");
+    assert!(name.chars().count() <= 8, "{v}");
+    let age = o["age"].as_i64().expect("age is an integer");
+    assert!((0..=120).contains(&age), "{v}");
+    if let Some(tags) = o.get("tags") {
+        let tags = tags.as_array().expect("tags is an array");
+        assert!(tags.len() <= 3, "{v}");
+        assert!(
+            tags.iter()
+                .all(|t| ["a", "b", "c"].contains(&t.as_str().unwrap())),
+            "{v}"
+        );
+    }
+    if let Some(pet) = o.get("pet") {
+        assert!(pet["kind"] == "cat" || pet["kind"] == "dog", "{v}");
+    }
+}
+
+#[test]
+fn sequences_follow_their_grammar_whatever_the_logits() {
+    let (tok, grammars) = grammars();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+            "pet": {"$ref": "#/$defs/pet"}
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false,
+        "$defs": {"pet": {
+            "type": "object",
+            "properties": {"kind": {"enum": ["cat", "dog"]}},
+            "required": ["kind"],
+            "additionalProperties": false
+        }}
+    });
+    let mut objects = 0;
+    for seed in 0..6 {
+        for greedy in [true, false] {
+            let what = format!("seed {seed}, greedy {greedy}");
+            let (text, finish) = decode(
+                &tok,
+                &grammars,
+                &Constraint::JsonSchema(schema.clone()),
+                seed,
+                greedy,
+            );
+            assert_ne!(finish, FinishReason::Length, "{what}: {text}");
+            let v: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+            check_person(&v);
+
+            // Any object is unbounded: random logits may run it to max_new_tokens (then the
+            // text is cut short); an object that ends must parse.
+            let (text, finish) = decode(&tok, &grammars, &Constraint::JsonObject, seed, greedy);
+            if finish != FinishReason::Length {
+                let v: Value =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+                assert!(v.is_object(), "{what}: {text}");
+                objects += 1;
+            } else {
+                assert!(text.starts_with('{'), "{what}: {text}");
+            }
+
+            let (text, _) = decode(
+                &tok,
+                &grammars,
+                &Constraint::Regex("[a-c]{3}-[0-9]{2}".into()),
+                seed,
+                greedy,
+            );
+            let b = text.as_bytes();
+            assert!(
+                b.len() == 6
+                    && b[..3].iter().all(|c| (b'a'..=b'c').contains(c))
+                    && b[3] == b'-'
+                    && b[4..].iter().all(u8::is_ascii_digit),
+                "{what}: {text:?}"
+            );
+
+            let lark = r#"start: "(" num ("," num)* ")"
+num: /[0-9]{1,3}/"#;
+            let (text, finish) = decode(
+                &tok,
+                &grammars,
+                &Constraint::Lark(lark.into()),
+                seed,
+                greedy,
+            );
+            let inner = text
+                .strip_prefix('(')
+                .and_then(|t| t.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("{what}: {text:?} ({finish:?})"));
+            assert!(
+                inner
+                    .split(',')
+                    .all(|n| (1..=3).contains(&n.len()) && n.bytes().all(|c| c.is_ascii_digit())),
+                "{what}: {text:?}"
+            );
+
+            let choices = vec!["yes".to_string(), "no".into(), "it \"depends\"".into()];
+            let (text, finish) = decode(
+                &tok,
+                &grammars,
+                &Constraint::Choice(choices.clone()),
+                seed,
+                greedy,
+            );
+            assert!(choices.contains(&text), "{what}: {text:?}");
+            assert_eq!(finish, FinishReason::Grammar, "nothing may follow a choice");
+        }
+    }
+    assert!(objects > 0, "no JSON object ended within 400 tokens");
+}
+
+#[test]
+fn what_does_not_compile_fails_before_any_token() {
+    let (_, grammars) = grammars();
+    for (what, c) in [
+        (
+            "not a schema type",
+            Constraint::JsonSchema(json!({"type": "nonsense"})),
+        ),
+        ("a bad regex", Constraint::Regex("[".into())),
+        ("a bad Lark grammar", Constraint::Lark("start: (".into())),
+        ("no choices", Constraint::Choice(Vec::new())),
+        (
+            "an empty language",
+            Constraint::JsonSchema(json!({"type": "integer", "minimum": 5, "maximum": 1})),
+        ),
+    ] {
+        let e = grammars.compile(&c).expect_err(what).to_string();
+        assert!(e.starts_with("constraint: "), "{what}: {e}");
+        assert!(!e.contains('\n'), "{what}: one line: {e}");
+    }
+}
+
+#[test]
+fn a_forbidden_token_fails_the_matcher_and_eos_waits_for_acceptance() {
+    let (tok, grammars) = grammars();
+    let grammar = grammars.compile(&Constraint::Regex("ab".into())).unwrap();
+    let a = tok.encode("a", false).unwrap()[0];
+    let b = tok.encode("b", false).unwrap()[0];
+    let eos = tokenizer::EOS;
+
+    let mut m = grammar.mask();
+    let history = Default::default();
+    let mut row = vec![0.0f32; tokenizer::VOCAB_SIZE];
+    m.apply(&mut row, &history);
+    let allowed: Vec<usize> = (0..row.len()).filter(|&i| row[i] == 0.0).collect();
+    assert_eq!(allowed, [a as usize], "only 'a' first, not EOS");
+    m.accept(a);
+    let mut row = vec![0.0f32; tokenizer::VOCAB_SIZE];
+    m.apply(&mut row, &history);
+    assert!(row[eos] == f32::NEG_INFINITY && row[b as usize] == 0.0);
+    m.accept(b);
+    assert_eq!(m.state(), ProcessorState::Complete);
+
+    let mut m = grammar.mask();
+    m.accept(b);
+    assert!(
+        matches!(m.state(), ProcessorState::Failed(_)),
+        "'b' first is outside the grammar: {:?}",
+        m.state()
+    );
+    // A decoding whose matcher fails ends with an error, not with unconstrained text.
+    let options = DecodeOptions {
+        max_new_tokens: 10,
+        eos: vec![eos as u32],
+        ignore_eos: false,
+        stop: Vec::new(),
+        sampling: SamplingParams::default(),
+        constraint: Some(grammar),
+    };
+    let mut d = Decoding::new(&[1], 0, 64, options).unwrap();
+    // Every id -inf: the mask leaves nothing, the fallback id is not 'a'.
+    let row = vec![f32::NEG_INFINITY; tokenizer::VOCAB_SIZE];
+    let e = d.on_logits(&row, &tok).expect_err("the grammar refuses");
+    assert!(e.to_string().contains("left the grammar"), "{e}");
+}
