@@ -272,30 +272,41 @@ fn grammar(c: &mut Criterion) {
 
     let document = r#"{"name": "Ada Lovelace", "age": 36, "address": {"street": "12 St James's Square", "city": "London", "zip": "10001"}, "pets": [{"kind": "cat", "name": "Puff"}, {"kind": "dog", "name": "Rex"}]}"#;
     let cases = [
-        ("json_schema", Constraint::JsonSchema(person_schema()), document.to_string()),
+        (
+            "json_schema",
+            Constraint::JsonSchema(person_schema()),
+            document.to_string(),
+        ),
         (
             "regex",
-            Constraint::Regex(r"[A-Z][a-z]+ [A-Z][a-z]+, [0-9]{1,3} years, \+[0-9]{2} [0-9]{3} [0-9]{4}".into()),
+            Constraint::Regex(
+                r"[A-Z][a-z]+ [A-Z][a-z]+, [0-9]{1,3} years, \+[0-9]{2} [0-9]{3} [0-9]{4}".into(),
+            ),
             "Ada Lovelace, 36 years, +44 207 9460".into(),
         ),
         (
             "lark",
             Constraint::Lark(
-                "start: expr
+                r#"start: expr
 expr: term (("+" | "-") term)*
 term: factor (("*" | "/") factor)*
 factor: NUMBER | "(" expr ")"
-NUMBER: /[0-9]+/".into(),
+NUMBER: /[0-9]+/"#
+                    .into(),
             ),
             "(12+7)*(3-1)/4+100*(2+(3*4))".into(),
         ),
     ];
-    let default = Arc::new(Tokenizer::from_file(&tokenizer_path()).expect("a valid tokenizer.json"));
+    let default =
+        Arc::new(Tokenizer::from_file(&tokenizer_path()).expect("a valid tokenizer.json"));
     let mut g = group(c, "grammar");
     g.bench_function(format!("token_trie/vocab={VOCAB}"), |b| {
         b.iter(|| Grammars::new(default.clone(), VOCAB, &[0]).expect("builds"))
     });
-    for (vocab, tok) in [(VOCAB, default.clone()), (150_000, Arc::new(synthetic_tokenizer(150_000)))] {
+    for (vocab, tok) in [
+        (VOCAB, default.clone()),
+        (150_000, Arc::new(synthetic_tokenizer(150_000))),
+    ] {
         let grammars = Grammars::new(tok.clone(), vocab, &[0]).expect("builds");
         let row = vec![0.0f32; vocab];
         for (name, constraint, text) in &cases {

@@ -247,7 +247,7 @@ impl std::fmt::Debug for GrammarMask {
 
 impl LogitsProcessor for GrammarMask {
     fn apply(&mut self, logits: &mut [f32], _: &History) {
-        let mask = match self.matcher.compute_mask_or_eos() {
+        let mut mask = match self.matcher.compute_mask_or_eos() {
             Ok(mask) => mask,
             // The error is kept by the matcher: the sequence ends with it (`state`). Until
             // then nothing may be chosen.
@@ -256,16 +256,35 @@ impl LogitsProcessor for GrammarMask {
                 return;
             }
         };
+        // Every end-of-sequence id where the grammar accepts (the trie knows only one).
         let eos_ok = mask.is_allowed(self.grammar.trie_eos);
-        for (id, v) in logits.iter_mut().enumerate() {
-            let allowed = if self.grammar.eos.contains(&(id as u32)) {
-                eos_ok
-            } else {
-                id < mask.len() && mask.get(id)
-            };
-            if !allowed {
-                *v = f32::NEG_INFINITY;
+        for &id in self.grammar.eos.iter() {
+            if (id as usize) < mask.len() {
+                mask.set(id as usize, eos_ok);
             }
+        }
+        // 32 ids per mask word: most words are all forbidden or all allowed.
+        let words = mask.as_slice();
+        let mut chunks = logits.chunks_mut(32);
+        for (&word, chunk) in words.iter().zip(&mut chunks) {
+            match word {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                _ => {
+                    for (bit, v) in chunk.iter_mut().enumerate() {
+                        if word & (1 << bit) == 0 {
+                            *v = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
+        }
+        // Ids past the trie (a logits row wider than the vocabulary) are never allowed.
+        for chunk in chunks {
+            chunk.fill(f32::NEG_INFINITY);
+        }
+        if let Some(tail) = logits.get_mut(mask.len()..) {
+            tail.fill(f32::NEG_INFINITY);
         }
     }
 
