@@ -10,7 +10,9 @@ use std::time::Instant;
 use oxgen::{GenerateOptions, Model, Output, Prompt, Sequence, StepCounters};
 use serde_json::json;
 
-use crate::options::{BackendArgs, RunArgs, model_dir, open_model, peak_rss_bytes};
+use crate::options::{
+    BackendArgs, RunArgs, Usage, json_schema, model_dir, open_model, peak_rss_bytes,
+};
 use crate::profile;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -49,6 +51,10 @@ pub struct Args {
     /// Also print latency percentiles, KV bytes and time per op type (stderr).
     #[arg(long, env = "OXGEN_PROFILE")]
     profile: bool,
+    /// Decode under this JSON schema (a file, or its JSON text): constrained decoding's cost.
+    /// Pick one that does not end within --gen-len (an array of numbers, say).
+    #[arg(long, env = "OXGEN_JSON_SCHEMA")]
+    json_schema: Option<String>,
     /// Sequences decoded side by side (one forward per step over all of them).
     #[arg(long, env = "OXGEN_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     batch: u64,
@@ -112,9 +118,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             piece.iter().copied().cycle().take(prompt_len).collect()
         }
     };
+    let constraint = match &args.json_schema {
+        Some(s) => Some(
+            model
+                .compile(&json_schema(s)?)
+                .map_err(|e| Usage(e.to_string()))?,
+        ),
+        None => None,
+    };
     let options = GenerateOptions {
         max_new_tokens: gen_len,
         ignore_eos: true,
+        constraint,
         ..GenerateOptions::default()
     };
     if args.batch > 1 {
@@ -230,9 +245,14 @@ fn run_batch(
         let prefilled = started.elapsed().as_secs_f64();
         let (before, started) = (model.counters(), Instant::now());
         let mut steps = 0u64;
-        while refs.iter().all(|s| s.pending() > 0) && steps + 1 < options.max_new_tokens as u64 {
+        // Lockstep until the first sequence finishes (a constraint's text may end early).
+        let mut finished = false;
+        while !finished
+            && refs.iter().all(|s| s.pending() > 0)
+            && steps + 1 < options.max_new_tokens as u64
+        {
             for r in model.advance_batch(&mut refs, usize::MAX) {
-                r?;
+                finished |= r?.is_some_and(|token| token.finish.is_some());
             }
             steps += 1;
         }

@@ -117,7 +117,7 @@ pub struct SampleArgs {
     #[arg(long, env = "OXGEN_JSON_SCHEMA", group = "constraint")]
     pub json_schema: Option<String>,
     /// Constrain the output to a JSON object (any).
-    #[arg(long, env = "OXGEN_JSON", group = "constraint")]
+    #[arg(long, env = "OXGEN_JSON_OBJECT", group = "constraint")]
     pub json_object: bool,
     /// Constrain the output to match this regular expression (Rust regex syntax), whole.
     #[arg(long, env = "OXGEN_REGEX", group = "constraint")]
@@ -128,6 +128,18 @@ pub struct SampleArgs {
     /// Constrain the output to one of these strings (repeatable).
     #[arg(long, group = "constraint")]
     pub choice: Vec<String>,
+}
+
+/// `--json-schema`'s value: a file holding the schema, or its JSON text.
+pub fn json_schema(arg: &str) -> Result<Constraint, Usage> {
+    let usage = |e: String| Usage(format!("--json-schema: {e}"));
+    let text = match std::fs::read_to_string(arg) {
+        Ok(text) => text,
+        Err(_) if arg.trim_start().starts_with('{') => arg.to_string(),
+        Err(e) => return Err(usage(format!("reading {arg}: {e}"))),
+    };
+    let schema = serde_json::from_str(&text).map_err(|e| usage(format!("not valid JSON: {e}")))?;
+    Ok(Constraint::JsonSchema(schema))
 }
 
 /// A usage error found after the flags parsed (a schema that does not compile, say): exit 2.
@@ -147,14 +159,7 @@ impl SampleArgs {
     fn constraint(&self) -> anyhow::Result<Option<(&'static str, Constraint)>> {
         let usage = |flag: &str, e: String| Usage(format!("--{flag}: {e}"));
         if let Some(s) = &self.json_schema {
-            let text = match std::fs::read_to_string(s) {
-                Ok(text) => text,
-                Err(_) if s.trim_start().starts_with('{') => s.clone(),
-                Err(e) => return Err(usage("json-schema", format!("reading {s}: {e}")).into()),
-            };
-            let schema = serde_json::from_str(&text)
-                .map_err(|e| usage("json-schema", format!("not valid JSON: {e}")))?;
-            return Ok(Some(("json-schema", Constraint::JsonSchema(schema))));
+            return Ok(Some(("json-schema", json_schema(s)?)));
         }
         if self.json_object {
             return Ok(Some(("json-object", Constraint::JsonObject)));

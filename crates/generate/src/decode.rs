@@ -68,7 +68,7 @@ pub struct Emitted {
 /// The decoding state of one sequence.
 pub struct Decoding {
     options: DecodeOptions,
-    context: usize,
+    ctx_size: usize,
     sampler: Sampler,
     detok: Detokenizer,
     stops: StopStrings,
@@ -85,35 +85,35 @@ pub struct Decoding {
 impl Decoding {
     /// Starts decoding after `prompt`, whose first `cached` ids are already in the sequence's
     /// KV (reused from an earlier turn). At least the last prompt id is always fed, since its
-    /// logits choose the first new id. `context` is the positions the sequence's KV holds.
+    /// logits choose the first new id. `ctx_size` is the positions the sequence's KV holds.
     pub fn new(
         prompt: &[u32],
         cached: usize,
-        context: usize,
+        ctx_size: usize,
         options: DecodeOptions,
     ) -> Result<Decoding, GenerateError> {
         if prompt.is_empty() {
             return Err(GenerateError::Prompt("the prompt has no tokens".into()));
         }
-        if prompt.len() >= context {
-            return Err(GenerateError::Prompt(format!(
-                "the prompt has {} tokens but the context holds {context}; shorten the prompt \
-                 or raise the context (--ctx-size)",
-                prompt.len(),
-            )));
+        if prompt.len() >= ctx_size {
+            return Err(GenerateError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                ctx_size,
+                context_length: ctx_size,
+            });
         }
         let mut sampler = Sampler::new(options.sampling.clone())?;
         if let Some(grammar) = &options.constraint {
             sampler.push_front(Box::new(grammar.mask()));
         }
         sampler.reset(prompt);
-        let mut ids = Vec::with_capacity((prompt.len() + options.max_new_tokens).min(context));
+        let mut ids = Vec::with_capacity((prompt.len() + options.max_new_tokens).min(ctx_size));
         ids.extend_from_slice(prompt);
         let stops = StopStrings::new(options.stop.clone());
         let finish = (options.max_new_tokens == 0).then_some(FinishReason::Length);
         Ok(Decoding {
             options,
-            context,
+            ctx_size,
             sampler,
             detok: Detokenizer::new(true),
             stops,
@@ -202,7 +202,7 @@ impl Decoding {
         if self.finish.is_none() {
             if generated >= self.options.max_new_tokens {
                 self.finish = Some(FinishReason::Length);
-            } else if self.ids.len() >= self.context {
+            } else if self.ids.len() >= self.ctx_size {
                 self.finish = Some(FinishReason::Context);
             }
         }

@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use oxgen::{GenerateOptions, Model, ModelOptions, Prompt, Sequence};
+use oxgen::{Constraint, GenerateOptions, Model, ModelOptions, Prompt, Sequence};
 
 fn default_model_dir() -> PathBuf {
     let dir = std::env::var_os("OXGEN_DEFAULT_MODEL").unwrap_or_else(|| {
@@ -60,6 +60,8 @@ fn prompts(model: &Model) -> Vec<Vec<u32>> {
 struct Arrival<'a> {
     ids: &'a [u32],
     join: usize,
+    /// Its generation options; `None`: [`options`].
+    options: Option<&'a GenerateOptions>,
 }
 
 /// Runs requests through a scheduler loop like the server's: every step feeds each running
@@ -71,7 +73,10 @@ fn run(model: &mut Model, arrivals: &[Arrival], chunk: usize) -> Vec<(Vec<u32>, 
     let mut step = 0;
     while step < 1000 {
         for (i, a) in arrivals.iter().enumerate().filter(|(_, a)| a.join == step) {
-            let s = model.start(a.ids, &options(), None).unwrap();
+            let plain = options();
+            let s = model
+                .start(a.ids, a.options.unwrap_or(&plain), None)
+                .unwrap();
             out[i].1 = s.cached();
             running.push((i, s));
         }
@@ -116,9 +121,17 @@ fn greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
     let alone: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| {
-            run(&mut model, &[Arrival { ids: p, join: 0 }], usize::MAX)[0]
-                .0
-                .clone()
+            run(
+                &mut model,
+                &[Arrival {
+                    ids: p,
+                    join: 0,
+                    options: None,
+                }],
+                usize::MAX,
+            )[0]
+            .0
+            .clone()
         })
         .collect();
     for ids in &alone {
@@ -132,7 +145,11 @@ fn greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
     // still holds the prompts' blocks (so later requests start on cached KV).
     let together: Vec<Arrival> = prompts
         .iter()
-        .map(|p| Arrival { ids: p, join: 0 })
+        .map(|p| Arrival {
+            ids: p,
+            join: 0,
+            options: None,
+        })
         .collect();
     let staggered: Vec<Arrival> = prompts
         .iter()
@@ -140,6 +157,7 @@ fn greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
         .map(|(i, p)| Arrival {
             ids: p,
             join: [3, 0, 7, 1][i],
+            options: None,
         })
         .collect();
     for (what, arrivals, chunk) in [
@@ -159,6 +177,7 @@ fn greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
         &[Arrival {
             ids: &prompts[3],
             join: 0,
+            options: None,
         }],
         24,
     );
@@ -183,6 +202,54 @@ fn greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
     for (i, (ids, cached)) in got.iter().enumerate() {
         assert_eq!(*cached, 0);
         assert_eq!(ids, &alone[i], "prompt {i} without a prefix cache");
+    }
+}
+
+/// Invariance holds for constrained sequences too, mixed with unconstrained ones in a batch:
+/// a grammar masks a row by what the sequence generated, never by its neighbours.
+#[test]
+fn constrained_greedy_ids_do_not_depend_on_batching_or_chunking() {
+    let mut model = open(true);
+    let prompts = prompts(&model);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 30}, "sure": {"type": "boolean"}},
+        "required": ["answer", "sure"],
+        "additionalProperties": false
+    });
+    let constrained = GenerateOptions {
+        constraint: Some(model.compile(&Constraint::JsonSchema(schema)).unwrap()),
+        ..options()
+    };
+    let which = |i: usize| (i % 2 == 0).then_some(&constrained);
+    let alone: Vec<Vec<u32>> = (prompts.iter().enumerate())
+        .map(|(i, p)| {
+            let a = Arrival {
+                ids: p,
+                join: 0,
+                options: which(i),
+            };
+            run(&mut model, &[a], usize::MAX)[0].0.clone()
+        })
+        .collect();
+    let text = model.tokenizer().decode(&alone[0], true).unwrap();
+    assert!(
+        text.trim_start().starts_with('{'),
+        "constrained output: {text:?}"
+    );
+    assert_ne!(alone[0].len(), 0);
+    let staggered: Vec<Arrival> = (prompts.iter().enumerate())
+        .map(|(i, p)| Arrival {
+            ids: p,
+            join: [2, 0, 5, 1][i],
+            options: which(i),
+        })
+        .collect();
+    for chunk in [usize::MAX, 7] {
+        let got = run(&mut model, &staggered, chunk);
+        for (i, (ids, _)) in got.iter().enumerate() {
+            assert_eq!(ids, &alone[i], "prompt {i}, chunks of {chunk}");
+        }
     }
 }
 
