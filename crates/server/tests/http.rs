@@ -365,13 +365,22 @@ fn bad_requests_get_their_status_and_the_server_keeps_serving() {
             Some("logit_bias"),
         ),
         (
-            "json response format",
+            "unknown response format",
             chat_path,
-            chat(json!({"response_format": {"type": "json_object"}}))
+            chat(json!({"response_format": {"type": "yaml"}}))
                 .to_string()
                 .into_bytes(),
             400,
-            Some("response_format"),
+            Some("response_format.type"),
+        ),
+        (
+            "a schema that does not compile",
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "guided_json": {"type": "nonsense"}})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("guided_json"),
         ),
         (
             "stream_options without stream",
