@@ -186,18 +186,20 @@ pub fn cap() -> Option<Isa> {
     table().cap
 }
 
+/// A CPU with every feature the table knows, for tests of capping and choosing.
+#[cfg(test)]
+pub(crate) const EVERYTHING: Features = Features {
+    isa: Isa::Avx512,
+    fma: true,
+    f16c: true,
+    avxvnni: true,
+    avx512bw: true,
+    avx512vnni: true,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const EVERYTHING: Features = Features {
-        isa: Isa::Avx512,
-        fma: true,
-        f16c: true,
-        avxvnni: true,
-        avx512bw: true,
-        avx512vnni: true,
-    };
 
     #[test]
     fn caps_parse_in_any_case_and_unknown_values_are_none() {

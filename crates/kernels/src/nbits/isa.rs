@@ -96,14 +96,7 @@ fn runs_kernels(f: &cpu::Features) -> bool {
 mod tests {
     use super::*;
 
-    const EVERYTHING: cpu::Features = cpu::Features {
-        isa: cpu::Isa::Avx512,
-        fma: true,
-        f16c: true,
-        avxvnni: true,
-        avx512bw: true,
-        avx512vnni: true,
-    };
+    use crate::cpu::EVERYTHING;
 
     #[test]
     fn the_scalar_cap_leaves_every_layout_to_the_reference() {
