@@ -221,7 +221,7 @@ fn constrained_greedy_ids_do_not_depend_on_batching_or_chunking() {
         constraint: Some(model.compile(&Constraint::JsonSchema(schema)).unwrap()),
         ..options()
     };
-    let which = |i: usize| (i % 2 == 0).then_some(&constrained);
+    let which = |i: usize| i.is_multiple_of(2).then_some(&constrained);
     let alone: Vec<Vec<u32>> = (prompts.iter().enumerate())
         .map(|(i, p)| {
             let a = Arrival {
