@@ -331,11 +331,6 @@ impl NativeLm {
         })
     }
 
-    /// Bytes of KV one block holds across every layer (0 for a dense model).
-    pub fn kv_block_bytes(&self) -> usize {
-        self.paged.as_ref().map_or(0, |p| p.store.block_bytes())
-    }
-
     /// What the graph passes did at load.
     pub fn pass_report(&self) -> &PassReport {
         &self.passes

@@ -264,9 +264,7 @@ impl LogitsProcessor for GrammarMask {
             }
         }
         // 32 ids per mask word: most words are all forbidden or all allowed.
-        let words = mask.as_slice();
-        let mut chunks = logits.chunks_mut(32);
-        for (&word, chunk) in words.iter().zip(&mut chunks) {
+        for (&word, chunk) in mask.as_slice().iter().zip(logits.chunks_mut(32)) {
             match word {
                 u32::MAX => {}
                 0 => chunk.fill(f32::NEG_INFINITY),
@@ -280,9 +278,6 @@ impl LogitsProcessor for GrammarMask {
             }
         }
         // Ids past the trie (a logits row wider than the vocabulary) are never allowed.
-        for chunk in chunks {
-            chunk.fill(f32::NEG_INFINITY);
-        }
         if let Some(tail) = logits.get_mut(mask.len()..) {
             tail.fill(f32::NEG_INFINITY);
         }

@@ -106,7 +106,7 @@ pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>),
         Err(OpenError::Unsupported { unsupported, .. })
             if o.backend == Backend::Auto && HAS_ORT =>
         {
-            let why = AutoChoice::new(Some(&unsupported)).why;
+            let why = unsupported.to_string();
             Ok((
                 open_ort(o)?,
                 Some(format!("{why}; running it on ONNX Runtime")),
