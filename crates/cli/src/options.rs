@@ -22,6 +22,9 @@ pub struct RunArgs {
     /// context length).
     #[arg(long, env = "OXGEN_CTX_SIZE", value_parser = clap::value_parser!(u64).range(2..))]
     pub ctx_size: Option<u64>,
+    /// A Jinja chat template file to use instead of the package's.
+    #[arg(long, env = "OXGEN_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Which backend runs the model.
@@ -249,6 +252,7 @@ pub fn open_model(
         exact: run.exact,
         backend: backend.backend(),
         ort_lib: backend.ort_lib.clone(),
+        chat_template: run.chat_template.clone(),
         ..ModelOptions::default()
     };
     let model = with_spinner(format!("loading {}", dir.display()), || {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oxgen::{KvBudget, Model, ModelOptions};
+use oxgen::{KvBudget, Model, ModelOptions, ToolFormat};
 use oxgen_server::{
     Config, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
     DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
@@ -72,6 +72,12 @@ pub struct Args {
     /// Seconds running requests get to finish after SIGTERM before they are failed.
     #[arg(long, env = "OXGEN_SHUTDOWN_TIMEOUT", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout: u64,
+    /// How tool calls are written and parsed: hermes, llama3, mistral, phi4-mini, harmony, or
+    /// json (oxgen describes the tools in the system message); default: what the chat
+    /// template implies.
+    #[arg(long, env = "OXGEN_TOOL_PARSER",
+          value_parser = ["hermes", "llama3", "mistral", "phi4-mini", "harmony", "json"])]
+    tool_parser: Option<String>,
     #[command(flatten)]
     backend: BackendArgs,
     #[command(flatten)]
@@ -118,6 +124,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         max_body: args.max_body,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         handle_signals: true,
+        tool_parser: args
+            .tool_parser
+            .as_deref()
+            .map(|n| ToolFormat::from_name(n).expect("clap checked the name")),
     };
     let options = ModelOptions {
         threads: args.run.threads,
@@ -131,6 +141,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             (None, None) => KvBudget::Sequences(args.max_batch as usize),
         },
         prefix_cache: !args.no_prefix_cache,
+        chat_template: args.run.chat_template.clone(),
     };
     let addr = format!("{}:{}", args.host, args.port);
     let open_dir = dir.clone();

@@ -26,6 +26,8 @@ pub struct DecodeOptions {
     pub sampling: SamplingParams,
     /// A grammar the text must follow (the first processor of the chain).
     pub constraint: Option<Grammar>,
+    /// Keep special tokens in the text (a tool format whose markers are special tokens).
+    pub keep_special: bool,
 }
 
 /// Why a generation ended.
@@ -110,12 +112,13 @@ impl Decoding {
         let mut ids = Vec::with_capacity((prompt.len() + options.max_new_tokens).min(ctx_size));
         ids.extend_from_slice(prompt);
         let stops = StopStrings::new(options.stop.clone());
+        let detok = Detokenizer::new(!options.keep_special);
         let finish = (options.max_new_tokens == 0).then_some(FinishReason::Length);
         Ok(Decoding {
             options,
             ctx_size,
             sampler,
-            detok: Detokenizer::new(true),
+            detok,
             stops,
             prompt_len: prompt.len(),
             fed: cached.min(prompt.len() - 1),

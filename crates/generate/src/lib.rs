@@ -6,6 +6,9 @@
 //!   methods, `raise_exception` and `strftime_now`).
 //! - [`Sampler`]: the logits-processor chain (bias, penalties, temperature, top-k, top-p,
 //!   min-p) and seeded selection, matching Hugging Face transformers' processors.
+//! - Tools ([`ToolSet`], [`tool_grammar`]) and [`ReplyParser`]: tool definitions rendered
+//!   into the prompt, calls enforced by a grammar and parsed back out of the reply, with its
+//!   reasoning apart.
 //! - [`StopStrings`]: stop strings matched across streamed pieces, held back until decided.
 //! - [`Decoding`]: one sequence's decoding state (sampler, detokenizer, stop strings), stepped
 //!   through any [`oxgen_runtime::LanguageModel`].
@@ -16,10 +19,12 @@
 mod constraint;
 mod decode;
 mod processors;
+mod reply;
 mod sampling;
 mod stop;
 mod template;
 mod tokenizer;
+mod tools;
 
 pub use constraint::{Constraint, Grammar, GrammarMask, Grammars};
 pub use decode::{DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence};
@@ -29,10 +34,12 @@ pub use processors::{
     apply_logit_bias, apply_min_p, apply_repetition_penalty, apply_temperature, apply_top_k,
     apply_top_p,
 };
+pub use reply::{Reply, ReplyDelta, ReplyParser, ReplySyntax};
 pub use sampling::{Param, Sampler, SamplingParams, SamplingRequest, fresh_seed};
 pub use stop::{StopCheck, StopStrings};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{Detokenizer, Tokenizer, byte_level_char};
+pub use tools::{Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, lark_expression, tool_grammar};
 
 /// Errors from tokenizing, templating or decoding.
 #[derive(Debug, thiserror::Error)]

@@ -10,12 +10,18 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::GenerateError;
+use crate::tools::{ToolCall, ToolFormat, ToolSet, messages_without_tools};
 
-/// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+/// One chat message. An assistant message may carry the tool calls it made; a `tool`
+/// message answers the call named by `tool_call_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -23,6 +29,8 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }
@@ -30,6 +38,7 @@ impl ChatMessage {
 /// A compiled chat template with the special tokens it may refer to.
 pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -75,6 +84,7 @@ impl ChatTemplate {
             .map_err(|e| GenerateError::Template(e.to_string()))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         })
@@ -85,6 +95,12 @@ impl ChatTemplate {
     /// file recent transformers versions save beside it; `bos_token` and `eos_token` from
     /// `tokenizer_config.json`. `Ok(None)` when the package has no template.
     pub fn from_package(dir: &Path) -> Result<Option<ChatTemplate>, GenerateError> {
+        ChatTemplate::open(dir, None)
+    }
+
+    /// [`ChatTemplate::from_package`], with the template's text from `file` when given (the
+    /// special tokens still come from the package).
+    pub fn open(dir: &Path, file: Option<&Path>) -> Result<Option<ChatTemplate>, GenerateError> {
         let config_path = dir.join("tokenizer_config.json");
         let config: serde_json::Value = if config_path.exists() {
             let text = std::fs::read_to_string(&config_path).map_err(|e| {
@@ -103,8 +119,14 @@ impl ChatTemplate {
                 .and_then(|t| t.as_str())
                 .map(str::to_string)
         };
-        let jinja = dir.join("chat_template.jinja");
+        let jinja = file.map_or_else(|| dir.join("chat_template.jinja"), Path::to_path_buf);
         let (source, from) = match config.get("chat_template") {
+            _ if file.is_some() => {
+                let text = std::fs::read_to_string(&jinja).map_err(|e| {
+                    GenerateError::Template(format!("reading {}: {e}", jinja.display()))
+                })?;
+                (text, jinja)
+            }
             Some(serde_json::Value::String(t)) => (t.clone(), config_path),
             Some(serde_json::Value::Array(list)) if named(list).is_some() => {
                 (named(list).expect("checked"), config_path)
@@ -126,19 +148,62 @@ impl ChatTemplate {
         Ok(Some(template))
     }
 
+    /// The template's Jinja text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The prompt text for `messages`; `add_generation_prompt` opens the assistant's turn.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, GenerateError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with tools: a template that renders tools gets them as
+    /// `tools` (OpenAI's shape, as Hugging Face passes them; Phi-4-mini's reads them from the
+    /// system message's `tools`), one in the [`ToolFormat::Json`] format gets them described
+    /// in the system message instead.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ToolSet>,
+        add_generation_prompt: bool,
+    ) -> Result<String, GenerateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| GenerateError::Template(e.to_string()))?;
+        let rewritten;
+        let messages = match tools {
+            Some(set) if set.format == ToolFormat::Json => {
+                rewritten = messages_without_tools(messages, &set.tools, &set.choice);
+                &rewritten[..]
+            }
+            _ => messages,
+        };
+        let mut list = serde_json::to_value(messages)
+            .map_err(|e| GenerateError::Template(format!("messages: {e}")))?;
+        let tools_json = tools
+            .filter(|set| set.format != ToolFormat::Json)
+            .map(|set| set.tools.iter().map(|t| t.to_json()).collect::<Vec<_>>());
+        if let (Some(set), Some(list)) = (tools, list.as_array_mut())
+            && set.format == ToolFormat::Phi4Mini
+        {
+            let functions: Vec<serde_json::Value> = (set.tools.iter())
+                .map(|t| t.to_json()["function"].clone())
+                .collect();
+            if list.first().is_none_or(|m| m["role"] != "system") {
+                list.insert(0, serde_json::json!({"role": "system", "content": ""}));
+            }
+            list[0]["tools"] = serde_json::Value::Array(functions).to_string().into();
+        }
         template
             .render(minijinja::context! {
-                messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+                messages => minijinja::Value::from(minijinja::value::Serde(&list)),
+                tools => tools_json.map(|t| minijinja::Value::from(minijinja::value::Serde(t))),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,

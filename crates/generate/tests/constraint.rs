@@ -3,67 +3,15 @@
 //! grammar accepts; what does not compile fails before anything is generated; a matcher that
 //! is fed a forbidden token reports it.
 
-use std::sync::Arc;
+mod common;
 
+use common::{decode, grammars};
 use oxgen_generate::{
-    Constraint, DecodeOptions, Decoding, FinishReason, Grammars, LogitsProcessor, ProcessorState,
-    SamplingParams, Tokenizer,
+    Constraint, DecodeOptions, Decoding, FinishReason, LogitsProcessor, ProcessorState,
+    SamplingParams,
 };
-use oxgen_testkit::fixtures::{Rng, tokenizer};
+use oxgen_testkit::fixtures::tokenizer;
 use serde_json::{Value, json};
-
-fn tokenizer() -> Arc<Tokenizer> {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tokenizer.json");
-    std::fs::write(&path, tokenizer::json()).unwrap();
-    Arc::new(Tokenizer::from_file(&path).unwrap())
-}
-
-fn grammars() -> (Arc<Tokenizer>, Grammars) {
-    let tok = tokenizer();
-    let g = Grammars::new(tok.clone(), tokenizer::VOCAB_SIZE, &[tokenizer::EOS as u32]).unwrap();
-    (tok, g)
-}
-
-/// Decodes under `constraint` from random logits (seeded), greedy or sampled at temperature
-/// 1; returns the text and why it finished.
-fn decode(
-    tok: &Tokenizer,
-    grammars: &Grammars,
-    constraint: &Constraint,
-    seed: u64,
-    greedy: bool,
-) -> (String, FinishReason) {
-    let options = DecodeOptions {
-        max_new_tokens: 400,
-        eos: vec![tokenizer::EOS as u32],
-        ignore_eos: false,
-        stop: Vec::new(),
-        sampling: SamplingParams {
-            greedy,
-            seed,
-            ..SamplingParams::default()
-        },
-        constraint: Some(grammars.compile(constraint).unwrap()),
-    };
-    let mut d = Decoding::new(&[1, 40, 41], 0, 1024, options).unwrap();
-    let mut rng = Rng::new(seed);
-    let mut text = String::new();
-    loop {
-        // Logits that favour the end-of-sequence id and the special tokens, which the grammar
-        // must keep out until it accepts.
-        let mut row: Vec<f32> = (0..tokenizer::VOCAB_SIZE)
-            .map(|_| rng.uniform() * 8.0)
-            .collect();
-        row[tokenizer::EOS] = 20.0;
-        row[tokenizer::BOS] = 20.0;
-        let emitted = d.on_logits(&row, tok).unwrap();
-        text.push_str(&d.take_text());
-        if let Some(finish) = emitted.finish {
-            return (text, finish);
-        }
-    }
-}
 
 fn check_person(v: &Value) {
     let o = v.as_object().expect("an object");
@@ -248,6 +196,7 @@ fn a_forbidden_token_fails_the_matcher_and_eos_waits_for_acceptance() {
         stop: Vec::new(),
         sampling: SamplingParams::default(),
         constraint: Some(grammar),
+        keep_special: false,
     };
     let mut d = Decoding::new(&[1], 0, 64, options).unwrap();
     // Every id -inf: the mask leaves nothing, the fallback id is not 'a'.

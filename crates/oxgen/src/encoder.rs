@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use oxgen_generate::{ChatTemplate, Tokenizer};
+use oxgen_generate::{ChatMessage, ChatTemplate, Tokenizer, ToolFormat, ToolSet};
 
 use crate::{Error, Prompt};
 
@@ -31,20 +31,40 @@ impl Encoder {
         self.tokenizer.clone()
     }
 
+    /// The package's chat template, if it has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_deref()
+    }
+
+    /// The tool-call format the chat template implies ([`ToolFormat::detect`]).
+    pub fn tool_format(&self) -> ToolFormat {
+        ToolFormat::detect(self.template().map(ChatTemplate::source))
+    }
+
     /// The token ids a prompt becomes.
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
         match prompt {
             Prompt::Tokens(ids) => Ok(ids.clone()),
             Prompt::Text(text) => Ok(self.tokenizer.encode(text, false)?),
             Prompt::Chat(messages) => {
-                let template = self.template.as_ref().ok_or_else(|| Error::Package {
-                    path: "tokenizer_config.json".into(),
-                    reason: "the package has no chat_template; send the prompt as raw text".into(),
-                })?;
-                let text = template.render(messages, true)?;
+                let text = self.render(messages, None)?;
                 Ok(self.tokenizer.encode(&text, false)?)
             }
         }
+    }
+
+    /// The prompt text of a conversation, with the tools it offers, opening the assistant's
+    /// turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ToolSet>,
+    ) -> Result<String, Error> {
+        let template = self.template.as_ref().ok_or_else(|| Error::Package {
+            path: "tokenizer_config.json".into(),
+            reason: "the package has no chat_template; send the prompt as raw text".into(),
+        })?;
+        Ok(template.render_with_tools(messages, tools, true)?)
     }
 
     /// The text of `ids`, special tokens included unless `skip_special`.

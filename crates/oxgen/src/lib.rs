@@ -62,8 +62,9 @@ pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
 pub use oxgen_exec::KvBudget;
 pub use oxgen_generate::{
-    ChatMessage, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param, SamplingParams,
-    SamplingRequest, fresh_seed,
+    ChatMessage, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param, Reply,
+    ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
+    ToolChoice, ToolFormat, ToolSet, fresh_seed, tool_grammar,
 };
 pub use oxgen_runtime::{Capabilities, KvUsage, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
@@ -104,6 +105,8 @@ pub struct ModelOptions {
     /// Keep full KV blocks for later sequences that start with the same ids (a server's
     /// shared system prompt is then prefilled once).
     pub prefix_cache: bool,
+    /// A Jinja chat template file to use instead of the package's.
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Stops a generation from another thread (or a signal handler) at the next token.
@@ -141,6 +144,8 @@ pub struct GenerateOptions {
     pub cancel: Option<Cancel>,
     /// A grammar the output must follow ([`Model::compile`] makes one).
     pub constraint: Option<Grammar>,
+    /// Keep special tokens in the text (for a [`ReplyParser`] whose markers are special).
+    pub keep_special: bool,
 }
 
 impl Default for GenerateOptions {
@@ -156,6 +161,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             cancel: None,
             constraint: None,
+            keep_special: false,
         }
     }
 }
@@ -254,7 +260,7 @@ impl Model {
         })?;
         config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
-        let template = ChatTemplate::from_package(&dir)?;
+        let template = ChatTemplate::open(&dir, options.chat_template.as_deref())?;
         let defaults = PackageDefaults::read(&dir)?;
         release_freed_heap();
         let limit = ContextLimit::new(options.ctx_size, config.context_length);
@@ -457,6 +463,7 @@ impl Model {
             stop: options.stop.clone(),
             sampling: options.sampling.clone(),
             constraint: options.constraint.clone(),
+            keep_special: options.keep_special,
         }
     }
 

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use oxgen::{
-    ChatMessage, Constraint, GenerateOptions, Param, Prompt, SamplingParams, SamplingRequest,
-    fresh_seed,
+    ChatMessage, Constraint, GenerateOptions, Param, Prompt, SamplingParams, SamplingRequest, Tool,
+    ToolCall, ToolChoice, ToolFormat, ToolSet, fresh_seed,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -50,6 +50,9 @@ const CHAT_FIELDS: &[&str] = &[
     "store",
     "metadata",
     "service_tier",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
@@ -117,6 +120,28 @@ pub struct Request {
     pub top_logprobs: Option<usize>,
     /// The constraint asked for, and the field that asked (named when it does not compile).
     pub constraint: Option<(String, Constraint)>,
+    /// The tools offered (chat only).
+    pub tools: Option<Tools>,
+}
+
+/// A chat request's `tools`, `tool_choice` and `parallel_tool_calls`.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+}
+
+impl Tools {
+    /// The set the model gets, in the model's call format.
+    pub fn with_format(self, format: ToolFormat) -> ToolSet {
+        ToolSet {
+            tools: self.tools,
+            choice: self.choice,
+            parallel: self.parallel,
+            format,
+        }
+    }
 }
 
 /// What requests are checked against.
@@ -316,6 +341,7 @@ impl Common {
                 ignore_eos: self.ignore_eos.unwrap_or(false),
                 cancel: None,
                 constraint: None,
+                keep_special: false,
             },
             max_tokens,
             n,
@@ -326,6 +352,7 @@ impl Common {
                 .unwrap_or(false),
             top_logprobs,
             constraint: None,
+            tools: None,
         })
     }
 }
@@ -366,8 +393,39 @@ fn message_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Validates chat messages: roles (`developer` is taken as `system`), text content; a
-/// message's `name` is accepted and ignored.
+/// The calls of an assistant message in the history (`messages[i].tool_calls`).
+fn history_calls(v: &Value, at: &str) -> Result<Vec<ToolCall>, ApiError> {
+    let items = v.as_array().ok_or_else(|| {
+        ApiError::invalid(format!("{at}.tool_calls"), "tool_calls must be an array")
+    })?;
+    (items.iter().enumerate())
+        .map(|(j, c)| {
+            let at = format!("{at}.tool_calls[{j}]");
+            let function = c.get("function").ok_or_else(|| {
+                ApiError::invalid(&at, "a tool call needs a function: {name, arguments}")
+            })?;
+            let name = string(
+                &format!("{at}.function.name"),
+                function.get("name").unwrap_or(&Value::Null),
+            )?;
+            let arguments = match function.get("arguments") {
+                Some(Value::String(a)) => a.clone(),
+                None | Some(Value::Null) => "{}".into(),
+                Some(other) => other.to_string(),
+            };
+            let id = c.get("id").and_then(Value::as_str).unwrap_or_default();
+            Ok(ToolCall {
+                id: id.to_string(),
+                name,
+                arguments,
+            })
+        })
+        .collect()
+}
+
+/// Validates chat messages: roles (`developer` is taken as `system`), text content, an
+/// assistant's `tool_calls` (its content may then be null) and `tool` results with their
+/// `tool_call_id`; a message's `name` is accepted and ignored.
 pub(crate) fn chat_messages(
     messages: Vec<Map<String, Value>>,
 ) -> Result<Vec<ChatMessage>, ApiError> {
@@ -379,34 +437,176 @@ pub(crate) fn chat_messages(
         .enumerate()
         .map(|(i, m)| {
             let at = format!("messages[{i}]");
-            if let Some(k) = m
-                .keys()
-                .find(|k| !["role", "content", "name"].contains(&k.as_str()))
-            {
+            if let Some(k) = m.keys().find(|k| {
+                !["role", "content", "name", "tool_calls", "tool_call_id"].contains(&k.as_str())
+            }) {
                 return Err(ApiError::invalid(
                     format!("{at}.{k}"),
-                    format!("unsupported message field '{k}' (tools are not supported)"),
+                    format!("unsupported message field '{k}'"),
                 ));
             }
             let role = match m.get("role").and_then(Value::as_str) {
                 Some("developer") => "system",
-                Some(r @ ("system" | "user" | "assistant")) => r,
+                Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
                 other => {
                     return Err(ApiError::invalid(
                         format!("{at}.role"),
                         format!(
-                            "role {} is not supported; use system, developer, user or assistant",
+                            "role {} is not supported; use system, developer, user, assistant or tool",
                             other.map_or("(missing)".into(), |r| format!("'{r}'"))
                         ),
                     ));
                 }
             };
-            Ok(ChatMessage::new(
-                role,
-                &message_text(m.get("content"), &at)?,
-            ))
+            let calls = match m.get("tool_calls").filter(|v| !v.is_null()) {
+                Some(v) if role == "assistant" => history_calls(v, &at)?,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.tool_calls"),
+                        "only assistant messages carry tool_calls",
+                    ));
+                }
+                None => Vec::new(),
+            };
+            let content = match m.get("content") {
+                None | Some(Value::Null) if !calls.is_empty() => String::new(),
+                content => message_text(content, &at)?,
+            };
+            let mut message = ChatMessage::new(role, &content);
+            message.tool_calls = calls;
+            if role == "tool" {
+                let id = m.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{at}.tool_call_id"),
+                        "a tool message needs the tool_call_id of the call it answers",
+                    )
+                })?;
+                message.tool_call_id = Some(id.to_string());
+            }
+            Ok(message)
         })
         .collect()
+}
+
+/// A function name as OpenAI allows it: 1-64 of `a-z A-Z 0-9 _ -`.
+fn function_name(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
+    let name = string(param, v.unwrap_or(&Value::Null))?;
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(name)
+    } else {
+        Err(ApiError::invalid(
+            param,
+            format!("{param} must be 1 to 64 of a-z, A-Z, 0-9, _ and -, got {name:?}"),
+        ))
+    }
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`. Without tools, `tool_choice` may only
+/// be `none`.
+pub(crate) fn tools(body: &Value) -> Result<Option<Tools>, ApiError> {
+    let list = match body.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items.clone(),
+        Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
+    };
+    let mut tools: Vec<Tool> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                "only tools of type 'function' are supported",
+            ));
+        }
+        let Some(function) = t.get("function").and_then(Value::as_object) else {
+            return Err(ApiError::invalid(
+                format!("{at}.function"),
+                "a tool needs function: {name, description, parameters}",
+            ));
+        };
+        let name = function_name(&format!("{at}.function.name"), function.get("name"))?;
+        if tools.iter().any(|t| t.name == name) {
+            return Err(ApiError::invalid(
+                format!("{at}.function.name"),
+                format!("two tools are named '{name}'"),
+            ));
+        }
+        let parameters = match function.get("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    format!("{at}.function.parameters"),
+                    "parameters must be a JSON schema object",
+                ));
+            }
+        };
+        let description = match function.get("description") {
+            None | Some(Value::Null) => None,
+            Some(d) => Some(string(&format!("{at}.function.description"), d)?),
+        };
+        tools.push(Tool {
+            name,
+            description,
+            parameters,
+        });
+    }
+    let choice = match body.get("tool_choice") {
+        None | Some(Value::Null) if tools.is_empty() => ToolChoice::None,
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "tool_choice '{other}' is not one of none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                    ),
+                ));
+            }
+        },
+        Some(v) => {
+            let name = v
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"));
+            let name = function_name("tool_choice.function.name", name)?;
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice names '{name}', which is not among the tools"),
+                ));
+            }
+            ToolChoice::Function(name)
+        }
+    };
+    if tools.is_empty() && choice != ToolChoice::None {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice needs tools to choose from",
+        ));
+    }
+    let parallel = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "parallel_tool_calls",
+                "parallel_tool_calls must be a boolean",
+            ));
+        }
+    };
+    Ok((!tools.is_empty()).then_some(Tools {
+        tools,
+        choice,
+        parallel,
+    }))
 }
 
 /// A JSON schema given as an object, or as a string holding one (vLLM accepts both).
@@ -558,6 +758,7 @@ pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     let prompt = Prompt::Chat(chat_messages(chat.messages)?);
     let mut request = common.into_request(prompt, max_tokens, top_logprobs, bounds)?;
     request.constraint = constraint(&value)?;
+    request.tools = tools(&value)?;
     Ok(request)
 }
 

@@ -32,7 +32,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use oxgen::{ContextLimit, Encoder, Grammars, Model, SamplingParams};
+use oxgen::{ContextLimit, Encoder, Grammars, Model, SamplingParams, ToolFormat};
 use tokio::sync::Notify;
 
 pub use error::ApiError;
@@ -68,6 +68,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Stop on SIGTERM and Ctrl-C (the CLI; in-process tests call [`Server::shutdown`]).
     pub handle_signals: bool,
+    /// How tool calls are written and parsed; `None`: what the chat template implies.
+    pub tool_parser: Option<ToolFormat>,
 }
 
 /// [`Config::max_queue`]'s default.
@@ -101,6 +103,7 @@ impl Config {
             max_body: DEFAULT_MAX_BODY,
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             handle_signals: false,
+            tool_parser: None,
         }
     }
 }
@@ -122,6 +125,8 @@ pub(crate) struct Loaded {
     /// The paged KV pool at load, when the backend pages KV.
     kv: Option<oxgen::KvUsage>,
     prefix_cache: bool,
+    /// How this model writes tool calls.
+    tool_format: ToolFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,12 +261,18 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         capabilities: model.capabilities(),
         kv: model.kv_usage(),
         prefix_cache: model.prefix_cache(),
+        tool_format: app
+            .config
+            .tool_parser
+            .unwrap_or_else(|| model.encoder().tool_format()),
     };
+    let tool_format = loaded.tool_format.name();
     let _ = app.loaded.set(loaded);
     // When a shutdown began during the load, the loop below sees `abort` soon.
     app.mark_ready();
     eprintln!(
-        "oxgen serve: model '{}' loaded in {:.2} s (grammar token trie {trie_ms:.0} ms); ctx_size {}",
+        "oxgen serve: model '{}' loaded in {:.2} s (grammar token trie {trie_ms:.0} ms); \
+         ctx_size {}; tool calls: {tool_format}",
         app.config.model_id,
         model.load_time().as_secs_f64(),
         limit.max()

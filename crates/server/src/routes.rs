@@ -13,7 +13,10 @@ use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
-use oxgen::{Constraint, Grammar, Logprobs, Prompt};
+use oxgen::{
+    ChatMessage, Constraint, Grammar, Logprobs, Prompt, Reply, ReplyDelta, ReplyParser,
+    ReplySyntax, ToolChoice, ToolSet, tool_grammar,
+};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -101,6 +104,16 @@ async fn body(request: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
     Ok(bytes)
 }
 
+/// A chat template's refusal is a 422; anything else about the prompt a 400.
+fn prompt_error(e: oxgen::Error) -> ApiError {
+    match e {
+        oxgen::Error::Generate(oxgen::GenerateError::Template(m)) => {
+            ApiError::unprocessable(format!("the chat template refused the messages: {m}"))
+        }
+        other => ApiError::invalid("", other.to_string()),
+    }
+}
+
 /// The ids of `prompt`, tokenized on the runtime's blocking thread so that a huge prompt
 /// does not hold up the worker answering every other connection. A chat template that
 /// refuses the messages is a 422.
@@ -112,25 +125,53 @@ async fn encode(loaded: &Loaded, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
     tokio::task::spawn_blocking(move || encoder.encode(&prompt))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?
-        .map_err(|e| match e {
-            oxgen::Error::Generate(oxgen::GenerateError::Template(m)) => {
-                ApiError::unprocessable(format!("the chat template refused the messages: {m}"))
-            }
-            other => ApiError::invalid("", other.to_string()),
-        })
+        .map_err(prompt_error)
+}
+
+/// A conversation rendered with its tools, and its ids (as [`encode`]).
+async fn encode_chat(
+    loaded: &Loaded,
+    messages: Vec<ChatMessage>,
+    tools: Option<ToolSet>,
+) -> Result<(Vec<u32>, String), ApiError> {
+    let encoder = loaded.encoder.clone();
+    tokio::task::spawn_blocking(move || {
+        let text = encoder.render(&messages, tools.as_ref())?;
+        let ids = encoder.encode(&Prompt::Text(text.clone()))?;
+        Ok((ids, text))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?
+    .map_err(prompt_error)
 }
 
 /// Compiles a request's constraint off the HTTP worker; one that does not compile is a 400
-/// naming the field that gave it, before anything is queued.
-async fn compile(loaded: &Loaded, param: String, c: Constraint) -> Result<Grammar, ApiError> {
+/// naming the field that gave it, before anything is queued. For a tool grammar that is the
+/// first tool whose parameters do not compile alone.
+async fn compile(
+    loaded: &Loaded,
+    param: String,
+    c: Constraint,
+    tools: Option<ToolSet>,
+) -> Result<Grammar, ApiError> {
     let grammars = match &loaded.grammars {
         Ok(g) => g.clone(),
         Err(e) => return Err(ApiError::invalid(param, e.clone())),
     };
-    tokio::task::spawn_blocking(move || grammars.compile(&c).map_err(|e| (param, e)))
-        .await
-        .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?
-        .map_err(|(param, e)| ApiError::invalid(param, e.to_string()))
+    tokio::task::spawn_blocking(move || {
+        grammars.compile(&c).map_err(|e| {
+            let culprit =
+                (tools.iter().flat_map(|set| set.tools.iter().enumerate())).find_map(|(i, t)| {
+                    let alone = Constraint::JsonSchema(t.parameters.clone());
+                    let e = grammars.compile(&alone).err()?;
+                    Some((format!("tools[{i}].function.parameters"), e))
+                });
+            culprit.unwrap_or((param, e))
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?
+    .map_err(|(param, e)| ApiError::invalid(param, e.to_string()))
 }
 
 fn unix_now() -> u64 {
@@ -165,6 +206,8 @@ struct Pending {
     logprobs: bool,
     events: UnboundedReceiver<Event>,
     encoder: oxgen::Encoder,
+    /// How a chat reply is taken apart (reasoning, tool calls); `None`: all content.
+    syntax: Option<ReplySyntax>,
 }
 
 impl App {
@@ -185,10 +228,34 @@ impl App {
         // Again: a shutdown may have begun while the body arrived.
         let loaded = self.ready()?;
         let prompt = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
-        let ids = encode(loaded, prompt).await?;
-        if let Some((param, c)) = req.constraint.take() {
-            req.options.constraint = Some(compile(loaded, param, c).await?);
+        let tools = req.tools.take().map(|t| t.with_format(loaded.tool_format));
+        let (ids, syntax) = match prompt {
+            Prompt::Chat(messages) => {
+                let (ids, text) = encode_chat(loaded, messages, tools.clone()).await?;
+                let calls = (tools.as_ref())
+                    .filter(|t| t.choice != ToolChoice::None)
+                    .map(|t| t.format);
+                let template = loaded.encoder.template().map_or("", |t| t.source());
+                let syntax = ReplySyntax::of_template(template, &text, calls);
+                (ids, (!syntax.is_plain()).then_some(syntax))
+            }
+            prompt => (encode(loaded, prompt).await?, None),
+        };
+        let answer = req.constraint.take();
+        let grammar = match &tools {
+            Some(set) => {
+                let tokenizer = loaded.encoder.tokenizer();
+                tool_grammar(set, answer.as_ref().map(|(_, c)| c), tokenizer)
+                    .map(|c| ("tools".to_string(), c))
+                    .or(answer)
+            }
+            None => answer,
+        };
+        if let Some((param, c)) = grammar {
+            req.options.constraint = Some(compile(loaded, param, c, tools).await?);
         }
+        req.options.keep_special =
+            syntax.is_some_and(|s| s.harmony || s.tools.is_some_and(|f| f.keeps_special()));
         let param = if kind == Kind::Chat {
             "messages"
         } else {
@@ -255,6 +322,7 @@ impl App {
             logprobs: req.top_logprobs.is_some(),
             events: receiver,
             encoder: loaded.encoder.clone(),
+            syntax,
         })
     }
 }
@@ -296,10 +364,88 @@ fn reply(result: Result<Value, ApiError>) -> Response {
 /// One choice being assembled.
 #[derive(Default, Clone)]
 struct Choice {
+    /// The text, when the reply is not taken apart.
     text: String,
+    /// The reply taken apart by `parser`.
+    reply: Reply,
+    parser: Option<ReplyParser>,
     finish: Option<&'static str>,
     /// (id, log-probabilities) per token.
     logprobs: Vec<(u32, Logprobs)>,
+}
+
+impl Choice {
+    /// Takes a step's text through the parser (if any); its deltas go to `deltas`.
+    fn push(&mut self, text: &str, last: bool, deltas: &mut Vec<ReplyDelta>) {
+        deltas.clear();
+        match &mut self.parser {
+            Some(parser) => {
+                parser.push(text, deltas);
+                if last {
+                    parser.finish(deltas);
+                }
+                for d in deltas.iter() {
+                    self.reply.apply(d);
+                }
+            }
+            None => {
+                self.text.push_str(text);
+                if !text.is_empty() {
+                    deltas.push(ReplyDelta::Content(text.to_string()));
+                }
+            }
+        }
+    }
+
+    /// OpenAI's finish reason: `tool_calls` when a reply that ended of itself made calls.
+    fn finish_reason(&self, finish: oxgen::FinishReason) -> &'static str {
+        let calls = self.parser.as_ref().is_some_and(|p| p.calls() > 0);
+        match finish.as_str() {
+            "stop" if calls => "tool_calls",
+            other => other,
+        }
+    }
+
+    /// The chat message of a whole reply.
+    fn message(&self) -> Value {
+        if self.parser.is_none() {
+            return json!({"role": "assistant", "content": self.text});
+        }
+        let r = &self.reply;
+        let content = if r.content.is_empty() && !r.calls.is_empty() {
+            Value::Null
+        } else {
+            json!(r.content)
+        };
+        let mut m = json!({"role": "assistant", "content": content});
+        if !r.reasoning.is_empty() {
+            m["reasoning_content"] = json!(r.reasoning);
+        }
+        if !r.calls.is_empty() {
+            m["tool_calls"] = (r.calls.iter())
+                .map(|c| {
+                    json!({"id": c.id, "type": "function",
+                           "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+        }
+        m
+    }
+}
+
+/// A streamed chat delta.
+fn delta_json(d: &ReplyDelta) -> Value {
+    match d {
+        ReplyDelta::Content(t) => json!({"content": t}),
+        ReplyDelta::Reasoning(t) => json!({"reasoning_content": t}),
+        ReplyDelta::CallStart { index, id, name } => json!({"tool_calls": [{
+            "index": index, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }]}),
+        ReplyDelta::CallArguments { index, text } => json!({"tool_calls": [{
+            "index": index, "function": {"arguments": text},
+        }]}),
+    }
 }
 
 fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
@@ -399,30 +545,44 @@ impl Pending {
         chunk
     }
 
-    /// A choice of a response or a chunk: `text` as the message, delta or text.
-    fn choice(&self, index: usize, text: Value, logprobs: Value, finish: Option<&str>) -> Value {
+    /// A choice of a response or a chunk: `body` as its message, delta or text.
+    fn choice(&self, index: usize, body: Value, logprobs: Value, finish: Option<&str>) -> Value {
         let mut c = json!({"index": index, "logprobs": logprobs, "finish_reason": finish});
-        match (self.kind, self.stream) {
-            (Kind::Chat, false) => c["message"] = json!({"role": "assistant", "content": text}),
-            (Kind::Chat, true) => c["delta"] = text,
-            (Kind::Completion, _) => c["text"] = text,
-        }
+        let key = match (self.kind, self.stream) {
+            (Kind::Chat, false) => "message",
+            (Kind::Chat, true) => "delta",
+            (Kind::Completion, _) => "text",
+        };
+        c[key] = body;
         c
+    }
+
+    /// The choices, each with its parser when the reply is taken apart.
+    fn choices(&self) -> Vec<Choice> {
+        let seed = oxgen::fresh_seed();
+        (0..self.n)
+            .map(|i| Choice {
+                parser: (self.syntax)
+                    .map(|s| ReplyParser::new(s, seed.wrapping_add(i as u64 * 0x9e37))),
+                ..Choice::default()
+            })
+            .collect()
     }
 }
 
 /// Waits for the whole generation.
 async fn collect(mut p: Pending) -> Result<Value, ApiError> {
-    let mut choices = vec![Choice::default(); p.n];
+    let mut choices = p.choices();
+    let mut deltas = Vec::new();
     loop {
         match p.events.recv().await {
             Some(Event::Token { choice, step }) => {
                 let c = &mut choices[choice];
-                c.text.push_str(&step.text);
+                c.push(&step.text, step.finish.is_some(), &mut deltas);
                 if let Some(lp) = step.logprobs {
                     c.logprobs.push((step.id, lp));
                 }
-                c.finish = step.finish.map(|f| f.as_str());
+                c.finish = step.finish.map(|f| c.finish_reason(f));
             }
             Some(Event::Done {
                 prompt_tokens,
@@ -433,7 +593,11 @@ async fn collect(mut p: Pending) -> Result<Value, ApiError> {
                     .enumerate()
                     .map(|(i, c)| {
                         let (logprobs, _) = p.logprobs_json(&c.logprobs, 0);
-                        p.choice(i, json!(c.text), logprobs, c.finish)
+                        let body = match p.kind {
+                            Kind::Chat => c.message(),
+                            Kind::Completion => json!(c.text),
+                        };
+                        p.choice(i, body, logprobs, c.finish)
                     })
                     .collect();
                 let mut body = p.envelope(choices);
@@ -451,10 +615,11 @@ async fn collect(mut p: Pending) -> Result<Value, ApiError> {
     }
 }
 
-/// Server-sent events: a role chunk first (chat), content chunks, a finish chunk per
-/// choice, the usage chunk when asked, then `[DONE]`; an error becomes an error chunk
-/// followed by `[DONE]`. Dropping the stream (the client left) drops the receiver, which
-/// cancels the request at the engine's next turn.
+/// Server-sent events: a role chunk first (chat), content chunks (reasoning and tool-call
+/// deltas too, when the reply is taken apart), a finish chunk per choice, the usage chunk
+/// when asked, then `[DONE]`; an error becomes an error chunk followed by `[DONE]`.
+/// Dropping the stream (the client left) drops the receiver, which cancels the request at
+/// the engine's next turn.
 fn stream(p: Pending) -> impl IntoResponse {
     let data = |v: Value| Sse::default().data(v.to_string());
     let mut first = Vec::new();
@@ -472,33 +637,42 @@ fn stream(p: Pending) -> impl IntoResponse {
         first.push(p.chunk(role));
     }
     let offsets = vec![0usize; p.n];
+    let choices = p.choices();
     let head = futures_util::stream::iter(first.into_iter().map(data));
-    let body = futures_util::stream::unfold(Some((p, offsets)), move |state| async move {
-        let (mut p, mut offsets) = state?;
+    let state = Some((p, offsets, choices, Vec::new()));
+    let body = futures_util::stream::unfold(state, move |state| async move {
+        let (mut p, mut offsets, mut choices, mut deltas) = state?;
         let out = match p.events.recv().await {
             Some(Event::Token { choice, step }) => {
                 let mut out = Vec::new();
-                if !step.text.is_empty() || step.logprobs.is_some() {
-                    let tokens: Vec<_> =
-                        step.logprobs.map(|lp| (step.id, lp)).into_iter().collect();
-                    let (logprobs, end) = p.logprobs_json(&tokens, offsets[choice]);
-                    offsets[choice] = end;
-                    let text = match p.kind {
-                        Kind::Chat => json!({"content": step.text}),
-                        Kind::Completion => json!(step.text),
+                let c = &mut choices[choice];
+                c.push(&step.text, step.finish.is_some(), &mut deltas);
+                let tokens: Vec<_> = step.logprobs.map(|lp| (step.id, lp)).into_iter().collect();
+                let (mut logprobs, end) = p.logprobs_json(&tokens, offsets[choice]);
+                offsets[choice] = end;
+                if deltas.is_empty() && !logprobs.is_null() {
+                    deltas.push(ReplyDelta::Content(String::new()));
+                }
+                for d in &deltas {
+                    let body = match (p.kind, d) {
+                        (Kind::Chat, d) => delta_json(d),
+                        (Kind::Completion, ReplyDelta::Content(t)) => json!(t),
+                        (Kind::Completion, _) => continue,
                     };
-                    out.push(p.chunk(vec![p.choice(choice, text, logprobs, None)]));
+                    let lp = std::mem::take(&mut logprobs);
+                    out.push(p.chunk(vec![p.choice(choice, body, lp, None)]));
                 }
                 if let Some(f) = step.finish {
                     let empty = match p.kind {
                         Kind::Chat => json!({}),
                         Kind::Completion => json!(""),
                     };
-                    out.push(p.chunk(vec![p.choice(choice, empty, Value::Null, Some(f.as_str()))]));
+                    let reason = c.finish_reason(f);
+                    out.push(p.chunk(vec![p.choice(choice, empty, Value::Null, Some(reason))]));
                 }
                 return Some((
                     out.into_iter().map(data).collect::<Vec<_>>(),
-                    Some((p, offsets)),
+                    Some((p, offsets, choices, deltas)),
                 ));
             }
             Some(Event::Done {
@@ -609,32 +783,40 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 }
 
 /// `POST /tokenize`: `{"prompt": "..."}` or `{"messages": [...]}` (rendered with the chat
-/// template) → `{"tokens": [...], "count": n, "max_model_len": context}`.
+/// template, with `tools` when given, as a chat request renders them) → `{"tokens": [...],
+/// "count": n, "max_model_len": context}`.
 async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
     let result = async {
         let loaded = app.ready()?;
         let map = api::object(&body(request, app.config.max_body).await?)?;
-        api::known_fields(&map, &[&["model", "prompt", "messages"]])?;
+        api::known_fields(
+            &map,
+            &[&["model", "prompt", "messages", "tools", "tool_choice"]],
+        )?;
         check_model(&app, &map)?;
-        let prompt = match (map.get("prompt"), map.get("messages")) {
-            (Some(Value::String(text)), None) => Prompt::Text(text.clone()),
+        let ids = match (map.get("prompt"), map.get("messages")) {
+            (Some(Value::String(text)), None) if !map.contains_key("tools") => {
+                encode(loaded, Prompt::Text(text.clone())).await?
+            }
             (None, Some(_)) => {
                 #[derive(serde::Deserialize)]
                 struct Messages {
                     messages: Vec<Map<String, Value>>,
                 }
                 let value = Value::Object(map);
+                let tools = api::tools(&value)?.map(|t| t.with_format(loaded.tool_format));
                 let Messages { messages } = api::typed(&value)?;
-                Prompt::Chat(api::chat_messages(messages)?)
+                encode_chat(loaded, api::chat_messages(messages)?, tools)
+                    .await?
+                    .0
             }
             _ => {
                 return Err(ApiError::invalid(
                     "prompt",
-                    "give either 'prompt' (a string) or 'messages'",
+                    "give either 'prompt' (a string) or 'messages' (with 'tools' if any)",
                 ));
             }
         };
-        let ids = encode(loaded, prompt).await?;
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.limit.max()}))
     };
     reply(result.await)

@@ -3,7 +3,12 @@
 // Each test file compiles its own copy and uses part of it.
 #![allow(dead_code)]
 
-use oxgen_generate::{Sampler, SamplingParams};
+use std::sync::Arc;
+
+use oxgen_generate::{
+    Constraint, DecodeOptions, Decoding, FinishReason, Grammars, Sampler, SamplingParams, Tokenizer,
+};
+use oxgen_testkit::fixtures::{Rng, tokenizer};
 
 pub const NEG: f32 = f32::NEG_INFINITY;
 
@@ -19,4 +24,59 @@ pub fn kept(row: &[f32]) -> Vec<usize> {
 
 pub fn sampler(params: SamplingParams) -> Sampler {
     Sampler::new(params).expect("valid parameters")
+}
+
+/// The fixtures' small byte-level BPE tokenizer.
+pub fn tokenizer() -> Arc<Tokenizer> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, tokenizer::json()).unwrap();
+    Arc::new(Tokenizer::from_file(&path).unwrap())
+}
+
+pub fn grammars() -> (Arc<Tokenizer>, Grammars) {
+    let tok = tokenizer();
+    let g = Grammars::new(tok.clone(), tokenizer::VOCAB_SIZE, &[tokenizer::EOS as u32]).unwrap();
+    (tok, g)
+}
+
+/// Decodes under `constraint` from random logits (seeded), greedy or sampled at temperature
+/// 1; returns the text and why it finished.
+pub fn decode(
+    tok: &Tokenizer,
+    grammars: &Grammars,
+    constraint: &Constraint,
+    seed: u64,
+    greedy: bool,
+) -> (String, FinishReason) {
+    let options = DecodeOptions {
+        max_new_tokens: 400,
+        eos: vec![tokenizer::EOS as u32],
+        ignore_eos: false,
+        stop: Vec::new(),
+        sampling: SamplingParams {
+            greedy,
+            seed,
+            ..SamplingParams::default()
+        },
+        constraint: Some(grammars.compile(constraint).unwrap()),
+        keep_special: false,
+    };
+    let mut d = Decoding::new(&[1, 40, 41], 0, 1024, options).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut text = String::new();
+    loop {
+        // Logits that favour the end-of-sequence id and the special tokens, which the grammar
+        // must keep out until it accepts.
+        let mut row: Vec<f32> = (0..tokenizer::VOCAB_SIZE)
+            .map(|_| rng.uniform() * 8.0)
+            .collect();
+        row[tokenizer::EOS] = 20.0;
+        row[tokenizer::BOS] = 20.0;
+        let emitted = d.on_logits(&row, tok).unwrap();
+        text.push_str(&d.take_text());
+        if let Some(finish) = emitted.finish {
+            return (text, finish);
+        }
+    }
 }
