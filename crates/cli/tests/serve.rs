@@ -14,8 +14,46 @@ use serde_json::{Value, json};
 
 const MODEL: &str = "SmolLM2-135M-Instruct";
 
+/// A running `oxgen serve`, killed if a test fails before it stops it.
+struct Served {
+    child: Option<Child>,
+    addr: SocketAddr,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Served {
+    /// SIGTERM, then the exit code once it has exited.
+    fn stop(&mut self, within: Duration) -> Option<i32> {
+        let mut child = self.child.take().expect("still running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("oxgen serve did not exit within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// Starts `oxgen serve` on a free port and waits until it is ready.
-fn serve(extra: &[&str]) -> (Child, SocketAddr) {
+fn serve(extra: &[&str]) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oxgen"))
         .arg("serve")
         .arg(common::default_model())
@@ -25,8 +63,12 @@ fn serve(extra: &[&str]) -> (Child, SocketAddr) {
         .spawn()
         .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut served = Served {
+        child: Some(child),
+        addr: ([127, 0, 0, 1], 0).into(),
+    };
     let mut line = String::new();
-    let addr = loop {
+    served.addr = loop {
         line.clear();
         assert!(
             stderr.read_line(&mut line).unwrap() > 0,
@@ -39,49 +81,26 @@ fn serve(extra: &[&str]) -> (Child, SocketAddr) {
     // Keep draining stderr so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in stderr.lines() {});
     let deadline = Instant::now() + Duration::from_secs(120);
-    while common::get(addr, "/health").status != 200 {
+    while common::get(served.addr, "/health").status != 200 {
         assert!(Instant::now() < deadline, "the server never became ready");
         std::thread::sleep(Duration::from_millis(20));
     }
-    (child, addr)
+    served
 }
 
-fn terminate(child: &Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-/// Waits for the process to exit and returns its code.
-fn exit_code(mut child: Child, within: Duration) -> Option<i32> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("oxgen serve did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[test]
-fn the_openai_python_client_works_against_oxgen_serve() {
+/// Runs the `openai` client's checks (those whose name starts with `only`) against `addr`.
+fn client_checks(addr: SocketAddr, model: &str, key: Option<&str>, only: &str) {
     let python = std::env::var("OXGEN_PYTHON").expect(
         "OXGEN_PYTHON is not set: run scripts/test.sh (it makes a venv with the openai client)",
     );
-    let (child, addr) = serve(&["--api-key", "test-key", "--alias", "default"]);
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../server/tests/python/openai_client.py");
     let out = Command::new(python)
         .arg(script)
         .arg(format!("http://{addr}/v1"))
-        .arg(MODEL)
-        .arg("test-key")
+        .arg(model)
+        .args(key)
+        .env("OXGEN_CHECKS", only)
         .output()
         .unwrap();
     let report = format!(
@@ -94,13 +113,30 @@ fn the_openai_python_client_works_against_oxgen_serve() {
         out.status.success(),
         "openai client checks failed:\n{report}"
     );
-    terminate(&child);
-    assert_eq!(exit_code(child, Duration::from_secs(60)), Some(0));
+}
+
+#[test]
+fn the_openai_python_client_works_against_oxgen_serve() {
+    let mut served = serve(&["--api-key", "test-key", "--alias", "default"]);
+    client_checks(served.addr, MODEL, Some("test-key"), "");
+    assert_eq!(served.stop(Duration::from_secs(60)), Some(0));
+}
+
+/// A family's tool template (Hermes, as Qwen's): the calls the client gets are parsed from
+/// `<tool_call>` blocks the template taught, and the history renders through it.
+#[test]
+fn tool_calls_work_through_a_hermes_template() {
+    let template =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../generate/tests/templates/hermes.jinja");
+    let mut served = serve(&["--chat-template", template.to_str().unwrap()]);
+    client_checks(served.addr, MODEL, None, "tools");
+    assert_eq!(served.stop(Duration::from_secs(60)), Some(0));
 }
 
 #[test]
 fn sigterm_lets_running_requests_finish_then_exits_0() {
-    let (child, addr) = serve(&[]);
+    let mut served = serve(&[]);
+    let addr = served.addr;
     let body = json!({
         "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me a story."}],
@@ -115,12 +151,12 @@ fn sigterm_lets_running_requests_finish_then_exits_0() {
     );
     stream.next_event().unwrap();
     stream.next_event().unwrap();
-    terminate(&child);
+    let stopping = std::thread::spawn(move || served.stop(Duration::from_secs(60)));
     let events = stream.finish().events();
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let finish: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(finish["choices"][0]["finish_reason"], "length", "{finish}");
-    assert_eq!(exit_code(child, Duration::from_secs(60)), Some(0));
+    assert_eq!(stopping.join().unwrap(), Some(0));
 }
 
 #[test]

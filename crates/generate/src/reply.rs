@@ -334,20 +334,24 @@ impl ReplyParser {
                         return false;
                     }
                 }
+                // Blanks are held until text follows: before a call they are dropped.
                 if let Some((p, m)) = find_first(&self.buf, opens) {
                     let text = self.take(p);
-                    self.content(text, out);
+                    self.content(text.trim_end().to_string(), out);
                     self.take(m.len());
                     self.calls = Calls::Between;
                     return true;
                 }
-                let n = if end {
-                    self.buf.len()
-                } else {
-                    releasable(&self.buf, opens)
+                let n = match end {
+                    true if self.count > 0 => self.buf.trim_end().len(),
+                    true => self.buf.len(),
+                    false => self.buf[..releasable(&self.buf, opens)].trim_end().len(),
                 };
                 let text = self.take(n);
                 self.content(text, out);
+                if end {
+                    self.buf.clear();
+                }
                 false
             }
             Calls::Between => {

@@ -95,7 +95,7 @@ fn each_family_format_parses_into_calls() {
         (
             ToolFormat::Hermes,
             "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"arguments\": {\"city\": \"Rome\"}, \"name\": \"get_weather\"}\n</tool_call>",
-            "Let me look.\n",
+            "Let me look.",
             vec![weather("Paris"), weather("Rome")],
         ),
         (
@@ -394,39 +394,10 @@ fn auto_beside_a_response_format_keeps_the_answer_to_its_schema() {
     assert!(grammars.compile(&grammar).is_err());
 }
 
-/// A Hermes-style template like Qwen 2.5's: tools in the system turn, calls as
-/// `<tool_call>` blocks, tool results as user turns of `<tool_response>`.
-const HERMES_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% endif %}# Tools
-<tools>
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}
-</tools>
-Return calls as <tool_call>
-{"name": <function-name>, "arguments": <args-json-object>}
-</tool_call><|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'system' and tools %}
-{%- elif message.role == 'assistant' and message.tool_calls is defined %}<|im_start|>assistant
-{%- for call in message.tool_calls %}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
-{%- endfor %}<|im_end|>
-{% elif message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"#;
+/// A Hermes-style template like Qwen 2.5's (tools in the system turn, calls as `<tool_call>`
+/// blocks, tool results as user turns of `<tool_response>`); the server's tests serve the
+/// default model with it.
+const HERMES_TEMPLATE: &str = include_str!("templates/hermes.jinja");
 
 const PLAIN_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 

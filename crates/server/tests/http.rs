@@ -301,16 +301,44 @@ fn bad_requests_get_their_status_and_the_server_keeps_serving() {
             Some("frobnicate"),
         ),
         (
-            "tools",
+            "tool parameters not an object",
             chat_path,
-            chat(json!({"tools": []})).to_string().into_bytes(),
+            chat(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}))
+                .to_string()
+                .into_bytes(),
             400,
-            Some("tools"),
+            Some("tools[0].function.parameters"),
         ),
         (
-            "tool role",
+            "tool_choice names no tool",
+            chat_path,
+            chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                        "tool_choice": {"type": "function", "function": {"name": "g"}}}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("tool_choice"),
+        ),
+        (
+            "tool_choice without tools",
+            chat_path,
+            chat(json!({"tool_choice": "required"})).to_string().into_bytes(),
+            400,
+            Some("tool_choice"),
+        ),
+        (
+            "tool message without its call id",
             chat_path,
             chat(json!({"messages": [{"role": "tool", "content": "x"}]}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("messages[0].tool_call_id"),
+        ),
+        (
+            "unknown role",
+            chat_path,
+            chat(json!({"messages": [{"role": "robot", "content": "x"}]}))
                 .to_string()
                 .into_bytes(),
             400,
@@ -805,7 +833,7 @@ fn a_template_refusal_is_422_in_chat_and_in_tokenize() {
     let bad = post(
         addr,
         "/tokenize",
-        &json!({"messages": [{"role": "tool", "content": "x"}]}),
+        &json!({"messages": [{"role": "robot", "content": "x"}]}),
     );
     assert_eq!(bad.status, 400);
     assert_eq!(bad.json()["error"]["param"], "messages[0].role");

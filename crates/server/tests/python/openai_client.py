@@ -11,6 +11,7 @@ Prints `ok NAME` per check passed; exits 0 when all pass, otherwise prints
 """
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -385,11 +386,11 @@ def check_errors():
         400,
         messages=[
             {"role": "user", "content": "What is the weather?"},
-            {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+            {"role": "tool", "content": "sunny"},
         ],
     )
-    assert "tool" in e.body["message"], f"message {e.body['message']!r}"
-    assert (e.param or "").startswith("messages[1]"), f"param {e.param!r}"
+    assert "tool_call_id" in e.body["message"], f"message {e.body['message']!r}"
+    assert e.param == "messages[1].tool_call_id", f"param {e.param!r}"
 
     e = expect_error(
         openai.BadRequestError,
@@ -527,6 +528,153 @@ def check_guided():
     greedy_content(chat(max_tokens=4))  # still serving
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Adds two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
+            },
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def validated_calls(message, finish_reason):
+    """The message's calls, each checked against its tool's schema; a call cut short by
+    max_tokens (the last, with finish_reason 'length') is left out."""
+    calls = list(message.tool_calls or [])
+    if finish_reason == "length" and calls:
+        calls = calls[:-1]
+    for call in calls:
+        assert call.type == "function", call
+        assert call.id and call.id.startswith("call_"), f"id {call.id!r}"
+        assert call.function.name in SCHEMAS, f"unknown function {call.function.name!r}"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    return calls
+
+
+def check_tools_required():
+    for seed in range(4):
+        r = chat(messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+                 parallel_tool_calls=False, temperature=1, seed=seed, max_tokens=120)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", f"seed {seed}: {c.finish_reason}: {c.message}"
+        calls = validated_calls(c.message, c.finish_reason)
+        assert len(calls) == 1, f"seed {seed}: parallel_tool_calls=false gave {c.message.tool_calls}"
+        assert not c.message.content, f"content beside a required call: {c.message.content!r}"
+    # A named function is the one called.
+    r = chat(messages=[{"role": "user", "content": "What is 2 plus 3?"}], tools=TOOLS,
+             tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=120)
+    c = r.choices[0]
+    calls = validated_calls(c.message, c.finish_reason)
+    assert calls and {x.function.name for x in calls} == {"add"}, c.message
+    # Several calls where allowed (the default): each one whole validates.
+    r = chat(messages=[{"role": "user", "content": "Weather in Paris, Rome and Oslo?"}],
+             tools=[WEATHER], tool_choice="required", max_tokens=200)
+    c = r.choices[0]
+    calls = validated_calls(c.message, c.finish_reason)
+    assert len(calls) >= 2, f"one call only: {c.message.tool_calls} ({c.finish_reason})"
+    assert len({x.id for x in c.message.tool_calls}) == len(c.message.tool_calls), "ids repeat"
+
+
+def check_tools_stream():
+    kw = dict(messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+              parallel_tool_calls=False, max_tokens=120)
+    want = chat(**kw).choices[0]
+    # Deltas as OpenAI sends them: index, id and name first, then argument fragments.
+    chunks = list(chat(stream=True, **kw))
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    parts = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert parts, f"no tool-call deltas in {deltas}"
+    first, rest = parts[0], parts[1:]
+    assert first.index == 0 and first.id and first.function.name == "get_weather", first
+    assert all(p.id is None and p.function.name is None for p in rest), rest
+    assert len(rest) > 1, f"the arguments came in {len(rest)} piece(s)"
+    arguments = (first.function.arguments or "") + "".join(p.function.arguments for p in rest)
+    assert arguments == want.message.tool_calls[0].function.arguments, (arguments, want)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finishes == ["tool_calls"], finishes
+    # The client's stream helper accumulates them into the same message.
+    with client.chat.completions.stream(model=MODEL, temperature=0, **kw) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.message.tool_calls[0].function.arguments == arguments, final
+    assert final.finish_reason == "tool_calls", final
+
+
+def check_tools_turns():
+    r = chat(messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+             parallel_tool_calls=False, max_tokens=120)
+    call = r.choices[0].message.tool_calls[0]
+    history = ASK_WEATHER + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+    ]
+    r = chat(messages=history, tools=TOOLS, tool_choice="none", max_tokens=40)
+    c = r.choices[0]
+    assert not c.message.tool_calls, c.message
+    greedy_content(r)
+    # The rendered history (calls and results) counts in usage as /tokenize counts it.
+    status, counted = http("/tokenize", {"model": MODEL, "messages": history, "tools": TOOLS,
+                                         "tool_choice": "none"})
+    assert status == 200, counted
+    assert counted["count"] == r.usage.prompt_tokens, (counted["count"], r.usage)
+    _, bare = http("/tokenize", {"model": MODEL, "messages": history})
+    assert bare["count"] < counted["count"], "the tool definitions are not in the count"
+    # auto: the model chooses; whatever it chose parses.
+    r = chat(messages=ASK_WEATHER, tools=TOOLS, max_tokens=120)
+    c = r.choices[0]
+    if c.message.tool_calls:
+        validated_calls(c.message, c.finish_reason)
+        assert c.finish_reason in ("tool_calls", "length"), c
+    else:
+        assert c.message.content, c
+
+
+def check_tools_errors():
+    bad_params = {"type": "function", "function": {"name": "f", "parameters": [1, 2]}}
+    bad_schema = {"type": "function",
+                  "function": {"name": "f", "parameters": {"type": "object",
+                                                           "properties": {"x": {"type": "nonsense"}}}}}
+    for kw, param in [
+        ({"tools": [bad_params]}, "tools[0].function.parameters"),
+        ({"tools": [WEATHER, bad_schema], "tool_choice": "required"}, "tools[1].function.parameters"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+         "tools[0].function.name"),
+    ]:
+        e = expect_error(openai.BadRequestError, 400, **kw)
+        assert e.param == param, f"{kw}: param {e.param!r}: {e.body}"
+    greedy_content(chat(max_tokens=4))  # still serving
+
+
 CHECKS = [
     ("models", check_models),
     ("chat", check_chat),
@@ -543,18 +691,25 @@ CHECKS = [
     ("parse", check_parse),
     ("json_object", check_json_object),
     ("guided", check_guided),
+    ("tools required", check_tools_required),
+    ("tools stream", check_tools_stream),
+    ("tools turns", check_tools_turns),
+    ("tools errors", check_tools_errors),
 ]
 
 
 def main():
     started = time.monotonic()
+    # OXGEN_CHECKS=tools runs only the checks whose name starts with it.
+    only = os.environ.get("OXGEN_CHECKS", "")
+    checks = [(name, check) for name, check in CHECKS if name.startswith(only)]
     try:
         wait_ready()
     except AssertionError as e:
         print(f"FAILED health: {e}")
         return 1
     failed = []
-    for name, check in CHECKS:
+    for name, check in checks:
         try:
             check()
         except Exception as e:  # noqa: BLE001 - report any failure under the check's name
@@ -565,9 +720,9 @@ def main():
         print(f"ok {name}", flush=True)
     took = time.monotonic() - started
     if failed:
-        print(f"{len(failed)} of {len(CHECKS)} checks FAILED ({', '.join(failed)}) in {took:.1f} s")
+        print(f"{len(failed)} of {len(checks)} checks FAILED ({', '.join(failed)}) in {took:.1f} s")
         return 1
-    print(f"all {len(CHECKS)} checks passed in {took:.1f} s")
+    print(f"all {len(checks)} checks passed in {took:.1f} s")
     return 0
 
 
