@@ -39,7 +39,9 @@ pub use sampling::{Param, Sampler, SamplingParams, SamplingRequest, fresh_seed};
 pub use stop::{StopCheck, StopStrings};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{Detokenizer, Tokenizer, byte_level_char};
-pub use tools::{Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, lark_expression, tool_grammar};
+pub use tools::{
+    Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, after_reasoning, lark_expression, tool_grammar,
+};
 
 /// Errors from tokenizing, templating or decoding.
 #[derive(Debug, thiserror::Error)]

@@ -21,7 +21,7 @@
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
-use crate::{ChatMessage, Constraint, Tokenizer};
+use crate::{ChatMessage, Constraint, ReplySyntax, Tokenizer};
 
 /// A function the model may call (OpenAI's `tools[].function`).
 #[derive(Debug, Clone, PartialEq)]
@@ -201,6 +201,33 @@ fn marker(text: &str, tokenizer: &Tokenizer) -> String {
     }
 }
 
+/// Free text up to and including `end`, as (what a rule writes, the rule that defines
+/// `name`). Where `end` is text, a lazy rule that stops at its first occurrence (a greedy
+/// lexeme would have taken the marker's first bytes already); where it is a special token,
+/// text then the token, since no text lexeme can produce one.
+fn text_until(name: &str, end: &str, tokenizer: &Tokenizer) -> (String, String) {
+    let m = marker(end, tokenizer);
+    if m.starts_with("<[") {
+        (format!("{name} {m}"), format!("{name}: /(?s:.*)/"))
+    } else {
+        (name.to_string(), format!("{name}[suffix={m}]: /(?s:.*)/"))
+    }
+}
+
+/// gpt-oss's analysis message, which may come before what a grammar asks for.
+fn harmony_analysis(tokenizer: &Tokenizer) -> [String; 2] {
+    let (reason, rule) = text_until("reason", "<|end|>", tokenizer);
+    [
+        format!(
+            "analysis: {} \"analysis\" {} {reason} {} \"assistant\"",
+            marker("<|channel|>", tokenizer),
+            marker("<|message|>", tokenizer),
+            marker("<|start|>", tokenizer),
+        ),
+        rule,
+    ]
+}
+
 /// `text` matched literally inside a Lark `/regex/`.
 fn regex_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -306,14 +333,7 @@ pub fn tool_grammar(
         ToolFormat::Llama3 => many("; "),
         ToolFormat::Harmony => {
             // The model may think first, on the analysis channel.
-            rules.push(format!(
-                "analysis: {} \"analysis\" {} ANALYSIS {} {} \"assistant\"",
-                marker("<|channel|>", tokenizer),
-                marker("<|message|>", tokenizer),
-                marker("<|end|>", tokenizer),
-                marker("<|start|>", tokenizer),
-            ));
-            rules.push(r"ANALYSIS: /(?s:.*)/".into());
+            rules.extend(harmony_analysis(tokenizer));
             "analysis? body".into()
         }
     };
@@ -348,6 +368,34 @@ pub fn tool_grammar(
     };
     rules.insert(0, start);
     Some(Constraint::Lark(rules.join("\n")))
+}
+
+/// `c` constraining only the answer of a reply that may reason first: after a
+/// `<think>...</think>` block (or, where the prompt opened it, after `</think>`), or after
+/// gpt-oss's analysis message, on its final channel. Other replies are constrained as they
+/// are.
+pub fn after_reasoning(c: Constraint, syntax: &ReplySyntax, tokenizer: &Tokenizer) -> Constraint {
+    let answer = lark_expression(&c);
+    let lark = if syntax.harmony {
+        let [analysis, reason] = harmony_analysis(tokenizer);
+        let final_head = format!(
+            "{} \"final\" {}",
+            marker("<|channel|>", tokenizer),
+            marker("<|message|>", tokenizer)
+        );
+        format!("start: analysis? {final_head} answer\n{analysis}\n{reason}\nanswer: {answer}")
+    } else if syntax.think {
+        let (reason, rule) = text_until("reason", "</think>", tokenizer);
+        let think = if syntax.think_open {
+            format!("{reason} BLANK")
+        } else {
+            format!("({} {reason} BLANK)?", marker("<think>", tokenizer))
+        };
+        format!("start: {think} answer\n{rule}\nBLANK: /[ \\t\\n]*/\nanswer: {answer}")
+    } else {
+        return c;
+    };
+    Constraint::Lark(lark)
 }
 
 /// What oxgen tells a model whose template renders no tools: the definitions, one JSON

@@ -9,7 +9,7 @@ use common::{decode, grammars};
 use oxgen_generate::{
     ChatMessage, ChatTemplate, Constraint, FinishReason, Grammars, LogitsProcessor, ProcessorState,
     Reply, ReplyDelta, ReplyParser, ReplySyntax, Tokenizer, Tool, ToolCall, ToolChoice, ToolFormat,
-    ToolSet, tool_grammar,
+    ToolSet, after_reasoning, tool_grammar,
 };
 use oxgen_testkit::fixtures::tokenizer;
 use serde_json::{Value, json};
@@ -464,4 +464,72 @@ fn templates_render_tools_calls_and_results() {
         "{text}"
     );
     assert_eq!(text.matches("<|im_start|>system").count(), 1);
+}
+
+#[test]
+fn grammars_constrain_only_the_answer_after_reasoning() {
+    let (tok, grammars) = grammars();
+    let answer = Constraint::JsonSchema(json!({
+        "type": "object", "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"], "additionalProperties": false,
+    }));
+    let think = ReplySyntax::of_template("</think>", "", None);
+    let open = ReplySyntax::of_template("</think>", "<think>\n", None);
+    let harmony = ReplySyntax::of_template("<|channel|>", "", None);
+    let cases = [
+        (
+            think,
+            "<think>\nIt is fine. 1 < 2 </thin.</think>\n\n{\"ok\": true}",
+            "{\"ok\": 1}",
+        ),
+        (think, "{\"ok\": false}", "<think>x</think>no"),
+        (
+            open,
+            "Sure </thi.</think>\n{\"ok\": true}",
+            "{\"ok\": true}",
+        ),
+        (
+            harmony,
+            "<|channel|>analysis<|message|>Fine.<|end|><|start|>assistant<|channel|>final<|message|>{\"ok\": true}",
+            "<|channel|>final<|message|>{\"ok\": 3}",
+        ),
+    ];
+    for (syntax, good, bad) in cases {
+        let c = after_reasoning(answer.clone(), &syntax, &tok);
+        assert!(accepts(&tok, &grammars, &c, good), "{good}");
+        assert!(!accepts(&tok, &grammars, &c, bad), "{bad}");
+        let reply = parse_both(syntax, good);
+        assert_eq!(
+            serde_json::from_str::<Value>(&reply.content).unwrap(),
+            json!({"ok": reply.content.contains("true")}),
+            "{good}"
+        );
+        for seed in 0..6 {
+            let (text, finish) = decode(&tok, &grammars, &c, seed, seed % 2 == 0);
+            if finish == FinishReason::Length {
+                continue;
+            }
+            let reply = parse_both(syntax, &text);
+            let v: Value =
+                serde_json::from_str(&reply.content).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+            assert!(v["ok"].is_boolean(), "{text:?}");
+        }
+    }
+    // A tool grammar nests the same way (Qwen3: think, then call).
+    let set = ToolSet {
+        tools: tools(),
+        choice: ToolChoice::Required,
+        parallel: false,
+        format: ToolFormat::Hermes,
+    };
+    let think = ReplySyntax::of_template("</think>", "", Some(ToolFormat::Hermes));
+    let c = after_reasoning(tool_grammar(&set, None, &tok).unwrap(), &think, &tok);
+    let call = "<think>Need the sum.</think>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
+    assert!(accepts(&tok, &grammars, &c, call));
+    assert!(!accepts(&tok, &grammars, &c, "<think>x</think> 3"));
+    let reply = parse_both(think, call);
+    assert_eq!(
+        (&*reply.reasoning, calls(&reply).len()),
+        ("Need the sum.", 1)
+    );
 }

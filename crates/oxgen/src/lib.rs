@@ -64,7 +64,7 @@ pub use oxgen_exec::KvBudget;
 pub use oxgen_generate::{
     ChatMessage, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param, Reply,
     ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
-    ToolChoice, ToolFormat, ToolSet, fresh_seed, tool_grammar,
+    ToolChoice, ToolFormat, ToolSet, after_reasoning, fresh_seed, tool_grammar,
 };
 pub use oxgen_runtime::{Capabilities, KvUsage, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};

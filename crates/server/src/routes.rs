@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use futures_util::StreamExt;
 use oxgen::{
     ChatMessage, Constraint, Grammar, Logprobs, Prompt, Reply, ReplyDelta, ReplyParser,
-    ReplySyntax, ToolChoice, ToolSet, tool_grammar,
+    ReplySyntax, ToolChoice, ToolSet, after_reasoning, tool_grammar,
 };
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -251,6 +251,15 @@ impl App {
             }
             None => answer,
         };
+        // With reasoning first, only the answer is constrained (gpt-oss's tool grammar
+        // allows the analysis message itself).
+        let grammar = grammar.map(|(param, c)| match syntax {
+            Some(s) if !(s.harmony && param == "tools") => {
+                let c = after_reasoning(c, &s, loaded.encoder.tokenizer());
+                (param, c)
+            }
+            _ => (param, c),
+        });
         if let Some((param, c)) = grammar {
             req.options.constraint = Some(compile(loaded, param, c, tools).await?);
         }

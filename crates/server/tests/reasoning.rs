@@ -1,0 +1,65 @@
+//! Reasoning on the default model served with a template whose generation prompt opens
+//! `<think>` (as thinking templates do): the reply comes back as `reasoning_content`, whole
+//! or streamed as its own deltas, and both say the same thing.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{default_model, open, post, start_with};
+use oxgen::ModelOptions;
+use oxgen_server::Config;
+use serde_json::{Value, json};
+
+#[test]
+fn a_thinking_template_returns_reasoning_content_whole_and_streamed() {
+    let template =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../generate/tests/templates/think.jinja");
+    let options = ModelOptions {
+        threads: 2,
+        chat_template: Some(template),
+        ..ModelOptions::default()
+    };
+    let server = start_with(&default_model(), options, Config::new("m"));
+    let addr = server.addr();
+    let body = |stream: bool| {
+        json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "Is 17 a prime number?"}],
+            "max_tokens": 24, "temperature": 0, "stream": stream,
+        })
+    };
+    let whole = post(addr, "/v1/chat/completions", &body(false)).json();
+    let message = &whole["choices"][0]["message"];
+    let reasoning = message["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content");
+    assert!(!reasoning.is_empty(), "{whole}");
+    // The model never closed the block within 24 tokens: all of it is reasoning.
+    assert_eq!(whole["choices"][0]["finish_reason"], "length", "{whole}");
+    assert_eq!(message["content"], "", "{whole}");
+
+    let streamed = open(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        body(true).to_string().as_bytes(),
+    )
+    .finish()
+    .events();
+    let deltas: Vec<Value> = (streamed.iter())
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"].clone())
+        .collect();
+    let joined: String = (deltas.iter())
+        .filter_map(|d| d["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(joined, reasoning);
+    let content: String = deltas
+        .iter()
+        .filter_map(|d| d["content"].as_str())
+        .collect();
+    assert_eq!(content, "", "only the role chunk's empty content");
+    server.shutdown().unwrap();
+}
