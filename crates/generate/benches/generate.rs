@@ -18,8 +18,10 @@
 //!   applied to a logits row, then the token committed. The JSON schema has nested objects
 //!   and arrays; 49152 is the default model's tokenizer, 150000 a synthetic byte-level
 //!   vocabulary of that size (random words), as large models have. Throughput in tokens.
-//!   `grammar/compile/json_schema` compiles that schema (no cache), and
-//!   `grammar/token_trie/vocab=49152` builds the trie a model builds once.
+//!   `tool_call` is a required call (Hermes form, two tools) and `tool_auto_text` free text
+//!   under `tool_choice: auto`, whose text branch excludes the call marker.
+//!   `grammar/compile/{json_schema,tools}` compile that schema and the two tools' grammar
+//!   (no cache), and `grammar/token_trie/vocab=49152` builds the trie a model builds once.
 //!
 //! The tokenizer comes from `$OXGEN_DEFAULT_MODEL/tokenizer.json`, else from the default
 //! model's folder in the oxgen cache (`oxgen pull` puts it there).
@@ -267,7 +269,9 @@ fn person_schema() -> serde_json::Value {
 }
 
 fn grammar(c: &mut Criterion) {
-    use oxgen_generate::{Constraint, Grammars, LogitsProcessor};
+    use oxgen_generate::{
+        Constraint, Grammars, LogitsProcessor, Tool, ToolChoice, ToolFormat, ToolSet, tool_grammar,
+    };
     use std::sync::Arc;
 
     let document = r#"{"name": "Ada Lovelace", "age": 36, "address": {"street": "12 St James's Square", "city": "London", "zip": "10001"}, "pets": [{"kind": "cat", "name": "Puff"}, {"kind": "dog", "name": "Rex"}]}"#;
@@ -299,6 +303,41 @@ NUMBER: /[0-9]+/"#
     ];
     let default =
         Arc::new(Tokenizer::from_file(&tokenizer_path()).expect("a valid tokenizer.json"));
+    let tools = |choice| ToolSet {
+        tools: vec![
+            Tool {
+                name: "get_weather".into(),
+                description: None,
+                parameters: serde_json::json!({"type": "object", "properties": {
+                    "city": {"type": "string", "maxLength": 40},
+                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city", "unit"], "additionalProperties": false}),
+            },
+            Tool {
+                name: "find_person".into(),
+                description: None,
+                parameters: person_schema(),
+            },
+        ],
+        choice,
+        parallel: true,
+        format: ToolFormat::Hermes,
+    };
+    let required = tool_grammar(&tools(ToolChoice::Required), None, &default).expect("a grammar");
+    let auto = tool_grammar(&tools(ToolChoice::Auto), None, &default).expect("a grammar");
+    let cases = cases.into_iter().chain([
+        (
+            "tool_call",
+            required,
+            format!("<tool_call>\n{{\"name\": \"find_person\", \"arguments\": {document}}}\n</tool_call>"),
+        ),
+        (
+            "tool_auto_text",
+            auto,
+            "Paris is the capital of France; it lies on the Seine, and its weather is mild.".into(),
+        ),
+    ]);
+    let cases: Vec<_> = cases.collect();
     let mut g = group(c, "grammar");
     g.bench_function(format!("token_trie/vocab={VOCAB}"), |b| {
         b.iter(|| Grammars::new(default.clone(), VOCAB, &[0]).expect("builds"))
@@ -341,6 +380,18 @@ NUMBER: /[0-9]+/"#
                 Constraint::JsonSchema(schema)
             },
             |schema| grammars.compile(&schema).expect("compiles"),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("compile/tools", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                let mut set = tools(ToolChoice::Required);
+                set.tools[0].parameters["properties"]["city"]["maxLength"] = (40 + n).into();
+                tool_grammar(&set, None, &default).expect("a grammar")
+            },
+            |grammar| grammars.compile(&grammar).expect("compiles"),
             BatchSize::SmallInput,
         )
     });
