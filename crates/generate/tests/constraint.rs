@@ -204,3 +204,59 @@ fn a_forbidden_token_fails_the_matcher_and_eos_waits_for_acceptance() {
     let e = d.on_logits(&row, &tok).expect_err("the grammar refuses");
     assert!(e.to_string().contains("left the grammar"), "{e}");
 }
+
+/// `ignore_eos` masks the end-of-sequence ids, which a grammar allows only where it accepts:
+/// a grammar that is complete still ends the sequence (nothing may follow), and one that may
+/// go on goes on, never out of its language.
+#[test]
+fn ignore_eos_with_a_grammar_ends_where_the_grammar_is_complete() {
+    let (tok, grammars) = grammars();
+    for constraint in [
+        Constraint::Choice(vec!["yes".into(), "no".into()]),
+        Constraint::JsonObject,
+        Constraint::Regex("[0-9]+".into()),
+    ] {
+        for seed in 0..4 {
+            let options = DecodeOptions {
+                max_new_tokens: 60,
+                eos: vec![tokenizer::EOS as u32],
+                ignore_eos: true,
+                stop: Vec::new(),
+                sampling: SamplingParams {
+                    seed,
+                    ..SamplingParams::default()
+                },
+                constraint: Some(grammars.compile(&constraint).unwrap()),
+                keep_special: false,
+            };
+            let mut d = Decoding::new(&[1, 40], 0, 1024, options).unwrap();
+            let mut rng = oxgen_testkit::fixtures::Rng::new(seed);
+            let mut text = String::new();
+            let finish = loop {
+                let mut row: Vec<f32> = (0..tokenizer::VOCAB_SIZE)
+                    .map(|_| rng.uniform() * 8.0)
+                    .collect();
+                row[tokenizer::EOS] = 30.0;
+                let emitted = d.on_logits(&row, &tok).expect("never leaves the grammar");
+                text.push_str(&d.take_text());
+                if let Some(f) = emitted.finish {
+                    break f;
+                }
+            };
+            match (&constraint, finish) {
+                (Constraint::Choice(_), FinishReason::Grammar) => {
+                    assert!(text == "yes" || text == "no", "{text:?}")
+                }
+                // A closed object is complete; one still open runs to the limit.
+                (Constraint::JsonObject, FinishReason::Grammar) => {
+                    assert!(serde_json::from_str::<Value>(&text).unwrap().is_object())
+                }
+                (Constraint::JsonObject, FinishReason::Length) => assert!(text.starts_with('{')),
+                (Constraint::Regex(_), FinishReason::Length) => {
+                    assert!(text.chars().all(|c| c.is_ascii_digit()), "{text:?}")
+                }
+                other => panic!("{other:?}: {text:?}"),
+            }
+        }
+    }
+}
