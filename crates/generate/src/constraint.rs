@@ -45,16 +45,44 @@ pub enum Constraint {
     Choice(Vec<String>),
 }
 
+/// Whitespace a JSON constraint allows between tokens: one space, or a line break and up to
+/// 20 blanks of indentation (compact and pretty-printed JSON both fit). Unbounded whitespace
+/// would let a model stall in blanks until `max_tokens`.
+const JSON_WHITESPACE: &str = r"( |\r?\n[ \t]{0,20})";
+
+/// `schema` with oxgen's whitespace rule, unless it sets its own llguidance options
+/// (`x-guidance`).
+pub fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
+    let mut schema = schema.clone();
+    if let Some(map) = schema.as_object_mut() {
+        map.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));
+    }
+    schema
+}
+
 impl Constraint {
+    /// The JSON schema of a JSON constraint, with its whitespace bounded.
+    pub(crate) fn json_schema(&self) -> Option<serde_json::Value> {
+        match self {
+            Constraint::JsonSchema(schema) => Some(bounded_whitespace(schema)),
+            Constraint::JsonObject => {
+                Some(bounded_whitespace(&serde_json::json!({"type": "object"})))
+            }
+            _ => None,
+        }
+    }
+
     /// llguidance's grammar for it, and the text it is cached by.
     fn grammar(&self) -> Result<(TopLevelGrammar, String), GenerateError> {
         Ok(match self {
             Constraint::JsonSchema(schema) => {
                 let key = format!("json_schema:{schema}");
-                (TopLevelGrammar::from_json_schema(schema.clone()), key)
+                let schema = self.json_schema().expect("a JSON constraint");
+                (TopLevelGrammar::from_json_schema(schema), key)
             }
             Constraint::JsonObject => {
-                let schema = serde_json::json!({"type": "object"});
+                let schema = self.json_schema().expect("a JSON constraint");
                 (
                     TopLevelGrammar::from_json_schema(schema),
                     "json_object".into(),

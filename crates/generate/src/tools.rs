@@ -21,6 +21,7 @@
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
+use crate::constraint::bounded_whitespace;
 use crate::{ChatMessage, Constraint, ReplySyntax, Tokenizer};
 
 /// A function the model may call (OpenAI's `tools[].function`).
@@ -242,9 +243,11 @@ fn regex_escape(text: &str) -> String {
 
 /// A Lark expression for the text a constraint allows, to nest in a larger grammar.
 pub fn lark_expression(c: &Constraint) -> String {
+    if let Some(schema) = c.json_schema() {
+        return format!("%json {schema}");
+    }
     match c {
-        Constraint::JsonSchema(s) => format!("%json {s}"),
-        Constraint::JsonObject => "%json {\"type\": \"object\"}".into(),
+        Constraint::JsonSchema(_) | Constraint::JsonObject => unreachable!("handled above"),
         Constraint::Regex(rx) => format!("/{}/", rx.replace('/', "\\/")),
         Constraint::Lark(g) => format!("%lark {{\n{g}\n}}"),
         Constraint::Choice(cs) => {
@@ -276,9 +279,9 @@ pub fn tool_grammar(
     let mut bodies = Vec::new();
     for (i, tool) in offered.iter().enumerate() {
         let schema = if tool.parameters.is_null() {
-            json!({"type": "object"})
+            bounded_whitespace(&json!({"type": "object"}))
         } else {
-            tool.parameters.clone()
+            bounded_whitespace(&tool.parameters)
         };
         if format == ToolFormat::Harmony {
             let head = format!("commentary to=functions.{} ", tool.name);

@@ -260,3 +260,51 @@ fn ignore_eos_with_a_grammar_ends_where_the_grammar_is_complete() {
         }
     }
 }
+
+/// JSON whitespace is bounded (a space, or a line break and up to 20 blanks), so logits that
+/// love blanks cannot stall a document: it still closes, well within the token limit.
+#[test]
+fn json_whitespace_is_bounded() {
+    let (tok, grammars) = grammars();
+    let blanks: Vec<u32> = [" ", "\n", "\t", "\r"]
+        .iter()
+        .map(|b| tok.encode(b, false).unwrap()[0])
+        .collect();
+    let schema = json!({
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                       "b": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2}},
+        "required": ["a", "b"], "additionalProperties": false,
+    });
+    let grammar = grammars.compile(&Constraint::JsonSchema(schema)).unwrap();
+    let options = DecodeOptions {
+        max_new_tokens: 300,
+        eos: vec![tokenizer::EOS as u32],
+        ignore_eos: false,
+        stop: Vec::new(),
+        sampling: SamplingParams::default(),
+        constraint: Some(grammar),
+        keep_special: false,
+    };
+    let mut d = Decoding::new(&[1], 0, 1024, options).unwrap();
+    let mut text = String::new();
+    let finish = loop {
+        let mut row = vec![0.0f32; tokenizer::VOCAB_SIZE];
+        for &b in &blanks {
+            row[b as usize] = 10.0;
+        }
+        let emitted = d.on_logits(&row, &tok).unwrap();
+        text.push_str(&d.take_text());
+        if let Some(f) = emitted.finish {
+            break f;
+        }
+    };
+    assert_ne!(finish, FinishReason::Length, "{text:?}");
+    let longest = text
+        .split(|c: char| !c.is_whitespace())
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    assert!(longest <= 22, "a run of {longest} blanks: {text:?}");
+    serde_json::from_str::<Value>(&text).unwrap();
+}

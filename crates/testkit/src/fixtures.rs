@@ -266,7 +266,31 @@ pub mod tokenizer {
         (0..=u8::MAX).map(oxgen_generate::byte_level_char).collect()
     }
 
+    /// The markers of the tool-call families, special tokens in [`json_with_tool_markers`].
+    pub const TOOL_MARKERS: [&str; 8] = [
+        "<|tool_call|>",
+        "<|/tool_call|>",
+        "[TOOL_CALLS]",
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|constrain|>",
+        "<|end|>",
+    ];
+
     pub fn json() -> String {
+        json_with_specials(&[])
+    }
+
+    /// The tokenizer with the last merges' ids given to the tool-call families' markers as
+    /// special tokens (as Phi-4-mini's, Mistral's and gpt-oss's tokenizers have them); the
+    /// vocabulary keeps its size, so every fixture model takes it.
+    pub fn json_with_tool_markers() -> String {
+        json_with_specials(&TOOL_MARKERS)
+    }
+
+    fn json_with_specials(extra: &[&str]) -> String {
+        let merges = &MERGES[..MERGES.len() - extra.len()];
         let mut vocab = serde_json::Map::new();
         for (i, s) in SPECIAL.iter().enumerate() {
             vocab.insert(s.to_string(), i.into());
@@ -274,18 +298,20 @@ pub mod tokenizer {
         for (b, c) in byte_chars().into_iter().enumerate() {
             vocab.insert(c.to_string(), (SPECIAL.len() + b).into());
         }
-        for (a, b) in MERGES {
+        for (a, b) in merges {
             let id = vocab.len();
             vocab.insert(format!("{a}{b}"), id.into());
         }
-        let added: Vec<serde_json::Value> = SPECIAL
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
+        let specials = (SPECIAL.iter().enumerate())
+            .chain((extra.iter().enumerate()).map(|(i, s)| (VOCAB_SIZE - extra.len() + i, s)));
+        let mut added = Vec::new();
+        for (i, s) in specials {
+            vocab.insert(s.to_string(), i.into());
+            added.push(
                 serde_json::json!({"id": i, "content": s, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": true})
-            })
-            .collect();
+                    "rstrip": false, "normalized": false, "special": true}),
+            );
+        }
         let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
         serde_json::to_string_pretty(&serde_json::json!({
             "version": "1.0",
@@ -300,7 +326,7 @@ pub mod tokenizer {
                 "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                 "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
                 "vocab": vocab,
-                "merges": MERGES.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()
+                "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()
             }
         }))
         .expect("a JSON value serializes")
