@@ -468,6 +468,12 @@ def check_json_schema():
         answers = list(pool.map(one, range(20)))
     assert len(set(answers)) > 1, f"20 seeds gave one answer: {answers[0]!r}"
 
+    # Cut short by max_tokens: finish_reason length, and what was generated (a prefix).
+    r = chat(messages=ASK_PERSON, max_tokens=5, response_format=PERSON_FORMAT)
+    c = r.choices[0]
+    assert c.finish_reason == "length" and c.message.content.startswith("{"), c
+    assert r.usage.completion_tokens == 5, r.usage
+
     # Streamed, the pieces join into the same kind of document.
     stream = chat(messages=ASK_PERSON, temperature=1, seed=7, max_tokens=300, stream=True,
                   response_format=PERSON_FORMAT)
