@@ -205,18 +205,18 @@ impl ReplyParser {
     pub fn finish(&mut self, out: &mut Vec<ReplyDelta>) {
         self.advance(true, out);
         let rest = std::mem::take(&mut self.buf);
-        match (self.calls, self.channel) {
-            (Calls::Arguments(index, _), _) => {
-                out.push(ReplyDelta::CallArguments { index, text: rest })
-            }
-            (_, Channel::Call(index)) if self.syntax.harmony => {
-                out.push(ReplyDelta::CallArguments { index, text: rest })
-            }
-            (_, Channel::Reasoning) if self.syntax.harmony => out.push(ReplyDelta::Reasoning(rest)),
-            _ if self.think == Think::Inside => out.push(ReplyDelta::Reasoning(rest)),
-            _ => self.content(rest, out),
+        if rest.is_empty() {
+            return;
         }
-        out.retain(|d| !matches!(d, ReplyDelta::Content(t) | ReplyDelta::Reasoning(t) | ReplyDelta::CallArguments { text: t, .. } if t.is_empty()));
+        out.push(match (self.calls, self.channel) {
+            (Calls::Arguments(index, _), _) => ReplyDelta::CallArguments { index, text: rest },
+            (_, Channel::Call(index)) if self.syntax.harmony => {
+                ReplyDelta::CallArguments { index, text: rest }
+            }
+            (_, Channel::Reasoning) if self.syntax.harmony => ReplyDelta::Reasoning(rest),
+            _ if self.think == Think::Inside => ReplyDelta::Reasoning(rest),
+            _ => return self.content(rest, out),
+        });
     }
 
     fn content(&mut self, text: String, out: &mut Vec<ReplyDelta>) {
@@ -283,7 +283,9 @@ impl ReplyParser {
                 Some(p) => {
                     let text = self.take(p);
                     self.take(THINK_CLOSE.len());
-                    out.push(ReplyDelta::Reasoning(text));
+                    if !text.is_empty() {
+                        out.push(ReplyDelta::Reasoning(text));
+                    }
                     self.think = Think::Closed;
                     true
                 }
@@ -570,16 +572,23 @@ fn call_header(text: &str) -> Header {
             Some(false)
         }
     };
-    for lit in [&["{"][..], &["\"name\""], &[":"]] {
-        match expect(&mut i, lit) {
-            Some(true) => {}
-            Some(false) => return Header::Other,
-            None => return Header::Incomplete,
+    // The pieces in turn, then the start of what follows them.
+    let pieces = |i: &mut usize, groups: &[&[&str]]| -> Result<(), Header> {
+        for lit in groups {
+            match expect(i, lit) {
+                Some(true) => {}
+                Some(false) => return Err(Header::Other),
+                None => return Err(Header::Incomplete),
+            }
         }
-    }
-    ws(&mut i);
-    if i >= b.len() {
-        return Header::Incomplete;
+        ws(i);
+        if *i >= b.len() {
+            return Err(Header::Incomplete);
+        }
+        Ok(())
+    };
+    if let Err(h) = pieces(&mut i, &[&["{"], &["\"name\""], &[":"]]) {
+        return h;
     }
     if b[i] != b'"' {
         return Header::Other;
@@ -591,16 +600,11 @@ fn call_header(text: &str) -> Header {
         return Header::Other;
     };
     i += n;
-    for lit in [&[","][..], &["\"arguments\"", "\"parameters\""], &[":"]] {
-        match expect(&mut i, lit) {
-            Some(true) => {}
-            Some(false) => return Header::Other,
-            None => return Header::Incomplete,
-        }
-    }
-    ws(&mut i);
-    if i >= b.len() {
-        return Header::Incomplete;
+    if let Err(h) = pieces(
+        &mut i,
+        &[&[","], &["\"arguments\"", "\"parameters\""], &[":"]],
+    ) {
+        return h;
     }
     Header::Named { name, len: i }
 }
