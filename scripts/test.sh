@@ -7,7 +7,8 @@
 #     the interoperability test; it loads this onnxruntime) and the official openai client
 #     (run against `oxgen serve`);
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
-# then runs the conformance suite and every crate's tests.
+# then runs the conformance suite and every crate's tests, and builds the Python wheel
+# (maturin, into its own venv) and runs its pytest suite from a fresh venv it is installed in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A fresh machine gains nothing from incremental state; it only costs disk.
@@ -46,3 +47,14 @@ cargo test --locked --workspace -- --skip onnx_node_tests
 # The kernels again with the CPU capped at AVX2 (OXGEN_ISA, crates/kernels/src/cpu.rs): on an
 # AVX-512 machine the run above takes the AVX-512 paths, this one the AVX2 ones.
 OXGEN_ISA=avx2 cargo test --locked -p oxgen-kernels
+
+# The Python package: the wheel (its native module in release, the CLI the test build above
+# made), installed into a fresh venv with numpy and pytest, then its tests on the default
+# model.
+OXGEN_BUILD_VENV="$CACHE/build-venv" OXGEN_WHEEL_CLI=target/debug/oxgen scripts/build-wheel.sh
+WHEEL_VENV="$CACHE/wheel-venv"
+rm -rf "$WHEEL_VENV"
+python3 -m venv "$WHEEL_VENV"
+"$WHEEL_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    target/wheels/oxgen-*.whl numpy==2.4.6 pytest==8.3.5
+"$WHEEL_VENV/bin/python" -m pytest -q crates/python/tests

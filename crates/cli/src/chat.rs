@@ -34,10 +34,6 @@ pub struct Args {
     sample: SampleArgs,
 }
 
-/// The chat's KV holds this many positions unless --ctx-size says otherwise, so the
-/// conversation's turns reuse it.
-const DEFAULT_CHAT_CONTEXT: usize = 4096;
-
 const HELP: &str = "\
 /help                 this list
 /exit                 quit (also Ctrl-D)
@@ -151,7 +147,7 @@ impl Session {
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = model_dir(args.model.as_deref())?;
-    let model = open_model(&dir, &args.run, &args.backend, Some(DEFAULT_CHAT_CONTEXT))?;
+    let model = open_model(&dir, &args.run, &args.backend, Some(oxgen::CHAT_CTX_SIZE))?;
     let seed = oxgen::fresh_seed();
     let options = args.sample.options(&model, seed)?;
     let mut session = Session {

@@ -4,6 +4,11 @@
 
 use crate::{ChatMessage, Error, GenerateOptions, Model, Output, Prompt};
 
+/// Positions a conversation's KV holds where the caller does not say (`oxgen run`, the
+/// Python package): a fixed size, so each turn fits the KV of the turns before it and only
+/// prefills what it adds (clamped to the model's context like any `ctx_size`).
+pub const CHAT_CTX_SIZE: usize = 4096;
+
 /// The messages of a chat, with an optional system prompt.
 ///
 /// ```no_run

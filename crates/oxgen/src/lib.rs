@@ -56,7 +56,7 @@ use oxgen_generate::{ChatTemplate, Tokenizer};
 use oxgen_runtime::{LanguageModel, SeqId};
 
 pub use backend::{AutoChoice, Backend, HAS_ORT, auto_choice};
-pub use chat::Chat;
+pub use chat::{CHAT_CTX_SIZE, Chat};
 pub use context::{ContextLimit, Sizing};
 pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
@@ -492,6 +492,35 @@ impl Model {
     /// Forgets the KV kept from the last generation.
     pub fn reset(&mut self) {
         self.drop_cache();
+    }
+
+    /// The model's raw logits at every position of `ids`, and the width of a row: row-major,
+    /// `ids.len()` rows. They come from a sequence of their own (the KV kept from the last
+    /// generation is let go first).
+    pub fn logits(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), Error> {
+        if ids.is_empty() {
+            return Err(GenerateError::Prompt("no token ids to score".into()).into());
+        }
+        let positions = self.limit.size(ids.len(), 1)?.positions;
+        self.drop_cache();
+        let seq = self.lm.add_sequence(positions)?;
+        let mut out = oxgen_runtime::StepLogits::default();
+        let step = [oxgen_runtime::SeqStep {
+            seq,
+            tokens: ids,
+            pos: 0,
+            logits: oxgen_runtime::LogitsWanted::All,
+        }];
+        let stepped = self
+            .lm
+            .step(&oxgen_runtime::Batch { steps: &step }, &mut out);
+        self.lm.remove_sequence(seq);
+        stepped?;
+        let mut rows = Vec::with_capacity(ids.len() * out.vocab);
+        for i in 0..ids.len() {
+            rows.extend_from_slice(out.row(0, i));
+        }
+        Ok((rows, out.vocab))
     }
 }
 

@@ -1,0 +1,130 @@
+"""Type stubs of oxgen's native module (re-exported by `oxgen`)."""
+
+from os import PathLike
+from typing import Any, Iterator, Literal, Optional, Sequence, TypedDict, Union
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+class Error(Exception): ...
+class ModelLoadError(Error): ...
+class InvalidArgument(Error): ...
+class GenerationError(Error): ...
+
+class Message(TypedDict):
+    role: str
+    content: str
+
+Prompt = Union[str, Sequence[int], Sequence[Message]]
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    prefix_reused: int
+
+class Timings(TypedDict):
+    ttft_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    total_s: float
+
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: Literal["stop", "length", "cancelled"]
+    usage: Usage
+    timings: Timings
+
+class Token:
+    id: int
+    text: str
+
+class TokenStream(Iterator[Token]):
+    def __iter__(self) -> TokenStream: ...
+    def __next__(self) -> Token: ...
+    @property
+    def finish_reason(self) -> Optional[Literal["stop", "length", "cancelled"]]: ...
+
+class Tokenizer:
+    def encode(self, text: str, add_special: bool = False) -> list[int]: ...
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+class Chat:
+    def send(
+        self,
+        text: str,
+        *,
+        max_new_tokens: int = ...,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        seed: Optional[int] = None,
+        repetition_penalty: Optional[float] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        ignore_eos: bool = False,
+        json_schema: Union[dict[str, Any], str, None] = None,
+        json_object: bool = False,
+        regex: Optional[str] = None,
+        grammar: Optional[str] = None,
+        choice: Optional[Sequence[str]] = None,
+    ) -> Completion: ...
+    @property
+    def messages(self) -> list[Message]: ...
+
+class Model:
+    def __new__(
+        cls,
+        path: Union[str, PathLike[str], None] = None,
+        *,
+        backend: Literal["native", "ort", "auto"] = "auto",
+        threads: int = 0,
+        ctx_size: Optional[int] = None,
+        exact: bool = False,
+        chat_template: Union[str, PathLike[str], None] = None,
+        max_batch: int = 8,
+        ort_lib: Union[str, PathLike[str], None] = None,
+    ) -> Model: ...
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = ...,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        min_p: Optional[float] = None,
+        seed: Optional[int] = None,
+        repetition_penalty: Optional[float] = None,
+        frequency_penalty: Optional[float] = None,
+        presence_penalty: Optional[float] = None,
+        stop: Union[str, Sequence[str], None] = None,
+        ignore_eos: bool = False,
+        json_schema: Union[dict[str, Any], str, None] = None,
+        json_object: bool = False,
+        regex: Optional[str] = None,
+        grammar: Optional[str] = None,
+        choice: Optional[Sequence[str]] = None,
+    ) -> Completion: ...
+    def stream(self, prompt: Prompt, **sampling: Any) -> TokenStream: ...
+    def generate_batch(self, prompts: Sequence[Prompt], **sampling: Any) -> list[Completion]: ...
+    def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]: ...
+    def chat(self, system: Optional[str] = None) -> Chat: ...
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> str: ...
+    def cancel(self) -> None: ...
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+    @property
+    def backend(self) -> Literal["native", "ort"]: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def path(self) -> str: ...

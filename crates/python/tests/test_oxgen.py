@@ -1,0 +1,155 @@
+"""The oxgen Python package against the real default model.
+
+Run by scripts/test.sh with OXGEN_DEFAULT_MODEL set (the imported SmolLM2-135M-Instruct) and
+the wheel installed into its own venv, as `pytest crates/python/tests`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import oxgen
+
+MODEL = os.environ["OXGEN_DEFAULT_MODEL"]
+PROMPT = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return oxgen.Model(MODEL, threads=2)
+
+
+def cli_ids(prompt_text, n):
+    """Greedy ids from the `oxgen` command the wheel installed, for the same raw prompt."""
+    out = subprocess.run(
+        [oxgen.cli(), "generate", MODEL, prompt_text, "--raw", "--max-new-tokens", str(n),
+         "--temperature", "0", "--threads", "2", "--json"],
+        check=True, stdout=subprocess.PIPE, text=True,
+    )
+    return json.loads(out.stdout)["token_ids"]
+
+
+def test_generate_and_stream_give_the_cli_ids(model):
+    text = "The capital of France is"
+    want = cli_ids(text, 12)
+    got = model.generate(text, max_new_tokens=12, temperature=0)
+    assert got.token_ids == want
+    assert got.finish_reason in ("stop", "length")
+    assert got.usage["completion_tokens"] == len(want)
+    assert got.text == model.tokenizer.decode(want)
+    streamed = list(model.stream(text, max_new_tokens=12, temperature=0))
+    assert [t.id for t in streamed] == want
+    assert "".join(t.text for t in streamed) == got.text
+
+
+def test_chat_messages_and_the_template(model):
+    rendered = model.apply_chat_template(PROMPT)
+    assert rendered.endswith("<|im_start|>assistant\n"), rendered
+    by_messages = model.generate(PROMPT, max_new_tokens=8, temperature=0)
+    by_text = model.generate(rendered, max_new_tokens=8, temperature=0)
+    assert by_messages.token_ids == by_text.token_ids
+    ids = model.tokenizer.encode(rendered)
+    assert model.generate(ids, max_new_tokens=8, temperature=0).token_ids == by_text.token_ids
+
+
+def test_chat_reuses_the_kv_of_earlier_turns(model):
+    chat = model.chat("You are terse.")
+    first = chat.send("Name a color.", max_new_tokens=8, temperature=0)
+    second = chat.send("Another one.", max_new_tokens=8, temperature=0)
+    assert first.text and second.text
+    assert second.usage["prefix_reused"] > 0, second.usage
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_the_batch_gives_each_prompts_own_ids(model):
+    prompts = ["The capital of France is", "1, 2, 3,", [{"role": "user", "content": "Hi!"}]]
+    alone = [model.generate(p, max_new_tokens=10, temperature=0).token_ids for p in prompts]
+    batch = model.generate_batch(prompts, max_new_tokens=10, temperature=0)
+    assert [c.token_ids for c in batch] == alone
+
+
+def test_logits_are_a_numpy_array_whose_argmax_is_greedy(model):
+    ids = model.tokenizer.encode("The capital of France is")
+    logits = model.logits(ids)
+    assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
+    assert logits.shape[0] == len(ids) and logits.shape[1] >= model.tokenizer.vocab_size
+    first = model.generate(ids, max_new_tokens=1, temperature=0).token_ids[0]
+    assert int(logits[-1].argmax()) == first
+
+
+def test_structured_output(model):
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "blue"]}},
+              "required": ["color"], "additionalProperties": False}
+    out = model.generate(PROMPT, json_schema=schema, max_new_tokens=40, temperature=0)
+    assert json.loads(out.text)["color"] in ("red", "blue"), out.text
+    assert model.generate(PROMPT, choice=["yes", "no"], max_new_tokens=4).text in ("yes", "no")
+
+
+def test_cancel_from_another_thread(model):
+    timer = threading.Timer(0.3, model.cancel)
+    timer.start()
+    started = time.monotonic()
+    out = model.generate("Tell me a long story.", max_new_tokens=4000, ignore_eos=True,
+                         temperature=0)
+    timer.join()
+    assert out.finish_reason == "cancelled", out
+    assert time.monotonic() - started < 20
+    assert 0 < out.usage["completion_tokens"] < 4000
+    # The model still works.
+    assert model.generate("Hi", max_new_tokens=2, temperature=0).token_ids
+
+
+def test_bad_arguments_raise_oxgen_errors(model):
+    with pytest.raises(oxgen.InvalidArgument, match="temperature"):
+        model.generate("Hi", temperature=-1)
+    with pytest.raises(oxgen.InvalidArgument, match="frobnicate"):
+        model.generate("Hi", frobnicate=1)
+    with pytest.raises(oxgen.InvalidArgument):
+        model.generate("Hi", regex="[")
+    with pytest.raises(oxgen.InvalidArgument, match="one constraint"):
+        model.generate("Hi", regex="a", choice=["b"])
+    with pytest.raises(oxgen.InvalidArgument):
+        model.generate([{"role": "user"}])
+    with pytest.raises(oxgen.InvalidArgument):
+        model.generate(3.5)
+    with pytest.raises(oxgen.ModelLoadError, match="no-such-folder"):
+        oxgen.Model("/no-such-folder")
+    with pytest.raises(oxgen.InvalidArgument, match="backend"):
+        oxgen.Model(MODEL, backend="gpu")
+    assert issubclass(oxgen.InvalidArgument, oxgen.Error)
+
+
+def test_a_dropped_stream_frees_its_sequence(model):
+    stream = model.stream("Count to a hundred:", max_new_tokens=50, temperature=0)
+    next(stream)
+    del stream
+    # The model goes on generating after a stream was abandoned mid-way.
+    assert model.generate("Hi", max_new_tokens=3, temperature=0).token_ids
+
+
+def test_ctrl_c_cancels_a_generation():
+    """A KeyboardInterrupt reaches Python promptly and the process goes on."""
+    code = (
+        "import os, signal, threading, oxgen\n"
+        f"m = oxgen.Model({MODEL!r}, threads=2)\n"
+        "threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        "    m.generate('Tell me a long story.', max_new_tokens=4000, ignore_eos=True)\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', m.generate('Hi', max_new_tokens=2).finish_reason)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         timeout=120)
+    assert out.stdout.strip() in ("interrupted stop", "interrupted length"), out.stdout
+
+
+def test_the_wheel_installs_the_oxgen_command():
+    out = subprocess.run([oxgen.cli(), "--help"], stdout=subprocess.PIPE, text=True, check=True)
+    assert "serve" in out.stdout
