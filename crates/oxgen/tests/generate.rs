@@ -275,3 +275,46 @@ fn package_generation_defaults_fill_the_options() {
         .expect("top_p 0 is invalid");
     assert!(e.to_string().contains("top_p"), "{e}");
 }
+
+/// `Model::logits` scores every position: each row's argmax is the greedy next id, so the
+/// rows of a prompt and its greedy continuation predict that continuation.
+#[test]
+fn logits_rows_predict_the_greedy_continuation() {
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    let options = ModelOptions {
+        threads: 1,
+        ..ModelOptions::default()
+    };
+    let mut model = Model::open(dir.path(), &options).unwrap();
+    let prompt = model.encode(&Prompt::Text("the cat and".into())).unwrap();
+    let greedy = GenerateOptions {
+        max_new_tokens: 6,
+        ignore_eos: true,
+        ..GenerateOptions::default()
+    };
+    let out = model
+        .generate(&Prompt::Tokens(prompt.clone()), &greedy, |_| {})
+        .unwrap();
+    let all: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
+    let (rows, vocab) = model.logits(&all).unwrap();
+    assert_eq!(rows.len(), all.len() * vocab);
+    let argmax = |r: &[f32]| {
+        (0..r.len())
+            .max_by(|&a, &b| r[a].total_cmp(&r[b]).then(b.cmp(&a)))
+            .unwrap() as u32
+    };
+    let predicted: Vec<u32> = (prompt.len() - 1..all.len() - 1)
+        .map(|p| argmax(&rows[p * vocab..(p + 1) * vocab]))
+        .collect();
+    assert_eq!(predicted, out.tokens);
+    assert!(model.logits(&[]).is_err());
+    // Generation goes on after scoring.
+    assert_eq!(
+        model
+            .generate(&Prompt::Tokens(prompt), &greedy, |_| {})
+            .unwrap()
+            .tokens,
+        out.tokens
+    );
+}
