@@ -22,4 +22,4 @@ mkdir -p crates/python/data/scripts
 cp "$cli" crates/python/data/scripts/oxgen
 strip crates/python/data/scripts/oxgen 2>/dev/null || true
 rm -f target/wheels/oxgen-*.whl
-"$venv/bin/maturin" build --locked --release -m crates/python/Cargo.toml --out target/wheels "$@"
+"$venv/bin/maturin" build --locked --release --strip -m crates/python/Cargo.toml --out target/wheels "$@"
