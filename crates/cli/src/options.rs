@@ -12,8 +12,10 @@ use oxgen::{Constraint, GenerateOptions, Model, ModelOptions, Param, SamplingReq
 /// How to load and run the model.
 #[derive(clap::Args, Clone)]
 pub struct RunArgs {
-    /// Kernel threads (0: every core).
-    #[arg(long, env = "OXGEN_THREADS", default_value_t = 0)]
+    /// Kernel threads (0: every core; at most 1024).
+    #[arg(long, env = "OXGEN_THREADS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=oxgen::MAX_THREADS as u64)
+              .map(|n| n as usize))]
     pub threads: usize,
     /// f32 activations everywhere, whatever the model's accuracy_level allows.
     #[arg(long, env = "OXGEN_EXACT")]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use oxgen::{KvBudget, Model, ModelOptions, ToolFormat};
 use oxgen_server::{
-    Config, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
+    Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
     DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
 };
 
@@ -66,6 +66,10 @@ pub struct Args {
     /// Seconds a request may take from arrival to its last token (0: no limit).
     #[arg(long, env = "OXGEN_REQUEST_TIMEOUT", default_value_t = DEFAULT_REQUEST_TIMEOUT_SECS)]
     request_timeout: u64,
+    /// Seconds a request body may take to arrive; slower ones get 408.
+    #[arg(long, env = "OXGEN_BODY_TIMEOUT", default_value_t = DEFAULT_BODY_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout: u64,
     /// Largest request body in bytes; bigger ones get 413.
     #[arg(long, env = "OXGEN_MAX_BODY", default_value_t = DEFAULT_MAX_BODY)]
     max_body: usize,
@@ -122,6 +126,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         request_timeout: (args.request_timeout > 0)
             .then(|| Duration::from_secs(args.request_timeout)),
         max_body: args.max_body,
+        body_timeout: Duration::from_secs(args.body_timeout),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         handle_signals: true,
         tool_parser: args

@@ -77,7 +77,8 @@ pub struct ThreadPool {
 }
 
 impl ThreadPool {
-    /// A pool that uses `threads` threads in all (the caller counts as one).
+    /// A pool that uses `threads` threads in all (the caller counts as one), or as many as
+    /// the system lets it start ([`ThreadPool::threads`] says how many it got).
     pub fn new(threads: usize) -> ThreadPool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
@@ -96,13 +97,15 @@ impl ThreadPool {
             wake: Condvar::new(),
             done: Condvar::new(),
         });
+        // A spawn the system refuses (EAGAIN: a thread limit) ends the pool there, with
+        // the workers it got.
         let workers = (1..threads)
-            .map(|i| {
+            .map_while(|i| {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("oxgen-worker-{i}"))
                     .spawn(move || worker(&shared))
-                    .expect("spawning a worker thread succeeds")
+                    .ok()
             })
             .collect();
         ThreadPool {

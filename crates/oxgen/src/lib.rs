@@ -66,7 +66,7 @@ pub use oxgen_generate::{
     ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
     ToolChoice, ToolFormat, ToolSet, after_reasoning, fresh_seed, tool_grammar,
 };
-pub use oxgen_runtime::{Capabilities, KvUsage, OpTime, StepCounters};
+pub use oxgen_runtime::{Capabilities, KvUsage, MAX_THREADS, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
 pub use sequence::{Logprobs, Sequence, Step};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
@@ -247,6 +247,16 @@ impl Model {
         };
         let config = PackageConfig::read(&dir)?;
         let model_path = dir.join(&config.model_file);
+        if options.threads > oxgen_runtime::MAX_THREADS {
+            return Err(Error::Package {
+                path: dir.display().to_string(),
+                reason: format!(
+                    "{} threads asked for; at most {} (0 uses every core)",
+                    options.threads,
+                    oxgen_runtime::MAX_THREADS
+                ),
+            });
+        }
         let threads = oxgen_runtime::resolve_threads(options.threads);
         let (lm, backend_note) = backend::open(&backend::Open {
             model_path: &model_path,

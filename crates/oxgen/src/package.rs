@@ -66,6 +66,59 @@ const OPTIMUM_SPLIT_MODELS: [&str; 3] = [
     "decoder_model.onnx",
 ];
 
+/// Fields of `genai_config.json` read as counts, and as token ids (a number or a list).
+const GENAI_COUNTS: &[&str] = &[
+    "model.context_length",
+    "model.decoder.num_hidden_layers",
+    "model.decoder.num_key_value_heads",
+    "model.decoder.num_attention_heads",
+    "model.decoder.head_size",
+    "model.decoder.hidden_size",
+    "search.max_length",
+];
+const GENAI_IDS: &[&str] = &["model.eos_token_id", "model.bos_token_id", "model.pad_token_id"];
+/// The same of optimum's `config.json` (`generation_config.json`'s ids are read alike).
+const OPTIMUM_COUNTS: &[&str] = &[
+    "max_position_embeddings",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "num_attention_heads",
+    "head_dim",
+    "hidden_size",
+];
+const OPTIMUM_IDS: &[&str] = &["eos_token_id", "bos_token_id", "pad_token_id"];
+
+/// Checks that each dotted `counts` key holds a non-negative integer and each `ids` key a
+/// token id or a list of them, where present (and not null): a value of the wrong type is an
+/// error naming the key, not a field silently left unread.
+fn check_fields(config: &Value, counts: &[&str], ids: &[&str]) -> Result<(), String> {
+    let at = |key: &str| {
+        key.split('.')
+            .try_fold(config, |v, k| v.get(k))
+            .filter(|v| !v.is_null())
+    };
+    let id = |v: &Value| v.as_u64().is_some_and(|n| u32::try_from(n).is_ok());
+    for key in counts {
+        if let Some(v) = at(key).filter(|v| v.as_u64().is_none()) {
+            return Err(format!("{key} must be a non-negative integer, got {v}"));
+        }
+    }
+    for key in ids {
+        let ok = match at(key) {
+            None => true,
+            Some(Value::Array(list)) => list.iter().all(id),
+            Some(v) => id(v),
+        };
+        if !ok {
+            return Err(format!(
+                "{key} must be a token id or a list of them, got {}",
+                at(key).expect("present")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Token ids from a JSON number or list of numbers; ids that do not fit are dropped.
 fn ids(v: Option<&Value>) -> Vec<u32> {
     let one = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
@@ -121,6 +174,7 @@ impl PackageConfig {
             path: dir.join(GENAI_CONFIG).display().to_string(),
             reason,
         };
+        check_fields(config, GENAI_COUNTS, GENAI_IDS).map_err(err)?;
         let model = config
             .get("model")
             .ok_or_else(|| err("no \"model\" section".into()))?;
@@ -156,6 +210,12 @@ impl PackageConfig {
         let context_length = count(model.get("context_length"))
             .or_else(|| count(config.get("search").and_then(|s| s.get("max_length"))))
             .ok_or_else(|| err("no model.context_length (or search.max_length)".into()))?;
+        if context_length < 2 {
+            return Err(err(format!(
+                "model.context_length is {context_length}; a model needs at least 2 positions \
+                 (a prompt token and a generated one)"
+            )));
+        }
         let eos_token_ids = ids(model.get("eos_token_id"));
         if eos_token_ids.is_empty() {
             return Err(err("no model.eos_token_id".into()));
@@ -201,13 +261,25 @@ impl PackageConfig {
             };
             return Err(err(reason));
         }
+        check_fields(config, OPTIMUM_COUNTS, OPTIMUM_IDS).map_err(err)?;
         let context_length = count(config.get("max_position_embeddings")).ok_or_else(|| {
             err(
                 "no max_position_embeddings: the context length must be given by the model config"
                     .into(),
             )
         })?;
+        if context_length < 2 {
+            return Err(err(format!(
+                "max_position_embeddings is {context_length}; a model needs at least 2 positions"
+            )));
+        }
         let generation = read_json(&dir.join(GENERATION_CONFIG))?;
+        if let Some(g) = &generation {
+            check_fields(g, &[], OPTIMUM_IDS).map_err(|reason| Error::Package {
+                path: dir.join(GENERATION_CONFIG).display().to_string(),
+                reason,
+            })?;
+        }
         let token = |key: &str| {
             let from_generation = generation
                 .as_ref()

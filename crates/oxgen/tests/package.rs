@@ -146,6 +146,44 @@ fn missing_context_or_eos_name_the_key_and_files() {
     );
 }
 
+/// A value of the wrong type, or an impossible one, is an error naming the file and key (it
+/// used to load and generate without a word).
+#[test]
+fn wrong_types_and_impossible_values_name_the_key() {
+    let genai: [(&str, serde_json::Value, &str); 5] = [
+        ("num_hidden_layers", serde_json::json!("thirty"), "model.decoder.num_hidden_layers"),
+        ("head_size", serde_json::json!(-3), "model.decoder.head_size"),
+        ("context_length", serde_json::json!(-5), "model.context_length"),
+        ("context_length", serde_json::json!(0), "model.context_length is 0"),
+        ("eos_token_id", serde_json::json!(["x"]), "model.eos_token_id"),
+    ];
+    for (key, value, named) in genai {
+        let dir = tempfile::tempdir().unwrap();
+        write_package(dir.path(), &FixtureConfig::default()).unwrap();
+        edit_json(dir.path(), "genai_config.json", |v| {
+            let model = &mut v["model"];
+            match key {
+                "context_length" | "eos_token_id" => model[key] = value.clone(),
+                _ => model["decoder"][key] = value.clone(),
+            }
+        });
+        let e = read_err(dir.path());
+        assert!(e.contains("genai_config.json") && e.contains(named), "{key}: {e}");
+    }
+    let (dir, _) = optimum_fixture();
+    edit_json(dir.path(), "config.json", |v| {
+        v["num_attention_heads"] = serde_json::json!(4.5);
+    });
+    let e = read_err(dir.path());
+    assert!(e.contains("config.json") && e.contains("num_attention_heads"), "{e}");
+    let (dir, _) = optimum_fixture();
+    edit_json(dir.path(), "generation_config.json", |v| {
+        v["eos_token_id"] = serde_json::json!("two");
+    });
+    let e = read_err(dir.path());
+    assert!(e.contains("generation_config.json") && e.contains("eos_token_id"), "{e}");
+}
+
 #[test]
 fn invalid_json_names_the_file() {
     let (dir, _) = optimum_fixture();

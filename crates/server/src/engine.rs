@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use oxgen::{GenerateOptions, Model, Sequence, Step};
+use oxgen::{GenerateOptions, KvUsage, Model, Sequence, Step};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -220,18 +220,25 @@ fn fits(job: &Job, busy: usize, model: &Model, limits: &Limits) -> Result<bool, 
     let Some(kv) = model.kv_usage() else {
         return Ok(true);
     };
-    let need = job.n * kv.blocks_for(job.positions);
+    Ok(kv_need(job.n, job.positions, &kv)? <= kv.available())
+}
+
+/// The KV blocks `n` sequences of `positions` reserve; 503 `kv_cache_full` when that is more
+/// than the whole pool holds, so the request could never run. The server asks on arrival
+/// (the pool's size is fixed), before a request waits in the queue.
+pub(crate) fn kv_need(n: usize, positions: usize, kv: &KvUsage) -> Result<usize, ApiError> {
+    let need = n * kv.blocks_for(positions);
     if need > kv.total {
         return Err(ApiError::unavailable(
             "kv_cache_full",
             format!(
-                "the request needs {need} KV blocks ({} sequences of {} positions) and the \
-                 pool has {}; lower max_tokens or n, or raise --kv-blocks",
-                job.n, job.positions, kv.total
+                "the request needs {need} KV blocks ({n} sequences of {positions} positions) and \
+                 the pool has {}; lower max_tokens or n, or raise --kv-blocks",
+                kv.total
             ),
         ));
     }
-    Ok(need <= kv.available())
+    Ok(need)
 }
 
 /// Updates what `/metrics` and `/health` report of the model after a step of `batch`

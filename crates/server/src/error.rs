@@ -4,6 +4,23 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+/// Characters of a message, and of a `param`, an error body carries at most: both may echo
+/// what the client sent (a model name, a field name, a value), which may be huge.
+const MAX_MESSAGE: usize = 1024;
+const MAX_PARAM: usize = 128;
+
+/// `text` cut to `max` characters, saying how much was left out.
+fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((end, _)) => format!(
+            "{}… ({} more characters)",
+            &text[..end],
+            text[end..].chars().count()
+        ),
+    }
+}
+
 /// An error answered to a client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -88,6 +105,20 @@ impl ApiError {
         e
     }
 
+    /// 408: the request body did not arrive in time.
+    pub fn body_timeout(limit: std::time::Duration) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s; send it whole",
+                limit.as_secs()
+            ),
+        );
+        e.code = Some("request_timeout");
+        e
+    }
+
     /// 422: well-formed, but the model cannot take it (the chat template refused the
     /// conversation).
     pub fn unprocessable(message: impl Into<String>) -> ApiError {
@@ -125,12 +156,13 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    /// The JSON body, also sent as a streaming error chunk.
+    /// The JSON body, also sent as a streaming error chunk. What it echoes of the request is
+    /// clipped ([`MAX_MESSAGE`], [`MAX_PARAM`]).
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {
-            "message": self.message,
+            "message": clip(&self.message, MAX_MESSAGE),
             "type": self.kind,
-            "param": self.param,
+            "param": self.param.as_deref().map(|p| clip(p, MAX_PARAM)),
             "code": self.code,
         }})
     }

@@ -63,6 +63,8 @@ pub struct Config {
     pub request_timeout: Option<Duration>,
     /// Request bodies over this many bytes get 413.
     pub max_body: usize,
+    /// A request body that takes longer to arrive gets 408.
+    pub body_timeout: Duration,
     /// On shutdown, how long running requests may take to finish (one too large to add to a
     /// time: no limit).
     pub shutdown_timeout: Duration,
@@ -85,6 +87,8 @@ pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 4096;
 pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 600;
 /// [`Config::max_body`]'s default: 4 MiB.
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
+/// [`Config::body_timeout`]'s default, in seconds.
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
 /// [`Config::shutdown_timeout`]'s default, in seconds.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 
@@ -101,6 +105,7 @@ impl Config {
             max_tokens_limit: DEFAULT_MAX_TOKENS_LIMIT,
             request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS)),
             max_body: DEFAULT_MAX_BODY,
+            body_timeout: Duration::from_secs(DEFAULT_BODY_TIMEOUT_SECS),
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             handle_signals: false,
             tool_parser: None,

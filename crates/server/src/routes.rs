@@ -81,8 +81,9 @@ fn authorized(headers: &HeaderMap, key: &str) -> bool {
 }
 
 /// The body: 413 over the limit, 400 when it cannot be read (the client sent less than it
-/// declared, or bad chunked encoding).
-async fn body(request: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
+/// declared, or bad chunked encoding), 408 when it takes over `timeout` (so a client that
+/// sends it a byte at a time cannot hold a connection forever).
+async fn body(request: Request, limit: usize, timeout: Duration) -> Result<Vec<u8>, ApiError> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -91,17 +92,23 @@ async fn body(request: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    let mut data = request.into_body().into_data_stream();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = data.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::invalid("", format!("could not read the request body: {e}")))?;
-        if bytes.len() + chunk.len() > limit {
-            return Err(ApiError::too_large(limit));
+    let read = async {
+        let mut data = request.into_body().into_data_stream();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = data.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::invalid("", format!("could not read the request body: {e}"))
+            })?;
+            if bytes.len() + chunk.len() > limit {
+                return Err(ApiError::too_large(limit));
+            }
+            bytes.extend_from_slice(&chunk);
         }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok(bytes)
+        Ok(bytes)
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout)))
 }
 
 /// A chat template's refusal is a 422; anything else about the prompt a 400.
@@ -280,9 +287,16 @@ impl App {
             e
         })?;
         req.options.max_new_tokens = sizing.max_new_tokens;
-        // Every request passes through the queue, so a limit of 0 would refuse them all.
+        if let Some(kv) = &loaded.kv {
+            crate::engine::kv_need(req.n, sizing.positions, kv)?;
+        }
+        // Every request passes through the queue, so a limit of 0 would refuse them all. A
+        // request a free slot of the running set is about to take is not waiting: the
+        // capacity is the running set's free slots plus --max-queue.
         let max_queue = self.config.max_queue.max(1);
-        if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= max_queue {
+        let free = (self.config.max_batch)
+            .saturating_sub(self.metrics.running.load(Ordering::Relaxed));
+        if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= max_queue + free {
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(ApiError::queue_full(max_queue));
         }
@@ -347,7 +361,7 @@ async fn completions(State(app): State<Arc<App>>, request: Request) -> Response 
 async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
     let pending = async {
         let loaded = app.ready()?;
-        let body = body(request, app.config.max_body).await?;
+        let body = body(request, app.config.max_body, app.config.body_timeout).await?;
         let bounds = app.bounds(loaded);
         let req = match kind {
             Kind::Chat => api::chat(&body, &bounds)?,
@@ -797,7 +811,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
     let result = async {
         let loaded = app.ready()?;
-        let map = api::object(&body(request, app.config.max_body).await?)?;
+        let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
         api::known_fields(
             &map,
             &[&["model", "prompt", "messages", "tools", "tool_choice"]],
@@ -835,7 +849,7 @@ async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
 async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
     let result = async {
         let loaded = app.ready()?;
-        let map = api::object(&body(request, app.config.max_body).await?)?;
+        let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
         api::known_fields(&map, &[&["model", "tokens"]])?;
         check_model(&app, &map)?;
         #[derive(serde::Deserialize)]

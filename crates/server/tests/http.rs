@@ -500,6 +500,15 @@ fn bad_requests_get_their_status_and_the_server_keeps_serving() {
         post(addr, chat_path, &chat(json!({"model": "gpt-4"}))).json()["error"]["code"],
         "model_not_found"
     );
+    // What an error echoes of the request is clipped: a 100k-character model name, or
+    // field name, does not come back whole.
+    let huge = "m".repeat(100_000);
+    for body in [chat(json!({"model": huge})), chat(json!({&huge: 1}))] {
+        let r = post(addr, chat_path, &body);
+        assert!(r.body.len() < 4096, "a {} byte error body", r.body.len());
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains("more characters"), "{message}");
+    }
     // Still serving, and the refusals were counted by status.
     assert_eq!(post(addr, chat_path, &chat(json!({}))).status, 200);
     common::wait_idle(addr);
@@ -507,7 +516,7 @@ fn bad_requests_get_their_status_and_the_server_keeps_serving() {
     for line in [
         "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
         "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"} 1",
-        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 2",
+        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 3",
         "oxgen_generation_tokens_total 8",
         "oxgen_time_to_first_token_seconds_count 1",
         "oxgen_inter_token_latency_seconds_count 7",
@@ -578,6 +587,40 @@ fn a_request_over_its_time_gets_503_and_frees_everything() {
     let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(error["error"]["code"], "timeout");
     common::wait_idle(addr);
+    server.shutdown().unwrap();
+}
+
+/// A body that trickles in is cut off at the body timeout with a 408, freeing the connection.
+#[test]
+fn a_body_that_does_not_arrive_in_time_gets_408() {
+    use std::io::{Read, Write};
+    let dir = fixture();
+    let mut c = config();
+    c.body_timeout = Duration::from_secs(1);
+    let server = start(dir.path(), 1, c);
+    let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"model\"",
+        )
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut reply = String::new();
+    let mut buf = [0u8; 4096];
+    while !reply.contains("request_timeout") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.push_str(&String::from_utf8_lossy(&buf[..n])),
+        }
+    }
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("request_timeout"), "{reply}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(get(server.addr(), "/health").status, 200);
     server.shutdown().unwrap();
 }
 

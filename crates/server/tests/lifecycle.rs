@@ -198,6 +198,29 @@ fn a_failed_request_returns_every_kv_block() {
     server.shutdown().unwrap();
 }
 
+/// A burst into an idle server: the running set's free slots take requests before the queue
+/// limit counts them, so --max-batch plus --max-queue requests get in and the next gets 429.
+#[test]
+fn a_burst_fills_the_free_slots_then_the_queue() {
+    let mut config = Config::new(MODEL);
+    config.max_batch = 2;
+    config.max_queue = 1;
+    let server = start(&default_model(), 2, config);
+    let addr = server.addr();
+    let streams: Vec<_> = (0..3)
+        .map(|_| open(addr, "POST", CHAT, &[], &body(4000, true)))
+        .collect();
+    for s in &streams {
+        assert_eq!(s.status, 200);
+    }
+    wait_for(addr, "two running, one queued", |(q, r, _)| q == 1 && r == 2);
+    let over = post(addr, CHAT, &serde_json::from_slice(&body(4, false)).unwrap());
+    assert_eq!(over.status, 429, "{}", String::from_utf8_lossy(&over.body));
+    drop(streams);
+    wait_idle(addr);
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
     let mut config = Config::new(MODEL);
@@ -222,6 +245,10 @@ fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
     // Two requests of ~12 blocks each: the second waits for the first's blocks, then runs.
     let first = std::thread::spawn(move || post(addr, CHAT, &chat("Count to five.", 150)));
     wait_for(addr, "the first running", |(_, r, _)| r == 1);
+    // One that can never fit is refused on arrival, not after waiting for the pool.
+    let big = post(addr, CHAT, &chat("Hello.", 4000));
+    assert_eq!(big.json()["error"]["code"], "kv_cache_full");
+    assert!(!first.is_finished(), "refused while the pool was still held");
     let second = post(addr, CHAT, &chat("Count to five.", 150));
     assert_eq!(second.status, 200);
     let first = first.join().unwrap();
