@@ -13,9 +13,7 @@ use oxgen::{Constraint, GenerateOptions, Model, ModelOptions, Param, SamplingReq
 #[derive(clap::Args, Clone)]
 pub struct RunArgs {
     /// Kernel threads (0: every core; at most 1024).
-    #[arg(long, env = "OXGEN_THREADS", default_value_t = 0,
-          value_parser = clap::value_parser!(u64).range(0..=oxgen::MAX_THREADS as u64)
-              .map(|n| n as usize))]
+    #[arg(long, env = "OXGEN_THREADS", default_value_t = 0, value_parser = threads)]
     pub threads: usize,
     /// f32 activations everywhere, whatever the model's accuracy_level allows.
     #[arg(long, env = "OXGEN_EXACT")]
@@ -46,6 +44,17 @@ pub struct BackendArgs {
 impl BackendArgs {
     pub fn backend(&self) -> oxgen::Backend {
         oxgen::Backend::parse(&self.backend).unwrap_or_default()
+    }
+}
+
+/// A thread count: 0 (every core) up to [`oxgen::MAX_THREADS`].
+fn threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n <= oxgen::MAX_THREADS => Ok(n),
+        _ => Err(format!(
+            "'{s}' is not a thread count from 0 (every core) to {}",
+            oxgen::MAX_THREADS
+        )),
     }
 }
 

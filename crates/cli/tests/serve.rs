@@ -169,3 +169,19 @@ fn serve_refuses_an_empty_queue() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--max-queue"), "{stderr}");
 }
+
+#[test]
+fn a_thread_count_past_the_bound_is_a_usage_error() {
+    for command in ["serve", "generate", "bench"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+            .args([command, "--threads", "100000", "x"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command}: clap's usage error");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--threads") && stderr.contains("1024"),
+            "{stderr}"
+        );
+    }
+}

@@ -76,7 +76,11 @@ const GENAI_COUNTS: &[&str] = &[
     "model.decoder.hidden_size",
     "search.max_length",
 ];
-const GENAI_IDS: &[&str] = &["model.eos_token_id", "model.bos_token_id", "model.pad_token_id"];
+const GENAI_IDS: &[&str] = &[
+    "model.eos_token_id",
+    "model.bos_token_id",
+    "model.pad_token_id",
+];
 /// The same of optimum's `config.json` (`generation_config.json`'s ids are read alike).
 const OPTIMUM_COUNTS: &[&str] = &[
     "max_position_embeddings",

@@ -151,11 +151,31 @@ fn missing_context_or_eos_name_the_key_and_files() {
 #[test]
 fn wrong_types_and_impossible_values_name_the_key() {
     let genai: [(&str, serde_json::Value, &str); 5] = [
-        ("num_hidden_layers", serde_json::json!("thirty"), "model.decoder.num_hidden_layers"),
-        ("head_size", serde_json::json!(-3), "model.decoder.head_size"),
-        ("context_length", serde_json::json!(-5), "model.context_length"),
-        ("context_length", serde_json::json!(0), "model.context_length is 0"),
-        ("eos_token_id", serde_json::json!(["x"]), "model.eos_token_id"),
+        (
+            "num_hidden_layers",
+            serde_json::json!("thirty"),
+            "model.decoder.num_hidden_layers",
+        ),
+        (
+            "head_size",
+            serde_json::json!(-3),
+            "model.decoder.head_size",
+        ),
+        (
+            "context_length",
+            serde_json::json!(-5),
+            "model.context_length",
+        ),
+        (
+            "context_length",
+            serde_json::json!(0),
+            "model.context_length is 0",
+        ),
+        (
+            "eos_token_id",
+            serde_json::json!(["x"]),
+            "model.eos_token_id",
+        ),
     ];
     for (key, value, named) in genai {
         let dir = tempfile::tempdir().unwrap();
@@ -168,20 +188,29 @@ fn wrong_types_and_impossible_values_name_the_key() {
             }
         });
         let e = read_err(dir.path());
-        assert!(e.contains("genai_config.json") && e.contains(named), "{key}: {e}");
+        assert!(
+            e.contains("genai_config.json") && e.contains(named),
+            "{key}: {e}"
+        );
     }
     let (dir, _) = optimum_fixture();
     edit_json(dir.path(), "config.json", |v| {
         v["num_attention_heads"] = serde_json::json!(4.5);
     });
     let e = read_err(dir.path());
-    assert!(e.contains("config.json") && e.contains("num_attention_heads"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("num_attention_heads"),
+        "{e}"
+    );
     let (dir, _) = optimum_fixture();
     edit_json(dir.path(), "generation_config.json", |v| {
         v["eos_token_id"] = serde_json::json!("two");
     });
     let e = read_err(dir.path());
-    assert!(e.contains("generation_config.json") && e.contains("eos_token_id"), "{e}");
+    assert!(
+        e.contains("generation_config.json") && e.contains("eos_token_id"),
+        "{e}"
+    );
 }
 
 #[test]

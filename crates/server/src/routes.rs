@@ -294,8 +294,8 @@ impl App {
         // request a free slot of the running set is about to take is not waiting: the
         // capacity is the running set's free slots plus --max-queue.
         let max_queue = self.config.max_queue.max(1);
-        let free = (self.config.max_batch)
-            .saturating_sub(self.metrics.running.load(Ordering::Relaxed));
+        let free =
+            (self.config.max_batch).saturating_sub(self.metrics.running.load(Ordering::Relaxed));
         if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= max_queue + free {
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(ApiError::queue_full(max_queue));

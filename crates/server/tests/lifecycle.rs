@@ -213,8 +213,14 @@ fn a_burst_fills_the_free_slots_then_the_queue() {
     for s in &streams {
         assert_eq!(s.status, 200);
     }
-    wait_for(addr, "two running, one queued", |(q, r, _)| q == 1 && r == 2);
-    let over = post(addr, CHAT, &serde_json::from_slice(&body(4, false)).unwrap());
+    wait_for(addr, "two running, one queued", |(q, r, _)| {
+        q == 1 && r == 2
+    });
+    let over = post(
+        addr,
+        CHAT,
+        &serde_json::from_slice(&body(4, false)).unwrap(),
+    );
     assert_eq!(over.status, 429, "{}", String::from_utf8_lossy(&over.body));
     drop(streams);
     wait_idle(addr);
@@ -248,7 +254,10 @@ fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
     // One that can never fit is refused on arrival, not after waiting for the pool.
     let big = post(addr, CHAT, &chat("Hello.", 4000));
     assert_eq!(big.json()["error"]["code"], "kv_cache_full");
-    assert!(!first.is_finished(), "refused while the pool was still held");
+    assert!(
+        !first.is_finished(),
+        "refused while the pool was still held"
+    );
     let second = post(addr, CHAT, &chat("Count to five.", 150));
     assert_eq!(second.status, 200);
     let first = first.join().unwrap();
