@@ -7,8 +7,10 @@
 #     the interoperability test; it loads this onnxruntime) and the official openai client
 #     (run against `oxgen serve`);
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
-# then runs the conformance suite and every crate's tests, and builds the Python wheel
-# (maturin, into its own venv) and runs its pytest suite from a fresh venv it is installed in.
+# then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
+# into its own venv) and runs its pytest suite from a fresh venv it is installed in, and
+# fuzzes every parser for a short budget ($OXGEN_FUZZ_SECONDS each, default 15;
+# scripts/fuzz.sh runs them longer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A fresh machine gains nothing from incremental state; it only costs disk.
@@ -58,3 +60,7 @@ python3 -m venv "$WHEEL_VENV"
 "$WHEEL_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     target/wheels/oxgen-*.whl numpy==2.4.6 pytest==8.3.5
 "$WHEEL_VENV/bin/python" -m pytest -q crates/python/tests
+
+# Every fuzz target, briefly, from the committed seeds (cargo-fuzz and the instrumented build
+# are part of this budget).
+scripts/fuzz.sh "${OXGEN_FUZZ_SECONDS:-15}"

@@ -3,7 +3,8 @@
 //! Hugging Face templates are written for Python's jinja2: they call string methods
 //! (`.strip()`, `.startswith()`), `raise_exception(msg)` and sometimes `strftime_now(fmt)`.
 //! minijinja-contrib's pycompat layer supplies the methods; the two functions are registered
-//! here.
+//! here. Templates run sandboxed: minijinja has no file or network access, its recursion is
+//! bounded, and a render gets a fuel budget of instructions ([`TEMPLATE_FUEL`]).
 
 use std::path::Path;
 
@@ -45,6 +46,11 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// Instructions a render may execute: templates are untrusted code (a package's, or
+/// `--chat-template`'s), and a loop nest must not hold a thread forever. A chat of thousands
+/// of messages needs a small fraction of it.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
 /// A special token in `tokenizer_config.json`: a string, or an object with `content`.
 fn token_string(v: Option<&serde_json::Value>) -> String {
     match v {
@@ -66,6 +72,7 @@ impl ChatTemplate {
         eos_token: &str,
     ) -> Result<ChatTemplate, GenerateError> {
         let mut env = minijinja::Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(

@@ -13,12 +13,34 @@ pub struct Tokenizer {
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Tokenizer, GenerateError> {
         let shown = path.display().to_string();
-        let inner =
-            tokenizers::Tokenizer::from_file(path).map_err(|e| GenerateError::Tokenizer {
-                path: shown.clone(),
-                reason: format!("{e} (is it a Hugging Face tokenizer.json?)"),
+        let bytes = std::fs::read(path).map_err(|e| GenerateError::Tokenizer {
+            path: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        Tokenizer::from_bytes(&bytes, &shown)
+    }
+
+    /// A tokenizer from the bytes of a `tokenizer.json`; `name` stands for the file in errors.
+    ///
+    /// The `tokenizers` crate panics on some malformed files (a `decoder` without a `type`,
+    /// found by fuzzing); that is caught here and reported as the file's error.
+    pub fn from_bytes(bytes: &[u8], name: &str) -> Result<Tokenizer, GenerateError> {
+        let err = |reason: String| GenerateError::Tokenizer {
+            path: name.to_string(),
+            reason: format!("{reason} (is it a Hugging Face tokenizer.json?)"),
+        };
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))
+            .map_err(|panic| {
+                let what = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                err(format!("the tokenizers library could not read it ({what})"))
             })?;
-        Ok(Tokenizer { inner, path: shown })
+        let inner = parsed.map_err(|e| err(e.to_string()))?;
+        Ok(Tokenizer {
+            inner,
+            path: name.to_string(),
+        })
     }
 
     fn err(&self, e: impl std::fmt::Display) -> GenerateError {

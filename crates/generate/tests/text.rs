@@ -104,3 +104,35 @@ fn templates_get_python_methods_raise_exception_and_strftime_now() {
         "syntax errors are reported at load"
     );
 }
+
+/// A template is untrusted code: a loop nest that would run for hours runs out of fuel and
+/// fails the render, quickly; deep recursion fails too.
+#[test]
+fn a_runaway_template_fails_instead_of_hanging() {
+    let started = std::time::Instant::now();
+    let loops = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+    let t = ChatTemplate::new(loops, "", "").unwrap();
+    let e = t
+        .render(&[ChatMessage::new("user", "hi")], true)
+        .unwrap_err();
+    assert!(e.to_string().contains("fuel"), "{e}");
+    let recursive = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+    let t = ChatTemplate::new(recursive, "", "").unwrap();
+    assert!(t.render(&[ChatMessage::new("user", "hi")], true).is_err());
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
+/// Found by fuzzing (`scripts/fuzz.sh`, target `tokenizer_json`): a decoder whose `type` key
+/// is misspelled made the tokenizers crate panic while loading; it is the file's error now.
+#[test]
+fn a_malformed_decoder_is_an_error_not_a_panic() {
+    let dir = package();
+    let json = std::fs::read_to_string(dir.path().join("tokenizer.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    v["decoder"] = serde_json::json!({"t}pe": "Byte,Lve"});
+    let bad = v.to_string();
+    let Err(e) = Tokenizer::from_bytes(bad.as_bytes(), "tokenizer.json") else {
+        panic!("a decoder without a type loaded");
+    };
+    assert!(e.to_string().contains("tokenizer.json"), "{e}");
+}

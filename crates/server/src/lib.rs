@@ -36,6 +36,25 @@ use oxgen::{ContextLimit, Encoder, Grammars, Model, SamplingParams, ToolFormat};
 use tokio::sync::Notify;
 
 pub use error::ApiError;
+
+/// Parses and validates a request body as `POST /v1/chat/completions` (`chat`) or
+/// `POST /v1/completions` does, against a 49152-id vocabulary and the default limits, with
+/// no model loaded: what the fuzzer (`fuzz/`) and tests drive with arbitrary bytes.
+pub fn validate_request(chat: bool, body: &[u8]) -> Result<(), ApiError> {
+    let defaults = SamplingParams::default();
+    let bounds = api::Bounds {
+        defaults: &defaults,
+        vocab: 49152,
+        max_n: DEFAULT_MAX_BATCH,
+        max_tokens_limit: DEFAULT_MAX_TOKENS_LIMIT,
+    };
+    if chat {
+        api::chat(body, &bounds)?;
+    } else {
+        api::completion(body, &bounds)?;
+    }
+    Ok(())
+}
 pub use metrics::Metrics;
 
 use engine::Job;
