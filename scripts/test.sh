@@ -8,8 +8,8 @@
 #     (run against `oxgen serve`);
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
 # then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
-# into its own venv) and runs its pytest suite from a fresh venv it is installed in, and
-# fuzzes every parser for a short budget ($OXGEN_FUZZ_SECONDS each, default 15;
+# into its own venv) and runs its pytest suite from a fresh venv it is installed in, soaks the
+# server for a minute (bench/soak.py), and fuzzes every parser for a short budget ($OXGEN_FUZZ_SECONDS each, default 15;
 # scripts/fuzz.sh runs them longer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +60,11 @@ python3 -m venv "$WHEEL_VENV"
 "$WHEEL_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
     target/wheels/oxgen-*.whl numpy==2.4.6 pytest==8.3.5
 "$WHEEL_VENV/bin/python" -m pytest -q crates/python/tests
+
+# Soak: a minute of churn (disconnects, bursts, shared prefixes) against the test build's
+# server; nothing may be lost or leaked (bench/soak.py runs it for 10 minutes by default).
+"$OXGEN_PYTHON" bench/soak.py --oxgen target/debug/oxgen --model "$OXGEN_DEFAULT_MODEL" \
+    --seconds 60 --kv-memory 96 --max-rss-growth-mb 96
 
 # Every fuzz target, briefly, from the committed seeds (cargo-fuzz and the instrumented build
 # are part of this budget).
