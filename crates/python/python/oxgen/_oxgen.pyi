@@ -3,6 +3,8 @@
 from os import PathLike
 from typing import Any, Iterator, Literal, Optional, Sequence, TypedDict, Union
 
+from typing_extensions import Unpack
+
 import numpy as np
 import numpy.typing as npt
 
@@ -18,6 +20,27 @@ class Message(TypedDict):
     content: str
 
 Prompt = Union[str, Sequence[int], Sequence[Message]]
+
+class Sampling(TypedDict, total=False):
+    """The keywords of generate, stream, generate_batch and Chat.send (the CLI's flags)."""
+
+    max_new_tokens: int
+    temperature: Optional[float]
+    top_k: Optional[int]
+    top_p: Optional[float]
+    min_p: Optional[float]
+    seed: Optional[int]
+    repetition_penalty: Optional[float]
+    frequency_penalty: Optional[float]
+    presence_penalty: Optional[float]
+    stop: Union[str, Sequence[str], None]
+    ignore_eos: bool
+    # At most one constraint.
+    json_schema: Union[dict[str, Any], str, None]
+    json_object: bool
+    regex: Optional[str]
+    grammar: Optional[str]
+    choice: Optional[Sequence[str]]
 
 class Usage(TypedDict):
     prompt_tokens: int
@@ -54,27 +77,7 @@ class Tokenizer:
     def vocab_size(self) -> int: ...
 
 class Chat:
-    def send(
-        self,
-        text: str,
-        *,
-        max_new_tokens: int = ...,
-        temperature: Optional[float] = None,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        min_p: Optional[float] = None,
-        seed: Optional[int] = None,
-        repetition_penalty: Optional[float] = None,
-        frequency_penalty: Optional[float] = None,
-        presence_penalty: Optional[float] = None,
-        stop: Union[str, Sequence[str], None] = None,
-        ignore_eos: bool = False,
-        json_schema: Union[dict[str, Any], str, None] = None,
-        json_object: bool = False,
-        regex: Optional[str] = None,
-        grammar: Optional[str] = None,
-        choice: Optional[Sequence[str]] = None,
-    ) -> Completion: ...
+    def send(self, text: str, **sampling: Unpack[Sampling]) -> Completion: ...
     @property
     def messages(self) -> list[Message]: ...
 
@@ -91,29 +94,11 @@ class Model:
         max_batch: int = 8,
         ort_lib: Union[str, PathLike[str], None] = None,
     ) -> Model: ...
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = ...,
-        temperature: Optional[float] = None,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        min_p: Optional[float] = None,
-        seed: Optional[int] = None,
-        repetition_penalty: Optional[float] = None,
-        frequency_penalty: Optional[float] = None,
-        presence_penalty: Optional[float] = None,
-        stop: Union[str, Sequence[str], None] = None,
-        ignore_eos: bool = False,
-        json_schema: Union[dict[str, Any], str, None] = None,
-        json_object: bool = False,
-        regex: Optional[str] = None,
-        grammar: Optional[str] = None,
-        choice: Optional[Sequence[str]] = None,
-    ) -> Completion: ...
-    def stream(self, prompt: Prompt, **sampling: Any) -> TokenStream: ...
-    def generate_batch(self, prompts: Sequence[Prompt], **sampling: Any) -> list[Completion]: ...
+    def generate(self, prompt: Prompt, **sampling: Unpack[Sampling]) -> Completion: ...
+    def stream(self, prompt: Prompt, **sampling: Unpack[Sampling]) -> TokenStream: ...
+    def generate_batch(
+        self, prompts: Sequence[Prompt], **sampling: Unpack[Sampling]
+    ) -> list[Completion]: ...
     def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]: ...
     def chat(self, system: Optional[str] = None) -> Chat: ...
     def apply_chat_template(
