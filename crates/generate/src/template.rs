@@ -119,32 +119,27 @@ impl ChatTemplate {
         } else {
             serde_json::Value::Null
         };
-        let named = |list: &Vec<serde_json::Value>| {
-            list.iter()
+        let in_config = match config.get("chat_template") {
+            Some(serde_json::Value::String(t)) => Some(t.clone()),
+            Some(serde_json::Value::Array(list)) => list
+                .iter()
                 .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                 .and_then(|t| t.get("template"))
                 .and_then(|t| t.as_str())
-                .map(str::to_string)
+                .map(str::to_string),
+            _ => None,
         };
         let jinja = file.map_or_else(|| dir.join("chat_template.jinja"), Path::to_path_buf);
-        let (source, from) = match config.get("chat_template") {
-            _ if file.is_some() => {
+        let (source, from) = match (file, in_config) {
+            (None, Some(t)) => (t, config_path),
+            (None, None) if !jinja.exists() => return Ok(None),
+            // The file given, or the package's own when its config names none.
+            _ => {
                 let text = std::fs::read_to_string(&jinja).map_err(|e| {
                     GenerateError::Template(format!("reading {}: {e}", jinja.display()))
                 })?;
                 (text, jinja)
             }
-            Some(serde_json::Value::String(t)) => (t.clone(), config_path),
-            Some(serde_json::Value::Array(list)) if named(list).is_some() => {
-                (named(list).expect("checked"), config_path)
-            }
-            _ if jinja.exists() => {
-                let text = std::fs::read_to_string(&jinja).map_err(|e| {
-                    GenerateError::Template(format!("reading {}: {e}", jinja.display()))
-                })?;
-                (text, jinja)
-            }
-            _ => return Ok(None),
         };
         let template = ChatTemplate::new(
             &source,

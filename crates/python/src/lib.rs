@@ -113,74 +113,47 @@ fn options(model: &Inner, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Genera
         if v.is_none() {
             continue;
         }
-        let c = match key.as_str() {
-            "max_new_tokens" => {
-                o.max_new_tokens = extract(&key, &v)?;
-                None
-            }
-            "temperature" => {
-                request.temperature = Some(param(Param::Temperature, &v)?);
-                None
-            }
-            "top_k" => {
-                request.top_k = Some(extract(&key, &v)?);
-                None
-            }
-            "top_p" => {
-                request.top_p = Some(param(Param::TopP, &v)?);
-                None
-            }
-            "min_p" => {
-                request.min_p = Some(param(Param::MinP, &v)?);
-                None
-            }
-            "seed" => {
-                request.seed = Some(extract(&key, &v)?);
-                None
-            }
+        let mut one = |c: Constraint| match constraint.replace(c) {
+            Some(_) => Err(invalid(
+                "give one constraint (json_schema, json_object, regex, grammar or choice)",
+            )),
+            None => Ok(()),
+        };
+        match key.as_str() {
+            "max_new_tokens" => o.max_new_tokens = extract(&key, &v)?,
+            "temperature" => request.temperature = Some(param(Param::Temperature, &v)?),
+            "top_k" => request.top_k = Some(extract(&key, &v)?),
+            "top_p" => request.top_p = Some(param(Param::TopP, &v)?),
+            "min_p" => request.min_p = Some(param(Param::MinP, &v)?),
+            "seed" => request.seed = Some(extract(&key, &v)?),
             "repetition_penalty" => {
-                request.repetition_penalty = Some(param(Param::RepetitionPenalty, &v)?);
-                None
+                request.repetition_penalty = Some(param(Param::RepetitionPenalty, &v)?)
             }
             "frequency_penalty" => {
-                request.frequency_penalty = Some(param(Param::FrequencyPenalty, &v)?);
-                None
+                request.frequency_penalty = Some(param(Param::FrequencyPenalty, &v)?)
             }
             "presence_penalty" => {
-                request.presence_penalty = Some(param(Param::PresencePenalty, &v)?);
-                None
+                request.presence_penalty = Some(param(Param::PresencePenalty, &v)?)
             }
             "stop" => {
                 o.stop = match v.extract::<String>() {
                     Ok(one) => vec![one],
                     Err(_) => extract(&key, &v)?,
-                };
-                None
+                }
             }
-            "ignore_eos" => {
-                o.ignore_eos = extract(&key, &v)?;
-                None
-            }
-            "json_schema" => Some(Constraint::JsonSchema(schema(&v)?)),
-            "json_object" if extract::<bool>(&key, &v)? => Some(Constraint::JsonObject),
-            "json_object" => None,
-            "regex" => Some(Constraint::Regex(extract(&key, &v)?)),
-            "grammar" => Some(Constraint::Lark(extract(&key, &v)?)),
-            "choice" => Some(Constraint::Choice(extract(&key, &v)?)),
+            "ignore_eos" => o.ignore_eos = extract(&key, &v)?,
+            "json_schema" => one(Constraint::JsonSchema(schema(&v)?))?,
+            "json_object" if extract::<bool>(&key, &v)? => one(Constraint::JsonObject)?,
+            "json_object" => {}
+            "regex" => one(Constraint::Regex(extract(&key, &v)?))?,
+            "grammar" => one(Constraint::Lark(extract(&key, &v)?))?,
+            "choice" => one(Constraint::Choice(extract(&key, &v)?))?,
             other => {
                 return Err(invalid(format!(
                     "unknown keyword '{other}'; the keywords are {}",
                     KEYWORDS.join(", ")
                 )));
             }
-        };
-        if let Some(c) = c {
-            if constraint.is_some() {
-                return Err(invalid(
-                    "give one constraint (json_schema, json_object, regex, grammar or choice)",
-                ));
-            }
-            constraint = Some(c);
         }
     }
     o.sampling = request

@@ -248,25 +248,21 @@ impl App {
             }
             prompt => (encode(loaded, prompt).await?, None),
         };
-        let answer = req.constraint.take();
-        let grammar = match &tools {
-            Some(set) => {
-                let tokenizer = loaded.encoder.tokenizer();
-                tool_grammar(set, answer.as_ref().map(|(_, c)| c), tokenizer)
-                    .map(|c| ("tools".to_string(), c))
-                    .or(answer)
-            }
-            None => answer,
+        // With reasoning first, only the answer is constrained.
+        let tokenizer = loaded.encoder.tokenizer();
+        let reasoned = |c| match &syntax {
+            Some(s) => after_reasoning(c, s, tokenizer),
+            None => c,
         };
-        // With reasoning first, only the answer is constrained (gpt-oss's tool grammar
-        // allows the analysis message itself).
-        let grammar = grammar.map(|(param, c)| match syntax {
-            Some(s) if !(s.harmony && param == "tools") => {
-                let c = after_reasoning(c, &s, loaded.encoder.tokenizer());
-                (param, c)
-            }
-            _ => (param, c),
-        });
+        let answer = req.constraint.take();
+        let calls = (tools.as_ref())
+            .and_then(|set| tool_grammar(set, answer.as_ref().map(|(_, c)| c), tokenizer));
+        let grammar = match calls {
+            // gpt-oss's tool grammar allows the analysis message itself.
+            Some(c) if syntax.is_some_and(|s| s.harmony) => Some(("tools".to_string(), c)),
+            Some(c) => Some(("tools".to_string(), reasoned(c))),
+            None => answer.map(|(param, c)| (param, reasoned(c))),
+        };
         if let Some((param, c)) = grammar {
             req.options.constraint = Some(compile(loaded, param, c, tools).await?);
         }
@@ -398,25 +394,20 @@ struct Choice {
 }
 
 impl Choice {
-    /// Takes a step's text through the parser (if any); its deltas go to `deltas`.
+    /// Takes a step's text through the parser, whose deltas go to `deltas`; without one the
+    /// text is kept as it is (and `deltas` left empty).
     fn push(&mut self, text: &str, last: bool, deltas: &mut Vec<ReplyDelta>) {
         deltas.clear();
-        match &mut self.parser {
-            Some(parser) => {
-                parser.push(text, deltas);
-                if last {
-                    parser.finish(deltas);
-                }
-                for d in deltas.iter() {
-                    self.reply.apply(d);
-                }
-            }
-            None => {
-                self.text.push_str(text);
-                if !text.is_empty() {
-                    deltas.push(ReplyDelta::Content(text.to_string()));
-                }
-            }
+        let Some(parser) = &mut self.parser else {
+            self.text.push_str(text);
+            return;
+        };
+        parser.push(text, deltas);
+        if last {
+            parser.finish(deltas);
+        }
+        for d in deltas.iter() {
+            self.reply.apply(d);
         }
     }
 
@@ -669,7 +660,14 @@ fn stream(p: Pending) -> impl IntoResponse {
             Some(Event::Token { choice, step }) => {
                 let mut out = Vec::new();
                 let c = &mut choices[choice];
-                c.push(&step.text, step.finish.is_some(), &mut deltas);
+                if c.parser.is_some() {
+                    c.push(&step.text, step.finish.is_some(), &mut deltas);
+                } else if !step.text.is_empty() {
+                    deltas.clear();
+                    deltas.push(ReplyDelta::Content(step.text));
+                } else {
+                    deltas.clear();
+                }
                 let tokens: Vec<_> = step.logprobs.map(|lp| (step.id, lp)).into_iter().collect();
                 let (mut logprobs, end) = p.logprobs_json(&tokens, offsets[choice]);
                 offsets[choice] = end;
