@@ -263,7 +263,8 @@ pub fn run(
 ) {
     let mut pending: VecDeque<Job> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
-    publish(model, metrics, 0);
+    let mut batch = 0;
+    publish(model, metrics, batch);
     loop {
         if stop() {
             break;
@@ -292,6 +293,7 @@ pub fn run(
             }
             keep
         });
+        let mut admitted = false;
         while let Some(job) = pending.front() {
             let busy: usize = running.iter().map(Running::live).sum();
             match fits(job, busy, model, limits) {
@@ -311,13 +313,20 @@ pub fn run(
             metrics.running.fetch_add(1, Relaxed);
             metrics.queued.fetch_sub(1, Release);
             match admit(model, job, metrics) {
-                Some(r) => running.push(r),
+                Some(r) => {
+                    running.push(r);
+                    admitted = true;
+                }
                 None => {
                     metrics.running.fetch_sub(1, Relaxed);
                 }
             }
         }
-        let batch = step_all(&mut running, model, metrics, limits);
+        if admitted {
+            // The new reservations show before the step (a long prefill) that follows.
+            publish(model, metrics, batch);
+        }
+        batch = step_all(&mut running, model, metrics, limits);
         running.retain(|r| {
             if r.done {
                 metrics.running.fetch_sub(1, Relaxed);

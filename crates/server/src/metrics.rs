@@ -163,6 +163,7 @@ impl Metrics {
         }
         let engine = *self.engine.lock().unwrap_or_else(|e| e.into_inner());
         render_engine(&mut out, &engine, self.generated_tokens.load(Relaxed));
+        self.render_gateway(&mut out, engine.kv);
         self.ttft.render(
             &mut out,
             "oxgen_time_to_first_token_seconds",
@@ -174,6 +175,56 @@ impl Metrics {
             "Between consecutive tokens of one sequence.",
         );
         out
+    }
+}
+
+impl Metrics {
+    /// The gauges the Kubernetes Gateway API Inference Extension's endpoint picker reads
+    /// (its model-server protocol: queued and running requests, KV-cache utilization as a
+    /// fraction, and the cache's block size and count as labels), under names its metric
+    /// flags can point at. `oxgen_queue_depth` and `oxgen_running_requests` carry the same
+    /// counts under oxgen's own names.
+    fn render_gateway(&self, out: &mut String, kv: Option<oxgen::KvUsage>) {
+        metric(
+            out,
+            "oxgen_num_requests_waiting",
+            "gauge",
+            "Requests queued for a slot (inference gateway: TotalQueuedRequests).",
+            self.queued.load(Relaxed),
+        );
+        metric(
+            out,
+            "oxgen_num_requests_running",
+            "gauge",
+            "Requests generating (inference gateway: TotalRunningRequests).",
+            self.running.load(Relaxed),
+        );
+        // Reserved, not just written: a new request waits until what it needs fits beside
+        // the live sequences' reservations, so that is how full the cache is to a router.
+        let usage = kv.map_or(0.0, |kv| {
+            if kv.total == 0 {
+                0.0
+            } else {
+                kv.reserved.min(kv.total) as f64 / kv.total as f64
+            }
+        });
+        metric(
+            out,
+            "oxgen_kv_cache_usage_perc",
+            "gauge",
+            "Fraction of KV cache blocks reserved by live sequences, 0 to 1 (inference gateway: KVCacheUtilization).",
+            usage,
+        );
+        if let Some(kv) = kv {
+            let _ = writeln!(
+                out,
+                "# HELP oxgen_cache_config_info KV cache layout as labels: positions per block, \
+                 blocks in all (inference gateway: cache info).\n\
+                 # TYPE oxgen_cache_config_info gauge\n\
+                 oxgen_cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
+                kv.block_size, kv.total
+            );
+        }
     }
 }
 

@@ -222,8 +222,26 @@ fn a_burst_fills_the_free_slots_then_the_queue() {
         &serde_json::from_slice(&body(4, false)).unwrap(),
     );
     assert_eq!(over.status, 429, "{}", String::from_utf8_lossy(&over.body));
+    // What an inference gateway's endpoint picker reads: the same counts, and the share of
+    // the KV pool the two running requests reserved (4000 tokens each, of 2 x 8192).
+    let total = kv_blocks(addr, "total");
+    assert_eq!(metric(addr, "oxgen_num_requests_waiting"), 1.0);
+    assert_eq!(metric(addr, "oxgen_num_requests_running"), 2.0);
+    // Both reservations show once the second request is admitted (its admission and the
+    // gauge's update are not one atomic step, hence the wait).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(addr, "oxgen_kv_cache_usage_perc") < 0.45 {
+        assert!(Instant::now() < deadline, "KV usage stayed under 0.45");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let usage = metric(addr, "oxgen_kv_cache_usage_perc");
+    assert_eq!(usage, kv_blocks(addr, "reserved") / total);
+    let info = format!("oxgen_cache_config_info{{block_size=\"16\",num_gpu_blocks=\"{total}\"}}");
+    assert_eq!(metric(addr, &info), 1.0);
     drop(streams);
     wait_idle(addr);
+    assert_eq!(metric(addr, "oxgen_kv_cache_usage_perc"), 0.0);
+    assert_eq!(metric(addr, "oxgen_num_requests_running"), 0.0);
     server.shutdown().unwrap();
 }
 
