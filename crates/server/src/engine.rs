@@ -243,7 +243,7 @@ pub(crate) fn kv_need(n: usize, positions: usize, kv: &KvUsage) -> Result<usize,
 
 /// Updates what `/metrics` and `/health` report of the model after a step of `batch`
 /// sequences.
-fn publish(model: &Model, metrics: &Metrics, batch: usize) {
+pub(crate) fn publish(model: &Model, metrics: &Metrics, batch: usize) {
     metrics.kv_sequences.store(model.live_sequences(), Relaxed);
     *metrics.engine.lock().unwrap_or_else(|e| e.into_inner()) = EngineStats {
         kv: model.kv_usage(),
@@ -264,7 +264,6 @@ pub fn run(
     let mut pending: VecDeque<Job> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
     let mut batch = 0;
-    publish(model, metrics, batch);
     loop {
         if stop() {
             break;

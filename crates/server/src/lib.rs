@@ -292,6 +292,8 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
     };
     let tool_format = loaded.tool_format.name();
     let _ = app.loaded.set(loaded);
+    // The KV gauges are there from the first scrape that finds the server ready.
+    engine::publish(&model, &app.metrics, 0);
     // When a shutdown began during the load, the loop below sees `abort` soon.
     app.mark_ready();
     eprintln!(
