@@ -36,7 +36,7 @@ pub struct KvUsage {
     pub cached: usize,
     /// Blocks reserved by live sequences (at least `used`).
     pub reserved: usize,
-    /// Full prompt blocks looked up in the prefix cache, and those found.
+    /// Full prompt blocks that could have come from the prefix cache, and those that did.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
 }
@@ -258,8 +258,11 @@ impl BlockPool {
         let bs = self.block_size;
         let whole = (prompt.len().min(limit) / bs).min(table.reserved);
         let mut parent = NONE;
+        // Every block that could have been cached counts as asked for, the ones past the
+        // first miss too (they miss as well): hits / queries is the share of cacheable
+        // prompt blocks that were not prefilled.
+        self.queries += whole as u64;
         for chunk in prompt.chunks_exact(bs).take(whole) {
-            self.queries += 1;
             let Some(b) = self.lookup(parent, chunk) else {
                 break;
             };
@@ -411,6 +414,12 @@ mod tests {
         shifted.extend(&prompt[4..]);
         let mut c = pool.reserve(16).unwrap();
         assert_eq!(pool.attach_prefix(&mut c, &shifted, 16), 0);
+        // Both of its whole blocks count as asked for, the one after the first miss too: the
+        // hit rate is 2 of 4.
+        assert_eq!(
+            (pool.usage().prefix_hits, pool.usage().prefix_queries),
+            (2, 4)
+        );
         pool.release(c);
         // Writing the shared second block copies it first.
         pool.prepare_write(&mut b, 6, 9).unwrap();

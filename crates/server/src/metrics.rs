@@ -301,7 +301,7 @@ fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
         out,
         "oxgen_prefix_cache_queries_total",
         "counter",
-        "Full prompt blocks looked up in the prefix cache.",
+        "Full prompt blocks that could have come from the prefix cache.",
         kv.prefix_queries,
     );
     metric(
@@ -315,7 +315,7 @@ fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
         out,
         "oxgen_prefix_cache_hit_rate",
         "gauge",
-        "Hits per query since start.",
+        "Share of cacheable prompt blocks found in the prefix cache, since start.",
         ratio(kv.prefix_hits, kv.prefix_queries),
     );
 }
