@@ -6,6 +6,7 @@
 
 mod bench;
 mod chat;
+mod fatal;
 mod generate;
 mod import;
 mod inspect;
@@ -49,6 +50,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    fatal::install();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),

@@ -6,8 +6,10 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -18,6 +20,8 @@ const MODEL: &str = "SmolLM2-135M-Instruct";
 struct Served {
     child: Option<Child>,
     addr: SocketAddr,
+    /// What it wrote to stderr after "listening".
+    log: Arc<Mutex<String>>,
 }
 
 impl Drop for Served {
@@ -52,11 +56,16 @@ impl Served {
     }
 }
 
-/// Starts `oxgen serve` on a free port and waits until it is ready.
+/// Starts `oxgen serve` on the default model on a free port and waits until it is ready.
 fn serve(extra: &[&str]) -> Served {
+    serve_at(&common::default_model(), extra)
+}
+
+/// [`serve`] on the package in `model`.
+fn serve_at(model: &Path, extra: &[&str]) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oxgen"))
         .arg("serve")
-        .arg(common::default_model())
+        .arg(model)
         .args(["--port", "0", "--threads", "2"])
         .args(extra)
         .stderr(Stdio::piped())
@@ -66,6 +75,7 @@ fn serve(extra: &[&str]) -> Served {
     let mut served = Served {
         child: Some(child),
         addr: ([127, 0, 0, 1], 0).into(),
+        log: Arc::default(),
     };
     let mut line = String::new();
     served.addr = loop {
@@ -79,7 +89,14 @@ fn serve(extra: &[&str]) -> Served {
         }
     };
     // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in stderr.lines() {});
+    let log = served.log.clone();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let mut log = log.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
     let deadline = Instant::now() + Duration::from_secs(120);
     while common::get(served.addr, "/health").status != 200 {
         assert!(Instant::now() < deadline, "the server never became ready");
@@ -157,6 +174,60 @@ fn sigterm_lets_running_requests_finish_then_exits_0() {
     let finish: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(finish["choices"][0]["finish_reason"], "length", "{finish}");
     assert_eq!(stopping.join().unwrap(), Some(0));
+}
+
+/// Weights are read from the mapped model files: truncating one under a running server makes
+/// the next read fault (SIGBUS). The server still dies of it, but says why first.
+#[test]
+fn a_model_file_truncated_under_the_server_is_a_clear_fatal_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(common::default_model()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let mut served = serve_at(dir.path(), &["--model-id", "m"]);
+    let chat = |content: &str| {
+        json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4,
+        })
+    };
+    let before = common::post(served.addr, "/v1/chat/completions", &chat("Hi"));
+    assert_eq!(before.status, 200);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("model.onnx.data"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let _pending = common::send(
+        served.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat("Hello there").to_string().as_bytes(),
+    );
+    let mut child = served.child.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server outlived its model file"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(7), "died of SIGBUS: {status}");
+    // The stderr reader may still be copying the last line.
+    std::thread::sleep(Duration::from_millis(200));
+    let log = served.log.lock().unwrap().clone();
+    assert!(
+        log.contains("oxgen: fatal: SIGBUS") && log.contains("truncated or replaced"),
+        "{log}"
+    );
 }
 
 #[test]
