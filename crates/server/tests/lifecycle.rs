@@ -1,7 +1,8 @@
 //! Requests over their lifetime on the default model (its generations are long enough to
 //! interrupt): clients that leave mid-stream, while queued or while waiting for a whole
 //! response free everything they held (sequences and KV blocks); a full queue answers 429;
-//! a full KV pool makes requests wait; shutdown drains.
+//! a full KV pool makes requests wait; a step that fails for one request fails only that one;
+//! shutdown drains.
 
 mod common;
 
@@ -398,5 +399,80 @@ fn logprob_bytes_join_into_the_content() {
             assert_eq!(top["token"], json!(String::from_utf8_lossy(&bytes(top))));
         }
     }
+    server.shutdown().unwrap();
+}
+
+/// A step that fails for one request only: its prompt holds a token the tokenizer has and the
+/// model's embedding lacks (a package whose tokenizer gained a token), so its embedding gather
+/// is out of range. The fused step fails, the engine steps each sequence alone, and only that
+/// request fails; the stream beside it runs to the end with the text it has alone, and every
+/// KV block comes back.
+#[test]
+fn a_step_that_fails_for_one_request_fails_only_that_one() {
+    let src = default_model();
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        // Linked, not symlinked (the loader refuses weights outside the model's folder);
+        // copied across file systems.
+        let path = entry.unwrap().path();
+        let to = dir.path().join(path.file_name().unwrap());
+        std::fs::hard_link(&path, &to)
+            .or_else(|_| std::fs::copy(&path, &to).map(drop))
+            .unwrap();
+    }
+    let tokenizer = dir.path().join("tokenizer.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&tokenizer).unwrap()).unwrap();
+    let vocab = json["model"]["vocab"].as_object().unwrap().len();
+    json["added_tokens"].as_array_mut().unwrap().push(json!({
+        "id": vocab, "content": "<|not_in_the_model|>", "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true,
+    }));
+    std::fs::remove_file(&tokenizer).unwrap();
+    std::fs::write(&tokenizer, json.to_string()).unwrap();
+
+    let mut config = Config::new(MODEL);
+    config.max_batch = 4;
+    let server = start(dir.path(), 2, config);
+    let addr = server.addr();
+    let alone = post(addr, CHAT, &chat("Tell me a story.", 120));
+    assert_eq!(alone.status, 200);
+    let alone = alone.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let mut request = chat("Tell me a story.", 120);
+    request["stream"] = json!(true);
+    let mut a = open(addr, "POST", CHAT, &[], request.to_string().as_bytes());
+    let mut events = vec![a.next_event().unwrap(), a.next_event().unwrap()];
+    let bad = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": [1, vocab, 2], "max_tokens": 4}),
+    );
+    assert_eq!(bad.status, 500, "{}", String::from_utf8_lossy(&bad.body));
+    let message = bad.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("generation failed"), "{message}");
+
+    events.extend(a.finish().events());
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .filter_map(|e| {
+            let v: Value = serde_json::from_str(e).ok()?;
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(
+        text, alone,
+        "the stream beside the failure differs from its text alone"
+    );
+    wait_idle(addr);
+    assert_eq!(
+        (kv_blocks(addr, "used"), kv_blocks(addr, "reserved")),
+        (0.0, 0.0)
+    );
     server.shutdown().unwrap();
 }
