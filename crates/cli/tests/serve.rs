@@ -230,6 +230,41 @@ fn a_model_file_truncated_under_the_server_is_a_clear_fatal_error() {
     );
 }
 
+/// SIGTERM while a long prompt is being prefilled (a chunk per step): with a 1 s drain the
+/// request gets the `shutting_down` error, not a hang or a dropped connection, and the server
+/// exits 0 well within the drain plus its engine and connection graces.
+#[test]
+fn sigterm_during_a_long_prefill_fails_the_request_cleanly_and_exits_0() {
+    let mut served = serve(&["--shutdown-timeout", "1", "--prefill-chunk", "32"]);
+    let addr = served.addr;
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about the sea. ".repeat(700)}],
+        "max_tokens": 3000, "temperature": 0, "ignore_eos": true,
+    });
+    let request = std::thread::spawn(move || common::post(addr, "/v1/chat/completions", &body));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::live(addr).1 != 1 {
+        assert!(Instant::now() < deadline, "the request never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stopping = Instant::now();
+    assert_eq!(served.stop(Duration::from_secs(30)), Some(0));
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "took {:?} to stop",
+        stopping.elapsed()
+    );
+    let reply = request.join().unwrap();
+    assert_eq!(
+        reply.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["error"]["code"], "shutting_down");
+}
+
 #[test]
 fn serve_refuses_an_empty_queue() {
     let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
