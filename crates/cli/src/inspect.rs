@@ -18,6 +18,10 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long, env = "OXGEN_JSON")]
     json: bool,
+    /// ONNX Runtime's shared library, asked to load a graph native cannot (as `--backend
+    /// auto` would); else ORT_DYLIB_PATH, else the one Python's onnxruntime package ships.
+    #[arg(long, env = "OXGEN_ORT_LIB")]
+    ort_lib: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -116,7 +120,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
             .entry(node.op_type().to_string())
             .or_default() += 1;
     }
-    let auto = oxgen::auto_choice(model.path().unwrap_or(&args.model))
+    let auto = oxgen::auto_choice(model.path().unwrap_or(&args.model), args.ort_lib.as_deref())
         .with_context(|| format!("inspecting {}", args.model.display()))?;
     let init_names: std::collections::HashSet<&str> =
         g.initializer.iter().map(|i| i.name()).collect();
@@ -211,12 +215,25 @@ fn print_io(title: &str, list: &[Io]) {
     }
 }
 
+/// Prints the report; fails (after printing it) when no backend can run the model.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let r = report(args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(());
+    } else {
+        print_report(&r);
     }
+    if r.auto_backend.backend == "none" {
+        anyhow::bail!(
+            "no backend can run {}: {}",
+            args.model.display(),
+            r.auto_backend.why
+        );
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report) {
     println!("model:        {}", r.path);
     println!(
         "ir_version:   {}   producer: {}",
@@ -262,9 +279,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             r.native_unsupported.join(", ")
         );
     }
-    println!(
-        "backend:      auto runs it on {} ({})",
-        r.auto_backend.backend, r.auto_backend.why
-    );
-    Ok(())
+    if r.auto_backend.backend == "none" {
+        println!("backend:      none can run it");
+    } else {
+        println!(
+            "backend:      auto runs it on {} ({})",
+            r.auto_backend.backend, r.auto_backend.why
+        );
+    }
 }

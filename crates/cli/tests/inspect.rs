@@ -111,27 +111,74 @@ fn inspect_errors_are_one_line_with_exit_code_1() {
     );
 }
 
-#[test]
-fn inspect_names_ops_without_a_native_kernel() {
-    let dir = tempfile::tempdir().unwrap();
+/// A one-node model of `op_type` in `domain`.
+fn one_op_model(dir: &std::path::Path, domain: &str, op_type: &str) -> std::path::PathBuf {
     let mut b = ModelBuilder::new("oxgen-test");
-    b.opset("", 21).opset("com.microsoft", 1);
-    b.input("x", DType::F32, &[Dim::Fixed(4)]);
-    b.output("y", DType::F32, &[Dim::Fixed(4)]);
-    b.node("FancyOp", "com.microsoft", "f", &["x"], &["y"], vec![]);
-    let path = dir.path().join("m.onnx");
+    b.opset("", 21);
+    if !domain.is_empty() {
+        b.opset(domain, 1);
+    }
+    b.input("x", DType::F32, &[Dim::Fixed(2), Dim::Fixed(2)]);
+    b.output("y", DType::F32, &[]);
+    b.node(op_type, domain, "f", &["x"], &["y"], vec![]);
+    let path = dir.join(format!("{op_type}.onnx"));
     b.save(&path, None).unwrap();
-    let out = oxgen(&["inspect", path.to_str().unwrap(), "--json"]);
+    path
+}
+
+/// Needs ONNX Runtime (found through `OXGEN_PYTHON`'s onnxruntime, as scripts/test.sh sets it).
+#[test]
+fn inspect_says_which_backend_runs_an_op_native_lacks_and_fails_when_none_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let ort_lib = || {
+        let python = std::env::var("OXGEN_PYTHON").expect("OXGEN_PYTHON is set by scripts/test.sh");
+        let out = Command::new(python)
+            .args(["-c", "import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'))"])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let lib = ort_lib();
+    // Det: ONNX Runtime has a kernel, native does not; auto runs it on ort.
+    let det = one_op_model(dir.path(), "", "Det");
+    let out = oxgen(&[
+        "inspect",
+        det.to_str().unwrap(),
+        "--json",
+        "--ort-lib",
+        &lib,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["native_unsupported"], serde_json::json!(["ai.onnx::Det"]));
+    assert_eq!(r["auto_backend"]["backend"], "ort");
+
+    // An op neither has: the report still prints, then one error line and exit 1.
+    let fancy = one_op_model(dir.path(), "com.microsoft", "FancyOp");
+    let out = oxgen(&[
+        "inspect",
+        fancy.to_str().unwrap(),
+        "--json",
+        "--ort-lib",
+        &lib,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         r["native_unsupported"],
         serde_json::json!(["com.microsoft::FancyOp"])
     );
-    assert_eq!(r["auto_backend"]["backend"], "ort");
+    assert_eq!(r["auto_backend"]["backend"], "none");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
-        r["auto_backend"]["why"]
-            .as_str()
-            .unwrap()
-            .contains("com.microsoft::FancyOp")
+        stderr.starts_with("error: no backend can run")
+            && stderr.contains("com.microsoft::FancyOp")
+            && stderr.contains("ONNX Runtime cannot load it"),
+        "{stderr}"
     );
 }

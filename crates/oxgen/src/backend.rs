@@ -62,13 +62,35 @@ impl AutoChoice {
 }
 
 /// What `--backend auto` would do with the graph at `model_path` (what `oxgen inspect`
-/// reports), without opening it.
-pub fn auto_choice(model_path: &Path) -> Result<AutoChoice, Error> {
+/// reports). Native is checked without building it; when native refuses the graph, ONNX
+/// Runtime (`ort_lib`, else found as `--backend ort` finds it) is asked to load it, and
+/// `backend` is `none`, with both reasons, when it cannot either.
+pub fn auto_choice(model_path: &Path, ort_lib: Option<&Path>) -> Result<AutoChoice, Error> {
     match NativeLm::check(model_path) {
         Ok(()) => Ok(AutoChoice::new(None)),
-        Err(OpenError::Unsupported { unsupported, .. }) => Ok(AutoChoice::new(Some(&unsupported))),
+        Err(OpenError::Unsupported { unsupported, .. }) => {
+            let mut choice = AutoChoice::new(Some(&unsupported));
+            if let Err(e) = ort_loads(model_path, ort_lib) {
+                choice.backend = "none";
+                choice.why = format!("{}; and ONNX Runtime cannot load it: {e}", choice.why);
+            }
+            Ok(choice)
+        }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether ONNX Runtime creates a session for the graph (one thread, dropped at once).
+#[cfg(feature = "ort")]
+fn ort_loads(model_path: &Path, ort_lib: Option<&Path>) -> Result<(), String> {
+    oxgen_ort::OrtSession::open(model_path, ort_lib, 1)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "ort"))]
+fn ort_loads(_: &Path, _: Option<&Path>) -> Result<(), String> {
+    Err("this build has no ONNX Runtime backend".into())
 }
 
 /// How a model is opened on a backend.
