@@ -11,7 +11,9 @@
 //!   block's tokens and the block before it in the sequence (a chain, so equal tokens after
 //!   different prefixes never match). A new sequence attaches the cached blocks of its
 //!   prompt's longest cached prefix ([`BlockPool::attach_prefix`]) and prefills only the rest.
-//!   Matches compare tokens and parents exactly; the hash only finds candidates.
+//!   Matches compare tokens and parents exactly; the hash only finds candidates. A block that
+//!   fills with contents already cached (a repeated request's answer) is swapped for the
+//!   cached one, so the same prefix is never cached twice.
 //! - **Sharing and copy-on-write.** Blocks are reference-counted. Writing into a block that
 //!   another sequence also holds copies it first ([`BlockPool::prepare_write`] lists the
 //!   copies); writing into a cached block this sequence alone holds unregisters it.
@@ -337,15 +339,29 @@ impl BlockPool {
             let b = table.blocks[i];
             let parent = if i == 0 { NONE } else { table.blocks[i - 1] };
             let tokens = &ids[i * bs..(i + 1) * bs];
-            if self.key[b as usize].is_none() && self.lookup(parent, tokens).is_none() {
-                let k = block_key(parent, tokens);
-                // A different block already under this key (a hash collision) keeps it.
-                if let std::collections::hash_map::Entry::Vacant(e) = self.by_key.entry(k) {
-                    e.insert(b);
-                    let j = b as usize;
-                    self.key[j] = Some(k);
-                    self.parent[j] = parent;
-                    self.tokens[j * bs..(j + 1) * bs].copy_from_slice(tokens);
+            if self.key[b as usize].is_none() {
+                match self.lookup(parent, tokens) {
+                    // The same contents after the same blocks are cached already: this
+                    // sequence computed them again (a repeated request's answer, past its
+                    // prompt). It shares the cached block and lets its own go, so the cache
+                    // holds the prefix once and the blocks after it keep matching.
+                    Some(c) if self.refs[b as usize] == 1 => {
+                        self.hold(c);
+                        table.blocks[i] = c;
+                        self.unref(b);
+                    }
+                    Some(_) => {}
+                    None => {
+                        let k = block_key(parent, tokens);
+                        // A different block already under this key (a hash collision) keeps it.
+                        if let std::collections::hash_map::Entry::Vacant(e) = self.by_key.entry(k) {
+                            e.insert(b);
+                            let j = b as usize;
+                            self.key[j] = Some(k);
+                            self.parent[j] = parent;
+                            self.tokens[j * bs..(j + 1) * bs].copy_from_slice(tokens);
+                        }
+                    }
                 }
             }
             table.registered += 1;
@@ -431,6 +447,36 @@ mod tests {
         pool.release(a);
         pool.release(b);
         assert_eq!(pool.usage().used, 0);
+    }
+
+    /// A repeated request: its prompt attaches the cached blocks, and the blocks its answer
+    /// fills are already cached too (the first run wrote the same ids). They are shared, not
+    /// cached a second time, and the pool ends where the first run left it.
+    #[test]
+    fn a_repeated_sequence_shares_the_blocks_it_fills_instead_of_caching_them_again() {
+        let mut pool = BlockPool::new(16, 4).unwrap();
+        let run = ids(14, 3);
+        let (prompt, answer) = run.split_at(5);
+        let mut first = pool.reserve(16).unwrap();
+        write(&mut pool, &mut first, &run, 0);
+        let blocks = first.blocks.clone();
+        pool.release(first);
+        let after_first = pool.usage();
+        assert_eq!(after_first.cached, 3, "three full blocks of 14 ids");
+        for _ in 0..3 {
+            let mut again = pool.reserve(16).unwrap();
+            let cached = pool.attach_prefix(&mut again, prompt, prompt.len() - 1);
+            assert_eq!(cached, 4, "the prompt's one whole block");
+            let mut ids = prompt[..cached].to_vec();
+            for (pos, &id) in prompt[cached..].iter().chain(answer).enumerate() {
+                ids.push(id);
+                write(&mut pool, &mut again, &ids, cached + pos);
+            }
+            assert_eq!(again.blocks[..3], blocks[..3], "the same blocks, shared");
+            pool.release(again);
+            let usage = pool.usage();
+            assert_eq!((usage.cached, usage.used), (after_first.cached, 0));
+        }
     }
 
     #[test]

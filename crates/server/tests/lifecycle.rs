@@ -168,6 +168,24 @@ fn cancelled_and_finished_requests_return_every_kv_block() {
         "the shared system prompt's blocks were reused"
     );
     assert!(metric(addr, "oxgen_prefix_cache_hit_rate") > 0.0);
+    // The same greedy request again and again: its answer fills the blocks the first run
+    // cached, which it shares instead of caching them once more.
+    let long = |q: &str| {
+        let mut request = ask(q);
+        request["max_tokens"] = json!(80);
+        request["ignore_eos"] = json!(true);
+        request
+    };
+    assert_eq!(post(addr, CHAT, &long("Tell me a story.")).status, 200);
+    let cached = kv_blocks(addr, "cached");
+    for _ in 0..3 {
+        assert_eq!(post(addr, CHAT, &long("Tell me a story.")).status, 200);
+        assert_eq!(
+            kv_blocks(addr, "cached"),
+            cached,
+            "a repeat cached blocks again"
+        );
+    }
     assert!(metric(addr, "oxgen_weight_bytes_per_step") > 0.0);
     assert!(metric(addr, "oxgen_weight_bytes_per_token") > 0.0);
     wait_idle(addr);
