@@ -5,9 +5,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use oxgen::{KvBudget, Model, ModelOptions, ToolFormat};
 use oxgen_server::{
-    Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE,
-    DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS,
-    DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
+    Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_CHUNK,
+    DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
 };
 
 use crate::options::{BackendArgs, RunArgs, model_dir};
@@ -71,6 +71,11 @@ pub struct Args {
     #[arg(long, env = "OXGEN_BODY_TIMEOUT", default_value_t = DEFAULT_BODY_TIMEOUT_SECS,
           value_parser = clap::value_parser!(u64).range(1..))]
     body_timeout: u64,
+    /// Seconds a connection may take to send a request's head (line and headers), counted from
+    /// when it opened or its previous response ended; slower or idle ones are closed.
+    #[arg(long, env = "OXGEN_HEADER_TIMEOUT", default_value_t = DEFAULT_HEADER_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout: u64,
     /// Largest request body in bytes; bigger ones get 413.
     #[arg(long, env = "OXGEN_MAX_BODY", default_value_t = DEFAULT_MAX_BODY)]
     max_body: usize,
@@ -128,6 +133,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .then(|| Duration::from_secs(args.request_timeout)),
         max_body: args.max_body,
         body_timeout: Duration::from_secs(args.body_timeout),
+        header_timeout: Duration::from_secs(args.header_timeout),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         handle_signals: true,
         tool_parser: args

@@ -84,6 +84,10 @@ pub struct Config {
     pub max_body: usize,
     /// A request body that takes longer to arrive gets 408.
     pub body_timeout: Duration,
+    /// A connection whose request head (request line and headers) has not arrived this long
+    /// after it could start, when the connection opened or the previous response ended, is
+    /// closed: slow or idle clients cannot hold connections forever.
+    pub header_timeout: Duration,
     /// On shutdown, how long running requests may take to finish (one too large to add to a
     /// time: no limit).
     pub shutdown_timeout: Duration,
@@ -108,6 +112,8 @@ pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 600;
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 /// [`Config::body_timeout`]'s default, in seconds.
 pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
+/// [`Config::header_timeout`]'s default, in seconds.
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 30;
 /// [`Config::shutdown_timeout`]'s default, in seconds.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 
@@ -125,6 +131,7 @@ impl Config {
             request_timeout: Some(Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS)),
             max_body: DEFAULT_MAX_BODY,
             body_timeout: Duration::from_secs(DEFAULT_BODY_TIMEOUT_SECS),
+            header_timeout: Duration::from_secs(DEFAULT_HEADER_TIMEOUT_SECS),
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             handle_signals: false,
             tool_parser: None,
@@ -398,26 +405,52 @@ fn serve_http(app: Arc<App>, listener: std::net::TcpListener) -> Result<(), Stri
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
         let router = routes::router(app.clone());
-        let (stopped, on_stopped) = tokio::sync::oneshot::channel::<()>();
-        let shutdown = {
-            let app = app.clone();
-            async move {
-                wait_for_stop(&app).await;
-                drain(&app).await;
-                let _ = stopped.send(());
-            }
+        let shutdown = async {
+            wait_for_stop(&app).await;
+            drain(&app).await;
         };
-        let serve = axum::serve(listener, router).with_graceful_shutdown(shutdown);
-        // After the drain, connections that do not close within a few seconds are dropped.
-        let grace = async {
-            let _ = on_stopped.await;
-            tokio::time::sleep(CONNECTION_GRACE).await;
-        };
-        tokio::select! {
-            served = serve => served.map_err(|e| e.to_string()),
-            () = grace => Ok(()),
-        }
+        accept(listener, router, app.config.header_timeout, shutdown).await;
+        Ok(())
     })
+}
+
+/// Serves HTTP/1.1 connections from `listener` until `shutdown` resolves, then waits up to
+/// [`CONNECTION_GRACE`] for open connections to finish their exchange and close.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    header_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of descriptors and the like: the connection is gone; pause, go on.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Streamed tokens leave at once, not when a segment fills.
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            // A client that went away or stalled past the header timeout: nothing to do.
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(CONNECTION_GRACE, graceful.shutdown()).await;
 }
 
 /// Resolves on `Server::shutdown`, a failed load, or (when handled) SIGTERM / Ctrl-C.

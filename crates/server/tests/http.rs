@@ -624,6 +624,71 @@ fn a_body_that_does_not_arrive_in_time_gets_408() {
     server.shutdown().unwrap();
 }
 
+/// Slow clients (slowloris) and idle ones cannot hold connections: a request head that
+/// trickles in, a connection that sends nothing, and a kept-alive connection that sends no
+/// next request are all closed at the header timeout, and the server keeps serving.
+#[test]
+fn connections_whose_request_head_does_not_arrive_in_time_are_closed() {
+    use std::io::{Read, Write};
+    let dir = fixture();
+    let mut c = config();
+    c.header_timeout = Duration::from_secs(1);
+    let server = start(dir.path(), 1, c);
+    let addr = server.addr();
+    // How long until the server closes `stream` (reading whatever it answers first).
+    let closed_after = |mut stream: std::net::TcpStream| {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => return started.elapsed(),
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return started.elapsed();
+                }
+                Err(e) => panic!("still open after {:?}: {e}", started.elapsed()),
+            }
+        }
+    };
+    // One byte every 300 ms: the head would take 14 s; writing fails once it is closed.
+    let trickle = std::thread::spawn(move || {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        let started = std::time::Instant::now();
+        for b in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaa" {
+            if stream.write_all(&[*b]).is_err() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        None
+    });
+    let silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut kept_alive = std::net::TcpStream::connect(addr).unwrap();
+    kept_alive
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 12];
+    kept_alive.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    for (what, stream) in [("silent", silent), ("kept alive", kept_alive)] {
+        let after = closed_after(stream);
+        assert!(
+            after < Duration::from_secs(4),
+            "{what}: closed after {after:?}"
+        );
+    }
+    let cut = trickle
+        .join()
+        .unwrap()
+        .expect("the trickling head was never cut off");
+    assert!(cut < Duration::from_secs(5), "trickle: cut after {cut:?}");
+    assert_eq!(get(addr, "/health").status, 200, "still serving");
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn the_fixture_vocabulary_is_what_the_server_checks_ids_against() {
     let dir = fixture();
