@@ -129,10 +129,12 @@ fn seeded_sampling_from_the_cli_repeats() {
         "--seed",
         "11",
     ];
-    let (_, a, _) = run(oxgen().args(args));
-    let (_, b, _) = run(oxgen().args(args));
-    let (code, greedy, stderr) = run(oxgen().args(args).arg("--greedy"));
-    assert_eq!(code, 0, "{stderr}");
+    let [(a_code, a, a_err), (b_code, b, b_err), (code, greedy, stderr)] = [
+        run(oxgen().args(args)),
+        run(oxgen().args(args)),
+        run(oxgen().args(args).arg("--greedy")),
+    ];
+    assert_eq!((a_code, b_code, code), (0, 0, 0), "{a_err}{b_err}{stderr}");
     assert_eq!(json(&a)["token_ids"], json(&b)["token_ids"]);
     assert_ne!(json(&a)["token_ids"], json(&greedy)["token_ids"]);
 }
@@ -284,7 +286,13 @@ fn run_under_a_terminal_chats_with_commands_and_stats() {
     // The stats line after the reply.
     s.expect("tok/s").unwrap();
     s.send_line("the dog").unwrap();
-    s.expect("reused").unwrap();
+    // The second turn's prompt starts with the first turn's: its KV is reused, not prefilled.
+    let stats = s.expect(expectrl::Regex(r"\((\d+) reused\)")).unwrap();
+    let reused: usize = std::str::from_utf8(stats.get(1).unwrap())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(reused > 0, "the second turn reused nothing");
     s.send_line("/stats").unwrap();
     s.expect("KV cache").unwrap();
     s.send_line("/set top_p 2").unwrap();
