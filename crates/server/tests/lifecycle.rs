@@ -286,6 +286,10 @@ fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
             .contains("--kv-blocks")
     );
     // Two requests of ~12 blocks each: the second waits for the first's blocks, then runs.
+    let (steps, tokens) = (
+        metric(addr, "oxgen_steps_total"),
+        metric(addr, "oxgen_generation_tokens_total"),
+    );
     let first = std::thread::spawn(move || post(addr, CHAT, &chat("Count to five.", 150)));
     wait_for(addr, "the first running", |(_, r, _)| r == 1);
     // One that can never fit is refused on arrival, not after waiting for the pool.
@@ -304,8 +308,14 @@ fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
         second.json()["choices"],
         "same prompt, same text"
     );
-    assert!(metric(addr, "oxgen_batch_size") <= 1.0);
+    // They never ran together: every step generated one token (a step over both would
+    // have made two).
     wait_idle(addr);
+    assert_eq!(
+        metric(addr, "oxgen_steps_total") - steps,
+        metric(addr, "oxgen_generation_tokens_total") - tokens,
+    );
+    assert_eq!(metric(addr, "oxgen_generation_tokens_total") - tokens, 300.0);
     assert_eq!(kv_blocks(addr, "reserved"), 0.0);
     server.shutdown().unwrap();
 }
