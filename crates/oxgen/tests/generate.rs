@@ -43,8 +43,20 @@ fn generates_the_same_greedy_tokens_as_stepping_by_hand() {
     let again = model.generate(&prompt, &opts, |_| {}).unwrap();
     assert_eq!(again.tokens, out.tokens);
     // Raw token prompts skip the template.
-    let raw = model.generate(&Prompt::Tokens(ids), &opts, |_| {}).unwrap();
+    let raw = model
+        .generate(&Prompt::Tokens(ids.clone()), &opts, |_| {})
+        .unwrap();
     assert_eq!(raw.tokens, out.tokens);
+    // By hand: no KV kept between steps; the whole sequence so far goes through the model
+    // each time, and the next token is the argmax of its last row.
+    let mut seq = ids;
+    for _ in 0..opts.max_new_tokens {
+        let (logits, vocab) = model.logits(&seq).unwrap();
+        let last = &logits[logits.len() - vocab..];
+        let best = (0..vocab).fold(0, |b, i| if last[i] > last[b] { i } else { b });
+        seq.push(best as u32);
+    }
+    assert_eq!(seq[seq.len() - out.tokens.len()..], out.tokens[..]);
 }
 
 #[test]
