@@ -129,7 +129,11 @@ fn seeded_sampling_from_the_cli_repeats() {
         "--seed",
         "11",
     ];
-    let [(a_code, a, a_err), (b_code, b, b_err), (code, greedy, stderr)] = [
+    let [
+        (a_code, a, a_err),
+        (b_code, b, b_err),
+        (code, greedy, stderr),
+    ] = [
         run(oxgen().args(args)),
         run(oxgen().args(args)),
         run(oxgen().args(args).arg("--greedy")),

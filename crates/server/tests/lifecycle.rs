@@ -315,7 +315,10 @@ fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
         metric(addr, "oxgen_steps_total") - steps,
         metric(addr, "oxgen_generation_tokens_total") - tokens,
     );
-    assert_eq!(metric(addr, "oxgen_generation_tokens_total") - tokens, 300.0);
+    assert_eq!(
+        metric(addr, "oxgen_generation_tokens_total") - tokens,
+        300.0
+    );
     assert_eq!(kv_blocks(addr, "reserved"), 0.0);
     server.shutdown().unwrap();
 }
