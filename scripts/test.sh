@@ -51,6 +51,10 @@ cargo test --locked --workspace -- --skip onnx_node_tests
 # The kernels again with the CPU capped at AVX2 (OXGEN_ISA, crates/kernels/src/cpu.rs): on an
 # AVX-512 machine the run above takes the AVX-512 paths, this one the AVX2 ones.
 OXGEN_ISA=avx2 cargo test --locked -p oxgen-kernels
+# And capped to the scalar references, so every dispatch falls back to them; then one line
+# saying which MatMulNBits variants this machine's run compared bit for bit.
+OXGEN_ISA=scalar cargo test --locked -q -p oxgen-kernels
+cargo test --locked -q -p oxgen-kernels --test nbits_fast reports_the_variants_it_covers -- --nocapture
 
 # The Dockerfile, the Kubernetes manifests and the systemd unit, offline.
 scripts/check-deploy.sh target/debug/oxgen

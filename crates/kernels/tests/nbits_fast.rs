@@ -51,6 +51,30 @@ fn same_bits(want: &[f32], got: &[f32]) -> bool {
             .all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Says which MatMulNBits variants this machine runs (so a run's log shows what the bit-exact
+/// tests below covered: AVX-512/VNNI only where the CPU has it), and that the AVX2 one is
+/// among them wherever AVX2 with FMA is there and not capped off. scripts/test.sh runs it
+/// uncaptured.
+#[test]
+fn reports_the_variants_it_covers() {
+    let f = cpu::features();
+    let names: Vec<String> = Isa::available().iter().map(|i| format!("{i:?}")).collect();
+    eprintln!(
+        "kernels: CPU level {:?} (cap {:?}); MatMulNBits variants checked against the scalar \
+         reference here: {}",
+        f.isa,
+        cpu::cap(),
+        if names.is_empty() {
+            "none (scalar only)".to_string()
+        } else {
+            names.join(", ")
+        }
+    );
+    if f.avx2_fma() && f.f16c {
+        assert_eq!(Isa::available().first(), Some(&Isa::Avx2));
+    }
+}
+
 #[test]
 fn fast_kernel_equals_the_reference_bit_for_bit() {
     if capped_below_avx2() {
