@@ -351,16 +351,11 @@ impl NativeLm {
         self.paged.is_some()
     }
 
-    /// Bytes of weight matrices one forward streams.
-    pub fn weight_bytes(&self) -> u64 {
-        self.session.weight_bytes()
-    }
-
     fn count(&mut self, forwards: u64, tokens: usize) {
         let c = &mut self.counters;
         c.forwards += forwards;
         c.tokens += tokens as u64;
-        c.weight_bytes += forwards * self.session.weight_bytes();
+        c.weight_bytes = self.session.streamed_weight_bytes();
     }
 
     /// One forward over every step of `batch` (see the module doc).

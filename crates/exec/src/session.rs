@@ -85,8 +85,11 @@ pub struct NativeSession {
     /// [`NativeSession::set_rows_only`]).
     row_node: Option<usize>,
     rows: Vec<usize>,
-    /// Bytes of weight matrices one run streams.
-    weight_bytes: u64,
+    /// Per node that is not repacked: the bytes of the weight matrix its kernel reads per
+    /// run (0 for other nodes); repacked ones count what their kernel streams itself.
+    matrix_bytes: Vec<u64>,
+    /// Bytes those unpacked matrices were read for, over every run so far.
+    unpacked_streamed: u64,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
 }
@@ -113,7 +116,7 @@ impl NativeSession {
         let inputs = graph.inputs.iter().map(|&id| spec(&graph, id)).collect();
         let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
         let slots = vec![None; graph.values.len()];
-        let weight_bytes = matrix_bytes(&graph, &packed);
+        let matrix_bytes = unpacked_matrix_bytes(&graph, &packed);
         NativeSession {
             plan: Plan::new(graph),
             inputs,
@@ -126,7 +129,8 @@ impl NativeSession {
             profile: None,
             row_node: None,
             rows: Vec::new(),
-            weight_bytes,
+            matrix_bytes,
+            unpacked_streamed: 0,
             packed,
         }
     }
@@ -281,11 +285,19 @@ impl NativeSession {
         self.rows.extend_from_slice(rows);
     }
 
-    /// Bytes of weight matrices one run streams: every `MatMulNBits`, `MatMul` and `Gemm`
-    /// weight initializer (repacked ones at their packed size). Embedding lookups read only
-    /// the rows they gather and are not counted.
-    pub fn weight_bytes(&self) -> u64 {
-        self.weight_bytes
+    /// Bytes of weight matrices read over every run so far, as measured: a repacked
+    /// `MatMulNBits` counts the columns its kernel streamed (its whole packed size per pass
+    /// over them), every other `MatMulNBits`, `MatMul` and `Gemm` weight initializer its
+    /// size each time its node runs. Embedding lookups read only the rows they gather and
+    /// are not counted.
+    pub fn streamed_weight_bytes(&self) -> u64 {
+        let packed: u64 = self
+            .packed
+            .iter()
+            .flatten()
+            .map(PackedNBits::streamed_bytes)
+            .sum();
+        packed + self.unpacked_streamed
     }
 
     /// Returns a tensor's buffer (an output the caller is done with) to the arena.
@@ -333,6 +345,7 @@ impl NativeSession {
                 inputs[0] = Some(row);
             }
             let started = self.profile.is_some().then(Instant::now);
+            self.unpacked_streamed += self.matrix_bytes[i];
             let mut ctx = OpCtx {
                 arena: &mut self.arena,
                 pool: &self.pool,
@@ -561,8 +574,9 @@ fn rows_of(
     Ok(Some(out))
 }
 
-/// Bytes of the weight matrices a run streams (see [`NativeSession::weight_bytes`]).
-fn matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> u64 {
+/// Per node, the bytes of weight matrix a run of it reads when it is not repacked (see
+/// [`NativeSession::streamed_weight_bytes`]); 0 for repacked and other nodes.
+fn unpacked_matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> Vec<u64> {
     let init = |id: &Option<ValueId>| {
         id.and_then(|id| graph.initializers.get(&id))
             .map_or(0, |t| t.nbytes() as u64)
@@ -572,9 +586,7 @@ fn matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> u64 {
         .iter()
         .zip(packed)
         .map(|(node, p)| match (&node.op, p) {
-            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_) | Op::MatMulNBitsGlu(_), Some(p)) => {
-                p.nbytes() as u64
-            }
+            (_, Some(_)) => 0,
             (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_) | Op::MatMulNBitsGlu(_), None) => node
                 .inputs
                 .iter()
@@ -585,7 +597,7 @@ fn matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> u64 {
             (Op::MatMul | Op::Gemm(_), _) => node.inputs.iter().take(2).map(init).sum(),
             _ => 0,
         })
-        .sum()
+        .collect()
 }
 
 /// Returns a dead value's buffer to the arena; graph inputs were never counted live.

@@ -509,6 +509,8 @@ pub struct StepCounters {
     pub forwards: u64,
     /// Tokens fed.
     pub tokens: u64,
-    /// Bytes of weights read (each forward reads every weight once).
+    /// Bytes of weight matrices the kernels read, as they count them (a repacked matrix
+    /// once per pass over its columns; a batch of up to eight rows is one pass). 0 where the
+    /// backend does not measure it (ONNX Runtime).
     pub weight_bytes: u64,
 }

@@ -104,6 +104,22 @@ pub struct PackedNBits {
     pub(crate) data: Vec<u8>,
     pub(crate) scales: Floats,
     pub(crate) zero_points: PackedZp,
+    /// Columns the kernel has streamed this matrix for, counted as each task finishes its
+    /// columns (a row block of up to eight rows reads its columns' tiles once).
+    streamed: StreamedColumns,
+}
+
+/// A count of columns streamed, shared by the tasks of a call; a clone starts from the same
+/// count.
+#[derive(Debug, Default)]
+struct StreamedColumns(std::sync::atomic::AtomicU64);
+
+impl Clone for StreamedColumns {
+    fn clone(&self) -> Self {
+        StreamedColumns(std::sync::atomic::AtomicU64::new(
+            self.0.load(std::sync::atomic::Ordering::Relaxed),
+        ))
+    }
 }
 
 impl PackedNBits {
@@ -240,7 +256,25 @@ impl PackedNBits {
             data,
             scales: Floats::new(scales),
             zero_points,
+            streamed: StreamedColumns::default(),
         }))
+    }
+
+    /// Counts a task's pass over `columns` of the parts' columns.
+    pub(crate) fn count_streamed(&self, columns: usize) {
+        self.streamed
+            .0
+            .fetch_add(columns as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes of this matrix the kernel has read since it was packed: its size for every pass
+    /// over all its columns (one per call of up to eight rows, one per block of eight rows
+    /// beyond), in proportion for part of them.
+    pub fn streamed_bytes(&self) -> u64 {
+        let columns = self.streamed.0.load(std::sync::atomic::Ordering::Relaxed);
+        // A pass covers the parts' columns (the kernel skips the gaps between them).
+        let width = self.spans.iter().map(|s| s.len()).sum::<usize>().max(1) as u128;
+        (columns as u128 * self.nbytes() as u128 / width) as u64
     }
 
     /// The layout of the whole column space (all parts and the gaps between them).
