@@ -407,3 +407,74 @@ fn generate_runs_on_onnxruntime_with_the_same_greedy_text() {
         "{stderr}"
     );
 }
+
+/// `--stop`, `--system`, `--no-stream` and `--exact` as the CLI parses them: each changes what
+/// it says it changes, against a plain run of the same greedy prompt.
+#[test]
+fn generate_flags_do_what_they_say() {
+    let dir = package();
+    let p = path(dir.path());
+    let base = ["generate", p, "the cat", "--max-new-tokens", "12", "--ignore-eos"];
+    let go = |extra: &[&str]| {
+        let (code, stdout, stderr) = run(oxgen().args(base).args(extra));
+        assert_eq!(code, 0, "{extra:?}: {stderr}");
+        stdout
+    };
+    let plain = json(&go(&["--json"]));
+    let text = plain["text"].as_str().unwrap().to_string();
+
+    // --stop: cut before the first occurrence of a character the plain text has after its
+    // first token, and finish "stop".
+    let (at, c) = text
+        .char_indices()
+        .skip(1)
+        .find(|&(_, c)| c != '\u{fffd}' && !c.is_whitespace())
+        .expect("a stop character in the plain text");
+    let stopped = json(&go(&["--json", "--stop", &c.to_string()]));
+    assert_eq!(stopped["text"], text[..at], "stop on {c:?}");
+    assert_eq!(stopped["finish_reason"], "stop");
+
+    // --system: a system message goes before the prompt.
+    let system = json(&go(&["--json", "--system", "Answer briefly."]));
+    assert!(
+        system["prompt_tokens"].as_u64() > plain["prompt_tokens"].as_u64(),
+        "{system} vs {plain}"
+    );
+
+    // --no-stream: the same text, printed once at the end.
+    assert_eq!(go(&["--no-stream"]).trim_end_matches('\n'), text);
+
+    // --exact: f32 activations everywhere; this fixture is accuracy_level 0 already, so the
+    // same ids.
+    assert_eq!(json(&go(&["--json", "--exact"]))["token_ids"], plain["token_ids"]);
+}
+
+/// `bench --batch`, `--prompt fixed` and `--profile`: the JSON says what ran, and the profile
+/// goes to stderr with time per op type.
+#[test]
+fn bench_batch_fixed_prompt_and_profile() {
+    let dir = package();
+    let (code, stdout, stderr) = run(oxgen().args([
+        "bench",
+        path(dir.path()),
+        "--batch",
+        "2",
+        "--prompt",
+        "fixed",
+        "--profile",
+        "--json",
+        "--prompt-len",
+        "16",
+        "--gen-len",
+        "8",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    let r = json(&stdout);
+    assert_eq!((r["batch"].as_u64(), r["prompt_len"].as_u64()), (Some(2), Some(16)));
+    assert!(r["decode_tok_s"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["weight_bytes_per_step"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        stderr.contains("MatMulNBits") || stderr.contains("GroupQueryAttention"),
+        "no per-op profile in {stderr}"
+    );
+}
