@@ -301,7 +301,39 @@ fn run_under_a_terminal_chats_with_commands_and_stats() {
     s.expect("KV cache").unwrap();
     s.send_line("/set top_p 2").unwrap();
     s.expect("must be in (0, 1]").unwrap();
-    s.send_line("/exit").unwrap();
+    // /reset forgets the conversation and its KV: the next turn reuses nothing.
+    s.send_line("/reset").unwrap();
+    s.expect("conversation cleared").unwrap();
+    s.send_line("the dog").unwrap();
+    let prompt_of = |s: &mut Session| {
+        let stats = s
+            .expect(expectrl::Regex(r"prompt (\d+) tokens \((\d+) reused\)"))
+            .unwrap();
+        let n = |i| -> usize {
+            std::str::from_utf8(stats.get(i).unwrap())
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        (n(1), n(2))
+    };
+    let (alone, reused) = prompt_of(&mut s);
+    assert_eq!(reused, 0, "after /reset");
+    // /system puts a system message first: the same question is a longer prompt.
+    s.send_line("/reset").unwrap();
+    s.expect("conversation cleared").unwrap();
+    s.send_line("/system Answer in one word.").unwrap();
+    s.expect("system prompt set").unwrap();
+    s.send_line("the dog").unwrap();
+    let (with_system, _) = prompt_of(&mut s);
+    assert!(
+        with_system > alone,
+        "{with_system} vs {alone} prompt tokens"
+    );
+    // Ctrl-C at the prompt warns; a second one quits.
+    s.send("\x03").unwrap();
+    s.expect("Ctrl-C again").unwrap();
+    s.send("\x03").unwrap();
     s.expect(Eof).unwrap();
     let saved = std::fs::read_to_string(&history).expect("the history file is written");
     assert!(saved.contains("the dog"), "{saved}");
@@ -414,7 +446,14 @@ fn generate_runs_on_onnxruntime_with_the_same_greedy_text() {
 fn generate_flags_do_what_they_say() {
     let dir = package();
     let p = path(dir.path());
-    let base = ["generate", p, "the cat", "--max-new-tokens", "12", "--ignore-eos"];
+    let base = [
+        "generate",
+        p,
+        "the cat",
+        "--max-new-tokens",
+        "12",
+        "--ignore-eos",
+    ];
     let go = |extra: &[&str]| {
         let (code, stdout, stderr) = run(oxgen().args(base).args(extra));
         assert_eq!(code, 0, "{extra:?}: {stderr}");
@@ -446,7 +485,10 @@ fn generate_flags_do_what_they_say() {
 
     // --exact: f32 activations everywhere; this fixture is accuracy_level 0 already, so the
     // same ids.
-    assert_eq!(json(&go(&["--json", "--exact"]))["token_ids"], plain["token_ids"]);
+    assert_eq!(
+        json(&go(&["--json", "--exact"]))["token_ids"],
+        plain["token_ids"]
+    );
 }
 
 /// `bench --batch`, `--prompt fixed` and `--profile`: the JSON says what ran, and the profile
@@ -470,9 +512,15 @@ fn bench_batch_fixed_prompt_and_profile() {
     ]));
     assert_eq!(code, 0, "{stderr}");
     let r = json(&stdout);
-    assert_eq!((r["batch"].as_u64(), r["prompt_len"].as_u64()), (Some(2), Some(16)));
+    assert_eq!(
+        (r["batch"].as_u64(), r["prompt_len"].as_u64()),
+        (Some(2), Some(16))
+    );
     assert!(r["decode_tok_s"]["median"].as_f64().unwrap() > 0.0, "{r}");
-    assert!(r["weight_bytes_per_step"]["median"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        r["weight_bytes_per_step"]["median"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
     assert!(
         stderr.contains("MatMulNBits") || stderr.contains("GroupQueryAttention"),
         "no per-op profile in {stderr}"
