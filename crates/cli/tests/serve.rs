@@ -265,6 +265,110 @@ fn sigterm_during_a_long_prefill_fails_the_request_cleanly_and_exits_0() {
     assert_eq!(reply.json()["error"]["code"], "shutting_down");
 }
 
+/// A fixture package (hidden 64, 2 layers: KV of 512 bytes a position) in a temporary folder.
+fn fixture() -> tempfile::TempDir {
+    use oxgen_testkit::fixtures::{FixtureConfig, write_package};
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &FixtureConfig::default()).unwrap();
+    dir
+}
+
+/// `serve`'s flags as the CLI parses them reach the server: the key from a file, the host,
+/// the model id, the KV budget and the prefix cache switch.
+#[test]
+fn serve_flags_reach_the_server() {
+    let dir = fixture();
+    let key = dir.path().join("key.txt");
+    std::fs::write(&key, "s3cret\nthe first line is the key\n").unwrap();
+    let served = serve_at(
+        dir.path(),
+        &[
+            "--api-key-file",
+            key.to_str().unwrap(),
+            "--host",
+            "0.0.0.0",
+            "--model-id",
+            "tiny",
+            "--kv-memory",
+            "1",
+            "--no-prefix-cache",
+        ],
+    );
+    assert!(served.addr.ip().is_unspecified(), "{}", served.addr);
+    let get = |path: &str, key: Option<&str>| {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        common::request(served.addr, "GET", path, &headers, b"")
+    };
+    assert_eq!(get("/v1/models", None).status, 401);
+    assert_eq!(
+        get("/v1/models", Some("the first line is the key")).status,
+        401
+    );
+    let models = get("/v1/models", Some("s3cret"));
+    assert_eq!(models.status, 200);
+    let card = &models.json()["data"][0];
+    assert_eq!(card["id"], "tiny");
+    assert_eq!(card["meta"]["kv_cache"]["prefix_cache"], false, "{card}");
+    // 1 MiB of KV at 16 positions x 512 bytes a block: 128 blocks.
+    let metrics = String::from_utf8(get("/metrics", Some("s3cret")).body).unwrap();
+    assert!(
+        metrics.contains("oxgen_kv_blocks{state=\"total\"} 128\n"),
+        "{metrics}"
+    );
+}
+
+/// Serving on ONNX Runtime, its library given as the onnxruntime wheel's folder (as
+/// `--ort-lib` documents), answers chat requests the way native does.
+#[test]
+fn serve_runs_on_the_ort_backend_with_the_wheel_folder_as_ort_lib() {
+    let python = std::env::var("OXGEN_PYTHON").expect("OXGEN_PYTHON is set by scripts/test.sh");
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
+        ])
+        .output()
+        .unwrap();
+    let wheel_folder = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let dir = fixture();
+    let chat = json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "the cat"}],
+        "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+    });
+    let mut answers = Vec::new();
+    for backend in ["native", "ort"] {
+        let mut served = serve_at(
+            dir.path(),
+            &[
+                "--model-id",
+                "tiny",
+                "--backend",
+                backend,
+                "--ort-lib",
+                &wheel_folder,
+            ],
+        );
+        let card = common::get(served.addr, "/v1/models").json();
+        assert_eq!(card["data"][0]["meta"]["backend"], backend, "{card}");
+        let reply = common::post(served.addr, "/v1/chat/completions", &chat);
+        assert_eq!(
+            reply.status,
+            200,
+            "{backend}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        answers.push(reply.json()["choices"][0]["message"]["content"].clone());
+        assert_eq!(served.stop(Duration::from_secs(30)), Some(0));
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "native and ort disagree on the greedy answer"
+    );
+}
+
 #[test]
 fn serve_refuses_an_empty_queue() {
     let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
