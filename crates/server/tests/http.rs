@@ -144,6 +144,94 @@ fn streaming_sends_role_first_one_id_usage_and_done() {
     server.shutdown().unwrap();
 }
 
+/// Log-probabilities against an independent computation: the model's raw logits for the same
+/// ids (`Model::logits`, no sampling code involved), log-softmaxed here in f64. Also
+/// `max_completion_tokens` (the newer name of `max_tokens`), and the penalties and `min_p`.
+#[test]
+fn logprobs_are_the_log_softmax_of_the_models_logits() {
+    let dir = fixture();
+    let server = start(dir.path(), 1, config());
+    let addr = server.addr();
+    let prompt: Vec<u32> = vec![0, 75, 104, 263, 290];
+    let reply = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0,
+                "ignore_eos": true, "logprobs": 1}),
+    )
+    .json();
+    let served: Vec<f64> = reply["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(served.len(), 5);
+
+    let mut model = oxgen::Model::open(
+        dir.path(),
+        &oxgen::ModelOptions {
+            threads: 1,
+            ..oxgen::ModelOptions::default()
+        },
+    )
+    .unwrap();
+    let mut ids = prompt.clone();
+    for (step, &got) in served.iter().enumerate() {
+        let (logits, vocab) = model.logits(&ids).unwrap();
+        let last: Vec<f64> = logits[logits.len() - vocab..]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let max = last.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let log_sum = max + last.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+        let best = (0..vocab).fold(0, |b, i| if last[i] > last[b] { i } else { b });
+        let want = last[best] - log_sum;
+        assert!(
+            (got - want).abs() < 1e-4,
+            "step {step}: served {got}, log-softmax {want}"
+        );
+        ids.push(best as u32);
+    }
+
+    let short = post(
+        addr,
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": null, "max_completion_tokens": 3})),
+    )
+    .json();
+    assert_eq!(short["usage"]["completion_tokens"], 3, "{short}");
+
+    // Penalties and min_p have their effect over HTTP. This random model repeats tokens under
+    // greedy decoding; a frequency or presence penalty breaks the repeats. Sampling with
+    // min_p 1 keeps only the most likely token: greedy again, whatever the seed.
+    let text = |extra: Value| {
+        let r = post(addr, "/v1/chat/completions", &chat(extra)).json();
+        r["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string()
+    };
+    let greedy = text(json!({}));
+    for penalty in ["frequency_penalty", "presence_penalty"] {
+        assert_ne!(
+            text(json!({penalty: 2.0})),
+            greedy,
+            "{penalty} changed nothing"
+        );
+    }
+    let sampled = json!({"temperature": 1.0, "seed": 5});
+    assert_ne!(
+        text(sampled.clone()),
+        greedy,
+        "seed 5 happens to sample the greedy text"
+    );
+    let mut pinned = sampled;
+    pinned["min_p"] = json!(1.0);
+    assert_eq!(text(pinned), greedy);
+    server.shutdown().unwrap();
+}
+
 #[test]
 fn completions_take_text_or_ids_and_report_logprobs() {
     let dir = fixture();
