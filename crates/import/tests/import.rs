@@ -131,6 +131,16 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The root-mean-square difference over every logit.
+fn rms_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    let (sum, n) = a
+        .iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| f64::from(p - q).powi(2)))
+        .fold((0.0, 0usize), |(s, n), d| (s + d, n + 1));
+    (sum / n.max(1) as f64).sqrt() as f32
+}
+
 fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
@@ -176,6 +186,58 @@ fn check_variant(variant: &str) {
             argmax(a),
             argmax(b),
             "{variant} row {r}: greedy token differs"
+        );
+    }
+}
+
+/// Every variant imported at the default accuracy_level 4 (int8 activations for every
+/// `MatMulNBits`, so each block format's int8 path): native and onnxruntime, both quantizing
+/// activations per block, stay close, and greedy tokens follow the float64 reference.
+#[test]
+fn every_block_format_imported_at_accuracy_level_4_stays_close_to_onnxruntime() {
+    for variant in ["llama", "mistral", "qwen2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let gguf = make_gguf(variant, dir.path());
+        let pkg = dir.path().join("pkg");
+        let imported = import_gguf(&gguf, &pkg, &ImportOptions::default()).unwrap();
+        let vocab = imported.spec.vocab;
+        let ids: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+        let mut spans = vec![ids[..9].to_vec()];
+        spans.extend(ids[9..].chunks(1).map(<[u32]>::to_vec));
+        let model = pkg.join("model.onnx");
+        let ours = native_rows(&model, &spans);
+        let theirs: Vec<Vec<f32>> = oxgen_testkit::ort_oracle::step_lm(&model, &spans)
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap()
+            .chunks(vocab)
+            .map(<[f32]>::to_vec)
+            .collect();
+        let reference = reference_rows(&gguf, &ids, vocab, dir.path());
+        let ort_diff = max_diff(&ours, &theirs);
+        let ref_diff = max_diff(&ours, &reference);
+        let agree = ours
+            .iter()
+            .zip(&reference)
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
+        let (rms_ours, rms_theirs) = (rms_diff(&ours, &reference), rms_diff(&theirs, &reference));
+        eprintln!(
+            "{variant} at accuracy_level 4: max |native - onnxruntime| = {ort_diff:e}, \
+             max |native - numpy f64| = {ref_diff:e}; rms from numpy: native {rms_ours:e}, \
+             onnxruntime {rms_theirs:e}; greedy agreement {agree}/{}",
+            ids.len()
+        );
+        // Int8 activations move logits by tenths here (logits are O(5)). Ours stray from the
+        // float64 forward pass 1.2-1.7x as far as onnxruntime's int8 path does (measured, by
+        // RMS over every logit); twice as far fails.
+        assert!(
+            rms_ours <= 2.0 * rms_theirs,
+            "{variant}: rms {rms_ours:e} from the reference, onnxruntime {rms_theirs:e}"
+        );
+        assert!(
+            agree >= ids.len() - 1,
+            "{variant}: greedy agreement {agree}"
         );
     }
 }
