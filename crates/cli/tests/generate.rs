@@ -526,3 +526,63 @@ fn bench_batch_fixed_prompt_and_profile() {
         "no per-op profile in {stderr}"
     );
 }
+
+/// `--backend auto` on a package with an op native lacks (a `Shrink` that passes the logits
+/// through unchanged, added with the onnx package): generation falls back to ONNX Runtime,
+/// says so once on stderr, and gives the ids native gives for the package without it.
+#[test]
+fn auto_falls_back_to_onnx_runtime_for_an_op_native_lacks() {
+    let python = std::env::var("OXGEN_PYTHON").expect("OXGEN_PYTHON is set by scripts/test.sh");
+    let dir = package();
+    let shrunk = tempfile::tempdir().unwrap();
+    let script = r#"
+import os, shutil, sys
+import onnx
+from onnx import helper
+src, dst = sys.argv[1], sys.argv[2]
+m = onnx.load(os.path.join(src, "model.onnx"), load_external_data=False)
+out = m.graph.output[0].name
+for n in m.graph.node:
+    n.output[:] = [o + "_pre" if o == out else o for o in n.output]
+m.graph.node.append(helper.make_node("Shrink", [out + "_pre"], [out], lambd=0.0, bias=0.0))
+onnx.save(m, os.path.join(dst, "model.onnx"))
+for f in os.listdir(src):
+    if f != "model.onnx":
+        shutil.copy(os.path.join(src, f), dst)
+import onnxruntime
+print(os.path.dirname(onnxruntime.__file__))
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, path(dir.path()), path(shrunk.path())])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ort_lib = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let generate = |p: &Path| {
+        run(oxgen().args([
+            "generate",
+            path(p),
+            "the cat",
+            "--json",
+            "--max-new-tokens",
+            "8",
+            "--ignore-eos",
+            "--ort-lib",
+            &ort_lib,
+        ]))
+    };
+    let (code, native, stderr) = generate(dir.path());
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("ONNX Runtime"), "{stderr}");
+    let (code, fallback, stderr) = generate(shrunk.path());
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("no kernel for ai.onnx::Shrink; running it on ONNX Runtime"),
+        "{stderr}"
+    );
+    assert_eq!(json(&fallback)["token_ids"], json(&native)["token_ids"]);
+}
