@@ -369,6 +369,24 @@ fn serve_runs_on_the_ort_backend_with_the_wheel_folder_as_ort_lib() {
     );
 }
 
+/// A KV pool the machine cannot hold (100 TB) fails the load with a clear error and exit 1,
+/// not an abort or a server that dies at its first request.
+#[test]
+fn a_kv_pool_too_big_for_the_machine_fails_the_load_clearly() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+        .arg("serve")
+        .arg(common::default_model())
+        .args(["--port", "0", "--kv-memory", "100000000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("could not allocate") && stderr.contains("--kv-memory"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn serve_refuses_an_empty_queue() {
     let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))

@@ -56,7 +56,7 @@ impl KvStore {
         let words = bytes.div_ceil(8);
         let too_big = || {
             fail(format!(
-                "could not allocate {} MiB for the KV cache; lower --kv-blocks",
+                "could not allocate {} MiB for the KV cache; lower --kv-memory (or --kv-blocks)",
                 bytes >> 20
             ))
         };
