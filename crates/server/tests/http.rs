@@ -146,7 +146,8 @@ fn streaming_sends_role_first_one_id_usage_and_done() {
 
 /// Log-probabilities against an independent computation: the model's raw logits for the same
 /// ids (`Model::logits`, no sampling code involved), log-softmaxed here in f64. Also
-/// `max_completion_tokens` (the newer name of `max_tokens`), and the penalties and `min_p`.
+/// `max_completion_tokens` (the newer name of `max_tokens`), the penalties, `min_p` and
+/// `logit_bias`.
 #[test]
 fn logprobs_are_the_log_softmax_of_the_models_logits() {
     let dir = fixture();
@@ -229,6 +230,16 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
     let mut pinned = sampled;
     pinned["min_p"] = json!(1.0);
     assert_eq!(text(pinned), greedy);
+    // logit_bias: +100 on one token makes it the greedy choice every step.
+    let forced = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                "ignore_eos": true, "logit_bias": {"75": 100}}),
+    )
+    .json();
+    let want = post(addr, "/detokenize", &json!({"tokens": [75, 75, 75, 75]})).json();
+    assert_eq!(forced["choices"][0]["text"], want["prompt"], "{forced}");
     server.shutdown().unwrap();
 }
 
