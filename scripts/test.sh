@@ -77,4 +77,5 @@ python3 -m venv "$WHEEL_VENV"
 
 # Every fuzz target, briefly, from the committed seeds (cargo-fuzz and the instrumented build
 # are part of this budget).
-scripts/fuzz.sh "${OXGEN_FUZZ_SECONDS:-15}"
+# Unoptimized: the smoke run's budget is seconds, and the instrumented build halves.
+OXGEN_FUZZ_DEV="${OXGEN_FUZZ_DEV:-1}" scripts/fuzz.sh "${OXGEN_FUZZ_SECONDS:-15}"
