@@ -145,12 +145,22 @@ fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
 
-/// (a) and (b) for one variant: a 9-token prompt then 4 single-token steps.
-fn check_variant(variant: &str) {
+/// Synthetic model `variant` imported with `options` and stepped natively and through
+/// onnxruntime: a 9-token prompt, then 4 single-token steps; every logits row of each.
+struct Run {
+    dir: tempfile::TempDir,
+    gguf: PathBuf,
+    ids: Vec<u32>,
+    vocab: usize,
+    ours: Vec<Vec<f32>>,
+    theirs: Vec<Vec<f32>>,
+}
+
+fn import_and_run(variant: &str, options: &ImportOptions) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let gguf = make_gguf(variant, dir.path());
     let pkg = dir.path().join("pkg");
-    let imported = import_gguf(&gguf, &pkg, &exact()).unwrap();
+    let imported = import_gguf(&gguf, &pkg, options).unwrap();
     assert_eq!(imported.architecture, variant);
     let vocab = imported.spec.vocab;
     let ids: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
@@ -158,15 +168,34 @@ fn check_variant(variant: &str) {
     spans.extend(ids[9..].chunks(1).map(<[u32]>::to_vec));
     let model = pkg.join("model.onnx");
     let ours = native_rows(&model, &spans);
-
     let theirs = oxgen_testkit::ort_oracle::step_lm(&model, &spans).unwrap();
     assert_eq!(theirs.dims(), &[ids.len(), vocab]);
-    let theirs: Vec<Vec<f32>> = theirs
+    let theirs = theirs
         .as_slice::<f32>()
         .unwrap()
         .chunks(vocab)
         .map(<[f32]>::to_vec)
         .collect();
+    Run {
+        dir,
+        gguf,
+        ids,
+        vocab,
+        ours,
+        theirs,
+    }
+}
+
+/// (a) and (b) for one variant.
+fn check_variant(variant: &str) {
+    let Run {
+        dir,
+        gguf,
+        ids,
+        vocab,
+        ours,
+        theirs,
+    } = import_and_run(variant, &exact());
     let ort_diff = max_diff(&ours, &theirs);
     let reference = reference_rows(&gguf, &ids, vocab, dir.path());
     let ref_diff = max_diff(&ours, &reference);
@@ -196,23 +225,14 @@ fn check_variant(variant: &str) {
 #[test]
 fn every_block_format_imported_at_accuracy_level_4_stays_close_to_onnxruntime() {
     for variant in ["llama", "mistral", "qwen2"] {
-        let dir = tempfile::tempdir().unwrap();
-        let gguf = make_gguf(variant, dir.path());
-        let pkg = dir.path().join("pkg");
-        let imported = import_gguf(&gguf, &pkg, &ImportOptions::default()).unwrap();
-        let vocab = imported.spec.vocab;
-        let ids: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
-        let mut spans = vec![ids[..9].to_vec()];
-        spans.extend(ids[9..].chunks(1).map(<[u32]>::to_vec));
-        let model = pkg.join("model.onnx");
-        let ours = native_rows(&model, &spans);
-        let theirs: Vec<Vec<f32>> = oxgen_testkit::ort_oracle::step_lm(&model, &spans)
-            .unwrap()
-            .as_slice::<f32>()
-            .unwrap()
-            .chunks(vocab)
-            .map(<[f32]>::to_vec)
-            .collect();
+        let Run {
+            dir,
+            gguf,
+            ids,
+            vocab,
+            ours,
+            theirs,
+        } = import_and_run(variant, &ImportOptions::default());
         let reference = reference_rows(&gguf, &ids, vocab, dir.path());
         let ort_diff = max_diff(&ours, &theirs);
         let ref_diff = max_diff(&ours, &reference);
