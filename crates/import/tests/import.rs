@@ -188,17 +188,10 @@ fn import_and_run(variant: &str, options: &ImportOptions) -> Run {
 
 /// (a) and (b) for one variant.
 fn check_variant(variant: &str) {
-    let Run {
-        dir,
-        gguf,
-        ids,
-        vocab,
-        ours,
-        theirs,
-    } = import_and_run(variant, &exact());
-    let ort_diff = max_diff(&ours, &theirs);
-    let reference = reference_rows(&gguf, &ids, vocab, dir.path());
-    let ref_diff = max_diff(&ours, &reference);
+    let run = import_and_run(variant, &exact());
+    let ort_diff = max_diff(&run.ours, &run.theirs);
+    let reference = reference_rows(&run.gguf, &run.ids, run.vocab, run.dir.path());
+    let ref_diff = max_diff(&run.ours, &reference);
     eprintln!(
         "{variant}: max |native - onnxruntime| = {ort_diff:e}, max |native - numpy reference| = {ref_diff:e}"
     );
@@ -210,7 +203,7 @@ fn check_variant(variant: &str) {
         ref_diff <= REFERENCE_LOGIT_ATOL,
         "{variant}: {ref_diff:e} > {REFERENCE_LOGIT_ATOL:e}"
     );
-    for (r, (a, b)) in ours.iter().zip(&reference).enumerate() {
+    for (r, (a, b)) in run.ours.iter().zip(&reference).enumerate() {
         assert_eq!(
             argmax(a),
             argmax(b),
@@ -225,28 +218,25 @@ fn check_variant(variant: &str) {
 #[test]
 fn every_block_format_imported_at_accuracy_level_4_stays_close_to_onnxruntime() {
     for variant in ["llama", "mistral", "qwen2"] {
-        let Run {
-            dir,
-            gguf,
-            ids,
-            vocab,
-            ours,
-            theirs,
-        } = import_and_run(variant, &ImportOptions::default());
-        let reference = reference_rows(&gguf, &ids, vocab, dir.path());
-        let ort_diff = max_diff(&ours, &theirs);
-        let ref_diff = max_diff(&ours, &reference);
-        let agree = ours
+        let run = import_and_run(variant, &ImportOptions::default());
+        let reference = reference_rows(&run.gguf, &run.ids, run.vocab, run.dir.path());
+        let ort_diff = max_diff(&run.ours, &run.theirs);
+        let ref_diff = max_diff(&run.ours, &reference);
+        let agree = run
+            .ours
             .iter()
             .zip(&reference)
             .filter(|(a, b)| argmax(a) == argmax(b))
             .count();
-        let (rms_ours, rms_theirs) = (rms_diff(&ours, &reference), rms_diff(&theirs, &reference));
+        let (rms_ours, rms_theirs) = (
+            rms_diff(&run.ours, &reference),
+            rms_diff(&run.theirs, &reference),
+        );
         eprintln!(
             "{variant} at accuracy_level 4: max |native - onnxruntime| = {ort_diff:e}, \
              max |native - numpy f64| = {ref_diff:e}; rms from numpy: native {rms_ours:e}, \
              onnxruntime {rms_theirs:e}; greedy agreement {agree}/{}",
-            ids.len()
+            run.ids.len()
         );
         // Int8 activations move logits by tenths here (logits are O(5)). Ours stray from the
         // float64 forward pass 1.2-1.7x as far as onnxruntime's int8 path does (measured, by
@@ -256,7 +246,7 @@ fn every_block_format_imported_at_accuracy_level_4_stays_close_to_onnxruntime() 
             "{variant}: rms {rms_ours:e} from the reference, onnxruntime {rms_theirs:e}"
         );
         assert!(
-            agree >= ids.len() - 1,
+            agree >= run.ids.len() - 1,
             "{variant}: greedy agreement {agree}"
         );
     }
