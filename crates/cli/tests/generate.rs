@@ -7,6 +7,8 @@ use std::process::{Command, Stdio};
 
 use oxgen_testkit::fixtures::{FixtureConfig, write_package};
 
+mod support;
+
 fn oxgen() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_oxgen"));
     // Flags under test must not be overridden by the environment running the tests.
@@ -532,7 +534,6 @@ fn bench_batch_fixed_prompt_and_profile() {
 /// says so once on stderr, and gives the ids native gives for the package without it.
 #[test]
 fn auto_falls_back_to_onnx_runtime_for_an_op_native_lacks() {
-    let python = std::env::var("OXGEN_PYTHON").expect("OXGEN_PYTHON is set by scripts/test.sh");
     let dir = package();
     let shrunk = tempfile::tempdir().unwrap();
     let script = r#"
@@ -552,16 +553,9 @@ for f in os.listdir(src):
 import onnxruntime
 print(os.path.dirname(onnxruntime.__file__))
 "#;
-    let out = Command::new(&python)
-        .args(["-c", script, path(dir.path()), path(shrunk.path())])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ort_lib = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let ort_lib = support::run_python(script, &[dir.path().as_os_str(), shrunk.path().as_os_str()])
+        .trim()
+        .to_string();
     let generate = |p: &Path| {
         run(oxgen().args([
             "generate",

