@@ -1,5 +1,6 @@
 //! Row normalizations over a tensor viewed as `(rows, n)`: LayerNormalization,
-//! RMSNormalization (= SimplifiedLayerNormalization) and SkipSimplifiedLayerNormalization.
+//! RMSNormalization (= SimplifiedLayerNormalization), SkipSimplifiedLayerNormalization and
+//! SkipLayerNormalization.
 //!
 //! Statistics are computed in the accumulator type ([`Accum`]: f32 for f16/bf16/f32, f64 for
 //! f64), each as one sequential fold over the row, two-pass for the variance (mean first,
@@ -219,6 +220,121 @@ pub struct Residual<'a, T> {
     pub bias: Option<&'a [T]>,
 }
 
+/// Checks that `residual` fits an input of `total` elements in rows of `n`.
+fn check_residual<T>(
+    residual: &Residual<'_, T>,
+    total: usize,
+    n: usize,
+) -> Result<(), KernelError> {
+    if let Some(b) = residual.bias {
+        check_len("bias", b.len(), n)?;
+    }
+    let period = residual.skip.len();
+    if total > 0 && (period == 0 || !period.is_multiple_of(n) || !total.is_multiple_of(period)) {
+        return Err(KernelError::Shape(format!(
+            "skip of {period} elements does not repeat over rows of {n} in an input of {total}"
+        )));
+    }
+    Ok(())
+}
+
+/// SkipLayerNormalization of each row of `x` (`rows × n`): with `v = x + skip (+ bias)`
+/// (summed left to right in the accumulator type), `out = (v - mean(v)) / sqrt(var(v) +
+/// epsilon) * gamma (+ beta)`, the variance two-pass as [`layer_norm`]'s. Fills `sum` with
+/// `v` rounded to `T` (the residual stream for the next layer) and `stats` with each row's
+/// mean and `1 / sqrt(var + epsilon)` when given. Rows are split between tasks, never one
+/// row, so the bits do not depend on the thread count.
+#[allow(clippy::too_many_arguments)]
+pub fn skip_layer_norm<T: Accum>(
+    x: &[T],
+    residual: Residual<'_, T>,
+    gamma: &[T],
+    beta: Option<&[T]>,
+    rows: usize,
+    n: usize,
+    epsilon: f32,
+    out: &mut [T],
+    sum: Option<&mut [T]>,
+    stats: Option<LayerNormStats<'_, T::Acc>>,
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    let total = rows_len(rows, n)?;
+    check_len("input", x.len(), total)?;
+    check_len("output", out.len(), total)?;
+    check_len("gamma", gamma.len(), n)?;
+    if let Some(b) = beta {
+        check_len("beta", b.len(), n)?;
+    }
+    check_residual(&residual, total, n)?;
+    if total == 0 {
+        return Ok(());
+    }
+    let Residual { skip, bias } = residual;
+    let period = skip.len();
+    let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
+    let count = <T::Acc as Scalar>::from_f64(n as f64);
+    let zero = <T::Acc as Scalar>::ZERO;
+    // Element j of row r's v.
+    let v = |r: usize, j: usize| {
+        let at = r * n + j;
+        let s = x[at].widen().add(skip[at % period].widen());
+        match bias {
+            Some(b) => s.add(b[j].widen()),
+            None => s,
+        }
+    };
+    let row_stats = |r: usize| {
+        let mean = (0..n).fold(zero, |a, j| a.add(v(r, j))).div(count);
+        let var = (0..n)
+            .fold(zero, |a, j| {
+                let d = v(r, j).sub(mean);
+                a.add(d.mul(d))
+            })
+            .div(count);
+        (mean, <T::Acc as Scalar>::ONE.div(var.add(eps).sqrt()))
+    };
+    let row = |r: usize, o: &mut [T], s: Option<&mut [T]>| {
+        let (mean, inv) = row_stats(r);
+        for (j, o) in o.iter_mut().enumerate() {
+            let y = v(r, j).sub(mean).mul(inv).mul(gamma[j].widen());
+            *o = T::narrow(match beta {
+                Some(b) => y.add(b[j].widen()),
+                None => y,
+            });
+        }
+        if let Some(s) = s {
+            for (j, s) in s.iter_mut().enumerate() {
+                *s = T::narrow(v(r, j));
+            }
+        }
+    };
+    let parts = parts_for(pool, rows, n.saturating_mul(ROW_WORK));
+    let part_len = rows.div_ceil(parts).max(1) * n;
+    match sum {
+        Some(sum) => {
+            check_len("sum", sum.len(), total)?;
+            par_chunks2(pool, out, part_len, sum, part_len, |p, outs, sums| {
+                for (i, (o, s)) in outs.chunks_mut(n).zip(sums.chunks_mut(n)).enumerate() {
+                    row(p * part_len / n + i, o, Some(s));
+                }
+            });
+        }
+        None => par_chunks(pool, out, part_len, |first, part| {
+            for (i, o) in part.chunks_mut(n).enumerate() {
+                row(first / n + i, o, None);
+            }
+        }),
+    }
+    if let Some(LayerNormStats { mean, inv_std_dev }) = stats {
+        check_len("mean", mean.len(), rows)?;
+        check_len("inv_std_dev", inv_std_dev.len(), rows)?;
+        for (r, (m, s)) in mean.iter_mut().zip(inv_std_dev.iter_mut()).enumerate() {
+            (*m, *s) = row_stats(r);
+        }
+    }
+    Ok(())
+}
+
 /// SkipSimplifiedLayerNormalization of each row of `x` (`rows × n`): with
 /// `v = x + skip (+ bias)` (summed left to right in the accumulator type), `out = v /
 /// sqrt(mean(v²) + epsilon) * gamma`. Fills `sum` with `v` rounded to `T` (the residual
@@ -241,16 +357,9 @@ pub fn skip_rms_norm<T: Accum>(
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
     check_len("gamma", gamma.len(), n)?;
+    check_residual(&residual, total, n)?;
     let Residual { skip, bias } = residual;
-    if let Some(b) = bias {
-        check_len("bias", b.len(), n)?;
-    }
     let period = skip.len();
-    if total > 0 && (period == 0 || !period.is_multiple_of(n) || !total.is_multiple_of(period)) {
-        return Err(KernelError::Shape(format!(
-            "skip of {period} elements does not repeat over rows of {n} in an input of {total}"
-        )));
-    }
     let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
     let count = <T::Acc as Scalar>::from_f64(n as f64);
     let parts = parts_for(pool, rows, n.saturating_mul(ROW_WORK));

@@ -1,6 +1,7 @@
 //! The LLM weight ops and norms against onnxruntime 1.32 (the `ort_oracle`):
 //! com.microsoft::MatMulNBits, com.microsoft::GatherBlockQuantized,
-//! SimplifiedLayerNormalization and com.microsoft::SkipSimplifiedLayerNormalization, over
+//! SimplifiedLayerNormalization, com.microsoft::SkipSimplifiedLayerNormalization and
+//! com.microsoft::SkipLayerNormalization, over
 //! their attribute and shape space, with seeded pseudo-random data. Needs `OXGEN_PYTHON`
 //! (see `scripts/test.sh`).
 //!
@@ -711,6 +712,98 @@ fn skip_simplified_layer_norm_matches_onnxruntime() {
         }
     }
     batch.run("SkipSimplifiedLayerNormalization");
+}
+
+/// SkipLayerNormalization (LayerNorm with beta, not RMS): skip of the input's shape or
+/// broadcast as `[seq, hidden]`, with and without beta and bias, f32 and f16, and the
+/// optional outputs (`output` alone, the residual sum alone, the statistics, all four).
+#[test]
+fn skip_layer_norm_matches_onnxruntime() {
+    let mut batch = Batch::new();
+    let mut rng = Rng(0x5eed_0006);
+    type Case<'a> = (&'a [usize], &'a [usize], bool, bool, usize, DType);
+    let cases: [Case; 6] = [
+        (&[2, 3, 16], &[2, 3, 16], true, true, 4, DType::F32),
+        (&[2, 3, 16], &[3, 16], true, false, 1, DType::F32),
+        (&[5, 24], &[5, 24], false, true, 3, DType::F32),
+        (&[1, 4, 32], &[1, 4, 32], true, true, 2, DType::F32),
+        (&[2, 3, 32], &[2, 3, 32], true, true, 4, DType::F16),
+        (&[1, 7, 40], &[1, 7, 40], false, false, 3, DType::F16),
+    ];
+    for (i, &(dims, skip_dims, beta, bias, outputs, dtype)) in cases.iter().enumerate() {
+        let hidden = dims[dims.len() - 1];
+        let total: usize = dims.iter().product();
+        let names: Vec<String> = [
+            "x", "skip", "gamma", "beta", "bias", "y", "mean", "inv", "sum",
+        ]
+        .iter()
+        .map(|n| format!("l{n}{i}"))
+        .collect();
+        batch.input(
+            &names[0],
+            float_tensor(dims, &rng.floats(total, -2.0, 2.0), dtype),
+        );
+        let skip_total: usize = skip_dims.iter().product();
+        batch.input(
+            &names[1],
+            float_tensor(skip_dims, &rng.floats(skip_total, -1.0, 1.0), dtype),
+        );
+        batch.init(
+            &names[2],
+            float_tensor(&[hidden], &rng.floats(hidden, 0.5, 1.5), dtype),
+        );
+        let mut inputs = vec![names[0].as_str(), &names[1], &names[2]];
+        // Inputs are positional: beta (3) before bias (4), an unnamed slot when only bias.
+        for (k, present) in [(3, beta), (4, bias)] {
+            if present {
+                batch.init(
+                    &names[k],
+                    float_tensor(&[hidden], &rng.floats(hidden, -0.5, 0.5), dtype),
+                );
+                while inputs.len() < k {
+                    inputs.push("");
+                }
+                inputs.push(&names[k]);
+            }
+        }
+        let outs: Vec<&str> = match outputs {
+            1 => vec![&names[5]],
+            2 => vec![&names[5], "", "", &names[8]],
+            3 => vec![&names[5], &names[6], &names[7]],
+            _ => vec![&names[5], &names[6], &names[7], &names[8]],
+        };
+        let attrs = if i % 2 == 0 {
+            vec![attr::float("epsilon", 1e-5)]
+        } else {
+            vec![]
+        };
+        batch.builder.node(
+            "SkipLayerNormalization",
+            "com.microsoft",
+            &format!("sln{i}"),
+            &inputs,
+            &outs,
+            attrs,
+        );
+        let tol = if dtype == DType::F16 { F16 } else { F32_NORM };
+        let mut stat = dims.to_vec();
+        *stat.last_mut().unwrap() = 1;
+        let label = |what: &str| {
+            format!(
+                "SkipLayerNormalization {dims:?} skip {skip_dims:?} beta {beta} bias {bias} {dtype} {what}"
+            )
+        };
+        for (k, &out) in outs.iter().enumerate().filter(|(_, o)| !o.is_empty()) {
+            let (what, odt, odims) = match k {
+                0 => ("output", dtype, dims),
+                1 => ("mean", DType::F32, stat.as_slice()),
+                2 => ("inv_std_var", DType::F32, stat.as_slice()),
+                _ => ("input_skip_bias_sum", dtype, dims),
+            };
+            batch.output(out, odt, odims, label(what), tol);
+        }
+    }
+    batch.run("SkipLayerNormalization");
 }
 
 #[test]

@@ -392,16 +392,20 @@ where
         )));
     }
     expect_vector(gamma, n, "gamma")?;
-    let bias = opt_input(inputs, 3);
-    if let Some(b) = bias {
-        same_dtype(x, b, "bias")?;
-        expect_vector(b, n, "bias")?;
+    // The layer form has beta before bias.
+    let (beta, bias) = match sn.kind {
+        NormKind::Layer => (opt_input(inputs, 3), opt_input(inputs, 4)),
+        NormKind::Rms => (None, opt_input(inputs, 3)),
+    };
+    for (t, what) in [(beta, "beta"), (bias, "bias")] {
+        if let Some(t) = t {
+            same_dtype(x, t, what)?;
+            expect_vector(t, n, what)?;
+        }
     }
     let mut stat_dims: Small<usize> = Small::from_slice(lead);
     stat_dims.push(1);
     let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
-    // onnxruntime returns zeros for the mean of this RMS norm; the slot is filled only when
-    // a later output is requested.
     let mut mean = (n_outputs >= 2)
         .then(|| ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice()))
         .transpose()?;
@@ -411,14 +415,45 @@ where
     let mut sum = (n_outputs >= 4)
         .then(|| ctx.alloc(x.dtype(), x.shape().clone()))
         .transpose()?;
-    if let Some(mean) = mean.as_mut() {
-        mean.as_mut_slice::<T::Acc>()?
-            .fill(<T::Acc as oxgen_kernels::Scalar>::ZERO);
-    }
     let residual = Residual {
         skip: skip.as_slice::<T>()?,
         bias: bias.map(|b| b.as_slice::<T>()).transpose()?,
     };
+    if sn.kind == NormKind::Layer {
+        // The statistics are filled when either is read; both come from one pass per row, so
+        // a mean asked for without inv_std_var's slot gets a scratch one.
+        let want_stats = (n_outputs >= 2 && ctx.wants(1)) || (n_outputs >= 3 && ctx.wants(2));
+        let mut scratch = (want_stats && inv.is_none())
+            .then(|| ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice()))
+            .transpose()?;
+        let stats = match (mean.as_mut(), inv.as_mut().or(scratch.as_mut())) {
+            (Some(m), Some(i)) if want_stats => Some(kn::LayerNormStats {
+                mean: m.as_mut_slice::<T::Acc>()?,
+                inv_std_dev: i.as_mut_slice::<T::Acc>()?,
+            }),
+            _ => None,
+        };
+        kn::skip_layer_norm(
+            x.as_slice::<T>()?,
+            residual,
+            gamma.as_slice::<T>()?,
+            beta.map(|b| b.as_slice::<T>()).transpose()?,
+            rows,
+            n,
+            sn.epsilon,
+            y.as_mut_slice::<T>()?,
+            sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
+            stats,
+            ctx.pool,
+        )
+        .map_err(OpError::from)?;
+        return Ok([Some(y), mean, inv, sum].into_iter().flatten().collect());
+    }
+    // onnxruntime returns zeros for the mean of this RMS norm.
+    if let Some(mean) = mean.as_mut() {
+        mean.as_mut_slice::<T::Acc>()?
+            .fill(<T::Acc as oxgen_kernels::Scalar>::ZERO);
+    }
     kn::skip_rms_norm(
         x.as_slice::<T>()?,
         residual,

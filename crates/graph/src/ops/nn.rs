@@ -1,6 +1,7 @@
 //! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization,
 //! onnxruntime's SimplifiedLayerNormalization (default domain, the RMS norm of its LLM
-//! exports) and com.microsoft::SkipSimplifiedLayerNormalization.
+//! exports), com.microsoft::SkipSimplifiedLayerNormalization and
+//! com.microsoft::SkipLayerNormalization.
 
 use super::Op;
 use crate::{GraphError, NodeCtx, OpSpec};
@@ -95,29 +96,35 @@ pub(super) fn specs() -> Vec<OpSpec> {
             "com.microsoft",
             "SkipSimplifiedLayerNormalization",
             1,
-            skip_simplified_layer_norm,
+            |ctx| skip_norm(ctx, NormKind::Rms),
         ),
+        OpSpec::new("com.microsoft", "SkipLayerNormalization", 1, |ctx| {
+            skip_norm(ctx, NormKind::Layer)
+        }),
     ]
 }
 
-/// com.microsoft::SkipSimplifiedLayerNormalization: the RMS norm of `input + skip (+ bias)`
-/// over the last axis. Inputs `input, skip, gamma, bias?`; outputs `output, mean?,
+/// com.microsoft::SkipSimplifiedLayerNormalization (`kind` Rms) and SkipLayerNormalization
+/// (`kind` Layer): the norm of `input + skip (+ bias)` over the last axis. Inputs `input,
+/// skip, gamma, bias?` for the RMS form and `input, skip, gamma, beta?, bias?` for the layer
+/// form (`output = (v - mean) / sqrt(var + eps) * gamma + beta`); outputs `output, mean?,
 /// inv_std_var?, input_skip_bias_sum?` (the sum is the residual stream for the next layer;
-/// `mean` is all zeros, as onnxruntime returns it, since an RMS norm has no mean).
+/// the RMS form's `mean` is all zeros, as onnxruntime returns it).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SkipNorm {
+    pub kind: NormKind,
     pub epsilon: f32,
 }
 
 /// The schema's default epsilon for the Skip*LayerNormalization family.
 const SKIP_NORM_EPSILON: f32 = 1e-12;
 
-fn skip_simplified_layer_norm(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
-    ctx.inputs(3, 4)?;
+fn skip_norm(ctx: &mut NodeCtx, kind: NormKind) -> Result<Op, GraphError> {
+    ctx.inputs(3, if kind == NormKind::Layer { 5 } else { 4 })?;
     ctx.outputs(4)?;
     let epsilon = ctx.float("epsilon", SKIP_NORM_EPSILON)?;
     if !(epsilon >= 0.0 && epsilon.is_finite()) {
         return Err(ctx.attr_error("epsilon", format!("must be finite and >= 0, got {epsilon}")));
     }
-    Ok(Op::SkipNorm(SkipNorm { epsilon }))
+    Ok(Op::SkipNorm(SkipNorm { kind, epsilon }))
 }

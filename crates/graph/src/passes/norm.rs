@@ -187,6 +187,7 @@ pub fn fuse_skip_norm(graph: &mut Graph) -> usize {
             format!("{}/skip_norm", node.name),
             ("com.microsoft", "SkipSimplifiedLayerNormalization"),
             Op::SkipNorm(SkipNorm {
+                kind: NormKind::Rms,
                 epsilon: norm.epsilon,
             }),
             vec![Some(a), Some(b), Some(w)],
