@@ -37,17 +37,20 @@ fn rows_len(rows: usize, n: usize) -> Result<usize, KernelError> {
 
 /// `(mean, 1 / sqrt(var + eps))` of one row.
 fn layer_stats<T: Accum>(row: &[T], eps: T::Acc) -> (T::Acc, T::Acc) {
-    let zero = <T::Acc as Scalar>::ZERO;
-    let count = <T::Acc as Scalar>::from_f64(row.len() as f64);
-    let mean = row.iter().fold(zero, |a, &v| a.add(v.widen())).div(count);
-    let var = row
-        .iter()
-        .fold(zero, |a, &v| {
-            let d = v.widen().sub(mean);
+    layer_stats_of(row.len(), |j| row[j].widen(), eps)
+}
+
+/// [`layer_stats`] of a row of `n` values given one by one (in order, each pass).
+fn layer_stats_of<A: AccScalar>(n: usize, value: impl Fn(usize) -> A, eps: A) -> (A, A) {
+    let count = A::from_f64(n as f64);
+    let mean = (0..n).fold(A::ZERO, |a, j| a.add(value(j))).div(count);
+    let var = (0..n)
+        .fold(A::ZERO, |a, j| {
+            let d = value(j).sub(mean);
             a.add(d.mul(d))
         })
         .div(count);
-    (mean, <T::Acc as Scalar>::ONE.div(var.add(eps).sqrt()))
+    (mean, A::ONE.div(var.add(eps).sqrt()))
 }
 
 fn layer_apply<T: Accum>(
@@ -58,8 +61,20 @@ fn layer_apply<T: Accum>(
     inv: T::Acc,
     out: &mut [T],
 ) {
-    for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
-        let y = v.widen().sub(mean).mul(inv).mul(scale[j].widen());
+    layer_apply_of(|j| row[j].widen(), scale, bias, mean, inv, out);
+}
+
+/// [`layer_apply`] to a row given value by value.
+fn layer_apply_of<T: Accum>(
+    value: impl Fn(usize) -> T::Acc,
+    scale: &[T],
+    bias: Option<&[T]>,
+    mean: T::Acc,
+    inv: T::Acc,
+    out: &mut [T],
+) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let y = value(j).sub(mean).mul(inv).mul(scale[j].widen());
         *o = T::narrow(match bias {
             Some(b) => y.add(b[j].widen()),
             None => y,
@@ -272,8 +287,6 @@ pub fn skip_layer_norm<T: Accum>(
     let Residual { skip, bias } = residual;
     let period = skip.len();
     let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
-    let count = <T::Acc as Scalar>::from_f64(n as f64);
-    let zero = <T::Acc as Scalar>::ZERO;
     // Element j of row r's v.
     let v = |r: usize, j: usize| {
         let at = r * n + j;
@@ -283,25 +296,10 @@ pub fn skip_layer_norm<T: Accum>(
             None => s,
         }
     };
-    let row_stats = |r: usize| {
-        let mean = (0..n).fold(zero, |a, j| a.add(v(r, j))).div(count);
-        let var = (0..n)
-            .fold(zero, |a, j| {
-                let d = v(r, j).sub(mean);
-                a.add(d.mul(d))
-            })
-            .div(count);
-        (mean, <T::Acc as Scalar>::ONE.div(var.add(eps).sqrt()))
-    };
+    let row_stats = |r: usize| layer_stats_of(n, |j| v(r, j), eps);
     let row = |r: usize, o: &mut [T], s: Option<&mut [T]>| {
         let (mean, inv) = row_stats(r);
-        for (j, o) in o.iter_mut().enumerate() {
-            let y = v(r, j).sub(mean).mul(inv).mul(gamma[j].widen());
-            *o = T::narrow(match beta {
-                Some(b) => y.add(b[j].widen()),
-                None => y,
-            });
-        }
+        layer_apply_of(|j| v(r, j), gamma, beta, mean, inv, o);
         if let Some(s) = s {
             for (j, s) in s.iter_mut().enumerate() {
                 *s = T::narrow(v(r, j));
