@@ -629,6 +629,88 @@ fn simplified_layer_norm_matches_onnxruntime() {
     batch.run("SimplifiedLayerNormalization");
 }
 
+/// One skip-norm case: a node of `op` (`SkipSimplifiedLayerNormalization`, whose optional
+/// inputs are `bias`, or `SkipLayerNormalization`, whose are `beta, bias`) on random data,
+/// each optional input given or left out per `optional`, with `outputs` of its four outputs
+/// (2: the residual sum alone), every named output compared with onnxruntime.
+#[allow(clippy::too_many_arguments)]
+fn skip_norm_case(
+    batch: &mut Batch,
+    rng: &mut Rng,
+    op: &str,
+    i: usize,
+    (dims, skip_dims): (&[usize], &[usize]),
+    optional: &[bool],
+    outputs: usize,
+    dtype: DType,
+) {
+    let hidden = dims[dims.len() - 1];
+    let total: usize = dims.iter().product();
+    let name = |what: &str| format!("{op}_{what}{i}");
+    let names: Vec<String> = [
+        "x", "skip", "gamma", "opt0", "opt1", "y", "mean", "inv", "sum",
+    ]
+    .iter()
+    .map(|n| name(n))
+    .collect();
+    batch.input(
+        &names[0],
+        float_tensor(dims, &rng.floats(total, -2.0, 2.0), dtype),
+    );
+    let skip_total: usize = skip_dims.iter().product();
+    batch.input(
+        &names[1],
+        float_tensor(skip_dims, &rng.floats(skip_total, -1.0, 1.0), dtype),
+    );
+    batch.init(
+        &names[2],
+        float_tensor(&[hidden], &rng.floats(hidden, 0.5, 1.5), dtype),
+    );
+    let mut inputs = vec![names[0].as_str(), &names[1], &names[2]];
+    // Inputs are positional: an unnamed slot stands for one left out before a given one.
+    for (k, &given) in optional.iter().enumerate() {
+        if given {
+            batch.init(
+                &names[3 + k],
+                float_tensor(&[hidden], &rng.floats(hidden, -0.5, 0.5), dtype),
+            );
+            while inputs.len() < 3 + k {
+                inputs.push("");
+            }
+            inputs.push(&names[3 + k]);
+        }
+    }
+    let outs: Vec<&str> = match outputs {
+        1 => vec![&names[5]],
+        2 => vec![&names[5], "", "", &names[8]],
+        3 => vec![&names[5], &names[6], &names[7]],
+        _ => vec![&names[5], &names[6], &names[7], &names[8]],
+    };
+    let attrs = if i % 2 == 0 {
+        vec![attr::float("epsilon", 1e-6)]
+    } else {
+        vec![]
+    };
+    batch
+        .builder
+        .node(op, "com.microsoft", &name("node"), &inputs, &outs, attrs);
+    let tol = if dtype == DType::F16 { F16 } else { F32_NORM };
+    let mut stat = dims.to_vec();
+    *stat.last_mut().unwrap() = 1;
+    let label = |what: &str| {
+        format!("{op} {dims:?} skip {skip_dims:?} optional {optional:?} {dtype} {what}")
+    };
+    for (k, &out) in outs.iter().enumerate().filter(|(_, o)| !o.is_empty()) {
+        let (what, odt, odims) = match k {
+            0 => ("output", dtype, dims),
+            1 => ("mean", DType::F32, stat.as_slice()),
+            2 => ("inv_std_var", DType::F32, stat.as_slice()),
+            _ => ("input_skip_bias_sum", dtype, dims),
+        };
+        batch.output(out, odt, odims, label(what), tol);
+    }
+}
+
 /// SkipSimplifiedLayerNormalization: skip of the input's shape or broadcast as `[seq,
 /// hidden]`, with and without bias, 2-D and 3-D input, f32 and f16, and every combination of
 /// optional outputs the LLM graphs use (`output` alone, with the residual sum, all four).
@@ -646,162 +728,50 @@ fn skip_simplified_layer_norm_matches_onnxruntime() {
         (&[1, 7, 40], &[1, 7, 40], false, 3, DType::F16),
     ];
     for (i, &(dims, skip_dims, bias, outputs, dtype)) in cases.iter().enumerate() {
-        let hidden = dims[dims.len() - 1];
-        let total: usize = dims.iter().product();
-        let names: Vec<String> = ["x", "skip", "gamma", "bias", "y", "mean", "inv", "sum"]
-            .iter()
-            .map(|n| format!("{n}{i}"))
-            .collect();
-        batch.input(
-            &names[0],
-            float_tensor(dims, &rng.floats(total, -2.0, 2.0), dtype),
+        let op = "SkipSimplifiedLayerNormalization";
+        skip_norm_case(
+            &mut batch,
+            &mut rng,
+            op,
+            i,
+            (dims, skip_dims),
+            &[bias],
+            outputs,
+            dtype,
         );
-        let skip_total: usize = skip_dims.iter().product();
-        batch.input(
-            &names[1],
-            float_tensor(skip_dims, &rng.floats(skip_total, -1.0, 1.0), dtype),
-        );
-        batch.init(
-            &names[2],
-            float_tensor(&[hidden], &rng.floats(hidden, 0.5, 1.5), dtype),
-        );
-        let mut inputs = vec![names[0].as_str(), &names[1], &names[2]];
-        if bias {
-            batch.init(
-                &names[3],
-                float_tensor(&[hidden], &rng.floats(hidden, -0.5, 0.5), dtype),
-            );
-            inputs.push(&names[3]);
-        }
-        // `outputs` 2 asks for the residual sum only (mean and inv_std_var unnamed).
-        let outs: Vec<&str> = match outputs {
-            1 => vec![&names[4]],
-            2 => vec![&names[4], "", "", &names[7]],
-            3 => vec![&names[4], &names[5], &names[6]],
-            _ => vec![&names[4], &names[5], &names[6], &names[7]],
-        };
-        let attrs = if i % 2 == 0 {
-            vec![attr::float("epsilon", 1e-6)]
-        } else {
-            vec![]
-        };
-        batch.builder.node(
-            "SkipSimplifiedLayerNormalization",
-            "com.microsoft",
-            &format!("ssln{i}"),
-            &inputs,
-            &outs,
-            attrs,
-        );
-        let tol = if dtype == DType::F16 { F16 } else { F32_NORM };
-        let mut stat = dims.to_vec();
-        *stat.last_mut().unwrap() = 1;
-        let label = |what: &str| {
-            format!(
-                "SkipSimplifiedLayerNormalization {dims:?} skip {skip_dims:?} bias {bias} {dtype} {what}"
-            )
-        };
-        for (k, &out) in outs.iter().enumerate().filter(|(_, o)| !o.is_empty()) {
-            let (what, odt, odims) = match k {
-                0 => ("output", dtype, dims),
-                1 => ("mean", DType::F32, stat.as_slice()),
-                2 => ("inv_std_var", DType::F32, stat.as_slice()),
-                _ => ("input_skip_bias_sum", dtype, dims),
-            };
-            batch.output(out, odt, odims, label(what), tol);
-        }
     }
     batch.run("SkipSimplifiedLayerNormalization");
 }
 
 /// SkipLayerNormalization (LayerNorm with beta, not RMS): skip of the input's shape or
-/// broadcast as `[seq, hidden]`, with and without beta and bias, f32 and f16, and the
-/// optional outputs (`output` alone, the residual sum alone, the statistics, all four).
+/// broadcast as `[seq, hidden]`, with and without beta and bias (a bias after a left-out
+/// beta too), f32 and f16, and the optional outputs (`output` alone, the residual sum alone,
+/// the statistics, all four).
 #[test]
 fn skip_layer_norm_matches_onnxruntime() {
     let mut batch = Batch::new();
     let mut rng = Rng(0x5eed_0006);
-    type Case<'a> = (&'a [usize], &'a [usize], bool, bool, usize, DType);
+    type Case<'a> = (&'a [usize], &'a [usize], [bool; 2], usize, DType);
     let cases: [Case; 6] = [
-        (&[2, 3, 16], &[2, 3, 16], true, true, 4, DType::F32),
-        (&[2, 3, 16], &[3, 16], true, false, 1, DType::F32),
-        (&[5, 24], &[5, 24], false, true, 3, DType::F32),
-        (&[1, 4, 32], &[1, 4, 32], true, true, 2, DType::F32),
-        (&[2, 3, 32], &[2, 3, 32], true, true, 4, DType::F16),
-        (&[1, 7, 40], &[1, 7, 40], false, false, 3, DType::F16),
+        (&[2, 3, 16], &[2, 3, 16], [true, true], 4, DType::F32),
+        (&[2, 3, 16], &[3, 16], [true, false], 1, DType::F32),
+        (&[5, 24], &[5, 24], [false, true], 3, DType::F32),
+        (&[1, 4, 32], &[1, 4, 32], [true, true], 2, DType::F32),
+        (&[2, 3, 32], &[2, 3, 32], [true, true], 4, DType::F16),
+        (&[1, 7, 40], &[1, 7, 40], [false, false], 3, DType::F16),
     ];
-    for (i, &(dims, skip_dims, beta, bias, outputs, dtype)) in cases.iter().enumerate() {
-        let hidden = dims[dims.len() - 1];
-        let total: usize = dims.iter().product();
-        let names: Vec<String> = [
-            "x", "skip", "gamma", "beta", "bias", "y", "mean", "inv", "sum",
-        ]
-        .iter()
-        .map(|n| format!("l{n}{i}"))
-        .collect();
-        batch.input(
-            &names[0],
-            float_tensor(dims, &rng.floats(total, -2.0, 2.0), dtype),
+    for (i, &(dims, skip_dims, optional, outputs, dtype)) in cases.iter().enumerate() {
+        let op = "SkipLayerNormalization";
+        skip_norm_case(
+            &mut batch,
+            &mut rng,
+            op,
+            i,
+            (dims, skip_dims),
+            &optional,
+            outputs,
+            dtype,
         );
-        let skip_total: usize = skip_dims.iter().product();
-        batch.input(
-            &names[1],
-            float_tensor(skip_dims, &rng.floats(skip_total, -1.0, 1.0), dtype),
-        );
-        batch.init(
-            &names[2],
-            float_tensor(&[hidden], &rng.floats(hidden, 0.5, 1.5), dtype),
-        );
-        let mut inputs = vec![names[0].as_str(), &names[1], &names[2]];
-        // Inputs are positional: beta (3) before bias (4), an unnamed slot when only bias.
-        for (k, present) in [(3, beta), (4, bias)] {
-            if present {
-                batch.init(
-                    &names[k],
-                    float_tensor(&[hidden], &rng.floats(hidden, -0.5, 0.5), dtype),
-                );
-                while inputs.len() < k {
-                    inputs.push("");
-                }
-                inputs.push(&names[k]);
-            }
-        }
-        let outs: Vec<&str> = match outputs {
-            1 => vec![&names[5]],
-            2 => vec![&names[5], "", "", &names[8]],
-            3 => vec![&names[5], &names[6], &names[7]],
-            _ => vec![&names[5], &names[6], &names[7], &names[8]],
-        };
-        let attrs = if i % 2 == 0 {
-            vec![attr::float("epsilon", 1e-5)]
-        } else {
-            vec![]
-        };
-        batch.builder.node(
-            "SkipLayerNormalization",
-            "com.microsoft",
-            &format!("sln{i}"),
-            &inputs,
-            &outs,
-            attrs,
-        );
-        let tol = if dtype == DType::F16 { F16 } else { F32_NORM };
-        let mut stat = dims.to_vec();
-        *stat.last_mut().unwrap() = 1;
-        let label = |what: &str| {
-            format!(
-                "SkipLayerNormalization {dims:?} skip {skip_dims:?} beta {beta} bias {bias} {dtype} {what}"
-            )
-        };
-        for (k, &out) in outs.iter().enumerate().filter(|(_, o)| !o.is_empty()) {
-            let (what, odt, odims) = match k {
-                0 => ("output", dtype, dims),
-                1 => ("mean", DType::F32, stat.as_slice()),
-                2 => ("inv_std_var", DType::F32, stat.as_slice()),
-                _ => ("input_skip_bias_sum", dtype, dims),
-            };
-            batch.output(out, odt, odims, label(what), tol);
-        }
     }
     batch.run("SkipLayerNormalization");
 }
