@@ -686,7 +686,7 @@ fn skip_norm_case(
         3 => vec![&names[5], &names[6], &names[7]],
         _ => vec![&names[5], &names[6], &names[7], &names[8]],
     };
-    let attrs = if i % 2 == 0 {
+    let attrs = if i.is_multiple_of(2) {
         vec![attr::float("epsilon", 1e-6)]
     } else {
         vec![]
