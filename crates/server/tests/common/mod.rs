@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fixture;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
