@@ -355,7 +355,6 @@ impl NativeLm {
         let c = &mut self.counters;
         c.forwards += forwards;
         c.tokens += tokens as u64;
-        c.weight_bytes = self.session.streamed_weight_bytes();
     }
 
     /// One forward over every step of `batch` (see the module doc).
@@ -848,6 +847,10 @@ impl LanguageModel for NativeLm {
     }
 
     fn counters(&self) -> StepCounters {
-        self.counters
+        // The kernels keep the weight bytes count; summed here, when asked, not every step.
+        StepCounters {
+            weight_bytes: self.session.streamed_weight_bytes(),
+            ..self.counters
+        }
     }
 }
