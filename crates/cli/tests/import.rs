@@ -17,12 +17,9 @@ fn oxgen(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 fn synthetic_gguf(dir: &Path) -> PathBuf {
-    let python = std::env::var_os("OXGEN_PYTHON").unwrap_or_else(|| {
-        panic!("OXGEN_PYTHON is not set: scripts/test.sh sets it to .cache/venv/bin/python")
-    });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../import/tests/python/make_gguf.py");
     let path = dir.join("tiny.gguf");
-    let out = Command::new(python)
+    let out = Command::new(support::python())
         .arg(script)
         .args(["llama", path.to_str().unwrap()])
         .output()
