@@ -244,15 +244,15 @@ fn run_batch(
         }
         let prefilled = started.elapsed().as_secs_f64();
         let (before, started) = (model.counters(), Instant::now());
-        let mut steps = 0u64;
-        // Lockstep until the first sequence finishes (a constraint's text may end early).
+        let (mut steps, mut tokens) = (0u64, 0u64);
+        // Lockstep until the first sequence finishes (a constraint's text may end early, and
+        // speculative steps give several tokens).
         let mut finished = false;
-        while !finished
-            && refs.iter().all(|s| s.pending() > 0)
-            && steps + 1 < options.max_new_tokens as u64
-        {
+        while !finished && refs.iter().all(|s| s.pending() > 0) {
             for r in model.advance_batch(&mut refs, usize::MAX) {
-                finished |= r?.is_some_and(|token| token.finish.is_some());
+                let got = r?;
+                tokens += got.len() as u64;
+                finished |= got.iter().any(|token| token.finish.is_some());
             }
             steps += 1;
         }
@@ -265,10 +265,10 @@ fn run_batch(
             continue;
         }
         prefill.push((n * ids.len()) as f64 / prefilled);
-        decode.push((n as u64 * steps) as f64 / decoded);
+        decode.push(tokens as f64 / decoded);
         let bytes = (after.weight_bytes - before.weight_bytes) as f64;
         per_step.push(bytes / steps.max(1) as f64);
-        per_token.push(bytes / (n as u64 * steps).max(1) as f64);
+        per_token.push(bytes / tokens.max(1) as f64);
         if !args.json {
             eprintln!(
                 "run {}: batch {n} | prefill {:.1} tok/s | decode {:.1} tok/s aggregate, {:.1} per sequence | weights {:.1} MB per step, {:.2} MB per token",

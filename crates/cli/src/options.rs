@@ -25,6 +25,42 @@ pub struct RunArgs {
     /// A Jinja chat template file to use instead of the package's.
     #[arg(long, env = "OXGEN_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+    /// Speculative decoding (same output, faster where proposals land): prompt-lookup
+    /// (continue an n-gram seen earlier; prompt-lookup:N or :MIN-MAX sets n), draft:PATH (a
+    /// smaller package with the same tokenizer) or self:LAYERS (the model's first layers).
+    #[arg(long, env = "OXGEN_SPECULATIVE", value_parser = clap::value_parser!(oxgen::Speculative))]
+    pub speculative: Option<oxgen::Speculative>,
+    /// The most ids each speculative step proposes (it adapts below this to what lands).
+    #[arg(long, env = "OXGEN_SPEC_TOKENS", default_value_t = oxgen::DEFAULT_SPEC_TOKENS,
+          value_parser = spec_tokens)]
+    pub spec_tokens: usize,
+}
+
+impl RunArgs {
+    /// The model options these flags and `backend` give.
+    pub fn model_options(&self, backend: &BackendArgs) -> ModelOptions {
+        ModelOptions {
+            threads: self.threads,
+            ctx_size: self.ctx_size.map(|c| c as usize),
+            exact: self.exact,
+            backend: backend.backend(),
+            ort_lib: backend.ort_lib.clone(),
+            chat_template: self.chat_template.clone(),
+            speculative: self.speculative.clone(),
+            spec_tokens: self.spec_tokens,
+            ..ModelOptions::default()
+        }
+    }
+}
+
+fn spec_tokens(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=oxgen::MAX_SPEC_TOKENS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "'{s}' is not a count of proposed ids from 1 to {}",
+            oxgen::MAX_SPEC_TOKENS
+        )),
+    }
 }
 
 /// Which backend runs the model.
@@ -257,15 +293,8 @@ pub fn open_model(
     backend: &BackendArgs,
     default_ctx: Option<usize>,
 ) -> anyhow::Result<Model> {
-    let options = ModelOptions {
-        threads: run.threads,
-        ctx_size: run.ctx_size.map(|c| c as usize).or(default_ctx),
-        exact: run.exact,
-        backend: backend.backend(),
-        ort_lib: backend.ort_lib.clone(),
-        chat_template: run.chat_template.clone(),
-        ..ModelOptions::default()
-    };
+    let mut options = run.model_options(backend);
+    options.ctx_size = options.ctx_size.or(default_ctx);
     let model = with_spinner(format!("loading {}", dir.display()), || {
         Model::open(dir, &options)
     })

@@ -142,18 +142,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .map(|n| ToolFormat::from_name(n).expect("clap checked the name")),
     };
     let options = ModelOptions {
-        threads: args.run.threads,
-        ctx_size: args.run.ctx_size.map(|c| c as usize),
-        exact: args.run.exact,
-        backend: args.backend.backend(),
-        ort_lib: args.backend.ort_lib.clone(),
         kv: match (args.kv_blocks, args.kv_memory) {
             (Some(blocks), _) => KvBudget::Blocks(blocks as usize),
             (None, Some(mib)) => KvBudget::Bytes((mib as usize).saturating_mul(1 << 20)),
             (None, None) => KvBudget::Sequences(args.max_batch as usize),
         },
         prefix_cache: !args.no_prefix_cache,
-        chat_template: args.run.chat_template.clone(),
+        ..args.run.model_options(&args.backend)
     };
     let addr = format!("{}:{}", args.host, args.port);
     let open_dir = dir.clone();

@@ -74,6 +74,8 @@ pub struct NativeOptions {
     pub prefix_cache: bool,
     /// Run the graph passes (off keeps the graph as loaded, for comparisons).
     pub optimize: bool,
+    /// Keep only the first this many layers and the output head (a self-speculative draft).
+    pub layers: Option<usize>,
 }
 
 impl Default for NativeOptions {
@@ -85,6 +87,7 @@ impl Default for NativeOptions {
             kv: KvBudget::default(),
             prefix_cache: false,
             optimize: true,
+            layers: None,
         }
     }
 }
@@ -130,6 +133,39 @@ pub enum OpenError {
 }
 
 /// Reads the graph at `path` and builds native's typed ops from it.
+/// The graph's I/O as the contract reads it.
+fn io_specs(graph: &Graph) -> (Vec<IoSpec>, Vec<IoSpec>) {
+    let spec = |id: &ValueId| {
+        let v = graph.value(*id);
+        IoSpec {
+            name: v.name.clone(),
+            dtype: v.dtype,
+            dims: v.dims.clone(),
+        }
+    };
+    let inputs = graph.inputs.iter().map(spec).collect();
+    let outputs = graph.outputs.iter().map(spec).collect();
+    (inputs, outputs)
+}
+
+/// Cuts `graph` to its first `layers` layers and output head (see
+/// `oxgen_graph::passes::layers`).
+fn keep_first_layers(
+    graph: &mut Graph,
+    layers: usize,
+    kv_names: &KvTemplates,
+) -> Result<(), RuntimeError> {
+    let (inputs, outputs) = io_specs(graph);
+    let full = LmContract::from_io(&inputs, &outputs, kv_names)?;
+    let dropped: Vec<String> = (full.layers.iter().skip(layers))
+        .flat_map(|k| {
+            [&k.past_key, &k.past_value, &k.present_key, &k.present_value].map(String::clone)
+        })
+        .collect();
+    oxgen_graph::passes::layers::keep_first_layers(graph, layers, full.layers.len(), &dropped)
+        .map_err(RuntimeError::Contract)
+}
+
 fn load_graph(path: &Path) -> Result<Graph, OpenError> {
     let shown = || path.display().to_string();
     let onnx = oxgen_onnx::Model::load(path).map_err(|e| OpenError::Onnx {
@@ -290,17 +326,11 @@ impl NativeLm {
     }
 
     /// [`NativeLm::open`] on a graph already built (tests build them in memory).
-    pub fn from_graph(graph: Graph, options: &NativeOptions) -> Result<NativeLm, RuntimeError> {
-        let spec = |id: &ValueId| {
-            let v = graph.value(*id);
-            IoSpec {
-                name: v.name.clone(),
-                dtype: v.dtype,
-                dims: v.dims.clone(),
-            }
-        };
-        let inputs: Vec<IoSpec> = graph.inputs.iter().map(spec).collect();
-        let outputs: Vec<IoSpec> = graph.outputs.iter().map(spec).collect();
+    pub fn from_graph(mut graph: Graph, options: &NativeOptions) -> Result<NativeLm, RuntimeError> {
+        if let Some(layers) = options.layers {
+            keep_first_layers(&mut graph, layers, &options.kv_names)?;
+        }
+        let (inputs, outputs) = io_specs(&graph);
         let contract = LmContract::from_io(&inputs, &outputs, &options.kv_names)?;
         let passes = PassOptions {
             enabled: options.optimize,
@@ -471,7 +501,8 @@ impl NativeLm {
                 ids.truncate(step.pos);
                 ids.extend_from_slice(step.tokens);
                 if p.prefix_cache {
-                    p.pool.register_full(table, ids);
+                    let settled = ids.len() - step.proposed.min(step.tokens.len());
+                    p.pool.register_full(table, &ids[..settled]);
                 }
             }
         }

@@ -163,6 +163,13 @@ impl Decoding {
         &self.ids[self.prompt_len..]
     }
 
+    /// How many more ids the sequence may generate (its `max_new_tokens` and its context).
+    pub fn room(&self) -> usize {
+        let generated = self.ids.len() - self.prompt_len;
+        (self.options.max_new_tokens.saturating_sub(generated))
+            .min(self.ctx_size.saturating_sub(self.ids.len()))
+    }
+
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.finish
     }
@@ -264,6 +271,7 @@ pub fn step_sequence<'l>(
         tokens,
         pos,
         logits: LogitsWanted::Last,
+        proposed: 0,
     }];
     lm.step(&Batch { steps: &step }, logits)?;
     Ok(logits.row(0, 0))

@@ -12,6 +12,8 @@
 //! - [`StopStrings`]: stop strings matched across streamed pieces, held back until decided.
 //! - [`Decoding`]: one sequence's decoding state (sampler, detokenizer, stop strings), stepped
 //!   through any [`oxgen_runtime::LanguageModel`].
+//! - Speculative decoding's [`Proposer`]s ([`PromptLookup`], [`DraftModel`]) and the
+//!   per-sequence [`Adaptive`] choice of how many ids to verify.
 //!
 //! This crate sees logits as `&[f32]` rows; it must never know which backend runs the model
 //! or read ONNX files.
@@ -21,6 +23,7 @@ mod decode;
 mod processors;
 mod reply;
 mod sampling;
+mod speculate;
 mod stop;
 mod template;
 mod tokenizer;
@@ -36,6 +39,9 @@ pub use processors::{
 };
 pub use reply::{Reply, ReplyDelta, ReplyParser, ReplySyntax};
 pub use sampling::{Param, Sampler, SamplingParams, SamplingRequest, fresh_seed};
+pub use speculate::{
+    Adaptive, DraftModel, MAX_BACKOFF, PromptLookup, ProposalRequest, Proposer, SpecStats,
+};
 pub use stop::{StopCheck, StopStrings};
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{Detokenizer, Tokenizer, byte_level_char};

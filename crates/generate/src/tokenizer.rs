@@ -93,6 +93,36 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Fails naming the first difference when `other` does not map every token to the same
+    /// id or lacks one of this tokenizer's special tokens (a draft model's tokenizer must be
+    /// the target's).
+    pub fn check_same_vocab(&self, other: &Tokenizer) -> Result<(), String> {
+        let (mine, theirs) = (self.inner.get_vocab(true), other.inner.get_vocab(true));
+        if mine.len() != theirs.len() {
+            return Err(format!("{} tokens against {}", theirs.len(), mine.len()));
+        }
+        let mut mine: Vec<(&String, &u32)> = mine.iter().collect();
+        mine.sort_unstable_by_key(|&(_, id)| *id);
+        for (token, id) in mine {
+            if theirs.get(token) != Some(id) {
+                return Err(format!(
+                    "token {token:?} is id {id} here and {:?} there",
+                    theirs.get(token)
+                ));
+            }
+        }
+        let specials = self.inner.get_added_tokens_decoder();
+        for (id, t) in specials.iter().filter(|(_, t)| t.special) {
+            if other.special_token(*id).as_deref() != Some(t.content.as_str()) {
+                return Err(format!(
+                    "special token {:?} (id {id}) is missing",
+                    t.content
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The raw bytes token `id` stands for, which may be part of a UTF-8 character (what
     /// OpenAI's logprobs `bytes` carry; decoding the id alone gives U+FFFD there instead).
     ///

@@ -95,6 +95,7 @@ fn native_rows(model: &Path, spans: &[Vec<u32>]) -> Vec<Vec<f32>> {
             tokens: span,
             pos,
             logits: LogitsWanted::All,
+            proposed: 0,
         }];
         lm.step(&Batch { steps: &step }, &mut out).unwrap();
         rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));

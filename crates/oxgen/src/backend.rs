@@ -112,18 +112,7 @@ pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>),
     if o.backend == Backend::Ort {
         return Ok((open_ort(o)?, None));
     }
-    let options = NativeOptions {
-        exec: ExecOptions {
-            threads: o.threads,
-            exact: o.exact,
-        },
-        kv_names: o.config.kv.clone(),
-        context_length: Some(o.config.context_length),
-        kv: o.kv,
-        prefix_cache: o.prefix_cache,
-        optimize: true,
-    };
-    match NativeLm::open(o.model_path, &options) {
+    match NativeLm::open(o.model_path, &native_options(o, None)) {
         Ok(lm) => Ok((Box::new(lm), None)),
         Err(OpenError::Unsupported { unsupported, .. })
             if o.backend == Backend::Auto && HAS_ORT =>
@@ -136,6 +125,31 @@ pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>),
         }
         Err(e) => Err(e.into()),
     }
+}
+
+fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
+    NativeOptions {
+        exec: ExecOptions {
+            threads: o.threads,
+            exact: o.exact,
+        },
+        kv_names: o.config.kv.clone(),
+        context_length: Some(o.config.context_length),
+        kv: o.kv,
+        prefix_cache: o.prefix_cache,
+        optimize: true,
+        layers,
+    }
+}
+
+/// The model's first `layers` layers and output head on the native backend: the draft of
+/// self-speculative decoding. Its KV pool is the target's size; it holds no prefix cache.
+pub(crate) fn open_layers(o: &Open, layers: usize) -> Result<Box<dyn LanguageModel>, Error> {
+    let options = NativeOptions {
+        prefix_cache: false,
+        ..native_options(o, Some(layers))
+    };
+    Ok(Box::new(NativeLm::open(o.model_path, &options)?))
 }
 
 #[cfg(feature = "ort")]

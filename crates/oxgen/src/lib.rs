@@ -45,6 +45,7 @@ mod defaults;
 mod encoder;
 mod package;
 mod sequence;
+mod speculative;
 mod stream;
 
 use std::path::{Path, PathBuf};
@@ -66,9 +67,11 @@ pub use oxgen_generate::{
     ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
     ToolChoice, ToolFormat, ToolSet, after_reasoning, fresh_seed, tool_grammar,
 };
+pub use oxgen_generate::{PromptLookup, SpecStats};
 pub use oxgen_runtime::{Capabilities, KvUsage, MAX_THREADS, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
 pub use sequence::{Logprobs, Sequence, Step};
+pub use speculative::{DEFAULT_SPEC_TOKENS, MAX_SPEC_TOKENS, SPEC_MAX_BATCH, Speculative};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
 
 /// Errors from opening a model or generating with it.
@@ -85,7 +88,7 @@ pub enum Error {
 }
 
 /// How to open a model.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ModelOptions {
     /// Kernel threads; 0 uses every core.
     pub threads: usize,
@@ -107,6 +110,28 @@ pub struct ModelOptions {
     pub prefix_cache: bool,
     /// A Jinja chat template file to use instead of the package's.
     pub chat_template: Option<PathBuf>,
+    /// Speculative decoding: how ids are proposed for the model to verify (`None`: off).
+    pub speculative: Option<Speculative>,
+    /// The most ids a step proposes, unless a generation asks for fewer
+    /// ([`GenerateOptions::spec_tokens`]); at most [`MAX_SPEC_TOKENS`].
+    pub spec_tokens: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            threads: 0,
+            ctx_size: None,
+            exact: false,
+            backend: Backend::default(),
+            ort_lib: None,
+            kv: KvBudget::default(),
+            prefix_cache: false,
+            chat_template: None,
+            speculative: None,
+            spec_tokens: DEFAULT_SPEC_TOKENS,
+        }
+    }
 }
 
 /// Stops a generation from another thread (or a signal handler) at the next token.
@@ -146,6 +171,10 @@ pub struct GenerateOptions {
     pub constraint: Option<Grammar>,
     /// Keep special tokens in the text (for a [`ReplyParser`] whose markers are special).
     pub keep_special: bool,
+    /// The most ids each step proposes for speculative decoding, at most the model's
+    /// [`ModelOptions::spec_tokens`] (`None`: the model's; 0: no speculation). Output is the
+    /// same either way (greedy and seeded sampling alike); only the speed differs.
+    pub spec_tokens: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -162,6 +191,7 @@ impl Default for GenerateOptions {
             cancel: None,
             constraint: None,
             keep_special: false,
+            spec_tokens: None,
         }
     }
 }
@@ -211,6 +241,8 @@ pub struct Model {
     grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
     prefix_cache: bool,
     cached: Option<CachedSeq>,
+    /// The speculative proposer, when one was asked for.
+    spec: Option<speculative::Speculation>,
     /// Logits of the last step of [`Model::advance`].
     scratch: oxgen_runtime::StepLogits,
     dir: PathBuf,
@@ -258,7 +290,7 @@ impl Model {
             });
         }
         let threads = oxgen_runtime::resolve_threads(options.threads);
-        let (lm, backend_note) = backend::open(&backend::Open {
+        let open = backend::Open {
             model_path: &model_path,
             config: &config,
             threads,
@@ -267,14 +299,16 @@ impl Model {
             ort_lib: options.ort_lib.as_deref(),
             kv: options.kv,
             prefix_cache: options.prefix_cache,
-        })?;
+        };
+        let (lm, backend_note) = backend::open(&open)?;
         config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let template = ChatTemplate::open(&dir, options.chat_template.as_deref())?;
         let defaults = PackageDefaults::read(&dir)?;
         release_freed_heap();
         let limit = ContextLimit::new(options.ctx_size, config.context_length);
-        Ok(Model {
+        let spec = speculative::open(options, &open, lm.as_ref(), &tokenizer)?;
+        let model = Model {
             lm,
             backend_note,
             encoder: Encoder::new(tokenizer, template),
@@ -285,10 +319,22 @@ impl Model {
             grammars: std::sync::OnceLock::new(),
             prefix_cache: options.prefix_cache,
             cached: None,
+            spec,
             scratch: Default::default(),
             dir,
             load_time: start.elapsed(),
-        })
+        };
+        Ok(model)
+    }
+
+    /// The backend's model, for a draft (its tokenizer and template are let go).
+    pub(crate) fn into_lm(self) -> Box<dyn LanguageModel> {
+        self.lm
+    }
+
+    /// The speculative mode and what it did since the model was opened.
+    pub fn speculation(&self) -> Option<(&'static str, SpecStats)> {
+        self.spec.as_ref().map(|s| (s.name(), s.stats))
     }
 
     pub fn config(&self) -> &PackageConfig {
@@ -420,15 +466,16 @@ impl Model {
         let decoding = match oxgen_generate::Decoding::new(&ids, reused, ctx_size, decode) {
             Ok(d) => d,
             Err(e) => {
-                self.drop_cache();
+                self.lm_remove(seq);
                 return Err(e.into());
             }
         };
+        let spec_tokens = self.spec_tokens(options);
+        let seq = Sequence::new(seq, decoding, reused, ctx_size, spec_tokens);
         Ok(Stream::new(
             self,
             seq,
             ctx_size,
-            decoding,
             options.cancel.clone(),
             start,
         ))
@@ -484,18 +531,22 @@ impl Model {
                 let shared = c.ids.iter().zip(ids).take_while(|(a, b)| a == b).count();
                 return Ok((c.seq, shared));
             }
-            self.lm.remove_sequence(c.seq);
+            self.lm_remove(c.seq);
         }
         Ok((self.lm.add_sequence(ctx_size)?, 0))
     }
 
+    /// Frees a sequence's KV, and its draft's.
     fn lm_remove(&mut self, seq: SeqId) {
         self.lm.remove_sequence(seq);
+        if let Some(spec) = &mut self.spec {
+            spec.forget(seq);
+        }
     }
 
     fn drop_cache(&mut self) {
         if let Some(c) = self.cached.take() {
-            self.lm.remove_sequence(c.seq);
+            self.lm_remove(c.seq);
         }
     }
 
@@ -520,6 +571,7 @@ impl Model {
             tokens: ids,
             pos: 0,
             logits: oxgen_runtime::LogitsWanted::All,
+            proposed: 0,
         }];
         let stepped = self
             .lm

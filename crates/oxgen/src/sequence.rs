@@ -1,21 +1,54 @@
 //! Generations stepped side by side by a caller that owns the loop (a server's running set):
 //! [`Model::start`] → [`Model::advance_batch`] (every running sequence in one forward where
 //! the backend fuses batches) until finished → [`Model::end`].
+//!
+//! With speculative decoding a sequence's step feeds its last id and the proposed ones, and
+//! yields every id the model confirms plus the one it chose after them (see
+//! `oxgen_generate`'s `speculate` module for why the output is unchanged).
 
-use oxgen_generate::{Decoding, FinishReason};
+use oxgen_generate::{Adaptive, Decoding, FinishReason, SpecStats};
 use oxgen_runtime::{Batch, LogitsWanted, SeqId, SeqStep};
 
 use crate::{Error, GenerateOptions, Model};
 
 /// One generation in a running set. Its KV lives in the model until [`Model::end`].
 pub struct Sequence {
-    seq: SeqId,
-    decoding: Decoding,
+    pub(crate) seq: SeqId,
+    pub(crate) decoding: Decoding,
     top_logprobs: Option<usize>,
     cached: usize,
+    /// Positions its KV holds.
+    pub(crate) positions: usize,
+    /// How many ids it proposes per step.
+    pub(crate) adaptive: Adaptive,
+    /// This step's span when it verifies proposals: its last id, then the proposed ones.
+    pub(crate) verify: Vec<u32>,
 }
 
 impl Sequence {
+    pub(crate) fn new(
+        seq: SeqId,
+        decoding: Decoding,
+        cached: usize,
+        positions: usize,
+        spec_tokens: usize,
+    ) -> Sequence {
+        Sequence {
+            seq,
+            decoding,
+            top_logprobs: None,
+            cached,
+            positions,
+            adaptive: Adaptive::new(spec_tokens),
+            verify: Vec::with_capacity(spec_tokens + 1),
+        }
+    }
+
+    /// What speculative decoding did for this sequence.
+    pub fn speculation(&self) -> SpecStats {
+        self.adaptive.stats
+    }
+
     /// Prompt ids whose KV came from the prefix cache (not prefilled).
     pub fn cached(&self) -> usize {
         self.cached
@@ -92,33 +125,42 @@ impl Model {
         let decoding = match Decoding::new(ids, cached, positions, self.decode_options(options)) {
             Ok(d) => d,
             Err(e) => {
-                self.lm.remove_sequence(seq);
+                self.lm_remove(seq);
                 return Err(e.into());
             }
         };
-        Ok(Sequence {
-            seq,
-            decoding,
-            top_logprobs,
-            cached,
+        let spec_tokens = self.spec_tokens(options);
+        let mut s = Sequence::new(seq, decoding, cached, positions, spec_tokens);
+        s.top_logprobs = top_logprobs;
+        Ok(s)
+    }
+
+    /// The most ids a generation with `options` proposes per step (0 without speculation).
+    pub(crate) fn spec_tokens(&self, options: &GenerateOptions) -> usize {
+        self.spec.as_ref().map_or(0, |spec| {
+            options
+                .spec_tokens
+                .map_or(spec.tokens, |t| t.min(spec.tokens))
         })
     }
 
-    /// Generates the sequence's next token: prefills the prompt on the first call.
-    pub fn advance(&mut self, s: &mut Sequence) -> Result<Step, Error> {
+    /// Generates the sequence's next tokens, prefilling the prompt on the first call: one,
+    /// or with speculative decoding every id the step confirmed.
+    pub fn advance(&mut self, s: &mut Sequence) -> Result<Vec<Step>, Error> {
         let mut steps = self.step_fused(&mut [s], usize::MAX)?;
-        Ok(steps.pop().flatten().expect("a whole span yields a token"))
+        Ok(steps.pop().unwrap_or_default())
     }
 
     /// Runs one step over `seqs` (one forward when the backend fuses batches): each feeds
     /// its pending ids, a prompt at most `prompt_chunk` ids at a time, and gets its next
-    /// token once its whole prompt is in (`None` after a partial prompt chunk). If the fused
-    /// step fails, each sequence is stepped alone so one bad sequence fails only itself.
+    /// tokens once its whole prompt is in (none after a partial prompt chunk; several when
+    /// speculative decoding confirmed proposals). If the fused step fails, each sequence is
+    /// stepped alone so one bad sequence fails only itself.
     pub fn advance_batch(
         &mut self,
         seqs: &mut [&mut Sequence],
         prompt_chunk: usize,
-    ) -> Vec<Result<Option<Step>, Error>> {
+    ) -> Vec<Result<Vec<Step>, Error>> {
         match self.step_fused(seqs, prompt_chunk) {
             Ok(steps) => steps.into_iter().map(Ok).collect(),
             Err(e) if seqs.len() == 1 => vec![Err(e)],
@@ -126,22 +168,34 @@ impl Model {
                 .iter_mut()
                 .map(|s| {
                     let mut one = self.step_fused(&mut [&mut **s], prompt_chunk)?;
-                    Ok(one.pop().flatten())
+                    Ok(one.pop().unwrap_or_default())
                 })
                 .collect(),
         }
     }
 
-    fn step_fused(
+    pub(crate) fn step_fused(
         &mut self,
         seqs: &mut [&mut Sequence],
         prompt_chunk: usize,
-    ) -> Result<Vec<Option<Step>>, Error> {
+    ) -> Result<Vec<Vec<Step>>, Error> {
+        if let Some(spec) = &mut self.spec {
+            spec.propose(seqs, self.lm.capabilities())?;
+        }
         let chunk = prompt_chunk.max(1);
         let steps: Vec<SeqStep> = seqs
             .iter()
             .map(|s| {
                 let (pos, span) = s.decoding.span();
+                if s.verify.len() > 1 {
+                    return SeqStep {
+                        seq: s.seq,
+                        tokens: &s.verify,
+                        pos,
+                        logits: LogitsWanted::All,
+                        proposed: s.verify.len() - 1,
+                    };
+                }
                 let n = span.len().min(chunk);
                 SeqStep {
                     seq: s.seq,
@@ -152,40 +206,68 @@ impl Model {
                     } else {
                         LogitsWanted::None
                     },
+                    proposed: 0,
                 }
             })
             .collect();
         let fed: Vec<(usize, bool)> = steps
             .iter()
-            .map(|s| (s.tokens.len(), s.logits == LogitsWanted::Last))
+            .map(|s| (s.tokens.len(), s.logits != LogitsWanted::None))
             .collect();
-        self.lm.step(&Batch { steps: &steps }, &mut self.scratch)?;
+        let stepped = self.lm.step(&Batch { steps: &steps }, &mut self.scratch);
         drop(steps);
+        if let Err(e) = stepped {
+            seqs.iter_mut().for_each(|s| s.verify.clear());
+            return Err(e.into());
+        }
         let mut out = Vec::with_capacity(seqs.len());
         for (i, (s, (n, whole))) in seqs.iter_mut().zip(fed).enumerate() {
             if !whole {
                 s.decoding.feed_prompt(n)?;
-                out.push(None);
+                out.push(Vec::new());
                 continue;
             }
-            let row = self.scratch.row(i, 0);
-            let emitted = s.decoding.on_logits(row, self.encoder.tokenizer())?;
-            let logprobs = s
-                .top_logprobs
-                .map(|top| Logprobs::from_logits(row, emitted.id, top));
-            out.push(Some(Step {
-                id: emitted.id,
-                text: s.decoding.take_text(),
-                finish: emitted.finish,
-                logprobs,
-            }));
+            out.push(self.verify(i, s)?);
         }
         Ok(out)
     }
 
+    /// The ids step row `i` of the last forward gives `s`: the first row's choice, and while
+    /// each choice equals the next proposal, the next row's.
+    fn verify(&mut self, i: usize, s: &mut Sequence) -> Result<Vec<Step>, Error> {
+        let proposed = s.verify.len().saturating_sub(1);
+        let mut steps = Vec::with_capacity(proposed + 1);
+        let mut accepted = 0;
+        for r in 0..=proposed {
+            let row = self.scratch.row(i, r);
+            let emitted = s.decoding.on_logits(row, self.encoder.tokenizer())?;
+            let logprobs = s
+                .top_logprobs
+                .map(|top| Logprobs::from_logits(row, emitted.id, top));
+            steps.push(Step {
+                id: emitted.id,
+                text: s.decoding.take_text(),
+                finish: emitted.finish,
+                logprobs,
+            });
+            if r == proposed || emitted.id != s.verify[r + 1] {
+                break;
+            }
+            accepted += 1;
+            if emitted.finish.is_some() {
+                break;
+            }
+        }
+        if let Some(spec) = &mut self.spec {
+            spec.record(&mut s.adaptive, proposed, accepted);
+        }
+        s.verify.clear();
+        Ok(steps)
+    }
+
     /// Frees the sequence's KV.
     pub fn end(&mut self, s: Sequence) {
-        self.lm.remove_sequence(s.seq);
+        self.lm_remove(s.seq);
     }
 
     /// Sequences whose KV the model holds (started and not ended, plus the one kept for

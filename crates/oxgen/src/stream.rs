@@ -1,11 +1,11 @@
 //! A generation in progress, pulled token by token, and what it reports when done.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use oxgen_generate::{Decoding, FinishReason, step_sequence};
-use oxgen_runtime::{SeqId, StepLogits};
+use oxgen_generate::{FinishReason, SpecStats};
 
-use crate::{CachedSeq, Cancel, Error, Model};
+use crate::{CachedSeq, Cancel, Error, Model, Sequence};
 
 /// One generated token and the text it completed (often the token's own text; empty while a
 /// multi-byte character or a possible stop string is held back).
@@ -22,6 +22,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV was reused from the previous generation (not prefilled again).
     pub prefix_reused: usize,
+    /// Forwards that produced generated ids (prefill's last one included).
+    pub steps: usize,
+    /// What speculative decoding proposed and the model confirmed.
+    pub speculation: SpecStats,
 }
 
 /// Where the time went.
@@ -56,11 +60,12 @@ pub struct Output {
 /// then `Cancelled`) and keeps the KV for the next prompt that shares its ids.
 pub struct Stream<'m> {
     model: &'m mut Model,
-    seq: SeqId,
+    seq: Sequence,
     ctx_size: usize,
-    decoding: Decoding,
     cancel: Option<Cancel>,
-    logits: StepLogits,
+    /// Tokens a speculative step confirmed that the caller has not pulled yet.
+    pending: VecDeque<Token>,
+    steps: usize,
     start: Instant,
     last: Instant,
     prefilled: usize,
@@ -74,21 +79,20 @@ pub struct Stream<'m> {
 impl<'m> Stream<'m> {
     pub(crate) fn new(
         model: &'m mut Model,
-        seq: SeqId,
+        seq: Sequence,
         ctx_size: usize,
-        decoding: Decoding,
         cancel: Option<Cancel>,
         start: Instant,
     ) -> Stream<'m> {
-        let (reused, span) = decoding.span();
-        let (prefilled, done) = (span.len(), decoding.finish_reason().is_some());
+        let (reused, span) = seq.decoding.span();
+        let (prefilled, done) = (span.len(), seq.decoding.finish_reason().is_some());
         Stream {
             model,
             seq,
             ctx_size,
-            decoding,
             cancel,
-            logits: StepLogits::default(),
+            pending: VecDeque::new(),
+            steps: 0,
             start,
             last: start,
             prefilled,
@@ -102,11 +106,12 @@ impl<'m> Stream<'m> {
 
     /// Ends the generation and reports it.
     pub fn finish(mut self) -> Output {
-        let finish_reason = self.decoding.finish_reason().unwrap_or_else(|| {
-            self.decoding.cancel();
+        let decoding = &mut self.seq.decoding;
+        let finish_reason = decoding.finish_reason().unwrap_or_else(|| {
+            decoding.cancel();
             FinishReason::Cancelled
         });
-        let tokens = self.decoding.generated().to_vec();
+        let tokens = decoding.generated().to_vec();
         let t = &mut self.timings;
         t.total = self.last - self.start;
         let decode = t.total.saturating_sub(t.ttft).as_secs_f64();
@@ -117,39 +122,48 @@ impl<'m> Stream<'m> {
             text: std::mem::take(&mut self.text),
             finish_reason,
             usage: Usage {
-                prompt_tokens: self.decoding.prompt_len(),
+                prompt_tokens: self.seq.decoding.prompt_len(),
                 completion_tokens: tokens.len(),
                 prefix_reused: self.prefix_reused,
+                steps: self.steps,
+                speculation: self.seq.speculation(),
             },
             tokens,
             timings: std::mem::take(&mut self.timings),
         }
     }
 
-    fn step(&mut self) -> Result<Token, Error> {
-        let lm = self.model.lm.as_mut();
-        let row = step_sequence(lm, self.seq, &self.decoding, &mut self.logits)?;
-        let emitted = self
-            .decoding
-            .on_logits(row, self.model.encoder.tokenizer())?;
+    /// Runs one step; queues the tokens it gave (several when speculation confirmed
+    /// proposals, which arrive together: the ones after the first took no time).
+    fn step(&mut self) -> Result<(), Error> {
+        let first = self.seq.decoding.generated().is_empty();
+        let steps = self.model.step_fused(&mut [&mut self.seq], usize::MAX)?;
+        self.steps += 1;
         let now = Instant::now();
-        if self.decoding.generated().len() == 1 {
-            self.timings.ttft = now - self.start;
-            let secs = self.timings.ttft.as_secs_f64();
-            if secs > 0.0 {
-                self.timings.prefill_tok_s = self.prefilled as f64 / secs;
+        for (k, step) in steps.into_iter().flatten().enumerate() {
+            if first && k == 0 {
+                self.timings.ttft = now - self.start;
+                let secs = self.timings.ttft.as_secs_f64();
+                if secs > 0.0 {
+                    self.timings.prefill_tok_s = self.prefilled as f64 / secs;
+                }
+            } else {
+                let took = if k == 0 {
+                    now - self.last
+                } else {
+                    Duration::ZERO
+                };
+                self.timings.inter_token.push(took);
             }
-        } else {
-            self.timings.inter_token.push(now - self.last);
+            self.done |= step.finish.is_some();
+            self.text.push_str(&step.text);
+            self.pending.push_back(Token {
+                id: step.id,
+                text: step.text,
+            });
         }
         self.last = now;
-        self.done = emitted.finish.is_some();
-        let text = self.decoding.take_text();
-        self.text.push_str(&text);
-        Ok(Token {
-            id: emitted.id,
-            text,
-        })
+        Ok(())
     }
 }
 
@@ -157,20 +171,23 @@ impl Iterator for Stream<'_> {
     type Item = Result<Token, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(token) = self.pending.pop_front() {
+            return Some(Ok(token));
+        }
         if self.done {
             return None;
         }
         if self.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
-            self.decoding.cancel();
+            self.seq.decoding.cancel();
             self.done = true;
             return None;
         }
-        let token = self.step();
-        if token.is_err() {
+        if let Err(e) = self.step() {
             self.done = true;
             self.failed = true;
+            return Some(Err(e));
         }
-        Some(token)
+        self.pending.pop_front().map(Ok)
     }
 }
 
@@ -178,13 +195,13 @@ impl Drop for Stream<'_> {
     /// Keeps the sequence for the next prompt, unless a failed step left its KV unknown.
     fn drop(&mut self) {
         if self.failed {
-            self.model.lm_remove(self.seq);
+            self.model.lm_remove(self.seq.seq);
             return;
         }
-        let fed = self.decoding.span().0;
+        let fed = self.seq.decoding.span().0;
         self.model.cached = Some(CachedSeq {
-            seq: self.seq,
-            ids: self.decoding.ids()[..fed].to_vec(),
+            seq: self.seq.seq,
+            ids: self.seq.decoding.ids()[..fed].to_vec(),
             ctx_size: self.ctx_size,
         });
     }

@@ -87,7 +87,7 @@ fn run(model: &mut Model, arrivals: &[Arrival], chunk: usize) -> Vec<(Vec<u32>, 
         let results = model.advance_batch(&mut seqs, chunk);
         let mut finished = Vec::new();
         for ((i, _), r) in running.iter().zip(results) {
-            if let Some(token) = r.unwrap() {
+            for token in r.unwrap() {
                 out[*i].0.push(token.id);
                 if token.finish.is_some() {
                     finished.push(*i);
@@ -268,13 +268,13 @@ fn a_step_reads_the_weights_once_per_eight_rows_whatever_the_batch() {
         let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
         // Prefill, then measure decode steps only.
         for r in model.advance_batch(&mut refs, usize::MAX) {
-            assert!(r.unwrap().is_some());
+            assert_eq!(r.unwrap().len(), 1);
         }
         let before = model.counters();
         let steps = 8;
         for _ in 0..steps {
             for r in model.advance_batch(&mut refs, usize::MAX) {
-                assert!(r.unwrap().is_some());
+                assert_eq!(r.unwrap().len(), 1);
             }
         }
         let after = model.counters();

@@ -197,6 +197,7 @@ fn logits_after(prompt: &[u32], generated: &[u32], a: u32, b: u32) -> (f32, f32)
         tokens: &tokens,
         pos: 0,
         logits: LogitsWanted::Last,
+        proposed: 0,
     }];
     let mut logits = StepLogits::default();
     lm.step(&Batch { steps: &step }, &mut logits)
@@ -213,6 +214,7 @@ fn all_rows(lm: &mut NativeLm, tokens: &[u32]) -> Vec<Vec<f32>> {
         tokens,
         pos: 0,
         logits: LogitsWanted::All,
+        proposed: 0,
     }];
     let mut logits = StepLogits::default();
     lm.step(&Batch { steps: &step }, &mut logits)

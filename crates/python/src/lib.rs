@@ -227,6 +227,9 @@ impl Completion {
         usage.set_item("prompt_tokens", out.usage.prompt_tokens)?;
         usage.set_item("completion_tokens", out.usage.completion_tokens)?;
         usage.set_item("prefix_reused", out.usage.prefix_reused)?;
+        let spec = out.usage.speculation;
+        usage.set_item("spec_proposed", spec.proposed)?;
+        usage.set_item("spec_accepted", spec.accepted)?;
         let timings = PyDict::new(py);
         timings.set_item("ttft_s", out.timings.ttft.as_secs_f64())?;
         timings.set_item("prefill_tok_s", out.timings.prefill_tok_s)?;
@@ -351,7 +354,8 @@ fn run(
 impl PyModel {
     #[new]
     #[pyo3(signature = (path, *, backend = "auto", threads = 0, ctx_size = None, exact = false,
-                        chat_template = None, max_batch = 8, ort_lib = None))]
+                        chat_template = None, max_batch = 8, ort_lib = None, speculative = None,
+                        spec_tokens = oxgen::DEFAULT_SPEC_TOKENS))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -363,11 +367,22 @@ impl PyModel {
         chat_template: Option<PathBuf>,
         max_batch: usize,
         ort_lib: Option<PathBuf>,
+        speculative: Option<&str>,
+        spec_tokens: usize,
     ) -> PyResult<PyModel> {
         let backend = Backend::parse(backend)
             .ok_or_else(|| invalid(format!("backend '{backend}': use native, ort or auto")))?;
         if max_batch == 0 {
             return Err(invalid("max_batch must be at least 1"));
+        }
+        let speculative = speculative
+            .map(|s| s.parse::<oxgen::Speculative>().map_err(invalid))
+            .transpose()?;
+        if !(1..=oxgen::MAX_SPEC_TOKENS).contains(&spec_tokens) {
+            return Err(invalid(format!(
+                "spec_tokens {spec_tokens}: give 1 to {}",
+                oxgen::MAX_SPEC_TOKENS
+            )));
         }
         let options = ModelOptions {
             threads,
@@ -379,6 +394,8 @@ impl PyModel {
             kv: KvBudget::Sequences(max_batch),
             prefix_cache: true,
             chat_template,
+            speculative,
+            spec_tokens,
         };
         let model = py
             .detach(|| Inner::open(&path, &options))
@@ -427,6 +444,7 @@ impl PyModel {
         Ok(TokenStream {
             model: slf.clone().unbind(),
             seq: Mutex::new(Some(seq)),
+            pending: Mutex::new(Default::default()),
             finish_reason: Mutex::new(None),
         })
     }
@@ -562,12 +580,13 @@ fn batch(
         let order: Vec<usize> = live.iter().map(|(i, _)| *i).collect();
         for (i, step) in order.into_iter().zip(steps) {
             match step {
-                Ok(Some(step)) => {
-                    texts[i].push_str(&step.text);
-                    tokens[i].push(step.id);
-                    finish[i] = step.finish;
+                Ok(steps) => {
+                    for step in steps {
+                        texts[i].push_str(&step.text);
+                        tokens[i].push(step.id);
+                        finish[i] = step.finish;
+                    }
                 }
-                Ok(None) => {}
                 Err(e) => failure = Some(error(e)),
             }
             if cancel.is_cancelled() && finish[i].is_none() {
@@ -586,7 +605,7 @@ fn batch(
             usage: oxgen::Usage {
                 prompt_tokens: ids[i].len(),
                 completion_tokens: tokens[i].len(),
-                prefix_reused: 0,
+                ..Default::default()
             },
             tokens: std::mem::take(&mut tokens[i]),
             finish_reason: finish[i].expect("every sequence finished"),
@@ -604,6 +623,8 @@ fn batch(
 pub struct TokenStream {
     model: Py<PyModel>,
     seq: Mutex<Option<Sequence>>,
+    /// Tokens a speculative step confirmed that were not pulled yet.
+    pending: Mutex<std::collections::VecDeque<Token>>,
     finish_reason: Mutex<Option<&'static str>>,
 }
 
@@ -614,6 +635,10 @@ impl TokenStream {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<Token> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(token) = pending.pop_front() {
+            return Ok(token);
+        }
         let mut seq = self.seq.lock().unwrap_or_else(|e| e.into_inner());
         let Some(s) = seq.as_mut() else {
             return Err(PyStopIteration::new_err(()));
@@ -621,15 +646,22 @@ impl TokenStream {
         py.check_signals()?;
         let mut model = self.model.get().lock(py);
         let m = &mut *model;
-        let step = py.detach(|| m.advance(s)).map_err(error)?;
-        if let Some(f) = step.finish {
-            *self.finish_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.as_str());
-            model.end(seq.take().expect("the sequence is live"));
+        let steps = py.detach(|| m.advance(s)).map_err(error)?;
+        for step in steps {
+            if let Some(f) = step.finish {
+                *self.finish_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.as_str());
+                if let Some(s) = seq.take() {
+                    model.end(s);
+                }
+            }
+            pending.push_back(Token {
+                id: step.id,
+                text: step.text,
+            });
         }
-        Ok(Token {
-            id: step.id,
-            text: step.text,
-        })
+        pending
+            .pop_front()
+            .ok_or_else(|| PyStopIteration::new_err(()))
     }
 
     /// `stop`, `length` or `cancelled` once the stream ended, else `None`.

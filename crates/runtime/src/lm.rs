@@ -222,6 +222,9 @@ pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     pub pos: usize,
     pub logits: LogitsWanted,
+    /// The last `proposed` tokens are speculative proposals under verification: the next step
+    /// may overwrite their KV, so the blocks they fill stay out of the prefix cache.
+    pub proposed: usize,
 }
 
 /// One sequence a backend holds: positions filled, the context it was added with, and the

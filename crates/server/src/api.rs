@@ -342,6 +342,7 @@ impl Common {
                 cancel: None,
                 constraint: None,
                 keep_special: false,
+                spec_tokens: None,
             },
             max_tokens,
             n,

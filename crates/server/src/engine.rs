@@ -86,25 +86,32 @@ impl Running {
         !self.done
     }
 
-    /// What one step gave choice `choice`: a token, nothing yet (a prompt chunk), or an
-    /// error that fails the request.
+    /// What one step gave choice `choice`: tokens (several when speculative decoding
+    /// confirmed proposals), nothing yet (a prompt chunk), or an error that fails the request.
     fn on_step(
         &mut self,
         choice: usize,
-        result: Result<Option<Step>, oxgen::Error>,
+        result: Result<Vec<Step>, oxgen::Error>,
         model: &mut Model,
         metrics: &Metrics,
     ) {
+        match result {
+            Ok(steps) => {
+                for step in steps {
+                    self.on_token(choice, step, model, metrics);
+                }
+            }
+            Err(e) if !self.done => {
+                self.fail(model, ApiError::internal(format!("generation failed: {e}")));
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn on_token(&mut self, choice: usize, step: Step, model: &mut Model, metrics: &Metrics) {
         if self.done {
             return;
         }
-        let step = match result {
-            Ok(Some(step)) => step,
-            Ok(None) => return,
-            Err(e) => {
-                return self.fail(model, ApiError::internal(format!("generation failed: {e}")));
-            }
-        };
         let now = Instant::now();
         match self.last_token[choice].replace(now) {
             Some(last) => metrics.inter_token.observe(now - last),

@@ -108,6 +108,7 @@ fn allocations_per_decode_step(dir: &std::path::Path) -> Vec<(usize, Vec<usize>)
                 tokens,
                 pos,
                 logits: LogitsWanted::Last,
+                proposed: 0,
             }];
             lm.step(&Batch { steps: &steps }, out).unwrap();
         };

@@ -54,6 +54,7 @@ fn run_spans(lm: &mut NativeLm, spans: &[&[u32]]) -> Vec<Vec<f32>> {
             tokens: span,
             pos,
             logits: LogitsWanted::All,
+            proposed: 0,
         }];
         lm.step(&Batch { steps: &step }, &mut out).unwrap();
         rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));
@@ -158,6 +159,7 @@ fn a_prompt_step_that_wants_the_last_row_computes_the_same_bits() {
         tokens: &prompt,
         pos: 0,
         logits: LogitsWanted::Last,
+        proposed: 0,
     }];
     lm.step(&Batch { steps: &step }, &mut out).unwrap();
     assert_eq!(out.rows, vec![0..1]);
@@ -184,12 +186,14 @@ fn sequences_stepped_together_match_each_stepped_alone() {
             tokens: &a,
             pos: 0,
             logits: LogitsWanted::All,
+            proposed: 0,
         },
         SeqStep {
             seq: sb,
             tokens: &b,
             pos: 0,
             logits: LogitsWanted::All,
+            proposed: 0,
         },
     ];
     native.step(&Batch { steps: &prefill }, &mut out).unwrap();
@@ -201,12 +205,14 @@ fn sequences_stepped_together_match_each_stepped_alone() {
             tokens: &next_b,
             pos: b.len(),
             logits: LogitsWanted::Last,
+            proposed: 0,
         },
         SeqStep {
             seq: sa,
             tokens: &next_a,
             pos: a.len(),
             logits: LogitsWanted::Last,
+            proposed: 0,
         },
     ];
     native.step(&Batch { steps: &decode }, &mut out).unwrap();
@@ -229,6 +235,7 @@ fn rewinding_a_sequence_recomputes_the_same_logits() {
         tokens: &prompt,
         pos: 0,
         logits: LogitsWanted::All,
+        proposed: 0,
     }];
     native.step(&Batch { steps: &all }, &mut out).unwrap();
     let first: Vec<u32> = out.row(0, 9).iter().map(|v| v.to_bits()).collect();
@@ -237,6 +244,7 @@ fn rewinding_a_sequence_recomputes_the_same_logits() {
         tokens: &prompt[6..],
         pos: 6,
         logits: LogitsWanted::Last,
+        proposed: 0,
     }];
     native.step(&Batch { steps: &again }, &mut out).unwrap();
     assert_eq!(
@@ -263,6 +271,7 @@ fn bad_steps_are_errors_that_name_the_sequence() {
                     tokens: &long,
                     pos: 0,
                     logits: LogitsWanted::Last,
+                    proposed: 0,
                 }],
             },
             &mut out,
@@ -277,6 +286,7 @@ fn bad_steps_are_errors_that_name_the_sequence() {
                     tokens: &long[..2],
                     pos: 3,
                     logits: LogitsWanted::Last,
+                    proposed: 0,
                 }],
             },
             &mut out,
@@ -294,6 +304,7 @@ fn bad_steps_are_errors_that_name_the_sequence() {
                     tokens: &long[..1],
                     pos: 0,
                     logits: LogitsWanted::Last,
+                    proposed: 0,
                 }],
             },
             &mut out,

@@ -82,6 +82,7 @@ fn run_spans(lm: &mut NativeLm, spans: &[&[u32]]) -> Vec<Vec<f32>> {
             tokens: span,
             pos,
             logits: LogitsWanted::All,
+            proposed: 0,
         }];
         lm.step(&Batch { steps: &step }, &mut out).unwrap();
         rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));
@@ -140,6 +141,7 @@ fn greedy(lm: &mut NativeLm, prompt: &[u32], n: usize) -> Vec<u32> {
             tokens: &next,
             pos,
             logits: LogitsWanted::Last,
+            proposed: 0,
         }];
         lm.step(&Batch { steps: &step }, &mut out).unwrap();
         pos += next.len();

@@ -57,6 +57,7 @@ fn teacher_forced(lm: &mut dyn LanguageModel, prompt: &[u32], forced: &[u32]) ->
             tokens: span,
             pos,
             logits: LogitsWanted::Last,
+            proposed: 0,
         }];
         lm.step(&Batch { steps: &step }, &mut out).unwrap();
         rows.push(out.row(0, 0).to_vec());
@@ -84,6 +85,7 @@ fn greedy(
             tokens: &span,
             pos,
             logits: LogitsWanted::Last,
+            proposed: 0,
         }];
         lm.step(&Batch { steps: &step }, &mut out).unwrap();
         pos += span.len();
@@ -216,6 +218,7 @@ fn concatenating_kv_graphs_match_onnxruntime_including_a_rewind() {
             tokens,
             pos,
             logits: LogitsWanted::Last,
+            proposed: 0,
         }];
         lm.step(&Batch { steps: &step }, out).unwrap();
         out.row(0, 0).to_vec()

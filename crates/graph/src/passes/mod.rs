@@ -40,6 +40,7 @@ pub mod attention;
 mod edit;
 pub mod fold;
 pub mod group;
+pub mod layers;
 pub mod norm;
 pub mod rotary;
 pub mod shapes;

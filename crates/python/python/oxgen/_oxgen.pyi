@@ -46,6 +46,8 @@ class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     prefix_reused: int
+    spec_proposed: int
+    spec_accepted: int
 
 class Timings(TypedDict):
     ttft_s: float
@@ -93,6 +95,8 @@ class Model:
         chat_template: Union[str, PathLike[str], None] = None,
         max_batch: int = 8,
         ort_lib: Union[str, PathLike[str], None] = None,
+        speculative: Optional[str] = None,
+        spec_tokens: int = 6,
     ) -> Model: ...
     def generate(self, prompt: Prompt, **sampling: Unpack[Sampling]) -> Completion: ...
     def stream(self, prompt: Prompt, **sampling: Unpack[Sampling]) -> TokenStream: ...

@@ -1,0 +1,272 @@
+//! Speculative decoding in the facade: which proposer a model opens (`--speculative`), and
+//! each step's proposals for the sequences that speculate. Verification is in
+//! `sequence.rs`; the proposers and the adaptive choice of how many ids to verify are
+//! `oxgen_generate`'s.
+
+use std::path::{Path, PathBuf};
+
+use oxgen_generate::{
+    Adaptive, DraftModel, PromptLookup, ProposalRequest, Proposer, SpecStats, Tokenizer,
+};
+use oxgen_runtime::{Capabilities, LanguageModel};
+
+use crate::{Error, Model, ModelOptions, Sequence, backend};
+
+/// How speculative decoding proposes ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Speculative {
+    /// Continue the latest earlier match of the last n ids (no extra model).
+    PromptLookup(PromptLookup),
+    /// A smaller package with the same tokenizer, run greedily on the same threads.
+    Draft(PathBuf),
+    /// The model's own first `layers` layers and output head.
+    SelfDraft { layers: usize },
+}
+
+/// Proposed ids per step when no one says otherwise: a verified span of up to 8 rows is one
+/// pass over the weights on the native backend.
+pub const DEFAULT_SPEC_TOKENS: usize = 6;
+/// The most ids a step may propose (`--spec-tokens`).
+pub const MAX_SPEC_TOKENS: usize = 32;
+/// A verified row's cost relative to a decode step, as [`Adaptive`] weighs it. Measured on
+/// the default model (native, 2 threads): see docs/PERFORMANCE.md, "Speculative decoding".
+const ROW_COST: f32 = 0.08;
+/// Batches of more sequences than this run without speculation: their decode rows already
+/// share each pass over the weights, so verified rows add compute instead of saving passes.
+pub const SPEC_MAX_BATCH: usize = 4;
+
+impl std::str::FromStr for Speculative {
+    type Err = String;
+
+    /// `prompt-lookup`, `prompt-lookup:N` or `prompt-lookup:MIN-MAX` (n-gram sizes),
+    /// `draft:PATH`, `self:LAYERS`.
+    fn from_str(s: &str) -> Result<Speculative, String> {
+        let usage = "give prompt-lookup[:N or :MIN-MAX], draft:PATH or self:LAYERS";
+        let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
+        let number = |v: &str| {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("'{v}' in '{s}' is not a positive whole number; {usage}"))
+        };
+        match kind {
+            "prompt-lookup" if arg.is_empty() => {
+                Ok(Speculative::PromptLookup(PromptLookup::default()))
+            }
+            "prompt-lookup" => {
+                let (min_n, max_n) = match arg.split_once('-') {
+                    Some((a, b)) => (number(a)?, number(b)?),
+                    None => (number(arg)?, number(arg)?),
+                };
+                if min_n > max_n || max_n > 64 {
+                    return Err(format!(
+                        "n-gram sizes {min_n}-{max_n} in '{s}': the first may not exceed the \
+                         second, which is at most 64"
+                    ));
+                }
+                Ok(Speculative::PromptLookup(PromptLookup { min_n, max_n }))
+            }
+            "draft" if !arg.is_empty() => Ok(Speculative::Draft(PathBuf::from(arg))),
+            "self" => Ok(Speculative::SelfDraft {
+                layers: number(arg)?,
+            }),
+            _ => Err(format!("unknown speculative mode '{s}'; {usage}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Speculative {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Speculative::PromptLookup(p) => write!(f, "prompt-lookup:{}-{}", p.min_n, p.max_n),
+            Speculative::Draft(path) => write!(f, "draft:{}", path.display()),
+            Speculative::SelfDraft { layers } => write!(f, "self:{layers}"),
+        }
+    }
+}
+
+/// A model's proposer and what it did.
+pub(crate) struct Speculation {
+    proposer: Box<dyn Proposer>,
+    /// Proposed ids per step unless a generation says otherwise.
+    pub tokens: usize,
+    pub stats: SpecStats,
+    /// Per sequence of a step: its proposals.
+    out: Vec<Vec<u32>>,
+}
+
+/// Opens the proposer `options.speculative` asks for, beside the `target` model opened as
+/// `open` says, whose tokenizer is `tokenizer`.
+pub(crate) fn open(
+    options: &ModelOptions,
+    open: &backend::Open,
+    target: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+) -> Result<Option<Speculation>, Error> {
+    let Some(kind) = &options.speculative else {
+        return Ok(None);
+    };
+    if options.spec_tokens > MAX_SPEC_TOKENS {
+        return Err(Error::Package {
+            path: "--spec-tokens".into(),
+            reason: format!(
+                "--spec-tokens {} is more than {MAX_SPEC_TOKENS}; verifying that many ids at \
+                 once cannot pay",
+                options.spec_tokens
+            ),
+        });
+    }
+    let vocab = target.contract().vocab_size.unwrap_or(usize::MAX);
+    let proposer: Box<dyn Proposer> = match kind {
+        Speculative::PromptLookup(p) => Box::new(*p),
+        Speculative::Draft(path) => Box::new(open_draft(options, path, tokenizer, vocab)?),
+        Speculative::SelfDraft { layers } => {
+            if target.backend() != "native" {
+                return Err(Error::Package {
+                    path: open.model_path.display().to_string(),
+                    reason: format!(
+                        "self:{layers} runs the model's first layers on the native backend,                          and this model runs on {}; use prompt-lookup or draft:PATH",
+                        target.backend()
+                    ),
+                });
+            }
+            let lm = backend::open_layers(open, *layers)?;
+            Box::new(DraftModel::new(lm, "self", vocab))
+        }
+    };
+    Ok(Some(Speculation {
+        proposer,
+        tokens: options.spec_tokens,
+        stats: SpecStats::default(),
+        out: Vec::new(),
+    }))
+}
+
+/// A draft package: its own model, checked to share the target's tokenizer.
+fn open_draft(
+    options: &ModelOptions,
+    path: &Path,
+    tokenizer: &Tokenizer,
+    vocab: usize,
+) -> Result<DraftModel, Error> {
+    let draft_options = ModelOptions {
+        speculative: None,
+        chat_template: None,
+        ..options.clone()
+    };
+    let draft = Model::open(path, &draft_options)?;
+    if let Err(why) = tokenizer.check_same_vocab(draft.tokenizer()) {
+        return Err(Error::Package {
+            path: draft.dir().display().to_string(),
+            reason: format!(
+                "a draft model needs the target's tokenizer, and this one differs: {why}; \
+                 pick a draft of the same family (or use prompt-lookup or self:LAYERS)"
+            ),
+        });
+    }
+    Ok(DraftModel::new(draft.into_lm(), "draft", vocab))
+}
+
+impl Speculation {
+    /// Fills each decode-phase sequence's span to verify (its last id, then the proposals)
+    /// where it speculates this step. `capabilities` says whether a multi-token span with
+    /// past may share a forward with other sequences.
+    pub fn propose(
+        &mut self,
+        seqs: &mut [&mut Sequence],
+        capabilities: Capabilities,
+    ) -> Result<(), Error> {
+        let batch_ok = seqs.len() == 1
+            || (seqs.len() <= SPEC_MAX_BATCH
+                && (capabilities.fused_prefill_with_past || !capabilities.fused_decode));
+        let mut asked = Vec::with_capacity(seqs.len());
+        for (i, s) in seqs.iter_mut().enumerate() {
+            s.verify.clear();
+            if !batch_ok || s.pending() != 1 || s.decoding.finish_reason().is_some() {
+                continue;
+            }
+            let room = s.decoding.room().saturating_sub(1);
+            let k = s.adaptive.tokens(ROW_COST).min(room);
+            if k > 0 {
+                asked.push((i, k));
+            }
+        }
+        if asked.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<ProposalRequest> = (asked.iter())
+            .map(|&(i, k)| ProposalRequest {
+                seq: seqs[i].seq,
+                ids: seqs[i].decoding.ids(),
+                ctx_size: seqs[i].positions,
+                max: k,
+            })
+            .collect();
+        self.out
+            .resize_with(requests.len().max(self.out.len()), Vec::new);
+        self.proposer
+            .propose(&requests, &mut self.out[..requests.len()])?;
+        drop(requests);
+        for (&(i, k), proposed) in asked.iter().zip(&self.out) {
+            let s = &mut *seqs[i];
+            if proposed.is_empty() {
+                continue;
+            }
+            let (_, span) = s.decoding.span();
+            s.verify.extend_from_slice(span);
+            s.verify.extend(proposed.iter().take(k));
+        }
+        Ok(())
+    }
+
+    /// Records one sequence's verification.
+    pub fn record(&mut self, adaptive: &mut Adaptive, proposed: usize, accepted: usize) {
+        adaptive.record(proposed, accepted);
+        self.stats.add(&SpecStats {
+            verify_steps: u64::from(proposed > 0),
+            proposed: proposed as u64,
+            accepted: accepted as u64,
+        });
+    }
+
+    /// The target let `seq` go.
+    pub fn forget(&mut self, seq: oxgen_runtime::SeqId) {
+        self.proposer.forget(seq);
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.proposer.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print_back() {
+        for (s, want) in [
+            ("prompt-lookup", "prompt-lookup:2-4"),
+            ("prompt-lookup:3", "prompt-lookup:3-3"),
+            ("prompt-lookup:1-5", "prompt-lookup:1-5"),
+            ("draft:/models/small", "draft:/models/small"),
+            ("self:8", "self:8"),
+        ] {
+            assert_eq!(s.parse::<Speculative>().unwrap().to_string(), want);
+        }
+        for bad in [
+            "lookup",
+            "self",
+            "self:0",
+            "self:x",
+            "draft:",
+            "prompt-lookup:4-2",
+            "prompt-lookup:0",
+            "prompt-lookup:1-100",
+        ] {
+            let e = bad.parse::<Speculative>().unwrap_err();
+            assert!(e.contains("prompt-lookup"), "{bad}: {e}");
+        }
+    }
+}
