@@ -5,6 +5,8 @@
 
 use std::io::Write;
 
+use anyhow::Context;
+
 use std::time::Instant;
 
 use oxgen::{GenerateOptions, Model, Output, Prompt, Sequence, StepCounters};
@@ -55,6 +57,13 @@ pub struct Args {
     /// Pick one that does not end within --gen-len (an array of numbers, say).
     #[arg(long, env = "OXGEN_JSON_SCHEMA")]
     json_schema: Option<String>,
+    /// The prompt: a file whose text is sent as a user chat message (instead of --prompt and
+    /// --prompt-len), for a real workload (speculative decoding's, say).
+    #[arg(long, env = "OXGEN_PROMPT_FILE")]
+    prompt_file: Option<std::path::PathBuf>,
+    /// Stop at end-of-sequence (by default every run generates --gen-len tokens).
+    #[arg(long, env = "OXGEN_EOS")]
+    eos: bool,
     /// Sequences decoded side by side (one forward per step over all of them).
     #[arg(long, env = "OXGEN_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     batch: u64,
@@ -94,9 +103,16 @@ fn stats(values: &[f64]) -> serde_json::Value {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = model_dir(args.model.as_deref())?;
     let (prompt_len, gen_len) = (args.prompt_len as usize, args.gen_len as usize);
-    let mut model = open_model(&dir, &args.run, &args.backend, Some(prompt_len + gen_len))?;
-    let ids = match args.prompt {
-        PromptKind::Random => {
+    // A prompt file's length is known once the model's tokenizer has read it.
+    let ctx = args.prompt_file.is_none().then_some(prompt_len + gen_len);
+    let mut model = open_model(&dir, &args.run, &args.backend, ctx)?;
+    let ids = match (&args.prompt_file, args.prompt) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --prompt-file {}", path.display()))?;
+            model.encode(&Prompt::chat(&[("user", text.trim_end())]))?
+        }
+        (None, PromptKind::Random) => {
             let vocab = model.tokenizer().vocab_size().max(1) as u64;
             let special = [
                 model.config().eos_token_ids.clone(),
@@ -113,7 +129,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
             ids
         }
-        PromptKind::Fixed => {
+        (None, PromptKind::Fixed) => {
             let piece = model.encode(&Prompt::Text(FIXED_TEXT.into()))?;
             piece.iter().copied().cycle().take(prompt_len).collect()
         }
@@ -126,9 +142,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let prompt_len = ids.len();
     let options = GenerateOptions {
         max_new_tokens: gen_len,
-        ignore_eos: true,
+        ignore_eos: !args.eos,
         constraint,
         ..GenerateOptions::default()
     };
@@ -155,6 +172,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let prefill = stats(&series(&|o| o.timings.prefill_tok_s));
     let decode = stats(&series(&|o| o.timings.decode_tok_s));
     let ttft = stats(&series(&|o| o.timings.ttft.as_secs_f64() * 1e3));
+    let accept = series(&|o| o.usage.speculation.accept_rate());
+    let per_step = series(&profile::tokens_per_step);
+    let generated = series(&|o| o.tokens.len() as f64);
     let report = json!({
         "model": dir.display().to_string(),
         "threads": model.threads(),
@@ -169,6 +189,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "kv_cache_bytes": model.kv_positions().map(|p| model.kv_bytes(p)),
         "peak_rss_bytes": peak_rss_bytes(),
         "weight_bytes_per_token": weight_bytes_per_token(&model, counters),
+        "generated_tokens": stats(&generated),
+        "speculative": model.speculation().map(|(mode, _)| mode),
+        "spec_accept_rate": stats(&accept),
+        "spec_tokens_per_step": stats(&per_step),
     });
     let mut stdout = std::io::stdout().lock();
     if args.json {
@@ -199,6 +223,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             line("decode", &report["decode_tok_s"], "tok/s")
         )?;
         writeln!(stdout, "{}", line("TTFT", &report["ttft_ms"], "ms"))?;
+        if let Some(mode) = model.speculation().map(|(mode, _)| mode) {
+            let median = |k: &str| report[k]["median"].as_f64().unwrap_or_default();
+            writeln!(
+                stdout,
+                "speculation ({mode}) median accept rate {:.0}%, {:.2} tokens per decode step",
+                100.0 * median("spec_accept_rate"),
+                median("spec_tokens_per_step")
+            )?;
+        }
         if let Some(rss) = peak_rss_bytes() {
             writeln!(stdout, "peak RSS {}", crate::options::mib(rss))?;
         }

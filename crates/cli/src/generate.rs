@@ -107,7 +107,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 fn json_output(out: &Output, load_ms: f64) -> serde_json::Value {
     let t = &out.timings;
+    let spec = out.usage.speculation;
     json!({
+        "speculation": {
+            "proposed": spec.proposed,
+            "accepted": spec.accepted,
+            "tokens_per_step": profile::tokens_per_step(out),
+        },
         "text": out.text,
         "token_ids": out.tokens,
         "prompt_tokens": out.usage.prompt_tokens,

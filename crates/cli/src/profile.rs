@@ -10,10 +10,11 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
-/// prompt tokens (reused), TTFT, prefill and decode throughput, finish reason.
+/// prompt tokens (reused), TTFT, prefill and decode throughput, finish reason, and what
+/// speculation did.
 pub fn summary(out: &Output) -> String {
     let t = &out.timings;
-    format!(
+    let mut line = format!(
         "prompt {} tokens ({} reused) | TTFT {} | prefill {:.1} tok/s | {} tokens, decode {:.1} tok/s | {}",
         out.usage.prompt_tokens,
         out.usage.prefix_reused,
@@ -22,7 +23,46 @@ pub fn summary(out: &Output) -> String {
         out.usage.completion_tokens,
         t.decode_tok_s,
         out.finish_reason.as_str()
-    )
+    );
+    if let Some(spec) = speculation(out) {
+        line.push_str(&format!(
+            " | speculation {} of {} accepted ({:.0}%), {:.2} tokens per decode step",
+            spec.accepted,
+            spec.proposed,
+            100.0 * spec.accept_rate,
+            spec.tokens_per_step
+        ));
+    }
+    line
+}
+
+/// What speculative decoding did in one generation.
+pub struct SpecReport {
+    pub proposed: u64,
+    pub accepted: u64,
+    pub accept_rate: f64,
+    /// Generated tokens per decode forward (after the first token, which prefill gives).
+    pub tokens_per_step: f64,
+}
+
+/// `None` when nothing was proposed.
+pub fn speculation(out: &Output) -> Option<SpecReport> {
+    let s = out.usage.speculation;
+    (s.proposed > 0).then(|| SpecReport {
+        proposed: s.proposed,
+        accepted: s.accepted,
+        accept_rate: s.accept_rate(),
+        tokens_per_step: tokens_per_step(out),
+    })
+}
+
+/// Generated tokens per decode forward: 1 without speculation.
+pub fn tokens_per_step(out: &Output) -> f64 {
+    let decode_steps = out.usage.steps.saturating_sub(1);
+    if decode_steps == 0 {
+        return 1.0;
+    }
+    out.tokens.len().saturating_sub(1) as f64 / decode_steps as f64
 }
 
 /// The full profile of one or more generations with `model`.
@@ -51,6 +91,18 @@ pub fn print(model: &Model, outs: &[Output]) {
         ms(quantile(&latencies, 0.99))
     );
     eprintln!("prefix reused: {} tokens", last.usage.prefix_reused);
+    if let Some((mode, total)) = model.speculation() {
+        let proposed: u64 = outs.iter().map(|o| o.usage.speculation.proposed).sum();
+        let accepted: u64 = outs.iter().map(|o| o.usage.speculation.accepted).sum();
+        let steps: f64 = outs.iter().map(tokens_per_step).sum();
+        eprintln!(
+            "speculation     {mode}: {accepted} of {proposed} proposed ids accepted ({:.0}%), \
+             {:.2} tokens per decode step; {} verifications since load",
+            100.0 * accepted as f64 / proposed.max(1) as f64,
+            steps / outs.len() as f64,
+            total.verify_steps
+        );
+    }
     if let Some(positions) = model.kv_positions() {
         eprintln!(
             "KV cache        {} ({positions} positions)",

@@ -160,6 +160,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             if let Some(note) = model.backend_note() {
                 eprintln!("note: {note}");
             }
+            if let Some((mode, _)) = model.speculation() {
+                eprintln!(
+                    "speculative decoding: {mode}, up to {} ids per step, in batches of up to \
+                     {} sequences",
+                    options.spec_tokens,
+                    oxgen::SPEC_MAX_BATCH
+                );
+            }
             Ok(model)
         }),
     )

@@ -41,6 +41,7 @@ pub use reply::{Reply, ReplyDelta, ReplyParser, ReplySyntax};
 pub use sampling::{Param, Sampler, SamplingParams, SamplingRequest, fresh_seed};
 pub use speculate::{
     Adaptive, DraftModel, MAX_BACKOFF, PromptLookup, ProposalRequest, Proposer, SpecStats,
+    running_mean,
 };
 pub use stop::{StopCheck, StopStrings};
 pub use template::{ChatMessage, ChatTemplate};

@@ -55,6 +55,11 @@ pub trait Proposer: Send {
     fn forget(&mut self, seq: SeqId) {
         let _ = seq;
     }
+    /// Seconds one more proposed id costs in steady state (a draft model's decode forward),
+    /// as measured so far; `None` when it costs next to nothing (a lookup).
+    fn secs_per_id(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Proposes what followed the most recent earlier occurrence of the sequence's last n ids
@@ -142,6 +147,8 @@ pub struct DraftModel {
     seqs: HashMap<SeqId, DraftSeq>,
     logits: StepLogits,
     spans: Vec<DraftSpan>,
+    /// Running seconds per round of single-id spans (one proposed id per sequence).
+    round_secs: Option<f64>,
 }
 
 impl DraftModel {
@@ -154,6 +161,7 @@ impl DraftModel {
             seqs: HashMap::new(),
             logits: StepLogits::default(),
             spans: Vec::new(),
+            round_secs: None,
         }
     }
 
@@ -218,6 +226,10 @@ impl Proposer for DraftModel {
             self.lm.remove_sequence(d.seq);
         }
     }
+
+    fn secs_per_id(&self) -> Option<f64> {
+        self.round_secs
+    }
 }
 
 impl DraftModel {
@@ -243,7 +255,14 @@ impl DraftModel {
             if steps.is_empty() {
                 return Ok(());
             }
+            // Rounds that catch up on a prompt are not what a proposed id costs.
+            let steady = steps.iter().all(|s| s.tokens.len() <= 2);
+            let started = std::time::Instant::now();
             self.lm.step(&Batch { steps: &steps }, &mut self.logits)?;
+            if steady {
+                let secs = started.elapsed().as_secs_f64();
+                self.round_secs = Some(running_mean(self.round_secs, secs));
+            }
             drop(steps);
             let stepped = spans.iter_mut().enumerate().filter(|(_, s)| live(s));
             for (row, (i, span)) in stepped.enumerate() {
@@ -260,6 +279,12 @@ impl DraftModel {
             }
         }
     }
+}
+
+/// `mean` moved a fifth of the way toward `x` (`x` itself when there is no mean yet): the
+/// running time measures speculation weighs its costs by.
+pub fn running_mean(mean: Option<f64>, x: f64) -> f64 {
+    mean.map_or(x, |m| 0.8 * m + 0.2 * x)
 }
 
 /// Speculation's counts since a model was opened (or over one generation).

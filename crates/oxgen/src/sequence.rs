@@ -214,7 +214,14 @@ impl Model {
             .iter()
             .map(|s| (s.tokens.len(), s.logits != LogitsWanted::None))
             .collect();
+        let started = std::time::Instant::now();
         let stepped = self.lm.step(&Batch { steps: &steps }, &mut self.scratch);
+        if let Some(spec) = &mut self.spec
+            && steps.iter().all(|s| s.tokens.len() == 1 + s.proposed)
+        {
+            let proposed = steps.iter().map(|s| s.proposed).max().unwrap_or(0);
+            spec.timed_step(started.elapsed(), proposed);
+        }
         drop(steps);
         if let Err(e) = stepped {
             seqs.iter_mut().for_each(|s| s.verify.clear());

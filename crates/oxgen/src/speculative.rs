@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use oxgen_generate::{
     Adaptive, DraftModel, PromptLookup, ProposalRequest, Proposer, SpecStats, Tokenizer,
+    running_mean,
 };
 use oxgen_runtime::{Capabilities, LanguageModel};
 
@@ -30,7 +31,9 @@ pub const DEFAULT_SPEC_TOKENS: usize = 6;
 pub const MAX_SPEC_TOKENS: usize = 32;
 /// A verified row's cost relative to a decode step, as [`Adaptive`] weighs it. Measured on
 /// the default model (native, 2 threads): see docs/PERFORMANCE.md, "Speculative decoding".
+/// A proposer's own cost (a draft model's forwards) is measured as it runs and added.
 const ROW_COST: f32 = 0.08;
+
 /// Batches of more sequences than this run without speculation: their decode rows already
 /// share each pass over the weights, so verified rows add compute instead of saving passes.
 pub const SPEC_MAX_BATCH: usize = 4;
@@ -94,6 +97,8 @@ pub(crate) struct Speculation {
     pub stats: SpecStats,
     /// Per sequence of a step: its proposals.
     out: Vec<Vec<u32>>,
+    /// Running seconds per decode forward of the model.
+    step_secs: Option<f64>,
 }
 
 /// Opens the proposer `options.speculative` asks for, beside the `target` model opened as
@@ -140,6 +145,7 @@ pub(crate) fn open(
         tokens: options.spec_tokens,
         stats: SpecStats::default(),
         out: Vec::new(),
+        step_secs: None,
     }))
 }
 
@@ -181,13 +187,14 @@ impl Speculation {
             || (seqs.len() <= SPEC_MAX_BATCH
                 && (capabilities.fused_prefill_with_past || !capabilities.fused_decode));
         let mut asked = Vec::with_capacity(seqs.len());
+        let cost = ROW_COST + self.proposer_cost();
         for (i, s) in seqs.iter_mut().enumerate() {
             s.verify.clear();
             if !batch_ok || s.pending() != 1 || s.decoding.finish_reason().is_some() {
                 continue;
             }
             let room = s.decoding.room().saturating_sub(1);
-            let k = s.adaptive.tokens(ROW_COST).min(room);
+            let k = s.adaptive.tokens(cost).min(room);
             if k > 0 {
                 asked.push((i, k));
             }
@@ -218,6 +225,22 @@ impl Speculation {
             s.verify.extend(proposed.iter().take(k));
         }
         Ok(())
+    }
+
+    /// A proposed id's cost relative to a decode forward of the model, as measured so far (0
+    /// before both were measured).
+    fn proposer_cost(&self) -> f32 {
+        match (self.proposer.secs_per_id(), self.step_secs) {
+            (Some(p), Some(s)) if s > 0.0 => (p / s) as f32,
+            _ => 0.0,
+        }
+    }
+
+    /// Records how long a decode forward of the model took, `proposed` the most ids one of
+    /// its sequences verified (a step with a prompt chunk is not timed).
+    pub fn timed_step(&mut self, took: std::time::Duration, proposed: usize) {
+        let plain = took.as_secs_f64() / (1.0 + f64::from(ROW_COST) * proposed as f64);
+        self.step_secs = Some(running_mean(self.step_secs, plain));
     }
 
     /// Records one sequence's verification.

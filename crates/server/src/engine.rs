@@ -256,6 +256,7 @@ pub(crate) fn publish(model: &Model, metrics: &Metrics, batch: usize) {
         kv: model.kv_usage(),
         counters: model.counters(),
         batch,
+        speculation: model.speculation().map(|(_, stats)| stats),
     };
 }
 

@@ -74,6 +74,8 @@ pub struct EngineStats {
     pub counters: oxgen::StepCounters,
     /// Sequences in the last step.
     pub batch: usize,
+    /// What speculative decoding did since start, when it is on.
+    pub speculation: Option<oxgen::SpecStats>,
 }
 
 impl Default for Metrics {
@@ -281,6 +283,9 @@ fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
         "Weight bytes read per generated token, since start.",
         ratio(c.weight_bytes, generated),
     );
+    if let Some(spec) = e.speculation {
+        render_speculation(out, &spec);
+    }
     let Some(kv) = e.kv else { return };
     let _ = writeln!(
         out,
@@ -317,6 +322,37 @@ fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
         "gauge",
         "Share of cacheable prompt blocks found in the prefix cache, since start.",
         ratio(kv.prefix_hits, kv.prefix_queries),
+    );
+}
+
+fn render_speculation(out: &mut String, spec: &oxgen::SpecStats) {
+    metric(
+        out,
+        "oxgen_spec_proposed_tokens_total",
+        "counter",
+        "Ids proposed for speculative verification.",
+        spec.proposed,
+    );
+    metric(
+        out,
+        "oxgen_spec_accepted_tokens_total",
+        "counter",
+        "Proposed ids the model confirmed.",
+        spec.accepted,
+    );
+    metric(
+        out,
+        "oxgen_spec_verify_steps_total",
+        "counter",
+        "Sequence steps that verified proposals.",
+        spec.verify_steps,
+    );
+    metric(
+        out,
+        "oxgen_spec_accept_rate",
+        "gauge",
+        "Accepted over proposed ids, since start.",
+        spec.accept_rate(),
     );
 }
 
