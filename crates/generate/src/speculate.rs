@@ -317,10 +317,11 @@ impl SpecStats {
 /// How many ids one sequence asks to verify, from its running acceptance rate.
 ///
 /// With per-id acceptance `a`, a step that proposes k ids emits `(1 − a^(k+1)) / (1 − a)` ids
-/// on average and costs `1 + c·k` plain steps (`c`: a verified row's cost relative to a
-/// decode step). It asks for the k in `1..=max` that emits most per cost; when no k beats a
+/// on average and costs `cost(k)` plain steps (the driver's measure: the verified rows and the
+/// proposer's own work). It asks for the k in `1..=max` that emits most per cost; when no k beats a
 /// plain step, it proposes nothing for `backoff` steps (doubling up to [`MAX_BACKOFF`] while
-/// speculation keeps failing) and then probes again.
+/// speculation keeps failing) and then probes with a single proposed id: speculation resumes
+/// if it lands, else pauses again.
 #[derive(Debug, Clone)]
 pub struct Adaptive {
     max: usize,
@@ -329,13 +330,14 @@ pub struct Adaptive {
     /// Steps left without proposing.
     skip: u32,
     backoff: u32,
+    /// After a pause: the next step proposes one id, and its fate decides whether
+    /// speculation resumes or pauses again for longer.
+    probing: bool,
     pub stats: SpecStats,
 }
 
 /// The acceptance rate a sequence starts from.
 const PRIOR_RATE: f32 = 0.6;
-/// The least acceptance rate a probe after a pause starts from.
-const PROBE_RATE: f32 = 0.1;
 /// How much of the running rate each verification replaces.
 const RATE_WEIGHT: f32 = 0.5;
 /// The longest pause, in steps, between probes of a sequence where speculation fails.
@@ -349,19 +351,23 @@ impl Adaptive {
             rate: PRIOR_RATE,
             skip: 0,
             backoff: 1,
+            probing: false,
             stats: SpecStats::default(),
         }
     }
 
-    /// Ids to ask the proposer for this step, given a verified row's relative cost (0: a
-    /// plain step).
-    pub fn tokens(&mut self, row_cost: f32) -> usize {
+    /// Ids to ask the proposer for this step, given `cost(k)`: what a step verifying k
+    /// proposals costs (proposing them included), in plain decode steps.
+    pub fn tokens(&mut self, cost: impl Fn(usize) -> f32) -> usize {
         if self.max == 0 {
             return 0;
         }
         if self.skip > 0 {
             self.skip -= 1;
             return 0;
+        }
+        if self.probing {
+            return 1;
         }
         let a = self.rate.clamp(0.0, 0.999);
         let (mut best, mut best_gain) = (0, 1.0f32);
@@ -370,18 +376,21 @@ impl Adaptive {
         for k in 1..=self.max {
             ak *= a;
             emitted += ak;
-            let gain = emitted / (1.0 + row_cost * k as f32);
+            let gain = emitted / cost(k);
             if gain > best_gain {
                 (best, best_gain) = (k, gain);
             }
         }
         if best == 0 {
-            self.skip = self.backoff;
-            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-            // The probe after the pause: one more failure pauses again.
-            self.rate = (2.0 * row_cost).max(PROBE_RATE);
+            self.pause();
         }
         best
+    }
+
+    fn pause(&mut self) {
+        self.skip = self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.probing = true;
     }
 
     /// Records a verification of `proposed` ids of which the first `accepted` were kept.
@@ -392,6 +401,13 @@ impl Adaptive {
         self.stats.verify_steps += 1;
         self.stats.proposed += proposed as u64;
         self.stats.accepted += accepted as u64;
+        if self.probing {
+            self.probing = false;
+            if accepted == 0 {
+                return self.pause();
+            }
+            self.rate = self.rate.max(PRIOR_RATE);
+        }
         let rate = accepted as f32 / proposed as f32;
         self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * rate;
         if accepted > 0 {
@@ -425,16 +441,17 @@ mod tests {
     fn adaptive_asks_for_more_when_proposals_land_and_pauses_when_they_do_not() {
         let mut a = Adaptive::new(6);
         let mut landed = 0;
+        let cheap = |k: usize| 1.0 + 0.05 * k as f32;
         for _ in 0..8 {
-            let k = a.tokens(0.05);
+            let k = a.tokens(cheap);
             a.record(k, k);
             landed += k as u64;
         }
-        assert_eq!(a.tokens(0.05), 6);
+        assert_eq!(a.tokens(cheap), 6);
         // Every proposal rejected: it pauses, and the pauses grow.
         let mut pauses = Vec::new();
         for _ in 0..200 {
-            let k = a.tokens(0.05);
+            let k = a.tokens(cheap);
             if k == 0 {
                 *pauses.last_mut().unwrap_or(&mut 0) += 1;
             } else {
@@ -450,7 +467,14 @@ mod tests {
         // Expensive rows: even a 90% rate pays only with few ids.
         let mut a = Adaptive::new(8);
         a.rate = 0.9;
-        assert!((1..=3).contains(&a.tokens(0.5)));
-        assert_eq!(Adaptive::new(0).tokens(0.0), 0);
+        assert!((1..=3).contains(&a.tokens(|k| 1.0 + 0.5 * k as f32)));
+        // A fixed cost of going past one row: a 40% rate does not pay, a 70% one does.
+        let fixed = |k: usize| 1.45 + 0.11 * k as f32;
+        a.rate = 0.4;
+        assert_eq!(a.tokens(fixed), 0);
+        let mut a = Adaptive::new(8);
+        a.rate = 0.7;
+        assert!(a.tokens(fixed) >= 3);
+        assert_eq!(Adaptive::new(0).tokens(|_| 1.0), 0);
     }
 }

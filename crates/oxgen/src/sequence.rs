@@ -216,11 +216,10 @@ impl Model {
             .collect();
         let started = std::time::Instant::now();
         let stepped = self.lm.step(&Batch { steps: &steps }, &mut self.scratch);
-        if let Some(spec) = &mut self.spec
-            && steps.iter().all(|s| s.tokens.len() == 1 + s.proposed)
+        if let (Some(spec), [step]) = (&mut self.spec, steps.as_slice())
+            && step.tokens.len() == 1 + step.proposed
         {
-            let proposed = steps.iter().map(|s| s.proposed).max().unwrap_or(0);
-            spec.timed_step(started.elapsed(), proposed);
+            spec.timed_step(started.elapsed(), step.proposed);
         }
         drop(steps);
         if let Err(e) = stepped {

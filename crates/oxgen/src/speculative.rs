@@ -29,13 +29,19 @@ pub enum Speculative {
 pub const DEFAULT_SPEC_TOKENS: usize = 6;
 /// The most ids a step may propose (`--spec-tokens`).
 pub const MAX_SPEC_TOKENS: usize = 32;
-/// A verified row's cost relative to a decode step, as [`Adaptive`] weighs it. Measured on
-/// the default model (native, 2 threads): see docs/PERFORMANCE.md, "Speculative decoding".
-/// A proposer's own cost (a draft model's forwards) is measured as it runs and added.
-const ROW_COST: f32 = 0.08;
+/// What a step verifying k proposals costs in plain decode steps before it was measured:
+/// `1 + VERIFY_FIXED + VERIFY_ROW · k`. Fitted on the default model (native, 2 threads, an
+/// Intel Xeon slice): a span of more than one row leaves the single-row decode kernels, and
+/// each further row adds a little (docs/PERFORMANCE.md, "Speculative decoding"). Once a
+/// model has timed its own steps alone, its measured ratios replace these; a proposer's own
+/// cost (a draft model's forwards) is measured as it runs and added.
+const VERIFY_FIXED: f32 = 0.45;
+const VERIFY_ROW: f32 = 0.11;
 
 /// Batches of more sequences than this run without speculation: their decode rows already
 /// share each pass over the weights, so verified rows add compute instead of saving passes.
+/// Measured with prompt lookup on the edit workload (default model, 2 threads): 1.36x at
+/// batch 2, 1.37x at 4, 1.08x at 8, 0.74x at 16 (docs/PERFORMANCE.md).
 pub const SPEC_MAX_BATCH: usize = 4;
 
 impl std::str::FromStr for Speculative {
@@ -97,8 +103,8 @@ pub(crate) struct Speculation {
     pub stats: SpecStats,
     /// Per sequence of a step: its proposals.
     out: Vec<Vec<u32>>,
-    /// Running seconds per decode forward of the model.
-    step_secs: Option<f64>,
+    /// Running seconds of a forward of one sequence in decode: index k verified k proposals.
+    step_secs: Vec<Option<f64>>,
 }
 
 /// Opens the proposer `options.speculative` asks for, beside the `target` model opened as
@@ -145,7 +151,7 @@ pub(crate) fn open(
         tokens: options.spec_tokens,
         stats: SpecStats::default(),
         out: Vec::new(),
-        step_secs: None,
+        step_secs: vec![None; MAX_SPEC_TOKENS + 1],
     }))
 }
 
@@ -187,7 +193,7 @@ impl Speculation {
             || (seqs.len() <= SPEC_MAX_BATCH
                 && (capabilities.fused_prefill_with_past || !capabilities.fused_decode));
         let mut asked = Vec::with_capacity(seqs.len());
-        let cost = ROW_COST + self.proposer_cost();
+        let cost = |k: usize| self.verify_cost(k);
         for (i, s) in seqs.iter_mut().enumerate() {
             s.verify.clear();
             if !batch_ok || s.pending() != 1 || s.decoding.finish_reason().is_some() {
@@ -227,20 +233,34 @@ impl Speculation {
         Ok(())
     }
 
-    /// A proposed id's cost relative to a decode forward of the model, as measured so far (0
-    /// before both were measured).
-    fn proposer_cost(&self) -> f32 {
-        match (self.proposer.secs_per_id(), self.step_secs) {
-            (Some(p), Some(s)) if s > 0.0 => (p / s) as f32,
+    /// What a step verifying `k` proposals costs, proposing them included, in plain decode
+    /// steps: measured where this model timed both, else the prior.
+    fn verify_cost(&self, k: usize) -> f32 {
+        let prior = |k: usize| 1.0 + VERIFY_FIXED + VERIFY_ROW * k as f32;
+        // A plain step's time: measured, else read back from a timed verification.
+        let plain = self.step_secs[0].or_else(|| {
+            let (j, v) =
+                (self.step_secs.iter().enumerate()).find_map(|(j, v)| v.map(|v| (j, v)))?;
+            Some(v / f64::from(prior(j)))
+        });
+        let verify = match (self.step_secs[0], self.step_secs.get(k).copied().flatten()) {
+            (Some(p), Some(v)) if p > 0.0 => (v / p) as f32,
+            _ => prior(k),
+        };
+        let propose = match (plain, self.proposer.secs_per_id()) {
+            (Some(p), Some(d)) if p > 0.0 => (d / p) as f32,
+            // A draft not timed yet costs at least a verified row per id.
+            (_, Some(_)) => VERIFY_ROW,
             _ => 0.0,
-        }
+        };
+        verify + propose * k as f32
     }
 
-    /// Records how long a decode forward of the model took, `proposed` the most ids one of
-    /// its sequences verified (a step with a prompt chunk is not timed).
+    /// Records how long a forward of one sequence in decode took, verifying `proposed` ids.
     pub fn timed_step(&mut self, took: std::time::Duration, proposed: usize) {
-        let plain = took.as_secs_f64() / (1.0 + f64::from(ROW_COST) * proposed as f64);
-        self.step_secs = Some(running_mean(self.step_secs, plain));
+        if let Some(slot) = self.step_secs.get_mut(proposed) {
+            *slot = Some(running_mean(*slot, took.as_secs_f64()));
+        }
     }
 
     /// Records one sequence's verification.
