@@ -30,6 +30,7 @@ pub use lm::{
 };
 pub use optimize::{NativeEvaluator, optimize};
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
+pub use oxgen_kernels::ThreadPool;
 pub use oxgen_runtime::OpTime;
 pub use plan::Plan;
 pub use session::{ExecOptions, NativeSession, RunStats};

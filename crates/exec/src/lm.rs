@@ -76,6 +76,9 @@ pub struct NativeOptions {
     pub optimize: bool,
     /// Keep only the first this many layers and the output head (a self-speculative draft).
     pub layers: Option<usize>,
+    /// A thread pool to share with another model (a speculative draft and its target run
+    /// in turn on the same threads); `None`: a pool of its own of `exec.threads`.
+    pub pool: Option<std::sync::Arc<oxgen_kernels::ThreadPool>>,
 }
 
 impl Default for NativeOptions {
@@ -88,6 +91,7 @@ impl Default for NativeOptions {
             prefix_cache: false,
             optimize: true,
             layers: None,
+            pool: None,
         }
     }
 }
@@ -337,7 +341,10 @@ impl NativeLm {
             context_length: options.context_length,
         };
         let (graph, report) = crate::optimize(graph, Some(&contract), &passes);
-        let session = NativeSession::new(graph, &options.exec);
+        let session = match &options.pool {
+            Some(pool) => NativeSession::with_pool(graph, pool.clone(), options.exec.exact),
+            None => NativeSession::new(graph, &options.exec),
+        };
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         let logits_node = session.row_wise_producer(io.logits);

@@ -104,6 +104,8 @@ pub(crate) struct Open<'a> {
     pub ort_lib: Option<&'a Path>,
     pub kv: KvBudget,
     pub prefix_cache: bool,
+    /// The thread pool a native model shares with its speculative draft.
+    pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
 }
 
 /// Opens the model on the backend `open.backend` asks for; the note says why `auto` chose
@@ -139,6 +141,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         prefix_cache: o.prefix_cache,
         optimize: true,
         layers,
+        pool: o.pool.clone(),
     }
 }
 

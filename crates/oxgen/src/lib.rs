@@ -263,8 +263,17 @@ fn release_freed_heap() {
 impl Model {
     /// Opens a package folder (or its graph file).
     pub fn open(path: impl AsRef<Path>, options: &ModelOptions) -> Result<Model, Error> {
+        Model::open_on(path.as_ref(), options, None)
+    }
+
+    /// [`Model::open`] whose native backend runs on `pool` (a draft on its target's threads);
+    /// `None`: a pool of its own, shared with its draft when it speculates.
+    pub(crate) fn open_on(
+        path: &Path,
+        options: &ModelOptions,
+        pool: Option<Arc<oxgen_exec::ThreadPool>>,
+    ) -> Result<Model, Error> {
         let start = Instant::now();
-        let path = path.as_ref();
         let dir = if path.is_dir() {
             path.to_path_buf()
         } else if path.exists() {
@@ -290,6 +299,9 @@ impl Model {
             });
         }
         let threads = oxgen_runtime::resolve_threads(options.threads);
+        let pool = pool.or_else(|| {
+            (options.speculative.is_some()).then(|| Arc::new(oxgen_exec::ThreadPool::new(threads)))
+        });
         let open = backend::Open {
             model_path: &model_path,
             config: &config,
@@ -299,6 +311,7 @@ impl Model {
             ort_lib: options.ort_lib.as_deref(),
             kv: options.kv,
             prefix_cache: options.prefix_cache,
+            pool,
         };
         let (lm, backend_note) = backend::open(&open)?;
         config.check_contract(lm.contract())?;

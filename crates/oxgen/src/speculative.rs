@@ -131,7 +131,7 @@ pub(crate) fn open(
     let vocab = target.contract().vocab_size.unwrap_or(usize::MAX);
     let proposer: Box<dyn Proposer> = match kind {
         Speculative::PromptLookup(p) => Box::new(*p),
-        Speculative::Draft(path) => Box::new(open_draft(options, path, tokenizer, vocab)?),
+        Speculative::Draft(path) => Box::new(open_draft(options, open, path, tokenizer, vocab)?),
         Speculative::SelfDraft { layers } => {
             if target.backend() != "native" {
                 return Err(Error::Package {
@@ -155,9 +155,11 @@ pub(crate) fn open(
     }))
 }
 
-/// A draft package: its own model, checked to share the target's tokenizer.
+/// A draft package: its own model on the target's threads, checked to share the target's
+/// tokenizer.
 fn open_draft(
     options: &ModelOptions,
+    target: &backend::Open,
     path: &Path,
     tokenizer: &Tokenizer,
     vocab: usize,
@@ -167,7 +169,7 @@ fn open_draft(
         chat_template: None,
         ..options.clone()
     };
-    let draft = Model::open(path, &draft_options)?;
+    let draft = Model::open_on(path, &draft_options, target.pool.clone())?;
     if let Err(why) = tokenizer.check_same_vocab(draft.tokenizer()) {
         return Err(Error::Package {
             path: draft.dir().display().to_string(),

@@ -343,3 +343,51 @@ fn a_graph_without_kv_inputs_is_not_a_language_model() {
         .expect("no KV inputs");
     assert!(e.to_string().contains("past_key_values.%d.key"), "{e}");
 }
+
+/// A verification step's proposed tokens stay out of the prefix cache until a later step
+/// settles them: a block they fill is not registered, and once the sequence rewinds and
+/// writes other ids there, a new sequence with the rejected ids finds only the settled
+/// blocks.
+#[test]
+fn proposed_tokens_fill_no_prefix_cache_block() {
+    let (_dir, model) = fixture();
+    let options = NativeOptions {
+        exec: ExecOptions {
+            threads: 1,
+            ..Default::default()
+        },
+        prefix_cache: true,
+        ..NativeOptions::default()
+    };
+    let mut lm = NativeLm::open(&model, &options).unwrap();
+    let bs = oxgen_exec::KV_BLOCK_SIZE;
+    let ids = tokens(11, 3 * bs);
+    let (seq, _) = lm.start_sequence(4 * bs, &ids).unwrap();
+    let mut out = StepLogits::default();
+    let mut step = |lm: &mut NativeLm, tokens: &[u32], pos: usize, proposed: usize| {
+        let steps = [SeqStep {
+            seq,
+            tokens,
+            pos,
+            logits: LogitsWanted::All,
+            proposed,
+        }];
+        lm.step(&Batch { steps: &steps }, &mut out).unwrap();
+    };
+    // Two blocks of settled ids, then a verification whose last bs + 1 ids are proposals:
+    // the second block holds one proposal, the third is all proposals.
+    step(&mut lm, &ids[..bs + 1], 0, 0);
+    step(&mut lm, &ids[bs + 1..], bs + 1, bs + 1);
+    assert_eq!(
+        lm.kv_usage().unwrap().cached,
+        1,
+        "only the first block settled"
+    );
+    // The proposals were rejected from position 2·bs − 1 on: other ids go there.
+    let other = tokens(12, bs + 1);
+    step(&mut lm, &other, 2 * bs - 1, 0);
+    assert_eq!(lm.kv_usage().unwrap().cached, 3, "three full blocks of settled ids");
+    // A sequence asking for the rejected ids reuses the settled first block only.
+    let (_, cached) = lm.start_sequence(4 * bs, &ids).unwrap();
+    assert_eq!(cached, bs);
+}
