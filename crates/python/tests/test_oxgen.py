@@ -153,3 +153,20 @@ def test_ctrl_c_cancels_a_generation():
 def test_the_wheel_installs_the_oxgen_command():
     out = subprocess.run([oxgen.cli(), "--help"], stdout=subprocess.PIPE, text=True, check=True)
     assert "serve" in out.stdout
+
+
+def test_speculative_decoding_keeps_the_text(model):
+    prompt = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog."}]
+    plain = model.generate(prompt, max_new_tokens=24, temperature=0)
+    fast = oxgen.Model(MODEL, threads=2, speculative="prompt-lookup", spec_tokens=4)
+    got = fast.generate(prompt, max_new_tokens=24, temperature=0)
+    assert got.token_ids == plain.token_ids
+    assert got.usage["spec_proposed"] >= got.usage["spec_accepted"] > 0
+    streamed = list(fast.stream(prompt, max_new_tokens=24, temperature=0))
+    assert [t.id for t in streamed] == plain.token_ids
+    batch = fast.generate_batch([prompt, "1, 2, 3, 4,"], max_new_tokens=12, temperature=0)
+    assert batch[0].token_ids == plain.token_ids[: len(batch[0].token_ids)]
+    with pytest.raises(oxgen.InvalidArgument, match="prompt-lookup"):
+        oxgen.Model(MODEL, speculative="lookahead")
+    with pytest.raises(oxgen.InvalidArgument, match="spec_tokens"):
+        oxgen.Model(MODEL, speculative="prompt-lookup", spec_tokens=0)
