@@ -295,6 +295,8 @@ pub struct SpecStats {
     /// Proposed ids, and those the model confirmed.
     pub proposed: u64,
     pub accepted: u64,
+    /// Steps whose proposer failed (they ran without proposals); counted per model.
+    pub proposer_errors: u64,
 }
 
 impl SpecStats {
@@ -311,6 +313,7 @@ impl SpecStats {
         self.verify_steps += other.verify_steps;
         self.proposed += other.proposed;
         self.accepted += other.accepted;
+        self.proposer_errors += other.proposer_errors;
     }
 }
 

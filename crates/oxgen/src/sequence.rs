@@ -180,7 +180,7 @@ impl Model {
         prompt_chunk: usize,
     ) -> Result<Vec<Vec<Step>>, Error> {
         if let Some(spec) = &mut self.spec {
-            spec.propose(seqs, self.lm.capabilities())?;
+            spec.propose(seqs, self.lm.capabilities());
         }
         let chunk = prompt_chunk.max(1);
         let steps: Vec<SeqStep> = seqs

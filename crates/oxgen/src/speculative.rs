@@ -186,11 +186,7 @@ impl Speculation {
     /// Fills each decode-phase sequence's span to verify (its last id, then the proposals)
     /// where it speculates this step. `capabilities` says whether a multi-token span with
     /// past may share a forward with other sequences.
-    pub fn propose(
-        &mut self,
-        seqs: &mut [&mut Sequence],
-        capabilities: Capabilities,
-    ) -> Result<(), Error> {
+    pub fn propose(&mut self, seqs: &mut [&mut Sequence], capabilities: Capabilities) {
         let batch_ok = seqs.len() == 1
             || (seqs.len() <= SPEC_MAX_BATCH
                 && (capabilities.fused_prefill_with_past || !capabilities.fused_decode));
@@ -208,7 +204,7 @@ impl Speculation {
             }
         }
         if asked.is_empty() {
-            return Ok(());
+            return;
         }
         let requests: Vec<ProposalRequest> = (asked.iter())
             .map(|&(i, k)| ProposalRequest {
@@ -220,9 +216,19 @@ impl Speculation {
             .collect();
         self.out
             .resize_with(requests.len().max(self.out.len()), Vec::new);
-        self.proposer
-            .propose(&requests, &mut self.out[..requests.len()])?;
+        let proposed = self
+            .proposer
+            .propose(&requests, &mut self.out[..requests.len()]);
         drop(requests);
+        if proposed.is_err() {
+            // A draft that fails (its KV pool full, say) costs speed, never the generation:
+            // this step runs without proposals, and the draft starts these sequences afresh.
+            self.stats.proposer_errors += 1;
+            for &(i, _) in &asked {
+                self.proposer.forget(seqs[i].seq);
+            }
+            return;
+        }
         for (&(i, k), proposed) in asked.iter().zip(&self.out) {
             let s = &mut *seqs[i];
             if proposed.is_empty() {
@@ -232,7 +238,6 @@ impl Speculation {
             s.verify.extend_from_slice(span);
             s.verify.extend(proposed.iter().take(k));
         }
-        Ok(())
     }
 
     /// What a step verifying `k` proposals costs, proposing them included, in plain decode
@@ -272,6 +277,7 @@ impl Speculation {
             verify_steps: u64::from(proposed > 0),
             proposed: proposed as u64,
             accepted: accepted as u64,
+            ..SpecStats::default()
         });
     }
 

@@ -315,6 +315,36 @@ fn a_draft_must_share_the_tokenizer_and_modes_must_fit_the_model() {
     assert!(e.contains("--spec-tokens"), "{e}");
 }
 
+/// A draft that fails (here: its context is too small for the sequence) costs speed, never
+/// the generation: those steps run without proposals and the text is the plain one.
+#[test]
+fn a_failing_draft_never_fails_the_generation() {
+    let target = tempfile::tempdir().unwrap();
+    write_package(target.path(), &FixtureConfig::default()).unwrap();
+    let draft = tempfile::tempdir().unwrap();
+    let small = FixtureConfig {
+        context: 16,
+        ..FixtureConfig::default()
+    };
+    write_package(draft.path(), &small).unwrap();
+    let options = GenerateOptions {
+        ignore_eos: true,
+        ..greedy(40)
+    };
+    let prompt = Prompt::Tokens(vec![40, 41, 42, 40, 41, 42, 40, 41]);
+    let mut plain = open(target.path(), 1, None);
+    let want = generate(&mut plain, &prompt, &options);
+    let mut spec = open(
+        target.path(),
+        1,
+        Some(Speculative::Draft(draft.path().into())),
+    );
+    let got = generate(&mut spec, &prompt, &options);
+    assert_eq!(got.tokens, want.tokens);
+    let (_, stats) = spec.speculation().unwrap();
+    assert!(stats.proposer_errors > 0, "{stats:?}");
+}
+
 /// The sampling distribution is the target's: over many seeds, the pairs of ids drawn (the
 /// second at a position verified against a proposal) follow the model's own probabilities
 /// (chi-square against p(a) · p(b | a) from its logits), and every seed draws what the plain

@@ -349,6 +349,13 @@ fn render_speculation(out: &mut String, spec: &oxgen::SpecStats) {
     );
     metric(
         out,
+        "oxgen_spec_proposer_errors_total",
+        "counter",
+        "Steps whose proposer failed and ran without proposals.",
+        spec.proposer_errors,
+    );
+    metric(
+        out,
         "oxgen_spec_accept_rate",
         "gauge",
         "Accepted over proposed ids, since start.",

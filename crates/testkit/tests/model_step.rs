@@ -386,7 +386,11 @@ fn proposed_tokens_fill_no_prefix_cache_block() {
     // The proposals were rejected from position 2·bs − 1 on: other ids go there.
     let other = tokens(12, bs + 1);
     step(&mut lm, &other, 2 * bs - 1, 0);
-    assert_eq!(lm.kv_usage().unwrap().cached, 3, "three full blocks of settled ids");
+    assert_eq!(
+        lm.kv_usage().unwrap().cached,
+        3,
+        "three full blocks of settled ids"
+    );
     // A sequence asking for the rejected ids reuses the settled first block only.
     let (_, cached) = lm.start_sequence(4 * bs, &ids).unwrap();
     assert_eq!(cached, bs);
