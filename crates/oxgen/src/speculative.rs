@@ -31,8 +31,8 @@ pub const DEFAULT_SPEC_TOKENS: usize = 6;
 pub const MAX_SPEC_TOKENS: usize = 32;
 /// What a step verifying k proposals costs in plain decode steps before it was measured:
 /// `1 + VERIFY_FIXED + VERIFY_ROW · k`. Fitted on the default model (native, 2 threads, an
-/// Intel Xeon slice): a span of more than one row leaves the single-row decode kernels, and
-/// each further row adds a little (docs/PERFORMANCE.md, "Speculative decoding"). Once a
+/// Intel Xeon slice): a second row costs 0.56 of a step, each further row 0.11
+/// (docs/PERFORMANCE.md, "Speculative decoding"). Once a
 /// model has timed its own steps alone, its measured ratios replace these; a proposer's own
 /// cost (a draft model's forwards) is measured as it runs and added.
 const VERIFY_FIXED: f32 = 0.45;
