@@ -1,18 +1,29 @@
 //! A persistent worker pool for data-parallel kernels.
 //!
 //! `run(n, f)` calls `f(0..n)` across the caller and the workers and returns when all calls
-//! are done. Workers spin briefly on the job counter, then park on a condition variable, so
+//! are done. Workers spin briefly on the job state, then park on a condition variable, so
 //! back-to-back kernel calls (the decode pattern) avoid both thread spawns and wake-up
 //! latency. Tasks are claimed from an atomic counter; which thread runs a task never changes
 //! its result (callers split output columns or rows, never a reduction).
+//!
+//! **Shared machines.** Another process may hold a worker's core. The caller never waits for
+//! a worker that has not started on the job: a worker *enters* a job before it claims a task,
+//! and the caller, once every task is claimed, waits only for the workers inside, then
+//! *closes* the job so a late worker skips it. A descheduled worker thus costs the region
+//! nothing unless it holds a claimed task, and the caller runs every task no one else
+//! claimed. Waiting threads spin for a few microseconds, then yield their core (to the
+//! thread they wait for, when it shares the core) up to [`SPIN_TIME`], then park.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// Spin iterations before a waiting thread parks (about 10-50 µs on current x86 cores).
-const SPIN_LIMIT: u32 = 20_000;
+/// Spin iterations before a waiting thread starts yielding its core.
+const SPIN_LIMIT: u32 = 2_000;
+/// How long a waiting thread spins and yields before it parks.
+const SPIN_TIME: Duration = Duration::from_micros(50);
 
 type Task<'a> = &'a (dyn Fn(usize) + Sync);
 
@@ -38,13 +49,21 @@ struct Job {
     n: usize,
 }
 
+/// The job state in one word: the job's number (high 32 bits), whether it is closed, and
+/// how many workers are inside it (low bits).
+const CLOSED: u64 = 1 << 31;
+const INSIDE: u64 = CLOSED - 1;
+
+fn job_of(state: u64) -> u64 {
+    state >> 32
+}
+
 struct Shared {
-    /// Bumped once per posted job; workers run each epoch exactly once.
-    epoch: AtomicU64,
+    /// See [`CLOSED`]. A worker enters an open job it has not seen by adding one; the caller
+    /// writes `job` only while the state is closed.
+    state: AtomicU64,
     job: UnsafeCell<Job>,
     next: AtomicUsize,
-    /// Workers that have not finished the current epoch.
-    active: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     /// Workers parked (or about to park) on `wake`, and whether the caller is parked on
@@ -60,13 +79,33 @@ struct Shared {
     done: Condvar,
 }
 
-// SAFETY: `job` is written only by `run` while no worker is active (all finished the previous
-// epoch), and read by workers only between the epoch bump and their `active` decrement,
-// during which `run` is blocked waiting; the task it points to outlives that window.
+// SAFETY: `job` is written only by `run` while the state is closed (no worker inside, and
+// none can enter), and read by workers only while inside an open job, during which `run`
+// waits; the task it points to outlives that window.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
 fn nop(_: usize) {}
+
+/// Spins, then yields the core, while `waiting()` holds, for at most [`SPIN_TIME`]; false
+/// when the wait is still on (the caller parks then).
+fn spin_until(waiting: impl Fn() -> bool) -> bool {
+    let mut spins = 0u32;
+    let mut since: Option<Instant> = None;
+    while waiting() {
+        if spins < SPIN_LIMIT {
+            spins += 1;
+            std::hint::spin_loop();
+            continue;
+        }
+        let start = *since.get_or_insert_with(Instant::now);
+        if start.elapsed() >= SPIN_TIME {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
 
 /// A fixed set of worker threads plus the calling thread.
 pub struct ThreadPool {
@@ -82,13 +121,12 @@ impl ThreadPool {
     pub fn new(threads: usize) -> ThreadPool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
-            epoch: AtomicU64::new(0),
+            state: AtomicU64::new(CLOSED),
             job: UnsafeCell::new(Job {
                 task: &nop as &(dyn Fn(usize) + Sync),
                 n: 0,
             }),
             next: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -128,9 +166,11 @@ impl ThreadPool {
         }
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: no worker is active (the previous run waited for all of them), so nothing
-        // reads `job` now; the lifetime is erased because this call waits for every worker to
-        // finish with the task before returning.
+        let closed = s.state.load(Ordering::SeqCst);
+        debug_assert!(closed & CLOSED != 0 && closed & INSIDE == 0);
+        // SAFETY: the state is closed: no worker is inside or can enter, so nothing reads
+        // `job` now; the lifetime is erased because this call waits for every worker inside
+        // to finish with the task, and closes the job, before returning.
         unsafe {
             let task: *const (dyn Fn(usize) + Sync + '_) = task;
             *s.job.get() = Job {
@@ -142,28 +182,43 @@ impl ThreadPool {
             };
         }
         s.next.store(0, Ordering::Relaxed);
-        s.active.store(self.workers.len(), Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        let open = (job_of(closed).wrapping_add(1) & u64::from(u32::MAX)) << 32;
+        s.state.store(open, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             // A parked worker announced itself under the lock and holds it until it waits,
             // so taking the lock here means it is waiting and hears this.
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let caller = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, task, n)));
-        let mut spins = 0;
-        while s.active.load(Ordering::Acquire) != 0 {
-            if spins < SPIN_LIMIT {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                let g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-                s.caller_parked.store(true, Ordering::SeqCst);
-                if s.active.load(Ordering::SeqCst) != 0 {
-                    drop(s.done.wait(g).unwrap_or_else(|e| e.into_inner()));
+        // The caller claims until every task is taken, past a panicking one (whose panic it
+        // rethrows at the end): no task may wait for a worker that never comes.
+        let mut caller = Ok(());
+        while let Err(p) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, task, n)))
+        {
+            caller = caller.and(Err(p));
+        }
+        // Every task is claimed now: wait for the workers inside, then close the job.
+        loop {
+            let cur = s.state.load(Ordering::SeqCst);
+            if cur & INSIDE == 0 {
+                if (s.state)
+                    .compare_exchange(cur, cur | CLOSED, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    break;
                 }
-                s.caller_parked.store(false, Ordering::SeqCst);
+                continue;
             }
+            if spin_until(|| s.state.load(Ordering::Acquire) & INSIDE != 0) {
+                continue;
+            }
+            let g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.caller_parked.store(true, Ordering::SeqCst);
+            if s.state.load(Ordering::SeqCst) & INSIDE != 0 {
+                drop(s.done.wait(g).unwrap_or_else(|e| e.into_inner()));
+            }
+            s.caller_parked.store(false, Ordering::SeqCst);
         }
         if let Err(p) = caller {
             std::panic::resume_unwind(p);
@@ -198,8 +253,9 @@ impl ThreadPool {
                 (prelude.run)(i);
                 return;
             }
-            while finished.load(Ordering::Acquire) < prelude.tasks {
-                std::hint::spin_loop();
+            // A prelude call runs on a thread that may be descheduled: yield to it.
+            while !spin_until(|| finished.load(Ordering::Acquire) < prelude.tasks) {
+                std::thread::yield_now();
             }
             task(i - prelude.tasks);
         });
@@ -217,30 +273,36 @@ fn claim(s: &Shared, task: Task<'_>, n: usize) {
 }
 
 fn worker(s: &Shared) {
-    let mut seen = 0u64;
+    // The last job this worker entered or saw closed.
+    let mut seen = job_of(s.state.load(Ordering::SeqCst));
     loop {
-        let mut spins = 0;
-        loop {
-            if s.shutdown.load(Ordering::Acquire) {
-                return;
+        let fresh = |state: u64| state & CLOSED == 0 && job_of(state) != seen;
+        if !spin_until(|| {
+            !fresh(s.state.load(Ordering::Acquire)) && !s.shutdown.load(Ordering::Acquire)
+        }) {
+            let g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.sleepers.fetch_add(1, Ordering::SeqCst);
+            if !fresh(s.state.load(Ordering::SeqCst)) && !s.shutdown.load(Ordering::SeqCst) {
+                drop(s.wake.wait(g).unwrap_or_else(|e| e.into_inner()));
             }
-            if s.epoch.load(Ordering::Acquire) != seen {
-                break;
-            }
-            if spins < SPIN_LIMIT {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                let g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-                s.sleepers.fetch_add(1, Ordering::SeqCst);
-                if s.epoch.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
-                    drop(s.wake.wait(g).unwrap_or_else(|e| e.into_inner()));
-                }
-                s.sleepers.fetch_sub(1, Ordering::SeqCst);
-            }
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
-        seen = s.epoch.load(Ordering::Acquire);
-        // SAFETY: see `Shared`: the job stays valid until this worker decrements `active`.
+        if s.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // Enter the job, unless it closed (or another began) meanwhile.
+        let cur = s.state.load(Ordering::SeqCst);
+        if !fresh(cur) {
+            continue;
+        }
+        if (s.state)
+            .compare_exchange(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            continue;
+        }
+        seen = job_of(cur);
+        // SAFETY: see `Shared`: the job stays valid while this worker is inside.
         let (task, n) = unsafe {
             let job = &*s.job.get();
             (&*job.task, job.n)
@@ -248,7 +310,8 @@ fn worker(s: &Shared) {
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| claim(s, task, n))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
-        if s.active.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_parked.load(Ordering::SeqCst) {
+        let before = s.state.fetch_sub(1, Ordering::SeqCst);
+        if before & INSIDE == 1 && s.caller_parked.load(Ordering::SeqCst) {
             // The caller set the flag under the lock and holds it until it waits.
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.done.notify_all();
@@ -382,6 +445,37 @@ mod tests {
         }));
         assert!(r.is_err());
         assert_eq!(ran.load(Ordering::Relaxed), 3);
+    }
+
+    /// Jobs back to back while busy threads take the cores, so workers are descheduled at
+    /// every point of the protocol (before entering, inside, after a job closed): every task
+    /// of every job runs exactly once, and none from a closed job runs late.
+    #[test]
+    fn jobs_stay_exact_while_other_threads_hold_the_cores() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let hogs: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let pool = ThreadPool::new(3);
+        for job in 0..5_000usize {
+            let n = 1 + job % 7;
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            for (i, h) in hits.iter().enumerate() {
+                assert_eq!(h.load(Ordering::Relaxed), 1, "job {job}, task {i}");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        hogs.into_iter().for_each(|h| h.join().unwrap());
     }
 
     #[test]
