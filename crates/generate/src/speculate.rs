@@ -216,7 +216,8 @@ impl Proposer for DraftModel {
             .iter()
             .zip(spans.iter_mut())
             .try_for_each(|(r, span)| self.prepare(r, span));
-        let proposed = prepared.and_then(|()| self.rounds(requests, &mut spans, out));
+        let spans_now = &mut spans[..requests.len()];
+        let proposed = prepared.and_then(|()| self.rounds(requests, spans_now, out));
         self.spans = spans;
         proposed
     }
