@@ -137,7 +137,8 @@ pub(crate) fn open(
                 return Err(Error::Package {
                     path: open.model_path.display().to_string(),
                     reason: format!(
-                        "self:{layers} runs the model's first layers on the native backend,                          and this model runs on {}; use prompt-lookup or draft:PATH",
+                        "self:{layers} runs the model's first layers on the native backend, \
+                         and this model runs on {}; use prompt-lookup or draft:PATH",
                         target.backend()
                     ),
                 });
