@@ -35,6 +35,25 @@ fn rows_len(rows: usize, n: usize) -> Result<usize, KernelError> {
         .ok_or_else(|| KernelError::Shape(format!("({rows}, {n}) overflows")))
 }
 
+/// Checks a norm's input and output (`rows × n`), its weight and optional bias (`n` each,
+/// named as the op names them); returns `rows × n`.
+fn check_rows<T>(
+    (x, out): (&[T], &[T]),
+    (weight_name, weight): (&'static str, &[T]),
+    bias: Option<(&'static str, &[T])>,
+    rows: usize,
+    n: usize,
+) -> Result<usize, KernelError> {
+    let total = rows_len(rows, n)?;
+    check_len("input", x.len(), total)?;
+    check_len("output", out.len(), total)?;
+    check_len(weight_name, weight.len(), n)?;
+    if let Some((name, b)) = bias {
+        check_len(name, b.len(), n)?;
+    }
+    Ok(total)
+}
+
 /// `(mean, 1 / sqrt(var + eps))` of one row.
 fn layer_stats<T: Accum>(row: &[T], eps: T::Acc) -> (T::Acc, T::Acc) {
     layer_stats_of(row.len(), |j| row[j].widen(), eps)
@@ -96,13 +115,13 @@ pub fn layer_norm<T: Accum>(
     stats: Option<LayerNormStats<'_, T::Acc>>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let total = rows_len(rows, n)?;
-    check_len("input", x.len(), total)?;
-    check_len("output", out.len(), total)?;
-    check_len("scale", scale.len(), n)?;
-    if let Some(b) = bias {
-        check_len("bias", b.len(), n)?;
-    }
+    check_rows(
+        (x, out),
+        ("scale", scale),
+        bias.map(|b| ("bias", b)),
+        rows,
+        n,
+    )?;
     let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
     let parts = parts_for(pool, rows, n.saturating_mul(ROW_WORK));
     let rows_per_part = rows.div_ceil(parts).max(1);
@@ -194,10 +213,7 @@ pub fn rms_norm_stats<T: Accum>(
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let total = rows_len(rows, n)?;
-    check_len("input", x.len(), total)?;
-    check_len("output", out.len(), total)?;
-    check_len("scale", scale.len(), n)?;
+    let total = check_rows((x, out), ("scale", scale), None, rows, n)?;
     let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
     let count = <T::Acc as Scalar>::from_f64(n as f64);
     let parts = parts_for(pool, rows, n.saturating_mul(ROW_WORK));
@@ -273,13 +289,13 @@ pub fn skip_layer_norm<T: Accum>(
     stats: Option<LayerNormStats<'_, T::Acc>>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let total = rows_len(rows, n)?;
-    check_len("input", x.len(), total)?;
-    check_len("output", out.len(), total)?;
-    check_len("gamma", gamma.len(), n)?;
-    if let Some(b) = beta {
-        check_len("beta", b.len(), n)?;
-    }
+    let total = check_rows(
+        (x, out),
+        ("gamma", gamma),
+        beta.map(|b| ("beta", b)),
+        rows,
+        n,
+    )?;
     check_residual(&residual, total, n)?;
     if total == 0 {
         return Ok(());
@@ -351,10 +367,7 @@ pub fn skip_rms_norm<T: Accum>(
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let total = rows_len(rows, n)?;
-    check_len("input", x.len(), total)?;
-    check_len("output", out.len(), total)?;
-    check_len("gamma", gamma.len(), n)?;
+    let total = check_rows((x, out), ("gamma", gamma), None, rows, n)?;
     check_residual(&residual, total, n)?;
     let Residual { skip, bias } = residual;
     let period = skip.len();
