@@ -24,36 +24,17 @@ pub fn summary(out: &Output) -> String {
         t.decode_tok_s,
         out.finish_reason.as_str()
     );
-    if let Some(spec) = speculation(out) {
+    let spec = out.usage.speculation;
+    if spec.proposed > 0 {
         line.push_str(&format!(
             " | speculation {} of {} accepted ({:.0}%), {:.2} tokens per decode step",
             spec.accepted,
             spec.proposed,
-            100.0 * spec.accept_rate,
-            spec.tokens_per_step
+            100.0 * spec.accept_rate(),
+            tokens_per_step(out)
         ));
     }
     line
-}
-
-/// What speculative decoding did in one generation.
-pub struct SpecReport {
-    pub proposed: u64,
-    pub accepted: u64,
-    pub accept_rate: f64,
-    /// Generated tokens per decode forward (after the first token, which prefill gives).
-    pub tokens_per_step: f64,
-}
-
-/// `None` when nothing was proposed.
-pub fn speculation(out: &Output) -> Option<SpecReport> {
-    let s = out.usage.speculation;
-    (s.proposed > 0).then(|| SpecReport {
-        proposed: s.proposed,
-        accepted: s.accepted,
-        accept_rate: s.accept_rate(),
-        tokens_per_step: tokens_per_step(out),
-    })
 }
 
 /// Generated tokens per decode forward: 1 without speculation.

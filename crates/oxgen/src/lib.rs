@@ -321,7 +321,7 @@ impl Model {
         release_freed_heap();
         let limit = ContextLimit::new(options.ctx_size, config.context_length);
         let spec = speculative::open(options, &open, lm.as_ref(), &tokenizer)?;
-        let model = Model {
+        Ok(Model {
             lm,
             backend_note,
             encoder: Encoder::new(tokenizer, template),
@@ -336,8 +336,7 @@ impl Model {
             scratch: Default::default(),
             dir,
             load_time: start.elapsed(),
-        };
-        Ok(model)
+        })
     }
 
     /// The backend's model, for a draft (its tokenizer and template are let go).
@@ -484,14 +483,8 @@ impl Model {
             }
         };
         let spec_tokens = self.spec_tokens(options);
-        let seq = Sequence::new(seq, decoding, reused, ctx_size, spec_tokens);
-        Ok(Stream::new(
-            self,
-            seq,
-            ctx_size,
-            options.cancel.clone(),
-            start,
-        ))
+        let seq = Sequence::new(seq, decoding, reused, ctx_size, spec_tokens, None);
+        Ok(Stream::new(self, seq, options.cancel.clone(), start))
     }
 
     /// The grammar compiler of this model's tokenizer, shared (compile on any thread). Built

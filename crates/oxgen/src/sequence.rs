@@ -32,11 +32,12 @@ impl Sequence {
         cached: usize,
         positions: usize,
         spec_tokens: usize,
+        top_logprobs: Option<usize>,
     ) -> Sequence {
         Sequence {
             seq,
             decoding,
-            top_logprobs: None,
+            top_logprobs,
             cached,
             positions,
             adaptive: Adaptive::new(spec_tokens),
@@ -130,9 +131,14 @@ impl Model {
             }
         };
         let spec_tokens = self.spec_tokens(options);
-        let mut s = Sequence::new(seq, decoding, cached, positions, spec_tokens);
-        s.top_logprobs = top_logprobs;
-        Ok(s)
+        Ok(Sequence::new(
+            seq,
+            decoding,
+            cached,
+            positions,
+            spec_tokens,
+            top_logprobs,
+        ))
     }
 
     /// The most ids a generation with `options` proposes per step (0 without speculation).

@@ -61,7 +61,6 @@ pub struct Output {
 pub struct Stream<'m> {
     model: &'m mut Model,
     seq: Sequence,
-    ctx_size: usize,
     cancel: Option<Cancel>,
     /// Tokens a speculative step confirmed that the caller has not pulled yet.
     pending: VecDeque<Token>,
@@ -80,7 +79,6 @@ impl<'m> Stream<'m> {
     pub(crate) fn new(
         model: &'m mut Model,
         seq: Sequence,
-        ctx_size: usize,
         cancel: Option<Cancel>,
         start: Instant,
     ) -> Stream<'m> {
@@ -89,7 +87,6 @@ impl<'m> Stream<'m> {
         Stream {
             model,
             seq,
-            ctx_size,
             cancel,
             pending: VecDeque::new(),
             steps: 0,
@@ -202,7 +199,7 @@ impl Drop for Stream<'_> {
         self.model.cached = Some(CachedSeq {
             seq: self.seq.seq,
             ids: self.seq.decoding.ids()[..fed].to_vec(),
-            ctx_size: self.ctx_size,
+            ctx_size: self.seq.positions,
         });
     }
 }
