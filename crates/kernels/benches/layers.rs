@@ -25,6 +25,7 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterio
 
 mod common;
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::attention::kv::{CacheElem, Cached};
 use oxgen_kernels::attention::paged::{PagedLayout, Segment, paged_attention, paged_scratch_len};
 use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
 use oxgen_kernels::norm::{Residual, rms_norm, skip_rms_norm};
@@ -108,8 +109,8 @@ fn bench_attention(
 }
 
 /// One decode row for each of `batch` sequences of `past + 1` positions, over one layer's
-/// pool per iteration, cycling through `LAYERS` layers.
-fn bench_paged_decode(
+/// pool of `C` per iteration, cycling through `LAYERS` layers.
+fn bench_paged_decode<C: CacheElem>(
     g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
     batch: usize,
     past: usize,
@@ -132,8 +133,20 @@ fn bench_paged_decode(
         })
         .collect();
     let cache = layout.cache_len().expect("small pool");
-    let layers: Vec<(Vec<f32>, Vec<f32>)> = (0..LAYERS as u64)
-        .map(|l| (values(cache, 10 + 2 * l), values(cache, 11 + 2 * l)))
+    // A pool of `C`: every head vector encoded, with its scale where `C` has one.
+    let encode = |seed: u64| {
+        let x = values(cache, seed);
+        let mut pool = (vec![C::ZERO; cache], Vec::new());
+        for (src, dst) in x.chunks(HEAD_SIZE).zip(pool.0.chunks_mut(HEAD_SIZE)) {
+            let scale = C::encode(src, dst);
+            if C::SCALED {
+                pool.1.push(scale);
+            }
+        }
+        pool
+    };
+    let layers: Vec<_> = (0..LAYERS as u64)
+        .map(|l| (encode(10 + 2 * l), encode(11 + 2 * l)))
         .collect();
     let score = ScoreMod {
         scale: 1.0 / (HEAD_SIZE as f32).sqrt(),
@@ -147,14 +160,16 @@ fn bench_paged_decode(
         offset: 0,
     };
     let mut out = vec![0f32; batch * HEADS * HEAD_SIZE];
+    let head_bytes = HEAD_SIZE * std::mem::size_of::<C>() + if C::SCALED { 4 } else { 0 };
     g.throughput(Throughput::Bytes(
-        2 * (batch * KV_HEADS * (past + 1) * HEAD_SIZE) as u64 * F32,
+        2 * (batch * KV_HEADS * (past + 1) * head_bytes) as u64,
     ));
+    let kind = format!("{:?}", C::KIND).to_lowercase();
     for pool in pools {
         let mut scratch = vec![0f32; paged_scratch_len(&layout, HEADS, &segments, pool)];
         let mut layer = 0;
         let name = format!(
-            "paged_decode/batch={batch},past={past}/threads={}",
+            "paged_decode/batch={batch},past={past},kv={kind}/threads={}",
             pool.threads()
         );
         g.bench_function(name, |b| {
@@ -166,8 +181,14 @@ fn bench_paged_decode(
                     &layout,
                     &score,
                     black_box(&rows),
-                    k,
-                    v,
+                    Cached {
+                        values: &k.0,
+                        scales: &k.1,
+                    },
+                    Cached {
+                        values: &v.0,
+                        scales: &v.1,
+                    },
                     &segments,
                     &tables,
                     &mut out,
@@ -188,8 +209,12 @@ fn gqa(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(kv_bytes));
         bench_attention(&mut g, &format!("decode/past={past}"), past, 1, &pools);
     }
-    for batch in [1, 8] {
-        bench_paged_decode(&mut g, batch, 128, &pools);
+    bench_paged_decode::<f32>(&mut g, 8, 128, &pools);
+    // Each cache element, at a short context and at a long one where attention streams the KV.
+    for past in [128, 4096] {
+        bench_paged_decode::<f32>(&mut g, 1, past, &pools);
+        bench_paged_decode::<half::f16>(&mut g, 1, past, &pools);
+        bench_paged_decode::<i8>(&mut g, 1, past, &pools);
     }
     let seq = 128;
     // Row s sees s + 1 keys: (QK dot + weighted V sum) × 2 flops per multiply-add.

@@ -1,5 +1,6 @@
-//! AVX2 attention rows for f32 caches: the arithmetic of [`super::group`]'s reference, bit
-//! for bit.
+//! AVX2 attention rows: the arithmetic of [`super::group`]'s reference, bit for bit, for f32
+//! queries over caches of any [`CacheElem`] (each element widened to f32 on load, exactly, as
+//! the reference reads it).
 //!
 //! The reference takes each dot product `q · k_j` in eight lanes (lane `l` the `d` with
 //! `d % 8 == l`, ascending, by fused multiply-add) summed by a fixed tree, and each output
@@ -19,18 +20,43 @@
 use std::arch::x86_64::*;
 
 #[cfg(target_arch = "x86_64")]
+use super::kv::{CacheElem, CacheKind};
+#[cfg(target_arch = "x86_64")]
 use crate::cpu;
 
-/// Whether [`dots`] and [`weighted_sum64`] can run here (AVX2 and FMA, per [`crate::cpu`]).
+/// Whether [`dots`] and [`weighted_sum64`] can run here (AVX2, FMA and F16C, per
+/// [`crate::cpu`]).
 pub(super) fn supported(head_size: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        head_size.is_multiple_of(8) && cpu::features().avx2_fma()
+        let f = cpu::features();
+        head_size.is_multiple_of(8) && f.avx2_fma() && f.f16c
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = head_size;
         false
+    }
+}
+
+/// Eight cache elements from `p` as f32 (exact widening).
+///
+/// # Safety
+/// AVX2 and F16C must be available (the caller's target features) and eight elements
+/// readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn load8<C: CacheElem>(p: *const C) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match C::KIND {
+            CacheKind::F32 => _mm256_loadu_ps(p.cast()),
+            CacheKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            CacheKind::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p.cast()),
+            ))),
+            CacheKind::I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))),
+        }
     }
 }
 
@@ -79,14 +105,15 @@ unsafe fn hsum4(v: [__m256; 4], out: &mut [f32]) {
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm256_castps256_ps128(abcd)) };
 }
 
-/// `out[i] = q · k[(j0 + i) * hs..][..hs]` for every `i`, in the reference's order.
+/// `out[i] = q · k[(j0 + i) * hs..][..hs]` for every `i`, in the reference's order (before
+/// any scale).
 ///
 /// # Safety
-/// AVX2 and FMA must be available ([`supported`]), `q.len() == hs`, `hs % 8 == 0` and
+/// AVX2, FMA and F16C must be available ([`supported`]), `q.len() == hs`, `hs % 8 == 0` and
 /// `k.len() >= (j0 + out.len()) * hs`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dots<C: CacheElem>(q: &[f32], k: &[C], j0: usize, out: &mut [f32]) {
     let hs = q.len();
     assert!(
         hs.is_multiple_of(8) && k.len() >= (j0 + out.len()) * hs,
@@ -105,7 +132,7 @@ pub(super) unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
                     unsafe {
                         let qv = _mm256_loadu_ps(q.as_ptr().add(c));
                         for (i, a) in acc.iter_mut().enumerate() {
-                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row(j + i).add(c)), *a);
+                            *a = _mm256_fmadd_ps(qv, load8(row(j + i).add(c)), *a);
                         }
                     }
                 }
@@ -126,7 +153,7 @@ pub(super) unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
             // SAFETY: as above.
             unsafe {
                 let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                acc = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row(j).add(c)), acc);
+                acc = _mm256_fmadd_ps(qv, load8(row(j).add(c)), acc);
             }
         }
         *o = hsum(acc);
@@ -136,10 +163,10 @@ pub(super) unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
 /// `acc[d] = fma(p, v[d], acc[d])` for every `d` (`hs % 8 == 0`), eight lanes at a time.
 ///
 /// # Safety
-/// AVX2 and FMA must be available and `acc.len() == v.len()`, a multiple of 8.
+/// AVX2, FMA and F16C must be available and `acc.len() == v.len()`, a multiple of 8.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn weighted_add<C: CacheElem>(acc: &mut [f32], p: f32, v: &[C]) {
     assert!(
         acc.len() == v.len() && acc.len().is_multiple_of(8),
         "weighted_add arguments were checked by the caller"
@@ -149,7 +176,7 @@ pub(super) unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
         // SAFETY: `d + 8 <= len` for both slices (asserted above).
         unsafe {
             let a = _mm256_loadu_ps(acc.as_ptr().add(d));
-            let x = _mm256_loadu_ps(v.as_ptr().add(d));
+            let x = load8(v.as_ptr().add(d));
             _mm256_storeu_ps(acc.as_mut_ptr().add(d), _mm256_fmadd_ps(pv, x, a));
         }
     }
@@ -161,10 +188,11 @@ pub(super) unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
 /// key).
 ///
 /// # Safety
-/// AVX2 and FMA must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
+/// AVX2, FMA and F16C must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len())
+/// * 64`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn weighted_sum64<C: CacheElem>(acc: &mut [f32], ps: &[f32], v: &[C], j0: usize) {
     assert!(
         acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
         "weighted_sum64 arguments were checked by the caller"
@@ -177,7 +205,7 @@ pub(super) unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: 
         let row = v.as_ptr().wrapping_add((j0 + j) * 64);
         for (i, a) in a.iter_mut().enumerate() {
             // SAFETY: row `j0 + j` lies inside `v` (asserted above).
-            let x = unsafe { _mm256_loadu_ps(row.add(8 * i)) };
+            let x = unsafe { load8(row.add(8 * i)) };
             *a = _mm256_fmadd_ps(pv, x, *a);
         }
     }

@@ -24,6 +24,7 @@
 //! (arXiv:2305.13245).
 
 use super::group::{MAX_GROUP, attend_group_pieces, group_len, head_parts, kv_runs};
+use super::kv::{CacheElem, Cached};
 use super::shape::{GqaShape, Rows, ScoreMod};
 use crate::ThreadPool;
 use crate::acc::Accum;
@@ -50,7 +51,7 @@ pub fn scratch_len(shape: &GqaShape, pool: &ThreadPool) -> usize {
 /// `(batch, heads, seq, head_size)`. `start[b]` is the absolute position of entry `b`'s
 /// first query row and `kv_len[b]` its number of valid cache positions (see the module doc).
 #[allow(clippy::too_many_arguments)]
-pub fn attention<T: Accum<Acc = f32>>(
+pub fn attention<T: Accum<Acc = f32> + CacheElem>(
     shape: &GqaShape,
     score: &ScoreMod,
     q: &Rows<T>,
@@ -69,7 +70,7 @@ pub fn attention<T: Accum<Acc = f32>>(
 
 /// [`attention`] on the scalar reference alone (no AVX2): the oracle of the fast rows.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_reference<T: Accum<Acc = f32>>(
+pub fn attention_reference<T: Accum<Acc = f32> + CacheElem>(
     shape: &GqaShape,
     score: &ScoreMod,
     q: &Rows<T>,
@@ -87,7 +88,7 @@ pub fn attention_reference<T: Accum<Acc = f32>>(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attention_with<T: Accum<Acc = f32>>(
+fn attention_with<T: Accum<Acc = f32> + CacheElem>(
     shape: &GqaShape,
     score: &ScoreMod,
     q: &Rows<T>,
@@ -167,9 +168,13 @@ fn attention_with<T: Accum<Acc = f32>>(
                         .chunks_mut(seq * hs)
                         .map(|head| &mut head[s * hs..][..hs])
                         .collect();
-                    let tiles = (lo..end)
-                        .step_by(KEY_TILE)
-                        .map(|j| (kh, vh, j..(j + KEY_TILE).min(end)));
+                    let tiles = (lo..end).step_by(KEY_TILE).map(|j| {
+                        (
+                            Cached::plain(kh),
+                            Cached::plain(vh),
+                            j..(j + KEY_TILE).min(end),
+                        )
+                    });
                     attend_group_pieces(&qs, tiles, score, scores, acc, &mut outs, simd, false);
                 }
             }

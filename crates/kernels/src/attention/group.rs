@@ -17,12 +17,15 @@
 //! blocked version must keep this walk in fixed absolute-position tiles.
 //!
 //! Math runs in f32 for f32, f16 and bf16 elements (halves widen exactly and round once per
-//! output element).
+//! output element). The cache may hold another element than the queries ([`super::kv`]):
+//! it is read as its exact f32 value, and an int8 cache's scales multiply a key's dot product
+//! after its sum and a value's weight `p_j` before the weighted sum.
 
 use super::avx2;
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
 use super::exp::{exp_shifted_sum, lane_tree};
+use super::kv::{CacheElem, Cached};
 use super::shape::ScoreMod;
 use crate::ThreadPool;
 use crate::acc::Accum;
@@ -69,19 +72,19 @@ pub(crate) fn kv_runs(
 }
 
 /// Query rows `qs` (heads sharing one KV head; at most [`MAX_GROUP`]) over the same keys,
-/// given in position order as pieces `(k, v, rows)`: rows `rows` of the head-size rows of `k`
-/// and `v` (a tile of a contiguous cache, or a block of a paged one). Each head's arithmetic
-/// is the module doc's, whatever the pieces and however many heads share the call; the heads
-/// take each piece in turn while it is in cache. `scores` holds `qs.len()` rows of one score
-/// per key, `acc` `qs.len()` rows of `head_size`; `outs[i]` receives head `i`'s row.
+/// given in position order as pieces `(k, v, rows)`: rows `rows` of the cached keys `k` and
+/// values `v` (a tile of a contiguous cache, or a block of a paged one). Each head's
+/// arithmetic is the module doc's, whatever the pieces and however many heads share the call;
+/// the heads take each piece in turn while it is in cache. `scores` holds `qs.len()` rows of
+/// one score per key, `acc` `qs.len()` rows of `head_size`; `outs[i]` receives head `i`'s row.
 ///
 /// With `prefetch` (pieces scattered in memory, where the hardware prefetcher loses the
 /// stream at each piece), each piece's successor is fetched while the piece computes: the
 /// keys' pieces, then the values'.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
+pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
     qs: &[&[T]],
-    pieces: impl Iterator<Item = (&'a [T], &'a [T], std::ops::Range<usize>)> + Clone,
+    pieces: impl Iterator<Item = (Cached<'a, C>, Cached<'a, C>, std::ops::Range<usize>)> + Clone,
     score: &ScoreMod,
     scores: &mut [f32],
     acc: &mut [f32],
@@ -105,7 +108,7 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
     let mut max = [f32::NEG_INFINITY; MAX_GROUP];
     let mut at = 0;
     // What to fetch while each piece's keys, then values, compute.
-    let rows = |x: &'a [T], keys: &std::ops::Range<usize>| &x[keys.start * hs..keys.end * hs];
+    let rows = |x: Cached<'a, C>, keys: &std::ops::Range<usize>| x.rows(keys.clone(), hs).values;
     let mut ahead = pieces
         .clone()
         .skip(1)
@@ -119,17 +122,21 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
             let xs = &mut scores[h * n + at..][..len];
             let mut fast = false;
             #[cfg(target_arch = "x86_64")]
-            if let Some((q32, k32)) = as_f32(q).zip(as_f32(k)).filter(|_| simd) {
-                // SAFETY: `supported` checked AVX2 and FMA and hs % 8; the keys lie in `k`.
-                unsafe { avx2::dots(q32, k32, keys.start, xs) };
+            if let Some(q32) = as_f32(q).filter(|_| simd) {
+                // SAFETY: `supported` checked AVX2, FMA and F16C and hs % 8; the keys lie in
+                // `k`.
+                unsafe { avx2::dots(q32, k.values, keys.start, xs) };
                 fast = true;
             }
             for (x, j) in xs.iter_mut().zip(keys.clone()) {
-                let dot = if fast {
+                let mut dot = if fast {
                     *x
                 } else {
-                    dot8(q, &k[j * hs..][..hs])
+                    dot8(q, &k.values[j * hs..][..hs])
                 };
+                if C::SCALED {
+                    dot *= k.scale(j);
+                }
                 let mut s = dot * score.scale;
                 if score.softcap > 0.0 {
                     s = score.softcap * (s / score.softcap).tanh();
@@ -149,18 +156,21 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
     for (_, v, keys) in pieces {
         let len = keys.len();
         fetch(ahead.next());
-        let v32 = as_f32(v).filter(|_| simd);
+        // Each weight: the softmax's `p_j`, times the value's scale.
         for (h, &sum) in sum[..g].iter().enumerate() {
-            for e in &mut scores[h * n + at..][..len] {
+            for (e, j) in scores[h * n + at..][..len].iter_mut().zip(keys.clone()) {
                 *e /= sum;
+                if C::SCALED {
+                    *e *= v.scale(j);
+                }
             }
         }
         #[cfg(target_arch = "x86_64")]
-        if let Some(v32) = v32.filter(|_| hs == 64) {
-            // SAFETY: `supported` checked AVX2 and FMA; `acc` holds g rows of 64, `scores` g
-            // rows of n from `at`, and every value row of the keys 64 values.
+        if simd && hs == 64 {
+            // SAFETY: `supported` checked AVX2, FMA and F16C; `acc` holds g rows of 64,
+            // `scores` g rows of n from `at`, and every value row of the keys 64 values.
             unsafe {
-                weighted_sum64_group(acc, &scores[at..], n, len, g, v32, keys.start);
+                weighted_sum64_group(acc, &scores[at..], n, len, g, v.values, keys.start);
             }
             at += len;
             continue;
@@ -169,22 +179,20 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32> + 'a>(
             let es = &scores[h * n + at..][..len];
             let acc = &mut acc[h * hs..][..hs];
             #[cfg(target_arch = "x86_64")]
-            if let Some(v32) = v32 {
-                // SAFETY: `supported` checked AVX2 and FMA; `acc` and every value row of the
-                // keys hold hs values.
+            if simd {
+                // SAFETY: `supported` checked AVX2, FMA and F16C; `acc` and every value row of
+                // the keys hold hs values.
                 unsafe {
                     for (&p, j) in es.iter().zip(keys.clone()) {
-                        avx2::weighted_add(acc, p, &v32[j * hs..][..hs]);
+                        avx2::weighted_add(acc, p, &v.values[j * hs..][..hs]);
                     }
                 }
                 continue;
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = v32;
             for (&p, j) in es.iter().zip(keys.clone()) {
-                let vj = &v[j * hs..][..hs];
+                let vj = &v.values[j * hs..][..hs];
                 for d in 0..hs {
-                    acc[d] = p.mul_add(vj[d].widen(), acc[d]);
+                    acc[d] = p.mul_add(vj[d].to_f32(), acc[d]);
                 }
             }
         }
@@ -205,15 +213,15 @@ fn fetch<T>(values: Option<&[T]>) {
 }
 
 /// `q · k` in the module doc's order: eight lanes by fused multiply-add, then a fixed tree.
-pub(crate) fn dot8<T: Accum<Acc = f32>>(q: &[T], k: &[T]) -> f32 {
+pub(crate) fn dot8<T: Accum<Acc = f32>, C: CacheElem>(q: &[T], k: &[C]) -> f32 {
     let mut lanes = [0f32; 8];
     for (d, (a, b)) in q.iter().zip(k).enumerate() {
-        lanes[d % 8] = a.widen().mul_add(b.widen(), lanes[d % 8]);
+        lanes[d % 8] = a.widen().mul_add(b.to_f32(), lanes[d % 8]);
     }
     lane_tree(lanes)
 }
 
-/// `values` as f32, when `T` is f32 (the AVX2 paths are f32-only).
+/// `values` as f32, when `T` is f32 (the AVX2 paths take f32 queries).
 fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
     (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()).then(|| {
         // SAFETY: `T` is `f32`, so the slice is already a `[f32]`.
@@ -228,16 +236,16 @@ fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
 /// sees the same operations in the same order as for its head alone.
 ///
 /// # Safety
-/// AVX2 and FMA must be available, `acc.len() >= 64 * g`, `ps.len() >= (g - 1) * stride +
-/// len` and `v.len() >= (j0 + len) * 64`.
+/// AVX2, FMA and F16C must be available, `acc.len() >= 64 * g`, `ps.len() >= (g - 1) *
+/// stride + len` and `v.len() >= (j0 + len) * 64`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn weighted_sum64_group(
+unsafe fn weighted_sum64_group<C: CacheElem>(
     acc: &mut [f32],
     ps: &[f32],
     stride: usize,
     len: usize,
     g: usize,
-    v: &[f32],
+    v: &[C],
     j0: usize,
 ) {
     assert!(
@@ -252,10 +260,10 @@ unsafe fn weighted_sum64_group(
     unsafe {
         if cpu::isa() >= cpu::Isa::Avx512 {
             match g {
-                1 => avx512::group_avx512::<1>(acc, ps, stride, len, v, j0),
-                2 => avx512::group_avx512::<2>(acc, ps, stride, len, v, j0),
-                3 => avx512::group_avx512::<3>(acc, ps, stride, len, v, j0),
-                _ => avx512::group_avx512::<4>(acc, ps, stride, len, v, j0),
+                1 => avx512::group_avx512::<1, C>(acc, ps, stride, len, v, j0),
+                2 => avx512::group_avx512::<2, C>(acc, ps, stride, len, v, j0),
+                3 => avx512::group_avx512::<3, C>(acc, ps, stride, len, v, j0),
+                _ => avx512::group_avx512::<4, C>(acc, ps, stride, len, v, j0),
             }
         } else {
             for (h, acc) in acc.chunks_exact_mut(64).take(g).enumerate() {

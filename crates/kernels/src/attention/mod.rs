@@ -1,11 +1,13 @@
 //! Causal grouped-query attention (com.microsoft::GroupQueryAttention) over a contiguous KV
 //! cache, and over a paged one for a ragged batch ([`paged`]): one scalar reference for the
-//! arithmetic of a row, and AVX2 and AVX-512 rows for f32 caches that give its bits.
+//! arithmetic of a row, and AVX2 and AVX-512 rows that give its bits, for f32 queries over a
+//! cache of f32, f16, bf16 or int8 ([`kv`]).
 //!
 //! The files, each depending only on those listed before it:
 //! - `shape`: a call's arguments ([`GqaShape`], [`ScoreMod`], [`Rows`]);
 //! - `exp`: the softmax exponentials and their sum (reference and AVX2);
-//! - `avx2`, `avx512`: the f32 dot products and value sums of a row;
+//! - [`kv`]: what a cache stores per head vector (f32, f16, bf16, or int8 with a scale);
+//! - `avx2`, `avx512`: the dot products and value sums of a row over any cache element;
 //! - `group`: the row arithmetic of a group of heads over their keys (the reference, and
 //!   the dispatch to `avx2` and `avx512` through [`crate::cpu`]);
 //! - `cache`: the KV cache updates and rotated queries around a step;
@@ -19,6 +21,7 @@ mod cache;
 mod exp;
 mod gqa;
 mod group;
+pub mod kv;
 pub mod paged;
 mod shape;
 

@@ -4,7 +4,9 @@
 //!
 //! Cache layout (one per K and V of a layer): `[blocks, kv_heads, block_size, head_size]`, so
 //! one block of one KV head is `block_size` contiguous head vectors. Position `p` of a sequence
-//! lives in block `table[p / block_size]`, row `p % block_size`.
+//! lives in block `table[p / block_size]`, row `p % block_size`. The cache may store another
+//! element than the model computes in ([`super::kv`]: f16, bf16, or int8 with one scale per
+//! head vector, kept in a parallel array of one value per head vector).
 //!
 //! Each row's arithmetic is [`super::attention`]'s (`attention/group.rs`: the same dot
 //! products, softmax and weighted sum, walked in absolute position order): a sequence's rows
@@ -18,6 +20,7 @@
 use std::ops::Range;
 
 use super::group::{MAX_GROUP, attend_group_pieces, group_len, head_parts};
+use super::kv::{CacheElem, Cached, KvMem};
 use super::shape::{Rows, ScoreMod};
 use crate::ThreadPool;
 use crate::acc::Accum;
@@ -134,7 +137,16 @@ fn check_segments(
     Ok(())
 }
 
+/// Checks that a pool view of `len` elements holds `layout`'s blocks, and that its head
+/// vectors start at multiples of the head size (where their scales are found).
 fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<(), KernelError> {
+    let hs = layout.head_size;
+    if hs > MAX_HEAD_SIZE || !layout.block_stride.is_multiple_of(hs.max(1)) {
+        return Err(KernelError::Shape(format!(
+            "{what}: head size {hs} must be at most {MAX_HEAD_SIZE} and divide the block stride {}",
+            layout.block_stride
+        )));
+    }
     let want = layout
         .cache_len()
         .filter(|_| layout.block_stride >= layout.block_len())
@@ -149,19 +161,24 @@ fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<()
     Ok(())
 }
 
+/// The longest head vector a paged cache takes (a key is rotated on the stack before it is
+/// stored).
+pub const MAX_HEAD_SIZE: usize = 512;
+
 /// Writes each segment's new head vectors (`src`, `kv_heads` heads per row) into `cache` at
 /// their positions, rotated by `rope` when set.
-pub fn paged_append<T: Accum<Acc = f32>>(
+pub fn paged_append<T: Accum<Acc = f32>, C: CacheElem>(
     src: &Rows<T>,
     layout: &PagedLayout,
     segments: &[Segment],
     tables: &[u32],
     rope: Option<&Rope<T>>,
-    cache: &mut [T],
+    cache: KvMem<C>,
 ) -> Result<(), KernelError> {
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     check_segments(layout, segments, tables, tokens)?;
-    check_pool(layout, cache.len(), "KV pool")?;
+    check_pool(layout, cache.values.len(), "KV pool")?;
+    cache.check(layout.head_size)?;
     src.check(tokens, layout.kv_heads, layout.head_size, "new keys/values")?;
     check_rope(rope, segments, layout.head_size)?;
     // SAFETY: one writer, the whole cache borrowed mutably.
@@ -173,11 +190,51 @@ pub fn paged_append<T: Accum<Acc = f32>>(
             tables,
             rope,
             0..tokens,
-            &Shared::new(cache),
+            &SharedMem::new(cache),
             0,
         )
     };
     Ok(())
+}
+
+/// A [`KvMem`] that the tasks of a region write disjoint head vectors of.
+struct SharedMem<'a, C> {
+    values: Shared<'a, C>,
+    scales: Shared<'a, f32>,
+}
+
+impl<'a, C: CacheElem> SharedMem<'a, C> {
+    fn new(mem: KvMem<'a, C>) -> Self {
+        SharedMem {
+            values: Shared::new(mem.values),
+            scales: Shared::new(mem.scales),
+        }
+    }
+
+    /// Encodes `x` into the head vector at element `at` (a multiple of its length).
+    ///
+    /// # Safety
+    /// No other live reference covers that head vector or its scale.
+    unsafe fn put<T: Accum<Acc = f32>>(&self, at: usize, x: &[T]) {
+        let hs = x.len();
+        // SAFETY: the caller's contract.
+        let scale = C::encode(x, unsafe { self.values.range(at..at + hs) });
+        if C::SCALED {
+            // SAFETY: the caller's contract.
+            let dst = unsafe { self.scales.range(at / hs..at / hs + 1) };
+            dst[0] = scale;
+        }
+    }
+
+    /// The whole memory, for reading from element `at` on.
+    ///
+    /// # Safety
+    /// Every writer has finished.
+    unsafe fn read(&self, at: usize, head_size: usize) -> Cached<'_, C> {
+        // SAFETY: the caller's contract.
+        let (values, scales) = unsafe { (self.values.all(), self.scales.all()) };
+        Cached { values, scales }.skip(at / head_size, head_size)
+    }
 }
 
 /// Checks that `rope` rotates heads of `head_size` at every position `segments` write.
@@ -211,35 +268,37 @@ fn token_at(segments: &[Segment], t: usize) -> (usize, &Segment) {
     (s.start + t - s.rows.start, s)
 }
 
-/// [`paged_append`]'s writes for the batch rows `tokens`, after its checks, into the pool
-/// starting `base` values into `cache`.
+/// [`paged_append`]'s writes for the batch rows `tokens`, after its checks (the head size at
+/// most [`MAX_HEAD_SIZE`]), into the pool starting `base` elements into `cache`.
 ///
 /// # Safety
 /// No other live reference covers the cache rows these tokens write.
 #[allow(clippy::too_many_arguments)]
-unsafe fn append_rows<T: Accum<Acc = f32>>(
+unsafe fn append_rows<T: Accum<Acc = f32>, C: CacheElem>(
     src: &Rows<T>,
     layout: &PagedLayout,
     segments: &[Segment],
     tables: &[u32],
     rope: Option<&Rope<T>>,
     tokens: Range<usize>,
-    cache: &Shared<T>,
+    cache: &SharedMem<C>,
     base: usize,
 ) {
     let (bs, hs) = (layout.block_size, layout.head_size);
+    let mut rotated = [T::ZERO; MAX_HEAD_SIZE];
+    let rotated = &mut rotated[..hs];
     for t in tokens {
         let (p, s) = token_at(segments, t);
         let table = &tables[s.table.clone()];
         for h in 0..layout.kv_heads {
             let at = base + layout.head_start(table[p / bs], h) + p % bs * hs;
-            // SAFETY: the caller's contract.
-            let dst = unsafe { cache.range(at..at + hs) };
-            let x = src.head(t, h, hs);
-            match rope {
-                Some(r) => rotate_one(x, p, r, dst).expect("rope checked by check_rope"),
-                None => dst.copy_from_slice(x),
+            let mut x = src.head(t, h, hs);
+            if let Some(r) = rope {
+                rotate_one(x, p, r, rotated).expect("rope checked by check_rope");
+                x = rotated;
             }
+            // SAFETY: the caller's contract.
+            unsafe { cache.put(at, x) };
         }
     }
 }
@@ -378,21 +437,23 @@ pub fn paged_scratch_len(
 /// position `p` sees positions `..=p`, and only the `window` last of them when set), written
 /// to `out` laid out `(tokens, heads * head_size)`.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention<T: Accum<Acc = f32>>(
+pub fn paged_attention<T: Accum<Acc = f32>, C: CacheElem>(
     heads: usize,
     layout: &PagedLayout,
     score: &ScoreMod,
     q: &Rows<T>,
-    k: &[T],
-    v: &[T],
+    k: Cached<C>,
+    v: Cached<C>,
     segments: &[Segment],
     tables: &[u32],
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    check_pool(layout, k.len(), "key pool")?;
-    check_pool(layout, v.len(), "value pool")?;
+    for (x, what) in [(k, "key pool"), (v, "value pool")] {
+        check_pool(layout, x.values.len(), what)?;
+        x.check(layout.head_size)?;
+    }
     Split::run(
         (heads, layout, score, q, segments, tables),
         (out, scratch, pool),
@@ -501,12 +562,12 @@ impl<'a> Split<'a> {
     }
 
     /// Part `part`'s pairs into `out` (its run of the output), with `scratch` its own.
-    fn attend<T: Accum<Acc = f32>>(
+    fn attend<T: Accum<Acc = f32>, C: CacheElem>(
         &self,
         part: usize,
         q: &Rows<T>,
-        k: &[T],
-        v: &[T],
+        k: Cached<C>,
+        v: Cached<C>,
         out: &mut [T],
         scratch: &mut [f32],
     ) {
@@ -530,9 +591,9 @@ impl<'a> Split<'a> {
             let seen = keys_seen(s, t - s.rows.start, self.score);
             let table = &self.tables[s.table.clone()];
             let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
-                let base = layout.head_start(table[bi], kvh);
+                let row = layout.head_start(table[bi], kvh) / hs;
                 let keys = seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
-                (&k[base..base + bs * hs], &v[base..base + bs * hs], keys)
+                (k.rows(row..row + bs, hs), v.rows(row..row + bs, hs), keys)
             });
             let qs: SmallVec<[&[T]; MAX_GROUP]> =
                 (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
@@ -611,13 +672,13 @@ pub struct NewKv<'a, T> {
 /// three calls, without the serial writes between two regions (whose inputs the previous
 /// region left in both cores' caches).
 #[allow(clippy::too_many_arguments)]
-pub fn paged_step<T: Accum<Acc = f32>>(
+pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
     heads: usize,
     layout: &PagedLayout,
     score: &ScoreMod,
     q: &Rows<T>,
     new: &NewKv<T>,
-    store: &mut [T],
+    store: KvMem<C>,
     (k_at, v_at): (usize, usize),
     segments: &[Segment],
     tables: &[u32],
@@ -630,8 +691,14 @@ pub fn paged_step<T: Accum<Acc = f32>>(
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     check_segments(layout, segments, tables, tokens)?;
     for (at, what) in [(k_at, "key pool"), (v_at, "value pool")] {
-        check_pool(layout, store.len().saturating_sub(at), what)?;
+        check_pool(layout, store.values.len().saturating_sub(at), what)?;
+        if !at.is_multiple_of(hs.max(1)) {
+            return Err(KernelError::Shape(format!(
+                "the {what} starts at {at}, not at a multiple of the head size {hs}"
+            )));
+        }
     }
+    store.check(hs)?;
     check_disjoint_writes(layout, (k_at, v_at), segments, tables)?;
     new.keys.check(tokens, kv_heads, hs, "new keys")?;
     new.values.check(tokens, kv_heads, hs, "new values")?;
@@ -639,7 +706,7 @@ pub fn paged_step<T: Accum<Acc = f32>>(
     if new.rope.is_some() {
         check_len("rotated query", rotated.len(), tokens * heads * hs)?;
     }
-    let (store, rotated) = (Shared::new(store), Shared::new(rotated));
+    let (store, rotated) = (SharedMem::new(store), Shared::new(rotated));
     let per_call = tokens.div_ceil(parts_for(pool, tokens, (heads + 2 * kv_heads) * hs).max(1));
     let write = |call: usize| {
         let rows = call * per_call..((call + 1) * per_call).min(tokens);
@@ -674,7 +741,8 @@ pub fn paged_step<T: Accum<Acc = f32>>(
         },
         |split, part, out, scratch| {
             // SAFETY: the parts run after the prelude, every writer finished.
-            let (store, rotated) = unsafe { (store.all(), rotated.all()) };
+            let (k, v, rotated) =
+                unsafe { (store.read(k_at, hs), store.read(v_at, hs), rotated.all()) };
             let q = match new.rope {
                 Some(_) => Rows {
                     data: rotated,
@@ -683,7 +751,7 @@ pub fn paged_step<T: Accum<Acc = f32>>(
                 },
                 None => *q,
             };
-            split.attend(part, &q, &store[k_at..], &store[v_at..], out, scratch);
+            split.attend(part, &q, k, v, out, scratch);
         },
     )
 }

@@ -4,6 +4,14 @@
 use super::*;
 use crate::attention::{GqaShape, attention, scratch_len};
 
+/// An unscaled pool's memory.
+fn plain<C: CacheElem>(values: &mut [C]) -> KvMem<'_, C> {
+    KvMem {
+        values,
+        scales: &mut [],
+    }
+}
+
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
@@ -122,8 +130,8 @@ fn check(len: usize, new: usize, bs: usize, hs: usize, window: Option<usize>, th
         &layout,
         &score,
         &rows,
-        &kp,
-        &vp,
+        Cached::plain(&kp),
+        Cached::plain(&vp),
         &segments,
         &tables,
         &mut got,
@@ -212,8 +220,8 @@ fn batched_rows_equal_rows_alone_at_any_thread_count() {
             layout,
             &score,
             &rows,
-            k,
-            v,
+            Cached::plain(k),
+            Cached::plain(v),
             segments,
             &tables,
             &mut out,
@@ -298,7 +306,15 @@ fn a_fused_step_equals_append_rotate_attend() {
         // Three calls.
         let mut store = start.clone();
         for (src, at, rope) in [(&keys, k_at, rope), (&vals, v_at, None)] {
-            paged_append(src, &layout, &segments, &tables, rope, &mut store[at..]).unwrap();
+            paged_append(
+                src,
+                &layout,
+                &segments,
+                &tables,
+                rope,
+                plain(&mut store[at..]),
+            )
+            .unwrap();
         }
         let mut rotated = vec![0f32; tokens * heads * hs];
         if let Some(r) = rope {
@@ -319,8 +335,8 @@ fn a_fused_step_equals_append_rotate_attend() {
             &layout,
             &score,
             &query,
-            k,
-            v,
+            Cached::plain(k),
+            Cached::plain(v),
             &segments,
             &tables,
             &mut want,
@@ -343,7 +359,7 @@ fn a_fused_step_equals_append_rotate_attend() {
             &score,
             &qrows,
             &new,
-            &mut fused,
+            plain(&mut fused),
             (k_at, v_at),
             &segments,
             &tables,
@@ -377,7 +393,7 @@ fn a_fused_step_equals_append_rotate_attend() {
             &score,
             &qrows,
             &new,
-            &mut store,
+            plain(&mut store),
             at,
             &segments,
             tables,
@@ -411,7 +427,7 @@ fn append_writes_each_position_to_its_block() {
         start: 1,
         table: 0..2,
     }];
-    paged_append(&rows, &layout, &segments, &[3, 0], None, &mut cache).unwrap();
+    paged_append(&rows, &layout, &segments, &[3, 0], None, plain(&mut cache)).unwrap();
     // Position 1 → block 3 row 1; positions 2, 3 → block 0 rows 0, 1.
     assert_eq!(&cache[14..16], &[1., 2.]);
     assert_eq!(&cache[0..4], &[3., 4., 5., 6.]);
@@ -466,7 +482,247 @@ fn bad_segments_are_errors() {
         ),
     ];
     for (segments, tables) in bad {
-        let r = paged_append(&rows, &layout, &segments, &tables, None, &mut cache);
+        let r = paged_append(&rows, &layout, &segments, &tables, None, plain(&mut cache));
         assert!(r.is_err(), "{segments:?} {tables:?}");
     }
+}
+
+/// A store of `C`: elements and, when scaled, one scale per head vector.
+struct Pool<C> {
+    values: Vec<C>,
+    scales: Vec<f32>,
+}
+
+impl<C: CacheElem> Pool<C> {
+    fn new(len: usize, head_size: usize) -> Self {
+        Pool {
+            values: vec![C::ZERO; len],
+            scales: vec![0.0; if C::SCALED { len / head_size } else { 0 }],
+        }
+    }
+
+    fn mem(&mut self) -> KvMem<'_, C> {
+        KvMem {
+            values: &mut self.values,
+            scales: &mut self.scales,
+        }
+    }
+
+    fn bits(&self) -> (Vec<u64>, Vec<u32>) {
+        let values = self.values.iter().map(|v| v.to_f64().to_bits()).collect();
+        (values, self.scales.iter().map(|s| s.to_bits()).collect())
+    }
+}
+
+/// Query heads, KV heads and head size of the packed QKV rows the tests below run.
+const QKV_HEADS: (usize, usize, usize) = (6, 2, 64);
+
+/// One sequence of `qkv.len()` tokens' QKV rows run through [`paged_step`] on a store of `C`
+/// (each block's keys then values), `cuts` rows per step (one prefill, chunks, or one decode
+/// row at a time), beside a 2-row sequence in every step: the store afterwards, and the
+/// bits of every row of ours.
+fn run_in_steps<C: CacheElem>(qkv: &[f32], cuts: &[usize], threads: usize) -> (Pool<C>, Vec<u32>) {
+    let (heads, kv_heads, hs) = QKV_HEADS;
+    let (bs, half) = (16, 16);
+    let width = (heads + 2 * kv_heads) * hs;
+    let len = qkv.len() / width;
+    let other = values(2 * width, 22);
+    let (cos, sin) = (values(64 * half, 23), values(64 * half, 24));
+    let rope = Rope::new(&cos, &sin, half, false).unwrap();
+    let score = ScoreMod {
+        scale: 0.125,
+        softcap: 0.0,
+        window: None,
+    };
+    let dense = PagedLayout::dense(len.div_ceil(bs) + 1, bs, kv_heads, hs);
+    let layout = PagedLayout {
+        block_stride: 2 * dense.block_len(),
+        ..dense
+    };
+    let mut store = Pool::<C>::new(layout.blocks * layout.block_stride, hs);
+    let pool = ThreadPool::new(threads);
+    // Ours in blocks 1.., the other sequence's two rows rewrite block 0 every step.
+    let mut tables = vec![0u32];
+    tables.extend(1..=len.div_ceil(bs) as u32);
+    let mut outs = Vec::new();
+    let mut done = 0;
+    for &n in cuts {
+        let mut rows = other.clone();
+        rows.extend(&qkv[done * width..(done + n) * width]);
+        let segments = [
+            Segment {
+                rows: 0..2,
+                start: 0,
+                table: 0..1,
+            },
+            Segment {
+                rows: 2..2 + n,
+                start: done,
+                table: 1..tables.len(),
+            },
+        ];
+        let at = |offset| Rows {
+            data: &rows[..],
+            stride: width,
+            offset,
+        };
+        let new = NewKv {
+            keys: at(heads * hs),
+            values: at((heads + kv_heads) * hs),
+            rope: Some(&rope),
+        };
+        let tokens = 2 + n;
+        let mut rotated = vec![0f32; tokens * heads * hs];
+        let mut out = vec![0f32; tokens * heads * hs];
+        let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, &pool)];
+        paged_step(
+            heads,
+            &layout,
+            &score,
+            &at(0),
+            &new,
+            store.mem(),
+            (0, dense.block_len()),
+            &segments,
+            &tables,
+            &mut rotated,
+            &mut out,
+            &mut scratch,
+            &pool,
+        )
+        .unwrap();
+        outs.extend(out[2 * heads * hs..].iter().map(|x| x.to_bits()));
+        done += n;
+    }
+    (store, outs)
+}
+
+/// The invariance a quantized cache keeps (DESIGN.md §5.1 within a cache dtype): a prompt
+/// prefilled in one piece, in chunks or one row at a time, at 1 or 2 threads, stores the same
+/// bytes and gives every row the same bits. A decode row equals the prefill row.
+fn cut_invariant<C: CacheElem>() {
+    let (heads, kv_heads, hs) = QKV_HEADS;
+    let len = 40;
+    let qkv = values(len * (heads + 2 * kv_heads) * hs, 21);
+    let (one, want) = run_in_steps::<C>(&qkv, &[len], 1);
+    for (cuts, threads) in [
+        (vec![len], 2),
+        (vec![17, 1, 22], 1),
+        (vec![16, 16, 8], 2),
+        (vec![1; len], 2),
+    ] {
+        let (store, got) = run_in_steps::<C>(&qkv, &cuts, threads);
+        assert!(
+            store.bits() == one.bits(),
+            "{cuts:?} at {threads} threads: the store differs"
+        );
+        assert!(
+            got == want,
+            "{cuts:?} at {threads} threads: the rows differ"
+        );
+    }
+}
+
+#[test]
+fn quantized_caches_store_and_attend_the_same_however_the_prompt_is_cut() {
+    cut_invariant::<f32>();
+    cut_invariant::<half::f16>();
+    cut_invariant::<half::bf16>();
+    cut_invariant::<i8>();
+}
+
+/// Attention over an f16, bf16 or int8 cache stays close to the f32 cache's: the error of
+/// rounding each stored value once (half a step of the element: 2^-11, 2^-8, and 1/254 of
+/// each head vector's largest magnitude), not more.
+#[test]
+fn narrower_caches_stay_close_to_the_f32_cache() {
+    let (heads, kv_heads, hs) = QKV_HEADS;
+    let len = 64;
+    let qkv = values(len * (heads + 2 * kv_heads) * hs, 31);
+    let (_, exact) = run_in_steps::<f32>(&qkv, &[len], 2);
+    let exact: Vec<f32> = exact.into_iter().map(f32::from_bits).collect();
+    let worst = |bits: Vec<u32>| {
+        bits.iter()
+            .zip(&exact)
+            .map(|(&b, &e)| (f32::from_bits(b) - e).abs())
+            .fold(0f32, f32::max)
+    };
+    let f16 = worst(run_in_steps::<half::f16>(&qkv, &[len], 2).1);
+    let bf16 = worst(run_in_steps::<half::bf16>(&qkv, &[len], 2).1);
+    let int8 = worst(run_in_steps::<i8>(&qkv, &[len], 2).1);
+    // Measured here: 2.4e-4, 2.1e-3 and 4.4e-3 (outputs are averages of values in [-1, 1)).
+    assert!(f16 > 0.0 && f16 < 1e-3, "f16 cache: max |error| {f16}");
+    assert!(bf16 > f16 && bf16 < 1e-2, "bf16 cache: max |error| {bf16}");
+    assert!(
+        int8 > 0.0 && int8 < 1.5e-2,
+        "int8 cache: max |error| {int8}"
+    );
+}
+
+/// A group of heads over keys of `C` in pieces, by the vector rows and by the scalar
+/// reference: the same bits, for every cache element, head sizes with and without the
+/// 64-wide value sum, groups of 1 to 4 heads, softcap on and off.
+fn simd_rows_equal_the_reference<C: CacheElem>() {
+    for (hs, g, n, softcap) in [
+        (64, 3, 37, 0.0),
+        (64, 1, 16, 0.0),
+        (32, 4, 21, 5.0),
+        (8, 2, 9, 0.0),
+    ] {
+        let x = values(n * hs, 41);
+        let y = values(n * hs, 42);
+        let (mut k, mut v) = (Pool::<C>::new(n * hs, hs), Pool::<C>::new(n * hs, hs));
+        for (pool, src) in [(&mut k, &x), (&mut v, &y)] {
+            for j in 0..n {
+                let s = C::encode(&src[j * hs..][..hs], &mut pool.values[j * hs..][..hs]);
+                if C::SCALED {
+                    pool.scales[j] = s;
+                }
+            }
+        }
+        let (kc, vc) = (
+            Cached {
+                values: &k.values[..],
+                scales: &k.scales[..],
+            },
+            Cached {
+                values: &v.values[..],
+                scales: &v.scales[..],
+            },
+        );
+        // Pieces of 5 rows, the last shorter: rows `j..` of a view cut at j.
+        let pieces = (0..n).step_by(5).map(|j| (kc, vc, j..(j + 5).min(n)));
+        let q = values(g * hs, 43);
+        let qs: Vec<&[f32]> = q.chunks(hs).collect();
+        let score = ScoreMod {
+            scale: 0.2,
+            softcap,
+            window: None,
+        };
+        let run = |simd: bool| {
+            let (mut scores, mut acc) = (vec![0f32; g * n], vec![0f32; g * hs]);
+            let mut out = vec![0f32; g * hs];
+            let mut outs: Vec<&mut [f32]> = out.chunks_mut(hs).collect();
+            attend_group_pieces(
+                &qs,
+                pieces.clone(),
+                &score,
+                &mut scores,
+                &mut acc,
+                &mut outs,
+                simd,
+                true,
+            );
+            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(true), run(false), "{:?} hs {hs} group {g}", C::KIND);
+    }
+}
+
+#[test]
+fn vector_rows_equal_the_scalar_reference_for_every_cache_element() {
+    simd_rows_equal_the_reference::<f32>();
+    simd_rows_equal_the_reference::<half::f16>();
+    simd_rows_equal_the_reference::<half::bf16>();
+    simd_rows_equal_the_reference::<i8>();
 }
