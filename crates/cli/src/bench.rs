@@ -186,6 +186,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "decode_tok_s": decode,
         "ttft_ms": ttft,
         "load_ms": model.load_time().as_secs_f64() * 1e3,
+        "kv_dtype": model.kv_dtype().name(),
         "kv_cache_bytes": model.kv_positions().map(|p| model.kv_bytes(p)),
         "peak_rss_bytes": peak_rss_bytes(),
         "weight_bytes_per_token": weight_bytes_per_token(&model, counters),
@@ -317,6 +318,7 @@ fn run_batch(
     let report = json!({
         "model": model.dir().display().to_string(),
         "threads": model.threads(),
+        "kv_dtype": model.kv_dtype().name(),
         "batch": n,
         "prompt_len": ids.len(),
         "gen_len": options.max_new_tokens,

@@ -22,6 +22,10 @@ pub struct RunArgs {
     /// context length).
     #[arg(long, env = "OXGEN_CTX_SIZE", value_parser = clap::value_parser!(u64).range(2..))]
     pub ctx_size: Option<u64>,
+    /// What the KV cache stores: f32, f16, bf16 or int8 (one scale per token and head;
+    /// 0.27x an f32 cache's memory at head size 64). Default: the model's KV dtype.
+    #[arg(long, env = "OXGEN_KV_DTYPE", value_parser = clap::value_parser!(oxgen::KvDtype))]
+    pub kv_dtype: Option<oxgen::KvDtype>,
     /// A Jinja chat template file to use instead of the package's.
     #[arg(long, env = "OXGEN_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
@@ -45,6 +49,7 @@ impl RunArgs {
             exact: self.exact,
             backend: backend.backend(),
             ort_lib: backend.ort_lib.clone(),
+            kv_dtype: self.kv_dtype,
             chat_template: self.chat_template.clone(),
             speculative: self.speculative.clone(),
             spec_tokens: self.spec_tokens,

@@ -6,37 +6,35 @@
 //! address space, not memory. Blocks are handed out lowest first and each holds every layer,
 //! which keeps what is touched compact.
 
+use oxgen_kernels::attention::kv::{CacheElem, CacheKind, KvMem};
 use oxgen_kernels::attention::paged::{PagedLayout, Segment};
-use oxgen_runtime::RuntimeError;
-use oxgen_tensor::{DType, Element};
+use oxgen_runtime::{KvDtype, RuntimeError};
 
 use crate::OpError;
 
 /// Key and value block pools of every layer, block by block:
 /// `[block][layer][key | value][kv_head][row][d]`, so one block of a sequence holds its keys
-/// and values of every layer in one contiguous run. The memory takes ordinary pages, not
-/// transparent huge ones: a server's pool is first touched inside steps as requests take
-/// fresh blocks, and a huge-page fault may compact memory synchronously (batch-8 server
-/// steps' p99 21 → 9 ms without them on a Zen 5, with `oxgen bench --batch 8` unchanged;
-/// docs/PERFORMANCE.md).
+/// and values of every layer in one contiguous run. An int8 store keeps one f32 scale per
+/// head vector in a second region laid out the same way without `d`
+/// (`oxgen_kernels::attention::kv`). The memory takes ordinary pages, not transparent huge
+/// ones: a server's pool is first touched inside steps as requests take fresh blocks, and a
+/// huge-page fault may compact memory synchronously (batch-8 server steps' p99 21 → 9 ms
+/// without them on a Zen 5, with `oxgen bench --batch 8` unchanged; docs/PERFORMANCE.md).
 pub struct KvStore {
-    dtype: DType,
+    kv: KvDtype,
     /// One layer's pool as a view: blocks `layers * 2` pools' blocks apart.
     layout: PagedLayout,
     layers: usize,
     mem: Vec<u64>,
+    /// Where the scales start in `mem`, in words (the end of `mem` when there are none).
+    scales_at: usize,
 }
 
 impl KvStore {
-    /// Pools of `layout.blocks` blocks for `layers` layers of `dtype` (f32, f16 or bf16);
-    /// `layout`'s stride is replaced by the store's.
-    pub fn new(dtype: DType, layout: PagedLayout, layers: usize) -> Result<KvStore, RuntimeError> {
+    /// Pools of `layout.blocks` blocks for `layers` layers of `kv`; `layout`'s stride is
+    /// replaced by the store's.
+    pub fn new(kv: KvDtype, layout: PagedLayout, layers: usize) -> Result<KvStore, RuntimeError> {
         let fail = |msg: String| RuntimeError::Backend(msg.into());
-        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(fail(format!(
-                "a paged KV cache holds float32, float16 or bfloat16, not {dtype}"
-            )));
-        }
         let block_values = layout
             .kv_heads
             .checked_mul(layout.block_size)
@@ -44,40 +42,51 @@ impl KvStore {
             .and_then(|n| n.checked_mul(2 * layers))
             .filter(|&n| n > 0 && layout.blocks > 0)
             .ok_or_else(|| fail(format!("KV pool {layout:?} x {layers} layers is empty")))?;
-        let bytes = block_values
-            .checked_mul(layout.blocks)
-            .and_then(|n| n.checked_mul(dtype.bits() / 8))
-            .filter(|&b| b <= isize::MAX as usize / 2)
+        let scales = if kv == KvDtype::Int8 {
+            block_values / layout.head_size
+        } else {
+            0
+        };
+        let words = |values: usize, bytes: usize| {
+            values
+                .checked_mul(layout.blocks)
+                .and_then(|n| n.checked_mul(bytes))
+                .map(|b| b.div_ceil(8))
+        };
+        let (value_words, scale_words) = words(block_values, kv.dtype().bits() / 8)
+            .zip(words(scales, 4))
+            .filter(|(v, s)| v.saturating_add(*s) <= isize::MAX as usize / 16)
             .ok_or_else(|| {
                 fail(format!(
                     "a KV pool of {layout:?} x {layers} layers overflows"
                 ))
             })?;
-        let words = bytes.div_ceil(8);
+        let total = value_words + scale_words;
         let too_big = || {
             fail(format!(
                 "could not allocate {} MiB for the KV cache; lower --kv-memory (or --kv-blocks)",
-                bytes >> 20
+                (total * 8) >> 20
             ))
         };
-        let layout_bytes = std::alloc::Layout::array::<u64>(words).map_err(|_| too_big())?;
+        let layout_bytes = std::alloc::Layout::array::<u64>(total).map_err(|_| too_big())?;
         // Zeroed by the allocator (fresh pages for a large pool), not written here.
         // SAFETY: the layout's size is not zero (checked above).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout_bytes) }.cast::<u64>();
         if ptr.is_null() {
             return Err(too_big());
         }
-        // SAFETY: allocated above by the global allocator with the layout of `words` u64s,
+        // SAFETY: allocated above by the global allocator with the layout of `total` u64s,
         // all initialized (zero).
-        let mem = unsafe { Vec::from_raw_parts(ptr, words, words) };
+        let mem = unsafe { Vec::from_raw_parts(ptr, total, total) };
         Ok(KvStore {
-            dtype,
+            kv,
             layout: PagedLayout {
                 block_stride: block_values,
                 ..layout
             },
             layers,
             mem,
+            scales_at: value_words,
         })
     }
 
@@ -87,47 +96,75 @@ impl KvStore {
         &self.layout
     }
 
-    pub fn dtype(&self) -> DType {
-        self.dtype
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv
     }
 
-    /// Bytes of one block across every layer's keys and values.
+    /// Bytes of one block across every layer's keys and values, scales included.
     pub fn block_bytes(&self) -> usize {
-        self.layout.block_stride * self.dtype.bits() / 8
+        self.layout.block_stride / self.layout.head_size * self.kv.head_bytes(self.layout.head_size)
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: a `u64` buffer viewed as its bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast(), self.mem.len() * 8) }
-    }
-
-    /// The whole store as `T`, with where layer `layer`'s key and value pools start in it:
-    /// `&pool[k..]` and `&pool[v..]` are views of [`KvStore::layout`].
-    pub fn layer_views<T: Element>(
+    /// The whole store as elements of `C` and their scales, with where layer `layer`'s key
+    /// and value pools start in it: from `k` and `v` on, the memory holds views of
+    /// [`KvStore::layout`].
+    pub fn layer_views<C: CacheElem>(
         &mut self,
         layer: usize,
-    ) -> Result<(&mut [T], usize, usize), OpError> {
-        if !T::views(self.dtype) || layer >= self.layers {
+    ) -> Result<(KvMem<'_, C>, usize, usize), OpError> {
+        if C::KIND != kind(self.kv) || layer >= self.layers {
             return Err(OpError::value(format!(
-                "the KV cache holds {} layers of {}; layer {layer} was asked for as {}",
+                "the KV cache holds {} layers of {}; layer {layer} was asked for as {:?}",
                 self.layers,
-                self.dtype,
-                T::DTYPE
+                self.kv,
+                C::KIND
             )));
         }
         let len = self.layout.blocks * self.layout.block_stride;
-        // SAFETY: the buffer holds `len` values of the store's dtype, which `T` views
-        // (checked above), and `u64` alignment covers every float type.
-        let all = unsafe { std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<T>(), len) };
+        let scales = if C::SCALED {
+            len / self.layout.head_size
+        } else {
+            0
+        };
+        let (values, rest) = self.mem.split_at_mut(self.scales_at);
+        // SAFETY: `values` holds `len` elements of the store's kind, which `C` is (checked
+        // above), and `u64` alignment covers every element type; `rest` holds `scales` f32
+        // (allocated so in `new`).
+        let mem = unsafe {
+            KvMem {
+                values: std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<C>(), len),
+                scales: std::slice::from_raw_parts_mut(rest.as_mut_ptr().cast::<f32>(), scales),
+            }
+        };
         let k = 2 * layer * self.layout.block_len();
-        Ok((all, k, k + self.layout.block_len()))
+        Ok((mem, k, k + self.layout.block_len()))
     }
 
-    /// Copies block `src` into block `dst` (every layer's keys and values).
+    /// Copies block `src` into block `dst` (every layer's keys and values, and their scales).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
-        let block = self.block_bytes();
-        let (src, dst) = (src as usize * block, dst as usize * block);
-        self.bytes_mut().copy_within(src..src + block, dst);
+        let elem = self.kv.dtype().bits() / 8;
+        let value_block = self.layout.block_stride * elem;
+        let scale_block = self.layout.block_stride / self.layout.head_size * 4;
+        // SAFETY: a `u64` buffer viewed as its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<u8>(), self.mem.len() * 8)
+        };
+        let (values, scales) = bytes.split_at_mut(self.scales_at * 8);
+        let (src, dst) = (src as usize, dst as usize);
+        values.copy_within(src * value_block..(src + 1) * value_block, dst * value_block);
+        if self.kv == KvDtype::Int8 {
+            scales.copy_within(src * scale_block..(src + 1) * scale_block, dst * scale_block);
+        }
+    }
+}
+
+/// The kernels' element kind a store of `kv` holds.
+fn kind(kv: KvDtype) -> CacheKind {
+    match kv {
+        KvDtype::F32 => CacheKind::F32,
+        KvDtype::F16 => CacheKind::F16,
+        KvDtype::BF16 => CacheKind::BF16,
+        KvDtype::Int8 => CacheKind::I8,
     }
 }
 

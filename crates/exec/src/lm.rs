@@ -25,7 +25,7 @@ use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 use oxgen_graph::{Graph, Op, ValueId};
 use oxgen_kernels::attention::paged::{PagedLayout, Segment};
 use oxgen_runtime::{
-    Batch, BlockPool, BlockTable, Capabilities, IoSpec, KvTemplates, KvUsage, LanguageModel,
+    Batch, BlockPool, BlockTable, Capabilities, IoSpec, KvDtype, KvTemplates, KvUsage, LanguageModel,
     LmContract, LogitsWanted, OpTime, RuntimeError, SeqId, SeqStep, SeqTable, Session,
     StepCounters, StepLogits, check_context,
 };
@@ -79,6 +79,9 @@ pub struct NativeOptions {
     /// A thread pool to share with another model (a speculative draft and its target run
     /// in turn on the same threads); `None`: a pool of its own of `exec.threads`.
     pub pool: Option<std::sync::Arc<oxgen_kernels::ThreadPool>>,
+    /// What the paged KV cache stores; `None`: the graph's KV dtype. A graph whose KV is not
+    /// paged keeps its own dtype (another is refused at open).
+    pub kv_dtype: Option<KvDtype>,
 }
 
 impl Default for NativeOptions {
@@ -92,6 +95,7 @@ impl Default for NativeOptions {
             optimize: true,
             layers: None,
             pool: None,
+            kv_dtype: None,
         }
     }
 }
@@ -217,18 +221,19 @@ impl Paged {
     ) -> Result<Paged, RuntimeError> {
         let block_layout =
             |blocks| PagedLayout::dense(blocks, KV_BLOCK_SIZE, c.kv_heads, c.head_size);
+        let kv = options.kv_dtype.unwrap_or(c.graph_kv_dtype());
         let blocks = match options.kv {
             KvBudget::Sequences(n) => match options.context_length {
                 Some(len) => DEFAULT_KV_BLOCKS.max(n.saturating_mul(len.div_ceil(KV_BLOCK_SIZE))),
                 None => DEFAULT_KV_BLOCKS,
             },
             KvBudget::Blocks(n) => n,
-            KvBudget::Bytes(bytes) => (bytes / c.kv_bytes(KV_BLOCK_SIZE).max(1)).max(1),
+            KvBudget::Bytes(bytes) => (bytes / c.kv_bytes(kv, KV_BLOCK_SIZE).max(1)).max(1),
         };
         Ok(Paged {
             pool: BlockPool::new(blocks, KV_BLOCK_SIZE)?,
             prefix_cache: options.prefix_cache,
-            store: KvStore::new(c.kv_dtype, block_layout(blocks), c.layers.len())?,
+            store: KvStore::new(kv, block_layout(blocks), c.layers.len())?,
             layer_of_node,
             empty: fresh_kv(c, false, 0)?,
             segments: Vec::new(),
@@ -351,7 +356,16 @@ impl NativeLm {
         let layer_of_node = attention_layers(session.graph(), &contract).filter(|_| shared_kv);
         let paged = match layer_of_node {
             Some(layer_of_node) => Some(Paged::new(&contract, layer_of_node, options)?),
-            None => None,
+            None => match options.kv_dtype {
+                Some(kv) if kv != contract.graph_kv_dtype() => {
+                    return Err(RuntimeError::Contract(format!(
+                        "this graph's attention cannot read a paged KV cache, so its KV stays \
+                         {} (its past inputs' dtype); drop --kv-dtype {kv}",
+                        contract.graph_kv_dtype()
+                    )));
+                }
+                _ => None,
+            },
         };
         Ok(NativeLm {
             logits_node,
@@ -882,6 +896,12 @@ impl LanguageModel for NativeLm {
 
     fn kv_usage(&self) -> Option<KvUsage> {
         self.paged.as_ref().map(|p| p.pool.usage())
+    }
+
+    fn kv_dtype(&self) -> KvDtype {
+        self.paged
+            .as_ref()
+            .map_or(self.contract.graph_kv_dtype(), |p| p.store.kv_dtype())
     }
 
     fn counters(&self) -> StepCounters {

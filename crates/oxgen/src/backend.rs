@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use oxgen_exec::{ExecOptions, NativeLm, NativeOptions, OpenError, Unsupported};
-use oxgen_runtime::LanguageModel;
+use oxgen_runtime::{KvDtype, LanguageModel};
 
 use crate::{Error, KvBudget, PackageConfig};
 
@@ -103,6 +103,7 @@ pub(crate) struct Open<'a> {
     #[cfg_attr(not(feature = "ort"), allow(dead_code))]
     pub ort_lib: Option<&'a Path>,
     pub kv: KvBudget,
+    pub kv_dtype: Option<KvDtype>,
     pub prefix_cache: bool,
     /// The thread pool a native model shares with its speculative draft.
     pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
@@ -111,6 +112,22 @@ pub(crate) struct Open<'a> {
 /// Opens the model on the backend `open.backend` asks for; the note says why `auto` chose
 /// ONNX Runtime.
 pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>), Error> {
+    let (lm, note) = open_any(o)?;
+    match o.kv_dtype {
+        Some(kv) if lm.kv_dtype() != kv => Err(Error::Package {
+            path: o.model_path.display().to_string(),
+            reason: format!(
+                "the {} backend keeps this graph's KV cache as {}; --kv-dtype {kv} needs the \
+                 native backend",
+                lm.backend(),
+                lm.kv_dtype()
+            ),
+        }),
+        _ => Ok((lm, note)),
+    }
+}
+
+fn open_any(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>), Error> {
     if o.backend == Backend::Ort {
         return Ok((open_ort(o)?, None));
     }
@@ -142,6 +159,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         optimize: true,
         layers,
         pool: o.pool.clone(),
+        kv_dtype: o.kv_dtype,
     }
 }
 

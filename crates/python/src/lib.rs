@@ -355,7 +355,7 @@ impl PyModel {
     #[new]
     #[pyo3(signature = (path, *, backend = "auto", threads = 0, ctx_size = None, exact = false,
                         chat_template = None, max_batch = 8, ort_lib = None, speculative = None,
-                        spec_tokens = oxgen::DEFAULT_SPEC_TOKENS))]
+                        spec_tokens = oxgen::DEFAULT_SPEC_TOKENS, kv_dtype = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -369,6 +369,7 @@ impl PyModel {
         ort_lib: Option<PathBuf>,
         speculative: Option<&str>,
         spec_tokens: usize,
+        kv_dtype: Option<&str>,
     ) -> PyResult<PyModel> {
         let backend = Backend::parse(backend)
             .ok_or_else(|| invalid(format!("backend '{backend}': use native, ort or auto")))?;
@@ -384,6 +385,9 @@ impl PyModel {
                 oxgen::MAX_SPEC_TOKENS
             )));
         }
+        let kv_dtype = kv_dtype
+            .map(|s| s.parse::<oxgen::KvDtype>().map_err(invalid))
+            .transpose()?;
         let options = ModelOptions {
             threads,
             // Fixed, so chat turns and repeated prompts reuse the KV before them.
@@ -392,6 +396,7 @@ impl PyModel {
             backend,
             ort_lib,
             kv: KvBudget::Sequences(max_batch),
+            kv_dtype,
             prefix_cache: true,
             chat_template,
             speculative,
@@ -537,6 +542,12 @@ impl PyModel {
     #[getter]
     fn threads(&self, py: Python<'_>) -> usize {
         self.lock(py).threads()
+    }
+
+    /// What the KV cache stores (`f32`, `f16`, `bf16` or `int8`), as resolved.
+    #[getter]
+    fn kv_dtype(&self, py: Python<'_>) -> &'static str {
+        self.lock(py).kv_dtype().name()
     }
 
     #[getter]

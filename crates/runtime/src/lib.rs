@@ -9,9 +9,11 @@
 //! This crate must never depend on a backend, parse model files or run kernels.
 
 mod blocks;
+mod kv_dtype;
 mod lm;
 
 pub use blocks::{BlockCopy, BlockPool, BlockTable, KvUsage};
+pub use kv_dtype::KvDtype;
 
 pub use lm::{
     Batch, Capabilities, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, OpTime,

@@ -6,7 +6,7 @@
 
 use oxgen_tensor::{DType, Tensor};
 
-use crate::{Dim, IoSpec, KvUsage, RuntimeError};
+use crate::{Dim, IoSpec, KvDtype, KvUsage, RuntimeError};
 
 /// The names of one layer's KV inputs and outputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,18 +67,17 @@ impl Default for KvTemplates {
 }
 
 impl LmContract {
-    /// Bytes of KV that `positions` positions of one sequence hold across every layer
-    /// (saturating).
-    pub fn kv_bytes(&self, positions: usize) -> usize {
-        [
-            2,
-            self.kv_heads,
-            self.head_size,
-            positions,
-            self.kv_dtype.bits() / 8,
-        ]
-        .iter()
-        .fold(self.layers.len(), |n, &f| n.saturating_mul(f))
+    /// Bytes of KV that `positions` positions of one sequence hold across every layer in a
+    /// cache of `kv` (saturating).
+    pub fn kv_bytes(&self, kv: KvDtype, positions: usize) -> usize {
+        [2, self.kv_heads, positions, kv.head_bytes(self.head_size)]
+            .iter()
+            .fold(self.layers.len(), |n, &f| n.saturating_mul(f))
+    }
+
+    /// The graph's own KV dtype (checked by [`LmContract::from_io`]: a float).
+    pub fn graph_kv_dtype(&self) -> KvDtype {
+        KvDtype::of(self.kv_dtype).expect("the contract holds a float KV dtype")
     }
 
     /// Reads the contract from a graph's declared inputs and outputs. `input_ids`,
@@ -185,6 +184,12 @@ impl LmContract {
                 kv.past_key
             )));
         };
+        if !matches!(kv_dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(RuntimeError::Contract(format!(
+                "'{}' is {kv_dtype}; a KV cache input holds float32, float16 or bfloat16",
+                layers[0].past_key
+            )));
+        }
         Ok(LmContract {
             input_ids: ids.name.clone(),
             input_ids_dtype,
@@ -486,6 +491,10 @@ pub trait LanguageModel: Send {
     /// How full the paged KV pool is, for a backend that pages its KV.
     fn kv_usage(&self) -> Option<KvUsage> {
         None
+    }
+    /// What the KV cache stores; by default the graph's KV dtype.
+    fn kv_dtype(&self) -> KvDtype {
+        self.contract().graph_kv_dtype()
     }
     /// What the steps so far cost.
     fn counters(&self) -> StepCounters {

@@ -155,6 +155,8 @@ pub(crate) struct Loaded {
     capabilities: oxgen::Capabilities,
     /// The paged KV pool at load, when the backend pages KV.
     kv: Option<oxgen::KvUsage>,
+    /// What the KV cache stores.
+    kv_dtype: oxgen::KvDtype,
     prefix_cache: bool,
     /// How this model writes tool calls.
     tool_format: ToolFormat,
@@ -291,6 +293,7 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         threads: model.threads(),
         capabilities: model.capabilities(),
         kv: model.kv_usage(),
+        kv_dtype: model.kv_dtype(),
         prefix_cache: model.prefix_cache(),
         tool_format: app
             .config

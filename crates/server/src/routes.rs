@@ -766,6 +766,7 @@ fn model_card(app: &App) -> Value {
             "prefill_chunk": app.config.prefill_chunk,
             "fused_decode": app.loaded.get().map(|l| l.capabilities.fused_decode),
             "fused_prefill_with_past": app.loaded.get().map(|l| l.capabilities.fused_prefill_with_past),
+            "kv_dtype": app.loaded.get().map(|l| l.kv_dtype.name()),
             "kv_cache": app.loaded.get().and_then(|l| l.kv.map(|kv| json!({
                 "paged": true,
                 "block_size": kv.block_size,

@@ -23,10 +23,12 @@ use half::{bf16, f16};
 use oxgen_graph::Op;
 use oxgen_graph::ops::{GroupQueryAttention, Rotary, RotaryKind};
 use oxgen_kernels::acc::Accum;
+use oxgen_kernels::attention::kv::CacheElem;
 use oxgen_kernels::attention::paged as kp;
 use oxgen_kernels::attention::{self as ka, GqaShape, Rows, ScoreMod};
 use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
 use oxgen_tensor::{DType, Element, Tensor};
+use oxgen_runtime::KvDtype;
 
 use super::{OpCtx, input, opt_input, owned_input, read_i64s};
 use smallvec::smallvec;
@@ -395,7 +397,7 @@ fn plan(
     })
 }
 
-fn gqa<T: Accum<Acc = f32> + Element>(
+fn gqa<T: Accum<Acc = f32> + Element + CacheElem>(
     g: &GroupQueryAttention,
     inputs: &[Option<&Tensor>],
     donated: &mut [Option<Tensor>],
@@ -505,7 +507,7 @@ fn gqa<T: Accum<Acc = f32> + Element>(
 /// positions, and each row attends over its own sequence's blocks. `seqlens_k` and
 /// `total_sequence_length` are not read (the segments say it all); the past inputs pass
 /// through as the present outputs.
-fn gqa_paged<T: Accum<Acc = f32> + Element>(
+fn gqa_paged<T: Accum<Acc = f32> + Element + CacheElem>(
     g: &GroupQueryAttention,
     inputs: &[Option<&Tensor>],
     donated: &mut [Option<Tensor>],
@@ -548,7 +550,6 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
     let rope = rope_tables::<T>(g, inputs, half)?;
     let new_kv = |i: usize| new_rows(inputs, q, packed, q_width, heads, kv_heads, hs, i);
     let (segments, tables) = (paged.segments, paged.tables);
-    let (pool, k_at, v_at) = paged.store.layer_views::<T>(paged.layer)?;
     let new = kp::NewKv {
         keys: new_kv(1)?,
         values: new_kv(2)?,
@@ -565,21 +566,33 @@ fn gqa_paged<T: Accum<Acc = f32> + Element>(
     let mut out = ctx.alloc(dtype, [1, tokens, heads * hs])?;
     let scratch_len = kp::paged_scratch_len(&layout, heads, segments, ctx.pool);
     let mut scratch = ctx.alloc(DType::F32, [scratch_len])?;
-    kp::paged_step(
-        heads,
-        &layout,
-        &score,
-        &rows,
-        &new,
-        pool,
-        (k_at, v_at),
-        segments,
-        tables,
-        rotated.as_mut_slice::<T>()?,
-        out.as_mut_slice::<T>()?,
-        scratch.as_mut_slice::<f32>()?,
-        ctx.pool,
-    )
+    // The same step whatever the cache stores (`KvDtype`): the kernels widen each element.
+    macro_rules! step_on {
+        ($c:ty) => {{
+            let (mem, k_at, v_at) = paged.store.layer_views::<$c>(paged.layer)?;
+            kp::paged_step(
+                heads,
+                &layout,
+                &score,
+                &rows,
+                &new,
+                mem,
+                (k_at, v_at),
+                segments,
+                tables,
+                rotated.as_mut_slice::<T>()?,
+                out.as_mut_slice::<T>()?,
+                scratch.as_mut_slice::<f32>()?,
+                ctx.pool,
+            )
+        }};
+    }
+    match paged.store.kv_dtype() {
+        KvDtype::F32 => step_on!(f32),
+        KvDtype::F16 => step_on!(f16),
+        KvDtype::BF16 => step_on!(bf16),
+        KvDtype::Int8 => step_on!(i8),
+    }
     .map_err(OpError::from)?;
     ctx.arena.release(scratch);
     ctx.arena.release(rotated);
