@@ -234,8 +234,36 @@ fn bench_json_reports_medians() {
         assert!(v[key]["std"].as_f64().is_some(), "{v}");
     }
     assert!(v["peak_rss_bytes"].as_u64().unwrap() > 0);
-    // KV sized to prompt + generated tokens.
+    // KV sized to prompt + generated tokens, in the package's own dtype.
     assert!(v["kv_cache_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(v["kv_dtype"], "f32");
+}
+
+/// `--kv-dtype` (and `OXGEN_KV_DTYPE`) choose what the cache stores: bench reports it and
+/// the bytes it takes (int8: a byte per value and a 4-byte scale per head vector).
+#[test]
+fn kv_dtype_sets_what_the_cache_stores() {
+    let dir = package();
+    let bench = |kv: &str| {
+        let (code, stdout, stderr) = run(oxgen().env("OXGEN_KV_DTYPE", kv).args([
+            "bench",
+            path(dir.path()),
+            "--prompt-len",
+            "12",
+            "--gen-len",
+            "4",
+            "--runs",
+            "1",
+            "--json",
+        ]));
+        assert_eq!(code, 0, "{kv}: {stderr}");
+        json(&stdout)
+    };
+    let (f32, int8) = (bench("f32"), bench("int8"));
+    assert_eq!(int8["kv_dtype"], "int8");
+    let bytes = |v: &serde_json::Value| v["kv_cache_bytes"].as_u64().unwrap();
+    let head_size = FixtureConfig::default().head_size() as u64;
+    assert_eq!(bytes(&int8) * 4 * head_size, bytes(&f32) * (head_size + 4));
 }
 
 #[test]
@@ -376,6 +404,11 @@ fn bad_input_is_a_one_line_error_never_a_panic() {
         &["finite"],
     );
     fails(&["bench", p, "--runs", "0"], 2, &["--runs"]);
+    fails(
+        &["generate", p, "x", "--kv-dtype", "q4"],
+        2,
+        &["f32, f16, bf16 or int8"],
+    );
     // A prompt longer than the context says both numbers.
     fails(
         &[
@@ -423,6 +456,22 @@ fn generate_runs_on_onnxruntime_with_the_same_greedy_text() {
     let (native, ort) = (text("native"), text("ort"));
     assert_eq!(native["token_ids"], ort["token_ids"]);
     assert_eq!(native["text"], ort["text"]);
+
+    // ONNX Runtime keeps the graph's KV dtype: another is refused, naming the way out.
+    let (code, _, stderr) = run(oxgen().env("OXGEN_PYTHON", &python).args([
+        "generate",
+        path(dir.path()),
+        "hi",
+        "--backend",
+        "ort",
+        "--kv-dtype",
+        "int8",
+    ]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("--kv-dtype int8 needs the native backend"),
+        "{stderr}"
+    );
 
     // A library that is not there: one line naming what was looked for, exit 1.
     let (code, _, stderr) = run(oxgen().args([

@@ -44,6 +44,7 @@ mod context;
 mod defaults;
 mod encoder;
 mod package;
+mod score;
 mod sequence;
 mod speculative;
 mod stream;
@@ -70,6 +71,7 @@ pub use oxgen_generate::{
 pub use oxgen_generate::{PromptLookup, SpecStats};
 pub use oxgen_runtime::{Capabilities, KvDtype, KvUsage, MAX_THREADS, OpTime, StepCounters};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
+pub use score::Scorer;
 pub use sequence::{Logprobs, Sequence, Step};
 pub use speculative::{DEFAULT_SPEC_TOKENS, MAX_SPEC_TOKENS, SPEC_MAX_BATCH, Speculative};
 pub use stream::{Output, Stream, Timings, Token, Usage, quantile};
@@ -571,36 +573,6 @@ impl Model {
     /// Forgets the KV kept from the last generation.
     pub fn reset(&mut self) {
         self.drop_cache();
-    }
-
-    /// The model's raw logits at every position of `ids`, and the width of a row: row-major,
-    /// `ids.len()` rows. They come from a sequence of their own (the KV kept from the last
-    /// generation is let go first).
-    pub fn logits(&mut self, ids: &[u32]) -> Result<(Vec<f32>, usize), Error> {
-        if ids.is_empty() {
-            return Err(GenerateError::Prompt("no token ids to score".into()).into());
-        }
-        let positions = self.limit.size(ids.len(), 1)?.positions;
-        self.drop_cache();
-        let seq = self.lm.add_sequence(positions)?;
-        let mut out = oxgen_runtime::StepLogits::default();
-        let step = [oxgen_runtime::SeqStep {
-            seq,
-            tokens: ids,
-            pos: 0,
-            logits: oxgen_runtime::LogitsWanted::All,
-            proposed: 0,
-        }];
-        let stepped = self
-            .lm
-            .step(&oxgen_runtime::Batch { steps: &step }, &mut out);
-        self.lm.remove_sequence(seq);
-        stepped?;
-        let mut rows = Vec::with_capacity(ids.len() * out.vocab);
-        for i in 0..ids.len() {
-            rows.extend_from_slice(out.row(0, i));
-        }
-        Ok((rows, out.vocab))
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use oxgen::{Constraint, GenerateOptions, Model, ModelOptions, Prompt, Sequence};
+use oxgen::{Constraint, GenerateOptions, KvDtype, Model, ModelOptions, Prompt, Sequence};
 
 fn default_model_dir() -> PathBuf {
     let dir = std::env::var_os("OXGEN_DEFAULT_MODEL").unwrap_or_else(|| {
@@ -24,9 +24,14 @@ fn default_model_dir() -> PathBuf {
 }
 
 fn open(prefix_cache: bool) -> Model {
+    open_with(prefix_cache, None)
+}
+
+fn open_with(prefix_cache: bool, kv_dtype: Option<KvDtype>) -> Model {
     let options = ModelOptions {
         threads: 2,
         prefix_cache,
+        kv_dtype,
         ..ModelOptions::default()
     };
     Model::open(default_model_dir(), &options).expect("opening the default model")
@@ -107,7 +112,18 @@ fn run(model: &mut Model, arrivals: &[Arrival], chunk: usize) -> Vec<(Vec<u32>, 
 
 #[test]
 fn greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
-    let mut model = open(true);
+    invariant_under_batching(None);
+}
+
+/// The same within an int8 KV cache: each token's keys and values are quantized with scales
+/// of their own, so a prompt chunked or batched stores the same bytes.
+#[test]
+fn int8_kv_greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
+    invariant_under_batching(Some(KvDtype::Int8));
+}
+
+fn invariant_under_batching(kv_dtype: Option<KvDtype>) {
+    let mut model = open_with(true, kv_dtype);
     assert!(
         model.capabilities().fused_decode,
         "the default model runs a batch as one forward"
@@ -197,7 +213,7 @@ fn greedy_ids_do_not_depend_on_batching_chunking_or_the_prefix_cache() {
     );
 
     // A fresh model without a prefix cache gives the same ids batched (nothing cached).
-    let mut cold = open(false);
+    let mut cold = open_with(false, kv_dtype);
     let got = run(&mut cold, &together, 16);
     for (i, (ids, cached)) in got.iter().enumerate() {
         assert_eq!(*cached, 0);
