@@ -1,6 +1,6 @@
-//! AVX2 attention rows: the arithmetic of [`super::group`]'s reference, bit for bit, for f32
-//! queries over caches of any [`CacheElem`] (each element widened to f32 on load, exactly, as
-//! the reference reads it).
+//! AVX2 attention rows for f32 queries and caches: the arithmetic of [`super::group`]'s
+//! reference, bit for bit. Caches of other elements are widened to f32 piece by piece first
+//! ([`widen`], exact), and their scales applied by [`scale_max`] and [`normalize`].
 //!
 //! The reference takes each dot product `q · k_j` in eight lanes (lane `l` the `d` with
 //! `d % 8 == l`, ascending, by fused multiply-add) summed by a fixed tree, and each output
@@ -24,8 +24,7 @@ use super::kv::{CacheElem, CacheKind};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
 
-/// Whether [`dots`] and [`weighted_sum64`] can run here (AVX2, FMA and F16C, per
-/// [`crate::cpu`]).
+/// Whether the kernels of this file can run here (AVX2, FMA and F16C, per [`crate::cpu`]).
 pub(super) fn supported(head_size: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -39,31 +38,11 @@ pub(super) fn supported(head_size: usize) -> bool {
     }
 }
 
-/// Eight cache elements from `p` as f32 (exact widening).
-///
-/// # Safety
-/// AVX2 and F16C must be available (the caller's target features) and eight elements
-/// readable at `p`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) unsafe fn load8<C: CacheElem>(p: *const C) -> __m256 {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match C::KIND {
-            CacheKind::F32 => _mm256_loadu_ps(p.cast()),
-            CacheKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-            CacheKind::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
-                _mm_loadu_si128(p.cast()),
-            ))),
-            CacheKind::I8 => _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))),
-        }
-    }
-}
-
 /// The reference's tree over the eight lanes: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
 /// l7))`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[inline]
 fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -78,6 +57,7 @@ fn hsum(v: __m256) -> f32 {
 /// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[inline]
 unsafe fn hsum4(v: [__m256; 4], out: &mut [f32]) {
     let [a, b, c, d] = v;
     // [a.s | b.s] and [c.s | d.s]: s_k = l_k + l_(k+4) per 128-bit half.
@@ -105,19 +85,28 @@ unsafe fn hsum4(v: [__m256; 4], out: &mut [f32]) {
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm256_castps256_ps128(abcd)) };
 }
 
-/// `out[i] = q · k[(j0 + i) * hs..][..hs]` for every `i`, in the reference's order (before
-/// any scale).
+/// Scores: `out[i] = ((q · k_i) * key_scales[i]) * scale` with `k_i = k[(j0 + i) * hs..]
+/// [..hs]` for every `i` (without `key_scales`, `(q · k_i) * scale`), the dot products in the
+/// reference's order; returns the largest score and `max` (NaN skipped, as `f32::max` does).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available ([`supported`]), `q.len() == hs`, `hs % 8 == 0` and
-/// `k.len() >= (j0 + out.len()) * hs`.
+/// AVX2 and FMA must be available ([`supported`]), `q.len() == hs`, `hs % 8 == 0`,
+/// `k.len() >= (j0 + out.len()) * hs`, and `key_scales`, when given, as long as `out`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dots<C: CacheElem>(q: &[f32], k: &[C], j0: usize, out: &mut [f32]) {
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn scores(
+    q: &[f32],
+    k: &[f32],
+    j0: usize,
+    out: &mut [f32],
+    key_scales: Option<&[f32]>,
+    scale: f32,
+    max: f32,
+) -> f32 {
     let hs = q.len();
     assert!(
         hs.is_multiple_of(8) && k.len() >= (j0 + out.len()) * hs,
-        "dots arguments were checked by the caller"
+        "scores arguments were checked by the caller"
     );
     let row = |j: usize| k.as_ptr().wrapping_add((j0 + j) * hs);
     let mut j = 0;
@@ -132,7 +121,7 @@ pub(super) unsafe fn dots<C: CacheElem>(q: &[f32], k: &[C], j0: usize, out: &mut
                     unsafe {
                         let qv = _mm256_loadu_ps(q.as_ptr().add(c));
                         for (i, a) in acc.iter_mut().enumerate() {
-                            *a = _mm256_fmadd_ps(qv, load8(row(j + i).add(c)), *a);
+                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row(j + i).add(c)), *a);
                         }
                     }
                 }
@@ -153,20 +142,22 @@ pub(super) unsafe fn dots<C: CacheElem>(q: &[f32], k: &[C], j0: usize, out: &mut
             // SAFETY: as above.
             unsafe {
                 let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                acc = _mm256_fmadd_ps(qv, load8(row(j).add(c)), acc);
+                acc = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row(j).add(c)), acc);
             }
         }
         *o = hsum(acc);
     }
+    // SAFETY: AVX2 is available (the caller's contract).
+    unsafe { scale_max(out, key_scales, scale, max) }
 }
 
 /// `acc[d] = fma(p, v[d], acc[d])` for every `d` (`hs % 8 == 0`), eight lanes at a time.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available and `acc.len() == v.len()`, a multiple of 8.
+/// AVX2 and FMA must be available and `acc.len() == v.len()`, a multiple of 8.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn weighted_add<C: CacheElem>(acc: &mut [f32], p: f32, v: &[C]) {
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
     assert!(
         acc.len() == v.len() && acc.len().is_multiple_of(8),
         "weighted_add arguments were checked by the caller"
@@ -176,7 +167,7 @@ pub(super) unsafe fn weighted_add<C: CacheElem>(acc: &mut [f32], p: f32, v: &[C]
         // SAFETY: `d + 8 <= len` for both slices (asserted above).
         unsafe {
             let a = _mm256_loadu_ps(acc.as_ptr().add(d));
-            let x = load8(v.as_ptr().add(d));
+            let x = _mm256_loadu_ps(v.as_ptr().add(d));
             _mm256_storeu_ps(acc.as_mut_ptr().add(d), _mm256_fmadd_ps(pv, x, a));
         }
     }
@@ -188,11 +179,10 @@ pub(super) unsafe fn weighted_add<C: CacheElem>(acc: &mut [f32], p: f32, v: &[C]
 /// key).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len())
-/// * 64`.
+/// AVX2 and FMA must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn weighted_sum64<C: CacheElem>(acc: &mut [f32], ps: &[f32], v: &[C], j0: usize) {
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
     assert!(
         acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
         "weighted_sum64 arguments were checked by the caller"
@@ -205,12 +195,119 @@ pub(super) unsafe fn weighted_sum64<C: CacheElem>(acc: &mut [f32], ps: &[f32], v
         let row = v.as_ptr().wrapping_add((j0 + j) * 64);
         for (i, a) in a.iter_mut().enumerate() {
             // SAFETY: row `j0 + j` lies inside `v` (asserted above).
-            let x = unsafe { load8(row.add(8 * i)) };
+            let x = unsafe { _mm256_loadu_ps(row.add(8 * i)) };
             *a = _mm256_fmadd_ps(pv, x, *a);
         }
     }
     for (i, a) in a.iter().enumerate() {
         // SAFETY: as for the loads.
         unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(8 * i), *a) };
+    }
+}
+
+/// `dst[i] = src[i]` as f32 (exact) for every `i`.
+///
+/// # Safety
+/// AVX2 and F16C must be available ([`supported`]) and `dst.len() == src.len()`, a multiple
+/// of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn widen<C: CacheElem>(src: &[C], dst: &mut [std::mem::MaybeUninit<f32>]) {
+    assert!(
+        src.len() == dst.len() && src.len().is_multiple_of(8),
+        "widen arguments were checked by the caller"
+    );
+    for i in (0..src.len()).step_by(8) {
+        // SAFETY: `i + 8 <= len` for both slices (asserted above); AVX2 and F16C are the
+        // caller's contract.
+        unsafe {
+            let p = src.as_ptr().add(i);
+            let x = match C::KIND {
+                CacheKind::F32 => _mm256_loadu_ps(p.cast()),
+                CacheKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                CacheKind::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())),
+                )),
+                CacheKind::I8 => {
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
+                }
+            };
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i).cast(), x);
+        }
+    }
+}
+
+/// `xs[i] = (xs[i] * key_scales[i]) * scale` (without `key_scales`, `xs[i] * scale`) for
+/// every `i`, returning the largest result and `max` (NaN skipped, as `f32::max` does).
+///
+/// # Safety
+/// AVX2 must be available; `key_scales`, when given, at least as long as `xs`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn scale_max(xs: &mut [f32], key_scales: Option<&[f32]>, scale: f32, max: f32) -> f32 {
+    assert!(
+        key_scales.is_none_or(|s| s.len() >= xs.len()),
+        "scale_max arguments were checked by the caller"
+    );
+    let whole = xs.len() / 8 * 8;
+    let sv = _mm256_set1_ps(scale);
+    // `max_ps(x, m)` returns `m` when `x` is NaN: NaN never enters the maximum.
+    let mut mv = _mm256_set1_ps(max);
+    for i in (0..whole).step_by(8) {
+        // SAFETY: `i + 8 <= xs.len()` (and the scales' length, asserted above).
+        unsafe {
+            let p = xs.as_mut_ptr().add(i);
+            let mut x = _mm256_loadu_ps(p);
+            if let Some(s) = key_scales {
+                x = _mm256_mul_ps(x, _mm256_loadu_ps(s.as_ptr().add(i)));
+            }
+            x = _mm256_mul_ps(x, sv);
+            mv = _mm256_max_ps(x, mv);
+            _mm256_storeu_ps(p, x);
+        }
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds eight f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mv) };
+    let mut max = lanes.into_iter().fold(max, f32::max);
+    for (i, x) in xs.iter_mut().enumerate().skip(whole) {
+        let dot = key_scales.map_or(*x, |s| *x * s[i]);
+        *x = dot * scale;
+        max = max.max(*x);
+    }
+    max
+}
+
+/// `es[i] = (es[i] / sum) * value_scales[i]` (without `value_scales`, `es[i] / sum`) for
+/// every `i`: the softmax weights.
+///
+/// # Safety
+/// AVX2 must be available; `value_scales`, when given, at least as long as `es`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn normalize(es: &mut [f32], sum: f32, value_scales: Option<&[f32]>) {
+    assert!(
+        value_scales.is_none_or(|s| s.len() >= es.len()),
+        "normalize arguments were checked by the caller"
+    );
+    let whole = es.len() / 8 * 8;
+    let sv = _mm256_set1_ps(sum);
+    for i in (0..whole).step_by(8) {
+        // SAFETY: `i + 8 <= es.len()` (and the scales' length, asserted above).
+        unsafe {
+            let p = es.as_mut_ptr().add(i);
+            let mut e = _mm256_div_ps(_mm256_loadu_ps(p), sv);
+            if let Some(s) = value_scales {
+                e = _mm256_mul_ps(e, _mm256_loadu_ps(s.as_ptr().add(i)));
+            }
+            _mm256_storeu_ps(p, e);
+        }
+    }
+    for (i, e) in es.iter_mut().enumerate().skip(whole) {
+        *e /= sum;
+        if let Some(s) = value_scales {
+            *e *= s[i];
+        }
     }
 }

@@ -24,14 +24,18 @@
 use super::avx2;
 #[cfg(target_arch = "x86_64")]
 use super::avx512;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+
 use super::exp::{exp_shifted_sum, lane_tree};
-use super::kv::{CacheElem, Cached};
+use super::kv::{CacheElem, CacheKind, Cached};
 use super::shape::ScoreMod;
 use crate::ThreadPool;
 use crate::acc::Accum;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
 use crate::par::parts_for;
+use smallvec::SmallVec;
 
 /// Query heads a part computes together: a KV head's `heads / kv_heads`, at most
 /// [`MAX_GROUP`] (what the scratch is sized for).
@@ -84,7 +88,7 @@ pub(crate) fn kv_runs(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
     qs: &[&[T]],
-    pieces: impl Iterator<Item = (Cached<'a, C>, Cached<'a, C>, std::ops::Range<usize>)> + Clone,
+    pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
     score: &ScoreMod,
     scores: &mut [f32],
     acc: &mut [f32],
@@ -104,99 +108,18 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
         }
         return;
     }
-    let simd = simd && avx2::supported(hs);
-    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut at = 0;
-    // What to fetch while each piece's keys, then values, compute.
-    let rows = |x: Cached<'a, C>, keys: &std::ops::Range<usize>| x.rows(keys.clone(), hs).values;
-    let mut ahead = pieces
-        .clone()
-        .skip(1)
-        .map(|(k, _, keys)| rows(k, &keys))
-        .chain(pieces.clone().map(|(_, v, keys)| rows(v, &keys)))
-        .filter(|_| prefetch);
-    for (k, _, keys) in pieces.clone() {
-        let len = keys.len();
-        fetch(ahead.next());
-        for (h, q) in qs.iter().enumerate() {
-            let xs = &mut scores[h * n + at..][..len];
-            let mut fast = false;
-            #[cfg(target_arch = "x86_64")]
-            if let Some(q32) = as_f32(q).filter(|_| simd) {
-                // SAFETY: `supported` checked AVX2, FMA and F16C and hs % 8; the keys lie in
-                // `k`.
-                unsafe { avx2::dots(q32, k.values, keys.start, xs) };
-                fast = true;
-            }
-            for (x, j) in xs.iter_mut().zip(keys.clone()) {
-                let mut dot = if fast {
-                    *x
-                } else {
-                    dot8(q, &k.values[j * hs..][..hs])
-                };
-                if C::SCALED {
-                    dot *= k.scale(j);
-                }
-                let mut s = dot * score.scale;
-                if score.softcap > 0.0 {
-                    s = score.softcap * (s / score.softcap).tanh();
-                }
-                *x = s;
-                max[h] = max[h].max(s);
-            }
-        }
-        at += len;
+    let rows = Rows { qs, n, score };
+    #[cfg(target_arch = "x86_64")]
+    if simd && avx2::supported(hs) && hs <= MAX_HEAD_SIZE {
+        // SAFETY: `supported` checked AVX2, FMA and F16C and hs % 8.
+        unsafe { rows.vector(pieces, scores, acc, prefetch) };
+    } else {
+        rows.reference(pieces, scores, acc, prefetch);
     }
-    let mut sum = [0f32; MAX_GROUP];
-    for (h, sum) in sum[..g].iter_mut().enumerate() {
-        *sum = exp_shifted_sum(&mut scores[h * n..][..n], max[h]);
-    }
-    acc[..g * hs].fill(0.0);
-    let mut at = 0;
-    for (_, v, keys) in pieces {
-        let len = keys.len();
-        fetch(ahead.next());
-        // Each weight: the softmax's `p_j`, times the value's scale.
-        for (h, &sum) in sum[..g].iter().enumerate() {
-            for (e, j) in scores[h * n + at..][..len].iter_mut().zip(keys.clone()) {
-                *e /= sum;
-                if C::SCALED {
-                    *e *= v.scale(j);
-                }
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if simd && hs == 64 {
-            // SAFETY: `supported` checked AVX2, FMA and F16C; `acc` holds g rows of 64,
-            // `scores` g rows of n from `at`, and every value row of the keys 64 values.
-            unsafe {
-                weighted_sum64_group(acc, &scores[at..], n, len, g, v.values, keys.start);
-            }
-            at += len;
-            continue;
-        }
-        for h in 0..g {
-            let es = &scores[h * n + at..][..len];
-            let acc = &mut acc[h * hs..][..hs];
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: `supported` checked AVX2, FMA and F16C; `acc` and every value row of
-                // the keys hold hs values.
-                unsafe {
-                    for (&p, j) in es.iter().zip(keys.clone()) {
-                        avx2::weighted_add(acc, p, &v.values[j * hs..][..hs]);
-                    }
-                }
-                continue;
-            }
-            for (&p, j) in es.iter().zip(keys.clone()) {
-                let vj = &v.values[j * hs..][..hs];
-                for d in 0..hs {
-                    acc[d] = p.mul_add(vj[d].to_f32(), acc[d]);
-                }
-            }
-        }
-        at += len;
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = simd;
+        rows.reference(pieces, scores, acc, prefetch);
     }
     for (h, out) in outs.iter_mut().enumerate() {
         for (o, &a) in out.iter_mut().zip(&acc[h * hs..][..hs]) {
@@ -205,10 +128,312 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
     }
 }
 
-/// Asks the CPU to bring `values` into L1.
-fn fetch<T>(values: Option<&[T]>) {
-    if let Some(values) = values {
-        crate::mem::prefetch_lines(values.as_ptr().cast(), std::mem::size_of_val(values));
+/// Rows `rows` of cached keys and values, in position order.
+pub(crate) type Piece<'a, C> = (Cached<'a, C>, Cached<'a, C>, Range<usize>);
+
+/// The longest head a vector row widens its queries for (on the stack).
+const MAX_HEAD_SIZE: usize = super::paged::MAX_HEAD_SIZE;
+
+/// Cache values a vector row widens to f32 at a time (16 KiB): a piece of a cache that is not
+/// f32 is taken in runs of `WIDE / head_size` rows.
+const WIDE: usize = 4096;
+
+/// What [`attend_group_pieces`] computes the sums of: the group's query rows over `n` keys.
+struct Rows<'q, T> {
+    qs: &'q [&'q [T]],
+    n: usize,
+    score: &'q ScoreMod,
+}
+
+impl<T: Accum<Acc = f32>> Rows<'_, T> {
+    /// The scalar reference: `acc[h]` is head `h`'s weighted sum of values.
+    fn reference<'a, C: CacheElem>(
+        &self,
+        pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
+        scores: &mut [f32],
+        acc: &mut [f32],
+        prefetch: bool,
+    ) {
+        let (g, n, hs) = (self.qs.len(), self.n, self.qs[0].len());
+        let mut max = [f32::NEG_INFINITY; MAX_GROUP];
+        let mut ahead = fetcher(pieces.clone(), hs, prefetch);
+        let mut at = 0;
+        for (k, _, keys) in pieces.clone() {
+            ahead.next();
+            for (h, q) in self.qs.iter().enumerate() {
+                let xs = &mut scores[h * n + at..][..keys.len()];
+                for (x, j) in xs.iter_mut().zip(keys.clone()) {
+                    let dot = dot8(q, &k.values[j * hs..][..hs]);
+                    let dot = if C::SCALED { dot * k.scale(j) } else { dot };
+                    *x = dot * self.score.scale;
+                }
+                if self.score.softcap > 0.0 {
+                    softcap_scores(xs, self.score.softcap, &mut max[h]);
+                } else {
+                    max[h] = xs.iter().fold(max[h], |m, &x| m.max(x));
+                }
+            }
+            at += keys.len();
+        }
+        let sum = self.exp_sums(scores, &max);
+        acc[..g * hs].fill(0.0);
+        let mut at = 0;
+        for (_, v, keys) in pieces {
+            ahead.next();
+            for h in 0..g {
+                let es = &mut scores[h * n + at..][..keys.len()];
+                for (e, j) in es.iter_mut().zip(keys.clone()) {
+                    *e /= sum[h];
+                    if C::SCALED {
+                        *e *= v.scale(j);
+                    }
+                }
+                let acc = &mut acc[h * hs..][..hs];
+                for (&p, j) in es.iter().zip(keys.clone()) {
+                    let vj = &v.values[j * hs..][..hs];
+                    for d in 0..hs {
+                        acc[d] = p.mul_add(vj[d].to_f32(), acc[d]);
+                    }
+                }
+            }
+            at += keys.len();
+        }
+    }
+
+    /// [`Rows::reference`] on AVX2 (and AVX-512 for the value sums): the same bits. Queries
+    /// and cache pieces that are not f32 are widened first (exactly), so every product runs
+    /// on f32 vectors, and a piece is widened once for all the heads of the group.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available, the head size a multiple of 8 and at most
+    /// [`MAX_HEAD_SIZE`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn vector<'a, C: CacheElem>(
+        &self,
+        pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
+        scores: &mut [f32],
+        acc: &mut [f32],
+        prefetch: bool,
+    ) {
+        let (g, n, hs) = (self.qs.len(), self.n, self.qs[0].len());
+        // Uninitialized until written: nothing to clear on the f32 path, which needs neither.
+        let mut q_wide = [MaybeUninit::<f32>::uninit(); MAX_GROUP * MAX_HEAD_SIZE];
+        let q32: SmallVec<[&[f32]; MAX_GROUP]> = (self.qs.iter().zip(q_wide.chunks_exact_mut(hs)))
+            .map(|(q, wide)| {
+                as_f32(q).unwrap_or_else(|| {
+                    for (w, x) in wide.iter_mut().zip(q.iter()) {
+                        w.write(x.widen());
+                    }
+                    // SAFETY: every element was written above.
+                    unsafe { std::slice::from_raw_parts(wide.as_ptr().cast(), hs) }
+                })
+            })
+            .collect();
+        let mut buffers = Runs {
+            hs,
+            values: [MaybeUninit::uninit(); WIDE],
+            scales: [MaybeUninit::uninit(); WIDE / 8],
+            ahead: fetcher(pieces.clone(), hs, prefetch),
+        };
+        let mut max = [f32::NEG_INFINITY; MAX_GROUP];
+        let mut at = 0;
+        let keys = pieces.clone().map(|(k, _, keys)| (k, keys));
+        let score_run = |k32: &[f32], j0: usize, scales: Option<&[f32]>, len: usize| {
+            let softcap = self.score.softcap;
+            for (h, max) in max[..g].iter_mut().enumerate() {
+                let xs = &mut scores[h * n + at..][..len];
+                // SAFETY: the caller's contract; the keys' rows lie in `k32` from `j0`, the
+                // scales cover them.
+                let top =
+                    unsafe { avx2::scores(q32[h], k32, j0, xs, scales, self.score.scale, *max) };
+                if softcap > 0.0 {
+                    softcap_scores(xs, softcap, max);
+                } else {
+                    *max = top;
+                }
+            }
+            at += len;
+        };
+        // SAFETY: the caller's contract (AVX2, F16C, hs % 8 and at most MAX_HEAD_SIZE).
+        unsafe { buffers.each(keys, score_run) };
+        let sum = self.exp_sums(scores, &max);
+        acc[..g * hs].fill(0.0);
+        let mut at = 0;
+        let values = pieces.map(|(_, v, keys)| (v, keys));
+        let sum_run = |v32: &[f32], j0: usize, scales: Option<&[f32]>, len: usize| {
+            for (h, &sum) in sum[..g].iter().enumerate() {
+                let es = &mut scores[h * n + at..][..len];
+                // SAFETY: the caller's contract; the scales cover the keys.
+                unsafe { avx2::normalize(es, sum, scales) };
+            }
+            if hs == 64 {
+                // SAFETY: the caller's contract; `acc` holds g rows of 64, `scores` g rows of n
+                // from `at`, and the keys' value rows lie in `v32` from `j0`.
+                unsafe { weighted_sum64_group(acc, &scores[at..], n, len, g, v32, j0) };
+            } else {
+                for h in 0..g {
+                    let acc = &mut acc[h * hs..][..hs];
+                    for (i, &p) in scores[h * n + at..][..len].iter().enumerate() {
+                        // SAFETY: the caller's contract; both rows hold hs values.
+                        unsafe { avx2::weighted_add(acc, p, &v32[(j0 + i) * hs..][..hs]) };
+                    }
+                }
+            }
+            at += len;
+        };
+        // SAFETY: as for the keys.
+        unsafe { buffers.each(values, sum_run) };
+    }
+
+    /// Each head's softmax numerators in place, and their sums.
+    fn exp_sums(&self, scores: &mut [f32], max: &[f32; MAX_GROUP]) -> [f32; MAX_GROUP] {
+        let mut sum = [0f32; MAX_GROUP];
+        for (h, sum) in sum[..self.qs.len()].iter_mut().enumerate() {
+            *sum = exp_shifted_sum(&mut scores[h * self.n..][..self.n], max[h]);
+        }
+        sum
+    }
+}
+
+/// The scales of rows `keys` of `x`, when its element has them.
+fn key_scales<'a, C: CacheElem>(x: &Cached<'a, C>, keys: &Range<usize>) -> Option<&'a [f32]> {
+    C::SCALED.then(|| &x.scales[keys.clone()])
+}
+
+/// `softcap * tanh(x / softcap)` for every score, in place; `max` takes the largest result
+/// (NaN skipped, as `f32::max` does).
+fn softcap_scores(xs: &mut [f32], softcap: f32, max: &mut f32) {
+    for x in xs.iter_mut() {
+        *x = softcap * (*x / softcap).tanh();
+        *max = max.max(*x);
+    }
+}
+
+/// The vector rows' buffers: cache values widened to f32 and their scales gathered, for
+/// [`Runs::each`], and what to prefetch.
+#[cfg(target_arch = "x86_64")]
+struct Runs<I> {
+    hs: usize,
+    values: [MaybeUninit<f32>; WIDE],
+    scales: [MaybeUninit<f32>; WIDE / 8],
+    ahead: Fetcher<I>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a, C: CacheElem + 'a, I: Iterator<Item = &'a [C]>> Runs<I> {
+    /// Calls `f(rows, j0, scales, len)` over `pieces` (cached rows and which of them) in
+    /// order, on `len` rows at a time of f32 values from row `j0` of `rows`, and their scales
+    /// (`None` unscaled). An f32 cache goes piece by piece, in place; another is widened into
+    /// runs of as many pieces as [`WIDE`] holds (a paged cache's blocks lie apart: gathered,
+    /// a run takes a few calls instead of one per block), its scales gathered beside them.
+    /// The [`Fetcher`] is told as each piece is taken.
+    ///
+    /// # Safety
+    /// AVX2 and F16C must be available, `hs` a multiple of 8 and at most [`MAX_HEAD_SIZE`].
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn each(
+        &mut self,
+        pieces: impl Iterator<Item = (Cached<'a, C>, Range<usize>)>,
+        mut f: impl FnMut(&[f32], usize, Option<&[f32]>, usize),
+    ) {
+        let hs = self.hs;
+        if C::KIND == CacheKind::F32 {
+            for (x, rows) in pieces {
+                self.ahead.next();
+                let values = as_f32(x.values).expect("an f32 cache");
+                f(values, rows.start, key_scales(&x, &rows), rows.len());
+            }
+            return;
+        }
+        let cap = WIDE / hs;
+        let mut filled = 0;
+        for (x, rows) in pieces {
+            self.ahead.next();
+            let mut from = rows.start;
+            while from < rows.end {
+                let take = (rows.end - from).min(cap - filled);
+                let src = &x.values[from * hs..(from + take) * hs];
+                // SAFETY: the caller's contract; `take` rows fit after `filled`.
+                unsafe { avx2::widen(src, &mut self.values[filled * hs..][..src.len()]) };
+                if C::SCALED {
+                    for (d, &s) in self.scales[filled..]
+                        .iter_mut()
+                        .zip(&x.scales[from..from + take])
+                    {
+                        d.write(s);
+                    }
+                }
+                filled += take;
+                from += take;
+                if filled == cap {
+                    self.flush(filled, &mut f);
+                    filled = 0;
+                }
+            }
+        }
+        if filled > 0 {
+            self.flush(filled, &mut f);
+        }
+    }
+
+    /// `f` over the first `rows` rows widened.
+    fn flush(&self, rows: usize, f: &mut impl FnMut(&[f32], usize, Option<&[f32]>, usize)) {
+        // SAFETY: `each` wrote the first `rows` rows of values (and of scales when scaled).
+        let values =
+            unsafe { std::slice::from_raw_parts(self.values.as_ptr().cast(), rows * self.hs) };
+        let scales = C::SCALED.then(|| unsafe {
+            // SAFETY: as above.
+            std::slice::from_raw_parts(self.scales.as_ptr().cast(), rows)
+        });
+        f(values, 0, scales, rows);
+    }
+}
+
+/// Bytes of cache a [`Fetcher`] keeps requested ahead of the piece computing: enough for
+/// DRAM's latency at one core's share of the bandwidth (about 100 ns at 20-40 GB/s), where
+/// one piece (a block of 16 positions of one KV head: 1 KiB of int8 at head size 64) is not.
+const FETCH_AHEAD_BYTES: usize = 8192;
+
+/// Prefetches the pieces a row will take: the keys' pieces, then the values', about
+/// [`FETCH_AHEAD_BYTES`] ahead of the one computing (nothing without `prefetch`).
+struct Fetcher<I> {
+    order: I,
+    /// Pieces to request before the first one computes; 0 once they are.
+    lead: usize,
+}
+
+impl<'a, C: 'a, I: Iterator<Item = &'a [C]>> Fetcher<I> {
+    /// Call as each piece starts: requests what is now [`FETCH_AHEAD_BYTES`] ahead.
+    fn next(&mut self) {
+        for _ in 0..std::mem::take(&mut self.lead).max(1) {
+            if let Some(values) = self.order.next() {
+                crate::mem::prefetch_lines(values.as_ptr().cast(), std::mem::size_of_val(values));
+            }
+        }
+    }
+}
+
+/// A [`Fetcher`] over `pieces` (keys then values, from the second key piece on).
+fn fetcher<'a, C: CacheElem>(
+    pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
+    hs: usize,
+    prefetch: bool,
+) -> Fetcher<impl Iterator<Item = &'a [C]>> {
+    let rows = move |x: Cached<'a, C>, keys: Range<usize>| x.rows(keys, hs).values;
+    let piece_bytes = pieces
+        .clone()
+        .next()
+        .map_or(1, |(_, _, keys)| keys.len() * hs * std::mem::size_of::<C>());
+    let order = pieces
+        .clone()
+        .skip(1)
+        .map(move |(k, _, keys)| rows(k, keys))
+        .chain(pieces.map(move |(_, v, keys)| rows(v, keys)))
+        .filter(move |_| prefetch);
+    Fetcher {
+        order,
+        lead: FETCH_AHEAD_BYTES.div_ceil(piece_bytes.max(1)),
     }
 }
 
@@ -221,7 +446,7 @@ pub(crate) fn dot8<T: Accum<Acc = f32>, C: CacheElem>(q: &[T], k: &[C]) -> f32 {
     lane_tree(lanes)
 }
 
-/// `values` as f32, when `T` is f32 (the AVX2 paths take f32 queries).
+/// `values` as f32, when `T` is f32.
 fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
     (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()).then(|| {
         // SAFETY: `T` is `f32`, so the slice is already a `[f32]`.
@@ -236,16 +461,16 @@ fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
 /// sees the same operations in the same order as for its head alone.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available, `acc.len() >= 64 * g`, `ps.len() >= (g - 1) *
-/// stride + len` and `v.len() >= (j0 + len) * 64`.
+/// AVX2 and FMA must be available, `acc.len() >= 64 * g`, `ps.len() >= (g - 1) * stride +
+/// len` and `v.len() >= (j0 + len) * 64`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn weighted_sum64_group<C: CacheElem>(
+unsafe fn weighted_sum64_group(
     acc: &mut [f32],
     ps: &[f32],
     stride: usize,
     len: usize,
     g: usize,
-    v: &[C],
+    v: &[f32],
     j0: usize,
 ) {
     assert!(
@@ -260,10 +485,10 @@ unsafe fn weighted_sum64_group<C: CacheElem>(
     unsafe {
         if cpu::isa() >= cpu::Isa::Avx512 {
             match g {
-                1 => avx512::group_avx512::<1, C>(acc, ps, stride, len, v, j0),
-                2 => avx512::group_avx512::<2, C>(acc, ps, stride, len, v, j0),
-                3 => avx512::group_avx512::<3, C>(acc, ps, stride, len, v, j0),
-                _ => avx512::group_avx512::<4, C>(acc, ps, stride, len, v, j0),
+                1 => avx512::group_avx512::<1>(acc, ps, stride, len, v, j0),
+                2 => avx512::group_avx512::<2>(acc, ps, stride, len, v, j0),
+                3 => avx512::group_avx512::<3>(acc, ps, stride, len, v, j0),
+                _ => avx512::group_avx512::<4>(acc, ps, stride, len, v, j0),
             }
         } else {
             for (h, acc) in acc.chunks_exact_mut(64).take(g).enumerate() {

@@ -13,8 +13,8 @@
 //! get the same bits whatever it is batched with, however its prompt was chunked, and paged
 //! or contiguous (tested below). Threads split the (row, head) pairs, in output order, into runs of about
 //! equal work, never one head's row; a decode batch so splits between whole sequences and KV
-//! heads, and each thread streams its own blocks once. Each block's successor is prefetched
-//! while the block computes: the blocks lie scattered, so the hardware's stream prefetch
+//! heads, and each thread streams its own blocks once. A decode row prefetches the blocks
+//! ahead of the one computing: the blocks lie scattered, so the hardware's stream prefetch
 //! starts anew at each.
 
 use std::ops::Range;
@@ -160,6 +160,10 @@ fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<()
     }
     Ok(())
 }
+
+/// Segments of at most this many rows (decode rows, speculative verification) prefetch the
+/// blocks they read; longer ones (prefill chunks) leave it to the cache.
+const PREFETCH_ROWS: usize = 8;
 
 /// The longest head vector a paged cache takes (a key is rotated on the stack before it is
 /// stored).
@@ -601,7 +605,12 @@ impl<'a> Split<'a> {
                 [..count * hs]
                 .chunks_mut(hs)
                 .collect();
-            attend_group_pieces(&qs, pieces, self.score, scores, acc, &mut outs, true, true);
+            // A decode row's blocks come from memory; a prefill chunk's rows find theirs
+            // in cache, warmed by the rows before.
+            let prefetch = s.rows.len() <= PREFETCH_ROWS;
+            attend_group_pieces(
+                &qs, pieces, self.score, scores, acc, &mut outs, true, prefetch,
+            );
             pair += count;
         }
     }
