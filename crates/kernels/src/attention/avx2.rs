@@ -267,10 +267,10 @@ unsafe fn scale_max(xs: &mut [f32], key_scales: Option<&[f32]>, scale: f32, max:
             _mm256_storeu_ps(p, x);
         }
     }
-    let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` holds eight f32.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mv) };
-    let mut max = lanes.into_iter().fold(max, f32::max);
+    // No lane holds NaN, so the lanes' maximum is the same in any order.
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps::<1>(mv));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let mut max = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<0b01>(m2, m2)));
     for (i, x) in xs.iter_mut().enumerate().skip(whole) {
         let dot = key_scales.map_or(*x, |s| *x * s[i]);
         *x = dot * scale;
