@@ -274,7 +274,7 @@ fn fixture() -> tempfile::TempDir {
 }
 
 /// `serve`'s flags as the CLI parses them reach the server: the key from a file, the host,
-/// the model id, the KV budget and the prefix cache switch.
+/// the model id, the KV budget, the KV dtype and the prefix cache switch.
 #[test]
 fn serve_flags_reach_the_server() {
     let dir = fixture();
@@ -291,6 +291,8 @@ fn serve_flags_reach_the_server() {
             "tiny",
             "--kv-memory",
             "1",
+            "--kv-dtype",
+            "int8",
             "--no-prefix-cache",
         ],
     );
@@ -311,10 +313,12 @@ fn serve_flags_reach_the_server() {
     let card = &models.json()["data"][0];
     assert_eq!(card["id"], "tiny");
     assert_eq!(card["meta"]["kv_cache"]["prefix_cache"], false, "{card}");
-    // 1 MiB of KV at 16 positions x 512 bytes a block: 128 blocks.
+    assert_eq!(card["meta"]["kv_dtype"], "int8", "{card}");
+    // 1 MiB of int8 KV at 16 positions x 160 bytes a block (8 head vectors a position, each
+    // 16 values and a 4-byte scale): 409 blocks (f32 would fit 128).
     let metrics = String::from_utf8(get("/metrics", Some("s3cret")).body).unwrap();
     assert!(
-        metrics.contains("oxgen_kv_blocks{state=\"total\"} 128\n"),
+        metrics.contains("oxgen_kv_blocks{state=\"total\"} 409\n"),
         "{metrics}"
     );
 }

@@ -122,6 +122,7 @@ fn cancelled_and_finished_requests_return_every_kv_block() {
     assert_eq!(meta["fused_decode"], true, "{meta}");
     assert_eq!(meta["kv_cache"]["paged"], true, "{meta}");
     assert_eq!(meta["kv_cache"]["prefix_cache"], true, "{meta}");
+    assert_eq!(meta["kv_dtype"], "f32", "the package's own, as resolved");
     assert!(meta["batching"].as_str().unwrap().starts_with("continuous"));
     let total = kv_blocks(addr, "total");
     assert_eq!(total, (4 * 8192 / 16) as f64, "--max-batch whole contexts");

@@ -576,43 +576,71 @@ impl<'a> Split<'a> {
         scratch: &mut [f32],
     ) {
         let Split { heads, layout, .. } = *self;
-        let (bs, hs) = (layout.block_size, layout.head_size);
+        let hs = layout.head_size;
         let group = heads / layout.kv_heads;
         let g_max = group_len(heads, layout.kv_heads);
         let (scores, acc) = scratch.split_at_mut(g_max * max_positions(self.segments));
         let (first, last) = (self.cuts[part], self.cuts[part + 1]);
-        let mut pair = first;
-        while pair < last {
-            let (t, n0) = (pair / heads, pair % heads);
-            let kvh = n0 / group;
-            // The heads of row `t` from `n0` on that share KV head `kvh`, inside the part, at
-            // most MAX_GROUP of them.
-            let count = ((kvh + 1) * group)
-                .min(n0 + last - pair)
-                .min(n0 + MAX_GROUP)
-                - n0;
-            let (_, s) = token_at(self.segments, t);
-            let seen = keys_seen(s, t - s.rows.start, self.score);
-            let table = &self.tables[s.table.clone()];
-            let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
-                let row = layout.head_start(table[bi], kvh) / hs;
-                let keys = seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
-                (k.rows(row..row + bs, hs), v.rows(row..row + bs, hs), keys)
-            });
-            let qs: SmallVec<[&[T]; MAX_GROUP]> =
-                (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
-            let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = out[(pair - first) * hs..]
-                [..count * hs]
-                .chunks_mut(hs)
-                .collect();
-            // A decode row's blocks come from memory; a prefill chunk's rows find theirs
-            // in cache, warmed by the rows before.
-            let prefetch = s.rows.len() <= PREFETCH_ROWS;
-            attend_group_pieces(
-                &qs, pieces, self.score, scores, acc, &mut outs, true, prefetch,
-            );
-            pair += count;
+        // KV head by KV head: a prefill chunk's rows then reuse one head's keys and values
+        // while they are in cache (all heads' of a long sequence would not fit in L2).
+        for pass in 0..layout.kv_heads {
+            let mut pair = first;
+            while pair < last {
+                let (t, n0) = (pair / heads, pair % heads);
+                let kvh = n0 / group;
+                // The heads of row `t` from `n0` on that share KV head `kvh`, inside the part,
+                // at most MAX_GROUP of them.
+                let count = ((kvh + 1) * group)
+                    .min(n0 + last - pair)
+                    .min(n0 + MAX_GROUP)
+                    - n0;
+                if kvh == pass {
+                    self.attend_run(
+                        t,
+                        (n0, count),
+                        q,
+                        (k, v),
+                        &mut out[(pair - first) * hs..][..count * hs],
+                        scores,
+                        acc,
+                    );
+                }
+                pair += count;
+            }
         }
+    }
+
+    /// Heads `n0..n0 + count` of row `t` (sharing one KV head) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_run<T: Accum<Acc = f32>, C: CacheElem>(
+        &self,
+        t: usize,
+        (n0, count): (usize, usize),
+        q: &Rows<T>,
+        (k, v): (Cached<C>, Cached<C>),
+        out: &mut [T],
+        scores: &mut [f32],
+        acc: &mut [f32],
+    ) {
+        let layout = self.layout;
+        let (bs, hs) = (layout.block_size, layout.head_size);
+        let kvh = n0 / (self.heads / layout.kv_heads);
+        let (_, s) = token_at(self.segments, t);
+        let seen = keys_seen(s, t - s.rows.start, self.score);
+        let table = &self.tables[s.table.clone()];
+        let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
+            let row = layout.head_start(table[bi], kvh) / hs;
+            let keys = seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
+            (k.rows(row..row + bs, hs), v.rows(row..row + bs, hs), keys)
+        });
+        let qs: SmallVec<[&[T]; MAX_GROUP]> = (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
+        let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = out.chunks_mut(hs).collect();
+        // A decode row's blocks come from memory; a prefill chunk's rows find theirs in
+        // cache, warmed by the rows before.
+        let prefetch = s.rows.len() <= PREFETCH_ROWS;
+        attend_group_pieces(
+            &qs, pieces, self.score, scores, acc, &mut outs, true, prefetch,
+        );
     }
 }
 
