@@ -96,19 +96,56 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
     simd: bool,
     prefetch: bool,
 ) {
-    let (g, hs) = (qs.len(), qs.first().map_or(0, |q| q.len()));
-    assert!(
-        g <= MAX_GROUP && outs.len() == g,
-        "a group of at most {MAX_GROUP} heads, one output each"
-    );
     let n: usize = pieces.clone().map(|p| p.2.len()).sum();
-    if n == 0 {
+    let rows = RowKeys {
+        qs,
+        keys: &[n],
+        score,
+    };
+    attend_rows(&rows, pieces, scores, acc, outs, simd, prefetch);
+}
+
+/// Query rows of one sequence that see the first keys of the same pieces: row `r`'s heads
+/// `qs[r * g..(r + 1) * g]` (`g = qs.len() / keys.len()`, sharing one KV head, at most
+/// [`MAX_GROUP`]) see the first `keys[r]` keys. A prefill chunk's consecutive rows so take
+/// each piece of keys and values together while it is in cache; each row's arithmetic is
+/// what [`attend_group_pieces`] gives it alone.
+pub(crate) struct RowKeys<'q, T> {
+    pub qs: &'q [&'q [T]],
+    pub keys: &'q [usize],
+    pub score: &'q ScoreMod,
+}
+
+/// Query rows a tile of [`attend_rows`] takes at most.
+pub(crate) const MAX_TILE: usize = 4;
+
+/// [`attend_group_pieces`] for several rows ([`RowKeys`]): `scores` holds `qs.len()` rows of
+/// the most keys a row sees, `acc` `qs.len()` rows of `head_size`; `outs[i]` receives
+/// `qs[i]`'s row. Every `keys[r]` is at most the pieces' keys.
+pub(crate) fn attend_rows<'a, T: Accum<Acc = f32>, C: CacheElem>(
+    rows: &RowKeys<'_, T>,
+    pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    outs: &mut [&mut [T]],
+    simd: bool,
+    prefetch: bool,
+) {
+    let (qs, tile) = (rows.qs, rows.keys.len());
+    let hs = qs.first().map_or(0, |q| q.len());
+    assert!(
+        (1..=MAX_TILE).contains(&tile)
+            && qs.len().is_multiple_of(tile)
+            && qs.len() / tile <= MAX_GROUP
+            && outs.len() == qs.len(),
+        "at most {MAX_TILE} rows of at most {MAX_GROUP} heads, one output each"
+    );
+    if rows.keys.iter().all(|&n| n == 0) {
         for out in outs {
             out.fill(T::ZERO);
         }
         return;
     }
-    let rows = Rows { qs, n, score };
     #[cfg(target_arch = "x86_64")]
     if simd && avx2::supported(hs) && hs <= MAX_HEAD_SIZE {
         // SAFETY: `supported` checked AVX2, FMA and F16C and hs % 8.
@@ -121,8 +158,12 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
         let _ = simd;
         rows.reference(pieces, scores, acc, prefetch);
     }
-    for (h, out) in outs.iter_mut().enumerate() {
-        for (o, &a) in out.iter_mut().zip(&acc[h * hs..][..hs]) {
+    for (i, out) in outs.iter_mut().enumerate() {
+        if rows.keys[i / (qs.len() / tile)] == 0 {
+            out.fill(T::ZERO);
+            continue;
+        }
+        for (o, &a) in out.iter_mut().zip(&acc[i * hs..][..hs]) {
             *o = T::narrow(a);
         }
     }
@@ -138,15 +179,23 @@ const MAX_HEAD_SIZE: usize = super::paged::MAX_HEAD_SIZE;
 /// f32 is taken in runs of `WIDE / head_size` rows.
 const WIDE: usize = 4096;
 
-/// What [`attend_group_pieces`] computes the sums of: the group's query rows over `n` keys.
-struct Rows<'q, T> {
-    qs: &'q [&'q [T]],
-    n: usize,
-    score: &'q ScoreMod,
-}
+impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
+    /// Heads per row.
+    fn heads(&self) -> usize {
+        self.qs.len() / self.keys.len()
+    }
 
-impl<T: Accum<Acc = f32>> Rows<'_, T> {
-    /// The scalar reference: `acc[h]` is head `h`'s weighted sum of values.
+    /// The most keys a row sees: the stride of `scores`.
+    fn stride(&self) -> usize {
+        self.keys.iter().copied().max().unwrap_or(0)
+    }
+
+    /// The keys query `i` sees of a piece of `len` keys starting `at` keys in.
+    fn seen(&self, i: usize, at: usize, len: usize) -> usize {
+        len.min(self.keys[i / self.heads()].saturating_sub(at))
+    }
+
+    /// The scalar reference: `acc[i]` is query `i`'s weighted sum of values.
     fn reference<'a, C: CacheElem>(
         &self,
         pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
@@ -154,41 +203,43 @@ impl<T: Accum<Acc = f32>> Rows<'_, T> {
         acc: &mut [f32],
         prefetch: bool,
     ) {
-        let (g, n, hs) = (self.qs.len(), self.n, self.qs[0].len());
-        let mut max = [f32::NEG_INFINITY; MAX_GROUP];
+        let (queries, n, hs) = (self.qs.len(), self.stride(), self.qs[0].len());
+        let mut max = [f32::NEG_INFINITY; MAX_TILE * MAX_GROUP];
         let mut ahead = fetcher(pieces.clone(), hs, prefetch);
         let mut at = 0;
         for (k, _, keys) in pieces.clone() {
             ahead.next();
-            for (h, q) in self.qs.iter().enumerate() {
-                let xs = &mut scores[h * n + at..][..keys.len()];
+            for (i, q) in self.qs.iter().enumerate() {
+                let keys = keys.start..keys.start + self.seen(i, at, keys.len());
+                let xs = &mut scores[i * n + at..][..keys.len()];
                 for (x, j) in xs.iter_mut().zip(keys.clone()) {
                     let dot = dot8(q, &k.values[j * hs..][..hs]);
                     let dot = if C::SCALED { dot * k.scale(j) } else { dot };
                     *x = dot * self.score.scale;
                 }
                 if self.score.softcap > 0.0 {
-                    softcap_scores(xs, self.score.softcap, &mut max[h]);
+                    softcap_scores(xs, self.score.softcap, &mut max[i]);
                 } else {
-                    max[h] = xs.iter().fold(max[h], |m, &x| m.max(x));
+                    max[i] = xs.iter().fold(max[i], |m, &x| m.max(x));
                 }
             }
             at += keys.len();
         }
         let sum = self.exp_sums(scores, &max);
-        acc[..g * hs].fill(0.0);
+        acc[..queries * hs].fill(0.0);
         let mut at = 0;
         for (_, v, keys) in pieces {
             ahead.next();
-            for h in 0..g {
-                let es = &mut scores[h * n + at..][..keys.len()];
+            for i in 0..queries {
+                let keys = keys.start..keys.start + self.seen(i, at, keys.len());
+                let es = &mut scores[i * n + at..][..keys.len()];
                 for (e, j) in es.iter_mut().zip(keys.clone()) {
-                    *e /= sum[h];
+                    *e /= sum[i];
                     if C::SCALED {
                         *e *= v.scale(j);
                     }
                 }
-                let acc = &mut acc[h * hs..][..hs];
+                let acc = &mut acc[i * hs..][..hs];
                 for (&p, j) in es.iter().zip(keys.clone()) {
                     let vj = &v.values[j * hs..][..hs];
                     for d in 0..hs {
@@ -200,7 +251,7 @@ impl<T: Accum<Acc = f32>> Rows<'_, T> {
         }
     }
 
-    /// [`Rows::reference`] on AVX2 (and AVX-512 for the value sums): the same bits. Queries
+    /// [`RowKeys::reference`] on AVX2 (and AVX-512 for the value sums): the same bits. Queries
     /// and cache pieces that are not f32 are widened first (exactly), so every product runs
     /// on f32 vectors, and a piece is widened once for all the heads of the group.
     ///
@@ -216,37 +267,48 @@ impl<T: Accum<Acc = f32>> Rows<'_, T> {
         acc: &mut [f32],
         prefetch: bool,
     ) {
-        let (g, n, hs) = (self.qs.len(), self.n, self.qs[0].len());
+        let (queries, g, n, hs) = (self.qs.len(), self.heads(), self.stride(), self.qs[0].len());
         // Uninitialized until written: nothing to clear on the f32 path, which needs neither.
-        let mut q_wide = [MaybeUninit::<f32>::uninit(); MAX_GROUP * MAX_HEAD_SIZE];
-        let q32: SmallVec<[&[f32]; MAX_GROUP]> = (self.qs.iter().zip(q_wide.chunks_exact_mut(hs)))
-            .map(|(q, wide)| {
-                as_f32(q).unwrap_or_else(|| {
-                    for (w, x) in wide.iter_mut().zip(q.iter()) {
-                        w.write(x.widen());
-                    }
-                    // SAFETY: every element was written above.
-                    unsafe { std::slice::from_raw_parts(wide.as_ptr().cast(), hs) }
+        let mut q_wide = [MaybeUninit::<f32>::uninit(); MAX_TILE * MAX_GROUP * MAX_HEAD_SIZE];
+        let q32: SmallVec<[&[f32]; MAX_TILE * MAX_GROUP]> =
+            (self.qs.iter().zip(q_wide.chunks_exact_mut(hs)))
+                .map(|(q, wide)| {
+                    as_f32(q).unwrap_or_else(|| {
+                        for (w, x) in wide.iter_mut().zip(q.iter()) {
+                            w.write(x.widen());
+                        }
+                        // SAFETY: every element was written above.
+                        unsafe { std::slice::from_raw_parts(wide.as_ptr().cast(), hs) }
+                    })
                 })
-            })
-            .collect();
+                .collect();
         let mut buffers = Runs {
             hs,
             values: [MaybeUninit::uninit(); WIDE],
             scales: [MaybeUninit::uninit(); WIDE / 8],
             ahead: fetcher(pieces.clone(), hs, prefetch),
         };
-        let mut max = [f32::NEG_INFINITY; MAX_GROUP];
+        let mut max = [f32::NEG_INFINITY; MAX_TILE * MAX_GROUP];
         let mut at = 0;
         let keys = pieces.clone().map(|(k, _, keys)| (k, keys));
         let score_run = |k32: &[f32], j0: usize, scales: Option<&[f32]>, len: usize| {
             let softcap = self.score.softcap;
-            for (h, max) in max[..g].iter_mut().enumerate() {
-                let xs = &mut scores[h * n + at..][..len];
+            for (i, max) in max[..queries].iter_mut().enumerate() {
+                let seen = self.seen(i, at, len);
+                let xs = &mut scores[i * n + at..][..seen];
                 // SAFETY: the caller's contract; the keys' rows lie in `k32` from `j0`, the
                 // scales cover them.
-                let top =
-                    unsafe { avx2::scores(q32[h], k32, j0, xs, scales, self.score.scale, *max) };
+                let top = unsafe {
+                    avx2::scores(
+                        q32[i],
+                        k32,
+                        j0,
+                        xs,
+                        scales.map(|s| &s[..seen]),
+                        self.score.scale,
+                        *max,
+                    )
+                };
                 if softcap > 0.0 {
                     softcap_scores(xs, softcap, max);
                 } else {
@@ -258,25 +320,43 @@ impl<T: Accum<Acc = f32>> Rows<'_, T> {
         // SAFETY: the caller's contract (AVX2, F16C, hs % 8 and at most MAX_HEAD_SIZE).
         unsafe { buffers.each(keys, score_run) };
         let sum = self.exp_sums(scores, &max);
-        acc[..g * hs].fill(0.0);
+        acc[..queries * hs].fill(0.0);
         let mut at = 0;
         let values = pieces.map(|(_, v, keys)| (v, keys));
         let sum_run = |v32: &[f32], j0: usize, scales: Option<&[f32]>, len: usize| {
-            for (h, &sum) in sum[..g].iter().enumerate() {
-                let es = &mut scores[h * n + at..][..len];
+            for (i, &sum) in sum[..queries].iter().enumerate() {
+                let seen = self.seen(i, at, len);
+                let es = &mut scores[i * n + at..][..seen];
                 // SAFETY: the caller's contract; the scales cover the keys.
-                unsafe { avx2::normalize(es, sum, scales) };
+                unsafe { avx2::normalize(es, sum, scales.map(|s| &s[..seen])) };
             }
-            if hs == 64 {
-                // SAFETY: the caller's contract; `acc` holds g rows of 64, `scores` g rows of n
-                // from `at`, and the keys' value rows lie in `v32` from `j0`.
-                unsafe { weighted_sum64_group(acc, &scores[at..], n, len, g, v32, j0) };
-            } else {
-                for h in 0..g {
-                    let acc = &mut acc[h * hs..][..hs];
-                    for (i, &p) in scores[h * n + at..][..len].iter().enumerate() {
+            for r in 0..self.keys.len() {
+                let (first, seen) = (r * g, self.seen(r * g, at, len));
+                if seen == 0 {
+                    continue;
+                }
+                if hs == 64 {
+                    // SAFETY: the caller's contract; `acc` holds the row's g heads of 64 from
+                    // `first`, `scores` their g rows of n, and the keys' value rows lie in
+                    // `v32` from `j0`.
+                    unsafe {
+                        weighted_sum64_group(
+                            &mut acc[first * hs..],
+                            &scores[first * n + at..],
+                            n,
+                            seen,
+                            g,
+                            v32,
+                            j0,
+                        )
+                    };
+                    continue;
+                }
+                for i in first..first + g {
+                    let acc = &mut acc[i * hs..][..hs];
+                    for (j, &p) in scores[i * n + at..][..seen].iter().enumerate() {
                         // SAFETY: the caller's contract; both rows hold hs values.
-                        unsafe { avx2::weighted_add(acc, p, &v32[(j0 + i) * hs..][..hs]) };
+                        unsafe { avx2::weighted_add(acc, p, &v32[(j0 + j) * hs..][..hs]) };
                     }
                 }
             }
@@ -286,11 +366,16 @@ impl<T: Accum<Acc = f32>> Rows<'_, T> {
         unsafe { buffers.each(values, sum_run) };
     }
 
-    /// Each head's softmax numerators in place, and their sums.
-    fn exp_sums(&self, scores: &mut [f32], max: &[f32; MAX_GROUP]) -> [f32; MAX_GROUP] {
-        let mut sum = [0f32; MAX_GROUP];
-        for (h, sum) in sum[..self.qs.len()].iter_mut().enumerate() {
-            *sum = exp_shifted_sum(&mut scores[h * self.n..][..self.n], max[h]);
+    /// Each query's softmax numerators in place, and their sums.
+    fn exp_sums(
+        &self,
+        scores: &mut [f32],
+        max: &[f32; MAX_TILE * MAX_GROUP],
+    ) -> [f32; MAX_TILE * MAX_GROUP] {
+        let (n, mut sum) = (self.stride(), [0f32; MAX_TILE * MAX_GROUP]);
+        for (i, sum) in sum[..self.qs.len()].iter_mut().enumerate() {
+            let seen = self.keys[i / self.heads()];
+            *sum = exp_shifted_sum(&mut scores[i * n..][..seen], max[i]);
         }
         sum
     }

@@ -19,7 +19,7 @@
 
 use std::ops::Range;
 
-use super::group::{MAX_GROUP, attend_group_pieces, group_len, head_parts};
+use super::group::{MAX_GROUP, MAX_TILE, RowKeys, attend_rows, group_len, head_parts};
 use super::kv::{CacheElem, Cached, KvMem};
 use super::shape::{Rows, ScoreMod};
 use crate::ThreadPool;
@@ -434,7 +434,10 @@ pub fn paged_scratch_len(
     pool: &ThreadPool,
 ) -> usize {
     let parts = part_count(layout, heads, segments, pool);
-    parts * group_len(heads, layout.kv_heads) * (max_positions(segments) + layout.head_size)
+    parts
+        * MAX_TILE
+        * group_len(heads, layout.kv_heads)
+        * (max_positions(segments) + layout.head_size)
 }
 
 /// Attention of every row of `q` over its segment's cached keys, causally (the row at
@@ -509,7 +512,7 @@ impl<'a> Split<'a> {
             return Ok(None);
         }
         let parts = part_count(layout, heads, segments, pool);
-        let per_part = group_len(heads, kv_heads) * (max_positions(segments) + hs);
+        let per_part = MAX_TILE * group_len(heads, kv_heads) * (max_positions(segments) + hs);
         if scratch.len() < parts * per_part {
             return Err(KernelError::Length {
                 what: "attention scratch",
@@ -576,72 +579,109 @@ impl<'a> Split<'a> {
         scratch: &mut [f32],
     ) {
         let Split { heads, layout, .. } = *self;
-        let hs = layout.head_size;
         let group = heads / layout.kv_heads;
         let g_max = group_len(heads, layout.kv_heads);
-        let (scores, acc) = scratch.split_at_mut(g_max * max_positions(self.segments));
+        let (scores, acc) = scratch.split_at_mut(MAX_TILE * g_max * max_positions(self.segments));
         let (first, last) = (self.cuts[part], self.cuts[part + 1]);
+        let (t_first, t_last) = (first / heads, (last - 1) / heads);
+        // The heads of row `t` inside the part that share KV head `kvh`.
+        let heads_of = |t: usize, kvh: usize| {
+            let lo = if t == t_first { first % heads } else { 0 };
+            let hi = if t == t_last {
+                (last - 1) % heads + 1
+            } else {
+                heads
+            };
+            lo.max(kvh * group)..hi.min((kvh + 1) * group)
+        };
         // KV head by KV head: a prefill chunk's rows then reuse one head's keys and values
         // while they are in cache (all heads' of a long sequence would not fit in L2).
-        for pass in 0..layout.kv_heads {
-            let mut pair = first;
-            while pair < last {
-                let (t, n0) = (pair / heads, pair % heads);
-                let kvh = n0 / group;
-                // The heads of row `t` from `n0` on that share KV head `kvh`, inside the part,
-                // at most MAX_GROUP of them.
-                let count = ((kvh + 1) * group)
-                    .min(n0 + last - pair)
-                    .min(n0 + MAX_GROUP)
-                    - n0;
-                if kvh == pass {
-                    self.attend_run(
-                        t,
-                        (n0, count),
-                        q,
-                        (k, v),
-                        &mut out[(pair - first) * hs..][..count * hs],
-                        scores,
-                        acc,
-                    );
+        for kvh in 0..layout.kv_heads {
+            let mut t = t_first;
+            while t <= t_last {
+                let run = heads_of(t, kvh);
+                let (_, s) = token_at(self.segments, t);
+                // Up to MAX_TILE consecutive rows of the sequence with the same heads here
+                // take each block together (each sees the keys of the one before and one
+                // more; a window would make their first keys differ).
+                let mut rows = 1;
+                while self.score.window.is_none()
+                    && rows < MAX_TILE
+                    && t + rows <= t_last
+                    && t + rows < s.rows.end
+                    && heads_of(t + rows, kvh) == run
+                {
+                    rows += 1;
                 }
-                pair += count;
+                for n0 in run.clone().step_by(MAX_GROUP) {
+                    let heads = n0..run.end.min(n0 + MAX_GROUP);
+                    let tile = Tile {
+                        rows: t..t + rows,
+                        heads,
+                        kvh,
+                    };
+                    self.attend_tile(&tile, q, (k, v), (out, first), scores, acc);
+                }
+                t += rows;
             }
         }
     }
 
-    /// Heads `n0..n0 + count` of row `t` (sharing one KV head) into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_run<T: Accum<Acc = f32>, C: CacheElem>(
+    /// Heads `tile.heads` (sharing KV head `tile.kvh`) of the rows `tile.rows` (of one
+    /// sequence) into their places in `out`, the part's output from pair `first` on.
+    fn attend_tile<T: Accum<Acc = f32>, C: CacheElem>(
         &self,
-        t: usize,
-        (n0, count): (usize, usize),
+        tile: &Tile,
         q: &Rows<T>,
         (k, v): (Cached<C>, Cached<C>),
-        out: &mut [T],
+        (out, first): (&mut [T], usize),
         scores: &mut [f32],
         acc: &mut [f32],
     ) {
         let layout = self.layout;
         let (bs, hs) = (layout.block_size, layout.head_size);
-        let kvh = n0 / (self.heads / layout.kv_heads);
-        let (_, s) = token_at(self.segments, t);
-        let seen = keys_seen(s, t - s.rows.start, self.score);
+        let (_, s) = token_at(self.segments, tile.rows.start);
+        let row_keys = |t: usize| keys_seen(s, t - s.rows.start, self.score);
+        // The last row sees the others' keys and more (rows of a tile have no window).
+        let seen = row_keys(tile.rows.end - 1);
         let table = &self.tables[s.table.clone()];
         let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
-            let row = layout.head_start(table[bi], kvh) / hs;
+            let row = layout.head_start(table[bi], tile.kvh) / hs;
             let keys = seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
             (k.rows(row..row + bs, hs), v.rows(row..row + bs, hs), keys)
         });
-        let qs: SmallVec<[&[T]; MAX_GROUP]> = (n0..n0 + count).map(|n| q.head(t, n, hs)).collect();
-        let mut outs: SmallVec<[&mut [T]; MAX_GROUP]> = out.chunks_mut(hs).collect();
+        let keys: SmallVec<[usize; MAX_TILE]> =
+            tile.rows.clone().map(|t| row_keys(t).len()).collect();
+        let qs: SmallVec<[&[T]; MAX_TILE * MAX_GROUP]> = (tile.rows.clone())
+            .flat_map(|t| tile.heads.clone().map(move |n| q.head(t, n, hs)))
+            .collect();
+        // Each row's heads' outputs: disjoint runs of `out`, in order.
+        let mut outs: SmallVec<[&mut [T]; MAX_TILE * MAX_GROUP]> = SmallVec::new();
+        let (mut rest, mut base) = (out, 0);
+        for t in tile.rows.clone() {
+            let at = (t * self.heads + tile.heads.start - first) * hs;
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(at - base);
+            let (mine, tail) = tail.split_at_mut(tile.heads.len() * hs);
+            outs.extend(mine.chunks_mut(hs));
+            (rest, base) = (tail, at + tile.heads.len() * hs);
+        }
+        let rows = RowKeys {
+            qs: &qs,
+            keys: &keys,
+            score: self.score,
+        };
         // A decode row's blocks come from memory; a prefill chunk's rows find theirs in
         // cache, warmed by the rows before.
         let prefetch = s.rows.len() <= PREFETCH_ROWS;
-        attend_group_pieces(
-            &qs, pieces, self.score, scores, acc, &mut outs, true, prefetch,
-        );
+        attend_rows(&rows, pieces, scores, acc, &mut outs, true, prefetch);
     }
+}
+
+/// Query rows of one sequence and heads sharing one KV head, attended together.
+struct Tile {
+    rows: Range<usize>,
+    heads: Range<usize>,
+    kvh: usize,
 }
 
 /// Checks that no two segments write one block, and that the key and value pools at

@@ -2,6 +2,7 @@
 //! sequences alone, a fused step against its three calls, bit for bit.
 
 use super::*;
+use crate::attention::group::attend_group_pieces;
 use crate::attention::{GqaShape, attention, scratch_len};
 
 /// An unscaled pool's memory.
