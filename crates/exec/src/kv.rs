@@ -151,9 +151,15 @@ impl KvStore {
         };
         let (values, scales) = bytes.split_at_mut(self.scales_at * 8);
         let (src, dst) = (src as usize, dst as usize);
-        values.copy_within(src * value_block..(src + 1) * value_block, dst * value_block);
+        values.copy_within(
+            src * value_block..(src + 1) * value_block,
+            dst * value_block,
+        );
         if self.kv == KvDtype::Int8 {
-            scales.copy_within(src * scale_block..(src + 1) * scale_block, dst * scale_block);
+            scales.copy_within(
+                src * scale_block..(src + 1) * scale_block,
+                dst * scale_block,
+            );
         }
     }
 }
@@ -184,4 +190,65 @@ pub struct PagedLayer<'a> {
     pub layer: usize,
     pub segments: &'a [Segment],
     pub tables: &'a [u32],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An int8 store's blocks carry their scales: views hand out both, a copied block holds
+    /// both, and the bytes per block count both.
+    #[test]
+    fn an_int8_store_keeps_and_copies_its_scales() {
+        let (layers, hs) = (2, 8);
+        let layout = PagedLayout::dense(4, 2, 3, hs);
+        let mut store = KvStore::new(KvDtype::Int8, layout, layers).unwrap();
+        // Per block: 2 layers x 2 pools x 3 heads x 2 rows, each head vector 8 bytes + 4.
+        assert_eq!(store.block_bytes(), 2 * 2 * 3 * 2 * (hs + 4));
+        assert!(
+            store.layer_views::<f32>(0).is_err(),
+            "an int8 store is not f32"
+        );
+        let stride = store.layout().block_stride;
+        {
+            let (mem, k, v) = store.layer_views::<i8>(1).unwrap();
+            assert_eq!(mem.scales.len(), mem.values.len() / hs);
+            for (i, x) in mem.values[stride..2 * stride].iter_mut().enumerate() {
+                *x = (i % 127) as i8;
+            }
+            for (i, s) in mem.scales[stride / hs..2 * stride / hs]
+                .iter_mut()
+                .enumerate()
+            {
+                *s = i as f32 + 0.5;
+            }
+            assert!(k < v && v < stride);
+        }
+        store.copy_block(1, 3);
+        let (mem, _, _) = store.layer_views::<i8>(0).unwrap();
+        assert_eq!(
+            mem.values[stride..2 * stride],
+            mem.values[3 * stride..4 * stride]
+        );
+        assert_eq!(
+            mem.scales[stride / hs..2 * stride / hs],
+            mem.scales[3 * stride / hs..4 * stride / hs]
+        );
+        assert!(
+            mem.scales[3 * stride / hs + 1] == 1.5,
+            "the scales were copied, not zeros"
+        );
+    }
+
+    #[test]
+    fn float_stores_have_no_scales() {
+        let layout = PagedLayout::dense(2, 4, 1, 16);
+        for (kv, bytes) in [(KvDtype::F32, 4), (KvDtype::F16, 2)] {
+            let store = KvStore::new(kv, layout, 1).unwrap();
+            assert_eq!(store.block_bytes(), 2 * 4 * 16 * bytes);
+        }
+        let mut f16 = KvStore::new(KvDtype::F16, layout, 1).unwrap();
+        let (mem, _, _) = f16.layer_views::<half::f16>(0).unwrap();
+        assert!(mem.scales.is_empty());
+    }
 }

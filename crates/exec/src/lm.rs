@@ -25,9 +25,9 @@ use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 use oxgen_graph::{Graph, Op, ValueId};
 use oxgen_kernels::attention::paged::{PagedLayout, Segment};
 use oxgen_runtime::{
-    Batch, BlockPool, BlockTable, Capabilities, IoSpec, KvDtype, KvTemplates, KvUsage, LanguageModel,
-    LmContract, LogitsWanted, OpTime, RuntimeError, SeqId, SeqStep, SeqTable, Session,
-    StepCounters, StepLogits, check_context,
+    Batch, BlockPool, BlockTable, Capabilities, IoSpec, KvDtype, KvTemplates, KvUsage,
+    LanguageModel, LmContract, LogitsWanted, OpTime, RuntimeError, SeqId, SeqStep, SeqTable,
+    Session, StepCounters, StepLogits, check_context,
 };
 use oxgen_tensor::{DType, Tensor, bf16, f16};
 

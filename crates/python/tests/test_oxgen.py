@@ -170,3 +170,19 @@ def test_speculative_decoding_keeps_the_text(model):
         oxgen.Model(MODEL, speculative="lookahead")
     with pytest.raises(oxgen.InvalidArgument, match="spec_tokens"):
         oxgen.Model(MODEL, speculative="prompt-lookup", spec_tokens=0)
+
+
+def test_an_int8_kv_cache_matches_the_cli(model):
+    assert model.kv_dtype == "f32"
+    small = oxgen.Model(MODEL, threads=2, kv_dtype="int8")
+    assert small.kv_dtype == "int8"
+    text = "The capital of France is"
+    want = subprocess.run(
+        [oxgen.cli(), "generate", MODEL, text, "--raw", "--max-new-tokens", "12",
+         "--temperature", "0", "--threads", "2", "--kv-dtype", "int8", "--json"],
+        check=True, stdout=subprocess.PIPE, text=True,
+    )
+    assert small.generate(text, max_new_tokens=12, temperature=0).token_ids == \
+        json.loads(want.stdout)["token_ids"]
+    with pytest.raises(oxgen.InvalidArgument, match="f32, f16, bf16 or int8"):
+        oxgen.Model(MODEL, kv_dtype="q4")

@@ -41,7 +41,9 @@ impl KvDtype {
     /// Bytes one head vector of `head_size` values takes, its scale included.
     pub fn head_bytes(self, head_size: usize) -> usize {
         let scale = if self == KvDtype::Int8 { 4 } else { 0 };
-        head_size.saturating_mul(self.dtype().bits() / 8).saturating_add(scale)
+        head_size
+            .saturating_mul(self.dtype().bits() / 8)
+            .saturating_add(scale)
     }
 
     pub fn name(self) -> &'static str {

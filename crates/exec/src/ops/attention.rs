@@ -27,8 +27,8 @@ use oxgen_kernels::attention::kv::CacheElem;
 use oxgen_kernels::attention::paged as kp;
 use oxgen_kernels::attention::{self as ka, GqaShape, Rows, ScoreMod};
 use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
-use oxgen_tensor::{DType, Element, Tensor};
 use oxgen_runtime::KvDtype;
+use oxgen_tensor::{DType, Element, Tensor};
 
 use super::{OpCtx, input, opt_input, owned_input, read_i64s};
 use smallvec::smallvec;
