@@ -8,20 +8,8 @@
 //! The model comes from `$OXGEN_DEFAULT_MODEL` (set by `scripts/test.sh`); without it these
 //! tests fail and say how to get it.
 
-use std::path::PathBuf;
-
 use oxgen::{Constraint, GenerateOptions, KvDtype, Model, ModelOptions, Prompt, Sequence};
-
-fn default_model_dir() -> PathBuf {
-    let dir = std::env::var_os("OXGEN_DEFAULT_MODEL").unwrap_or_else(|| {
-        panic!(
-            "OXGEN_DEFAULT_MODEL is not set: these tests need the imported default model. Run \
-             scripts/test.sh, or run `oxgen pull` and set OXGEN_DEFAULT_MODEL to the folder it \
-             prints"
-        )
-    });
-    PathBuf::from(dir)
-}
+use oxgen_testkit::default_model_dir;
 
 fn open(prefix_cache: bool) -> Model {
     open_with(prefix_cache, None)

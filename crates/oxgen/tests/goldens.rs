@@ -6,11 +6,12 @@
 //! The model package comes from `$OXGEN_DEFAULT_MODEL`, which `scripts/test.sh` sets after
 //! `oxgen pull`. These tests never skip: without the model they fail and say how to get it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use oxgen::{FinishReason, GenerateOptions, Model, ModelOptions, PackageConfig, Prompt};
 use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
+use oxgen_testkit::default_model_dir;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -62,25 +63,6 @@ fn goldens() -> Goldens {
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
-}
-
-fn default_model_dir() -> PathBuf {
-    let dir = std::env::var_os("OXGEN_DEFAULT_MODEL").unwrap_or_else(|| {
-        panic!(
-            "OXGEN_DEFAULT_MODEL is not set: the golden tests need the imported default model. \
-             Run the whole suite with scripts/test.sh (it pulls and imports the model into its \
-             cache and sets the variable), or run `oxgen pull` and set OXGEN_DEFAULT_MODEL to \
-             the folder it prints"
-        )
-    });
-    let dir = PathBuf::from(dir);
-    assert!(
-        dir.join("genai_config.json").is_file(),
-        "OXGEN_DEFAULT_MODEL={} holds no genai_config.json; run scripts/test.sh (or \
-         `oxgen pull`) to import the default model",
-        dir.display()
-    );
-    dir
 }
 
 /// Room for the longest prompt and the generated tokens.

@@ -7,23 +7,12 @@
 //! The default model comes from `$OXGEN_DEFAULT_MODEL` (set by `scripts/test.sh`); the
 //! sampling-distribution test runs on a small fixture package.
 
-use std::path::PathBuf;
-
 use oxgen::{
     Constraint, GenerateOptions, Model, ModelOptions, Output, Prompt, PromptLookup, Sequence,
     Speculative,
 };
+use oxgen_testkit::default_model_dir;
 use oxgen_testkit::fixtures::{FixtureConfig, write_package};
-
-fn default_model_dir() -> PathBuf {
-    PathBuf::from(std::env::var_os("OXGEN_DEFAULT_MODEL").unwrap_or_else(|| {
-        panic!(
-            "OXGEN_DEFAULT_MODEL is not set: these tests need the default model. Run \
-             scripts/test.sh, or run `oxgen pull` and set OXGEN_DEFAULT_MODEL to the folder it \
-             prints"
-        )
-    }))
-}
 
 fn open(dir: &std::path::Path, threads: usize, speculative: Option<Speculative>) -> Model {
     let options = ModelOptions {

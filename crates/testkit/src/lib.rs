@@ -8,6 +8,7 @@
 //!   `Concat`), for the graph passes and package detection.
 //! - [`compare`]: element-wise comparison with `rtol`/`atol` for every dtype.
 //! - [`ort_oracle`]: the same model through onnxruntime (Python wheel), for oracle tests.
+//! - [`default_model_dir`]: where the suite's imported default model is.
 //!
 //! This crate is a dev-dependency only: no product crate may depend on it.
 
@@ -16,3 +17,24 @@ pub mod fixtures;
 pub mod node_tests;
 pub mod optimum;
 pub mod ort_oracle;
+
+/// The imported default model's package folder: `$OXGEN_DEFAULT_MODEL`, which
+/// `scripts/test.sh` sets. Panics saying how to get it when it is not set or holds no package.
+pub fn default_model_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("OXGEN_DEFAULT_MODEL").unwrap_or_else(|| {
+        panic!(
+            "OXGEN_DEFAULT_MODEL is not set: these tests need the imported default model. Run \
+             the whole suite with scripts/test.sh (it pulls and imports the model into its \
+             cache and sets the variable), or run `oxgen pull` and set OXGEN_DEFAULT_MODEL to \
+             the folder it prints"
+        )
+    });
+    let dir = std::path::PathBuf::from(dir);
+    assert!(
+        dir.join("genai_config.json").is_file(),
+        "OXGEN_DEFAULT_MODEL={} holds no genai_config.json; run scripts/test.sh (or \
+         `oxgen pull`) to import the default model",
+        dir.display()
+    );
+    dir
+}

@@ -55,13 +55,7 @@ pub fn metric(addr: SocketAddr, series: &str) -> f64 {
 
 /// The default model package (`$OXGEN_DEFAULT_MODEL`, set by scripts/test.sh).
 pub fn default_model() -> PathBuf {
-    let dir = std::env::var_os("OXGEN_DEFAULT_MODEL").unwrap_or_else(|| {
-        panic!(
-            "OXGEN_DEFAULT_MODEL is not set: these tests need the imported default model. Run \
-             scripts/test.sh, or run `oxgen pull` and set OXGEN_DEFAULT_MODEL to the folder it prints"
-        )
-    });
-    PathBuf::from(dir)
+    oxgen_testkit::default_model_dir()
 }
 
 #[derive(Debug)]
