@@ -19,6 +19,10 @@
 
 use std::ops::Range;
 
+mod checks;
+
+use checks::{check_disjoint_writes, check_pool, check_rope, check_segments};
+
 use super::group::{MAX_GROUP, MAX_TILE, RowKeys, attend_rows, group_len, head_parts};
 use super::kv::{CacheElem, Cached, KvMem};
 use super::shape::{Rows, ScoreMod};
@@ -89,76 +93,6 @@ pub struct Segment {
     pub rows: Range<usize>,
     pub start: usize,
     pub table: Range<usize>,
-}
-
-/// Checks that `segments` tile rows `0..tokens` in order and that every position they write
-/// has a block of the pool.
-fn check_segments(
-    layout: &PagedLayout,
-    segments: &[Segment],
-    tables: &[u32],
-    tokens: usize,
-) -> Result<(), KernelError> {
-    let err = |i: usize, msg: String| Err(KernelError::Shape(format!("segment {i}: {msg}")));
-    let mut next = 0;
-    for (i, s) in segments.iter().enumerate() {
-        if s.rows.start != next || s.rows.end < s.rows.start {
-            return err(i, format!("rows {:?} do not follow row {next}", s.rows));
-        }
-        next = s.rows.end;
-        let Some(table) = tables.get(s.table.clone()) else {
-            return err(i, format!("block table {:?} is out of range", s.table));
-        };
-        let end = s.start.checked_add(s.rows.len());
-        if end.is_none_or(|e| e > table.len().saturating_mul(layout.block_size)) {
-            return err(
-                i,
-                format!(
-                    "positions {}..{} do not fit in {} blocks of {}",
-                    s.start,
-                    s.start.saturating_add(s.rows.len()),
-                    table.len(),
-                    layout.block_size
-                ),
-            );
-        }
-        if let Some(&b) = table.iter().find(|&&b| b as usize >= layout.blocks) {
-            return err(
-                i,
-                format!("block {b} is outside the pool of {}", layout.blocks),
-            );
-        }
-    }
-    if next != tokens {
-        return Err(KernelError::Shape(format!(
-            "the segments cover {next} rows of {tokens}"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks that a pool view of `len` elements holds `layout`'s blocks, and that its head
-/// vectors start at multiples of the head size (where their scales are found).
-fn check_pool(layout: &PagedLayout, len: usize, what: &'static str) -> Result<(), KernelError> {
-    let hs = layout.head_size;
-    if hs > MAX_HEAD_SIZE || !layout.block_stride.is_multiple_of(hs.max(1)) {
-        return Err(KernelError::Shape(format!(
-            "{what}: head size {hs} must be at most {MAX_HEAD_SIZE} and divide the block stride {}",
-            layout.block_stride
-        )));
-    }
-    let want = layout
-        .cache_len()
-        .filter(|_| layout.block_stride >= layout.block_len())
-        .ok_or_else(|| KernelError::Shape(format!("{layout:?} overflows or overlaps")))?;
-    if len < want {
-        return Err(KernelError::Length {
-            what,
-            expected: want,
-            actual: len,
-        });
-    }
-    Ok(())
 }
 
 /// Segments of at most this many rows (decode rows, speculative verification) prefetch the
@@ -238,31 +172,6 @@ impl<'a, C: CacheElem> SharedMem<'a, C> {
         // SAFETY: the caller's contract.
         let (values, scales) = unsafe { (self.values.all(), self.scales.all()) };
         Cached { values, scales }.skip(at / head_size, head_size)
-    }
-}
-
-/// Checks that `rope` rotates heads of `head_size` at every position `segments` write.
-fn check_rope<T>(
-    rope: Option<&Rope<T>>,
-    segments: &[Segment],
-    head_size: usize,
-) -> Result<(), KernelError> {
-    let Some(rope) = rope else {
-        return Ok(());
-    };
-    if 2 * rope.half > head_size {
-        return Err(KernelError::Shape(format!(
-            "rotary_dim {} exceeds the head size {head_size}",
-            2 * rope.half
-        )));
-    }
-    match max_positions(segments) {
-        end if end > rope.rows() => Err(KernelError::Shape(format!(
-            "position {} is out of range for cos/sin caches of {} rows",
-            end - 1,
-            rope.rows()
-        ))),
-        _ => Ok(()),
     }
 }
 
@@ -682,54 +591,6 @@ struct Tile {
     rows: Range<usize>,
     heads: Range<usize>,
     kvh: usize,
-}
-
-/// Checks that no two segments write one block, and that the key and value pools at
-/// `k_at` and `v_at` of one store never overlap: the writes of a step's tokens then never
-/// meet, whichever thread makes them.
-fn check_disjoint_writes(
-    layout: &PagedLayout,
-    (k_at, v_at): (usize, usize),
-    segments: &[Segment],
-    tables: &[u32],
-) -> Result<(), KernelError> {
-    if layout.blocks == 0 {
-        return Ok(());
-    }
-    let bs = layout.block_size;
-    let (len, stride) = (
-        layout.block_len() as i128,
-        layout.block_stride.max(1) as i128,
-    );
-    // Key block b starts at k_at + b * stride and value block b' at v_at + b' * stride; the
-    // pools overlap when some distance d + j * stride (j = b' - b) is under a block. The
-    // nearest such distances lie at the j around -d / stride.
-    let (d, last) = (v_at as i128 - k_at as i128, layout.blocks as i128 - 1);
-    let j = (-d).div_euclid(stride).clamp(-last, last);
-    if [j, (j + 1).min(last)]
-        .iter()
-        .any(|&j| (d + j * stride).abs() < len)
-    {
-        return Err(KernelError::Shape(format!(
-            "the key pool at {k_at} and the value pool at {v_at} overlap (blocks of {len} values every {stride})"
-        )));
-    }
-    let mut written: SmallVec<[u32; 64]> = segments
-        .iter()
-        .flat_map(|s| {
-            let table = &tables[s.table.clone()];
-            let blocks = s.start / bs..(s.start + s.rows.len()).div_ceil(bs);
-            table[blocks].iter().copied()
-        })
-        .collect();
-    written.sort_unstable();
-    match written.windows(2).find(|w| w[0] == w[1]) {
-        Some(w) => Err(KernelError::Shape(format!(
-            "block {} is written by two segments of one step",
-            w[0]
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// The keys and values a step adds to a layer's cache, and the rotation its keys and queries
