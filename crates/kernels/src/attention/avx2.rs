@@ -1,6 +1,6 @@
 //! AVX2 attention rows for f32 queries and caches: the arithmetic of [`super::group`]'s
-//! reference, bit for bit. Caches of other elements are widened to f32 piece by piece first
-//! ([`widen`], exact), and their scales applied by [`scale_max`] and [`normalize`].
+//! reference, bit for bit. Caches of other elements are widened to f32 a run at a time first
+//! ([`widen`], exact); an int8 cache's scales are applied by [`scores`] and [`normalize`].
 //!
 //! The reference takes each dot product `q · k_j` in eight lanes (lane `l` the `d` with
 //! `d % 8 == l`, ascending, by fused multiply-add) summed by a fixed tree, and each output
@@ -13,8 +13,12 @@
 //!   one per lane, each adding `p_j * v_j[d]` for `j` ascending; with AVX-512 the heads that
 //!   share a KV head take each value row together, so their chains overlap.
 //!
-//! Head sizes not a multiple of eight, softcapping and the softmax itself run the reference's
-//! scalar code.
+//! - score scaling, the running maximum and the softmax weights' normalization: elementwise
+//!   multiplies and divides (exact per element, so any width gives the reference's bits) and a
+//!   maximum that skips NaN as `f32::max` does.
+//!
+//! Head sizes not a multiple of eight and softcapping run the reference's scalar code; the
+//! exponentials are [`super::exp`]'s.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
