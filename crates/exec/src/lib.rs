@@ -17,6 +17,7 @@ mod arena;
 mod error;
 mod kv;
 mod lm;
+mod open;
 pub mod ops;
 mod optimize;
 mod plan;
@@ -25,9 +26,8 @@ mod session;
 pub use arena::Arena;
 pub use error::{ExecError, OpError};
 pub use kv::{KvStore, PagedLayer, PagedStep};
-pub use lm::{
-    DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvBudget, NativeLm, NativeOptions, OpenError, Unsupported,
-};
+pub use lm::NativeLm;
+pub use open::{DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvBudget, NativeOptions, OpenError, Unsupported};
 pub use optimize::{NativeEvaluator, optimize};
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 pub use oxgen_kernels::ThreadPool;

@@ -159,7 +159,7 @@ pub(crate) fn attend_rows<'a, T: Accum<Acc = f32>, C: CacheElem>(
         rows.reference(pieces, scores, acc, prefetch);
     }
     for (i, out) in outs.iter_mut().enumerate() {
-        if rows.keys[i / (qs.len() / tile)] == 0 {
+        if rows.keys[i / rows.heads()] == 0 {
             out.fill(T::ZERO);
             continue;
         }

@@ -21,8 +21,8 @@ use crate::Scalar;
 use crate::acc::Accum;
 use crate::error::KernelError;
 
-/// The element kinds, for the vector loads of `avx2.rs` and `avx512.rs` (a const of each
-/// [`CacheElem`], so a kernel's match on it folds away).
+/// The element kinds, for the vector widening of `avx2.rs` and the f32 case of `group.rs` (a
+/// const of each [`CacheElem`], so a kernel's match on it folds away).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheKind {
     F32,
