@@ -100,6 +100,7 @@ impl Evaluator for NativeEvaluator {
                 packed: None,
                 paged: None,
                 wanted: u64::MAX,
+                subgraphs: &mut [],
             };
             let produced = ops::run(
                 &node.op,

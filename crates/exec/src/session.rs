@@ -92,6 +92,8 @@ pub struct NativeSession {
     unpacked_streamed: u64,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
+    /// Per node: a session for each of its branches or bodies (`If`, `Loop`, `Scan`).
+    subgraphs: Vec<Vec<NativeSession>>,
 }
 
 fn spec(graph: &Graph, id: ValueId) -> IoSpec {
@@ -113,7 +115,17 @@ impl NativeSession {
     pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
         let mut graph = graph;
         let packed = prepack_weights(&mut graph, exact);
-        let inputs = graph.inputs.iter().map(|&id| spec(&graph, id)).collect();
+        // A subgraph's captured values come after its own inputs.
+        let inputs = (graph.inputs.iter().chain(&graph.captures))
+            .map(|&id| spec(&graph, id))
+            .collect();
+        let subgraphs = (graph.nodes.iter())
+            .map(|node| {
+                (node.op.subgraphs().into_iter())
+                    .map(|sub| NativeSession::with_pool(sub.graph.clone(), pool.clone(), exact))
+                    .collect()
+            })
+            .collect();
         let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
         let slots = vec![None; graph.values.len()];
         let matrix_bytes = unpacked_matrix_bytes(&graph, &packed);
@@ -132,6 +144,7 @@ impl NativeSession {
             matrix_bytes,
             unpacked_streamed: 0,
             packed,
+            subgraphs,
         }
     }
 
@@ -202,12 +215,12 @@ impl NativeSession {
         paged: Option<&mut PagedStep>,
     ) -> Result<(), ExecError> {
         let graph = &self.plan.graph;
-        if inputs.len() != graph.inputs.len() || outputs.len() != graph.outputs.len() {
+        if inputs.len() != self.inputs.len() || outputs.len() != graph.outputs.len() {
             return Err(ExecError::Runtime(RuntimeError::Contract(format!(
                 "{} inputs and {} outputs given; the graph declares {} and {}",
                 inputs.len(),
                 outputs.len(),
-                graph.inputs.len(),
+                self.inputs.len(),
                 graph.outputs.len()
             ))));
         }
@@ -221,25 +234,35 @@ impl NativeSession {
                 }
             }
         }
-        for (&id, tensor) in graph.inputs.iter().zip(inputs.iter_mut()) {
+        for (&id, tensor) in graph
+            .inputs
+            .iter()
+            .chain(&graph.captures)
+            .zip(inputs.iter_mut())
+        {
             self.slots[id.0] = tensor.take();
         }
         self.arena.reset_peak();
         let result = self.execute(paged);
         let graph = &self.plan.graph;
         if result.is_ok() {
-            for (&id, out) in graph.outputs.iter().zip(outputs.iter_mut()) {
-                *out = Some(match self.slots[id.0].take() {
+            for (k, &id) in graph.outputs.iter().enumerate() {
+                outputs[k] = Some(match self.slots[id.0].take() {
                     Some(t) => {
                         self.arena.forget(&t);
                         t
                     }
-                    // An output that is an initializer (or an input listed again).
-                    None => graph
-                        .initializers
-                        .get(&id)
-                        .cloned()
-                        .expect("a graph output has a value after a successful run"),
+                    // An output that is an initializer, or a value listed again.
+                    None => match graph.initializers.get(&id) {
+                        Some(t) => t.clone(),
+                        None => {
+                            let first = graph.outputs[..k]
+                                .iter()
+                                .position(|&o| o == id)
+                                .expect("a graph output has a value after a successful run");
+                            outputs[first].clone().expect("filled above")
+                        }
+                    },
                 });
             }
         }
@@ -352,6 +375,7 @@ impl NativeSession {
                 exact: self.exact,
                 packed: self.packed[i].as_ref(),
                 wanted: plan.wanted[i],
+                subgraphs: &mut self.subgraphs[i],
                 paged: paged.as_deref_mut().and_then(|p| {
                     let layer = p.layer_of_node.get(i).copied().flatten()?;
                     Some(PagedLayer {

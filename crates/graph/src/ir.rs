@@ -19,6 +19,9 @@ pub enum ValueKind {
     Input,
     Initializer,
     Node,
+    /// In a subgraph (a branch or loop body): a value of an enclosing graph it reads, listed
+    /// in [`Graph::captures`].
+    Captured,
 }
 
 /// A named value and what the model declares about it.
@@ -65,6 +68,58 @@ pub struct Graph {
     pub outputs: Vec<ValueId>,
     pub initializers: HashMap<ValueId, Tensor>,
     pub nodes: Vec<Node>,
+    /// A subgraph's values from enclosing graphs (empty for a model's main graph). The node
+    /// that owns the subgraph lists them among its inputs, after its declared ones, so the
+    /// enclosing graph orders and frees them like any input (see [`crate::ops::Subgraph`]).
+    pub captures: Vec<ValueId>,
+}
+
+/// The names an enclosing graph defines, visible to the subgraphs of its nodes.
+pub(crate) struct Scope<'s> {
+    names: &'s HashMap<String, ValueId>,
+    parent: Option<&'s Scope<'s>>,
+}
+
+impl Scope<'_> {
+    fn sees(&self, name: &str) -> bool {
+        self.names.contains_key(name) || self.parent.is_some_and(|p| p.sees(name))
+    }
+}
+
+/// Values and their names while a graph is built.
+#[derive(Default)]
+struct Values {
+    values: Vec<ValueInfo>,
+    by_name: HashMap<String, ValueId>,
+    captures: Vec<ValueId>,
+}
+
+impl Values {
+    fn add(&mut self, name: &str, kind: ValueKind) -> ValueId {
+        let id = ValueId(self.values.len());
+        self.values.push(ValueInfo {
+            name: name.to_string(),
+            kind,
+            dtype: None,
+            dims: None,
+        });
+        self.by_name.insert(name.to_string(), id);
+        if kind == ValueKind::Captured {
+            self.captures.push(id);
+        }
+        id
+    }
+
+    /// The value `name` names here, captured from an enclosing graph when only it defines it.
+    fn resolve(&mut self, name: &str, outer: Option<&Scope>) -> Option<ValueId> {
+        match self.by_name.get(name) {
+            Some(&id) => Some(id),
+            None if outer.is_some_and(|o| o.sees(name)) => {
+                Some(self.add(name, ValueKind::Captured))
+            }
+            None => None,
+        }
+    }
 }
 
 fn declared(info: &proto::ValueInfoProto) -> (Option<DType>, Option<Vec<Dim>>) {
@@ -97,158 +152,7 @@ impl Graph {
         model: &oxgen_onnx::Model,
         registry: &Registry,
     ) -> Result<Graph, GraphError> {
-        let g = model.graph();
-        let mut values: Vec<ValueInfo> = Vec::new();
-        let mut by_name: HashMap<String, ValueId> = HashMap::new();
-        let mut producer: HashMap<ValueId, String> = HashMap::new();
-        fn add(
-            values: &mut Vec<ValueInfo>,
-            by_name: &mut HashMap<String, ValueId>,
-            name: &str,
-            kind: ValueKind,
-        ) -> ValueId {
-            let id = ValueId(values.len());
-            values.push(ValueInfo {
-                name: name.to_string(),
-                kind,
-                dtype: None,
-                dims: None,
-            });
-            by_name.insert(name.to_string(), id);
-            id
-        }
-
-        let mut initializers = HashMap::new();
-        for init in &g.initializer {
-            let name = init.name();
-            if by_name.contains_key(name) {
-                return Err(GraphError::DuplicateValue {
-                    value: name.into(),
-                    first: "an initializer".into(),
-                    second: "another initializer".into(),
-                });
-            }
-            let id = add(&mut values, &mut by_name, name, ValueKind::Initializer);
-            let tensor = model.tensor(init)?;
-            values[id.0].dtype = Some(tensor.dtype());
-            values[id.0].dims = Some(tensor.dims().iter().map(|&d| Dim::Fixed(d)).collect());
-            initializers.insert(id, tensor);
-        }
-        let mut inputs = Vec::new();
-        for input in &g.input {
-            // Older models list initializers among the inputs too; those stay initializers.
-            if by_name.contains_key(input.name()) {
-                continue;
-            }
-            let id = add(&mut values, &mut by_name, input.name(), ValueKind::Input);
-            let (dtype, dims) = declared(input);
-            if dtype.is_none() {
-                return Err(GraphError::Io { what: "input", name: input.name().into(), reason: "has no tensor type oxgen supports (only dense tensors of the numeric and bool types)".into() });
-            }
-            values[id.0].dtype = dtype;
-            values[id.0].dims = dims;
-            inputs.push(id);
-        }
-
-        // Nodes: register every output first so order in the file does not matter.
-        let mut node_ids: Vec<(Vec<Option<ValueId>>, &proto::NodeProto)> = Vec::new();
-        for node in &g.node {
-            let mut outs = Vec::new();
-            for out in &node.output {
-                if out.is_empty() {
-                    outs.push(None);
-                    continue;
-                }
-                if let Some(id) = by_name.get(out) {
-                    let first = producer
-                        .get(id)
-                        .cloned()
-                        .unwrap_or_else(|| "a graph input or initializer".into());
-                    return Err(GraphError::DuplicateValue {
-                        value: out.clone(),
-                        first,
-                        second: format!("node '{}'", node.name()),
-                    });
-                }
-                let id = add(&mut values, &mut by_name, out, ValueKind::Node);
-                producer.insert(id, format!("node '{}'", node.name()));
-                outs.push(Some(id));
-            }
-            node_ids.push((outs, node));
-        }
-
-        let mut nodes = Vec::with_capacity(g.node.len());
-        for (outputs, node) in node_ids {
-            let domain = normalize_domain(node.domain());
-            let opset = model
-                .opset(domain)
-                .unwrap_or(if domain.is_empty() { 1 } else { 0 });
-            let node_ref = NodeRef {
-                name: node.name().into(),
-                op_type: node.op_type().into(),
-                domain: domain.into(),
-                opset,
-            };
-            let mut ins = Vec::with_capacity(node.input.len());
-            for input in &node.input {
-                if input.is_empty() {
-                    ins.push(None);
-                    continue;
-                }
-                match by_name.get(input) {
-                    Some(&id) => ins.push(Some(id)),
-                    None => {
-                        return Err(GraphError::UndefinedValue {
-                            node: Box::new(node_ref),
-                            value: input.clone(),
-                        });
-                    }
-                }
-            }
-            let op = registry.build(node, opset, model)?;
-            nodes.push(Node {
-                name: node_ref.name,
-                op_type: node_ref.op_type,
-                domain: node_ref.domain,
-                opset,
-                op,
-                inputs: ins,
-                outputs,
-            });
-        }
-
-        let mut outputs = Vec::new();
-        for output in &g.output {
-            let Some(&id) = by_name.get(output.name()) else {
-                return Err(GraphError::UndefinedOutput(output.name().into()));
-            };
-            let (dtype, dims) = declared(output);
-            let v = &mut values[id.0];
-            v.dtype = v.dtype.or(dtype);
-            if v.dims.is_none() {
-                v.dims = dims;
-            }
-            outputs.push(id);
-        }
-        for info in &g.value_info {
-            if let Some(&id) = by_name.get(info.name()) {
-                let (dtype, dims) = declared(info);
-                let v = &mut values[id.0];
-                v.dtype = v.dtype.or(dtype);
-                if v.dims.is_none() {
-                    v.dims = dims;
-                }
-            }
-        }
-
-        let nodes = topo_sort(nodes, values.len())?;
-        Ok(Graph {
-            values,
-            inputs,
-            outputs,
-            initializers,
-            nodes,
-        })
+        build(model, model.graph(), registry, None)
     }
 
     pub fn value(&self, id: ValueId) -> &ValueInfo {
@@ -259,6 +163,204 @@ impl Graph {
     pub fn find(&self, name: &str) -> Option<ValueId> {
         self.values.iter().position(|v| v.name == name).map(ValueId)
     }
+}
+
+/// Builds graph `g` of `model` (its main graph, or with `outer` a subgraph of a node of an
+/// enclosing graph, whose names it may read).
+pub(crate) fn build(
+    model: &oxgen_onnx::Model,
+    g: &proto::GraphProto,
+    registry: &Registry,
+    outer: Option<&Scope>,
+) -> Result<Graph, GraphError> {
+    let mut v = Values::default();
+    let mut producer: HashMap<ValueId, String> = HashMap::new();
+
+    let mut initializers = HashMap::new();
+    for init in &g.initializer {
+        let name = init.name();
+        if v.by_name.contains_key(name) {
+            return Err(GraphError::DuplicateValue {
+                value: name.into(),
+                first: "an initializer".into(),
+                second: "another initializer".into(),
+            });
+        }
+        let id = v.add(name, ValueKind::Initializer);
+        let tensor = model.tensor(init)?;
+        v.values[id.0].dtype = Some(tensor.dtype());
+        v.values[id.0].dims = Some(tensor.dims().iter().map(|&d| Dim::Fixed(d)).collect());
+        initializers.insert(id, tensor);
+    }
+    let mut inputs = Vec::new();
+    for input in &g.input {
+        // Older models list initializers among the inputs too; those stay initializers.
+        if v.by_name.contains_key(input.name()) {
+            continue;
+        }
+        let id = v.add(input.name(), ValueKind::Input);
+        let (dtype, dims) = declared(input);
+        // A subgraph's inputs may leave their type to inference (a loop body's often do).
+        let untyped_in_subgraph = outer.is_some() && input.r#type.is_none();
+        if dtype.is_none() && !untyped_in_subgraph {
+            return Err(GraphError::Io { what: "input", name: input.name().into(), reason: "has no tensor type oxgen supports (only dense tensors of the numeric and bool types)".into() });
+        }
+        v.values[id.0].dtype = dtype;
+        v.values[id.0].dims = dims;
+        inputs.push(id);
+    }
+
+    // Nodes: register every output first so order in the file does not matter.
+    let mut node_outs: Vec<Vec<Option<ValueId>>> = Vec::with_capacity(g.node.len());
+    for node in &g.node {
+        let mut outs = Vec::new();
+        for out in &node.output {
+            if out.is_empty() {
+                outs.push(None);
+                continue;
+            }
+            if let Some(id) = v.by_name.get(out) {
+                let first = producer
+                    .get(id)
+                    .cloned()
+                    .unwrap_or_else(|| "a graph input or initializer".into());
+                return Err(GraphError::DuplicateValue {
+                    value: out.clone(),
+                    first,
+                    second: format!("node '{}'", node.name()),
+                });
+            }
+            let id = v.add(out, ValueKind::Node);
+            producer.insert(id, format!("node '{}'", node.name()));
+            outs.push(Some(id));
+        }
+        node_outs.push(outs);
+    }
+
+    let node_ref_of = |node: &proto::NodeProto| {
+        let domain = normalize_domain(node.domain());
+        let opset = model
+            .opset(domain)
+            .unwrap_or(if domain.is_empty() { 1 } else { 0 });
+        NodeRef {
+            name: node.name().into(),
+            op_type: node.op_type().into(),
+            domain: domain.into(),
+            opset,
+        }
+    };
+    let mut node_ins: Vec<Vec<Option<ValueId>>> = Vec::with_capacity(g.node.len());
+    for node in &g.node {
+        let mut ins = Vec::with_capacity(node.input.len());
+        for input in &node.input {
+            if input.is_empty() {
+                ins.push(None);
+                continue;
+            }
+            match v.resolve(input, outer) {
+                Some(id) => ins.push(Some(id)),
+                None => {
+                    return Err(GraphError::UndefinedValue {
+                        node: Box::new(node_ref_of(node)),
+                        value: input.clone(),
+                    });
+                }
+            }
+        }
+        node_ins.push(ins);
+    }
+
+    // The ops; a node's subgraphs may read any name defined here or further out.
+    let mut ops = Vec::with_capacity(g.node.len());
+    {
+        let scope = Scope {
+            names: &v.by_name,
+            parent: outer,
+        };
+        for node in &g.node {
+            let node_ref = node_ref_of(node);
+            let opset = node_ref.opset;
+            ops.push(registry.build(node, opset, model, g, &scope)?);
+        }
+    }
+
+    let mut nodes = Vec::with_capacity(g.node.len());
+    for ((node, mut op), (mut ins, outputs)) in g
+        .node
+        .iter()
+        .zip(ops)
+        .zip(node_ins.into_iter().zip(node_outs))
+    {
+        let node_ref = node_ref_of(node);
+        // What the node's subgraphs capture becomes its inputs after the declared ones.
+        for sub in op.subgraphs_mut() {
+            sub.inputs.clear();
+            for &c in &sub.graph.captures {
+                let name = &sub.graph.values[c.0].name;
+                let Some(id) = v.resolve(name, outer) else {
+                    return Err(GraphError::UndefinedValue {
+                        node: Box::new(node_ref.clone()),
+                        value: name.clone(),
+                    });
+                };
+                let at = match ins
+                    .iter()
+                    .skip(node.input.len())
+                    .position(|i| *i == Some(id))
+                {
+                    Some(k) => node.input.len() + k,
+                    None => {
+                        ins.push(Some(id));
+                        ins.len() - 1
+                    }
+                };
+                sub.inputs.push(at);
+            }
+        }
+        nodes.push(Node {
+            name: node_ref.name,
+            op_type: node_ref.op_type,
+            domain: node_ref.domain,
+            opset: node_ref.opset,
+            op,
+            inputs: ins,
+            outputs,
+        });
+    }
+
+    let mut outputs = Vec::new();
+    for output in &g.output {
+        let Some(id) = v.resolve(output.name(), outer) else {
+            return Err(GraphError::UndefinedOutput(output.name().into()));
+        };
+        let (dtype, dims) = declared(output);
+        let value = &mut v.values[id.0];
+        value.dtype = value.dtype.or(dtype);
+        if value.dims.is_none() {
+            value.dims = dims;
+        }
+        outputs.push(id);
+    }
+    for info in &g.value_info {
+        if let Some(&id) = v.by_name.get(info.name()) {
+            let (dtype, dims) = declared(info);
+            let value = &mut v.values[id.0];
+            value.dtype = value.dtype.or(dtype);
+            if value.dims.is_none() {
+                value.dims = dims;
+            }
+        }
+    }
+
+    let nodes = topo_sort(nodes, v.values.len())?;
+    Ok(Graph {
+        values: v.values,
+        inputs,
+        outputs,
+        initializers,
+        nodes,
+        captures: v.captures,
+    })
 }
 
 /// Kahn's algorithm, stable with respect to the file order.

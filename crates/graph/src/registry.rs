@@ -6,10 +6,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use oxgen_onnx::proto::{AttributeProto, NodeProto, attribute_proto::AttributeType};
+use oxgen_onnx::proto::{AttributeProto, GraphProto, NodeProto, attribute_proto::AttributeType};
 use oxgen_tensor::Tensor;
 
-use crate::{GraphError, NodeRef, Op};
+use crate::ir::Scope;
+use crate::{Graph, GraphError, NodeRef, Op};
 
 /// Builds a typed op from a node.
 pub type Builder = fn(&mut NodeCtx) -> Result<Op, GraphError>;
@@ -86,18 +87,27 @@ impl Registry {
 
     /// The op types of `graph` that nothing is registered for, as `domain::op_type`
     /// (`ai.onnx` for the default domain), sorted, each once.
-    pub fn unknown_ops(&self, graph: &oxgen_onnx::proto::GraphProto) -> Vec<String> {
-        let missing: BTreeSet<String> = (graph.node.iter())
-            .filter(|n| !self.knows(n.domain(), n.op_type()))
-            .map(|n| {
-                let domain = if n.domain().is_empty() {
-                    "ai.onnx"
-                } else {
-                    n.domain()
-                };
-                format!("{domain}::{}", n.op_type())
-            })
-            .collect();
+    /// Subgraphs (branches, loop bodies) count too.
+    pub fn unknown_ops(&self, graph: &GraphProto) -> Vec<String> {
+        fn walk(registry: &Registry, graph: &GraphProto, missing: &mut BTreeSet<String>) {
+            for n in &graph.node {
+                if !registry.knows(n.domain(), n.op_type()) {
+                    let domain = if n.domain().is_empty() {
+                        "ai.onnx"
+                    } else {
+                        n.domain()
+                    };
+                    missing.insert(format!("{domain}::{}", n.op_type()));
+                }
+                for a in &n.attribute {
+                    for g in a.g.iter().chain(&a.graphs) {
+                        walk(registry, g, missing);
+                    }
+                }
+            }
+        }
+        let mut missing = BTreeSet::new();
+        walk(self, graph, &mut missing);
         missing.into_iter().collect()
     }
 
@@ -106,12 +116,15 @@ impl Registry {
         self.specs.keys().copied().collect()
     }
 
-    /// Builds the typed op for `node` at `opset` (the model's opset for the node's domain).
-    pub fn build(
+    /// Builds the typed op for `node` of `graph` at `opset` (the model's opset for the node's
+    /// domain); its subgraphs may read the names `scope` defines.
+    pub(crate) fn build(
         &self,
         node: &NodeProto,
         opset: i64,
         model: &oxgen_onnx::Model,
+        graph: &GraphProto,
+        scope: &Scope,
     ) -> Result<Op, GraphError> {
         let domain = normalize_domain(node.domain());
         let node_ref = NodeRef {
@@ -146,6 +159,9 @@ impl Registry {
             node,
             node_ref,
             model,
+            graph,
+            registry: self,
+            scope,
             used: BTreeSet::new(),
         };
         let op = (spec.build)(&mut ctx)?;
@@ -159,6 +175,10 @@ pub struct NodeCtx<'a> {
     node: &'a NodeProto,
     node_ref: NodeRef,
     model: &'a oxgen_onnx::Model,
+    /// The graph the node is in.
+    graph: &'a GraphProto,
+    registry: &'a Registry,
+    scope: &'a Scope<'a>,
     used: BTreeSet<String>,
 }
 
@@ -245,6 +265,11 @@ impl<'a> NodeCtx<'a> {
         self.node.output.len()
     }
 
+    /// Number of inputs named (including empty names for absent optional ones).
+    pub fn input_count(&self) -> usize {
+        self.node.input.len()
+    }
+
     /// Whether input `index` is present (named and non-empty).
     pub fn has_input(&self, index: usize) -> bool {
         self.node.input.get(index).is_some_and(|n| !n.is_empty())
@@ -254,8 +279,7 @@ impl<'a> NodeCtx<'a> {
     /// validate axes at load; `None` when it is computed or absent.
     pub fn input_rank(&self, index: usize) -> Option<usize> {
         let name = self.node.input.get(index).filter(|n| !n.is_empty())?;
-        self.model
-            .graph()
+        self.graph
             .initializer
             .iter()
             .find(|t| t.name() == name)
@@ -355,6 +379,18 @@ impl<'a> NodeCtx<'a> {
                 None => Err(self.attr_error(name, "has no tensor value")),
             },
         }
+    }
+
+    /// Graph attribute `name` (a branch or loop body) built into the IR; it may read any value
+    /// of the graphs around it, which become its [`Graph::captures`].
+    pub fn subgraph(&mut self, name: &str) -> Result<Graph, GraphError> {
+        let Some(a) = self.attr(name, AttributeType::Graph)? else {
+            return Err(self.attr_error(name, "is required"));
+        };
+        let Some(g) = &a.g else {
+            return Err(self.attr_error(name, "has no graph value"));
+        };
+        crate::ir::build(self.model, g, self.registry, Some(self.scope))
     }
 
     /// Marks `name` as understood without reading it (attributes that only document intent).

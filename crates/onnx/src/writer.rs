@@ -138,6 +138,15 @@ impl ModelBuilder {
         self
     }
 
+    /// The builder's graph alone, data inline, as a subgraph (an `If` branch, a loop body):
+    /// its inputs, outputs, initializers and nodes; opsets and metadata stay the model's.
+    pub fn subgraph(&self, name: &str) -> GraphProto {
+        GraphProto {
+            name: Some(name.to_string()),
+            ..self.build().graph.expect("assemble always sets the graph")
+        }
+    }
+
     /// The model with all initializer data inline in `raw_data`.
     pub fn build(&self) -> ModelProto {
         self.assemble(|_| false)
@@ -433,6 +442,14 @@ pub mod attr {
         AttributeProto {
             strings,
             ..base(name, AttributeType::Strings)
+        }
+    }
+
+    /// A graph attribute (an `If` branch, a loop body).
+    pub fn graph(name: &str, value: GraphProto) -> AttributeProto {
+        AttributeProto {
+            g: Some(value),
+            ..base(name, AttributeType::Graph)
         }
     }
 

@@ -7,6 +7,7 @@
 #[macro_use]
 mod dispatch;
 mod attention;
+mod control;
 mod elementwise;
 mod nn;
 pub(crate) mod quant;
@@ -36,6 +37,8 @@ pub struct OpCtx<'a> {
     pub paged: Option<crate::kv::PagedLayer<'a>>,
     /// Bit `k`: output `k` is read after this node (see [`OpCtx::wants`]).
     pub wanted: u64,
+    /// For `If`, `Loop` and `Scan`: a session per branch or body (none while folding).
+    pub subgraphs: &'a mut [crate::NativeSession],
 }
 
 impl OpCtx<'_> {
@@ -103,6 +106,7 @@ pub fn run(
         Op::GroupQueryAttention(_) | Op::Rotary(_) => {
             attention::run(op, inputs, donated, n_outputs, ctx)
         }
+        Op::If(_) | Op::Loop(_) | Op::Scan(_) => control::run(op, inputs, n_outputs, ctx),
     }
 }
 

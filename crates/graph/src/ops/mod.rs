@@ -5,6 +5,7 @@
 //! the executor at run time; what is fixed per node lives here.
 
 mod attention;
+mod control;
 mod elementwise;
 mod nn;
 mod quant;
@@ -12,6 +13,7 @@ mod reduce;
 mod shape;
 
 pub use attention::{GroupQueryAttention, Rotary, RotaryKind};
+pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 pub use nn::{Gemm, Norm, NormKind, SkipNorm};
 pub use quant::{GatherBlockQuantized, MatMulNBits};
@@ -92,6 +94,9 @@ pub enum Op {
     GroupQueryAttention(GroupQueryAttention),
     /// com.microsoft::RotaryEmbedding and ONNX (opset 23) RotaryEmbedding.
     Rotary(Rotary),
+    If(Box<If>),
+    Loop(Box<Loop>),
+    Scan(Box<Scan>),
 }
 
 impl Op {
@@ -122,5 +127,6 @@ pub fn specs() -> Vec<OpSpec> {
     specs.extend(nn::specs());
     specs.extend(quant::specs());
     specs.extend(attention::specs());
+    specs.extend(control::specs());
     specs
 }

@@ -36,7 +36,7 @@ pub(crate) fn only_input(graph: &Graph, index: &Index, values: &[ValueId]) -> Op
             continue;
         }
         match graph.values[v.0].kind {
-            ValueKind::Input => {
+            ValueKind::Input | ValueKind::Captured => {
                 if found.replace(v).is_some_and(|f| f != v) {
                     return None;
                 }

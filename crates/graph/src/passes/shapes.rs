@@ -162,7 +162,7 @@ impl Facts {
                             .collect()
                     });
                 }
-                ValueKind::Node => {}
+                ValueKind::Node | ValueKind::Captured => {}
             }
         }
         for node in &graph.nodes {
