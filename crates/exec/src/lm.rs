@@ -137,6 +137,44 @@ fn kv_is_shared_buffer(graph: &Graph, contract: &LmContract) -> bool {
         })
 }
 
+/// A control-flow node that decides from the step's inputs (an `If` on the mask's length, a
+/// loop counted by a sequence length). A batched step feeds one mask and one set of ids for
+/// every sequence, so such a decision would be one for all of them.
+fn batch_wide_decision(graph: &Graph) -> Option<&oxgen_graph::Node> {
+    let mut from_inputs = vec![false; graph.values.len()];
+    for v in &graph.inputs {
+        from_inputs[v.0] = true;
+    }
+    for node in &graph.nodes {
+        let deciding: &[usize] = match node.op {
+            Op::If(_) => &[0],
+            Op::Loop(_) => &[0, 1],
+            Op::Scan(_) => &[0],
+            _ => &[],
+        };
+        let reads = |k: usize| {
+            node.inputs
+                .get(k)
+                .copied()
+                .flatten()
+                .is_some_and(|v| from_inputs[v.0])
+        };
+        let decides = match node.op {
+            Op::Scan(_) => (0..node.inputs.len()).any(reads),
+            _ => deciding.iter().any(|&k| reads(k)),
+        };
+        if decides {
+            return Some(node);
+        }
+        if node.inputs.iter().flatten().any(|v| from_inputs[v.0]) {
+            for out in node.outputs.iter().flatten() {
+                from_inputs[out.0] = true;
+            }
+        }
+    }
+    None
+}
+
 fn logits_rows(
     t: &Tensor,
     rows: std::ops::Range<usize>,
@@ -203,6 +241,14 @@ impl NativeLm {
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         let logits_node = session.row_wise_producer(io.logits);
         let layer_of_node = attention_layers(session.graph(), &contract).filter(|_| shared_kv);
+        if let (Some(_), Some(node)) = (&layer_of_node, batch_wide_decision(session.graph())) {
+            return Err(RuntimeError::Contract(format!(
+                "{} decides from the step's inputs, which a batched step shares between \
+                 sequences; the native backend rewrites only LongRoPE's cache choice (with graph \
+                 optimizations on); use --backend ort for this graph",
+                node.node_ref()
+            )));
+        }
         let paged = match layer_of_node {
             Some(layer_of_node) => Some(Paged::new(&contract, layer_of_node, options)?),
             None => match options.kv_dtype {

@@ -31,6 +31,19 @@ pub struct Rope<'a, T> {
     pub sin: &'a [T],
     pub half: usize,
     pub interleaved: bool,
+    /// LongRoPE's second pair of caches, chosen per sequence (see [`Rope::for_len`]).
+    pub long: Option<LongCaches<'a, T>>,
+}
+
+/// LongRoPE (Phi-3.5, Phi-4-mini): caches made with the long factors, for a sequence that
+/// holds more than `after` positions once the step is done (`original_max_position_embeddings`).
+/// The choice is per sequence, from its own length, as onnxruntime-genai makes it for a
+/// sequence run alone; positions index either pair from 0.
+#[derive(Debug, Clone, Copy)]
+pub struct LongCaches<'a, T> {
+    pub after: usize,
+    pub cos: &'a [T],
+    pub sin: &'a [T],
 }
 
 impl<'a, T> Rope<'a, T> {
@@ -53,7 +66,40 @@ impl<'a, T> Rope<'a, T> {
             sin,
             half,
             interleaved,
+            long: None,
         })
+    }
+
+    /// Adds LongRoPE's long caches (same row width), used by sequences longer than `after`.
+    pub fn with_long(
+        mut self,
+        after: usize,
+        cos: &'a [T],
+        sin: &'a [T],
+    ) -> Result<Self, KernelError> {
+        let long = Rope::new(cos, sin, self.half, self.interleaved)?;
+        self.long = Some(LongCaches {
+            after,
+            cos: long.cos,
+            sin: long.sin,
+        });
+        Ok(self)
+    }
+
+    /// The caches a sequence that holds `len` positions after this step rotates with: the
+    /// long ones past their threshold, else these.
+    pub fn for_len(&self, len: usize) -> Rope<'a, T> {
+        let (cos, sin) = match &self.long {
+            Some(l) if len > l.after => (l.cos, l.sin),
+            _ => (self.cos, self.sin),
+        };
+        Rope {
+            cos,
+            sin,
+            half: self.half,
+            interleaved: self.interleaved,
+            long: None,
+        }
     }
 
     /// Rows (positions) the caches hold.

@@ -21,7 +21,7 @@
 
 use half::{bf16, f16};
 use oxgen_graph::Op;
-use oxgen_graph::ops::{GroupQueryAttention, Rotary, RotaryKind};
+use oxgen_graph::ops::{GroupQueryAttention, LONG_ROPE_INPUTS, Rotary, RotaryKind};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::attention::kv::CacheElem;
 use oxgen_kernels::attention::paged as kp;
@@ -137,32 +137,61 @@ fn head_size_of(g: &GroupQueryAttention, q_width: usize, packed: bool) -> Result
     Ok(head_size)
 }
 
-/// With do_rotary: the cos/sin caches' `(rows, rotary_dim / 2)`, checked against the query.
+/// The cos/sin inputs: 7 and 8, or LongRoPE's long pair.
+fn rope_inputs(long: bool) -> [usize; 2] {
+    if long { LONG_ROPE_INPUTS } else { [7, 8] }
+}
+
+/// With do_rotary: the cos/sin caches' `(rows, rotary_dim / 2)` (and, with LongRoPE, the
+/// long caches' rows), checked against the query.
 fn rope_dims(
     g: &GroupQueryAttention,
     inputs: &[Option<&Tensor>],
     q: &Tensor,
     head_size: usize,
-) -> Result<Option<(usize, usize)>, OpError> {
+) -> Result<Option<RopeDims>, OpError> {
     if !g.do_rotary {
         return Ok(None);
     }
-    let (cos, sin) = (input(inputs, 7)?, input(inputs, 8)?);
-    let &[rows, half] = cos.dims() else {
-        return Err(OpError::shape(format!(
-            "cos_cache must be 2-D (positions, rotary_dim / 2), got {}",
-            cos.shape()
-        )));
-    };
-    same_dtype(q, cos, "cos_cache")?;
-    same_dtype(q, sin, "sin_cache")?;
-    expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
-    if half == 0 || 2 * half > head_size {
-        return Err(OpError::shape(format!(
-            "cos_cache has {half} columns: rotary_dim = 2 * {half} must lie in 1..=head_size ({head_size})"
-        )));
+    let mut rows = [0; 2];
+    let mut half = 0;
+    for long in [false, true] {
+        if long && g.long_rope_after.is_none() {
+            break;
+        }
+        let [c, s] = rope_inputs(long);
+        let (cos, sin) = (input(inputs, c)?, input(inputs, s)?);
+        let &[n, h] = cos.dims() else {
+            return Err(OpError::shape(format!(
+                "cos_cache must be 2-D (positions, rotary_dim / 2), got {}",
+                cos.shape()
+            )));
+        };
+        same_dtype(q, cos, "cos_cache")?;
+        same_dtype(q, sin, "sin_cache")?;
+        expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
+        if h == 0 || 2 * h > head_size || long && h != half {
+            return Err(OpError::shape(format!(
+                "cos_cache has {h} columns: rotary_dim = 2 * {h} must lie in 1..=head_size ({head_size}) and be the same for both LongRoPE caches"
+            )));
+        }
+        rows[long as usize] = n;
+        half = h;
     }
-    Ok(Some((rows, half)))
+    Ok(Some(RopeDims { rows, half }))
+}
+
+/// The rotary caches' sizes: rows of the cos/sin pair and of LongRoPE's long pair.
+struct RopeDims {
+    rows: [usize; 2],
+    half: usize,
+}
+
+impl RopeDims {
+    /// Rows of the caches a sequence holding `len` positions after the step rotates with.
+    fn rows_for(&self, g: &GroupQueryAttention, len: usize) -> usize {
+        self.rows[g.long_rope_after.is_some_and(|after| len > after) as usize]
+    }
 }
 
 /// The rotary tables when rotating (`half` = rotary_dim / 2, from the checks).
@@ -178,9 +207,16 @@ fn rope_tables<'a, T: Element>(
         input(inputs, 7)?.as_slice::<T>()?,
         input(inputs, 8)?.as_slice::<T>()?,
     );
-    Ok(Some(
-        Rope::new(cos, sin, half, g.rotary_interleaved).map_err(OpError::from)?,
-    ))
+    let mut rope = Rope::new(cos, sin, half, g.rotary_interleaved).map_err(OpError::from)?;
+    if let Some(after) = g.long_rope_after {
+        let [c, s] = LONG_ROPE_INPUTS;
+        let (cos, sin) = (
+            input(inputs, c)?.as_slice::<T>()?,
+            input(inputs, s)?.as_slice::<T>()?,
+        );
+        rope = rope.with_long(after, cos, sin).map_err(OpError::from)?;
+    }
+    Ok(Some(rope))
 }
 
 /// The new keys (`i` = 1) or values (`i` = 2) as rows: their own input, or their slice of
@@ -365,15 +401,17 @@ fn plan(
         )));
     }
     let rope_half = match rope_dims(g, inputs, q, head_size)? {
-        Some((rows, half)) => {
+        Some(dims) => {
             // Checked before any cache is touched: a shared buffer is updated in place.
-            if let Some(b) = start.iter().position(|&p| p.saturating_add(seq) > rows) {
+            let end = |b: usize| start[b].saturating_add(seq);
+            if let Some(b) = (0..batch).find(|&b| end(b) > dims.rows_for(g, end(b))) {
                 return Err(OpError::value(format!(
-                    "batch entry {b} needs rotary positions up to {}, but cos_cache has {rows} rows",
-                    start[b] + seq - 1
+                    "batch entry {b} needs rotary positions up to {}, but cos_cache has {} rows",
+                    end(b) - 1,
+                    dims.rows_for(g, end(b))
                 )));
             }
-            Some(half)
+            Some(dims.half)
         }
         None => None,
     };
@@ -546,7 +584,7 @@ fn gqa_paged<T: Accum<Acc = f32> + Element + CacheElem>(
     }
     let dtype = x.dtype();
     let q = x.as_slice::<T>()?;
-    let half = rope_dims(g, inputs, x, hs)?.map(|(_, half)| half);
+    let half = rope_dims(g, inputs, x, hs)?.map(|d| d.half);
     let rope = rope_tables::<T>(g, inputs, half)?;
     let new_kv = |i: usize| new_rows(inputs, q, packed, q_width, heads, kv_heads, hs, i);
     let (segments, tables) = (paged.segments, paged.tables);

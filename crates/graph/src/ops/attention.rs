@@ -32,7 +32,15 @@ pub struct GroupQueryAttention {
     pub local_window_size: Option<usize>,
     pub do_rotary: bool,
     pub rotary_interleaved: bool,
+    /// LongRoPE, set by [`crate::passes::longrope`] (no ONNX attribute): a sequence that holds
+    /// more than this many positions after a step rotates with the long cos/sin caches at
+    /// inputs [`LONG_ROPE_INPUTS`] instead of inputs 7 and 8.
+    pub long_rope_after: Option<usize>,
 }
+
+/// Where a LongRoPE `GroupQueryAttention` takes its long cos and sin caches (past every
+/// input onnxruntime defines).
+pub const LONG_ROPE_INPUTS: [usize; 2] = [17, 18];
 
 /// Which RotaryEmbedding: the input orders and cache shapes differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +213,7 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         local_window_size,
         do_rotary,
         rotary_interleaved,
+        long_rope_after: None,
     }))
 }
 

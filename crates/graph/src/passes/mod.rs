@@ -18,6 +18,8 @@
 //!    `com.microsoft::GroupQueryAttention`, which appends KV in place (needs the language-model
 //!    contract).
 //!
+//!    [`longrope`]: LongRoPE's `If` between short and long rotary caches → both caches on
+//!    each `GroupQueryAttention`, chosen per sequence (also needs the contract).
 //! 5. [`group`]: `MatMulNBits` nodes reading the same input → one
 //!    `oxgen::MatMulNBitsGroup` (one activation quantization and one parallel region for a
 //!    layer's Q, K and V, or gate and up).
@@ -41,6 +43,7 @@ mod edit;
 pub mod fold;
 pub mod group;
 pub mod layers;
+pub mod longrope;
 pub mod norm;
 pub mod rotary;
 pub mod shapes;
@@ -109,6 +112,8 @@ pub struct Report {
     pub rms_norms: usize,
     pub skip_norms: usize,
     pub rotaries: usize,
+    /// LongRoPE `If`s turned into a per-sequence choice ([`longrope`]).
+    pub long_ropes: usize,
     pub attentions: usize,
     /// `MatMulNBitsGroup` nodes made.
     pub matmul_groups: usize,
@@ -142,6 +147,9 @@ pub fn optimize(
         }
         if let Some(lm) = lm {
             report.attentions = attention::run(graph, eval, lm, &mut report.skipped);
+            if let Some((mask, _)) = &lm.attention_mask {
+                report.long_ropes = longrope::run(graph, mask, &mut report.skipped);
+            }
         }
         report.folded += fold::run(graph, eval);
         report.matmul_groups = group::group_matmul_nbits(graph);

@@ -84,11 +84,12 @@ pub fn append_kv<T: Accum<Acc = f32>>(
     check_len("KV cache", cache.len(), shape.cache_len())?;
     check_starts(start, shape, "cache starts")?;
     for b in 0..batch {
+        let rope = rope.map(|r| r.for_len(start[b] + seq));
         for s in 0..seq {
             for h in 0..kv_heads {
                 let x = src.head(b * seq + s, h, hs);
                 let dst = &mut cache[((b * kv_heads + h) * capacity + start[b] + s) * hs..][..hs];
-                match rope {
+                match &rope {
                     Some(r) => {
                         rotate_one(x, Positions::Start(start).row(b, s, seq, r.rows())?, r, dst)?
                     }
@@ -121,6 +122,7 @@ pub fn rotate_query<T: Accum<Acc = f32>>(
     check_len("rotated query", out.len(), batch * seq * heads * hs)?;
     check_len("query starts", start.len(), batch)?;
     for b in 0..batch {
+        let rope = rope.for_len(start[b] + seq);
         for s in 0..seq {
             let row = Positions::Start(start).row(b, s, seq, rope.rows())?;
             for h in 0..heads {
@@ -128,7 +130,7 @@ pub fn rotate_query<T: Accum<Acc = f32>>(
                 rotate_one(
                     q.head(t, h, hs),
                     row,
-                    rope,
+                    &rope,
                     &mut out[(t * heads + h) * hs..][..hs],
                 )?;
             }

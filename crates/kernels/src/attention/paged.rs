@@ -95,6 +95,13 @@ pub struct Segment {
     pub table: Range<usize>,
 }
 
+impl Segment {
+    /// Positions its sequence holds once the step is done.
+    pub fn end(&self) -> usize {
+        self.start + self.rows.len()
+    }
+}
+
 /// Segments of at most this many rows (decode rows, speculative verification) prefetch the
 /// blocks they read; longer ones (prefill chunks) leave it to the cache.
 const PREFETCH_ROWS: usize = 8;
@@ -203,10 +210,11 @@ unsafe fn append_rows<T: Accum<Acc = f32>, C: CacheElem>(
     for t in tokens {
         let (p, s) = token_at(segments, t);
         let table = &tables[s.table.clone()];
+        let rope = rope.map(|r| r.for_len(s.end()));
         for h in 0..layout.kv_heads {
             let at = base + layout.head_start(table[p / bs], h) + p % bs * hs;
             let mut x = src.head(t, h, hs);
-            if let Some(r) = rope {
+            if let Some(r) = &rope {
                 rotate_one(x, p, r, rotated).expect("rope checked by check_rope");
                 x = rotated;
             }
@@ -259,12 +267,13 @@ unsafe fn rotate_rows<T: Accum<Acc = f32>>(
     out: &Shared<T>,
 ) {
     for t in tokens {
-        let p = token_at(segments, t).0;
+        let (p, s) = token_at(segments, t);
+        let rope = rope.for_len(s.end());
         for h in 0..heads {
             let at = (t * heads + h) * hs;
             // SAFETY: the caller's contract.
             let dst = unsafe { out.range(at..at + hs) };
-            rotate_one(q.head(t, h, hs), p, rope, dst).expect("rope checked by check_rope");
+            rotate_one(q.head(t, h, hs), p, &rope, dst).expect("rope checked by check_rope");
         }
     }
 }
@@ -277,11 +286,7 @@ fn keys_seen(s: &Segment, r: usize, score: &ScoreMod) -> std::ops::Range<usize> 
 
 /// The most positions any row of `segments` may see.
 fn max_positions(segments: &[Segment]) -> usize {
-    segments
-        .iter()
-        .map(|s| s.start + s.rows.len())
-        .max()
-        .unwrap_or(0)
+    segments.iter().map(Segment::end).max().unwrap_or(0)
 }
 
 /// Cuts the `tokens * heads` (row, head) pairs, in output order, into at most `parts`

@@ -5,7 +5,7 @@
 
 use smallvec::SmallVec;
 
-use super::{MAX_HEAD_SIZE, PagedLayout, Segment, max_positions};
+use super::{MAX_HEAD_SIZE, PagedLayout, Segment};
 use crate::error::KernelError;
 use crate::rotary::Rope;
 
@@ -98,13 +98,14 @@ pub(super) fn check_rope<T>(
             2 * rope.half
         )));
     }
-    match max_positions(segments) {
-        end if end > rope.rows() => Err(KernelError::Shape(format!(
+    // Each sequence's last position against the caches it rotates with.
+    match (segments.iter()).find(|s| s.end() > rope.for_len(s.end()).rows()) {
+        Some(s) => Err(KernelError::Shape(format!(
             "position {} is out of range for cos/sin caches of {} rows",
-            end - 1,
-            rope.rows()
+            s.end() - 1,
+            rope.for_len(s.end()).rows()
         ))),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 

@@ -1,0 +1,175 @@
+//! Model families as onnxruntime-genai's builder exports them: each tiny random-weight package
+//! under `crates/testkit/thirdparty/families/` (made by `make_families.py`, which recorded
+//! onnxruntime-genai's own greedy ids in `families.json`) must give those ids on the native
+//! backend, alone and batched beside another sequence, and on the ort backend.
+//!
+//! fp32 packages must match exactly. int4 ones (the builder's `accuracy_level` 4: activations
+//! quantized to int8, where oxgen's and onnxruntime's rounding of a near tie may differ) match
+//! exactly or, from the first id that differs, agree on at least 95% of the next ids when both
+//! are fed onnxruntime-genai's ids one step at a time (teacher-forced top-1).
+//!
+//! Phi-3.5 / Phi-4-mini (LongRoPE): the prompt starts below `original_max_position_embeddings`
+//! and decoding crosses it, so the switch from the short to the long rotary caches is checked,
+//! alone and in a batch where the other sequence stays short (per-sequence choice).
+
+use std::path::PathBuf;
+
+use oxgen::{Backend, GenerateOptions, Model, ModelOptions, Prompt, Sequence};
+
+fn families_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/families")
+}
+
+struct Case {
+    package: String,
+    prompt: Vec<u32>,
+    genai: Vec<u32>,
+}
+
+fn cases() -> Vec<Case> {
+    let text = std::fs::read_to_string(families_dir().join("families.json")).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut cases = Vec::new();
+    for family in manifest.as_object().unwrap().values() {
+        for (package, p) in family["packages"].as_object().unwrap() {
+            cases.push(Case {
+                package: package.clone(),
+                prompt: ids(&family["prompt"]),
+                genai: ids(&p["genai"]),
+            });
+        }
+    }
+    assert!(!cases.is_empty());
+    cases
+}
+
+fn open(case: &Case, backend: Backend) -> Model {
+    let options = ModelOptions {
+        threads: 2,
+        backend,
+        ..ModelOptions::default()
+    };
+    Model::open(families_dir().join(&case.package), &options)
+        .unwrap_or_else(|e| panic!("{} on {backend:?}: {e}", case.package))
+}
+
+fn greedy(n: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens: n,
+        ignore_eos: true,
+        ..GenerateOptions::default()
+    }
+}
+
+/// Feeds the prompt, then onnxruntime-genai's ids one step each; returns how many of those
+/// ids are also native's top-1 at their step.
+fn teacher_forced_agreement(model: &mut Model, case: &Case) -> usize {
+    let mut scorer = model.scorer(case.prompt.len() + case.genai.len()).unwrap();
+    scorer.feed(&case.prompt).unwrap();
+    let mut last = case.prompt.len() - 1;
+    let mut agree = 0;
+    for &id in &case.genai {
+        let row = scorer.row(last);
+        let top = (0..row.len())
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+            .unwrap();
+        agree += usize::from(top == id as usize);
+        scorer.feed(&[id]).unwrap();
+        last = 0;
+    }
+    agree
+}
+
+/// Asserts `got` is onnxruntime-genai's ids (see the module doc for int4).
+fn check(model: &mut Model, case: &Case, got: &[u32], how: &str) {
+    if got == case.genai || !case.package.ends_with("int4") {
+        assert_eq!(got, case.genai, "{} {how}", case.package);
+        return;
+    }
+    let first = got
+        .iter()
+        .zip(&case.genai)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let agree = teacher_forced_agreement(model, case);
+    let n = case.genai.len();
+    println!(
+        "{} {how}: greedy ids agree up to {first} of {n}; teacher-forced top-1 {agree}/{n}",
+        case.package
+    );
+    assert!(
+        agree * 100 >= 95 * n,
+        "{} {how}: teacher-forced top-1 agreement {agree}/{n} is under 95%",
+        case.package
+    );
+}
+
+fn alone(model: &mut Model, case: &Case) -> Vec<u32> {
+    let options = greedy(case.genai.len());
+    (model.generate(&Prompt::Tokens(case.prompt.clone()), &options, |_| {}))
+        .unwrap_or_else(|e| panic!("{}: {e}", case.package))
+        .tokens
+}
+
+/// The case's sequence batched with a second one (a short prompt that never reaches the
+/// case's length), one `advance_batch` per step; returns the case's ids.
+fn batched(model: &mut Model, case: &Case) -> Vec<u32> {
+    let options = greedy(case.genai.len());
+    let other_options = greedy(case.genai.len() / 2);
+    let mut seqs: Vec<Sequence> = vec![
+        model.start(&case.prompt, &options, None).unwrap(),
+        model
+            .start(&case.prompt[..3], &other_options, None)
+            .unwrap(),
+    ];
+    let mut ids = Vec::new();
+    let mut done = [false; 2];
+    while !done[0] {
+        let mut live: Vec<&mut Sequence> = (seqs.iter_mut())
+            .zip(done)
+            .filter(|(_, d)| !d)
+            .map(|(s, _)| s)
+            .collect();
+        let which: Vec<usize> = (0..2).filter(|&k| !done[k]).collect();
+        for (k, r) in which.into_iter().zip(model.advance_batch(&mut live, 16)) {
+            for token in r.unwrap() {
+                if k == 0 {
+                    ids.push(token.id);
+                }
+                done[k] |= token.finish.is_some();
+            }
+        }
+    }
+    for s in seqs {
+        model.end(s);
+    }
+    ids
+}
+
+#[test]
+fn every_family_gives_onnxruntime_genais_ids_on_native_alone_and_batched() {
+    for case in cases() {
+        let mut model = open(&case, Backend::Native);
+        assert_eq!(model.backend(), "native", "{}", case.package);
+        let ids = alone(&mut model, &case);
+        check(&mut model, &case, &ids, "alone");
+        // Batching never changes a sequence's ids, whatever they are.
+        assert_eq!(batched(&mut model, &case), ids, "{} batched", case.package);
+    }
+}
+
+#[test]
+fn every_family_gives_onnxruntime_genais_ids_on_the_ort_backend() {
+    for case in cases() {
+        let mut model = open(&case, Backend::Ort);
+        let ids = alone(&mut model, &case);
+        check(&mut model, &case, &ids, "on ort");
+    }
+}

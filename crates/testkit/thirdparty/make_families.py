@@ -1,0 +1,197 @@
+"""Builds one tiny onnxruntime-genai package per model family, with onnxruntime-genai's own
+greedy ids, for oxgen's family tests (see README.md next to this file).
+
+Each family is a random-weight checkpoint made with transformers (hidden 64, 2-4 layers, the
+fixture tokenizer's 291 ids, weights spread by initializer_range 0.2 so greedy decoding has no
+near-ties), saved in the Hugging Face format, and exported by onnxruntime-genai's model builder
+(`python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp32|int4 -e cpu`). Then
+onnxruntime-genai itself decodes a fixed prompt greedily; its ids go into `families.json`
+beside the packages, and oxgen's test (`crates/cli/tests/families.rs`) must reproduce them.
+
+Tool versions used to make the committed packages (Python 3.11.7, CPU only):
+
+  torch 2.15.0   transformers 5.24.0   onnxruntime-genai 0.18.0   onnxruntime 1.32.0
+  onnx_ir 1.1.0  onnxscript 0.7.2      safetensors 0.8.0
+
+Rerun (from the repository root; torch is several GB, so CI does not do this):
+
+  python3 -m venv /tmp/famvenv && /tmp/famvenv/bin/pip install torch==2.15.0 \\
+      transformers==5.24.0 onnxruntime-genai==0.18.0 onnxruntime==1.32.0 onnx_ir==1.1.0 \\
+      onnxscript==0.7.2 safetensors==0.8.0
+  /tmp/famvenv/bin/python crates/testkit/thirdparty/make_families.py [--only NAME,...]
+
+It rewrites families/<name>-<precision>/ and families/families.json; the checkpoints and the
+builder's raw output stay in the work folder (--work, default /tmp/oxgen-families).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "families")
+sys.path.insert(0, HERE)
+from make_packages import BOS, EOS, VOCAB_SIZE, keep_runtime_files, write_tokenizer  # noqa: E402
+
+# A prompt of N ids: BOS, then a fixed walk over byte and merge ids (no specials after BOS).
+def prompt(n):
+    return [BOS] + [3 + (17 * i + 5) % (VOCAB_SIZE - 3) for i in range(n - 1)]
+
+
+COMMON = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+    bos_token_id=BOS,
+    eos_token_id=EOS,
+    pad_token_id=EOS,
+    tie_word_embeddings=False,
+)
+
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def longrope(rotary_dim):
+    half = rotary_dim // 2
+    # Factors as Phi-3.5-mini's are shaped: near 1 for the short cache, growing for the long.
+    short = [1.0 + 0.05 * i for i in range(half)]
+    long = [1.0 + 0.9 * i for i in range(half)]
+    # `type` as well as `rope_type`: Phi-3.5's config.json spells it so, and the builder reads it.
+    return {"rope_type": "longrope", "type": "longrope", "rope_theta": 10000.0,
+            "short_factor": short, "long_factor": long}
+
+
+# name -> (transformers config class, model class, config kwargs, prompt length, new tokens,
+#          precisions). The prompt and the number of new tokens are chosen per family so the
+#          decode crosses what the family must get right (LongRoPE's switch, the window's edge).
+FAMILIES = {
+    # Phi-3.5-mini's layout: LongRoPE with original context 64 here, so a 40-id prompt starts on
+    # the short factors and decoding crosses to the long ones at total length 65.
+    "phi3-longrope": ("Phi3Config", "Phi3ForCausalLM", dict(
+        COMMON, original_max_position_embeddings=64, rope_parameters=longrope(16),
+        rms_norm_eps=1e-5, hidden_act="silu"), 40, 40, ("fp32", "int4")),
+    # Phi-4-mini's: LongRoPE on 3/4 of each head, tied embeddings. Heads of 64 here, since
+    # onnxruntime wants the rotary half-width (24) a multiple of 8.
+    "phi4-mini": ("Phi3Config", "Phi3ForCausalLM", dict(
+        COMMON, hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+        original_max_position_embeddings=64, tie_word_embeddings=True,
+        rope_parameters=dict(longrope(48), partial_rotary_factor=0.75),
+        rms_norm_eps=1e-5, hidden_act="silu"), 40, 40, ("fp32",)),
+}
+
+
+def make_hf(name, hf_dir, tok_dir):
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    config_cls, model_cls, kwargs, _, _, _ = FAMILIES[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**kwargs)
+    config.architectures = [model_cls]
+    model = getattr(transformers, model_cls)(config).eval().to(torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight") or "layernorm" in pname and pname.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model.generation_config = GenerationConfig(
+        bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS, do_sample=False, max_length=256
+    )
+    if os.path.exists(hf_dir):
+        shutil.rmtree(hf_dir)
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tok_dir, f), os.path.join(hf_dir, f))
+    return model
+
+
+def run(cmd):
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def export(hf_dir, work, name, precision):
+    raw = os.path.join(work, f"{name}-{precision}")
+    if os.path.exists(raw):
+        shutil.rmtree(raw)
+    cache = os.path.join(work, f"cache-{name}-{precision}")
+    run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf_dir, "-o", raw,
+         "-p", precision, "-e", "cpu", "-c", cache])
+    dest = os.path.join(OUT, f"{name}-{precision}")
+    keep_runtime_files(raw, dest)
+    return dest
+
+
+def greedy_genai(package, ids, new_tokens):
+    import onnxruntime_genai as og
+
+    model = og.Model(package)
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens, min_length=0)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    out = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        out.append(int(generator.get_next_tokens()[0]))
+    return out
+
+
+def greedy_transformers(model, ids, new_tokens):
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+        )
+    return out[0, len(ids):].tolist()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", default="/tmp/oxgen-families")
+    parser.add_argument("--only", help="comma-separated family names (default: all)")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(FAMILIES)
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(OUT, exist_ok=True)
+
+    import importlib.metadata as md
+
+    versions = {p: md.version(p) for p in ("torch", "transformers", "onnxruntime-genai", "onnxruntime", "onnx-ir")}
+    print(versions)
+    tok_dir = os.path.join(args.work, "tokenizer")
+    write_tokenizer(tok_dir)
+
+    manifest_path = os.path.join(OUT, "families.json")
+    manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
+    for name in names:
+        _, model_cls, _, n_prompt, new_tokens, precisions = FAMILIES[name]
+        hf_dir = os.path.join(args.work, "hf", name)
+        model = make_hf(name, hf_dir, tok_dir)
+        ids = prompt(n_prompt)
+        reference = greedy_transformers(model, ids, new_tokens)
+        entry = {"architecture": model_cls, "prompt": ids, "transformers": reference, "packages": {}}
+        for precision in precisions:
+            package = export(hf_dir, args.work, name, precision)
+            genai = greedy_genai(package, ids, new_tokens)
+            agree = sum(a == b for a, b in zip(genai, reference))
+            print(f"{name}-{precision}: onnxruntime-genai {genai}\n  transformers agrees on {agree}/{len(genai)}")
+            entry["packages"][f"{name}-{precision}"] = {"precision": precision, "genai": genai}
+        manifest[name] = entry
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
