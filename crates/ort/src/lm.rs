@@ -18,6 +18,9 @@ pub struct OrtLm {
     session: ort::session::Session,
     contract: LmContract,
     shared_kv: bool,
+    /// The smallest shared KV buffer onnxruntime takes: the largest window of a layer with a
+    /// window-sized cache (`sliding_window_cache = 1`), else 0.
+    min_capacity: usize,
     /// Per sequence and layer: key and value. Shared-buffer graphs: `[1, heads, ctx_size, size]`, written in place by the run; otherwise the last run's present (`len` positions).
     seqs: SeqTable<Vec<[DynTensor; 2]>>,
 }
@@ -50,6 +53,21 @@ fn shared_kv(graph: &oxgen_onnx::proto::GraphProto, contract: &LmContract) -> bo
     (contract.layers.iter()).all(|l| only_gqa(&l.past_key) && only_gqa(&l.past_value))
 }
 
+/// The largest `local_window_size` of a `GroupQueryAttention` with `sliding_window_cache = 1`
+/// (onnxruntime refuses a KV buffer smaller than that window), or 0.
+fn window_capacity(graph: &oxgen_onnx::proto::GraphProto) -> usize {
+    let attr = |n: &oxgen_onnx::proto::NodeProto, name: &str| {
+        (n.attribute.iter())
+            .find(|a| a.name() == name)
+            .map_or(0, |a| a.i())
+    };
+    (graph.node.iter())
+        .filter(|n| n.op_type() == "GroupQueryAttention" && attr(n, "sliding_window_cache") == 1)
+        .map(|n| usize::try_from(attr(n, "local_window_size")).unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+}
+
 impl OrtLm {
     /// Opens the graph at `model`. Past and present KV share one context-sized buffer when
     /// the graph's attention is `GroupQueryAttention` (which updates it in place).
@@ -63,6 +81,7 @@ impl OrtLm {
         let contract = LmContract::from_io(&inputs, &outputs, &options.kv_names)?;
         Ok(OrtLm {
             shared_kv: shared_kv(graph.graph(), &contract),
+            min_capacity: window_capacity(graph.graph()),
             session,
             contract,
             seqs: SeqTable::default(),
@@ -148,9 +167,14 @@ impl OrtLm {
         Ok(out)
     }
 
-    /// KV for a new (or restarted) sequence.
+    /// KV for a new (or restarted) sequence: a shared buffer of `ctx_size` positions, or of
+    /// a window when that is larger (the positions past `ctx_size` are never used).
     fn fresh_kv(&self, ctx_size: usize) -> Result<Vec<[DynTensor; 2]>, RuntimeError> {
-        let positions = if self.shared_kv { ctx_size } else { 0 };
+        let positions = if self.shared_kv {
+            ctx_size.max(self.min_capacity)
+        } else {
+            0
+        };
         (0..self.contract.layers.len())
             .map(|_| Ok([self.kv_tensor(positions)?, self.kv_tensor(positions)?]))
             .collect()

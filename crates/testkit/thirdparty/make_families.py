@@ -114,8 +114,11 @@ FAMILIES = {
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(
         COMMON, head_dim=16, rms_norm_eps=1e-5, hidden_act="silu", use_bias=False,
         rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+    # Gemma 2: windowed and global layers alternate (window 8: a 12-id prompt and 24 new ids
+    # cross it), softcaps, `(1 + w)` norms, GELU-tanh, an embedding scale of sqrt(hidden); a
+    # narrower initializer, since that scale and the softcaps saturate the logits at 0.2.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
-        COMMON, head_dim=16, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+        COMMON, initializer_range=0.05, head_dim=16, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
         query_pre_attn_scalar=16, sliding_window=8, final_logit_softcapping=30.0,
         attn_logit_softcapping=50.0, tie_word_embeddings=True,
         rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),

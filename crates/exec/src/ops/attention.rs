@@ -445,6 +445,12 @@ fn gqa<T: Accum<Acc = f32> + Element + CacheElem>(
     if let Some(paged) = ctx.paged.take() {
         return gqa_paged::<T>(g, inputs, donated, n_outputs, ctx, paged);
     }
+    if g.window_cache {
+        return Err(OpError::value(
+            "a window-sized KV cache (sliding_window_cache = 1) runs only as a language model on \
+             the paged KV cache, which keeps every position and reads the window",
+        ));
+    }
     let p = plan(g, inputs, donated)?;
     let GqaShape {
         batch,

@@ -8,10 +8,10 @@
 //! against onnxruntime 1.32's schema): inputs 0-8 (query or packed QKV, key, value,
 //! past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache); outputs
 //! output, present_key, present_value; attributes num_heads, kv_num_heads, scale, softcap,
-//! local_window_size, do_rotary, rotary_interleaved. Rejected at load, naming the node:
+//! local_window_size, do_rotary, rotary_interleaved, sliding_window_cache (paged only). Rejected at load, naming the node:
 //! inputs position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
 //! k_norm_weight, query_seqlens; the output_qk output; non-default values of causal (0),
-//! smooth_softmax (1), qk_output, sliding_window_cache, k_quant_type, v_quant_type and
+//! smooth_softmax (1), qk_output, k_quant_type, v_quant_type and
 //! kv_cache_bit_width. The epsilons of the Q/K norms are accepted and unused, since their
 //! weight inputs are rejected.
 
@@ -32,6 +32,10 @@ pub struct GroupQueryAttention {
     pub local_window_size: Option<usize>,
     pub do_rotary: bool,
     pub rotary_interleaved: bool,
+    /// `sliding_window_cache = 1` (Gemma 2/3, gpt-oss as the builder writes them for CPU): the
+    /// graph's past and present KV of this layer hold only the window. Natively the paged
+    /// cache keeps every position and reads the window, so this is accepted only there.
+    pub window_cache: bool,
     /// LongRoPE, set by [`crate::passes::longrope`] (no ONNX attribute): a sequence that holds
     /// more than this many positions after a step rotates with the long cos/sin caches at
     /// inputs [`LONG_ROPE_INPUTS`] instead of inputs 7 and 8.
@@ -181,12 +185,13 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         &[0],
         "the output_qk output is not implemented",
     )?;
-    only_default(
-        ctx,
-        "sliding_window_cache",
-        &[0],
-        "window-sized KV caches are not implemented",
-    )?;
+    let window_cache = ctx.bool("sliding_window_cache", false)?;
+    if window_cache && local_window_size.is_none() {
+        return Err(ctx.attr_error(
+            "sliding_window_cache",
+            "is 1 but local_window_size is -1: a window-sized cache needs a window",
+        ));
+    }
     only_default(
         ctx,
         "kv_cache_bit_width",
@@ -213,6 +218,7 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         local_window_size,
         do_rotary,
         rotary_interleaved,
+        window_cache,
         long_rope_after: None,
     }))
 }

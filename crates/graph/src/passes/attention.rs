@@ -700,6 +700,7 @@ fn rewrite(graph: &mut Graph, mask: ValueId, blocks: &[Candidate]) -> usize {
             local_window_size: None,
             do_rotary: c.rotary.is_some(),
             rotary_interleaved: false,
+            window_cache: false,
             long_rope_after: None,
         });
         let gqa = edit::new_node(
