@@ -122,11 +122,33 @@ FAMILIES = {
         query_pre_attn_scalar=16, sliding_window=8, final_logit_softcapping=30.0,
         attn_logit_softcapping=50.0, tie_word_embeddings=True,
         rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+    # Gemma 3 (text): as Gemma 2 plus q/k norms and a separate rotary base for windowed layers.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-        COMMON, head_dim=16, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+        COMMON, initializer_range=0.05, head_dim=16, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
         query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
         layer_types=["sliding_attention", "full_attention"]), 12, 24, ("fp32",)),
 }
+
+
+
+# The builder 0.18.0 reads Gemma 3's rotary settings as transformers 4 spelled them (a flat
+# `rope_parameters` for the global layers, `rope_local_base_freq` for the windowed ones), while
+# transformers 5 nests both under the layer types: the builder runs with its config loader
+# giving the older spelling too (same values).
+BUILDER_SHIM = """
+import runpy, sys, transformers
+load = transformers.AutoConfig.from_pretrained
+def from_pretrained(*args, **kwargs):
+    config = load(*args, **kwargs)
+    rope = getattr(config, "rope_parameters", None) or {}
+    if "full_attention" in rope and "sliding_attention" in rope:
+        config.rope_local_base_freq = rope["sliding_attention"]["rope_theta"]
+        config.rope_parameters = dict(rope["full_attention"])
+    return config
+transformers.AutoConfig.from_pretrained = from_pretrained
+sys.argv = ["onnxruntime_genai.models.builder"] + sys.argv[1:]
+runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+"""
 
 
 def make_hf(name, hf_dir, tok_dir):
@@ -164,7 +186,7 @@ def export(hf_dir, work, name, precision):
     if os.path.exists(raw):
         shutil.rmtree(raw)
     cache = os.path.join(work, f"cache-{name}-{precision}")
-    run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf_dir, "-o", raw,
+    run([sys.executable, "-c", BUILDER_SHIM, "-i", hf_dir, "-o", raw,
          "-p", precision, "-e", "cpu", "-c", cache])
     dest = os.path.join(OUT, f"{name}-{precision}")
     keep_runtime_files(raw, dest)
