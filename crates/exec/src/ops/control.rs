@@ -85,7 +85,7 @@ fn run_if(op: &If, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Output
 
 /// Element size in bytes, refusing sub-byte dtypes.
 fn elem_bytes(dtype: DType) -> Result<usize, OpError> {
-    if dtype.bits() % 8 != 0 {
+    if !dtype.bits().is_multiple_of(8) {
         return Err(OpError::DType {
             dtype,
             detail: ": control flow slices and stacks whole bytes".into(),
