@@ -83,5 +83,24 @@ pub fn import(gguf: &Path, out: &Path, accuracy_level: u8, overwrite: bool) -> a
         imported.bytes as f64 / 1e6,
         start.elapsed().as_secs_f64()
     );
+    if let Some((name, worst)) =
+        (imported.requantized.iter()).max_by(|a, b| relative(&a.1).total_cmp(&relative(&b.1)))
+    {
+        eprintln!(
+            "requantized {} Q5_K/Q6_K weights to int8 blocks of 32 for MatMulNBits: the largest \
+             change is {:.3}% of its tensor's largest weight ({name})",
+            imported.requantized.len(),
+            100.0 * relative(worst)
+        );
+    }
     Ok(())
+}
+
+/// A requantization's largest change relative to the tensor's largest weight.
+fn relative(r: &oxgen_import::Requantized) -> f32 {
+    if r.max_abs > 0.0 {
+        r.max_abs_error / r.max_abs
+    } else {
+        0.0
+    }
 }

@@ -1,7 +1,8 @@
 //! ggml block formats and their dequantization to f32.
 //!
 //! Each quantized block is a `#[repr(C)]` struct with the exact size and field order of its
-//! ggml definition in `ggml/src/ggml-common.h` (`block_q4_0`, `block_q4_1`, `block_q8_0`);
+//! ggml definition in `ggml/src/ggml-common.h` (`block_q4_0`, `block_q4_1`, `block_q8_0`, and
+//! the K-quants' super-blocks of 256 `block_q4_K`, `block_q5_K`, `block_q6_K`);
 //! dequantization follows `dequantize_row_*` in `ggml/src/ggml-quants.c` and gguf-py's
 //! `gguf/quants.py`, operation for operation, so results are bit-identical to both (tests
 //! compare with gguf-py 0.19.0). All multi-byte fields are little-endian.
@@ -87,6 +88,161 @@ pub struct BlockQ8_0 {
 }
 const _: () = assert!(size_of::<BlockQ8_0>() == 34);
 
+/// Elements per K-quant super-block (`QK_K` in ggml).
+pub const QK_K: usize = 256;
+
+/// ggml `block_q4_K`: 256 weights in 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit
+/// minimum under the super-block's f16 `d` and `dmin` (144 bytes).
+///
+/// ```text
+/// bytes 0..2     d       f16 scale of the sub-block scales
+/// bytes 2..4     dmin    f16 scale of the sub-block minimums
+/// bytes 4..16    scales  sub-block j < 4: scale = b[j] & 63, min = b[j + 4] & 63;
+///                        j >= 4: scale = b[j + 4] & 15 | (b[j - 4] >> 6) << 4,
+///                                min   = b[j + 4] >> 4 | (b[j] >> 6) << 4
+/// bytes 16..144  qs      4 groups of 32 bytes: group g holds sub-block 2g in its low
+///                        nibbles and 2g + 1 in its high nibbles, element i in byte i
+/// value = (d·scale)·q - dmin·min     q in 0..=15
+/// ```
+///
+/// `d·scale` and `dmin·min` are exact in f32 (11- by 6-bit significands), and so is their
+/// product with a 4-bit `q`: the subtraction is the only rounding.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ4K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; 12],
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(size_of::<BlockQ4K>() == 144);
+
+/// ggml `block_q5_K`: as [`BlockQ4K`] with a fifth bit per weight (176 bytes).
+///
+/// ```text
+/// bytes 0..16    d, dmin, scales as Q4_K
+/// bytes 16..48   qh      bit j of byte i: the high bit of element i of sub-block j
+/// bytes 48..176  qs      low 4 bits, laid out as Q4_K's
+/// value = (d·scale)·q - dmin·min     q in 0..=31
+/// ```
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ5K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; 12],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(size_of::<BlockQ5K>() == 176);
+
+/// ggml `block_q6_K`: 256 weights as 6-bit codes in 16 sub-blocks of 16, each with a signed
+/// 8-bit scale under the f16 `d` (210 bytes).
+///
+/// ```text
+/// bytes 0..128    ql      low 4 bits: element t (half h = t / 128, r = t % 128) is in byte
+///                         64h + r % 64, low nibble for r < 64, high nibble otherwise
+/// bytes 128..192  qh      high 2 bits: element t in byte 32h + t % 32, bits 2·(r / 32)
+/// bytes 192..208  scales  i8, one per 16 elements
+/// bytes 208..210  d       f16
+/// value = (d·scale)·(q - 32)         q in 0..=63
+/// ```
+///
+/// Every product is exact in f32 (11 + 7 + 6 significant bits), so values are exact.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: f16,
+}
+const _: () = assert!(size_of::<BlockQ6K>() == 210);
+
+// SAFETY (the K-quants): `#[repr(C)]` structs of Pod fields whose sizes sum to the struct's
+// (asserted above; every field is at an offset aligned for it), so there is no padding.
+unsafe impl bytemuck::Zeroable for BlockQ4K {}
+unsafe impl bytemuck::Pod for BlockQ4K {}
+unsafe impl bytemuck::Zeroable for BlockQ5K {}
+unsafe impl bytemuck::Pod for BlockQ5K {}
+unsafe impl bytemuck::Zeroable for BlockQ6K {}
+unsafe impl bytemuck::Pod for BlockQ6K {}
+
+/// Sub-block `j`'s 6-bit scale and minimum (ggml `get_scale_min_k4`).
+fn scale_min_k4(scales: &[u8; 12], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        (
+            (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4),
+            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The K-quants' affine sub-blocks of 32: scale and minimum, and each element's code.
+pub trait AffineSubBlocks {
+    /// Sub-block `j` (0..8): `(d·scale, dmin·min)`, so that value = scale·q - min.
+    fn sub_block(&self, j: usize) -> (f32, f32);
+    /// Code `i` (0..32) of sub-block `j`.
+    fn code(&self, j: usize, i: usize) -> u8;
+}
+
+fn sub_block(d: f16, dmin: f16, scales: &[u8; 12], j: usize) -> (f32, f32) {
+    let (sc, m) = scale_min_k4(scales, j);
+    (d.to_f32() * f32::from(sc), dmin.to_f32() * f32::from(m))
+}
+
+impl AffineSubBlocks for BlockQ4K {
+    fn sub_block(&self, j: usize) -> (f32, f32) {
+        sub_block(self.d, self.dmin, &self.scales, j)
+    }
+
+    #[inline]
+    fn code(&self, j: usize, i: usize) -> u8 {
+        (self.qs[j / 2 * 32 + i] >> (4 * (j % 2))) & 0x0F
+    }
+}
+
+impl AffineSubBlocks for BlockQ5K {
+    fn sub_block(&self, j: usize) -> (f32, f32) {
+        sub_block(self.d, self.dmin, &self.scales, j)
+    }
+
+    #[inline]
+    fn code(&self, j: usize, i: usize) -> u8 {
+        let low = (self.qs[j / 2 * 32 + i] >> (4 * (j % 2))) & 0x0F;
+        low | ((self.qh[i] >> j) & 1) << 4
+    }
+}
+
+/// `(d·scale)·q - dmin·min` over the 8 sub-blocks, as ggml evaluates it.
+fn dequantize_affine<B: AffineSubBlocks>(b: &B, out: &mut [f32]) {
+    for (j, sub) in out[..QK_K].chunks_exact_mut(QK).enumerate() {
+        let (scale, min) = b.sub_block(j);
+        for (i, o) in sub.iter_mut().enumerate() {
+            *o = scale * f32::from(b.code(j, i)) - min;
+        }
+    }
+}
+
+impl BlockQ6K {
+    /// Code `t` (0..256) minus 32, in -32..=31.
+    #[inline]
+    pub fn code(&self, t: usize) -> i8 {
+        let (h, r) = (t / 128, t % 128);
+        let low = (self.ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+        let high = (self.qh[32 * h + t % 32] >> (2 * (r / 32))) & 3;
+        (low | high << 4) as i8 - 32
+    }
+
+    /// The scale of element `t`: `d·scales[t / 16]`.
+    #[inline]
+    pub fn scale(&self, t: usize) -> f32 {
+        self.d.to_f32() * f32::from(self.scales[t / 16])
+    }
+}
+
 // SAFETY (all three): `#[repr(C)]` structs of Pod fields (`f16` is Pod through half's
 // `bytemuck` feature; arrays of u8/i8) whose size equals the sum of their field sizes (the
 // asserts above), so there is no padding and every bit pattern is a valid value.
@@ -162,6 +318,32 @@ impl Block for BlockQ8_0 {
     }
 }
 
+impl Block for BlockQ4K {
+    const GGML_TYPE: GgmlType = GgmlType::Q4_K;
+    const ELEMS: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        dequantize_affine(self, out);
+    }
+}
+
+impl Block for BlockQ5K {
+    const GGML_TYPE: GgmlType = GgmlType::Q5_K;
+    const ELEMS: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        dequantize_affine(self, out);
+    }
+}
+
+impl Block for BlockQ6K {
+    const GGML_TYPE: GgmlType = GgmlType::Q6_K;
+    const ELEMS: usize = QK_K;
+    fn dequantize(&self, out: &mut [f32]) {
+        for (t, o) in out[..QK_K].iter_mut().enumerate() {
+            *o = self.scale(t) * f32::from(self.code(t));
+        }
+    }
+}
+
 impl Block for f32 {
     const GGML_TYPE: GgmlType = GgmlType::F32;
     const ELEMS: usize = 1;
@@ -229,19 +411,25 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> bool {
         GgmlType::Q8_0 => dequantize_blocks::<BlockQ8_0>(data, out),
         GgmlType::Q4_0 => dequantize_blocks::<BlockQ4_0>(data, out),
         GgmlType::Q4_1 => dequantize_blocks::<BlockQ4_1>(data, out),
+        GgmlType::Q4_K => dequantize_blocks::<BlockQ4K>(data, out),
+        GgmlType::Q5_K => dequantize_blocks::<BlockQ5K>(data, out),
+        GgmlType::Q6_K => dequantize_blocks::<BlockQ6K>(data, out),
         _ => return false,
     }
     true
 }
 
 /// The types [`dequantize`] handles.
-pub const DEQUANTIZABLE: [GgmlType; 6] = [
+pub const DEQUANTIZABLE: [GgmlType; 9] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q8_0,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
 ];
 
 #[cfg(test)]
@@ -253,6 +441,9 @@ mod tests {
         assert_eq!(size_of::<BlockQ4_0>() as u32, GgmlType::Q4_0.block_bytes());
         assert_eq!(size_of::<BlockQ4_1>() as u32, GgmlType::Q4_1.block_bytes());
         assert_eq!(size_of::<BlockQ8_0>() as u32, GgmlType::Q8_0.block_bytes());
+        assert_eq!(size_of::<BlockQ4K>() as u32, GgmlType::Q4_K.block_bytes());
+        assert_eq!(size_of::<BlockQ5K>() as u32, GgmlType::Q5_K.block_bytes());
+        assert_eq!(size_of::<BlockQ6K>() as u32, GgmlType::Q6_K.block_bytes());
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub use error::GgufError;
 pub use file::{GgufFile, TensorInfo};
 pub use ggml_type::GgmlType;
 pub use parse::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT};
-pub use repack::{GatherBlockQuantizedWeight, MatMulNBitsWeight};
+pub use repack::{GatherBlockQuantizedWeight, MatMulNBitsWeight, Requantized};
 pub use value::{Array, Value, ValueType};
 pub use writer::GgufWriter;
 

@@ -30,6 +30,19 @@
 //! | Q4_0 | bits 4, codes re-paired, no zero points (default 8 = ggml's offset) | bits 4, same bytes, no zero points (default 8) |
 //! | Q8_0 | bits 8, code `q + 128` (`q ^ 0x80`), packed uint8 zero points 128 | bits 8, code `q + 128`, no zero points (default 128) |
 //! | Q4_1 | bits 4, codes re-paired, f32 zero points `-m / d` | not representable (below) |
+//! | Q4_K | bits 4, each sub-block of 32 a block: scale `d·sc`, f32 zero point `dmin·m / (d·sc)` | not representable (float zero points) |
+//! | Q5_K | bits 8, **requantized** (below), uint8 zero points | not representable |
+//! | Q6_K | bits 8, **requantized** (below), zero points 128 | not representable |
+//!
+//! **K-quants.** A Q4_K sub-block is `(d·sc)·q - dmin·m` with both products exact, the same
+//! form as Q4_1's `q·d + m`, so the same bound holds with `m` the sub-block's `-dmin·m` and
+//! `d` its `d·sc`. Q5_K's 5-bit codes need 8 bits, and onnxruntime's CPU `MatMulNBits` takes
+//! no float zero points with 8 bits, so its 32 values (exact in f32) are requantized to int8
+//! with a uint8 zero point over `[min(v, 0), max(v, 0)]`: each moves by at most
+//! `range / 510`, a sixteenth of a Q5_K step. A Q6_K sub-block of 16 has its own scale and
+//! the fast kernels take blocks of 32 with one scale each: its 32 values are requantized to
+//! symmetric int8 (`s = max|v| / 127`), moving each by at most `s / 2`, an eighth of the
+//! coarser Q6_K step. [`MatMulNBitsWeight::requantized`] reports the largest change.
 //!
 //! **Q4_1 bound.** ggml computes `g = q·d + m`, where `q·d` is exact in f32 (11-bit times
 //! 4-bit significands), so `g` is the exact value rounded once. With `z = fl(-m / d)` and
@@ -57,7 +70,10 @@ use std::mem::size_of;
 
 use oxgen_tensor::{AlignedBuf, DType, Tensor};
 
-use crate::blocks::{self, Block, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use crate::blocks::{
+    self, AffineSubBlocks, Block, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0,
+    QK, QK_K,
+};
 use crate::{GgmlType, GgufError, TensorInfo};
 
 /// A weight in `com.microsoft::MatMulNBits` layout, with the node's attributes.
@@ -76,8 +92,17 @@ pub struct MatMulNBitsWeight {
     /// Input `scales`: f32 `[N * K / 32]`.
     pub scales: Tensor,
     /// Input `zero_points`: `None` (the default `2^(bits - 1)` is right), uint8
-    /// `[N * K / 32]` for 8 bits, or f32 `[N * K / 32]` for Q4_1.
+    /// `[N * K / 32]` for 8 bits, or f32 `[N * K / 32]` for Q4_1, Q4_K and Q5_K.
     pub zero_points: Option<Tensor>,
+    /// For a weight that had to be requantized (Q6_K): how far it moved.
+    pub requantized: Option<Requantized>,
+}
+
+/// The cost of a requantization: the largest change of any weight, and the largest weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Requantized {
+    pub max_abs_error: f32,
+    pub max_abs: f32,
 }
 
 /// An embedding table in `com.microsoft::GatherBlockQuantized` layout, for attributes
@@ -171,12 +196,13 @@ fn weight_dims(
     let &[k, n] = dims else {
         return Err(bad(format!("{layout} needs a 2-D weight [K, N]")));
     };
-    if k == 0 || n == 0 || k % QK as u64 != 0 {
+    let block = u64::from(ty.block_elems()).max(QK as u64);
+    if k == 0 || n == 0 || k % block != 0 {
         return Err(bad(format!(
-            "{layout} needs a non-empty weight whose K is a multiple of {QK}"
+            "{layout} needs a non-empty {ty} weight whose K is a multiple of {block}"
         )));
     }
-    let expected = (k / QK as u64)
+    let expected = (k / u64::from(ty.block_elems()))
         .checked_mul(n)
         .and_then(|b| b.checked_mul(ty.block_bytes().into()));
     if expected != Some(data.len() as u64) {
@@ -209,14 +235,17 @@ struct Repacked {
     zero_points: Option<AlignedBuf>,
 }
 
+/// Repacks blocks of `B` as blocks of 32 (`B::ELEMS / 32` per `B`): `each(block, j, codes)`
+/// writes sub-block `j`'s `code_bytes` code bytes and returns its scale and zero point.
 fn repack_blocks<B: Block>(
     tensor: &str,
     data: &[u8],
     code_bytes: usize,
     float_zero_points: bool,
-    mut each: impl FnMut(&B, &mut [u8]) -> (f32, f32),
+    mut each: impl FnMut(&B, usize, &mut [u8]) -> (f32, f32),
 ) -> Result<Repacked, GgufError> {
-    let n_blocks = data.len() / size_of::<B>();
+    let subs = B::ELEMS / QK;
+    let n_blocks = data.len() / size_of::<B>() * subs;
     let mut codes = alloc(tensor, n_blocks * code_bytes)?;
     let mut scales = alloc(tensor, n_blocks * 4)?;
     let mut zps = if float_zero_points {
@@ -233,7 +262,7 @@ fn repack_blocks<B: Block>(
         .chunks_exact_mut(code_bytes)
         .enumerate()
     {
-        let (scale, zp) = each(&blocks::read_block::<B>(data, i), out);
+        let (scale, zp) = each(&blocks::read_block::<B>(data, i / subs), i % subs, out);
         scale_out[i] = scale;
         if let Some(z) = zp_out.as_deref_mut() {
             z[i] = zp;
@@ -249,14 +278,14 @@ fn repack_blocks<B: Block>(
 type RepackFn = fn(&str, &[u8]) -> Result<Repacked, GgufError>;
 
 fn repack_q4_0(tensor: &str, data: &[u8]) -> Result<Repacked, GgufError> {
-    repack_blocks::<BlockQ4_0>(tensor, data, QK / 2, false, |b, out| {
+    repack_blocks::<BlockQ4_0>(tensor, data, QK / 2, false, |b, _, out| {
         out.copy_from_slice(&q4_to_onnx_order(&b.qs));
         (b.d.to_f32(), 8.0)
     })
 }
 
 fn repack_q8_0(tensor: &str, data: &[u8]) -> Result<Repacked, GgufError> {
-    repack_blocks::<BlockQ8_0>(tensor, data, QK, false, |b, out| {
+    repack_blocks::<BlockQ8_0>(tensor, data, QK, false, |b, _, out| {
         for (o, &q) in out.iter_mut().zip(&b.qs) {
             // q + 128 as a byte: flipping the sign bit maps -128..=127 onto 0..=255.
             *o = (q as u8) ^ 0x80;
@@ -268,7 +297,7 @@ fn repack_q8_0(tensor: &str, data: &[u8]) -> Result<Repacked, GgufError> {
 /// Q4_1: `q·d + m = (q - z)·d` with `z = -m / d`; zero-scale blocks become codes 1, scale
 /// `d + m` (= `m`, with ggml's signed zero), zero point -0.
 fn repack_q4_1(tensor: &str, data: &[u8]) -> Result<Repacked, GgufError> {
-    repack_blocks::<BlockQ4_1>(tensor, data, QK / 2, true, |b, out| {
+    repack_blocks::<BlockQ4_1>(tensor, data, QK / 2, true, |b, _, out| {
         let (d, m) = (b.d.to_f32(), b.m.to_f32());
         if d == 0.0 {
             out.fill(0x11);
@@ -283,34 +312,118 @@ fn repack_q4_1(tensor: &str, data: &[u8]) -> Result<Repacked, GgufError> {
     })
 }
 
-/// Repacks a 2-D quantized weight (`dims = [K, N]`, K fastest) for `MatMulNBits`:
-/// Q4_0 and Q4_1 to 4 bits, Q8_0 to 8 bits, block size 32 (see the module docs).
+/// Q4_K, without requantization: each sub-block of 32 as `(q - z)·s` with scale `s = d·sc`
+/// and float zero point `z = (dmin·m) / s`, the 4-bit codes re-paired into onnxruntime's order
+/// (element `2p` low, `2p + 1` high). A zero scale (every value `-dmin·m`) becomes codes 1,
+/// scale `s - dmin·m`, zero point -0: ggml's value with its signed zero, as for Q4_1.
+fn repack_q4_k(tensor: &str, data: &[u8]) -> Result<Repacked, GgufError> {
+    repack_blocks::<BlockQ4K>(tensor, data, QK / 2, true, |b, j, out| {
+        let (scale, min) = b.sub_block(j);
+        if scale == 0.0 {
+            out.fill(0x11);
+            return (scale - min, -0.0);
+        }
+        for (p, o) in out.iter_mut().enumerate() {
+            *o = b.code(j, 2 * p) | b.code(j, 2 * p + 1) << 4;
+        }
+        (scale, min / scale)
+    })
+}
+
+/// Q5_K and Q6_K, requantized to int8 blocks of 32 (see the module docs): each 32 values
+/// (exact in f32) become codes `round(v / s) + z`. Q6_K is symmetric (`s = max|v| / 127`,
+/// `z = 128`); Q5_K, whose sub-blocks are offset by their minimum, is asymmetric over the
+/// range `[min(v, 0), max(v, 0)]` (`s = range / 255`, `z = round(-lo / s)`, a uint8 zero point
+/// per block). Zero points come back as f32 (whole numbers); returns the largest change.
+fn requantize_int8<B: Block>(
+    tensor: &str,
+    data: &[u8],
+    asymmetric: bool,
+) -> Result<(Repacked, Requantized), GgufError> {
+    let mut cost = Requantized {
+        max_abs_error: 0.0,
+        max_abs: 0.0,
+    };
+    let mut values = [0f32; QK_K];
+    let r = repack_blocks::<B>(tensor, data, QK, true, |b, j, out| {
+        if j == 0 {
+            b.dequantize(&mut values);
+        }
+        let v = &values[j * QK..][..QK];
+        let (lo, hi) = v
+            .iter()
+            .fold((0f32, 0f32), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let (scale, zp) = if asymmetric {
+            let scale = (hi - lo) / 255.0;
+            let zp = if scale > 0.0 {
+                (-lo / scale).round().clamp(0.0, 255.0)
+            } else {
+                128.0
+            };
+            (scale, zp)
+        } else {
+            (hi.max(-lo) / 127.0, 128.0)
+        };
+        for (o, &x) in out.iter_mut().zip(v) {
+            let q = if scale > 0.0 {
+                ((x / scale).round() + zp).clamp(0.0, 255.0)
+            } else {
+                zp
+            };
+            *o = q as u8;
+            cost.max_abs_error = cost.max_abs_error.max(((q - zp) * scale - x).abs());
+        }
+        cost.max_abs = cost.max_abs.max(hi.max(-lo));
+        (scale, zp)
+    })?;
+    Ok((r, cost))
+}
+
+/// Repacks a 2-D quantized weight (`dims = [K, N]`, K fastest) for `MatMulNBits`, block size
+/// 32: Q4_0, Q4_1 and Q4_K to 4 bits and Q8_0 to 8 bits without requantization; Q5_K and
+/// Q6_K requantized to 8 bits (see the module docs).
 pub fn matmul_nbits(
     tensor: &str,
     ty: GgmlType,
     dims: &[u64],
     data: &[u8],
 ) -> Result<MatMulNBitsWeight, GgufError> {
-    let (bits, repack): (u32, RepackFn) = match ty {
-        GgmlType::Q4_0 => (4, repack_q4_0),
-        GgmlType::Q4_1 => (4, repack_q4_1),
-        GgmlType::Q8_0 => (8, repack_q8_0),
+    let bits = match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => 4,
+        GgmlType::Q8_0 | GgmlType::Q5_K | GgmlType::Q6_K => 8,
         _ => {
             return Err(unsupported(
                 tensor,
                 ty,
                 "repack for MatMulNBits",
-                "only Q4_0, Q4_1 and Q8_0 repack without requantization; keep a float \
-                 weight as a MatMul initializer (GgufFile::dequantize)"
+                "Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K repack; keep a float weight as a \
+                 MatMul initializer (GgufFile::dequantize)"
                     .into(),
             ));
         }
     };
     let (k, n) = weight_dims(tensor, ty, dims, data, "MatMulNBits")?;
     let kb = k / QK;
-    let r = repack(tensor, data)?;
+    let (r, requantized) = match ty {
+        GgmlType::Q4_0 => (repack_q4_0(tensor, data)?, None),
+        GgmlType::Q4_1 => (repack_q4_1(tensor, data)?, None),
+        GgmlType::Q8_0 => (repack_q8_0(tensor, data)?, None),
+        GgmlType::Q4_K => (repack_q4_k(tensor, data)?, None),
+        GgmlType::Q5_K => {
+            let (r, cost) = requantize_int8::<BlockQ5K>(tensor, data, true)?;
+            (int_zero_points(r), Some(cost))
+        }
+        _ => {
+            let (r, cost) = requantize_int8::<BlockQ6K>(tensor, data, false)?;
+            (int_zero_points(r), Some(cost))
+        }
+    };
     let zero_points = if let Some(z) = r.zero_points {
-        Some(tensor_f32_1d(z, n * kb))
+        Some(if requantized.is_some() {
+            make_tensor(DType::U8, &[n * kb], z)
+        } else {
+            tensor_f32_1d(z, n * kb)
+        })
     } else if bits == 8 {
         let mut z = alloc(tensor, n * kb)?;
         z.as_mut_bytes().fill(128);
@@ -326,7 +439,19 @@ pub fn matmul_nbits(
         b: make_tensor(DType::U8, &[n, kb, QK * bits as usize / 8], r.codes),
         scales: tensor_f32_1d(r.scales, n * kb),
         zero_points,
+        requantized,
     })
+}
+
+/// Requantized codes with their whole-number f32 zero points as uint8 ones (onnxruntime's CPU
+/// `MatMulNBits` takes no float zero points with 8 bits).
+fn int_zero_points(r: Repacked) -> Repacked {
+    let zero_points = r.zero_points.map(|z| {
+        let values: &[f32] = bytemuck::cast_slice(z.as_bytes());
+        let bytes: Vec<u8> = values.iter().map(|&v| v as u8).collect();
+        AlignedBuf::from_bytes(&bytes)
+    });
+    Repacked { zero_points, ..r }
 }
 
 fn tensor_f32_1d(buf: AlignedBuf, len: usize) -> Tensor {

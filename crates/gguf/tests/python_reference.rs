@@ -110,6 +110,21 @@ fn q4_1_matches_gguf_py() {
 }
 
 #[test]
+fn q4_k_matches_gguf_py() {
+    matches_gguf_py("Q4_K", GgmlType::Q4_K);
+}
+
+#[test]
+fn q5_k_matches_gguf_py() {
+    matches_gguf_py("Q5_K", GgmlType::Q5_K);
+}
+
+#[test]
+fn q6_k_matches_gguf_py() {
+    matches_gguf_py("Q6_K", GgmlType::Q6_K);
+}
+
+#[test]
 fn metadata_written_by_gguf_py_reads_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.gguf");

@@ -9,7 +9,7 @@
 //! minimums and the f16 extremes.
 
 use half::f16;
-use oxgen_gguf::blocks::{self, QK};
+use oxgen_gguf::blocks::{self, AffineSubBlocks, BlockQ4K, QK, QK_K};
 use oxgen_gguf::repack::{gather_block_quantized, matmul_nbits, q4_to_onnx_order};
 use oxgen_gguf::{GgmlType, GgufError};
 use oxgen_tensor::{DType, Tensor};
@@ -101,11 +101,12 @@ fn matmul_nbits_ort_order(w: &oxgen_gguf::MatMulNBitsWeight) -> Vec<f32> {
     let zps = f32s(w.zero_points.as_ref().unwrap());
     let scales = f32s(&w.scales);
     let b = w.b.as_bytes();
+    let blob = w.block_size * w.bits as usize / 8;
     let mut out = Vec::with_capacity(w.n * w.k);
     for row in 0..w.n {
         for e in 0..w.k {
             let blk = row * kb + e / w.block_size;
-            let q = code(&b[blk * 16..], 4, e % w.block_size);
+            let q = code(&b[blk * blob..], w.bits, e % w.block_size);
             out.push(q as f32 * scales[blk] + -zps[blk] * scales[blk]);
         }
     }
@@ -148,8 +149,156 @@ fn dims(kb: usize, n: usize) -> [u64; 2] {
     [(kb * QK) as u64, n as u64]
 }
 
+/// `(super-blocks along K, n, data)` for a `[K, N]` K-quant weight (`n_f16` leading f16s).
+fn k_weight(ty: GgmlType, n_f16: usize) -> impl Strategy<Value = (usize, usize, Vec<u8>)> {
+    (1usize..3, 1usize..4)
+        .prop_flat_map(move |(kb, n)| (Just(kb), Just(n), blocks(ty, n_f16, kb * n)))
+}
+
+/// As [`k_weight`] for Q6_K, whose one f16 (`d`) ends the block.
+fn q6_k_weight() -> impl Strategy<Value = (usize, usize, Vec<u8>)> {
+    (1usize..3, 1usize..4).prop_flat_map(|(kb, n)| {
+        let block = (prop::collection::vec(any::<u8>(), 208), f16_bits());
+        let blocks = prop::collection::vec(block, kb * n).prop_map(|v| {
+            v.into_iter()
+                .flat_map(|(mut b, d)| {
+                    b.extend(d.to_le_bytes());
+                    b
+                })
+                .collect::<Vec<u8>>()
+        });
+        (Just(kb), Just(n), blocks)
+    })
+}
+
+fn k_dims(kb: usize, n: usize) -> [u64; 2] {
+    [(kb * QK_K) as u64, n as u64]
+}
+
+fn k_ggml(ty: GgmlType, kb: usize, n: usize, data: &[u8]) -> Vec<f32> {
+    let mut out = vec![f32::NAN; kb * QK_K * n];
+    assert!(blocks::dequantize(ty, data, &mut out));
+    out
+}
+
+/// Q4_K: within Q4_1's bound, with each sub-block's `d·sc` and `dmin·m`.
+fn affine_k_quant_is_within_the_bound<B: AffineSubBlocks + blocks::Block>(
+    ty: GgmlType,
+    bits: u32,
+    kb: usize,
+    n: usize,
+    data: &[u8],
+) -> Result<(), TestCaseError> {
+    let w = matmul_nbits("w", ty, &k_dims(kb, n), data).unwrap();
+    prop_assert_eq!((w.bits, w.block_size, w.k, w.n), (bits, 32, kb * QK_K, n));
+    prop_assert_eq!(w.zero_points.as_ref().unwrap().dtype(), DType::F32);
+    prop_assert!(w.requantized.is_none());
+    let spec_order = matmul_nbits_reference(&w);
+    let ort_order = matmul_nbits_ort_order(&w);
+    let want = k_ggml(ty, kb, n, data);
+    let u = f64::from(f32::EPSILON) / 2.0;
+    for (i, &g) in want.iter().enumerate() {
+        let b: B = blocks::read_block(data, i / QK_K);
+        let (scale, min) = b.sub_block(i % QK_K / QK);
+        let m = f64::from(min).abs();
+        for (order, r, bound) in [
+            (
+                "(q - z)·s",
+                spec_order[i],
+                u * (m + 3.0 * f64::from(g).abs()),
+            ),
+            (
+                "q·s + (-z·s)",
+                ort_order[i],
+                2.0 * u * (m + f64::from(g).abs()),
+            ),
+        ] {
+            if scale == 0.0 {
+                prop_assert!(
+                    r.to_bits() == g.to_bits(),
+                    "{} element {}: {:e} != ggml {:e}",
+                    order,
+                    i,
+                    r,
+                    g
+                );
+                continue;
+            }
+            let bound = bound * (1.0 + 8.0 * u);
+            let err = (f64::from(r) - f64::from(g)).abs();
+            prop_assert!(
+                err <= bound,
+                "{} element {}: {:e} vs ggml {:e}: error {:e} > bound {:e}",
+                order,
+                i,
+                r,
+                g,
+                err,
+                bound
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Q5_K and Q6_K are requantized to int8 blocks of 32 with uint8 zero points: each weight
+/// moves by at most half a step of its new scale, and the reported cost is the largest move
+/// and weight.
+fn requantized_moves_each_weight_at_most_half_a_step(
+    ty: GgmlType,
+    kb: usize,
+    n: usize,
+    data: &[u8],
+) -> Result<(), TestCaseError> {
+    let w = matmul_nbits("w", ty, &k_dims(kb, n), data).unwrap();
+    prop_assert_eq!((w.bits, w.block_size), (8, 32));
+    prop_assert_eq!(w.zero_points.as_ref().unwrap().dtype(), DType::U8);
+    let got = matmul_nbits_reference(&w);
+    let want = k_ggml(ty, kb, n, data);
+    let scales = f32s(&w.scales);
+    let (mut worst, mut largest) = (0f32, 0f32);
+    for (i, (&r, &g)) in got.iter().zip(&want).enumerate() {
+        let s = scales[i / QK];
+        let err = (r - g).abs();
+        prop_assert!(
+            err <= s * (0.5 + 1e-4),
+            "element {}: {:e} vs ggml {:e} (scale {:e})",
+            i,
+            r,
+            g,
+            s
+        );
+        worst = worst.max(err);
+        largest = largest.max(g.abs());
+    }
+    let cost = w.requantized.unwrap();
+    prop_assert!(
+        cost.max_abs_error >= worst * (1.0 - 1e-5) && cost.max_abs == largest,
+        "{:?} vs {} {}",
+        cost,
+        worst,
+        largest
+    );
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn q4_k_matmul_nbits_is_within_the_bound((kb, n, data) in k_weight(GgmlType::Q4_K, 2)) {
+        affine_k_quant_is_within_the_bound::<BlockQ4K>(GgmlType::Q4_K, 4, kb, n, &data)?;
+    }
+
+    #[test]
+    fn q5_k_requantized_moves_each_weight_at_most_half_a_step((kb, n, data) in k_weight(GgmlType::Q5_K, 2)) {
+        requantized_moves_each_weight_at_most_half_a_step(GgmlType::Q5_K, kb, n, &data)?;
+    }
+
+    #[test]
+    fn q6_k_requantized_moves_each_weight_at_most_half_a_step((kb, n, data) in q6_k_weight()) {
+        requantized_moves_each_weight_at_most_half_a_step(GgmlType::Q6_K, kb, n, &data)?;
+    }
 
     #[test]
     fn q4_0_matmul_nbits_is_exact((kb, n, data) in weight(GgmlType::Q4_0, 1)) {

@@ -35,6 +35,7 @@ use oxgen_gguf::GgufFile;
 
 pub use error::ImportError;
 use genai_graph::{ConfigTokens, DecoderSpec, Rope};
+pub use oxgen_gguf::Requantized;
 
 /// `MatMulNBits` `accuracy_level` onnxruntime-genai's builder writes for int4 on CPU.
 pub const DEFAULT_ACCURACY_LEVEL: u8 = 4;
@@ -96,6 +97,9 @@ pub struct Imported {
     pub spec: DecoderSpec,
     /// Bytes of all files written.
     pub bytes: u64,
+    /// Weights requantized on the way (Q5_K and Q6_K, to int8 blocks of 32), with how far
+    /// they moved.
+    pub requantized: Vec<(String, Requantized)>,
 }
 
 /// Imports `gguf_path` into a package folder `out_dir` (see the crate docs).
@@ -117,7 +121,11 @@ pub fn import_gguf(
     let file = GgufFile::open(gguf_path)?;
     let hp = arch::read(&file)?;
     let tok = tokenizer::build(&file, hp.context)?;
-    let (weights, freq_factors) = weights::read(&file, &hp, tok.vocab, progress)?;
+    let weights::Read {
+        weights,
+        rope_freqs: freq_factors,
+        requantized,
+    } = weights::read(&file, &hp, tok.vocab, progress)?;
     let spec = DecoderSpec {
         layers: hp.layers,
         hidden: hp.hidden,
@@ -175,6 +183,7 @@ pub fn import_gguf(
         architecture: hp.arch.name(),
         spec,
         bytes,
+        requantized,
     })
 }
 

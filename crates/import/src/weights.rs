@@ -20,15 +20,22 @@
 
 use std::collections::HashSet;
 
-use oxgen_gguf::{GgmlType, GgufFile, TensorInfo};
+use oxgen_gguf::{GgmlType, GgufFile, Requantized, TensorInfo};
 use oxgen_tensor::{AlignedBuf, Tensor};
 
 use crate::arch::HParams;
 use crate::genai_graph::{DecoderWeights, Embedding, LayerWeights, Linear, NBitsLinear};
 use crate::{ImportError, Progress, Stage};
 
-/// ggml types `MatMulNBits` / `GatherBlockQuantized` take as they are.
-const REPACKABLE: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+/// ggml types `MatMulNBits` takes (all as they are but Q5_K and Q6_K, requantized to int8).
+const REPACKABLE: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 /// Float types kept as f32 `MatMul` / `Gather` weights.
 const FLOAT: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
@@ -38,6 +45,8 @@ struct Reader<'a> {
     used: HashSet<String>,
     progress: &'a dyn Fn(&Progress),
     total: usize,
+    /// Weights that had to be requantized, with what it cost.
+    requantized: Vec<(String, Requantized)>,
 }
 
 impl Reader<'_> {
@@ -85,7 +94,7 @@ impl Reader<'_> {
             file: self.path(),
             what: format!("tensor '{}' of type {} ({role})", t.name, t.ggml_type),
             hint: format!(
-                "supported types here: {}; convert the model with one of them (K-quants come later)",
+                "supported types here: {}; convert the model with one of them",
                 supported
                     .iter()
                     .map(|t| t.name())
@@ -132,6 +141,9 @@ impl Reader<'_> {
         };
         if REPACKABLE.contains(&t.ggml_type) {
             let w = self.file.matmul_nbits(name)?;
+            if let Some(cost) = w.requantized {
+                self.requantized.push((name.to_string(), cost));
+            }
             return Ok(Linear::NBits(NBitsLinear {
                 k: w.k,
                 n: w.n,
@@ -185,19 +197,28 @@ fn unpermute_rows(t: Tensor, rows: usize, heads: usize) -> Tensor {
     Tensor::from_buf(t.dtype(), t.dims(), buf).expect("same dtype, dims and byte count")
 }
 
+/// What [`read`] returns: the weights, the rotary frequency factors when the file has them,
+/// and the weights that were requantized.
+pub struct Read {
+    pub weights: DecoderWeights,
+    pub rope_freqs: Option<Vec<f32>>,
+    pub requantized: Vec<(String, Requantized)>,
+}
+
 /// Reads and converts all weights, reporting each tensor to `progress`.
 pub fn read(
     file: &GgufFile,
     hp: &HParams,
     vocab: usize,
     progress: &dyn Fn(&Progress),
-) -> Result<(DecoderWeights, Option<Vec<f32>>), ImportError> {
+) -> Result<Read, ImportError> {
     let mut r = Reader {
         file,
         hp,
         used: HashSet::new(),
         progress,
         total: file.tensors().len(),
+        requantized: Vec::new(),
     };
     let (h, hd) = (hp.hidden, hp.head_size);
     let (q_out, kv_out, ff) = (hp.heads * hd, hp.kv_heads * hd, hp.intermediate);
@@ -234,15 +255,24 @@ pub fn read(
                 block_size: w.block_size,
             }
         }
-        // Q4_1's float minimum has no GatherBlockQuantized form (integer zero points only).
-        GgmlType::Q4_1 | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-            Embedding::Float(file.dequantize("token_embd.weight")?)
-        }
+        // Q4_1's and the K-quants' float minimums, and Q6_K's scales per 16, have no
+        // GatherBlockQuantized form (integer zero points, one scale per block): the table is
+        // dequantized, exactly.
+        GgmlType::Q4_1
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::BF16 => Embedding::Float(file.dequantize("token_embd.weight")?),
         _ => {
             let supported = [
                 GgmlType::Q4_0,
                 GgmlType::Q8_0,
                 GgmlType::Q4_1,
+                GgmlType::Q4_K,
+                GgmlType::Q5_K,
+                GgmlType::Q6_K,
                 GgmlType::F32,
                 GgmlType::F16,
                 GgmlType::BF16,
@@ -337,5 +367,9 @@ pub fn read(
         final_norm,
         head,
     };
-    Ok((weights, rope_freqs))
+    Ok(Read {
+        weights,
+        rope_freqs,
+        requantized: r.requantized,
+    })
 }

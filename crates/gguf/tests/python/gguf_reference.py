@@ -28,7 +28,14 @@ FORMATS = {
     "Q8_0": T.Q8_0,
     "Q4_0": T.Q4_0,
     "Q4_1": T.Q4_1,
+    "Q4_K": T.Q4_K,
+    "Q5_K": T.Q5_K,
+    "Q6_K": T.Q6_K,
 }
+
+# gguf-py 0.19.0 dequantizes the K-quants but cannot quantize them: both of their tensors are
+# random blocks.
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 
 
 def finite_f16_bits(rng, n):
@@ -55,6 +62,8 @@ def quantized_source(rng, qtype):
         return data, None
     if qtype == T.F16:
         return data.astype(np.float16), None
+    if qtype in K_QUANTS:
+        return raw_source(rng, qtype)
     return gguf.quants.quantize(data, qtype), qtype
 
 
@@ -72,18 +81,24 @@ def raw_source(rng, qtype):
         inf_nan = (bits & 0x7F80) == 0x7F80
         bits[inf_nan] &= 0xBFFF
         return bits.view(np.uint8).reshape(rows, k * 2), qtype
+    if qtype in K_QUANTS:
+        k = 256
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = rows * k // block_elems
     blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint16).astype(np.uint8)
-    n_f16 = 2 if qtype == T.Q4_1 else 1  # d (and m) lead the block
+    # d (and m, or Q4_K's and Q5_K's dmin) lead the block; Q6_K's d ends it.
+    n_f16 = 2 if qtype in (T.Q4_1, T.Q4_K, T.Q5_K) else 1
     f16 = finite_f16_bits(rng, n_blocks * n_f16).reshape(n_blocks, n_f16)
     f16[0, 0] = 0x0000  # zero scale
     f16[1, 0] = 0x8000  # negative-zero scale
-    if qtype == T.Q4_1:
+    if n_f16 == 2:
         f16[2, 0] = 0x0000
         f16[2, 1] = 0x8000  # zero scale, negative-zero minimum
         f16[3, 1] = 0xFBFF  # minimum -65504
-    blocks[:, : 2 * n_f16] = f16.view(np.uint8).reshape(n_blocks, 2 * n_f16)
+    if qtype == T.Q6_K:
+        blocks[:, -2:] = f16.view(np.uint8).reshape(n_blocks, 2)
+    else:
+        blocks[:, : 2 * n_f16] = f16.view(np.uint8).reshape(n_blocks, 2 * n_f16)
     return blocks.reshape(rows, -1), qtype
 
 

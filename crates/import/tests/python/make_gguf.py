@@ -9,6 +9,8 @@ Variants (random weights, seed fixed per variant):
            F16 projections; attention biases on q/k/v/o; sliding window 5; pre `gpt-2`
   qwen2    Q4_0 embedding tied; Q/K/V biases; no Q/K permutation; pre `qwen2`
   llama3   llama with pre `llama-bpe`
+  qwen2-k  qwen2 in K-quants (hidden 256): Q4_K embedding (no GatherBlockQuantized form),
+           Q6_K head, Q4_K / Q5_K / Q6_K projections, quantized by `k_quantize` below
   bad-arch, bad-pre, bad-shape, bad-type, extra-tensor
            llama with one defect each (see DEFECTS)
 
@@ -56,6 +58,13 @@ CONFIGS = {
     ),
 }
 
+CONFIGS["qwen2-k"] = dict(
+    arch="qwen2", pre="qwen2", layers=2, hidden=256, heads=4, kv_heads=2, ff=256,
+    context=64, base=1e6, eps=1e-6, embd=T.Q4_K, head=T.Q6_K,
+    proj=dict(q=T.Q4_K, k=T.Q5_K, v=T.Q6_K, o=T.Q4_K, gate=T.Q5_K, up=T.Q4_K, down=T.Q6_K),
+    bias=("q", "k", "v"), window=None, seed=14,
+)
+
 DEFECTS = {"bad-arch", "bad-pre", "bad-shape", "bad-type", "extra-tensor"}
 
 
@@ -84,12 +93,72 @@ def permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def k_quantize(data, qtype):
+    """A plain (not llama.cpp's error-minimizing) K-quantizer: gguf-py 0.19.0 only dequantizes
+    the K-quants. Rows of `data` are cut into super-blocks of 256; the blocks follow ggml's
+    layouts (`oxgen_gguf::blocks`), so whatever the codes, gguf-py's dequantization is the
+    model the reference runs."""
+    rows, k = data.shape
+    x = data.reshape(-1, 256).astype(np.float64)
+    n = x.shape[0]
+
+    def f16(v):
+        return np.asarray(v, np.float16)
+
+    if qtype == T.Q6_K:
+        sub = x.reshape(n, 16, 16)
+        scale = np.abs(sub).max(axis=2) / 31.5
+        d = f16(scale.max(axis=1) / 127)
+        sc = np.clip(np.round(scale / np.maximum(d.astype(np.float64), 1e-30)[:, None]), -127, 127).astype(np.int8)
+        step = d.astype(np.float64)[:, None] * sc
+        q = np.clip(np.round(sub / np.where(step == 0, 1, step)[:, :, None]) + 32, 0, 63).astype(np.uint8)
+        q = q.reshape(n, 256)
+        ql = np.zeros((n, 128), np.uint8)
+        qh = np.zeros((n, 64), np.uint8)
+        for t in range(256):
+            h, r = t // 128, t % 128
+            ql[:, 64 * h + r % 64] |= (q[:, t] & 15) << (4 * (r // 64))
+            qh[:, 32 * h + t % 32] |= (q[:, t] >> 4) << (2 * (r // 32))
+        blocks = np.concatenate([ql, qh, sc.view(np.uint8), d.reshape(n, 1).view(np.uint8)], axis=1)
+    else:
+        levels = 15 if qtype == T.Q4_K else 31
+        sub = x.reshape(n, 8, 32)
+        lo = np.minimum(sub.min(axis=2), 0)
+        scale = (sub.max(axis=2) - lo) / levels
+        d = f16(scale.max(axis=1) / 63)
+        dmin = f16((-lo).max(axis=1) / 63)
+        sc = np.clip(np.round(scale / np.maximum(d.astype(np.float64), 1e-30)[:, None]), 0, 63).astype(np.uint8)
+        m = np.clip(np.round(-lo / np.maximum(dmin.astype(np.float64), 1e-30)[:, None]), 0, 63).astype(np.uint8)
+        step = d.astype(np.float64)[:, None] * sc
+        offset = dmin.astype(np.float64)[:, None] * m
+        q = np.round((sub + offset[:, :, None]) / np.where(step == 0, 1, step)[:, :, None])
+        q = np.clip(q, 0, levels).astype(np.uint8)
+        scales = np.zeros((n, 12), np.uint8)
+        for j in range(4):
+            scales[:, j] = sc[:, j] | (sc[:, j + 4] >> 4) << 6
+            scales[:, j + 4] = m[:, j] | (m[:, j + 4] >> 4) << 6
+            scales[:, j + 8] = (sc[:, j + 4] & 15) | (m[:, j + 4] & 15) << 4
+        qs = np.zeros((n, 128), np.uint8)
+        for g in range(4):
+            qs[:, 32 * g:32 * g + 32] = (q[:, 2 * g] & 15) | (q[:, 2 * g + 1] & 15) << 4
+        parts = [d.reshape(n, 1).view(np.uint8), dmin.reshape(n, 1).view(np.uint8), scales]
+        if qtype == T.Q5_K:
+            qh = np.zeros((n, 32), np.uint8)
+            for j in range(8):
+                qh |= (q[:, j] >> 4) << j
+            parts.append(qh)
+        blocks = np.concatenate(parts + [qs], axis=1)
+    return blocks.reshape(rows, -1)
+
+
 def add(writer, name, data, qtype):
     data = data.astype(np.float32)
     if qtype == T.F32:
         writer.add_tensor(name, data)
     elif qtype == T.F16:
         writer.add_tensor(name, data.astype(np.float16))
+    elif qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        writer.add_tensor(name, k_quantize(data, qtype), raw_dtype=qtype)
     else:
         writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
