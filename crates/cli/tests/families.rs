@@ -8,6 +8,10 @@
 //! exactly or, from the first id that differs, agree on at least 95% of the next ids when both
 //! are fed onnxruntime-genai's ids one step at a time (teacher-forced top-1).
 //!
+//! Where llama.cpp's converter maps the family to an architecture oxgen imports (Qwen2, Qwen3),
+//! `make_families.py` also wrote the same checkpoint as an F32 GGUF: imported (f32
+//! activations), it must give the builder package's ids too.
+//!
 //! Phi-3.5 / Phi-4-mini (LongRoPE): the prompt starts below `original_max_position_embeddings`
 //! and decoding crosses it, so the switch from the short to the long rotary caches is checked,
 //! alone and in a batch where the other sequence stays short (per-sequence choice).
@@ -15,6 +19,7 @@
 use std::path::PathBuf;
 
 use oxgen::{Backend, GenerateOptions, Model, ModelOptions, Prompt, Sequence};
+use oxgen_import::{ImportOptions, import_gguf};
 
 fn families_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/families")
@@ -197,4 +202,40 @@ fn a_generation_shorter_than_the_window_runs_on_both_backends() {
             assert_eq!(ids[0], ids[1], "{}", case.package);
         }
     }
+}
+
+#[test]
+fn a_gguf_of_the_same_checkpoint_imports_to_the_same_ids() {
+    let text = std::fs::read_to_string(families_dir().join("families.json")).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for (name, family) in manifest.as_object().unwrap() {
+        let Some(gguf) = family["gguf"].as_str() else {
+            continue;
+        };
+        let case = cases()
+            .into_iter()
+            .find(|c| c.package == format!("{name}-fp32"))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join("package");
+        let options = ImportOptions {
+            accuracy_level: 0,
+            ..ImportOptions::default()
+        };
+        let imported = import_gguf(&families_dir().join(gguf), &package, &options).unwrap();
+        assert_eq!(imported.architecture, name.as_str());
+        let mut model = Model::open(
+            &package,
+            &ModelOptions {
+                threads: 2,
+                backend: Backend::Native,
+                ..ModelOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(alone(&mut model, &case), case.genai, "{gguf} imported");
+        checked += 1;
+    }
+    assert!(checked >= 2, "families.json names {checked} GGUFs");
 }

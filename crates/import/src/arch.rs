@@ -19,10 +19,13 @@ pub enum Arch {
     Mistral,
     /// Llama with Q/K/V biases and Hugging Face (NeoX) rotary order in the file.
     Qwen2,
+    /// Qwen2's layout without biases, with an RMSNorm over each Q and K head (`attn_q_norm`,
+    /// `attn_k_norm`) before the rotary.
+    Qwen3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Mistral, Arch::Qwen2];
+    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
 
     /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
     /// `model.type`.
@@ -31,12 +34,18 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
         }
     }
 
+    /// Whether each layer normalizes its Q and K heads (RMSNorm over the head size).
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3)
+    }
+
     /// Whether llama.cpp's converter permuted the Q and K projection rows for its
-    /// interleaved rotary (`LlamaModel.permute` in `convert_hf_to_gguf.py`); Qwen2 is
-    /// converted unpermuted and rotated in NeoX order.
+    /// interleaved rotary (`LlamaModel.permute` in `convert_hf_to_gguf.py`); Qwen2 and Qwen3
+    /// are converted unpermuted and rotated in NeoX order.
     pub fn permutes_qk(self) -> bool {
         matches!(self, Arch::Llama | Arch::Mistral)
     }

@@ -141,6 +141,8 @@ pub enum Embedding {
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     pub input_norm: Tensor,
+    /// RMSNorm weights `[head_size]` over each Q and K head (Qwen3), applied before rotary.
+    pub qk_norm: Option<[Tensor; 2]>,
     pub q: Linear,
     pub k: Linear,
     pub v: Linear,
@@ -233,6 +235,10 @@ impl DecoderWeights {
         for (l, w) in self.layers.iter().enumerate() {
             let p = format!("layers.{l}");
             check(&format!("{p}.input_norm"), &w.input_norm, &[h])?;
+            if let Some([qn, kn]) = &w.qk_norm {
+                check(&format!("{p}.q_norm"), qn, &[spec.head_size])?;
+                check(&format!("{p}.k_norm"), kn, &[spec.head_size])?;
+            }
             check_linear(&format!("{p}.q"), &w.q, h, q)?;
             check_linear(&format!("{p}.k"), &w.k, h, kv)?;
             check_linear(&format!("{p}.v"), &w.v, h, kv)?;
@@ -384,6 +390,41 @@ impl Writer<'_> {
     fn norm_weight(&mut self, name: &str, w: Tensor) -> String {
         self.b.initializer(name, w);
         name.to_string()
+    }
+
+    /// RMSNorm over each head of `x` (`[batch, seq, heads * head_size]`), as onnxruntime-genai's
+    /// builder writes Qwen3's: reshape to `[batch, seq * heads, head_size]`, normalize, reshape
+    /// back. Returns the output's name.
+    fn head_norm(&mut self, x: &str, w: Tensor, heads: usize) -> String {
+        let hd = self.spec.head_size;
+        let weight = self.norm_weight(&format!("{x}_norm.weight"), w);
+        let (split, back) = (
+            format!("{x}_norm.split_shape"),
+            format!("{x}_norm.join_shape"),
+        );
+        let shape = |dims: [i64; 3]| Tensor::from_slice([3], &dims).expect("three dims");
+        self.b
+            .initializer(&split, shape([0, -1, hd as i64]))
+            .initializer(&back, shape([0, -1, (heads * hd) as i64]));
+        let (heads_in, normed, out) = (
+            format!("{x}_norm.heads"),
+            format!("{x}_norm.normed"),
+            format!("{x}_norm"),
+        );
+        self.node("Reshape", "", &heads_in, &[x, &split], &[&heads_in], vec![]);
+        self.node(
+            "SimplifiedLayerNormalization",
+            "",
+            &normed,
+            &[&heads_in, &weight],
+            &[&normed],
+            vec![
+                attr::float("epsilon", self.spec.rms_eps),
+                attr::int("axis", -1),
+            ],
+        );
+        self.node("Reshape", "", &out, &[&normed, &back], &[&out], vec![]);
+        out
     }
 
     /// `SkipSimplifiedLayerNormalization(input, skip)` -> (normed, residual sum).
@@ -644,10 +685,14 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
                 residual = sum;
             }
         }
-        let (q, k, v) = (format!("{p}.q"), format!("{p}.k"), format!("{p}.v"));
+        let (mut q, mut k, v) = (format!("{p}.q"), format!("{p}.k"), format!("{p}.v"));
         g.linear(&q, w.q, &normed, &q);
         g.linear(&k, w.k, &normed, &k);
         g.linear(&v, w.v, &normed, &v);
+        if let Some([qn, kn]) = w.qk_norm {
+            q = g.head_norm(&q, qn, spec.heads);
+            k = g.head_norm(&k, kn, spec.kv_heads);
+        }
         let attn = format!("{p}.attn");
         let (pk, pv) = (
             format!("past_key_values.{l}.key"),

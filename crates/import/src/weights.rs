@@ -5,8 +5,9 @@
 //! Tensor names follow llama.cpp (`gguf-py` `gguf/tensor_mapping.py`): `token_embd`,
 //! `output_norm`, `output` (absent when the head is tied to the embedding), `rope_freqs`,
 //! and per layer `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate,
-//! ffn_up, ffn_down}.weight` plus optional `attn_{q,k,v,output}.bias`. A tensor outside this
-//! list is an error: it would belong to a feature (QK-norm, MoE, ...) the graph lacks.
+//! ffn_up, ffn_down}.weight` plus optional `attn_{q,k,v,output}.bias`, and Qwen3's
+//! `attn_{q,k}_norm.weight`. A tensor outside this list is an error: it would belong to a
+//! feature (MoE, ...) the graph lacks.
 //!
 //! # Undoing the Q/K permutation
 //!
@@ -299,6 +300,15 @@ pub fn read(
     for l in 0..hp.layers {
         let p = format!("blk.{l}");
         let input_norm = r.vector(&format!("{p}.attn_norm.weight"), h, &why_norm)?;
+        let qk_norm = if hp.arch.qk_norm() {
+            let why = format!("[head size {hd}]: one weight per element of a Q or K head");
+            Some([
+                r.vector(&format!("{p}.attn_q_norm.weight"), hd, &why)?,
+                r.vector(&format!("{p}.attn_k_norm.weight"), hd, &why)?,
+            ])
+        } else {
+            None
+        };
         let bq = r.bias(&format!("{p}.attn_q.bias"), q_out, qp)?;
         let q = r.linear(&format!("{p}.attn_q.weight"), (h, q_out), &why_q, qp, bq)?;
         let bk = r.bias(&format!("{p}.attn_k.bias"), kv_out, kp)?;
@@ -337,6 +347,7 @@ pub fn read(
         )?;
         layers.push(LayerWeights {
             input_norm,
+            qk_norm,
             q,
             k,
             v,
@@ -354,7 +365,7 @@ pub fn read(
             tensor: extra.name.clone(),
             problem: format!(
                 "is not part of the {} graph oxgen writes (a layer beyond block_count {}, or a \
-                 feature such as QK-norm or experts); importing without it would change the \
+                 feature such as experts); importing without it would change the \
                  model's results",
                 hp.arch.name(),
                 hp.layers

@@ -436,7 +436,7 @@ fn bad_files_fail_cleanly_naming_the_problem() {
         &make_gguf("bad-arch", d),
         &[
             "general.architecture 'gptx' is not supported",
-            "llama, mistral, qwen2",
+            "llama, mistral, qwen2, qwen3",
         ],
     );
     expect_clean_error(
@@ -455,7 +455,7 @@ fn bad_files_fail_cleanly_naming_the_problem() {
     expect_clean_error(&make_gguf("bad-type", d), &["blk.0.ffn_up.weight", "Q5_0"]);
     expect_clean_error(
         &make_gguf("extra-tensor", d),
-        &["blk.0.attn_q_norm.weight", "QK-norm"],
+        &["blk.0.attn_q_norm.weight", "is not part of the llama graph"],
     );
 
     let good = make_gguf("llama", d);

@@ -175,6 +175,7 @@ fn random_weights(cfg: &FixtureConfig) -> DecoderWeights {
     });
     let layers = (0..cfg.layers)
         .map(|_| LayerWeights {
+            qk_norm: None,
             input_norm: norm_weight(&mut rng, h),
             q: q4_linear(&mut rng, h, h, block),
             k: q4_linear(&mut rng, h, cfg.kv_heads * hd, block),

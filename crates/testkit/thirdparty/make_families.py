@@ -11,17 +11,19 @@ beside the packages, and oxgen's test (`crates/cli/tests/families.rs`) must repr
 Tool versions used to make the committed packages (Python 3.11.7, CPU only):
 
   torch 2.15.0   transformers 5.24.0   onnxruntime-genai 0.18.0   onnxruntime 1.32.0
-  onnx_ir 1.1.0  onnxscript 0.7.2      safetensors 0.8.0
+  onnx_ir 1.1.0  onnxscript 0.7.2      safetensors 0.8.0      gguf 0.19.0
 
 Rerun (from the repository root; torch is several GB, so CI does not do this):
 
   python3 -m venv /tmp/famvenv && /tmp/famvenv/bin/pip install torch==2.15.0 \\
       transformers==5.24.0 onnxruntime-genai==0.18.0 onnxruntime==1.32.0 onnx_ir==1.1.0 \\
-      onnxscript==0.7.2 safetensors==0.8.0
+      onnxscript==0.7.2 safetensors==0.8.0 gguf==0.19.0
   /tmp/famvenv/bin/python crates/testkit/thirdparty/make_families.py [--only NAME,...]
 
-It rewrites families/<name>-<precision>/ and families/families.json; the checkpoints and the
-builder's raw output stay in the work folder (--work, default /tmp/oxgen-families).
+It rewrites families/<name>-<precision>/ and families/families.json, and for the families whose
+llama.cpp architecture oxgen imports, families/<name>.gguf (F32, the same checkpoint as
+llama.cpp's converter lays it out); the checkpoints and the builder's raw output stay in the
+work folder (--work, default /tmp/oxgen-families).
 """
 
 import argparse
@@ -193,6 +195,71 @@ def export(hf_dir, work, name, precision):
     return dest
 
 
+# Families llama.cpp's converter maps to an architecture oxgen imports: the GGUF written from
+# the same checkpoint must give the builder package's ids once imported.
+GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def write_gguf(name, model, tok_dir):
+    """families/<name>.gguf (F32) from the checkpoint, named and laid out as llama.cpp's
+    convert_hf_to_gguf.py writes a Qwen2 / Qwen3 model (no Q/K permutation for these), with the
+    fixture tokenizer as a `gpt2` BPE vocabulary."""
+    import gguf
+    import numpy as np
+
+    arch = GGUF_ARCH[name]
+    cfg = model.config
+    path = os.path.join(OUT, f"{name}.gguf")
+    w = gguf.GGUFWriter(path, arch)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    tok = json.load(open(os.path.join(tok_dir, "tokenizer.json")))
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    specials = {a["content"] for a in tok["added_tokens"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if t in specials else 1 for t, _ in vocab])
+    w.add_token_merges(tok["model"]["merges"])
+    w.add_bos_token_id(BOS)
+    w.add_eos_token_id(EOS)
+    names = {
+        "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for hf, t in model.state_dict().items():
+        data = t.detach().to("cpu").float().numpy().astype(np.float32)
+        if hf == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif hf == "model.norm.weight":
+            out = "output_norm.weight"
+        elif hf == "lm_head.weight":
+            out = "output.weight"
+        else:
+            layer, rest = hf.removeprefix("model.layers.").split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            out = f"blk.{layer}.{names[module]}.{kind}"
+        w.add_tensor(out, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"families/{name}.gguf: {os.path.getsize(path)} bytes")
+
+
 def greedy_genai(package, ids, new_tokens):
     import onnxruntime_genai as og
 
@@ -250,6 +317,9 @@ def main():
             agree = sum(a == b for a, b in zip(genai, reference))
             print(f"{name}-{precision}: onnxruntime-genai {genai}\n  transformers agrees on {agree}/{len(genai)}")
             entry["packages"][f"{name}-{precision}"] = {"precision": precision, "genai": genai}
+        if name in GGUF_ARCH:
+            write_gguf(name, model, tok_dir)
+            entry["gguf"] = f"{name}.gguf"
         manifest[name] = entry
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
