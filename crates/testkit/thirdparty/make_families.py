@@ -197,13 +197,19 @@ def export(hf_dir, work, name, precision):
 
 # Families llama.cpp's converter maps to an architecture oxgen imports: the GGUF written from
 # the same checkpoint must give the builder package's ids once imported.
-GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
+
+
+def permute(w, n_head):
+    """convert_hf_to_gguf.py's LlamaModel.permute: Q and K rows reordered for ggml's
+    interleaved rotary (the importer undoes it)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def write_gguf(name, model, tok_dir):
     """families/<name>.gguf (F32) from the checkpoint, named and laid out as llama.cpp's
-    convert_hf_to_gguf.py writes a Qwen2 / Qwen3 model (no Q/K permutation for these), with the
-    fixture tokenizer as a `gpt2` BPE vocabulary."""
+    convert_hf_to_gguf.py writes it (Q/K rows permuted for the `llama` architecture, not for
+    Qwen), with the fixture tokenizer as a `gpt2` BPE vocabulary."""
     import gguf
     import numpy as np
 
@@ -252,6 +258,9 @@ def write_gguf(name, model, tok_dir):
             layer, rest = hf.removeprefix("model.layers.").split(".", 1)
             module, kind = rest.rsplit(".", 1)
             out = f"blk.{layer}.{names[module]}.{kind}"
+            if arch == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = cfg.num_attention_heads if module.endswith("q_proj") else cfg.num_key_value_heads
+                data = permute(data, heads)
         w.add_tensor(out, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -319,7 +328,7 @@ def main():
             entry["packages"][f"{name}-{precision}"] = {"precision": precision, "genai": genai}
         if name in GGUF_ARCH:
             write_gguf(name, model, tok_dir)
-            entry["gguf"] = f"{name}.gguf"
+            entry["gguf"] = {"file": f"{name}.gguf", "architecture": GGUF_ARCH[name]}
         manifest[name] = entry
     with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
