@@ -66,10 +66,10 @@ fn open(case: &Case, backend: Backend) -> Model {
         .unwrap_or_else(|e| panic!("{} on {backend:?}: {e}", case.package))
 }
 
+/// Greedy for at most `n` ids, stopping at EOS as onnxruntime-genai does (its ids end there).
 fn greedy(n: usize) -> GenerateOptions {
     GenerateOptions {
         max_new_tokens: n,
-        ignore_eos: true,
         ..GenerateOptions::default()
     }
 }

@@ -86,36 +86,36 @@ FAMILIES = {
         COMMON, hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
         original_max_position_embeddings=64, tie_word_embeddings=True,
         rope_parameters=dict(longrope(48), partial_rotary_factor=0.75),
-        rms_norm_eps=1e-5, hidden_act="silu"), 40, 40, ("fp32",)),
+        rms_norm_eps=1e-5, hidden_act="silu"), 40, 40, ("fp32", "int4")),
     "llama3": ("LlamaConfig", "LlamaForCausalLM", dict(
         COMMON, rms_norm_eps=1e-5, hidden_act="silu",
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 64}), 12, 24, ("fp32",)),
+                         "original_max_position_embeddings": 64}), 12, 24, ("fp32", "int4")),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         COMMON, rms_norm_eps=1e-5, hidden_act="silu", sliding_window=None,
-        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         COMMON, rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False,
-        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         COMMON, head_dim=16, rms_norm_eps=1e-6, hidden_act="silu", use_sliding_window=False,
         rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(
         COMMON, rms_norm_eps=1e-5, hidden_act="silu", embedding_multiplier=6.0,
         residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=2.0,
-        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(
-        COMMON, hidden_act="silu", clip_qkv=None, rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+        COMMON, hidden_act="silu", clip_qkv=None, rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     # SmolLM3 (layers without rotary) is not here: the builder 0.18.0 fails on it for CPU (it
     # turns rotary off inside attention for those layers, then asks for a separate rotary op
     # on position_ids, an input it removed: KeyError 'position_ids').
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(
         COMMON, head_dim=32, norm_eps=1e-5, hidden_act="relu2",
-        rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.5)), 12, 24, ("fp32",)),
+        rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.5)), 12, 24, ("fp32", "int4")),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(
         COMMON, head_dim=16, rms_norm_eps=1e-5, hidden_act="silu", use_bias=False,
-        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     # Gemma 2: windowed and global layers alternate (window 8: a 12-id prompt and 24 new ids
     # cross it), softcaps, `(1 + w)` norms, GELU-tanh, an embedding scale of sqrt(hidden); a
     # narrower initializer, since that scale and the softcaps saturate the logits at 0.2.
@@ -123,12 +123,12 @@ FAMILIES = {
         COMMON, initializer_range=0.05, head_dim=16, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
         query_pre_attn_scalar=16, sliding_window=8, final_logit_softcapping=30.0,
         attn_logit_softcapping=50.0, tie_word_embeddings=True,
-        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32",)),
+        rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     # Gemma 3 (text): as Gemma 2 plus q/k norms and a separate rotary base for windowed layers.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         COMMON, initializer_range=0.05, head_dim=16, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
         query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
-        layer_types=["sliding_attention", "full_attention"]), 12, 24, ("fp32",)),
+        layer_types=["sliding_attention", "full_attention"]), 12, 24, ("fp32", "int4")),
 }
 
 
