@@ -9,7 +9,7 @@
 //! are fed onnxruntime-genai's ids one step at a time (teacher-forced top-1).
 //!
 //! Where llama.cpp's converter maps the family to an architecture oxgen imports (Mistral as
-//! `llama`, with its Q/K rows permuted; Qwen2; Qwen3),
+//! `llama`, with its Q/K rows permuted; Qwen2; Qwen3; Granite with its multipliers),
 //! `make_families.py` also wrote the same checkpoint as an F32 GGUF: imported (f32
 //! activations), it must give the builder package's ids too.
 //!
@@ -241,5 +241,5 @@ fn a_gguf_of_the_same_checkpoint_imports_to_the_same_ids() {
         assert_eq!(alone(&mut model, &case), case.genai, "{gguf} imported");
         checked += 1;
     }
-    assert!(checked >= 3, "families.json names {checked} GGUFs");
+    assert!(checked >= 4, "families.json names {checked} GGUFs");
 }

@@ -22,10 +22,18 @@ pub enum Arch {
     /// Qwen2's layout without biases, with an RMSNorm over each Q and K head (`attn_q_norm`,
     /// `attn_k_norm`) before the rotary.
     Qwen3,
+    /// Llama with four multipliers ([`Multipliers`]).
+    Granite,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Granite,
+    ];
 
     /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
     /// `model.type`.
@@ -35,6 +43,7 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Granite => "granite",
         }
     }
 
@@ -47,7 +56,7 @@ impl Arch {
     /// interleaved rotary (`LlamaModel.permute` in `convert_hf_to_gguf.py`); Qwen2 and Qwen3
     /// are converted unpermuted and rotated in NeoX order.
     pub fn permutes_qk(self) -> bool {
-        matches!(self, Arch::Llama | Arch::Mistral)
+        matches!(self, Arch::Llama | Arch::Mistral | Arch::Granite)
     }
 }
 
@@ -74,6 +83,30 @@ pub struct HParams {
     pub rope_linear_scale: f64,
     pub rms_eps: f32,
     pub sliding_window: Option<usize>,
+    pub multipliers: Multipliers,
+}
+
+/// Granite's scalars (`<arch>.embedding_scale`, `.residual_scale`, `.attention.scale`,
+/// `.logit_scale`; 1, 1, `None` and 1 elsewhere): the embedding is multiplied by `embedding`,
+/// each attention and MLP output by `residual` before it joins the residual stream, scores use
+/// `attention` instead of `1 / sqrt(head size)`, and logits are divided by `logit`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Multipliers {
+    pub embedding: f32,
+    pub residual: f32,
+    pub attention: Option<f32>,
+    pub logit: f32,
+}
+
+impl Default for Multipliers {
+    fn default() -> Self {
+        Multipliers {
+            embedding: 1.0,
+            residual: 1.0,
+            attention: None,
+            logit: 1.0,
+        }
+    }
 }
 
 struct Meta<'a> {
@@ -216,6 +249,15 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         return Err(m.bad(&eps_key, format!("{rms_eps} must be finite and positive")));
     }
     let sliding_window = m.optional_count("attention.sliding_window", usize::MAX)?;
+    let scale = |suffix: &str| -> Result<Option<f32>, ImportError> {
+        Ok(m.optional_f64(suffix)?.map(|v| v as f32))
+    };
+    let multipliers = Multipliers {
+        embedding: scale("embedding_scale")?.unwrap_or(1.0),
+        residual: scale("residual_scale")?.unwrap_or(1.0),
+        attention: scale("attention.scale")?,
+        logit: scale("logit_scale")?.unwrap_or(1.0),
+    };
     Ok(HParams {
         arch,
         layers,
@@ -230,6 +272,7 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         rms_eps,
         // A window covering the whole context is no window.
         sliding_window: sliding_window.filter(|&w| w < context),
+        multipliers,
     })
 }
 

@@ -54,6 +54,8 @@ pub struct DecoderSpec {
     /// `GroupQueryAttention` `local_window_size`: each query sees this many keys, itself
     /// included; `None` attends to the whole past.
     pub sliding_window: Option<usize>,
+    /// Granite's multipliers (all neutral for the other architectures).
+    pub multipliers: crate::arch::Multipliers,
 }
 
 /// Rotary frequencies: `θ_i = base^(-2i / head_size) / factors[i] / linear_scale`.
@@ -427,6 +429,13 @@ impl Writer<'_> {
         out
     }
 
+    /// `x · scalar` (an f32 scalar initializer); returns the output's name.
+    fn scaled(&mut self, x: &str, scalar: &str) -> String {
+        let out = format!("{x}_scaled");
+        self.node("Mul", "", &out, &[x, scalar], &[&out], vec![]);
+        out
+    }
+
     /// `SkipSimplifiedLayerNormalization(input, skip)` -> (normed, residual sum).
     fn skip_norm(&mut self, name: &str, w: Tensor, io: [&str; 4]) {
         let [input, skip, out, residual] = io;
@@ -662,7 +671,21 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         }
     }
 
+    // Granite's multipliers, as scalar initializers where they are not 1.
+    let mult = spec.multipliers;
+    for (name, value) in [
+        ("embedding_scale", mult.embedding),
+        ("residual_scale", mult.residual),
+        ("logit_scale", mult.logit),
+    ] {
+        if value != 1.0 {
+            g.b.initializer(name, Tensor::scalar(value));
+        }
+    }
     let mut residual = "embeddings".to_string();
+    if mult.embedding != 1.0 {
+        residual = g.scaled("embeddings", "embedding_scale");
+    }
     let mut pending: Option<String> = None;
     for (l, w) in layers.into_iter().enumerate() {
         let p = format!("layers.{l}");
@@ -700,13 +723,16 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         );
         let (ok, ov) = (format!("present.{l}.key"), format!("present.{l}.value"));
         let window = spec.sliding_window.map_or(-1, |w| w as i64);
-        let gqa = vec![
+        let mut gqa = vec![
             attr::int("num_heads", spec.heads as i64),
             attr::int("kv_num_heads", spec.kv_heads as i64),
             attr::int("do_rotary", 1),
             attr::int("rotary_interleaved", 0),
             attr::int("local_window_size", window),
         ];
+        if let Some(scale) = mult.attention {
+            gqa.push(attr::float("scale", scale));
+        }
         g.node(
             "GroupQueryAttention",
             "com.microsoft",
@@ -725,8 +751,11 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             &[&attn, &ok, &ov],
             gqa,
         );
-        let o = format!("{p}.o");
+        let mut o = format!("{p}.o");
         g.linear(&o, w.o, &attn, &o);
+        if mult.residual != 1.0 {
+            o = g.scaled(&o, "residual_scale");
+        }
         let (post, sum) = (format!("{p}.post_norm"), format!("{p}.post_residual"));
         g.skip_norm(&post, w.post_norm, [&o, &residual, &post, &sum]);
         residual = sum;
@@ -742,7 +771,11 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         g.node("Mul", "", &act, &[&gate, &sig], &[&act], vec![]);
         g.node("Mul", "", &prod, &[&act, &up], &[&prod], vec![]);
         g.linear(&down, w.down, &prod, &down);
-        pending = Some(down);
+        pending = Some(if mult.residual != 1.0 {
+            g.scaled(&down, "residual_scale")
+        } else {
+            down
+        });
     }
     let last = pending.expect("DecoderWeights::check requires at least one layer");
     g.skip_norm(
@@ -750,7 +783,19 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         final_norm,
         [&last, &residual, "final_norm", "final_residual"],
     );
-    g.linear_node("lm_head", &head_shape, "final_norm", "logits");
+    if mult.logit != 1.0 {
+        g.linear_node("lm_head", &head_shape, "final_norm", "logits_unscaled");
+        g.node(
+            "Div",
+            "",
+            "logits",
+            &["logits_unscaled", "logit_scale"],
+            &["logits"],
+            vec![],
+        );
+    } else {
+        g.linear_node("lm_head", &head_shape, "final_norm", "logits");
+    }
     g.b
 }
 

@@ -2,11 +2,14 @@
 //! package oxgen (and onnxruntime, and onnxruntime-genai) can run, and holds the one writer
 //! of that package's decoder graph ([`genai_graph`]), which test fixtures share.
 //!
-//! [`import_gguf`] maps `general.architecture` `llama`, `mistral` and `qwen2`:
+//! [`import_gguf`] maps `general.architecture` `llama`, `mistral`, `qwen2`, `qwen3` (an
+//! RMSNorm over each Q and K head) and `granite` (its four multipliers, [`arch::Multipliers`]):
 //!
-//! - `model.onnx` + `model.onnx.data`: the decoder graph of [`genai_graph`]. Q4_0, Q4_1 and
-//!   Q8_0 projections become `MatMulNBits` without requantization (`oxgen_gguf::repack`;
-//!   Q4_1 with float zero points), F32/F16/BF16 ones f32 `MatMul`s; Q/K/V(/O) biases become
+//! - `model.onnx` + `model.onnx.data`: the decoder graph of [`genai_graph`]. Q4_0, Q4_1,
+//!   Q8_0 and Q4_K projections become `MatMulNBits` without requantization
+//!   (`oxgen_gguf::repack`; Q4_1 and Q4_K with float zero points), Q5_K and Q6_K ones int8
+//!   `MatMulNBits` requantized (reported in [`Imported::requantized`]), F32/F16/BF16 ones f32
+//!   `MatMul`s; Q/K/V(/O) biases become
 //!   the projection's bias; llama.cpp's Q/K row permutation is undone ([`weights`]) so
 //!   `GroupQueryAttention` rotates in Hugging Face order. A Q4_0/Q8_0 embedding becomes
 //!   `GatherBlockQuantized`, any other a plain f32 `Gather`; without `output.weight` the
@@ -143,6 +146,7 @@ pub fn import_gguf(
         rms_eps: hp.rms_eps,
         accuracy_level: i64::from(options.accuracy_level),
         sliding_window: hp.sliding_window,
+        multipliers: hp.multipliers,
     };
     let config = genai_graph::genai_config(
         &spec,

@@ -142,6 +142,7 @@ pub fn decoder_spec(cfg: &FixtureConfig) -> DecoderSpec {
         rms_eps: 1e-5,
         accuracy_level: cfg.accuracy_level,
         sliding_window: None,
+        multipliers: Default::default(),
     }
 }
 

@@ -197,7 +197,7 @@ def export(hf_dir, work, name, precision):
 
 # Families llama.cpp's converter maps to an architecture oxgen imports: the GGUF written from
 # the same checkpoint must give the builder package's ids once imported.
-GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
+GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite"}
 
 
 def permute(w, n_head):
@@ -229,6 +229,11 @@ def write_gguf(name, model, tok_dir):
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if arch == "granite":
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
     tok = json.load(open(os.path.join(tok_dir, "tokenizer.json")))
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
     specials = {a["content"] for a in tok["added_tokens"]}
@@ -258,7 +263,7 @@ def write_gguf(name, model, tok_dir):
             layer, rest = hf.removeprefix("model.layers.").split(".", 1)
             module, kind = rest.rsplit(".", 1)
             out = f"blk.{layer}.{names[module]}.{kind}"
-            if arch == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+            if arch in ("llama", "granite") and module in ("self_attn.q_proj", "self_attn.k_proj"):
                 heads = cfg.num_attention_heads if module.endswith("q_proj") else cfg.num_key_value_heads
                 data = permute(data, heads)
         w.add_tensor(out, data)
