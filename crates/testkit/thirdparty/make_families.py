@@ -107,9 +107,11 @@ FAMILIES = {
         rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(
         COMMON, hidden_act="silu", clip_qkv=None, rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
-    # SmolLM3 (layers without rotary) is not here: the builder 0.18.0 fails on it for CPU (it
-    # turns rotary off inside attention for those layers, then asks for a separate rotary op
-    # on position_ids, an input it removed: KeyError 'position_ids').
+    # SmolLM3: layers 0 and 1 with and without rotary (`no_rope_layers`); the builder runs
+    # with one bug mended (BUILDER_SHIM).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
+        COMMON, rms_norm_eps=1e-6, hidden_act="silu", no_rope_layers=[1, 0],
+        use_sliding_window=False, rope_parameters=DEFAULT_ROPE), 16, 24, ("fp32", "int4")),
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(
         COMMON, head_dim=32, norm_eps=1e-5, hidden_act="relu2",
         rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.5)), 12, 24, ("fp32", "int4")),
@@ -136,7 +138,7 @@ FAMILIES = {
 # The builder 0.18.0 reads Gemma 3's rotary settings as transformers 4 spelled them (a flat
 # `rope_parameters` for the global layers, `rope_local_base_freq` for the windowed ones), while
 # transformers 5 nests both under the layer types: the builder runs with its config loader
-# giving the older spelling too (same values).
+# giving the older spelling too (same values). It also mends a builder bug (SmolLM3, below).
 BUILDER_SHIM = """
 import runpy, sys, transformers
 load = transformers.AutoConfig.from_pretrained
@@ -148,6 +150,20 @@ def from_pretrained(*args, **kwargs):
         config.rope_parameters = dict(rope["full_attention"])
     return config
 transformers.AutoConfig.from_pretrained = from_pretrained
+# SmolLM3's layers without rotary: the builder turns rotary inside attention off for them but
+# then asks for a separate rotary op on position_ids, an input it removed (KeyError). Those
+# layers get no rotary at all, as in transformers. (builder.py imports its builders as the
+# top-level package `builders`, from its own folder.)
+import os, onnxruntime_genai.models as models
+sys.path.insert(0, os.path.dirname(models.__file__))
+from builders import smollm
+make_attention = smollm.SmolLM3Model.make_attention
+def smollm3_attention(self, layer_id, attention, root_input, **kwargs):
+    rope = self.attention_attrs["rope"]
+    self.attention_attrs["rope"] = bool(self.no_rope_layers[layer_id])
+    make_attention(self, layer_id, attention, root_input, **kwargs)
+    self.attention_attrs["rope"] = rope
+smollm.SmolLM3Model.make_attention = smollm3_attention
 sys.argv = ["onnxruntime_genai.models.builder"] + sys.argv[1:]
 runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
 """
