@@ -9,9 +9,10 @@
 //! are fed onnxruntime-genai's ids one step at a time (teacher-forced top-1).
 //!
 //! Where llama.cpp's converter maps the family to an architecture oxgen imports (Mistral as
-//! `llama`, with its Q/K rows permuted; Qwen2; Qwen3; Granite with its multipliers),
+//! `llama`, with its Q/K rows permuted; Qwen2; Qwen3; Granite with its multipliers; Phi-3.5
+//! with fused projections and LongRoPE, which the importer writes as the builder does),
 //! `make_families.py` also wrote the same checkpoint as an F32 GGUF: imported (f32
-//! activations), it must give the builder package's ids too.
+//! activations), it must give the builder package's ids too, on both backends.
 //!
 //! Phi-3.5 / Phi-4-mini (LongRoPE): the prompt starts below `original_max_position_embeddings`
 //! and decoding crosses it, so the switch from the short to the long rotary caches is checked,
@@ -229,17 +230,20 @@ fn a_gguf_of_the_same_checkpoint_imports_to_the_same_ids() {
         };
         let imported = import_gguf(&families_dir().join(gguf), &package, &options).unwrap();
         assert_eq!(imported.architecture, arch);
-        let mut model = Model::open(
-            &package,
-            &ModelOptions {
+        for backend in [Backend::Native, Backend::Ort] {
+            let options = ModelOptions {
                 threads: 2,
-                backend: Backend::Native,
+                backend,
                 ..ModelOptions::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(alone(&mut model, &case), case.genai, "{gguf} imported");
+            };
+            let mut model = Model::open(&package, &options).unwrap();
+            assert_eq!(
+                alone(&mut model, &case),
+                case.genai,
+                "{gguf} imported, {backend:?}"
+            );
+        }
         checked += 1;
     }
-    assert!(checked >= 4, "families.json names {checked} GGUFs");
+    assert!(checked >= 5, "families.json names {checked} GGUFs");
 }

@@ -24,15 +24,18 @@ pub enum Arch {
     Qwen3,
     /// Llama with four multipliers ([`Multipliers`]).
     Granite,
+    /// Phi-3 / 3.5 / 4-mini: fused QKV and gate/up projections, LongRoPE ([`LongRope`]).
+    Phi3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 5] = [
+    pub const ALL: [Arch; 6] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Granite,
+        Arch::Phi3,
     ];
 
     /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
@@ -44,7 +47,14 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Granite => "granite",
+            Arch::Phi3 => "phi3",
         }
+    }
+
+    /// Whether Q, K and V come as one projection (`attn_qkv`), and gate and up as one
+    /// (`ffn_up`, gate rows first).
+    pub fn fused_projections(self) -> bool {
+        matches!(self, Arch::Phi3)
     }
 
     /// Whether each layer normalizes its Q and K heads (RMSNorm over the head size).
@@ -84,6 +94,17 @@ pub struct HParams {
     pub rms_eps: f32,
     pub sliding_window: Option<usize>,
     pub multipliers: Multipliers,
+    pub long_rope: Option<LongRope>,
+}
+
+/// LongRoPE (`<arch>.rope.scaling.original_context_length` present, with the tensors
+/// `rope_factors_short` and `rope_factors_long`): sequences up to `original_context` positions
+/// rotate with the short factors, longer ones with the long factors, both caches scaled by
+/// `attn_factor` (`<arch>.rope.scaling.attn_factor`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LongRope {
+    pub original_context: usize,
+    pub attn_factor: f32,
 }
 
 /// Granite's scalars (`<arch>.embedding_scale`, `.residual_scale`, `.attention.scale`,
@@ -252,6 +273,13 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
     let scale = |suffix: &str| -> Result<Option<f32>, ImportError> {
         Ok(m.optional_f64(suffix)?.map(|v| v as f32))
     };
+    let long_rope = match m.optional_count("rope.scaling.original_context_length", MAX_CONTEXT)? {
+        Some(original_context) if original_context < context => Some(LongRope {
+            original_context,
+            attn_factor: m.optional_f64("rope.scaling.attn_factor")?.unwrap_or(1.0) as f32,
+        }),
+        _ => None,
+    };
     let multipliers = Multipliers {
         embedding: scale("embedding_scale")?.unwrap_or(1.0),
         residual: scale("residual_scale")?.unwrap_or(1.0),
@@ -273,6 +301,7 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         // A window covering the whole context is no window.
         sliding_window: sliding_window.filter(|&w| w < context),
         multipliers,
+        long_rope,
     })
 }
 

@@ -66,6 +66,20 @@ pub struct Rope {
     pub freq_factors: Option<Vec<f32>>,
     /// Linear position scaling (positions divided by it); 1 is none.
     pub linear_scale: f64,
+    /// LongRoPE: two pairs of caches, chosen by the sequence's length (see [`LongRopeCaches`]).
+    pub long: Option<LongRopeCaches>,
+}
+
+/// LongRoPE's caches as onnxruntime-genai's builder writes them: `If` the mask's length
+/// exceeds `original_context`, caches of `context` rows made with `long_factors`, else of
+/// `original_context` rows with `short_factors` (divisors of each frequency, as
+/// `freq_factors`); both scaled by `attn_factor`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRopeCaches {
+    pub original_context: usize,
+    pub short_factors: Vec<f32>,
+    pub long_factors: Vec<f32>,
+    pub attn_factor: f32,
 }
 
 impl Rope {
@@ -74,6 +88,7 @@ impl Rope {
             base,
             freq_factors: None,
             linear_scale: 1.0,
+            long: None,
         }
     }
 }
@@ -255,26 +270,32 @@ impl DecoderWeights {
     }
 }
 
-/// `[context, head_size / 2]` cos and sin caches.
-fn rotary_caches(spec: &DecoderSpec) -> (Tensor, Tensor) {
+/// `[rows, head_size / 2]` cos and sin caches, each frequency divided by `factors[i]` when
+/// given, values multiplied by `scale`.
+fn rotary_caches(
+    spec: &DecoderSpec,
+    rows: usize,
+    factors: Option<&[f32]>,
+    scale: f64,
+) -> (Tensor, Tensor) {
     let (hd, half) = (spec.head_size, spec.head_size / 2);
     let rope = &spec.rope;
-    let mut cos = Vec::with_capacity(spec.context * half);
-    let mut sin = Vec::with_capacity(spec.context * half);
-    for p in 0..spec.context {
+    let mut cos = Vec::with_capacity(rows * half);
+    let mut sin = Vec::with_capacity(rows * half);
+    for p in 0..rows {
         for i in 0..half {
             let mut angle = p as f64 * rope.base.powf(-2.0 * i as f64 / hd as f64);
-            if let Some(f) = rope.freq_factors.as_ref().and_then(|f| f.get(i)) {
+            if let Some(f) = factors.and_then(|f| f.get(i)) {
                 angle /= f64::from(*f);
             }
             if rope.linear_scale != 1.0 {
                 angle /= rope.linear_scale;
             }
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
+            cos.push((angle.cos() * scale) as f32);
+            sin.push((angle.sin() * scale) as f32);
         }
     }
-    let t = |v: Vec<f32>| Tensor::from_slice([spec.context, half], &v).expect("sizes match");
+    let t = |v: Vec<f32>| Tensor::from_slice([rows, half], &v).expect("sizes match");
     (t(cos), t(sin))
 }
 
@@ -427,6 +448,56 @@ impl Writer<'_> {
         );
         self.node("Reshape", "", &out, &[&normed, &back], &[&out], vec![]);
         out
+    }
+
+    /// LongRoPE's `cos_cache` and `sin_cache` as the builder writes them:
+    /// `If(total_len > original_context)` with the long caches in the then branch and the short
+    /// ones in the else branch, each a `Constant`.
+    fn long_rope_caches(&mut self, long: &LongRopeCaches) {
+        let spec = self.spec;
+        let scale = f64::from(long.attn_factor);
+        let branch = |name: &str, rows: usize, factors: &[f32]| {
+            let (cos, sin) = rotary_caches(spec, rows, Some(factors), scale);
+            let mut b = ModelBuilder::new("oxgen-import");
+            for (out, t) in [(format!("{name}_cos"), cos), (format!("{name}_sin"), sin)] {
+                let dims = [Dim::Fixed(rows), Dim::Fixed(spec.head_size / 2)];
+                b.node(
+                    "Constant",
+                    "",
+                    &out,
+                    &[],
+                    &[&out],
+                    vec![attr::tensor("value", &t)],
+                );
+                b.output(&out, DType::F32, &dims);
+            }
+            b.subgraph(name)
+        };
+        let then_branch = branch("long_rope", spec.context, &long.long_factors);
+        let else_branch = branch("short_rope", long.original_context, &long.short_factors);
+        self.b.initializer(
+            "original_context",
+            Tensor::scalar(long.original_context as i64),
+        );
+        self.node(
+            "Greater",
+            "",
+            "beyond_original_context",
+            &["total_len_i64", "original_context"],
+            &["beyond_original_context"],
+            vec![],
+        );
+        self.node(
+            "If",
+            "",
+            "rope_caches",
+            &["beyond_original_context"],
+            &["cos_cache", "sin_cache"],
+            vec![
+                attr::graph("then_branch", then_branch),
+                attr::graph("else_branch", else_branch),
+            ],
+        );
     }
 
     /// `x · scalar` (an f32 scalar initializer); returns the output's name.
@@ -620,9 +691,15 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         to_i32(),
     );
 
-    let (cos, sin) = rotary_caches(spec);
-    g.b.initializer("cos_cache", cos)
-        .initializer("sin_cache", sin);
+    match &spec.rope.long {
+        None => {
+            let (cos, sin) =
+                rotary_caches(spec, spec.context, spec.rope.freq_factors.as_deref(), 1.0);
+            g.b.initializer("cos_cache", cos)
+                .initializer("sin_cache", sin);
+        }
+        Some(long) => g.long_rope_caches(long),
+    }
 
     let DecoderWeights {
         embedding,

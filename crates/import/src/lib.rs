@@ -3,7 +3,9 @@
 //! of that package's decoder graph ([`genai_graph`]), which test fixtures share.
 //!
 //! [`import_gguf`] maps `general.architecture` `llama`, `mistral`, `qwen2`, `qwen3` (an
-//! RMSNorm over each Q and K head) and `granite` (its four multipliers, [`arch::Multipliers`]):
+//! RMSNorm over each Q and K head), `granite` (its four multipliers, [`arch::Multipliers`])
+//! and `phi3` (fused QKV and gate/up projections split by rows; LongRoPE as an `If` between
+//! short and long rotary caches, [`arch::LongRope`]):
 //!
 //! - `model.onnx` + `model.onnx.data`: the decoder graph of [`genai_graph`]. Q4_0, Q4_1,
 //!   Q8_0 and Q4_K projections become `MatMulNBits` without requantization
@@ -127,8 +129,18 @@ pub fn import_gguf(
     let weights::Read {
         weights,
         rope_freqs: freq_factors,
+        long_rope_factors,
         requantized,
     } = weights::read(&file, &hp, tok.vocab, progress)?;
+    let long = hp
+        .long_rope
+        .zip(long_rope_factors)
+        .map(|(l, [short, long])| genai_graph::LongRopeCaches {
+            original_context: l.original_context,
+            short_factors: short,
+            long_factors: long,
+            attn_factor: l.attn_factor,
+        });
     let spec = DecoderSpec {
         layers: hp.layers,
         hidden: hp.hidden,
@@ -142,6 +154,7 @@ pub fn import_gguf(
             base: hp.rope_base,
             freq_factors,
             linear_scale: hp.rope_linear_scale,
+            long,
         },
         rms_eps: hp.rms_eps,
         accuracy_level: i64::from(options.accuracy_level),

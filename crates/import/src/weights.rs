@@ -203,7 +203,45 @@ fn unpermute_rows(t: Tensor, rows: usize, heads: usize) -> Tensor {
 pub struct Read {
     pub weights: DecoderWeights,
     pub rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE's short and long factors (`rope_factors_short`, `rope_factors_long`).
+    pub long_rope_factors: Option<[Vec<f32>; 2]>,
     pub requantized: Vec<(String, Requantized)>,
+}
+
+/// The first `parts[0]` output features of a fused projection, the next `parts[1]`, ...:
+/// a feature is a whole row of every tensor (blocks, scales, zero points), so rows move intact.
+fn split_rows<const P: usize>(w: Linear, parts: [usize; P]) -> [Linear; P] {
+    let (_, n) = w.dims();
+    debug_assert_eq!(parts.iter().sum::<usize>(), n, "the parts cover every row");
+    let rows = |t: &Tensor, from: usize, count: usize| {
+        let row = t.as_bytes().len() / n;
+        let bytes = &t.as_bytes()[from * row..(from + count) * row];
+        let mut dims = t.dims().to_vec();
+        dims[0] = dims[0] / n * count;
+        Tensor::from_buf(t.dtype(), &dims[..], AlignedBuf::from_bytes(bytes))
+            .expect("whole rows of the same dtype")
+    };
+    let mut from = 0;
+    parts.map(|count| {
+        let part = match &w {
+            Linear::NBits(w) => Linear::NBits(NBitsLinear {
+                k: w.k,
+                n: count,
+                bits: w.bits,
+                block_size: w.block_size,
+                b: rows(&w.b, from, count),
+                scales: rows(&w.scales, from, count),
+                zero_points: w.zero_points.as_ref().map(|z| rows(z, from, count)),
+                bias: w.bias.as_ref().map(|b| rows(b, from, count)),
+            }),
+            Linear::Float { weight, bias } => Linear::Float {
+                weight: rows(weight, from, count),
+                bias: bias.as_ref().map(|b| rows(b, from, count)),
+            },
+        };
+        from += count;
+        part
+    })
 }
 
 /// Reads and converts all weights, reporting each tensor to `progress`.
@@ -295,6 +333,19 @@ pub fn read(
             "one factor per rotary frequency",
         )?
         .map(|t| t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default());
+    let long_rope_factors = match hp.long_rope {
+        Some(_) => {
+            let mut factors = |name: &str| -> Result<Vec<f32>, ImportError> {
+                let t = r.vector(name, hd / 2, "LongRoPE: one factor per rotary frequency")?;
+                Ok(t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default())
+            };
+            Some([
+                factors("rope_factors_short.weight")?,
+                factors("rope_factors_long.weight")?,
+            ])
+        }
+        None => None,
+    };
 
     let mut layers = Vec::with_capacity(hp.layers);
     for l in 0..hp.layers {
@@ -309,18 +360,32 @@ pub fn read(
         } else {
             None
         };
-        let bq = r.bias(&format!("{p}.attn_q.bias"), q_out, qp)?;
-        let q = r.linear(&format!("{p}.attn_q.weight"), (h, q_out), &why_q, qp, bq)?;
-        let bk = r.bias(&format!("{p}.attn_k.bias"), kv_out, kp)?;
-        let k = r.linear(&format!("{p}.attn_k.weight"), (h, kv_out), &why_kv, kp, bk)?;
-        let bv = r.bias(&format!("{p}.attn_v.bias"), kv_out, None)?;
-        let v = r.linear(
-            &format!("{p}.attn_v.weight"),
-            (h, kv_out),
-            &why_kv,
-            None,
-            bv,
-        )?;
+        let (q, k, v) = if hp.arch.fused_projections() {
+            let why = format!("[embedding_length {h}, Q {q_out} + K {kv_out} + V {kv_out}]");
+            let qkv = r.linear(
+                &format!("{p}.attn_qkv.weight"),
+                (h, q_out + 2 * kv_out),
+                &why,
+                None,
+                None,
+            )?;
+            let [q, k, v] = split_rows(qkv, [q_out, kv_out, kv_out]);
+            (q, k, v)
+        } else {
+            let bq = r.bias(&format!("{p}.attn_q.bias"), q_out, qp)?;
+            let q = r.linear(&format!("{p}.attn_q.weight"), (h, q_out), &why_q, qp, bq)?;
+            let bk = r.bias(&format!("{p}.attn_k.bias"), kv_out, kp)?;
+            let k = r.linear(&format!("{p}.attn_k.weight"), (h, kv_out), &why_kv, kp, bk)?;
+            let bv = r.bias(&format!("{p}.attn_v.bias"), kv_out, None)?;
+            let v = r.linear(
+                &format!("{p}.attn_v.weight"),
+                (h, kv_out),
+                &why_kv,
+                None,
+                bv,
+            )?;
+            (q, k, v)
+        };
         let bo = r.bias(&format!("{p}.attn_output.bias"), h, None)?;
         let o = r.linear(
             &format!("{p}.attn_output.weight"),
@@ -330,14 +395,22 @@ pub fn read(
             bo,
         )?;
         let post_norm = r.vector(&format!("{p}.ffn_norm.weight"), h, &why_norm)?;
-        let gate = r.linear(
-            &format!("{p}.ffn_gate.weight"),
-            (h, ff),
-            &why_up,
-            None,
-            None,
-        )?;
-        let up = r.linear(&format!("{p}.ffn_up.weight"), (h, ff), &why_up, None, None)?;
+        let (gate, up) = if hp.arch.fused_projections() {
+            let why = format!("[embedding_length {h}, gate {ff} + up {ff}]");
+            let gate_up = r.linear(&format!("{p}.ffn_up.weight"), (h, 2 * ff), &why, None, None)?;
+            let [gate, up] = split_rows(gate_up, [ff, ff]);
+            (gate, up)
+        } else {
+            let gate = r.linear(
+                &format!("{p}.ffn_gate.weight"),
+                (h, ff),
+                &why_up,
+                None,
+                None,
+            )?;
+            let up = r.linear(&format!("{p}.ffn_up.weight"), (h, ff), &why_up, None, None)?;
+            (gate, up)
+        };
         let down = r.linear(
             &format!("{p}.ffn_down.weight"),
             (ff, h),
@@ -381,6 +454,7 @@ pub fn read(
     Ok(Read {
         weights,
         rope_freqs,
+        long_rope_factors,
         requantized: r.requantized,
     })
 }

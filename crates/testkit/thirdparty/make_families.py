@@ -213,7 +213,10 @@ def export(hf_dir, work, name, precision):
 
 # Families llama.cpp's converter maps to an architecture oxgen imports: the GGUF written from
 # the same checkpoint must give the builder package's ids once imported.
-GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite"}
+GGUF_ARCH = {
+    "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite",
+    "phi3-longrope": "phi3",
+}
 
 
 def permute(w, n_head):
@@ -245,6 +248,16 @@ def write_gguf(name, model, tok_dir):
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if arch == "phi3":
+        # As convert_hf_to_gguf.py's Phi3MiniModel: the original context, the cos/sin scale
+        # sqrt(1 + ln(context / original) / ln(original)) and both factor lists as tensors.
+        original = cfg.original_max_position_embeddings
+        scale = cfg.max_position_embeddings / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(original))))
+        for kind in ("short", "long"):
+            factors = np.asarray(cfg.rope_parameters[f"{kind}_factor"], dtype=np.float32)
+            w.add_tensor(f"rope_factors_{kind}.weight", factors)
     if arch == "granite":
         w.add_embedding_scale(cfg.embedding_multiplier)
         w.add_residual_scale(cfg.residual_multiplier)
@@ -265,7 +278,8 @@ def write_gguf(name, model, tok_dir):
         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
         "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
         "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
+        "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv",
+        "mlp.gate_up_proj": "ffn_up",
     }
     for hf, t in model.state_dict().items():
         data = t.detach().to("cpu").float().numpy().astype(np.float32)
