@@ -126,8 +126,13 @@ fn alone(model: &mut Model, case: &Case) -> Vec<u32> {
 }
 
 /// The case's sequence batched with a second one (a short prompt that never reaches the
-/// case's length), one `advance_batch` per step; returns the case's ids.
+/// case's length), one `advance_batch` per step, prompts fed 16 ids at a time; returns the
+/// case's ids.
 fn batched(model: &mut Model, case: &Case) -> Vec<u32> {
+    batched_in_chunks(model, case, 16)
+}
+
+fn batched_in_chunks(model: &mut Model, case: &Case, chunk: usize) -> Vec<u32> {
     let options = greedy(case.genai.len());
     let other_options = greedy(case.genai.len() / 2);
     let mut seqs: Vec<Sequence> = vec![
@@ -145,7 +150,7 @@ fn batched(model: &mut Model, case: &Case) -> Vec<u32> {
             .map(|(s, _)| s)
             .collect();
         let which: Vec<usize> = (0..2).filter(|&k| !done[k]).collect();
-        for (k, r) in which.into_iter().zip(model.advance_batch(&mut live, 16)) {
+        for (k, r) in which.into_iter().zip(model.advance_batch(&mut live, chunk)) {
             for token in r.unwrap() {
                 if k == 0 {
                     ids.push(token.id);
@@ -170,6 +175,57 @@ fn every_family_gives_onnxruntime_genais_ids_on_native_alone_and_batched() {
         // Batching never changes a sequence's ids, whatever they are.
         assert_eq!(batched(&mut model, &case), ids, "{} batched", case.package);
     }
+}
+
+/// Windowed models (Gemma 2 and 3, window 8): the ids do not depend on how the prompt is cut
+/// into chunks (across the window's edge or not) nor on the prefix cache, which hands a second
+/// sequence with the same prompt the first one's blocks.
+#[test]
+fn windowed_families_do_not_depend_on_chunks_or_the_prefix_cache() {
+    for case in cases().iter().filter(|c| c.package.starts_with("gemma")) {
+        let mut model = open(case, Backend::Native);
+        let want = alone(&mut model, case);
+        for chunk in [1, 3, 5, 8] {
+            let got = batched_in_chunks(&mut model, case, chunk);
+            assert_eq!(got, want, "{} in chunks of {chunk}", case.package);
+        }
+        let options = ModelOptions {
+            threads: 2,
+            backend: Backend::Native,
+            prefix_cache: true,
+            ..ModelOptions::default()
+        };
+        let mut cached = Model::open(families_dir().join(&case.package), &options).unwrap();
+        // A prompt of whole blocks and more: the case's prompt and the ids it continues with.
+        let prompt: Vec<u32> = case.prompt.iter().chain(&want[..20]).copied().collect();
+        let (first, reused) = run_one(&mut cached, &prompt, 4);
+        assert_eq!(reused, 0, "{}: nothing cached yet", case.package);
+        let (second, reused) = run_one(&mut cached, &prompt, 4);
+        assert!(
+            reused > 0,
+            "{}: the prefix cache gave no blocks",
+            case.package
+        );
+        assert_eq!(first, want[20..24], "{} after the prompt", case.package);
+        assert_eq!(second, first, "{} with {reused} cached ids", case.package);
+    }
+}
+
+/// One sequence fed `prompt` and `n` greedy ids through `start` and `advance_batch`; returns
+/// its ids and how many prompt ids the prefix cache supplied.
+fn run_one(model: &mut Model, prompt: &[u32], n: usize) -> (Vec<u32>, usize) {
+    let mut seq = model.start(prompt, &greedy(n), None).unwrap();
+    let reused = seq.cached();
+    let mut ids = Vec::new();
+    loop {
+        let r = model.advance_batch(&mut [&mut seq], 16).remove(0).unwrap();
+        ids.extend(r.iter().map(|t| t.id));
+        if r.iter().any(|t| t.finish.is_some()) {
+            break;
+        }
+    }
+    model.end(seq);
+    (ids, reused)
 }
 
 #[test]
