@@ -26,16 +26,20 @@ pub enum Arch {
     Granite,
     /// Phi-3 / 3.5 / 4-mini: fused QKV and gate/up projections, LongRoPE ([`LongRope`]).
     Phi3,
+    /// Gemma 2 ([`Gemma`]): norms after attention and MLP too, GELU-tanh, softcaps, an
+    /// embedding scale of `sqrt(hidden)`, windowed and global layers alternating.
+    Gemma2,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 6] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Granite,
         Arch::Phi3,
+        Arch::Gemma2,
     ];
 
     /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
@@ -48,6 +52,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Granite => "granite",
             Arch::Phi3 => "phi3",
+            Arch::Gemma2 => "gemma2",
         }
     }
 
@@ -95,6 +100,18 @@ pub struct HParams {
     pub sliding_window: Option<usize>,
     pub multipliers: Multipliers,
     pub long_rope: Option<LongRope>,
+    pub gemma: Option<Gemma>,
+}
+
+/// What Gemma 2 adds to the Llama layout: RMSNorms on the attention and MLP outputs
+/// (`post_attention_norm`, `post_ffw_norm`), GELU (tanh) instead of SiLU, tanh softcaps on
+/// attention scores and logits (`<arch>.attn_logit_softcapping`,
+/// `.final_logit_softcapping`), and the sliding window on even layers only. llama.cpp's
+/// converter stores Gemma's `(1 + w)` norm weights with the 1 added, so they are plain here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma {
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
 }
 
 /// LongRoPE (`<arch>.rope.scaling.original_context_length` present, with the tensors
@@ -280,8 +297,19 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         }),
         _ => None,
     };
+    let gemma = match arch {
+        Arch::Gemma2 => Some(Gemma {
+            attn_softcap: m.optional_f64("attn_logit_softcapping")?.map(|v| v as f32),
+            final_softcap: m.optional_f64("final_logit_softcapping")?.map(|v| v as f32),
+        }),
+        _ => None,
+    };
     let multipliers = Multipliers {
-        embedding: scale("embedding_scale")?.unwrap_or(1.0),
+        // Gemma scales its embeddings by sqrt(hidden), a constant of the architecture.
+        embedding: match arch {
+            Arch::Gemma2 => (hidden as f32).sqrt(),
+            _ => scale("embedding_scale")?.unwrap_or(1.0),
+        },
         residual: scale("residual_scale")?.unwrap_or(1.0),
         attention: scale("attention.scale")?,
         logit: scale("logit_scale")?.unwrap_or(1.0),
@@ -302,6 +330,7 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         sliding_window: sliding_window.filter(|&w| w < context),
         multipliers,
         long_rope,
+        gemma,
     })
 }
 

@@ -56,6 +56,8 @@ pub struct DecoderSpec {
     pub sliding_window: Option<usize>,
     /// Granite's multipliers (all neutral for the other architectures).
     pub multipliers: crate::arch::Multipliers,
+    /// Gemma 2's softcaps, GELU and alternating window (see [`crate::arch::Gemma`]).
+    pub gemma: Option<crate::arch::Gemma>,
 }
 
 /// Rotary frequencies: `θ_i = base^(-2i / head_size) / factors[i] / linear_scale`.
@@ -168,6 +170,9 @@ pub struct LayerWeights {
     pub gate: Linear,
     pub up: Linear,
     pub down: Linear,
+    /// Gemma 2's RMSNorms of the attention output and of the MLP output, `[hidden]`, each
+    /// applied before it joins the residual stream.
+    pub out_norms: Option<[Tensor; 2]>,
 }
 
 /// All weights of a decoder. A tied head is a `Linear` over the embedding's bytes.
@@ -255,6 +260,10 @@ impl DecoderWeights {
             if let Some([qn, kn]) = &w.qk_norm {
                 check(&format!("{p}.q_norm"), qn, &[spec.head_size])?;
                 check(&format!("{p}.k_norm"), kn, &[spec.head_size])?;
+            }
+            if let Some([an, mn]) = &w.out_norms {
+                check(&format!("{p}.attn_out_norm"), an, &[h])?;
+                check(&format!("{p}.mlp_out_norm"), mn, &[h])?;
             }
             check_linear(&format!("{p}.q"), &w.q, h, q)?;
             check_linear(&format!("{p}.k"), &w.k, h, kv)?;
@@ -498,6 +507,20 @@ impl Writer<'_> {
                 attr::graph("else_branch", else_branch),
             ],
         );
+    }
+
+    /// `SimplifiedLayerNormalization(x)` with weight `w` as `name`; returns the output's name.
+    fn rms_norm(&mut self, name: &str, x: &str, w: Tensor) -> String {
+        let weight = self.norm_weight(&format!("{name}.weight"), w);
+        self.node(
+            "SimplifiedLayerNormalization",
+            "",
+            name,
+            &[x, &weight],
+            &[name],
+            vec![attr::float("epsilon", self.spec.rms_eps)],
+        );
+        name.to_string()
     }
 
     /// `x · scalar` (an f32 scalar initializer); returns the output's name.
@@ -799,7 +822,12 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             format!("past_key_values.{l}.value"),
         );
         let (ok, ov) = (format!("present.{l}.key"), format!("present.{l}.value"));
-        let window = spec.sliding_window.map_or(-1, |w| w as i64);
+        // Gemma 2 windows its even layers only.
+        let windowed = spec.gemma.is_none() || l % 2 == 0;
+        let window = spec
+            .sliding_window
+            .filter(|_| windowed)
+            .map_or(-1, |w| w as i64);
         let mut gqa = vec![
             attr::int("num_heads", spec.heads as i64),
             attr::int("kv_num_heads", spec.kv_heads as i64),
@@ -810,6 +838,13 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         if let Some(scale) = mult.attention {
             gqa.push(attr::float("scale", scale));
         }
+        if let Some(cap) = spec.gemma.and_then(|g| g.attn_softcap) {
+            gqa.push(attr::float("softcap", cap));
+        }
+        let [attn_out_norm, mlp_out_norm] = match w.out_norms {
+            Some([a, m]) => [Some(a), Some(m)],
+            None => [None, None],
+        };
         g.node(
             "GroupQueryAttention",
             "com.microsoft",
@@ -833,6 +868,9 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         if mult.residual != 1.0 {
             o = g.scaled(&o, "residual_scale");
         }
+        if let Some(norm) = attn_out_norm {
+            o = g.rms_norm(&format!("{p}.attn_out_norm"), &o, norm);
+        }
         let (post, sum) = (format!("{p}.post_norm"), format!("{p}.post_residual"));
         g.skip_norm(&post, w.post_norm, [&o, &residual, &post, &sum]);
         residual = sum;
@@ -844,15 +882,24 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             format!("{p}.silu"),
             format!("{p}.gated"),
         );
-        g.node("Sigmoid", "", &sig, &[&gate], &[&sig], vec![]);
-        g.node("Mul", "", &act, &[&gate, &sig], &[&act], vec![]);
+        if spec.gemma.is_some() {
+            let tanh = vec![attr::string("approximate", "tanh")];
+            g.node("Gelu", "", &act, &[&gate], &[&act], tanh);
+        } else {
+            g.node("Sigmoid", "", &sig, &[&gate], &[&sig], vec![]);
+            g.node("Mul", "", &act, &[&gate, &sig], &[&act], vec![]);
+        }
         g.node("Mul", "", &prod, &[&act, &up], &[&prod], vec![]);
         g.linear(&down, w.down, &prod, &down);
-        pending = Some(if mult.residual != 1.0 {
+        let mut mlp_out = if mult.residual != 1.0 {
             g.scaled(&down, "residual_scale")
         } else {
             down
-        });
+        };
+        if let Some(norm) = mlp_out_norm {
+            mlp_out = g.rms_norm(&format!("{p}.mlp_out_norm"), &mlp_out, norm);
+        }
+        pending = Some(mlp_out);
     }
     let last = pending.expect("DecoderWeights::check requires at least one layer");
     g.skip_norm(
@@ -860,6 +907,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         final_norm,
         [&last, &residual, "final_norm", "final_residual"],
     );
+    let softcap = spec.gemma.and_then(|g| g.final_softcap);
     if mult.logit != 1.0 {
         g.linear_node("lm_head", &head_shape, "final_norm", "logits_unscaled");
         g.node(
@@ -867,6 +915,34 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             "",
             "logits",
             &["logits_unscaled", "logit_scale"],
+            &["logits"],
+            vec![],
+        );
+    } else if let Some(cap) = softcap {
+        // `cap · tanh(logits / cap)`.
+        g.linear_node("lm_head", &head_shape, "final_norm", "logits_uncapped");
+        g.b.initializer("final_softcap", Tensor::scalar(cap));
+        g.node(
+            "Div",
+            "",
+            "logits_over_cap",
+            &["logits_uncapped", "final_softcap"],
+            &["logits_over_cap"],
+            vec![],
+        );
+        g.node(
+            "Tanh",
+            "",
+            "logits_tanh",
+            &["logits_over_cap"],
+            &["logits_tanh"],
+            vec![],
+        );
+        g.node(
+            "Mul",
+            "",
+            "logits",
+            &["logits_tanh", "final_softcap"],
             &["logits"],
             vec![],
         );

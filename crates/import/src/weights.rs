@@ -5,8 +5,9 @@
 //! Tensor names follow llama.cpp (`gguf-py` `gguf/tensor_mapping.py`): `token_embd`,
 //! `output_norm`, `output` (absent when the head is tied to the embedding), `rope_freqs`,
 //! and per layer `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate,
-//! ffn_up, ffn_down}.weight` plus optional `attn_{q,k,v,output}.bias`, and Qwen3's
-//! `attn_{q,k}_norm.weight`. A tensor outside this list is an error: it would belong to a
+//! ffn_up, ffn_down}.weight` plus optional `attn_{q,k,v,output}.bias`, Qwen3's
+//! `attn_{q,k}_norm.weight`, Gemma 2's `post_attention_norm` and `post_ffw_norm`, and
+//! Phi-3's fused `attn_qkv` and `ffn_up` (gate and up) with `rope_factors_{short,long}`. A tensor outside this list is an error: it would belong to a
 //! feature (MoE, ...) the graph lacks.
 //!
 //! # Undoing the Q/K permutation
@@ -418,9 +419,18 @@ pub fn read(
             None,
             None,
         )?;
+        let out_norms = if hp.gemma.is_some() {
+            Some([
+                r.vector(&format!("{p}.post_attention_norm.weight"), h, &why_norm)?,
+                r.vector(&format!("{p}.post_ffw_norm.weight"), h, &why_norm)?,
+            ])
+        } else {
+            None
+        };
         layers.push(LayerWeights {
             input_norm,
             qk_norm,
+            out_norms,
             q,
             k,
             v,

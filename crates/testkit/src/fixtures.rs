@@ -143,6 +143,7 @@ pub fn decoder_spec(cfg: &FixtureConfig) -> DecoderSpec {
         accuracy_level: cfg.accuracy_level,
         sliding_window: None,
         multipliers: Default::default(),
+        gemma: None,
     }
 }
 
@@ -177,6 +178,7 @@ fn random_weights(cfg: &FixtureConfig) -> DecoderWeights {
     let layers = (0..cfg.layers)
         .map(|_| LayerWeights {
             qk_norm: None,
+            out_norms: None,
             input_norm: norm_weight(&mut rng, h),
             q: q4_linear(&mut rng, h, h, block),
             k: q4_linear(&mut rng, h, cfg.kv_heads * hd, block),

@@ -215,7 +215,7 @@ def export(hf_dir, work, name, precision):
 # the same checkpoint must give the builder package's ids once imported.
 GGUF_ARCH = {
     "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite",
-    "phi3-longrope": "phi3",
+    "phi3-longrope": "phi3", "gemma2": "gemma2",
 }
 
 
@@ -258,6 +258,10 @@ def write_gguf(name, model, tok_dir):
         for kind in ("short", "long"):
             factors = np.asarray(cfg.rope_parameters[f"{kind}_factor"], dtype=np.float32)
             w.add_tensor(f"rope_factors_{kind}.weight", factors)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        w.add_sliding_window(cfg.sliding_window)
     if arch == "granite":
         w.add_embedding_scale(cfg.embedding_multiplier)
         w.add_residual_scale(cfg.residual_multiplier)
@@ -279,10 +283,17 @@ def write_gguf(name, model, tok_dir):
         "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
         "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv",
-        "mlp.gate_up_proj": "ffn_up",
+        "mlp.gate_up_proj": "ffn_up", "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
     }
+    if arch == "gemma2":
+        names["post_attention_layernorm"] = "post_attention_norm"
     for hf, t in model.state_dict().items():
         data = t.detach().to("cpu").float().numpy().astype(np.float32)
+        if hf == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if arch == "gemma2" and hf.endswith("norm.weight"):
+            data = data + 1  # Gemma's (1 + w), stored with the 1 added as llama.cpp does
         if hf == "model.embed_tokens.weight":
             out = "token_embd.weight"
         elif hf == "model.norm.weight":
