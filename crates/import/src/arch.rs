@@ -29,10 +29,13 @@ pub enum Arch {
     /// Gemma 2 ([`Gemma`]): norms after attention and MLP too, GELU-tanh, softcaps, an
     /// embedding scale of `sqrt(hidden)`, windowed and global layers alternating.
     Gemma2,
+    /// Gemma 3 (text): Gemma 2's layout with Q/K norms, no softcaps, windowed layers by
+    /// `<arch>.attention.sliding_window_pattern` and their own rotary base.
+    Gemma3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 8] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -40,6 +43,7 @@ impl Arch {
         Arch::Granite,
         Arch::Phi3,
         Arch::Gemma2,
+        Arch::Gemma3,
     ];
 
     /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
@@ -53,6 +57,7 @@ impl Arch {
             Arch::Granite => "granite",
             Arch::Phi3 => "phi3",
             Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
@@ -64,7 +69,7 @@ impl Arch {
 
     /// Whether each layer normalizes its Q and K heads (RMSNorm over the head size).
     pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3)
+        matches!(self, Arch::Qwen3 | Arch::Gemma3)
     }
 
     /// Whether llama.cpp's converter permuted the Q and K projection rows for its
@@ -103,15 +108,22 @@ pub struct HParams {
     pub gemma: Option<Gemma>,
 }
 
-/// What Gemma 2 adds to the Llama layout: RMSNorms on the attention and MLP outputs
-/// (`post_attention_norm`, `post_ffw_norm`), GELU (tanh) instead of SiLU, tanh softcaps on
-/// attention scores and logits (`<arch>.attn_logit_softcapping`,
-/// `.final_logit_softcapping`), and the sliding window on even layers only. llama.cpp's
-/// converter stores Gemma's `(1 + w)` norm weights with the 1 added, so they are plain here.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What Gemma 2 and 3 add to the Llama layout: RMSNorms on the attention and MLP outputs
+/// (`post_attention_norm`, `post_ffw_norm`), GELU (tanh) instead of SiLU, optional tanh
+/// softcaps on attention scores and logits (`<arch>.attn_logit_softcapping`,
+/// `.final_logit_softcapping`), and the sliding window on some layers only (Gemma 2: the
+/// even ones; Gemma 3: `<arch>.attention.sliding_window_pattern`, an array of one bool per
+/// layer or a period `n` whose every `n`-th layer is global), which Gemma 3 rotates with a base
+/// of their own (`<arch>.rope.freq_base_swa`, else llama.cpp's 10000). llama.cpp's converter
+/// stores Gemma's `(1 + w)` norm weights with the 1 added, so they are plain here.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Gemma {
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
+    /// Per layer: whether it is windowed.
+    pub windowed: Vec<bool>,
+    /// The windowed layers' rotary base, when it differs from the others'.
+    pub local_rope_base: Option<f64>,
 }
 
 /// LongRoPE (`<arch>.rope.scaling.original_context_length` present, with the tensors
@@ -298,16 +310,21 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         _ => None,
     };
     let gemma = match arch {
-        Arch::Gemma2 => Some(Gemma {
+        Arch::Gemma2 | Arch::Gemma3 => Some(Gemma {
             attn_softcap: m.optional_f64("attn_logit_softcapping")?.map(|v| v as f32),
             final_softcap: m.optional_f64("final_logit_softcapping")?.map(|v| v as f32),
+            windowed: windowed_layers(&m, arch, layers)?,
+            local_rope_base: match arch {
+                Arch::Gemma3 => Some(m.optional_f64("rope.freq_base_swa")?.unwrap_or(10_000.0)),
+                _ => None,
+            },
         }),
         _ => None,
     };
     let multipliers = Multipliers {
         // Gemma scales its embeddings by sqrt(hidden), a constant of the architecture.
         embedding: match arch {
-            Arch::Gemma2 => (hidden as f32).sqrt(),
+            Arch::Gemma2 | Arch::Gemma3 => (hidden as f32).sqrt(),
             _ => scale("embedding_scale")?.unwrap_or(1.0),
         },
         residual: scale("residual_scale")?.unwrap_or(1.0),
@@ -332,6 +349,27 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         long_rope,
         gemma,
     })
+}
+
+/// Which layers of a Gemma are windowed (see [`Gemma`]).
+fn windowed_layers(m: &Meta, arch: Arch, layers: usize) -> Result<Vec<bool>, ImportError> {
+    let key = m.key("attention.sliding_window_pattern");
+    let period = |n: usize| (0..layers).map(|l| n == 0 || l % n < n - 1).collect();
+    match m.file.get(&key) {
+        None if arch == Arch::Gemma2 => Ok((0..layers).map(|l| l % 2 == 0).collect()),
+        // llama.cpp's default for Gemma 3: five windowed layers, then a global one.
+        None => Ok(period(6)),
+        Some(oxgen_gguf::Value::Array(oxgen_gguf::Array::Bool(v))) if v.len() == layers => {
+            Ok(v.clone())
+        }
+        Some(_) => match m.file.get_u64(&key) {
+            Ok(n) => Ok(period(usize::try_from(n).unwrap_or(usize::MAX))),
+            Err(_) => Err(m.bad(
+                &key,
+                format!("must be a period or an array of {layers} bools (one per layer)"),
+            )),
+        },
+    }
 }
 
 /// The linear position scale of `<arch>.rope.scaling.type` (1 when absent or `none`).

@@ -56,7 +56,8 @@ pub struct DecoderSpec {
     pub sliding_window: Option<usize>,
     /// Granite's multipliers (all neutral for the other architectures).
     pub multipliers: crate::arch::Multipliers,
-    /// Gemma 2's softcaps, GELU and alternating window (see [`crate::arch::Gemma`]).
+    /// Gemma 2's and 3's softcaps, GELU, windowed layers and their rotary base (see
+    /// [`crate::arch::Gemma`]).
     pub gemma: Option<crate::arch::Gemma>,
 }
 
@@ -279,10 +280,11 @@ impl DecoderWeights {
     }
 }
 
-/// `[rows, head_size / 2]` cos and sin caches, each frequency divided by `factors[i]` when
-/// given, values multiplied by `scale`.
+/// `[rows, head_size / 2]` cos and sin caches for rotary base `base`, each frequency divided
+/// by `factors[i]` when given, values multiplied by `scale`.
 fn rotary_caches(
     spec: &DecoderSpec,
+    base: f64,
     rows: usize,
     factors: Option<&[f32]>,
     scale: f64,
@@ -293,7 +295,7 @@ fn rotary_caches(
     let mut sin = Vec::with_capacity(rows * half);
     for p in 0..rows {
         for i in 0..half {
-            let mut angle = p as f64 * rope.base.powf(-2.0 * i as f64 / hd as f64);
+            let mut angle = p as f64 * base.powf(-2.0 * i as f64 / hd as f64);
             if let Some(f) = factors.and_then(|f| f.get(i)) {
                 angle /= f64::from(*f);
             }
@@ -466,7 +468,7 @@ impl Writer<'_> {
         let spec = self.spec;
         let scale = f64::from(long.attn_factor);
         let branch = |name: &str, rows: usize, factors: &[f32]| {
-            let (cos, sin) = rotary_caches(spec, rows, Some(factors), scale);
+            let (cos, sin) = rotary_caches(spec, spec.rope.base, rows, Some(factors), scale);
             let mut b = ModelBuilder::new("oxgen-import");
             for (out, t) in [(format!("{name}_cos"), cos), (format!("{name}_sin"), sin)] {
                 let dims = [Dim::Fixed(rows), Dim::Fixed(spec.head_size / 2)];
@@ -716,10 +718,15 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
 
     match &spec.rope.long {
         None => {
-            let (cos, sin) =
-                rotary_caches(spec, spec.context, spec.rope.freq_factors.as_deref(), 1.0);
+            let factors = spec.rope.freq_factors.as_deref();
+            let (cos, sin) = rotary_caches(spec, spec.rope.base, spec.context, factors, 1.0);
             g.b.initializer("cos_cache", cos)
                 .initializer("sin_cache", sin);
+            if let Some(base) = spec.gemma.as_ref().and_then(|g| g.local_rope_base) {
+                let (cos, sin) = rotary_caches(spec, base, spec.context, factors, 1.0);
+                g.b.initializer("cos_cache_local", cos)
+                    .initializer("sin_cache_local", sin);
+            }
         }
         Some(long) => g.long_rope_caches(long),
     }
@@ -822,12 +829,19 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             format!("past_key_values.{l}.value"),
         );
         let (ok, ov) = (format!("present.{l}.key"), format!("present.{l}.value"));
-        // Gemma 2 windows its even layers only.
-        let windowed = spec.gemma.is_none() || l % 2 == 0;
+        // A Gemma windows some layers only, and Gemma 3 rotates those with caches of their own.
+        let windowed = spec.gemma.as_ref().is_none_or(|g| g.windowed[l]);
         let window = spec
             .sliding_window
             .filter(|_| windowed)
             .map_or(-1, |w| w as i64);
+        let local_rope =
+            windowed && (spec.gemma.as_ref()).is_some_and(|g| g.local_rope_base.is_some());
+        let (cos, sin) = if local_rope {
+            ("cos_cache_local", "sin_cache_local")
+        } else {
+            ("cos_cache", "sin_cache")
+        };
         let mut gqa = vec![
             attr::int("num_heads", spec.heads as i64),
             attr::int("kv_num_heads", spec.kv_heads as i64),
@@ -838,7 +852,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         if let Some(scale) = mult.attention {
             gqa.push(attr::float("scale", scale));
         }
-        if let Some(cap) = spec.gemma.and_then(|g| g.attn_softcap) {
+        if let Some(cap) = spec.gemma.as_ref().and_then(|g| g.attn_softcap) {
             gqa.push(attr::float("softcap", cap));
         }
         let [attn_out_norm, mlp_out_norm] = match w.out_norms {
@@ -849,17 +863,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             "GroupQueryAttention",
             "com.microsoft",
             &attn,
-            &[
-                &q,
-                &k,
-                &v,
-                &pk,
-                &pv,
-                "seqlens_k",
-                "total_len",
-                "cos_cache",
-                "sin_cache",
-            ],
+            &[&q, &k, &v, &pk, &pv, "seqlens_k", "total_len", cos, sin],
             &[&attn, &ok, &ov],
             gqa,
         );
@@ -907,7 +911,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         final_norm,
         [&last, &residual, "final_norm", "final_residual"],
     );
-    let softcap = spec.gemma.and_then(|g| g.final_softcap);
+    let softcap = spec.gemma.as_ref().and_then(|g| g.final_softcap);
     if mult.logit != 1.0 {
         g.linear_node("lm_head", &head_shape, "final_norm", "logits_unscaled");
         g.node(

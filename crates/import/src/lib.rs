@@ -5,7 +5,8 @@
 //! [`import_gguf`] maps `general.architecture` `llama`, `mistral`, `qwen2`, `qwen3` (an
 //! RMSNorm over each Q and K head), `granite` (its four multipliers, [`arch::Multipliers`])
 //! `phi3` (fused QKV and gate/up projections split by rows; LongRoPE as an `If` between
-//! short and long rotary caches, [`arch::LongRope`]) and `gemma2` ([`arch::Gemma`]):
+//! short and long rotary caches, [`arch::LongRope`]), `gemma2` and `gemma3`
+//! ([`arch::Gemma`]):
 //!
 //! - `model.onnx` + `model.onnx.data`: the decoder graph of [`genai_graph`]. Q4_0, Q4_1,
 //!   Q8_0 and Q4_K projections become `MatMulNBits` without requantization
@@ -160,7 +161,7 @@ pub fn import_gguf(
         accuracy_level: i64::from(options.accuracy_level),
         sliding_window: hp.sliding_window,
         multipliers: hp.multipliers,
-        gemma: hp.gemma,
+        gemma: hp.gemma.clone(),
     };
     let config = genai_graph::genai_config(
         &spec,

@@ -215,7 +215,7 @@ def export(hf_dir, work, name, precision):
 # the same checkpoint must give the builder package's ids once imported.
 GGUF_ARCH = {
     "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite",
-    "phi3-longrope": "phi3", "gemma2": "gemma2",
+    "phi3-longrope": "phi3", "gemma2": "gemma2", "gemma3": "gemma3",
 }
 
 
@@ -246,7 +246,13 @@ def write_gguf(name, model, tok_dir):
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rope = cfg.rope_parameters
+    if "full_attention" in rope:  # Gemma 3: a base per layer type
+        w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+        w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+    else:
+        w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if arch == "phi3":
         # As convert_hf_to_gguf.py's Phi3MiniModel: the original context, the cos/sin scale
@@ -258,9 +264,11 @@ def write_gguf(name, model, tok_dir):
         for kind in ("short", "long"):
             factors = np.asarray(cfg.rope_parameters[f"{kind}_factor"], dtype=np.float32)
             w.add_tensor(f"rope_factors_{kind}.weight", factors)
-    if arch == "gemma2":
-        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
-        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if arch in ("gemma2", "gemma3"):
+        if cfg.attn_logit_softcapping is not None:
+            w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        if cfg.final_logit_softcapping is not None:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
         w.add_sliding_window(cfg.sliding_window)
     if arch == "granite":
         w.add_embedding_scale(cfg.embedding_multiplier)
@@ -286,13 +294,13 @@ def write_gguf(name, model, tok_dir):
         "mlp.gate_up_proj": "ffn_up", "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",
     }
-    if arch == "gemma2":
+    if arch in ("gemma2", "gemma3"):
         names["post_attention_layernorm"] = "post_attention_norm"
     for hf, t in model.state_dict().items():
         data = t.detach().to("cpu").float().numpy().astype(np.float32)
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        if arch == "gemma2" and hf.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
             data = data + 1  # Gemma's (1 + w), stored with the 1 added as llama.cpp does
         if hf == "model.embed_tokens.weight":
             out = "token_embd.weight"
