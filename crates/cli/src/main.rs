@@ -40,7 +40,8 @@ enum Command {
     Run(chat::Args),
     /// Measure prefill and decode throughput, TTFT and peak memory.
     Bench(bench::Args),
-    /// Convert a GGUF model (llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3) into an
+    /// Convert a GGUF model (llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3,
+    /// smollm3) into an
     /// ONNX package folder.
     Import(import::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (chat/completions, completions,

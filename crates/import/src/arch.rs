@@ -32,10 +32,13 @@ pub enum Arch {
     /// Gemma 3 (text): Gemma 2's layout with Q/K norms, no softcaps, windowed layers by
     /// `<arch>.attention.sliding_window_pattern` and their own rotary base.
     Gemma3,
+    /// SmolLM3: Llama whose every fourth layer has no rotary (llama.cpp's fixed
+    /// `n_no_rope_layer_step`; GGUF has no key for it).
+    SmolLM3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 8] = [
+    pub const ALL: [Arch; 9] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -44,6 +47,7 @@ impl Arch {
         Arch::Phi3,
         Arch::Gemma2,
         Arch::Gemma3,
+        Arch::SmolLM3,
     ];
 
     /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
@@ -58,7 +62,13 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
+            Arch::SmolLM3 => "smollm3",
         }
+    }
+
+    /// Whether layer `l` rotates its queries and keys.
+    pub fn rotates(self, l: usize) -> bool {
+        !matches!(self, Arch::SmolLM3) || (l + 1) % 4 != 0
     }
 
     /// Whether Q, K and V come as one projection (`attn_qkv`), and gate and up as one
@@ -76,7 +86,10 @@ impl Arch {
     /// interleaved rotary (`LlamaModel.permute` in `convert_hf_to_gguf.py`); Qwen2 and Qwen3
     /// are converted unpermuted and rotated in NeoX order.
     pub fn permutes_qk(self) -> bool {
-        matches!(self, Arch::Llama | Arch::Mistral | Arch::Granite)
+        matches!(
+            self,
+            Arch::Llama | Arch::Mistral | Arch::Granite | Arch::SmolLM3
+        )
     }
 }
 

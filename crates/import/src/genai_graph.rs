@@ -59,6 +59,8 @@ pub struct DecoderSpec {
     /// Gemma 2's and 3's softcaps, GELU, windowed layers and their rotary base (see
     /// [`crate::arch::Gemma`]).
     pub gemma: Option<crate::arch::Gemma>,
+    /// Per layer: whether it rotates queries and keys (SmolLM3 skips every fourth).
+    pub rotary_layers: Vec<bool>,
 }
 
 /// Rotary frequencies: `θ_i = base^(-2i / head_size) / factors[i] / linear_scale`.
@@ -845,10 +847,13 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         let mut gqa = vec![
             attr::int("num_heads", spec.heads as i64),
             attr::int("kv_num_heads", spec.kv_heads as i64),
-            attr::int("do_rotary", 1),
             attr::int("rotary_interleaved", 0),
             attr::int("local_window_size", window),
         ];
+        let rotates = spec.rotary_layers.get(l).copied().unwrap_or(true);
+        gqa.push(attr::int("do_rotary", i64::from(rotates)));
+        // Without rotary the cos and sin inputs are left off.
+        let inputs = if rotates { 9 } else { 7 };
         if let Some(scale) = mult.attention {
             gqa.push(attr::float("scale", scale));
         }
@@ -863,7 +868,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             "GroupQueryAttention",
             "com.microsoft",
             &attn,
-            &[&q, &k, &v, &pk, &pv, "seqlens_k", "total_len", cos, sin],
+            &[&q, &k, &v, &pk, &pv, "seqlens_k", "total_len", cos, sin][..inputs],
             &[&attn, &ok, &ov],
             gqa,
         );

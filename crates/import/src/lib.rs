@@ -6,7 +6,7 @@
 //! RMSNorm over each Q and K head), `granite` (its four multipliers, [`arch::Multipliers`])
 //! `phi3` (fused QKV and gate/up projections split by rows; LongRoPE as an `If` between
 //! short and long rotary caches, [`arch::LongRope`]), `gemma2` and `gemma3`
-//! ([`arch::Gemma`]):
+//! ([`arch::Gemma`]) and `smollm3` (no rotary on every fourth layer):
 //!
 //! - `model.onnx` + `model.onnx.data`: the decoder graph of [`genai_graph`]. Q4_0, Q4_1,
 //!   Q8_0 and Q4_K projections become `MatMulNBits` without requantization
@@ -162,6 +162,7 @@ pub fn import_gguf(
         sliding_window: hp.sliding_window,
         multipliers: hp.multipliers,
         gemma: hp.gemma.clone(),
+        rotary_layers: (0..hp.layers).map(|l| hp.arch.rotates(l)).collect(),
     };
     let config = genai_graph::genai_config(
         &spec,

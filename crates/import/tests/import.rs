@@ -436,7 +436,7 @@ fn bad_files_fail_cleanly_naming_the_problem() {
         &make_gguf("bad-arch", d),
         &[
             "general.architecture 'gptx' is not supported",
-            "llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3",
+            "llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3, smollm3",
         ],
     );
     expect_clean_error(

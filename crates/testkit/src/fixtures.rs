@@ -144,6 +144,7 @@ pub fn decoder_spec(cfg: &FixtureConfig) -> DecoderSpec {
         sliding_window: None,
         multipliers: Default::default(),
         gemma: None,
+        rotary_layers: Vec::new(),
     }
 }
 

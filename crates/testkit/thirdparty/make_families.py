@@ -107,10 +107,11 @@ FAMILIES = {
         rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(
         COMMON, hidden_act="silu", clip_qkv=None, rope_parameters=DEFAULT_ROPE), 12, 24, ("fp32", "int4")),
-    # SmolLM3: layers 0 and 1 with and without rotary (`no_rope_layers`); the builder runs
-    # with one bug mended (BUILDER_SHIM).
+    # SmolLM3: four layers, the last without rotary (`no_rope_layers`, every fourth as in the
+    # real models and llama.cpp); the builder runs with one bug mended (BUILDER_SHIM).
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
-        COMMON, rms_norm_eps=1e-6, hidden_act="silu", no_rope_layers=[1, 0],
+        COMMON, num_hidden_layers=4, rms_norm_eps=1e-6, hidden_act="silu",
+        no_rope_layers=[1, 1, 1, 0],
         use_sliding_window=False, rope_parameters=DEFAULT_ROPE), 16, 24, ("fp32", "int4")),
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(
         COMMON, head_dim=32, norm_eps=1e-5, hidden_act="relu2",
@@ -215,7 +216,7 @@ def export(hf_dir, work, name, precision):
 # the same checkpoint must give the builder package's ids once imported.
 GGUF_ARCH = {
     "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite",
-    "phi3-longrope": "phi3", "gemma2": "gemma2", "gemma3": "gemma3",
+    "phi3-longrope": "phi3", "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3",
 }
 
 
@@ -312,7 +313,7 @@ def write_gguf(name, model, tok_dir):
             layer, rest = hf.removeprefix("model.layers.").split(".", 1)
             module, kind = rest.rsplit(".", 1)
             out = f"blk.{layer}.{names[module]}.{kind}"
-            if arch in ("llama", "granite") and module in ("self_attn.q_proj", "self_attn.k_proj"):
+            if arch in ("llama", "granite", "smollm3") and module in ("self_attn.q_proj", "self_attn.k_proj"):
                 heads = cfg.num_attention_heads if module.endswith("q_proj") else cfg.num_key_value_heads
                 data = permute(data, heads)
         w.add_tensor(out, data)
