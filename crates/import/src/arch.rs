@@ -68,7 +68,7 @@ impl Arch {
 
     /// Whether layer `l` rotates its queries and keys.
     pub fn rotates(self, l: usize) -> bool {
-        !matches!(self, Arch::SmolLM3) || (l + 1) % 4 != 0
+        !matches!(self, Arch::SmolLM3) || !(l + 1).is_multiple_of(4)
     }
 
     /// Whether Q, K and V come as one projection (`attn_qkv`), and gate and up as one
