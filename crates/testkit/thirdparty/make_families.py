@@ -217,6 +217,7 @@ def export(hf_dir, work, name, precision):
 GGUF_ARCH = {
     "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite",
     "phi3-longrope": "phi3", "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3",
+    "llama3": "llama",
 }
 
 
@@ -271,6 +272,25 @@ def write_gguf(name, model, tok_dir):
         if cfg.final_logit_softcapping is not None:
             w.add_final_logit_softcapping(cfg.final_logit_softcapping)
         w.add_sliding_window(cfg.sliding_window)
+    if rope.get("rope_type") == "llama3":
+        # As convert_hf_to_gguf.py's LlamaModel: Llama 3's scaling as one divisor per
+        # frequency, the tensor `rope_freqs`.
+        base, dim = rope["rope_theta"], head_dim
+        freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old_len = rope["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        factors = []
+        for freq in freqs:
+            wavelen = 2 * np.pi / freq
+            if wavelen < high_wavelen:
+                factors.append(1.0)
+            elif wavelen > low_wavelen:
+                factors.append(factor)
+            else:
+                smooth = (old_len / wavelen - low) / (high - low)
+                factors.append(1 / ((1 - smooth) / factor + smooth))
+        w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
     if arch == "granite":
         w.add_embedding_scale(cfg.embedding_multiplier)
         w.add_residual_scale(cfg.residual_multiplier)
