@@ -87,8 +87,8 @@ pub fn import(gguf: &Path, out: &Path, accuracy_level: u8, overwrite: bool) -> a
         (imported.requantized.iter()).max_by(|a, b| relative(&a.1).total_cmp(&relative(&b.1)))
     {
         eprintln!(
-            "requantized {} Q5_K/Q6_K weights to int8 blocks of 32 for MatMulNBits: the largest \
-             change is {:.3}% of its tensor's largest weight ({name})",
+            "requantized {} K-quant tensors to int8 blocks of 32: the largest change is {:.3}% \
+             of its tensor's largest weight ({name})",
             imported.requantized.len(),
             100.0 * relative(worst)
         );

@@ -30,9 +30,9 @@
 //! | Q4_0 | bits 4, codes re-paired, no zero points (default 8 = ggml's offset) | bits 4, same bytes, no zero points (default 8) |
 //! | Q8_0 | bits 8, code `q + 128` (`q ^ 0x80`), packed uint8 zero points 128 | bits 8, code `q + 128`, no zero points (default 128) |
 //! | Q4_1 | bits 4, codes re-paired, f32 zero points `-m / d` | not representable (below) |
-//! | Q4_K | bits 4, each sub-block of 32 a block: scale `d·sc`, f32 zero point `dmin·m / (d·sc)` | not representable (float zero points) |
-//! | Q5_K | bits 8, **requantized** (below), uint8 zero points | not representable |
-//! | Q6_K | bits 8, **requantized** (below), zero points 128 | not representable |
+//! | Q4_K | bits 4, each sub-block of 32 a block: scale `d·sc`, f32 zero point `dmin·m / (d·sc)` | bits 8, **requantized** symmetric, default zero points |
+//! | Q5_K | bits 8, **requantized** (below), uint8 zero points | bits 8, **requantized** symmetric |
+//! | Q6_K | bits 8, **requantized** (below), zero points 128 | bits 8, **requantized** symmetric |
 //!
 //! **K-quants.** A Q4_K sub-block is `(d·sc)·q - dmin·m` with both products exact, the same
 //! form as Q4_1's `q·d + m`, so the same bound holds with `m` the sub-block's `-dmin·m` and
@@ -122,6 +122,8 @@ pub struct GatherBlockQuantizedWeight {
     pub data: Tensor,
     /// Input `scales`: f32 `[rows, k / 32]`.
     pub scales: Tensor,
+    /// For a K-quant table (requantized to int8): how far it moved.
+    pub requantized: Option<Requantized>,
 }
 
 /// Zero-filled bytes for a tensor's converted data, failing cleanly if refused.
@@ -470,6 +472,9 @@ pub fn gather_block_quantized(
     let (bits, repack): (u32, RepackFn) = match ty {
         GgmlType::Q4_0 => (4, repack_q4_0),
         GgmlType::Q8_0 => (8, repack_q8_0),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            return gather_block_quantized_k(tensor, ty, dims, data);
+        }
         GgmlType::Q4_1 => {
             return Err(unsupported(
                 tensor,
@@ -501,5 +506,33 @@ pub fn gather_block_quantized(
         block_size: QK,
         data: make_tensor(DType::U8, &[rows, k * bits as usize / 8], r.codes),
         scales: make_tensor(DType::F32, &[rows, k / QK], r.scales),
+        requantized: None,
+    })
+}
+
+/// A K-quant table for `GatherBlockQuantized`, requantized to symmetric int8 blocks of 32
+/// (default zero point 128): the operator takes integer zero points and one scale per block,
+/// which Q4_K's and Q5_K's minimums and Q6_K's scales per 16 are not. A quarter of the f32
+/// table's bytes; each value moves by at most half a step of its new scale.
+fn gather_block_quantized_k(
+    tensor: &str,
+    ty: GgmlType,
+    dims: &[u64],
+    data: &[u8],
+) -> Result<GatherBlockQuantizedWeight, GgufError> {
+    let (k, rows) = weight_dims(tensor, ty, dims, data, "GatherBlockQuantized")?;
+    let (r, cost) = match ty {
+        GgmlType::Q4_K => requantize_int8::<BlockQ4K>(tensor, data, false)?,
+        GgmlType::Q5_K => requantize_int8::<BlockQ5K>(tensor, data, false)?,
+        _ => requantize_int8::<BlockQ6K>(tensor, data, false)?,
+    };
+    Ok(GatherBlockQuantizedWeight {
+        rows,
+        k,
+        bits: 8,
+        block_size: QK,
+        data: make_tensor(DType::U8, &[rows, k], r.codes),
+        scales: make_tensor(DType::F32, &[rows, k / QK], r.scales),
+        requantized: Some(cost),
     })
 }

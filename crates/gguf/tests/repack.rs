@@ -300,6 +300,29 @@ proptest! {
         requantized_moves_each_weight_at_most_half_a_step(GgmlType::Q6_K, kb, n, &data)?;
     }
 
+    /// K-quant embedding tables become symmetric int8 `GatherBlockQuantized` tables: each value
+    /// within half a step of its block's new scale, the reported cost the largest move.
+    #[test]
+    fn k_quant_tables_requantized_for_gather_block_quantized(
+        (kb, n, data) in k_weight(GgmlType::Q4_K, 2),
+        (kb6, n6, data6) in q6_k_weight(),
+    ) {
+        for (ty, kb, n, data) in [(GgmlType::Q4_K, kb, n, &data), (GgmlType::Q6_K, kb6, n6, &data6)] {
+            let w = gather_block_quantized("t", ty, &k_dims(kb, n), data).unwrap();
+            prop_assert_eq!((w.bits, w.block_size, w.rows, w.k), (8, 32, n, kb * QK_K));
+            let got = gather_reference(&w);
+            let want = k_ggml(ty, kb, n, data);
+            let scales = f32s(&w.scales);
+            let mut worst = 0f32;
+            for (i, (&r, &g)) in got.iter().zip(&want).enumerate() {
+                let s = scales[i / QK];
+                prop_assert!((r - g).abs() <= s * (0.5 + 1e-4), "{} element {}: {:e} vs {:e}", ty, i, r, g);
+                worst = worst.max((r - g).abs());
+            }
+            prop_assert!(w.requantized.unwrap().max_abs_error >= worst * (1.0 - 1e-5));
+        }
+    }
+
     #[test]
     fn q4_0_matmul_nbits_is_exact((kb, n, data) in weight(GgmlType::Q4_0, 1)) {
         let w = matmul_nbits("w", GgmlType::Q4_0, &dims(kb, n), &data).unwrap();

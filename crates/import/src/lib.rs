@@ -15,7 +15,8 @@
 //!   `MatMul`s; Q/K/V(/O) biases become
 //!   the projection's bias; llama.cpp's Q/K row permutation is undone ([`weights`]) so
 //!   `GroupQueryAttention` rotates in Hugging Face order. A Q4_0/Q8_0 embedding becomes
-//!   `GatherBlockQuantized`, any other a plain f32 `Gather`; without `output.weight` the
+//!   `GatherBlockQuantized`, a K-quant one too after requantization to int8, any other a plain
+//!   f32 `Gather`; without `output.weight` the
 //!   head is tied to (reads the bytes of) the embedding.
 //! - `genai_config.json`, `tokenizer.json`, `tokenizer_config.json` (with the chat
 //!   template), `generation_config.json` ([`tokenizer`]).
@@ -103,8 +104,8 @@ pub struct Imported {
     pub spec: DecoderSpec,
     /// Bytes of all files written.
     pub bytes: u64,
-    /// Weights requantized on the way (Q5_K and Q6_K, to int8 blocks of 32), with how far
-    /// they moved.
+    /// Tensors requantized on the way (Q5_K and Q6_K projections, K-quant embedding tables, to
+    /// int8 blocks of 32), with how far they moved.
     pub requantized: Vec<(String, Requantized)>,
 }
 

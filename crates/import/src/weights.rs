@@ -286,8 +286,11 @@ pub fn read(
 
     let embd = r.tensor("token_embd.weight", &[h, vocab], &why_embd)?;
     let embedding = match embd.ggml_type {
-        GgmlType::Q4_0 | GgmlType::Q8_0 => {
+        GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             let w = file.gather_block_quantized("token_embd.weight")?;
+            if let Some(cost) = w.requantized {
+                r.requantized.push(("token_embd.weight".into(), cost));
+            }
             Embedding::BlockQuantized {
                 data: w.data,
                 scales: w.scales,
@@ -295,16 +298,11 @@ pub fn read(
                 block_size: w.block_size,
             }
         }
-        // Q4_1's and the K-quants' float minimums, and Q6_K's scales per 16, have no
-        // GatherBlockQuantized form (integer zero points, one scale per block): the table is
-        // dequantized, exactly.
-        GgmlType::Q4_1
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K
-        | GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::BF16 => Embedding::Float(file.dequantize("token_embd.weight")?),
+        // Q4_1's float minimum has no GatherBlockQuantized form (integer zero points): the
+        // table is dequantized, exactly. (K-quant tables are requantized to int8 above.)
+        GgmlType::Q4_1 | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            Embedding::Float(file.dequantize("token_embd.weight")?)
+        }
         _ => {
             let supported = [
                 GgmlType::Q4_0,
