@@ -22,28 +22,38 @@
 //! Matched by structure only; anything else (another condition, a branch that computes, a
 //! consumer other than a rotating `GroupQueryAttention`) leaves the `If` to run as it is.
 
+use oxgen_tensor::Tensor;
+
 use super::edit::{self, Index, input, ints};
-use crate::ops::{GroupQueryAttention, LONG_ROPE_INPUTS, Op};
+use crate::ops::{LONG_ROPE_INPUTS, Op};
 use crate::{Graph, ValueId, ValueKind};
 
-/// The outputs of a branch made only of `Constant` nodes, in order.
-fn constant_outputs(branch: &Graph) -> Option<Vec<oxgen_tensor::Tensor>> {
-    if !branch.inputs.is_empty() || !branch.captures.is_empty() {
-        return None;
-    }
-    branch
-        .outputs
-        .iter()
-        .map(|&out| {
-            if let Some(t) = branch.initializers.get(&out) {
-                return Some(t.clone());
-            }
-            branch.nodes.iter().find_map(|n| match &n.op {
-                Op::Constant(t) if n.outputs.first() == Some(&Some(out)) => Some(t.clone()),
-                _ => None,
-            })
-        })
-        .collect()
+/// Whether a branch is two `Constant` nodes (or initializers) and nothing else: a cos and a
+/// sin cache.
+fn two_constants(branch: &Graph) -> bool {
+    branch.inputs.is_empty()
+        && branch.captures.is_empty()
+        && branch.outputs.len() == 2
+        && branch.nodes.iter().all(|n| matches!(n.op, Op::Constant(_)))
+}
+
+/// A [`two_constants`] branch's outputs, moved out of it.
+fn take_constants(mut branch: Graph) -> Option<[Tensor; 2]> {
+    let mut take = |out: ValueId| {
+        if let Some(t) = branch.initializers.remove(&out) {
+            return Some(t);
+        }
+        let node = branch
+            .nodes
+            .iter_mut()
+            .find(|n| n.outputs.first() == Some(&Some(out)))?;
+        match std::mem::replace(&mut node.op, Op::Identity) {
+            Op::Constant(t) => Some(t),
+            _ => None,
+        }
+    };
+    let [cos, sin] = [branch.outputs[0], branch.outputs[1]];
+    Some([take(cos)?, take(sin)?])
 }
 
 /// `Greater(Gather(Shape(mask), 1), C)` with `mask` the graph input `mask_name`: `C`.
@@ -84,101 +94,97 @@ fn mask_length_above(
     (v.kind == ValueKind::Input && v.name == mask_name).then_some(threshold)
 }
 
+/// Why the `If` at node `i` is not LongRoPE's cache choice, or what it is: the threshold and
+/// the cos and sin values it gives.
+fn recognize(
+    graph: &Graph,
+    index: &Index,
+    i: usize,
+    mask_name: &str,
+) -> Result<(usize, ValueId, ValueId), &'static str> {
+    let node = &graph.nodes[i];
+    let Op::If(branches) = &node.op else {
+        unreachable!("called for If nodes")
+    };
+    let after = input(node, 0)
+        .and_then(|c| mask_length_above(graph, index, c, mask_name))
+        .ok_or("its condition is not the attention mask's length above a constant")?;
+    if !two_constants(&branches.then_branch.graph) || !two_constants(&branches.else_branch.graph) {
+        return Err("its branches are not a cos and a sin constant each");
+    }
+    let [Some(cos), Some(sin)] = node.outputs[..] else {
+        return Err("it does not give exactly a cos and a sin cache");
+    };
+    let rotating = |n: &usize| {
+        let node = &graph.nodes[*n];
+        matches!(&node.op, Op::GroupQueryAttention(g) if g.do_rotary && g.long_rope_after.is_none())
+            && input(node, 7) == Some(cos)
+            && input(node, 8) == Some(sin)
+    };
+    let readers = [cos, sin].map(|v| &index.consumers[v.0]);
+    if readers
+        .iter()
+        .any(|r| r.is_empty() || !r.iter().all(rotating))
+        || index.is_output[cos.0]
+        || index.is_output[sin.0]
+    {
+        return Err("its caches feed something other than rotating GroupQueryAttention nodes");
+    }
+    Ok((after, cos, sin))
+}
+
 /// Rewrites every LongRoPE `If` it recognizes; returns how many. `mask_name` is the graph
 /// input holding the attention mask.
 pub fn run(graph: &mut Graph, mask_name: &str, skipped: &mut Vec<String>) -> usize {
+    let ifs: Vec<usize> = (graph.nodes.iter().enumerate())
+        .filter(|(_, n)| matches!(n.op, Op::If(_)))
+        .map(|(i, _)| i)
+        .collect();
+    let index = Index::new(graph);
     let mut done = 0;
-    loop {
-        let index = Index::new(graph);
-        let found = graph.nodes.iter().enumerate().find_map(|(i, node)| {
-            let Op::If(branches) = &node.op else {
-                return None;
-            };
-            Some((i, branches.clone(), node.inputs[0], node.outputs.clone()))
-        });
-        let Some((i, branches, cond, outputs)) = found else {
-            break;
+    for i in ifs {
+        let (after, cos, sin) = match recognize(graph, &index, i, mask_name) {
+            Ok(found) => found,
+            Err(reason) => {
+                let name = &graph.nodes[i].name;
+                skipped.push(format!("longrope: If '{name}' left as it is: {reason}"));
+                continue;
+            }
         };
-        let why = |reason: &str| {
-            format!(
-                "longrope: If '{}' left as it is: {reason}",
-                graph.nodes[i].name
-            )
-        };
-        let reject = |skipped: &mut Vec<String>, reason: &str| skipped.push(why(reason));
-        let Some(after) = cond.and_then(|c| mask_length_above(graph, &index, c, mask_name)) else {
-            reject(
-                skipped,
-                "its condition is not the attention mask's length above a constant",
-            );
-            break;
+        // The branches' tables move into initializers; the `If` is then dead.
+        let Op::If(branches) = std::mem::replace(&mut graph.nodes[i].op, Op::Identity) else {
+            unreachable!("recognized as an If")
         };
         let (Some(long), Some(short)) = (
-            constant_outputs(&branches.then_branch.graph),
-            constant_outputs(&branches.else_branch.graph),
+            take_constants(branches.then_branch.graph),
+            take_constants(branches.else_branch.graph),
         ) else {
-            reject(skipped, "a branch computes more than constants");
-            break;
+            unreachable!("two_constants checked both branches")
         };
-        let [Some(cos), Some(sin)] = outputs[..] else {
-            reject(skipped, "it does not give exactly a cos and a sin cache");
-            break;
-        };
-        if long.len() != 2 || short.len() != 2 {
-            reject(skipped, "it does not give exactly a cos and a sin cache");
-            break;
-        }
-        let mut readers: Vec<usize> = [cos, sin]
-            .iter()
-            .flat_map(|v| index.consumers[v.0].iter().copied())
-            .collect();
-        readers.sort_unstable();
-        readers.dedup();
-        let rotating = |n: usize| {
-            let node = &graph.nodes[n];
-            matches!(&node.op, Op::GroupQueryAttention(g) if g.do_rotary && g.long_rope_after.is_none())
-                && input(node, 7) == Some(cos)
-                && input(node, 8) == Some(sin)
-        };
-        if readers.is_empty()
-            || index.is_output[cos.0]
-            || index.is_output[sin.0]
-            || !readers.iter().all(|&n| rotating(n))
-        {
-            reject(
-                skipped,
-                "its caches feed something other than rotating GroupQueryAttention nodes",
-            );
-            break;
-        }
-        let [short_cos, short_sin] = [&short[0], &short[1]].map(|t| t.clone());
-        let [long_cos, long_sin] = [&long[0], &long[1]].map(|t| t.clone());
-        let short_ids = [
-            edit::add_initializer(graph, "longrope/short_cos", short_cos),
-            edit::add_initializer(graph, "longrope/short_sin", short_sin),
-        ];
-        let long_ids = [
-            edit::add_initializer(graph, "longrope/long_cos", long_cos),
-            edit::add_initializer(graph, "longrope/long_sin", long_sin),
-        ];
-        for n in readers {
+        let [short, long] = [("short", short), ("long", long)].map(|(kind, [c, s])| {
+            [
+                edit::add_initializer(graph, &format!("longrope/{kind}_cos"), c),
+                edit::add_initializer(graph, &format!("longrope/{kind}_sin"), s),
+            ]
+        });
+        let readers = index.consumers[cos.0].iter().chain(&index.consumers[sin.0]);
+        for &n in readers {
             let node = &mut graph.nodes[n];
-            if let Op::GroupQueryAttention(GroupQueryAttention {
-                long_rope_after, ..
-            }) = &mut node.op
-            {
-                *long_rope_after = Some(after);
+            if let Op::GroupQueryAttention(g) = &mut node.op {
+                g.long_rope_after = Some(after);
             }
-            node.inputs[7] = Some(short_ids[0]);
-            node.inputs[8] = Some(short_ids[1]);
+            node.inputs[7] = Some(short[0]);
+            node.inputs[8] = Some(short[1]);
             if node.inputs.len() <= LONG_ROPE_INPUTS[1] {
                 node.inputs.resize(LONG_ROPE_INPUTS[1] + 1, None);
             }
-            node.inputs[LONG_ROPE_INPUTS[0]] = Some(long_ids[0]);
-            node.inputs[LONG_ROPE_INPUTS[1]] = Some(long_ids[1]);
+            node.inputs[LONG_ROPE_INPUTS[0]] = Some(long[0]);
+            node.inputs[LONG_ROPE_INPUTS[1]] = Some(long[1]);
         }
-        edit::remove_dead(graph);
         done += 1;
+    }
+    if done > 0 {
+        edit::remove_dead(graph);
     }
     done
 }
