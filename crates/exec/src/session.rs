@@ -119,10 +119,14 @@ impl NativeSession {
         let inputs = (graph.inputs.iter().chain(&graph.captures))
             .map(|&id| spec(&graph, id))
             .collect();
-        let subgraphs = (graph.nodes.iter())
+        // Each branch or body moves into a session of its own.
+        let subgraphs = (graph.nodes.iter_mut())
             .map(|node| {
-                (node.op.subgraphs().into_iter())
-                    .map(|sub| NativeSession::with_pool(sub.graph.clone(), pool.clone(), exact))
+                (node.op.subgraphs_mut().into_iter())
+                    .map(|sub| {
+                        let sub = std::mem::take(&mut sub.graph);
+                        NativeSession::with_pool(sub, pool.clone(), exact)
+                    })
                     .collect()
             })
             .collect();

@@ -61,7 +61,7 @@ impl Node {
 }
 
 /// A loaded graph: nodes sorted so every input is produced before use.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Graph {
     pub values: Vec<ValueInfo>,
     pub inputs: Vec<ValueId>,

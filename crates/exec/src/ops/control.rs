@@ -1,6 +1,6 @@
 //! ONNX `If`, `Loop` and `Scan`: each branch or body runs as a [`NativeSession`] of its own,
-//! built once with the node's session ([`OpCtx::subgraphs`]: `If`'s then and else branches,
-//! a loop's body). A call feeds a subgraph its formal inputs, then copies of the values it
+//! built once with the node's session, which holds the subgraph from then on
+//! ([`OpCtx::subgraphs`]: `If`'s then and else branches, a loop's body). A call feeds a subgraph its formal inputs, then copies of the values it
 //! captures from enclosing graphs.
 //!
 //! Slicing and stacking (`Loop`'s scan outputs, `Scan`) move whole elements as bytes, so every
@@ -46,7 +46,7 @@ fn call(
     for &k in &sub.inputs {
         ins.push(Some(input(inputs, k)?.clone()));
     }
-    let mut outs = vec![None; sub.graph.outputs.len()];
+    let mut outs = vec![None; session.graph().outputs.len()];
     session
         .run_ordered(&mut ins, &mut outs)
         .map_err(|e| match e {
@@ -138,7 +138,8 @@ fn run_loop(
     n_outputs: usize,
     ctx: &mut OpCtx,
 ) -> Result<Outputs, OpError> {
-    let carried = op.body.graph.inputs.len() - 2;
+    let body = session(ctx, 0)?;
+    let carried = body.graph().inputs.len() - 2;
     let trips = match opt_input(inputs, 0) {
         Some(m) => match read_i64s(m, "M")?[..] {
             [m] => Some(m),
@@ -160,7 +161,6 @@ fn run_loop(
         .collect::<Result<_, _>>()?;
     let scans = n_outputs - carried;
     let mut slices: Vec<Vec<Tensor>> = vec![Vec::new(); scans];
-    let body = session(ctx, 0)?;
     let mut i: i64 = 0;
     while cond && trips.is_none_or(|m| i < m) {
         let formal = [Tensor::scalar(i), Tensor::from_bools([], &[cond])?]
@@ -181,7 +181,8 @@ fn run_loop(
     for (k, s) in slices.iter().enumerate() {
         if s.is_empty() {
             // No iteration ran: an empty stack of what the body declares.
-            let declared = op.body.graph.value(op.body.graph.outputs[1 + carried + k]);
+            let graph = body.graph();
+            let declared = graph.value(graph.outputs[1 + carried + k]);
             let dims: Option<Vec<usize>> = (declared.dims.iter().flatten())
                 .map(|d| match d {
                     oxgen_graph::Dim::Fixed(n) => Some(*n),
@@ -220,7 +221,8 @@ fn slice_at(x: &Tensor, axis: usize, t: usize) -> Result<Tensor, OpError> {
 
 fn run_scan(op: &Scan, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Outputs, OpError> {
     let m = op.num_scan_inputs;
-    let n = op.body.graph.inputs.len() - m;
+    let body = session(ctx, 0)?;
+    let n = body.graph().inputs.len() - m;
     let mut states: Vec<Tensor> = (0..n)
         .map(|k| input(inputs, k).cloned())
         .collect::<Result<_, _>>()?;
@@ -245,7 +247,6 @@ fn run_scan(op: &Scan, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Ou
     }
     let k = op.output_axes.len();
     let mut slices: Vec<Vec<Tensor>> = vec![Vec::new(); k];
-    let body = session(ctx, 0)?;
     for t in 0..length {
         let mut formal = std::mem::take(&mut states);
         for (j, &(x, axis)) in scanned.iter().enumerate() {

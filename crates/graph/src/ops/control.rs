@@ -15,6 +15,8 @@ use crate::{Graph, GraphError, NodeCtx, OpSpec};
 /// A branch or loop body, and where its captured values are among the node's inputs.
 #[derive(Debug, Clone)]
 pub struct Subgraph {
+    /// The executor moves it into a session of its own when it plans the enclosing graph
+    /// (leaving an empty graph here), so its tensors are held once.
     pub graph: Graph,
     /// For each of `graph.captures`, in order: the index of the node input that feeds it.
     pub inputs: Vec<usize>,
