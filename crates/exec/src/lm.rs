@@ -146,12 +146,6 @@ fn batch_wide_decision(graph: &Graph) -> Option<&oxgen_graph::Node> {
         from_inputs[v.0] = true;
     }
     for node in &graph.nodes {
-        let deciding: &[usize] = match node.op {
-            Op::If(_) => &[0],
-            Op::Loop(_) => &[0, 1],
-            Op::Scan(_) => &[0],
-            _ => &[],
-        };
         let reads = |k: usize| {
             node.inputs
                 .get(k)
@@ -159,9 +153,12 @@ fn batch_wide_decision(graph: &Graph) -> Option<&oxgen_graph::Node> {
                 .flatten()
                 .is_some_and(|v| from_inputs[v.0])
         };
+        // If's cond, Loop's trip count and cond, and whatever a Scan scans.
         let decides = match node.op {
+            Op::If(_) => reads(0),
+            Op::Loop(_) => reads(0) || reads(1),
             Op::Scan(_) => (0..node.inputs.len()).any(reads),
-            _ => deciding.iter().any(|&k| reads(k)),
+            _ => false,
         };
         if decides {
             return Some(node);
