@@ -1,0 +1,252 @@
+//! What [`super::build`] writes a graph from: the architecture numbers ([`DecoderSpec`]),
+//! the rotary settings and the weights, with the checks that they agree.
+
+use oxgen_tensor::{DType, Tensor};
+
+/// The architecture numbers of a decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderSpec {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_size: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    /// Positions the rotary caches cover (the model's context length).
+    pub context: usize,
+    pub rope: Rope,
+    /// RMS norm epsilon.
+    pub rms_eps: f32,
+    /// `MatMulNBits` `accuracy_level`: 0 keeps activations f32, 4 allows int8.
+    pub accuracy_level: i64,
+    /// `GroupQueryAttention` `local_window_size`: each query sees this many keys, itself
+    /// included; `None` attends to the whole past.
+    pub sliding_window: Option<usize>,
+    /// Granite's multipliers (all neutral for the other architectures).
+    pub multipliers: crate::arch::Multipliers,
+    /// Gemma 2's and 3's softcaps, GELU, windowed layers and their rotary base (see
+    /// [`crate::arch::Gemma`]).
+    pub gemma: Option<crate::arch::Gemma>,
+    /// Per layer: whether it rotates queries and keys (SmolLM3 skips every fourth).
+    pub rotary_layers: Vec<bool>,
+}
+
+/// Rotary frequencies: `θ_i = base^(-2i / head_size) / factors[i] / linear_scale`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rope {
+    pub base: f64,
+    /// Per-frequency divisors (llama.cpp's `rope_freqs.weight`), `head_size / 2` of them.
+    pub freq_factors: Option<Vec<f32>>,
+    /// Linear position scaling (positions divided by it); 1 is none.
+    pub linear_scale: f64,
+    /// LongRoPE: two pairs of caches, chosen by the sequence's length (see [`LongRopeCaches`]).
+    pub long: Option<LongRopeCaches>,
+}
+
+/// LongRoPE's caches as onnxruntime-genai's builder writes them: `If` the mask's length
+/// exceeds `original_context`, caches of `context` rows made with `long_factors`, else of
+/// `original_context` rows with `short_factors` (divisors of each frequency, as
+/// `freq_factors`); both scaled by `attn_factor`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRopeCaches {
+    pub original_context: usize,
+    pub short_factors: Vec<f32>,
+    pub long_factors: Vec<f32>,
+    pub attn_factor: f32,
+}
+
+impl Rope {
+    pub fn new(base: f64) -> Rope {
+        Rope {
+            base,
+            freq_factors: None,
+            linear_scale: 1.0,
+            long: None,
+        }
+    }
+}
+
+/// A projection `y = x · Wᵀ (+ bias)` with `W` of shape `[n, k]`.
+// A model has a few hundred of these, each owning megabytes: the variant size is irrelevant.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Linear {
+    NBits(NBitsLinear),
+    /// f32 weight `[n, k]` (written transposed, `[k, n]`, for `MatMul`) and f32 bias `[n]`.
+    Float {
+        weight: Tensor,
+        bias: Option<Tensor>,
+    },
+}
+
+/// A `com.microsoft::MatMulNBits` weight (see the operator's docs for the layouts).
+#[derive(Debug, Clone)]
+pub struct NBitsLinear {
+    pub k: usize,
+    pub n: usize,
+    pub bits: u32,
+    pub block_size: usize,
+    /// uint8 `[n, k / block_size, block_size * bits / 8]`.
+    pub b: Tensor,
+    /// f32 `[n * k / block_size]`.
+    pub scales: Tensor,
+    /// `None` (the default `2^(bits - 1)`), uint8 packed, or f32 `[n * k / block_size]`.
+    pub zero_points: Option<Tensor>,
+    /// f32 `[n]`.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// `(k, n)`.
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            Linear::NBits(w) => (w.k, w.n),
+            Linear::Float { weight, .. } => {
+                let d = weight.dims();
+                (
+                    d.get(1).copied().unwrap_or(0),
+                    d.first().copied().unwrap_or(0),
+                )
+            }
+        }
+    }
+}
+
+/// The token embedding table.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    /// `com.microsoft::GatherBlockQuantized` with default zero points: uint8 data
+    /// `[vocab, hidden * bits / 8]`, f32 scales `[vocab, hidden / block_size]`.
+    BlockQuantized {
+        data: Tensor,
+        scales: Tensor,
+        bits: u32,
+        block_size: usize,
+    },
+    /// A plain `Gather` over an f32 `[vocab, hidden]` table.
+    Float(Tensor),
+}
+
+/// One decoder layer's weights; norms are f32 `[hidden]`.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub input_norm: Tensor,
+    /// RMSNorm weights `[head_size]` over each Q and K head (Qwen3), applied before rotary.
+    pub qk_norm: Option<[Tensor; 2]>,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub post_norm: Tensor,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+    /// Gemma 2's RMSNorms of the attention output and of the MLP output, `[hidden]`, each
+    /// applied before it joins the residual stream.
+    pub out_norms: Option<[Tensor; 2]>,
+}
+
+/// All weights of a decoder. A tied head is a `Linear` over the embedding's bytes.
+#[derive(Debug, Clone)]
+pub struct DecoderWeights {
+    pub embedding: Embedding,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Tensor,
+    pub head: Linear,
+}
+
+/// Token ids for `genai_config.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigTokens {
+    pub bos: Option<u32>,
+    pub eos: Vec<u32>,
+    pub pad: Option<u32>,
+}
+
+/// A weight whose shape does not fit the spec: the caller's bug or a bad input file.
+#[derive(Debug, thiserror::Error)]
+#[error("weight '{name}' has shape {found:?}, the graph needs {expected:?}")]
+pub struct ShapeMismatch {
+    pub name: String,
+    pub found: Vec<usize>,
+    pub expected: Vec<usize>,
+}
+
+fn check(name: &str, t: &Tensor, expected: &[usize]) -> Result<(), ShapeMismatch> {
+    if t.dims() == expected && t.dtype() == DType::F32 {
+        return Ok(());
+    }
+    Err(ShapeMismatch {
+        name: format!("{name} ({})", t.dtype().name()),
+        found: t.dims().to_vec(),
+        expected: expected.to_vec(),
+    })
+}
+
+fn check_linear(name: &str, w: &Linear, k: usize, n: usize) -> Result<(), ShapeMismatch> {
+    let (wk, wn) = w.dims();
+    if (wk, wn) != (k, n) {
+        return Err(ShapeMismatch {
+            name: name.to_string(),
+            found: vec![wn, wk],
+            expected: vec![n, k],
+        });
+    }
+    let bias = match w {
+        Linear::NBits(w) => w.bias.as_ref(),
+        Linear::Float { weight, bias } => {
+            check(name, weight, &[n, k])?;
+            bias.as_ref()
+        }
+    };
+    match bias {
+        Some(b) => check(&format!("{name}.bias"), b, &[n]),
+        None => Ok(()),
+    }
+}
+
+impl DecoderWeights {
+    /// Checks every weight's shape against `spec` (the layouts inside `MatMulNBits` weights
+    /// are the producer's contract; their `k` and `n` are checked here).
+    pub fn check(&self, spec: &DecoderSpec) -> Result<(), ShapeMismatch> {
+        let (h, q, kv, ff) = (
+            spec.hidden,
+            spec.heads * spec.head_size,
+            spec.kv_heads * spec.head_size,
+            spec.intermediate,
+        );
+        if let Embedding::Float(t) = &self.embedding {
+            check("embed.weight", t, &[spec.vocab, h])?;
+        }
+        if self.layers.len() != spec.layers || spec.layers == 0 {
+            return Err(ShapeMismatch {
+                name: "layers".into(),
+                found: vec![self.layers.len()],
+                expected: vec![spec.layers.max(1)],
+            });
+        }
+        for (l, w) in self.layers.iter().enumerate() {
+            let p = format!("layers.{l}");
+            check(&format!("{p}.input_norm"), &w.input_norm, &[h])?;
+            if let Some([qn, kn]) = &w.qk_norm {
+                check(&format!("{p}.q_norm"), qn, &[spec.head_size])?;
+                check(&format!("{p}.k_norm"), kn, &[spec.head_size])?;
+            }
+            if let Some([an, mn]) = &w.out_norms {
+                check(&format!("{p}.attn_out_norm"), an, &[h])?;
+                check(&format!("{p}.mlp_out_norm"), mn, &[h])?;
+            }
+            check_linear(&format!("{p}.q"), &w.q, h, q)?;
+            check_linear(&format!("{p}.k"), &w.k, h, kv)?;
+            check_linear(&format!("{p}.v"), &w.v, h, kv)?;
+            check_linear(&format!("{p}.o"), &w.o, q, h)?;
+            check(&format!("{p}.post_norm"), &w.post_norm, &[h])?;
+            check_linear(&format!("{p}.gate"), &w.gate, h, ff)?;
+            check_linear(&format!("{p}.up"), &w.up, h, ff)?;
+            check_linear(&format!("{p}.down"), &w.down, ff, h)?;
+        }
+        check("final_norm", &self.final_norm, &[h])?;
+        check_linear("lm_head", &self.head, h, spec.vocab)
+    }
+}
