@@ -76,6 +76,7 @@ fn bench_attention(
         scale: 1.0 / (HEAD_SIZE as f32).sqrt(),
         softcap: 0.0,
         window: None,
+        sinks: None,
     };
     let q = values(seq * HEADS * HEAD_SIZE, 1);
     let cache = KV_HEADS * capacity * HEAD_SIZE;
@@ -152,6 +153,7 @@ fn bench_paged_decode<C: CacheElem>(
         scale: 1.0 / (HEAD_SIZE as f32).sqrt(),
         softcap: 0.0,
         window: None,
+        sinks: None,
     };
     let q = values(batch * HEADS * HEAD_SIZE, 1);
     let rows = Rows {

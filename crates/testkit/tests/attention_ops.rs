@@ -213,6 +213,8 @@ struct Gqa {
     scale: Option<f32>,
     packed: bool,
     half: bool,
+    /// Feed `head_sink` (one logit per head, in [-3, 3)).
+    sink: bool,
     /// Add a second node on the same inputs: the first must then update a copy of the past
     /// (the second still reads it), the second gets the past handed over.
     twice: bool,
@@ -312,6 +314,11 @@ impl Gqa {
         if let Some(scale) = self.scale {
             attrs.push(attr::float("scale", scale));
         }
+        if self.sink {
+            let sinks: Vec<f32> = rng.values(n).iter().map(|x| 3.0 * x).collect();
+            ins.resize(12, String::new());
+            ins[11] = suite.feed(&p("head_sink"), float(&[n], &sinks, self.half));
+        }
         while ins.last().is_some_and(String::is_empty) {
             ins.pop();
         }
@@ -394,7 +401,7 @@ impl Gqa {
 }
 
 /// A covering set: every step kind with head ratios 1, 2 and 3, twice, with head sizes,
-/// rotary modes, windows, softcaps, scales, batch sizes and packing cycled at different
+/// rotary modes, windows, softcaps, scales, sinks, batch sizes and packing cycled at different
 /// periods so each value meets the others; plus two f16 cases.
 fn gqa_cases() -> Vec<Gqa> {
     use Step::*;
@@ -437,6 +444,7 @@ fn gqa_cases() -> Vec<Gqa> {
                     scale: (i % 5 == 2).then_some(0.3),
                     packed: i % 4 == 3,
                     half: false,
+                    sink: (i + round) % 4 == 1,
                     twice: round == 0 && step == DecodeShared && ratio == 2,
                 });
             }
@@ -454,6 +462,7 @@ fn gqa_cases() -> Vec<Gqa> {
         scale: None,
         packed: false,
         half: true,
+        sink: false,
         twice: false,
     };
     cases.push(base.clone());
@@ -461,6 +470,7 @@ fn gqa_cases() -> Vec<Gqa> {
         step: Prompt,
         rotary: Some((8, true)),
         window: 4,
+        sink: true,
         ..base
     });
     cases
@@ -508,6 +518,13 @@ fn group_query_attention_matches_onnxruntime() {
                 .all(|&h| cases.iter().any(|c| c.head_size == h)),
         ),
         ("custom scale", cases.iter().any(|c| c.scale.is_some())),
+        (
+            "sinks with a window, in a prompt and a decode",
+            [Step::Prompt, Step::Decode, Step::DecodeShared]
+                .iter()
+                .all(|&s| cases.iter().any(|c| c.sink && c.step == s))
+                && cases.iter().any(|c| c.sink && c.window == 4),
+        ),
     ] {
         assert!(ok, "case set lacks {what}");
     }

@@ -21,7 +21,9 @@
 
 use half::{bf16, f16};
 use oxgen_graph::Op;
-use oxgen_graph::ops::{GroupQueryAttention, LONG_ROPE_INPUTS, Rotary, RotaryKind};
+use oxgen_graph::ops::{
+    GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind,
+};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::attention::kv::CacheElem;
 use oxgen_kernels::attention::paged as kp;
@@ -31,7 +33,7 @@ use oxgen_runtime::KvDtype;
 use oxgen_tensor::{DType, Element, Tensor};
 
 use super::{OpCtx, input, opt_input, owned_input, read_i64s};
-use smallvec::smallvec;
+use smallvec::{SmallVec, smallvec};
 
 use super::{Outputs, Small};
 use crate::OpError;
@@ -269,12 +271,30 @@ fn query_rows<'a, T: Element>(
     })
 }
 
-fn score_mod(g: &GroupQueryAttention, hs: usize) -> ScoreMod {
+fn score_mod<'a>(g: &GroupQueryAttention, hs: usize, sinks: Option<&'a [f32]>) -> ScoreMod<'a> {
     ScoreMod {
         scale: g.scale.unwrap_or(1.0 / (hs as f32).sqrt()),
         softcap: g.softcap,
         window: g.local_window_size,
+        sinks,
     }
+}
+
+/// Attention sinks in f32, one per query head (on the stack: gpt-oss has 64 heads): the
+/// `head_sink` input, or zeros when only `smooth_softmax` asks for them; `None` without.
+fn sinks<T: Accum<Acc = f32> + Element>(
+    g: &GroupQueryAttention,
+    inputs: &[Option<&Tensor>],
+) -> Result<Option<SmallVec<[f32; 128]>>, OpError> {
+    if !g.sinks {
+        return Ok(None);
+    }
+    let Some(t) = opt_input(inputs, HEAD_SINK_INPUT) else {
+        return Ok(Some(smallvec![0.0; g.num_heads]));
+    };
+    same_dtype(input(inputs, 0)?, t, "head_sink")?;
+    expect_dims(t, &[g.num_heads], "head_sink", "(num_heads)")?;
+    Ok(Some(t.as_slice::<T>()?.iter().map(|x| x.widen()).collect()))
 }
 
 fn plan(
@@ -514,7 +534,8 @@ fn gqa<T: Accum<Acc = f32> + Element + CacheElem>(
         rotated = Some(t);
     }
     let q_rows = query_rows(rotated.as_ref(), q, p.q_width, heads, hs)?;
-    let score = score_mod(g, hs);
+    let sinks = sinks::<T>(g, inputs)?;
+    let score = score_mod(g, hs, sinks.as_deref());
     let mut by_head = ctx.alloc(dtype, [batch, heads, seq, hs])?;
     let mut scratch = ctx.alloc(DType::F32, [ka::scratch_len(&p.shape, ctx.pool)])?;
     ka::attention(
@@ -606,7 +627,8 @@ fn gqa_paged<T: Accum<Acc = f32> + Element + CacheElem>(
     };
     let rotated_len = if rope.is_some() { tokens } else { 0 };
     let mut rotated = ctx.alloc(dtype, [1, rotated_len, heads * hs])?;
-    let score = score_mod(g, hs);
+    let sinks = sinks::<T>(g, inputs)?;
+    let score = score_mod(g, hs, sinks.as_deref());
     let mut out = ctx.alloc(dtype, [1, tokens, heads * hs])?;
     let scratch_len = kp::paged_scratch_len(&layout, heads, segments, ctx.pool);
     let mut scratch = ctx.alloc(DType::F32, [scratch_len])?;

@@ -8,11 +8,12 @@
 //! against onnxruntime 1.32's schema): inputs 0-8 (query or packed QKV, key, value,
 //! past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache); outputs
 //! output, present_key, present_value; attributes num_heads, kv_num_heads, scale, softcap,
-//! local_window_size, do_rotary, rotary_interleaved, sliding_window_cache (paged only). Rejected at load, naming the node:
-//! inputs position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+//! local_window_size, do_rotary, rotary_interleaved, sliding_window_cache (paged only), and
+//! attention sinks: input 11 (head_sink, one logit per query head, gpt-oss) or
+//! smooth_softmax = 1 (a sink of 0 per head). Rejected at load, naming the node:
+//! inputs position_ids, attention_bias, k_scale, v_scale, q_norm_weight,
 //! k_norm_weight, query_seqlens; the output_qk output; non-default values of causal (0),
-//! smooth_softmax (1), qk_output, k_quant_type, v_quant_type and
-//! kv_cache_bit_width. The epsilons of the Q/K norms are accepted and unused, since their
+//! qk_output, k_quant_type, v_quant_type and kv_cache_bit_width. The epsilons of the Q/K norms are accepted and unused, since their
 //! weight inputs are rejected.
 
 use super::Op;
@@ -36,11 +37,18 @@ pub struct GroupQueryAttention {
     /// graph's past and present KV of this layer hold only the window. Natively the paged
     /// cache keeps every position and reads the window, so this is accepted only there.
     pub window_cache: bool,
+    /// Attention sinks (see [`HEAD_SINK_INPUT`]): from that input, or 0 per head when only
+    /// `smooth_softmax = 1` asks for them.
+    pub sinks: bool,
     /// LongRoPE, set by [`crate::passes::longrope`] (no ONNX attribute): a sequence that holds
     /// more than this many positions after a step rotates with the long cos/sin caches at
     /// inputs [`LONG_ROPE_INPUTS`] instead of inputs 7 and 8.
     pub long_rope_after: Option<usize>,
 }
+
+/// GroupQueryAttention's `head_sink` input: one logit per query head that joins each row's
+/// softmax without a value.
+pub const HEAD_SINK_INPUT: usize = 11;
 
 /// Where a LongRoPE `GroupQueryAttention` takes its long cos and sin caches (past every
 /// input onnxruntime defines).
@@ -89,7 +97,8 @@ fn only_default(
     }
 }
 
-/// GroupQueryAttention's inputs in onnxruntime 1.32; those from index 9 on are not supported.
+/// GroupQueryAttention's inputs in onnxruntime 1.32; those from index 9 on are not supported,
+/// but for head_sink.
 const GQA_INPUTS: [&str; 17] = [
     "query",
     "key",
@@ -111,13 +120,13 @@ const GQA_INPUTS: [&str; 17] = [
 ];
 
 fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
-    if let Some(i) = (9..GQA_INPUTS.len()).find(|&i| ctx.has_input(i)) {
+    if let Some(i) = (9..GQA_INPUTS.len()).find(|&i| i != HEAD_SINK_INPUT && ctx.has_input(i)) {
         return Err(ctx.invalid(format!(
             "optional input {i} ({}) is not supported by this implementation; remove it or use the ort backend",
             GQA_INPUTS[i]
         )));
     }
-    ctx.inputs(1, 9)?;
+    ctx.inputs(1, HEAD_SINK_INPUT + 1)?;
     ctx.outputs(3)?;
     for (index, name) in [(5, "seqlens_k"), (6, "total_sequence_length")] {
         if !ctx.has_input(index) {
@@ -173,12 +182,13 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         return Err(ctx.invalid("do_rotary is 1 but cos_cache and sin_cache are absent"));
     }
     only_default(ctx, "causal", &[1], "only causal attention is implemented")?;
-    only_default(
-        ctx,
-        "smooth_softmax",
-        &[-1, 0],
-        "smooth softmax is not implemented",
-    )?;
+    let smooth_softmax = match ctx.int("smooth_softmax", -1)? {
+        -1 | 0 => false,
+        1 => true,
+        v => {
+            return Err(ctx.attr_error("smooth_softmax", format!("must be -1, 0 or 1, got {v}")));
+        }
+    };
     only_default(
         ctx,
         "qk_output",
@@ -219,6 +229,7 @@ fn gqa(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         do_rotary,
         rotary_interleaved,
         window_cache,
+        sinks: smooth_softmax || ctx.has_input(HEAD_SINK_INPUT),
         long_rope_after: None,
     }))
 }

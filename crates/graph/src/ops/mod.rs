@@ -12,7 +12,7 @@ mod quant;
 mod reduce;
 mod shape;
 
-pub use attention::{GroupQueryAttention, LONG_ROPE_INPUTS, Rotary, RotaryKind};
+pub use attention::{GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind};
 pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 pub use nn::{Gemm, Norm, NormKind, SkipNorm};

@@ -701,6 +701,7 @@ fn rewrite(graph: &mut Graph, mask: ValueId, blocks: &[Candidate]) -> usize {
             do_rotary: c.rotary.is_some(),
             rotary_interleaved: false,
             window_cache: false,
+            sinks: false,
             long_rope_after: None,
         });
         let gqa = edit::new_node(

@@ -111,6 +111,7 @@ fn attention_with<T: Accum<Acc = f32> + CacheElem>(
         capacity,
     } = *shape;
     q.check(batch * seq, heads, hs, "query")?;
+    score.check(heads)?;
     check_len("key cache", k.len(), shape.cache_len())?;
     check_len("value cache", v.len(), shape.cache_len())?;
     check_len("query starts", start.len(), batch)?;
@@ -175,7 +176,17 @@ fn attention_with<T: Accum<Acc = f32> + CacheElem>(
                             j..(j + KEY_TILE).min(end),
                         )
                     });
-                    attend_group_pieces(&qs, tiles, score, scores, acc, &mut outs, simd, false);
+                    let sinks = score.sinks.map(|s| &s[n0..n0 + count]);
+                    attend_group_pieces(
+                        &qs,
+                        tiles,
+                        (score, sinks),
+                        scores,
+                        acc,
+                        &mut outs,
+                        simd,
+                        false,
+                    );
                 }
             }
         },

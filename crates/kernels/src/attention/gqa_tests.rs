@@ -90,23 +90,32 @@ fn reference_row(
             }
         })
         .collect();
-    let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let sink = score.sinks.map(|s| s[n] as f64);
+    let m = xs
+        .iter()
+        .chain(&sink)
+        .cloned()
+        .fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = xs.iter().map(|x| (x - m).exp()).collect();
-    let sum: f64 = e.iter().sum();
+    let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
     (0..hs)
         .map(|d| (lo..end).zip(&e).map(|(j, w)| w / sum * at(v, j, d)).sum())
         .collect()
 }
 
 #[test]
-fn matches_an_f64_reference_with_windows_softcap_and_groups() {
+fn matches_an_f64_reference_with_windows_softcap_sinks_and_groups() {
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
-    for (heads, kv_heads, window, softcap) in [
-        (2, 2, None, 0.0),
-        (4, 2, Some(3), 0.0),
-        (6, 2, None, 1.5),
-        (3, 1, Some(1), 2.0),
-        (2, 1, Some(0), 0.0),
+    // Sinks around the scores' range: below, among and above them (the last rules the max).
+    let sinks = [-3.0, 0.4, -0.2, 1.0, 0.1, 6.0];
+    for (heads, kv_heads, window, softcap, sinks) in [
+        (2, 2, None, 0.0, None),
+        (4, 2, Some(3), 0.0, None),
+        (6, 2, None, 1.5, None),
+        (3, 1, Some(1), 2.0, None),
+        (2, 1, Some(0), 0.0, None),
+        (6, 2, None, 0.0, Some(&sinks[..])),
+        (4, 2, Some(3), 1.5, Some(&sinks[2..])),
     ] {
         let shape = GqaShape {
             batch: 2,
@@ -120,6 +129,7 @@ fn matches_an_f64_reference_with_windows_softcap_and_groups() {
             scale: 0.25,
             softcap,
             window,
+            sinks,
         };
         let q = rng.values(2 * 5 * heads * 16);
         let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
@@ -164,11 +174,13 @@ fn prefill_equals_decode_steps_bit_for_bit() {
             scale: 0.125,
             softcap: 0.0,
             window: None,
+            sinks: None,
         },
         ScoreMod {
             scale: 0.125,
             softcap: 30.0,
             window: Some(4),
+            sinks: None,
         },
     ] {
         let prefill = run(&shape, &score, &q, &k, &v, &[3], &[10], 1);
@@ -204,6 +216,7 @@ fn one_and_three_threads_agree_bit_for_bit() {
         scale: 0.2,
         softcap: 0.0,
         window: Some(20),
+        sinks: None,
     };
     let q = rng.values(2 * 16 * 6 * 32);
     let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
@@ -271,6 +284,7 @@ fn bad_arguments_are_errors_not_panics() {
         scale: 1.0,
         softcap: 0.0,
         window: None,
+        sinks: None,
     };
     let pool = ThreadPool::new(1);
     let (q, kv) = (vec![0f32; 16], vec![0f32; 32]);
@@ -338,6 +352,7 @@ fn halves_compute_in_f32() {
         scale: 0.25,
         softcap: 0.0,
         window: None,
+        sinks: None,
     };
     let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
     let (q, k, v) = (h(rng.values(3 * 32)), h(rng.values(48)), h(rng.values(48)));
@@ -382,7 +397,7 @@ fn halves_compute_in_f32() {
 #[test]
 fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
     // Key counts around the 4- and 8-key blocks, head sizes with and without the 8-wide path,
-    // windows and softcap, prefill and decode rows, groups of 1 to 4 query heads per KV head.
+    // windows, softcap and sinks, prefill and decode rows, groups of 1 to 4 query heads per KV head.
     let mut rng = XorShift(0x5eed);
     let mut cases = 0;
     for (head_size, (heads, kv_heads)) in [8, 12, 64]
@@ -405,11 +420,19 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
                     scale: 0.125,
                     softcap: 0.0,
                     window: None,
+                    sinks: None,
                 },
                 ScoreMod {
                     scale: 0.3,
                     softcap: 5.0,
                     window: Some(6),
+                    sinks: None,
+                },
+                ScoreMod {
+                    scale: 0.3,
+                    softcap: 0.0,
+                    window: Some(6),
+                    sinks: Some(&SINKS[..heads]),
                 },
             ] {
                 let shape = GqaShape {
@@ -469,8 +492,11 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
             }
         }
     }
-    assert_eq!(cases, 3 * 4 * 9 * 2);
+    assert_eq!(cases, 3 * 4 * 9 * 3);
 }
+
+/// Attention sinks for up to nine heads, around the scores' range.
+const SINKS: [f32; 9] = [0.5, -1.0, 2.0, 0.0, -4.0, 1.25, 0.3, 9.0, -0.7];
 
 #[test]
 fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
@@ -491,6 +517,7 @@ fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
             scale: 0.125,
             softcap: 0.0,
             window: None,
+            sinks: None,
         };
         let q = rng.values(batch * seq * heads * head_size);
         let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));

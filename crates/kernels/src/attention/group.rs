@@ -5,7 +5,9 @@
 //!
 //! Per row: `x_j = scale * (q · k_j)`, then `softcap * tanh(x_j / softcap)` when softcap is
 //! set, then a two-pass softmax (max, then `exp(x_j - max)` and their sum as
-//! [`super::exp`] computes them, each divided by the sum), then `Σ_j p_j v_j`.
+//! [`super::exp`] computes them, each divided by the sum), then `Σ_j p_j v_j`. A head with an
+//! attention sink `s` takes `max(max, s)` as the max and adds `e^(s - max)` to the sum (after
+//! the scores' own sum): a softmax over one more logit that has no value.
 //!
 //! The reduction contract (DESIGN.md §6): a row's result depends only on its query vector
 //! and the cache, never on how many query rows share the call or on the thread count. Every
@@ -27,7 +29,7 @@ use super::avx512;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::exp::{exp_shifted_sum, lane_tree};
+use super::exp::{exp_shifted_sum, exp32_nonpositive, lane_tree};
 use super::kv::{CacheElem, CacheKind, Cached};
 use super::shape::ScoreMod;
 use crate::ThreadPool;
@@ -89,7 +91,7 @@ pub(crate) fn kv_runs(
 pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
     qs: &[&[T]],
     pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
-    score: &ScoreMod,
+    (score, sinks): (&ScoreMod, Option<&[f32]>),
     scores: &mut [f32],
     acc: &mut [f32],
     outs: &mut [&mut [T]],
@@ -101,6 +103,7 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
         qs,
         keys: &[n],
         score,
+        sinks,
     };
     attend_rows(&rows, pieces, scores, acc, outs, simd, prefetch);
 }
@@ -113,7 +116,9 @@ pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
 pub(crate) struct RowKeys<'q, T> {
     pub qs: &'q [&'q [T]],
     pub keys: &'q [usize],
-    pub score: &'q ScoreMod,
+    pub score: &'q ScoreMod<'q>,
+    /// The sinks of a row's heads (`score.sinks` at those heads), when it has them.
+    pub sinks: Option<&'q [f32]>,
 }
 
 /// Query rows a tile of [`attend_rows`] takes at most.
@@ -375,7 +380,13 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
         let (n, mut sum) = (self.stride(), [0f32; MAX_TILE * MAX_GROUP]);
         for (i, sum) in sum[..self.qs.len()].iter_mut().enumerate() {
             let seen = self.keys[i / self.heads()];
-            *sum = exp_shifted_sum(&mut scores[i * n..][..seen], max[i]);
+            let sink = self.sinks.map(|s| s[i % self.heads()]);
+            // A sink joins the max and the denominator, after the scores' own sum.
+            let max = sink.map_or(max[i], |s| max[i].max(s));
+            *sum = exp_shifted_sum(&mut scores[i * n..][..seen], max);
+            if let Some(s) = sink {
+                *sum += exp32_nonpositive(s - max);
+            }
         }
         sum
     }

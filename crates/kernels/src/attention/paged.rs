@@ -388,7 +388,7 @@ pub fn paged_attention<T: Accum<Acc = f32>, C: CacheElem>(
 struct Split<'a> {
     heads: usize,
     layout: PagedLayout,
-    score: &'a ScoreMod,
+    score: &'a ScoreMod<'a>,
     segments: &'a [Segment],
     tables: &'a [u32],
     cuts: SmallVec<[usize; 9]>,
@@ -404,7 +404,7 @@ impl<'a> Split<'a> {
     fn new<T>(
         heads: usize,
         layout: &PagedLayout,
-        score: &'a ScoreMod,
+        score: &'a ScoreMod<'a>,
         q: &Rows<T>,
         segments: &'a [Segment],
         tables: &'a [u32],
@@ -421,6 +421,7 @@ impl<'a> Split<'a> {
         let tokens = segments.last().map_or(0, |s| s.rows.end);
         check_segments(layout, segments, tables, tokens)?;
         q.check(tokens, heads, hs, "query")?;
+        score.check(heads)?;
         check_len("attention output", out.len(), heads * tokens * hs)?;
         if out.is_empty() {
             return Ok(None);
@@ -455,7 +456,7 @@ impl<'a> Split<'a> {
         (heads, layout, score, q, segments, tables): (
             usize,
             &PagedLayout,
-            &'a ScoreMod,
+            &'a ScoreMod<'a>,
             &Rows<T>,
             &'a [Segment],
             &'a [u32],
@@ -583,6 +584,7 @@ impl<'a> Split<'a> {
             qs: &qs,
             keys: &keys,
             score: self.score,
+            sinks: self.score.sinks.map(|s| &s[tile.heads.clone()]),
         };
         // A decode row's blocks come from memory; a prefill chunk's rows find theirs in
         // cache, warmed by the rows before.

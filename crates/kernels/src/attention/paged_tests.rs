@@ -53,10 +53,13 @@ fn check(len: usize, new: usize, bs: usize, hs: usize, window: Option<usize>, th
     let keys = values(kv_heads * len * hs, 1);
     let vals = values(kv_heads * len * hs, 2);
     let q = values(new * heads * hs, 3);
+    // Half the cases with attention sinks, one per head.
+    let sinks = [0.5, -1.0, 2.0, 0.0];
     let score = ScoreMod {
         scale: 0.3,
         softcap: 0.0,
         window,
+        sinks: (len % 2 == 1).then_some(&sinks[..]),
     };
     // Contiguous: the last `new` positions as queries.
     let shape = GqaShape {
@@ -187,6 +190,7 @@ fn batched_rows_equal_rows_alone_at_any_thread_count() {
         scale: 0.125,
         softcap: 0.0,
         window: None,
+        sinks: None,
     };
     // The same pools interleaved in one buffer, as a store keeping several layers'
     // blocks together lays them out: per block, junk, then the keys, then the values.
@@ -289,6 +293,7 @@ fn a_fused_step_equals_append_rotate_attend() {
         scale: 0.25,
         softcap: 0.0,
         window: None,
+        sinks: None,
     };
     let qrows = Rows {
         data: &q[..],
@@ -534,6 +539,7 @@ fn run_in_steps<C: CacheElem>(qkv: &[f32], cuts: &[usize], threads: usize) -> (P
         scale: 0.125,
         softcap: 0.0,
         window: None,
+        sinks: None,
     };
     let dense = PagedLayout::dense(len.div_ceil(bs) + 1, bs, kv_heads, hs);
     let layout = PagedLayout {
@@ -699,6 +705,7 @@ fn simd_rows_equal_the_reference<C: CacheElem>() {
             scale: 0.2,
             softcap,
             window: None,
+            sinks: None,
         };
         let run = |simd: bool| {
             let (mut scores, mut acc) = (vec![0f32; g * n], vec![0f32; g * hs]);
@@ -707,7 +714,10 @@ fn simd_rows_equal_the_reference<C: CacheElem>() {
             attend_group_pieces(
                 &qs,
                 pieces.clone(),
-                &score,
+                (
+                    &score,
+                    (softcap > 0.0).then_some(&[1.5, -0.5, 0.0, 3.0][..g]),
+                ),
                 &mut scores,
                 &mut acc,
                 &mut outs,

@@ -44,13 +44,29 @@ impl GqaShape {
 
 /// How scores are formed and masked.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScoreMod {
+pub struct ScoreMod<'a> {
     /// Multiplies `q · k`.
     pub scale: f32,
     /// `softcap * tanh(x / softcap)` on scaled scores when positive; 0 turns it off.
     pub softcap: f32,
     /// Keys a query sees, itself included: positions `p + 1 - window ..= p`.
     pub window: Option<usize>,
+    /// Attention sinks (GroupQueryAttention's `head_sink`, gpt-oss): one logit per query head
+    /// that joins the softmax's max and denominator but has no value (taken as is, neither
+    /// scaled nor capped).
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl ScoreMod<'_> {
+    pub(super) fn check(&self, heads: usize) -> Result<(), KernelError> {
+        match self.sinks {
+            Some(s) if s.len() != heads => Err(KernelError::Shape(format!(
+                "{} attention sinks for {heads} query heads: one per head",
+                s.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Head vectors of new tokens inside wider rows: head `h` of token `t = b * seq + s` starts at

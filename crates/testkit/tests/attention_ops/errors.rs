@@ -68,10 +68,10 @@ fn unsupported_inputs_outputs_and_attributes_fail_at_load_naming_the_node() {
     for (extra, attrs, outputs, needle) in [
         (vec!["", "bias"], vec![], &out[..], "attention_bias"),
         (vec!["pos"], vec![], &out[..], "position_ids"),
-        (vec!["", "", "sink"], vec![], &out[..], "head_sink"),
+        (vec!["", "", "", "kscale"], vec![], &out[..], "k_scale"),
         (
             vec![],
-            vec![attr::int("smooth_softmax", 1)],
+            vec![attr::int("smooth_softmax", 2)],
             &out[..],
             "smooth_softmax",
         ),
