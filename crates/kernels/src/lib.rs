@@ -9,6 +9,8 @@
 //! a small family is one file.
 //! - [`nbits`]: `MatMulNBits`, f32 and int8-activation references, packed weights, x86 tiles;
 //! - [`attention`]: grouped-query attention, contiguous and paged, AVX2 and AVX-512 rows;
+//! - [`moe`]: mixture of experts (routing, experts grouped by token, over f32 or
+//!   [`nbits`] expert matrices);
 //! - [`matmul`], [`norm`], [`softmax`], [`reduce`], [`rotary`], [`quant`], [`sigmoid`]
 //!   (with the gated SiLU): one file each;
 //! - data movement: [`layout`] (Slice, Expand, Tile, Concat, Split, Trilu, Range),
@@ -27,6 +29,7 @@ pub mod gather;
 pub mod layout;
 pub mod matmul;
 pub mod mem;
+pub mod moe;
 pub mod nbits;
 pub mod norm;
 pub mod num;

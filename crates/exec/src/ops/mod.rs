@@ -9,6 +9,7 @@ mod dispatch;
 mod attention;
 mod control;
 mod elementwise;
+mod moe;
 mod nn;
 pub(crate) mod quant;
 mod reduce;
@@ -106,6 +107,7 @@ pub fn run(
         Op::GroupQueryAttention(_) | Op::Rotary(_) => {
             attention::run(op, inputs, donated, n_outputs, ctx)
         }
+        Op::Moe(m) => moe::run(m, inputs, ctx).map(|t| smallvec![t]),
         Op::If(_) | Op::Loop(_) | Op::Scan(_) => control::run(op, inputs, n_outputs, ctx),
     }
 }

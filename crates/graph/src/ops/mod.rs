@@ -7,6 +7,7 @@
 mod attention;
 mod control;
 mod elementwise;
+mod moe;
 mod nn;
 mod quant;
 mod reduce;
@@ -15,6 +16,7 @@ mod shape;
 pub use attention::{GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind};
 pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
+pub use moe::{Moe, MoeActivation, MoeInputs, MoeQuant, MoeRouting};
 pub use nn::{Gemm, Norm, NormKind, SkipNorm};
 pub use quant::{GatherBlockQuantized, MatMulNBits};
 pub use reduce::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
@@ -92,6 +94,7 @@ pub enum Op {
     /// from the ops that spell it out (same bits).
     SiluMul,
     GroupQueryAttention(GroupQueryAttention),
+    Moe(Moe),
     /// com.microsoft::RotaryEmbedding and ONNX (opset 23) RotaryEmbedding.
     Rotary(Rotary),
     If(Box<If>),
@@ -127,6 +130,7 @@ pub fn specs() -> Vec<OpSpec> {
     specs.extend(nn::specs());
     specs.extend(quant::specs());
     specs.extend(attention::specs());
+    specs.extend(moe::specs());
     specs.extend(control::specs());
     specs
 }
