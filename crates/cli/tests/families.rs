@@ -17,6 +17,9 @@
 //! `make_families.py` also wrote the same checkpoint as an F32 GGUF: imported (f32
 //! activations), it must give the builder package's ids too, on both backends.
 //!
+//! gpt-oss: mixture of experts (`MoE` in fp32, `QMoE` in int4), attention sinks and windowed
+//! layers; like Gemma's, its ids must not depend on prompt chunks or the prefix cache.
+//!
 //! Phi-3.5 / Phi-4-mini (LongRoPE): the prompt starts below `original_max_position_embeddings`
 //! and decoding crosses it, so the switch from the short to the long rotary caches is checked,
 //! alone and in a batch where the other sequence stays short (per-sequence choice).
@@ -180,12 +183,14 @@ fn every_family_gives_onnxruntime_genais_ids_on_native_alone_and_batched() {
     }
 }
 
-/// Windowed models (Gemma 2 and 3, window 8): the ids do not depend on how the prompt is cut
+/// Windowed models (Gemma 2 and 3, gpt-oss, window 8): the ids do not depend on how the prompt is cut
 /// into chunks (across the window's edge or not) nor on the prefix cache, which hands a second
 /// sequence with the same prompt the first one's blocks.
 #[test]
 fn windowed_families_do_not_depend_on_chunks_or_the_prefix_cache() {
-    for case in cases().iter().filter(|c| c.package.starts_with("gemma")) {
+    for case in (cases().iter())
+        .filter(|c| c.package.starts_with("gemma") || c.package.starts_with("gpt-oss"))
+    {
         let mut model = open(case, Backend::Native);
         let want = alone(&mut model, case);
         for chunk in [1, 3, 5, 8] {

@@ -132,8 +132,48 @@ FAMILIES = {
         COMMON, initializer_range=0.05, head_dim=16, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
         query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
         layer_types=["sliding_attention", "full_attention"]), 12, 24, ("fp32", "int4")),
+    # gpt-oss: attention sinks, windowed and global layers alternating (window 8), YaRN rotary,
+    # biased projections, 4 experts of which each token takes 2, and SwiGLU clamped at 1 (7 in
+    # the real models; lower here so the clamp bites on these small values). The experts are
+    # written as the real checkpoints store them, in MXFP4 (`mxfp4_experts`), which the
+    # builder's int4 export reads.
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        COMMON, head_dim=16, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=8, swiglu_limit=1.0, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096}), 12, 24, ("fp32", "int4")),
 }
 
+
+def mxfp4_experts(model):
+    """gpt-oss's experts as its checkpoints store them: random MXFP4 blocks (e2m1 codes, two
+    per byte, the even element in the low nibble) and e8m0 scales (2^(s - 127)) per 32 inputs,
+    `<proj>_blocks` [E, N, K/32, 16] and `<proj>_scales` [E, N, K/32]; the model's dense
+    weights ([E, K, N]) are set to exactly their decoded values. Returns the tensors to save
+    beside the dense ones."""
+    import torch
+
+    lut = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    gen = torch.Generator().manual_seed(1)
+    extra = {}
+    for i, layer in enumerate(model.model.layers):
+        for proj in ("gate_up_proj", "down_proj"):
+            dense = getattr(layer.mlp.experts, proj)
+            e, k, n = dense.shape
+            blocks = torch.randint(0, 256, (e, n, k // 32, 16), dtype=torch.uint8, generator=gen)
+            # Magnitudes up to 6 * 2^-5, about the other weights' spread.
+            scales = torch.randint(120, 123, (e, n, k // 32), dtype=torch.uint8, generator=gen)
+            codes = torch.empty((e, n, k // 32, 32), dtype=torch.long)
+            codes[..., 0::2] = (blocks & 0x0F).long()
+            codes[..., 1::2] = (blocks >> 4).long()
+            values = lut[codes] * torch.pow(2.0, scales.float() - 127.0).unsqueeze(-1)
+            with torch.no_grad():
+                dense.copy_(values.reshape(e, n, k).transpose(1, 2))
+            extra[f"model.layers.{i}.mlp.experts.{proj}_blocks"] = blocks
+            extra[f"model.layers.{i}.mlp.experts.{proj}_scales"] = scales
+    return extra
 
 
 # The builder 0.18.0 reads Gemma 3's rotary settings as transformers 4 spelled them (a flat
@@ -184,12 +224,20 @@ def make_hf(name, hf_dir, tok_dir):
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight") or "layernorm" in pname and pname.endswith("weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    extra = mxfp4_experts(model) if name == "gpt-oss" else {}
     model.generation_config = GenerationConfig(
         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS, do_sample=False, max_length=256
     )
     if os.path.exists(hf_dir):
         shutil.rmtree(hf_dir)
     model.save_pretrained(hf_dir, safe_serialization=True)
+    if extra:
+        from safetensors.torch import load_file, save_file
+
+        path = os.path.join(hf_dir, "model.safetensors")
+        tensors = load_file(path)
+        tensors.update(extra)
+        save_file(tensors, path, metadata={"format": "pt"})
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tok_dir, f), os.path.join(hf_dir, f))
     return model
