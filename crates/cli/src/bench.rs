@@ -190,6 +190,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "kv_cache_bytes": model.kv_positions().map(|p| model.kv_bytes(p)),
         "peak_rss_bytes": peak_rss_bytes(),
         "weight_bytes_per_token": weight_bytes_per_token(&model, counters),
+        "moe": moe_report(model.counters(), counters),
         "generated_tokens": stats(&generated),
         "speculative": model.speculation().map(|(mode, _)| mode),
         "spec_accept_rate": stats(&accept),
@@ -252,6 +253,25 @@ fn weight_bytes_per_token(model: &Model, since: StepCounters) -> Option<f64> {
         .then(|| (now.weight_bytes - since.weight_bytes) as f64 / tokens as f64)
 }
 
+/// A mixture-of-experts model's routing since `since`: distinct experts each MoE layer
+/// computed per forward (each streamed its weights once) and tokens per computed expert
+/// (how many shared those weights); `null` for a dense model or a backend that does not count.
+fn moe_report(now: StepCounters, since: StepCounters) -> serde_json::Value {
+    let (layers, experts, routes) = (
+        now.moe_layers - since.moe_layers,
+        now.moe_experts - since.moe_experts,
+        now.moe_routes - since.moe_routes,
+    );
+    if layers == 0 {
+        return serde_json::Value::Null;
+    }
+    json!({
+        "layer_runs": layers,
+        "experts_per_layer_step": experts as f64 / layers as f64,
+        "tokens_per_expert": routes as f64 / experts.max(1) as f64,
+    })
+}
+
 /// `--batch N`: per run, N sequences of the prompt prefilled in one step, then decoded in
 /// lockstep; aggregate throughput and weight bytes per decode step and per decoded token.
 fn run_batch(
@@ -263,6 +283,8 @@ fn run_batch(
     let n = args.batch as usize;
     let (mut prefill, mut decode, mut per_step, mut per_token) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Counters at the start of the first measured decode.
+    let mut measured = model.counters();
     for i in 0..args.warmup + args.runs {
         if i == args.warmup {
             model.set_profiling(args.profile);
@@ -278,6 +300,9 @@ fn run_batch(
         }
         let prefilled = started.elapsed().as_secs_f64();
         let (before, started) = (model.counters(), Instant::now());
+        if i == args.warmup {
+            measured = before;
+        }
         let (mut steps, mut tokens) = (0u64, 0u64);
         // Lockstep until the first sequence finishes (a constraint's text may end early, and
         // speculative steps give several tokens).
@@ -327,6 +352,7 @@ fn run_batch(
         "decode_tok_s": stats(&decode),
         "weight_bytes_per_step": stats(&per_step),
         "weight_bytes_per_token": stats(&per_token),
+        "moe": moe_report(model.counters(), measured),
         "peak_rss_bytes": peak_rss_bytes(),
     });
     let mut stdout = std::io::stdout().lock();

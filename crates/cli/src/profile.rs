@@ -109,6 +109,14 @@ pub fn print_ops(model: &Model) {
             c.tokens
         );
     }
+    if c.moe_layers > 0 {
+        eprintln!(
+            "experts         {:.2} computed per MoE layer-step, {:.2} tokens each ({} layer runs)",
+            c.moe_experts as f64 / c.moe_layers as f64,
+            c.moe_routes as f64 / c.moe_experts.max(1) as f64,
+            c.moe_layers
+        );
+    }
     let times = model.op_times();
     let total: Duration = times.iter().map(|t| t.total).sum();
     if total.is_zero() {

@@ -311,3 +311,34 @@ fn a_gguf_of_the_same_checkpoint_imports_to_the_same_ids() {
     }
     assert!(checked >= 9, "families.json names {checked} GGUFs");
 }
+
+/// gpt-oss (2 MoE layers, 2 of 4 experts per token): a decode step of one sequence computes
+/// exactly its 2 experts in each layer, and a batch of identical sequences shares them (their
+/// tokens route alike), so the experts' weights stream once for all of them.
+#[test]
+fn a_moe_step_computes_only_the_routed_experts_once_per_batch() {
+    for case in cases().iter().filter(|c| c.package.starts_with("gpt-oss")) {
+        let mut model = open(case, Backend::Native);
+        for n in [1, 3] {
+            let mut seqs: Vec<Sequence> = (0..n)
+                .map(|_| model.start(&case.prompt, &greedy(4), None).unwrap())
+                .collect();
+            let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
+            for r in model.advance_batch(&mut refs, usize::MAX) {
+                r.unwrap();
+            }
+            let before = model.counters();
+            for r in model.advance_batch(&mut refs, usize::MAX) {
+                assert_eq!(r.unwrap().len(), 1);
+            }
+            let after = model.counters();
+            let what = format!("{} batch {n}", case.package);
+            assert_eq!(after.moe_layers - before.moe_layers, 2, "{what}");
+            assert_eq!(after.moe_experts - before.moe_experts, 4, "{what}");
+            assert_eq!(after.moe_routes - before.moe_routes, 4 * n as u64, "{what}");
+            for s in seqs {
+                model.end(s);
+            }
+        }
+    }
+}

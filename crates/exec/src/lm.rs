@@ -798,8 +798,12 @@ impl LanguageModel for NativeLm {
 
     fn counters(&self) -> StepCounters {
         // The kernels keep the weight bytes count; summed here, when asked, not every step.
+        let ops = self.session.op_counters();
         StepCounters {
             weight_bytes: self.session.streamed_weight_bytes(),
+            moe_layers: ops.moe_layers,
+            moe_experts: ops.moe_experts,
+            moe_routes: ops.moe_routes,
             ..self.counters
         }
     }

@@ -101,6 +101,7 @@ impl Evaluator for NativeEvaluator {
                 paged: None,
                 wanted: u64::MAX,
                 subgraphs: &mut [],
+                counters: &mut ops::OpCounters::default(),
             };
             let produced = ops::run(
                 &node.op,

@@ -13,7 +13,7 @@ use oxgen_runtime::{IoSpec, OpTime, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
 use crate::kv::{PagedLayer, PagedStep};
-use crate::ops::{self, OpCtx};
+use crate::ops::{self, OpCounters, OpCtx};
 use crate::{Arena, ExecError, OpError, Plan};
 
 /// Options for a native session.
@@ -88,8 +88,9 @@ pub struct NativeSession {
     /// Per node that is not repacked: the bytes of the weight matrix its kernel reads per
     /// run (0 for other nodes); repacked ones count what their kernel streams itself.
     matrix_bytes: Vec<u64>,
-    /// Bytes those unpacked matrices were read for, over every run so far.
-    unpacked_streamed: u64,
+    /// Over every run so far: bytes those unpacked matrices were read for (in `streamed`)
+    /// and what ops counted themselves.
+    counters: OpCounters,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
     /// Per node: a session for each of its branches or bodies (`If`, `Loop`, `Scan`).
@@ -146,7 +147,7 @@ impl NativeSession {
             row_node: None,
             rows: Vec::new(),
             matrix_bytes,
-            unpacked_streamed: 0,
+            counters: OpCounters::default(),
             packed,
             subgraphs,
         }
@@ -324,7 +325,12 @@ impl NativeSession {
             .flatten()
             .map(PackedNBits::streamed_bytes)
             .sum();
-        packed + self.unpacked_streamed
+        packed + self.counters.streamed
+    }
+
+    /// What the ops counted over every run so far (MoE experts and routes among them).
+    pub fn op_counters(&self) -> OpCounters {
+        self.counters
     }
 
     /// Returns a tensor's buffer (an output the caller is done with) to the arena.
@@ -372,7 +378,7 @@ impl NativeSession {
                 inputs[0] = Some(row);
             }
             let started = self.profile.is_some().then(Instant::now);
-            self.unpacked_streamed += self.matrix_bytes[i];
+            self.counters.streamed += self.matrix_bytes[i];
             let mut ctx = OpCtx {
                 arena: &mut self.arena,
                 pool: &self.pool,
@@ -380,6 +386,7 @@ impl NativeSession {
                 packed: self.packed[i].as_ref(),
                 wanted: plan.wanted[i],
                 subgraphs: &mut self.subgraphs[i],
+                counters: &mut self.counters,
                 paged: paged.as_deref_mut().and_then(|p| {
                     let layer = p.layer_of_node.get(i).copied().flatten()?;
                     Some(PagedLayer {

@@ -525,4 +525,13 @@ pub struct StepCounters {
     /// once per pass over its columns; a batch of up to eight rows is one pass). 0 where the
     /// backend does not measure it (ONNX Runtime).
     pub weight_bytes: u64,
+    /// Mixture-of-experts layers run (a MoE node per forward; 0 in a dense model or where
+    /// the backend does not count).
+    pub moe_layers: u64,
+    /// Experts those layers computed: each streamed its weights once for all the tokens
+    /// routed to it (so `moe_experts / moe_layers` is the distinct experts per layer-step).
+    pub moe_experts: u64,
+    /// Token-to-expert routes those layers took (`moe_routes / moe_experts` is how many
+    /// tokens shared each expert's weights).
+    pub moe_routes: u64,
 }

@@ -283,6 +283,36 @@ fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
         "Weight bytes read per generated token, since start.",
         ratio(c.weight_bytes, generated),
     );
+    if c.moe_layers > 0 {
+        metric(
+            out,
+            "oxgen_moe_layer_runs_total",
+            "counter",
+            "Mixture-of-experts layers run (one per MoE node and forward).",
+            c.moe_layers,
+        );
+        metric(
+            out,
+            "oxgen_moe_experts_total",
+            "counter",
+            "Experts those layers computed, each streaming its weights once per layer run.",
+            c.moe_experts,
+        );
+        metric(
+            out,
+            "oxgen_moe_experts_per_layer_step",
+            "gauge",
+            "Distinct experts computed per MoE layer run, since start.",
+            ratio(c.moe_experts, c.moe_layers),
+        );
+        metric(
+            out,
+            "oxgen_moe_tokens_per_expert",
+            "gauge",
+            "Tokens routed to each computed expert (sharing its weights), since start.",
+            ratio(c.moe_routes, c.moe_experts),
+        );
+    }
     if let Some(spec) = e.speculation {
         render_speculation(out, &spec);
     }

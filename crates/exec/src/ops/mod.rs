@@ -40,6 +40,19 @@ pub struct OpCtx<'a> {
     pub wanted: u64,
     /// For `If`, `Loop` and `Scan`: a session per branch or body (none while folding).
     pub subgraphs: &'a mut [crate::NativeSession],
+    /// What ops count as they run (weights streamed where it depends on the data).
+    pub counters: &'a mut OpCounters,
+}
+
+/// Work ops count themselves, where it depends on their inputs: a MoE node's experts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCounters {
+    /// Weight bytes streamed (on top of the fixed per-node counts of the session).
+    pub streamed: u64,
+    /// MoE nodes run, experts they computed and token-to-expert routes they took.
+    pub moe_layers: u64,
+    pub moe_experts: u64,
+    pub moe_routes: u64,
 }
 
 impl OpCtx<'_> {

@@ -138,7 +138,7 @@ pub(super) fn run(
     let mut values = ctx.alloc(DType::F32, [nv])?;
     let mut indices = ctx.alloc(DType::U32, [ni])?;
     let mut out = ctx.alloc(DType::F32, x.dims())?;
-    km::moe(
+    let stats = km::moe(
         x.as_slice::<f32>()?,
         tokens,
         logits.as_slice::<f32>()?,
@@ -152,6 +152,11 @@ pub(super) fn run(
         ),
         ctx.pool,
     )?;
+    let c = &mut *ctx.counters;
+    c.streamed += stats.bytes as u64;
+    c.moe_layers += 1;
+    c.moe_experts += stats.experts as u64;
+    c.moe_routes += stats.routes as u64;
     ctx.arena.release(values);
     ctx.arena.release(indices);
     Ok(out)
