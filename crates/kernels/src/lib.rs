@@ -30,6 +30,7 @@ pub mod layout;
 pub mod matmul;
 pub mod mem;
 pub mod moe;
+pub mod mxfp4;
 pub mod nbits;
 pub mod norm;
 pub mod num;

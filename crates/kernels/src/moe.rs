@@ -3,6 +3,9 @@
 //! each picked expert computes `fc2(act(fc1(x)))` for the token; the token's output is the
 //! weighted sum of its experts' outputs ([`moe`]).
 //!
+//! Expert matrices are f32, [`crate::nbits`] blocks (QMoE's integer form) or MXFP4
+//! ([`crate::mxfp4`], QMoE's `fp4` form), each multiplied as stored.
+//!
 //! Experts are computed where they are needed: a step's routes are grouped by expert, and
 //! each expert that some token picked runs once over the rows of all its tokens, so its
 //! weights stream once per step however many tokens share it ([`MoeStats`] counts them).
@@ -37,6 +40,7 @@ use std::ops::Range;
 use crate::ThreadPool;
 use crate::attention::lane_tree;
 use crate::error::{KernelError, check_len, numel};
+use crate::mxfp4::{self, Mxfp4Weights};
 use crate::nbits::{self, NBitsLayout, QuantWeights, ZeroPoints};
 use crate::par::{par_row_parts, parts_for};
 use crate::sigmoid::{sigmoid, sigmoid_slice};
@@ -136,6 +140,9 @@ pub enum ExpertMatrix<'a> {
         zero_points: Option<&'a [u8]>,
         int8: bool,
     },
+    /// One MXFP4 matrix per expert ([`crate::mxfp4`]'s layout): codes `[experts, k, n / 2]`,
+    /// e8m0 scales `[experts, n, k / 32]`.
+    Mxfp4 { codes: &'a [u8], scales: &'a [u8] },
 }
 
 /// One of an expert's projections: `n` outputs from `k` inputs, and a bias `[experts, n]`.
@@ -173,6 +180,17 @@ impl Projection<'_> {
                     check_len("expert zero points", z.len(), len)?;
                 }
             }
+            ExpertMatrix::Mxfp4 { codes, scales } => {
+                if !n.is_multiple_of(2) || !k.is_multiple_of(mxfp4::BLOCK) {
+                    return Err(KernelError::Shape(format!(
+                        "{what}: MXFP4 experts need an even number of outputs and inputs in                          whole blocks of {}, got {n} x {k}",
+                        mxfp4::BLOCK
+                    )));
+                }
+                check_len(what, codes.len(), numel(&[experts, k, n / 2])?)?;
+                let blocks = numel(&[experts, n, k / mxfp4::BLOCK])?;
+                check_len("expert scales", scales.len(), blocks)?;
+            }
         }
         if let Some(b) = self.bias {
             check_len("expert bias", b.len(), numel(&[experts, n])?)?;
@@ -193,6 +211,7 @@ impl Projection<'_> {
                 rows * (layout.k_blocks * (layout.blob_size + 4))
                     + zero_points.map_or(0, |_| rows * layout.zp_row_bytes)
             }
+            ExpertMatrix::Mxfp4 { .. } => self.k * self.n / 2 + self.n * self.k / mxfp4::BLOCK,
         }
     }
 
@@ -243,6 +262,16 @@ impl Projection<'_> {
                 } else {
                     nbits::matmul_nbits(x, m, &w, bias, out, pool)
                 }
+            }
+            ExpertMatrix::Mxfp4 { codes, scales } => {
+                let (c, s) = (k * (n / 2), n * (k / mxfp4::BLOCK));
+                let w = Mxfp4Weights {
+                    n,
+                    k,
+                    codes: &codes[e * c..][..c],
+                    scales: &scales[e * s..][..s],
+                };
+                mxfp4::matmul_mxfp4(x, m, &w, bias, out, pool)
             }
         }
     }

@@ -128,6 +128,18 @@ fn dense(p: &Projection, e: usize) -> Vec<Vec<f64>> {
                 })
                 .collect()
         }
+        ExpertMatrix::Mxfp4 { codes, scales } => (0..n)
+            .map(|j| {
+                (0..k)
+                    .map(|c| {
+                        let byte = codes[(e * k + c) * (n / 2) + j / 2];
+                        let code = (byte >> ((j % 2) * 4)) & 0xF;
+                        let scale = scales[(e * n + j) * (k / 32) + c / 32];
+                        crate::mxfp4::E2M1[code as usize] as f64 * crate::mxfp4::e8m0(scale) as f64
+                    })
+                    .collect()
+            })
+            .collect(),
     }
 }
 
@@ -229,6 +241,10 @@ fn run(
 /// Owned weights for one projection.
 enum Stored {
     F32(Vec<f32>),
+    Mxfp4 {
+        codes: Vec<u8>,
+        scales: Vec<u8>,
+    },
     Quant {
         layout: NBitsLayout,
         data: Vec<u8>,
@@ -238,6 +254,7 @@ enum Stored {
 }
 
 impl Stored {
+    /// `quant`: `(bits, block, zero points)`, or bits 0 for MXFP4.
     fn new(
         rng: &mut XorShift,
         count: usize,
@@ -247,6 +264,15 @@ impl Stored {
     ) -> Stored {
         match quant {
             None => Stored::F32(rng.values(count * n * k).iter().map(|v| v * 0.5).collect()),
+            Some((0, _, _)) => Stored::Mxfp4 {
+                codes: rng.bytes(count * k * n / 2),
+                // 2^-7 ..= 2^-4.
+                scales: rng
+                    .bytes(count * n * k / 32)
+                    .iter()
+                    .map(|b| 120 + b % 4)
+                    .collect(),
+            },
             Some((bits, block, zp)) => {
                 let layout = NBitsLayout::new(n, k, bits, block).unwrap();
                 let blocks = count * n * layout.k_blocks;
@@ -267,6 +293,7 @@ impl Stored {
     fn view(&self, int8: bool) -> ExpertMatrix<'_> {
         match self {
             Stored::F32(w) => ExpertMatrix::F32(w),
+            Stored::Mxfp4 { codes, scales } => ExpertMatrix::Mxfp4 { codes, scales },
             Stored::Quant {
                 layout,
                 data,
@@ -319,7 +346,14 @@ fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() 
             6,
             Routing::SoftmaxTopK { normalize: true },
         ),
+        // MXFP4, whose inputs come in whole blocks of 32.
+        (swiglu, Some((0, 32, false)), 2, Routing::TopKSoftmax),
     ] {
+        let inter = if quant.is_some_and(|q| q.0 == 0) {
+            64
+        } else {
+            inter
+        };
         let f = activation.fc1_factor();
         let w1 = Stored::new(&mut rng, count, inter * f, hidden, quant);
         let w2 = Stored::new(&mut rng, count, hidden, inter, quant);
@@ -328,7 +362,7 @@ fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() 
         let logits: Vec<f32> = rng.values(tokens * count).iter().map(|v| 3.0 * v).collect();
         let what = format!("{activation:?} {quant:?} k {k} {routing:?}");
         for int8 in [false, true] {
-            if quant.is_none() && int8 {
+            if quant.is_none_or(|q| q.0 == 0) && int8 {
                 continue;
             }
             let ex = Experts {

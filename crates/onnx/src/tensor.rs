@@ -277,7 +277,8 @@ fn typed_field(dtype: DType) -> Field {
         | DType::F16
         | DType::BF16
         | DType::U4
-        | DType::I4 => Field::Int32,
+        | DType::I4
+        | DType::F8E8M0 => Field::Int32,
     }
 }
 

@@ -109,6 +109,7 @@ fn element_type(dtype: DType) -> TensorElementType {
         // Both pack two values per byte, the first in the low nibble.
         DType::U4 => TensorElementType::Uint4,
         DType::I4 => TensorElementType::Int4,
+        DType::F8E8M0 => TensorElementType::Float8E8M0,
     }
 }
 
@@ -129,6 +130,7 @@ fn dtype_of(ty: TensorElementType) -> Option<DType> {
         TensorElementType::Bool => DType::Bool,
         TensorElementType::Uint4 => DType::U4,
         TensorElementType::Int4 => DType::I4,
+        TensorElementType::Float8E8M0 => DType::F8E8M0,
         _ => return None,
     })
 }

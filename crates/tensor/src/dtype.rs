@@ -5,7 +5,9 @@ use half::{bf16, f16};
 /// The element type of a tensor.
 ///
 /// `Bool` is stored as one byte per element (0 or 1). `U4`/`I4` are packed two per byte,
-/// element `2i` in the low nibble of byte `i` (ONNX's packing).
+/// element `2i` in the low nibble of byte `i` (ONNX's packing). `F8E8M0` is the exponent-only
+/// byte of microscaling formats (`2^(e - 127)`, 255 is NaN): the block scales of MXFP4, read
+/// as raw bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -23,11 +25,12 @@ pub enum DType {
     Bool,
     U4,
     I4,
+    F8E8M0,
 }
 
 impl DType {
     /// All dtypes, for exhaustive tests and tables.
-    pub const ALL: [DType; 15] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -43,6 +46,7 @@ impl DType {
         DType::Bool,
         DType::U4,
         DType::I4,
+        DType::F8E8M0,
     ];
 
     /// The `TensorProto.DataType` code, or `None` for codes oxgen does not handle
@@ -64,6 +68,7 @@ impl DType {
             16 => DType::BF16,
             21 => DType::U4,
             22 => DType::I4,
+            24 => DType::F8E8M0,
             _ => return None,
         })
     }
@@ -86,6 +91,7 @@ impl DType {
             DType::BF16 => 16,
             DType::U4 => 21,
             DType::I4 => 22,
+            DType::F8E8M0 => 24,
         }
     }
 
@@ -133,7 +139,7 @@ impl DType {
             DType::F64 | DType::I64 | DType::U64 => 64,
             DType::F32 | DType::I32 | DType::U32 => 32,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 16,
-            DType::I8 | DType::U8 | DType::Bool => 8,
+            DType::I8 | DType::U8 | DType::Bool | DType::F8E8M0 => 8,
             DType::U4 | DType::I4 => 4,
         }
     }
@@ -182,6 +188,7 @@ impl DType {
             DType::Bool => "bool",
             DType::U4 => "uint4",
             DType::I4 => "int4",
+            DType::F8E8M0 => "float8e8m0",
         }
     }
 }
@@ -194,7 +201,7 @@ impl std::fmt::Display for DType {
 
 /// A Rust type that can view tensor storage.
 ///
-/// `u8` views both `U8` and `Bool` tensors (bools are bytes 0/1); sub-byte types have no
+/// `u8` views `U8`, `Bool` (bytes 0/1) and `F8E8M0` (raw exponents) tensors; sub-byte types have no
 /// element type and are read as raw bytes.
 pub trait Element: bytemuck::Pod + Send + Sync + std::fmt::Debug + PartialEq + 'static {
     /// The dtype a tensor built from this type gets.
@@ -220,7 +227,7 @@ element!(f32 => F32, f64 => F64, f16 => F16, bf16 => BF16, i64 => I64, i32 => I3
 impl Element for u8 {
     const DTYPE: DType = DType::U8;
     fn views(dtype: DType) -> bool {
-        matches!(dtype, DType::U8 | DType::Bool)
+        matches!(dtype, DType::U8 | DType::Bool | DType::F8E8M0)
     }
 }
 

@@ -4,8 +4,9 @@
 //! runs `oxgen_kernels::moe` on the tensors as they are: nothing is dequantized or copied
 //! ahead of time.
 
-use oxgen_graph::ops::{Moe, MoeActivation, MoeQuant, MoeRouting};
+use oxgen_graph::ops::{Moe, MoeActivation, MoeFormat, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
 use oxgen_kernels::moe::{self as km, Activation, ExpertMatrix, Experts, Projection, Routing};
+use oxgen_kernels::mxfp4;
 use oxgen_kernels::nbits::NBitsLayout;
 use oxgen_tensor::{DType, Tensor};
 
@@ -62,12 +63,21 @@ pub(super) fn run(
     };
     let w2 = input(inputs, at.fc2.0)?;
     let pack = op.quant.map_or(1, |q| 8 / q.bits as usize);
+    let mxfp4 = op.quant.is_some_and(|q| q.format == MoeFormat::Mxfp4);
     let inter = match *w2.dims() {
-        [e, h, i] if e == count && h == hidden => i * pack,
+        // MXFP4: (experts, inputs, outputs / 2).
+        [e, i, h] if mxfp4 && e == count && 2 * h == hidden => i,
+        [e, h, i] if !mxfp4 && e == count && h == hidden => i * pack,
         _ => {
             return Err(OpError::shape(format!(
-                "fc2_experts_weights must be ({count}, {hidden}, inter{}), got {}",
-                if pack > 1 { " / 2" } else { "" },
+                "fc2_experts_weights must be {}, got {}",
+                if mxfp4 {
+                    format!("({count}, inter, {hidden} / 2)")
+                } else if pack > 1 {
+                    format!("({count}, {hidden}, inter / {pack})")
+                } else {
+                    format!("({count}, {hidden}, inter)")
+                },
                 w2.shape()
             )));
         }
@@ -162,6 +172,63 @@ pub(super) fn run(
     Ok(out)
 }
 
+/// An MXFP4 projection (QMoE `fp4`): codes `(count, k, n / 2)` uint8, e8m0 scales
+/// `(count, n, k / 32)` (float8e8m0 or uint8), and global scales of 1 if any.
+fn mxfp4_projection<'a>(
+    inputs: &[Option<&'a Tensor>],
+    (w, s, bias): (usize, Option<usize>, Option<&'a [f32]>),
+    (count, n, k): (usize, usize, usize),
+    name: &str,
+) -> Result<Projection<'a>, OpError> {
+    let codes = input(inputs, w)?;
+    if codes.dtype() != DType::U8 || codes.dims() != [count, k, n / 2] || n % 2 != 0 {
+        return Err(OpError::shape(format!(
+            "{name}_experts_weights must be uint8 ({count}, {k}, {}) for MXFP4 experts of {n} \
+             outputs and {k} inputs, got {} {}",
+            n / 2,
+            codes.dtype(),
+            codes.shape()
+        )));
+    }
+    let scales = input(inputs, s.unwrap_or(w + 1))?;
+    let blocks = k / mxfp4::BLOCK;
+    if !matches!(scales.dtype(), DType::F8E8M0 | DType::U8)
+        || k % mxfp4::BLOCK != 0
+        || scales.dims() != [count, n, blocks]
+    {
+        return Err(OpError::shape(format!(
+            "{name}_scales must be float8e8m0 ({count}, {n}, {blocks}) (one per {} inputs), \
+             got {} {}",
+            mxfp4::BLOCK,
+            scales.dtype(),
+            scales.shape()
+        )));
+    }
+    let slot = QMOE_GLOBAL_SCALES[usize::from(name == "fc2")];
+    if let Some(g) = opt_input(inputs, slot) {
+        let ones = g.dtype() == DType::F32
+            && g.dims() == [count]
+            && g.as_slice::<f32>()?.iter().all(|&v| v == 1.0);
+        if !ones {
+            return Err(OpError::value(format!(
+                "{name}_global_scale (input {slot}) must be float32 ({count}) ones: MXFP4 experts \
+                 have no global scale, got {} {}",
+                g.dtype(),
+                g.shape()
+            )));
+        }
+    }
+    Ok(Projection {
+        n,
+        k,
+        weights: ExpertMatrix::Mxfp4 {
+            codes: codes.as_slice::<u8>()?,
+            scales: scales.as_slice::<u8>()?,
+        },
+        bias,
+    })
+}
+
 /// One projection's weights, scales, zero points and bias, checked: `(count, n, k)` are its
 /// experts, outputs and inputs; `(weights, scales, bias)` the inputs that hold them.
 fn projection<'a>(
@@ -185,6 +252,13 @@ fn projection<'a>(
             )));
         }
     };
+    if let Some(MoeQuant {
+        format: MoeFormat::Mxfp4,
+        ..
+    }) = quant
+    {
+        return mxfp4_projection(inputs, (w, s, bias), (count, n, k), name);
+    }
     let Some(q) = quant else {
         if weights.dtype() != DType::F32 || weights.dims() != [count, n, k] {
             return Err(OpError::shape(format!(

@@ -16,7 +16,7 @@ mod shape;
 pub use attention::{GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind};
 pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
-pub use moe::{Moe, MoeActivation, MoeInputs, MoeQuant, MoeRouting};
+pub use moe::{Moe, MoeActivation, MoeFormat, MoeInputs, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
 pub use nn::{Gemm, Norm, NormKind, SkipNorm};
 pub use quant::{GatherBlockQuantized, MatMulNBits};
 pub use reduce::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};

@@ -9,10 +9,14 @@
 //! activation_alpha, activation_beta, normalize_routing_weights, expert_weight_bits (4 or 8),
 //! block_size, accuracy_level (4 computes with int8 activations, as for MatMulNBits).
 //!
-//! Rejected at load, naming the node: a third projection (fc3 inputs), QMoE's global and
-//! activation scales (inputs 15 and on: the FP4/FP8 forms), `use_sparse_mixer = 1`
-//! (Phi-3.5-MoE's routing), swiglu in the concatenated or separate forms, 2-bit experts,
-//! `quant_type` other than `int` and prepacked weights.
+//! QMoE's `quant_type` is `int` (integer experts) or `fp4` (MXFP4: e2m1 codes with e8m0
+//! scales per 32, the layout onnxruntime-genai's builder writes, global scales at inputs 15
+//! and 16 of 1).
+//!
+//! Rejected at load, naming the node: a third projection (fc3 inputs), activation scales and
+//! integer experts' global scales, `use_sparse_mixer = 1` (Phi-3.5-MoE's routing), swiglu in
+//! the concatenated or separate forms, 2-bit experts, other `quant_type`s (nvfp4) and
+//! prepacked weights.
 
 use super::Op;
 use crate::{GraphError, NodeCtx, OpSpec};
@@ -43,9 +47,20 @@ pub enum MoeActivation {
     },
 }
 
+/// How QMoE's expert weights are stored (`quant_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeFormat {
+    /// `int`: integer codes with float scales and optional zero points, `[E, N, K / pack]`.
+    Int,
+    /// `fp4`: MXFP4, e2m1 codes `[E, K, N / 2]` with e8m0 scales `[E, N, K / 32]` (the form
+    /// onnxruntime-genai's builder writes for gpt-oss; global scales of 1 only).
+    Mxfp4,
+}
+
 /// QMoE's expert quantization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeQuant {
+    pub format: MoeFormat,
     /// 4 or 8.
     pub bits: u32,
     /// Codes per scale along K; `None` for one scale per row.
@@ -179,7 +194,8 @@ fn moe(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     }))
 }
 
-/// QMoE's inputs from 8 on that are refused, with their names.
+/// QMoE's inputs from 8 on that are refused, with their names (the global scales only for
+/// integer experts: MXFP4 ones may have them, at 1).
 const QMOE_REFUSED: [(usize, &str); 10] = [
     (8, "fc3_experts_weights"),
     (9, "fc3_scales"),
@@ -193,14 +209,36 @@ const QMOE_REFUSED: [(usize, &str); 10] = [
     (20, "fc3_activation_scale"),
 ];
 
+/// Where MXFP4 QMoE takes its per-expert global scales (fc1, fc2).
+pub const QMOE_GLOBAL_SCALES: [usize; 2] = [15, 16];
+
 fn qmoe(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
-    if let Some((i, name)) = QMOE_REFUSED.iter().find(|(i, _)| ctx.has_input(*i)) {
+    let quant_type = ctx.string("quant_type", "int")?;
+    let format = match quant_type.as_str() {
+        "int" => MoeFormat::Int,
+        "fp4" => MoeFormat::Mxfp4,
+        other => {
+            return Err(ctx.attr_error(
+                "quant_type",
+                format!("'{other}' is not supported (supported: int, fp4 as MXFP4)"),
+            ));
+        }
+    };
+    let refused = QMOE_REFUSED.iter().find(|(i, _)| {
+        ctx.has_input(*i) && !(format == MoeFormat::Mxfp4 && QMOE_GLOBAL_SCALES.contains(i))
+    });
+    if let Some((i, name)) = refused {
         return Err(ctx.invalid(format!(
-            "input {i} ({name}) is not supported: only integer experts without a third \
-             projection are; use the ort backend"
+            "input {i} ({name}) is not supported: only integer or MXFP4 experts without a \
+             third projection are; use the ort backend"
         )));
     }
-    ctx.inputs(4, 15)?;
+    if format == MoeFormat::Mxfp4
+        && let Some(i) = [11, 12].into_iter().find(|&i| ctx.has_input(i))
+    {
+        return Err(ctx.invalid(format!("input {i}: MXFP4 experts have no zero points")));
+    }
+    ctx.inputs(4, 17)?;
     ctx.outputs(1)?;
     required(ctx, &[(5, "fc2_experts_weights"), (6, "fc2_scales")])?;
     let (k, normalize, activation) = common(ctx)?;
@@ -211,7 +249,19 @@ fn qmoe(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
             format!("{bits}-bit experts are not supported (supported: 4, 8)"),
         ));
     }
+    if format == MoeFormat::Mxfp4 && bits != 4 {
+        return Err(ctx.attr_error(
+            "expert_weight_bits",
+            format!("MXFP4 experts are 4-bit, got {bits}"),
+        ));
+    }
     let block_size = match ctx.int("block_size", 0)? {
+        0 | 32 if format == MoeFormat::Mxfp4 => Some(32),
+        b if format == MoeFormat::Mxfp4 => {
+            return Err(
+                ctx.attr_error("block_size", format!("MXFP4 blocks are 32 values, got {b}"))
+            );
+        }
         0 => None,
         b if b >= 16 && (b & (b - 1)) == 0 => Some(b as usize),
         b => {
@@ -231,13 +281,6 @@ fn qmoe(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
                 format!("must be 0..=4, got {accuracy_level}"),
             )
         })?;
-    let quant_type = ctx.string("quant_type", "int")?;
-    if quant_type != "int" {
-        return Err(ctx.attr_error(
-            "quant_type",
-            format!("'{quant_type}' is not supported: only integer experts ('int') are"),
-        ));
-    }
     if !matches!(ctx.int("weights_prepacked", -1)?, -1 | 0) {
         return Err(ctx.attr_error(
             "weights_prepacked",
@@ -251,6 +294,7 @@ fn qmoe(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
         },
         activation,
         quant: Some(MoeQuant {
+            format,
             bits: bits as u32,
             block_size,
             accuracy_level,
