@@ -88,6 +88,58 @@ pub struct BlockQ8_0 {
 }
 const _: () = assert!(size_of::<BlockQ8_0>() == 34);
 
+/// ggml `block_mxfp4` (OCP MXFP4): 32 weights as e2m1 codes sharing one e8m0 exponent
+/// (17 bytes).
+///
+/// ```text
+/// byte 0       e   scale exponent: 2^(e - 127)
+/// bytes 1..17  qs  16 bytes: byte j = element j (low nibble) | element j + 16 (high nibble)
+/// value[i] = E2M1[q[i]] * 2^(e - 127)     E2M1 = ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, bit 3 the sign
+/// ```
+///
+/// Dequantized as ggml does it (`dequantize_row_mxfp4`): `kvalues_mxfp4[q] * 2^(e - 128)`
+/// with the doubled values `±{0, 1, 2, 3, 4, 6, 8, 12}` — the same numbers, exactly, except
+/// that ggml's exponent 255 is `2^127` (the MX spec's NaN; `oxgen_kernels::mxfp4` follows the
+/// spec). The nibble order is Q4_0's.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockMxfp4 {
+    pub e: u8,
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(size_of::<BlockMxfp4>() == 17);
+
+impl BlockMxfp4 {
+    /// Element `i`'s 4-bit code.
+    pub fn code(&self, i: usize) -> u8 {
+        nibble(&self.qs, i)
+    }
+
+    /// ggml's half scale `2^(e - 128)` (`GGML_E8M0_TO_FP32_HALF`, from the bits).
+    pub fn half_scale(&self) -> f32 {
+        let e = u32::from(self.e);
+        f32::from_bits(if e < 2 {
+            0x0020_0000 << e
+        } else {
+            (e - 1) << 23
+        })
+    }
+}
+
+/// ggml's `kvalues_mxfp4`: twice the e2m1 values.
+const MXFP4_KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+impl Block for BlockMxfp4 {
+    const GGML_TYPE: GgmlType = GgmlType::MXFP4;
+    const ELEMS: usize = QK;
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.half_scale();
+        for (i, o) in out[..QK].iter_mut().enumerate() {
+            *o = f32::from(MXFP4_KVALUES[self.code(i) as usize]) * d;
+        }
+    }
+}
+
 /// Elements per K-quant super-block (`QK_K` in ggml).
 pub const QK_K: usize = 256;
 
@@ -243,7 +295,7 @@ impl BlockQ6K {
     }
 }
 
-// SAFETY (all three): `#[repr(C)]` structs of Pod fields (`f16` is Pod through half's
+// SAFETY (all four): `#[repr(C)]` structs of Pod fields (`f16` is Pod through half's
 // `bytemuck` feature; arrays of u8/i8) whose size equals the sum of their field sizes (the
 // asserts above), so there is no padding and every bit pattern is a valid value.
 unsafe impl bytemuck::Zeroable for BlockQ4_0 {}
@@ -252,6 +304,8 @@ unsafe impl bytemuck::Zeroable for BlockQ4_1 {}
 unsafe impl bytemuck::Pod for BlockQ4_1 {}
 unsafe impl bytemuck::Zeroable for BlockQ8_0 {}
 unsafe impl bytemuck::Pod for BlockQ8_0 {}
+unsafe impl bytemuck::Zeroable for BlockMxfp4 {}
+unsafe impl bytemuck::Pod for BlockMxfp4 {}
 
 impl BlockQ4_0 {
     /// Code `i` (0..32) of the block, in 0..=15.
@@ -414,13 +468,14 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> bool {
         GgmlType::Q4_K => dequantize_blocks::<BlockQ4K>(data, out),
         GgmlType::Q5_K => dequantize_blocks::<BlockQ5K>(data, out),
         GgmlType::Q6_K => dequantize_blocks::<BlockQ6K>(data, out),
+        GgmlType::MXFP4 => dequantize_blocks::<BlockMxfp4>(data, out),
         _ => return false,
     }
     true
 }
 
 /// The types [`dequantize`] handles.
-pub const DEQUANTIZABLE: [GgmlType; 9] = [
+pub const DEQUANTIZABLE: [GgmlType; 10] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -430,6 +485,7 @@ pub const DEQUANTIZABLE: [GgmlType; 9] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::MXFP4,
 ];
 
 #[cfg(test)]

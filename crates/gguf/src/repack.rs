@@ -71,8 +71,8 @@ use std::mem::size_of;
 use oxgen_tensor::{AlignedBuf, DType, Tensor};
 
 use crate::blocks::{
-    self, AffineSubBlocks, Block, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8_0,
-    QK, QK_K,
+    self, AffineSubBlocks, Block, BlockMxfp4, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5K, BlockQ6K,
+    BlockQ8_0, QK, QK_K,
 };
 use crate::{GgmlType, GgufError, TensorInfo};
 
@@ -535,4 +535,107 @@ fn gather_block_quantized_k(
         scales: make_tensor(DType::F32, &[rows, k / QK], r.scales),
         requantized: Some(cost),
     })
+}
+
+/// MXFP4 expert matrices in com.microsoft::QMoE's `fp4` layout (what `oxgen_kernels::mxfp4`
+/// multiplies as stored): codes `[experts, k, n / 2]`, row `k` holding every output's code
+/// for input `k`, two per byte with the even output in the low nibble, and e8m0 scales
+/// `[experts, n, k / 32]`. The codes and exponents are ggml's, moved, not requantized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QMoeMxfp4 {
+    pub codes: Vec<u8>,
+    pub scales: Vec<u8>,
+}
+
+/// Gathers MXFP4 GGUF tensors of `experts × rows × k` (ggml dims `[k, rows, experts]`, each
+/// row `k / 32` [`BlockMxfp4`]s) into [`QMoeMxfp4`] of `n = parts.len() · rows` outputs,
+/// taking output row `r` of an expert from part `r % parts.len()`, row `r / parts.len()`: one
+/// part is copied in order; gpt-oss's gate and up (llama.cpp stores them apart) interleave
+/// into the `(gate, up)` pairs of SwiGLU's fused projection.
+///
+/// # Panics
+/// If a part does not hold `experts × rows × k / 32` blocks, or `k` is not a multiple of 32
+/// (callers check the tensor infos first).
+pub fn mxfp4_to_qmoe(parts: &[&[u8]], experts: usize, rows: usize, k: usize) -> QMoeMxfp4 {
+    let blocks = k / QK;
+    let block_bytes = size_of::<BlockMxfp4>();
+    assert!(
+        k.is_multiple_of(QK),
+        "{k} inputs are not whole MXFP4 blocks"
+    );
+    for part in parts {
+        assert_eq!(
+            part.len(),
+            experts * rows * blocks * block_bytes,
+            "MXFP4 part size"
+        );
+    }
+    let n = parts.len() * rows;
+    let mut codes = vec![0u8; experts * k * n.div_ceil(2)];
+    let mut scales = vec![0u8; experts * n * blocks];
+    for e in 0..experts {
+        for r in 0..n {
+            let (part, row) = (parts[r % parts.len()], r / parts.len());
+            for b in 0..blocks {
+                let block: BlockMxfp4 = blocks::read_block(part, (e * rows + row) * blocks + b);
+                scales[(e * n + r) * blocks + b] = block.e;
+                for i in 0..QK {
+                    let kk = b * QK + i;
+                    let at = (e * k + kk) * n.div_ceil(2) + r / 2;
+                    codes[at] |= block.code(i) << ((r % 2) * 4);
+                }
+            }
+        }
+    }
+    QMoeMxfp4 { codes, scales }
+}
+
+#[cfg(test)]
+mod mxfp4_tests {
+    use super::*;
+
+    /// Interleaving two parts and reading the result back as the kernel does gives each
+    /// part's dequantized values at their rows.
+    #[test]
+    fn mxfp4_parts_interleave_into_the_qmoe_layout() {
+        let (experts, rows, k) = (2, 3, 64);
+        let part = |seed: u8| -> Vec<u8> {
+            (0..experts * rows * (k / QK) * 17)
+                .map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed) | 0x70)
+                .collect()
+        };
+        let (gate, up) = (part(1), part(2));
+        let q = mxfp4_to_qmoe(&[&gate, &up], experts, rows, k);
+        let n = 2 * rows;
+        let dense = |data: &[u8]| {
+            let mut out = vec![0f32; experts * rows * k];
+            blocks::dequantize_blocks::<BlockMxfp4>(data, &mut out);
+            out
+        };
+        let (g, u) = (dense(&gate), dense(&up));
+        for e in 0..experts {
+            for r in 0..n {
+                for kk in 0..k {
+                    let byte = q.codes[(e * k + kk) * (n / 2) + r / 2];
+                    let code = (byte >> ((r % 2) * 4)) & 0xF;
+                    // A block of this code and exponent, dequantized as ggml does.
+                    let e8 = q.scales[(e * n + r) * (k / QK) + kk / QK];
+                    let one = BlockMxfp4 {
+                        e: e8,
+                        qs: [code; 16],
+                    };
+                    let mut values = [0f32; QK];
+                    one.dequantize(&mut values);
+                    let got = values[0];
+                    let src = if r % 2 == 0 { &g } else { &u };
+                    let want = src[(e * rows + r / 2) * k + kk];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "expert {e} row {r} input {kk}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -125,6 +125,11 @@ fn q6_k_matches_gguf_py() {
 }
 
 #[test]
+fn mxfp4_matches_gguf_py() {
+    matches_gguf_py("MXFP4", GgmlType::MXFP4);
+}
+
+#[test]
 fn metadata_written_by_gguf_py_reads_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.gguf");

@@ -35,10 +35,13 @@ pub enum Arch {
     /// SmolLM3: Llama whose every fourth layer has no rotary (llama.cpp's fixed
     /// `n_no_rope_layer_step`; GGUF has no key for it).
     SmolLM3,
+    /// gpt-oss: biased projections, attention sinks (`attn_sinks`), windowed and global
+    /// layers alternating, YaRN rotary, and a mixture of MXFP4 experts ([`ExpertParams`]).
+    GptOss,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
@@ -48,10 +51,18 @@ impl Arch {
         Arch::Gemma2,
         Arch::Gemma3,
         Arch::SmolLM3,
+        Arch::GptOss,
     ];
 
-    /// The `general.architecture` value, also the metadata key prefix and onnxruntime-genai's
-    /// `model.type`.
+    /// onnxruntime-genai's `model.type` for the architecture.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::GptOss => "gptoss",
+            other => other.name(),
+        }
+    }
+
+    /// The `general.architecture` value, also the metadata key prefix.
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
@@ -63,6 +74,7 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::SmolLM3 => "smollm3",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -98,6 +110,8 @@ impl Arch {
 const MAX_LAYERS: usize = 4096;
 const MAX_WIDTH: usize = 1 << 20;
 const MAX_HEADS: usize = 4096;
+/// Experts per layer (llama.cpp allows 512).
+const MAX_EXPERTS: usize = 512;
 /// Positions the rotary caches are written for: 1M positions of a 128-wide head take 512 MiB.
 const MAX_CONTEXT: usize = 1 << 20;
 
@@ -116,9 +130,34 @@ pub struct HParams {
     pub rope_linear_scale: f64,
     pub rms_eps: f32,
     pub sliding_window: Option<usize>,
+    /// Per layer: whether it is windowed (Gemma's and gpt-oss's alternation); `None` windows
+    /// every layer when there is a window.
+    pub windowed: Option<Vec<bool>>,
     pub multipliers: Multipliers,
     pub long_rope: Option<LongRope>,
+    pub yarn: Option<Yarn>,
     pub gemma: Option<Gemma>,
+    pub experts: Option<ExpertParams>,
+}
+
+/// A mixture of experts (`<arch>.expert_count`, `.expert_used_count`; each expert's width is
+/// `.expert_feed_forward_length`, the model's `intermediate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertParams {
+    pub count: usize,
+    pub used: usize,
+}
+
+/// YaRN rotary scaling (`<arch>.rope.scaling.type = yarn`): frequencies between the two
+/// correction dimensions blend from extrapolated to interpolated by `factor`, as Hugging
+/// Face's `_compute_yarn_parameters` with `truncate = false` (gpt-oss's), and the caches are
+/// scaled by `0.1 ln(factor) + 1`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_context: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
 }
 
 /// What Gemma 2 and 3 add to the Llama layout: RMSNorms on the attention and MLP outputs
@@ -133,8 +172,6 @@ pub struct HParams {
 pub struct Gemma {
     pub attn_softcap: Option<f32>,
     pub final_softcap: Option<f32>,
-    /// Per layer: whether it is windowed.
-    pub windowed: Vec<bool>,
     /// The windowed layers' rotary base, when it differs from the others'.
     pub local_rope_base: Option<f64>,
 }
@@ -252,7 +289,23 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
     };
     let layers = m.count("block_count", MAX_LAYERS)?;
     let hidden = m.count("embedding_length", MAX_WIDTH)?;
-    let intermediate = m.count("feed_forward_length", MAX_WIDTH)?;
+    let experts = match arch {
+        Arch::GptOss => {
+            let count = m.count("expert_count", MAX_EXPERTS)?;
+            let used = m.count("expert_used_count", count)?;
+            Some(ExpertParams { count, used })
+        }
+        _ => None,
+    };
+    // A mixture's width is its experts'.
+    let intermediate = m.count(
+        if experts.is_some() {
+            "expert_feed_forward_length"
+        } else {
+            "feed_forward_length"
+        },
+        MAX_WIDTH,
+    )?;
     let heads = m.count("attention.head_count", MAX_HEADS)?;
     let kv_heads = m
         .optional_count("attention.head_count_kv", MAX_HEADS)?
@@ -305,7 +358,7 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
     }
     let context = m.count("context_length", MAX_CONTEXT)?;
     let rope_base = m.optional_f64("rope.freq_base")?.unwrap_or(10_000.0);
-    let rope_linear_scale = rope_scaling(&m)?;
+    let (rope_linear_scale, yarn) = rope_scaling(&m)?;
     let eps_key = m.key("attention.layer_norm_rms_epsilon");
     let rms_eps = file.get_f32(&eps_key)?;
     if !rms_eps.is_finite() || rms_eps <= 0.0 {
@@ -316,17 +369,18 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         Ok(m.optional_f64(suffix)?.map(|v| v as f32))
     };
     let long_rope = match m.optional_count("rope.scaling.original_context_length", MAX_CONTEXT)? {
-        Some(original_context) if original_context < context => Some(LongRope {
-            original_context,
-            attn_factor: m.optional_f64("rope.scaling.attn_factor")?.unwrap_or(1.0) as f32,
-        }),
+        Some(original_context) if original_context < context && arch == Arch::Phi3 => {
+            Some(LongRope {
+                original_context,
+                attn_factor: m.optional_f64("rope.scaling.attn_factor")?.unwrap_or(1.0) as f32,
+            })
+        }
         _ => None,
     };
     let gemma = match arch {
         Arch::Gemma2 | Arch::Gemma3 => Some(Gemma {
             attn_softcap: m.optional_f64("attn_logit_softcapping")?.map(|v| v as f32),
             final_softcap: m.optional_f64("final_logit_softcapping")?.map(|v| v as f32),
-            windowed: windowed_layers(&m, arch, layers)?,
             local_rope_base: match arch {
                 Arch::Gemma3 => Some(m.optional_f64("rope.freq_base_swa")?.unwrap_or(10_000.0)),
                 _ => None,
@@ -358,18 +412,25 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         rms_eps,
         // A window covering the whole context is no window.
         sliding_window: sliding_window.filter(|&w| w < context),
+        windowed: match arch {
+            Arch::Gemma2 | Arch::Gemma3 | Arch::GptOss => Some(windowed_layers(&m, arch, layers)?),
+            _ => None,
+        },
         multipliers,
         long_rope,
+        yarn,
         gemma,
+        experts,
     })
 }
 
-/// Which layers of a Gemma are windowed (see [`Gemma`]).
+/// Which layers of a Gemma or gpt-oss are windowed (see [`Gemma`]; gpt-oss as Gemma 2: the
+/// even ones, llama.cpp's default period of 2).
 fn windowed_layers(m: &Meta, arch: Arch, layers: usize) -> Result<Vec<bool>, ImportError> {
     let key = m.key("attention.sliding_window_pattern");
     let period = |n: usize| (0..layers).map(|l| n == 0 || l % n < n - 1).collect();
     match m.file.get(&key) {
-        None if arch == Arch::Gemma2 => Ok((0..layers).map(|l| l % 2 == 0).collect()),
+        None if matches!(arch, Arch::Gemma2 | Arch::GptOss) => Ok(period(2)),
         // llama.cpp's default for Gemma 3: five windowed layers, then a global one.
         None => Ok(period(6)),
         Some(oxgen_gguf::Value::Array(oxgen_gguf::Array::Bool(v))) if v.len() == layers => {
@@ -385,20 +446,43 @@ fn windowed_layers(m: &Meta, arch: Arch, layers: usize) -> Result<Vec<bool>, Imp
     }
 }
 
-/// The linear position scale of `<arch>.rope.scaling.type` (1 when absent or `none`).
-fn rope_scaling(m: &Meta) -> Result<f64, ImportError> {
+/// `<arch>.rope.scaling.type`: the linear position scale (1 when absent, `none` or `yarn`)
+/// and YaRN's settings.
+fn rope_scaling(m: &Meta) -> Result<(f64, Option<Yarn>), ImportError> {
     let type_key = m.key("rope.scaling.type");
     let kind = match m.file.get(&type_key) {
-        None => return Ok(1.0),
+        None => return Ok((1.0, None)),
         Some(_) => m.file.get_str(&type_key)?,
     };
     match kind {
-        "none" => Ok(1.0),
-        "linear" => Ok(m.optional_f64("rope.scaling.factor")?.unwrap_or(1.0)),
+        "none" => Ok((1.0, None)),
+        "linear" => Ok((m.optional_f64("rope.scaling.factor")?.unwrap_or(1.0), None)),
+        "yarn" => {
+            let factor_key = m.key("rope.scaling.factor");
+            let factor = m.optional_f64("rope.scaling.factor")?.unwrap_or(1.0);
+            if factor < 1.0 {
+                return Err(m.bad(&factor_key, format!("YaRN's factor {factor} is below 1")));
+            }
+            let original_context = m.count("rope.scaling.original_context_length", MAX_CONTEXT)?;
+            Ok((
+                1.0,
+                Some(Yarn {
+                    factor,
+                    original_context,
+                    // llama.cpp's defaults, gpt-oss's values.
+                    beta_fast: m
+                        .optional_f64("rope.scaling.yarn_beta_fast")?
+                        .unwrap_or(32.0),
+                    beta_slow: m
+                        .optional_f64("rope.scaling.yarn_beta_slow")?
+                        .unwrap_or(1.0),
+                }),
+            ))
+        }
         other => Err(ImportError::Unsupported {
             file: m.path(),
             what: format!("rope scaling '{other}' ({type_key})"),
-            hint: "only 'none' and 'linear' rope scaling are mapped".into(),
+            hint: "only 'none', 'linear' and 'yarn' rope scaling are mapped".into(),
         }),
     }
 }

@@ -6,7 +6,10 @@
 //! RMSNorm over each Q and K head), `granite` (its four multipliers, [`arch::Multipliers`])
 //! `phi3` (fused QKV and gate/up projections split by rows; LongRoPE as an `If` between
 //! short and long rotary caches, [`arch::LongRope`]), `gemma2` and `gemma3`
-//! ([`arch::Gemma`]) and `smollm3` (no rotary on every fourth layer):
+//! ([`arch::Gemma`]), `smollm3` (no rotary on every fourth layer) and `gpt-oss` (attention
+//! sinks, YaRN ([`arch::Yarn`]), alternating windows, and MXFP4 experts moved as they are into
+//! a `com.microsoft::QMoE` of `quant_type` fp4, which oxgen's native backend runs; onnxruntime
+//! has that form on CUDA only):
 //!
 //! - `model.onnx` + `model.onnx.data`: the decoder graph of [`genai_graph`]. Q4_0, Q4_1,
 //!   Q8_0 and Q4_K projections become `MatMulNBits` without requantization
@@ -157,17 +160,20 @@ pub fn import_gguf(
             freq_factors,
             linear_scale: hp.rope_linear_scale,
             long,
+            yarn: hp.yarn,
         },
         rms_eps: hp.rms_eps,
         accuracy_level: i64::from(options.accuracy_level),
         sliding_window: hp.sliding_window,
         multipliers: hp.multipliers,
+        windowed_layers: hp.windowed.clone(),
         gemma: hp.gemma.clone(),
         rotary_layers: (0..hp.layers).map(|l| hp.arch.rotates(l)).collect(),
+        experts: hp.experts,
     };
     let config = genai_graph::genai_config(
         &spec,
-        hp.arch.name(),
+        hp.arch.model_type(),
         &ConfigTokens {
             bos: tok.bos,
             eos: tok.eos.clone(),

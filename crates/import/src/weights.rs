@@ -7,8 +7,10 @@
 //! and per layer `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate,
 //! ffn_up, ffn_down}.weight` plus optional `attn_{q,k,v,output}.bias`, Qwen3's
 //! `attn_{q,k}_norm.weight`, Gemma 2's `post_attention_norm` and `post_ffw_norm`, and
-//! Phi-3's fused `attn_qkv` and `ffn_up` (gate and up) with `rope_factors_{short,long}`. A tensor outside this list is an error: it would belong to a
-//! feature (MoE, ...) the graph lacks.
+//! Phi-3's fused `attn_qkv` and `ffn_up` (gate and up) with `rope_factors_{short,long}`, and
+//! gpt-oss's `attn_sinks`, `post_attention_norm` (its norm before the MLP), router
+//! `ffn_gate_inp` and MXFP4 experts `ffn_{gate,up,down}_exps` with their biases. A tensor
+//! outside this list is an error: it would belong to a feature the graph lacks.
 //!
 //! # Undoing the Q/K permutation
 //!
@@ -22,11 +24,13 @@
 
 use std::collections::HashSet;
 
-use oxgen_gguf::{GgmlType, GgufFile, Requantized, TensorInfo};
-use oxgen_tensor::{AlignedBuf, Tensor};
+use oxgen_gguf::{GgmlType, GgufFile, Requantized, TensorInfo, repack};
+use oxgen_tensor::{AlignedBuf, DType, Tensor};
 
-use crate::arch::HParams;
-use crate::genai_graph::{DecoderWeights, Embedding, LayerWeights, Linear, NBitsLinear};
+use crate::arch::{Arch, ExpertParams, HParams};
+use crate::genai_graph::{
+    DecoderWeights, Embedding, ExpertWeights, LayerWeights, Linear, Mlp, Mxfp4Experts, NBitsLinear,
+};
 use crate::{ImportError, Progress, Stage};
 
 /// ggml types `MatMulNBits` takes (all as they are but Q5_K and Q6_K, requantized to int8).
@@ -197,6 +201,100 @@ fn unpermute_rows(t: Tensor, rows: usize, heads: usize) -> Tensor {
         }
     }
     Tensor::from_buf(t.dtype(), t.dims(), buf).expect("same dtype, dims and byte count")
+}
+
+impl Reader<'_> {
+    /// Layer `p`'s mixture (llama.cpp's gpt-oss tensors): the router `ffn_gate_inp` (f32
+    /// weight and bias) and the MXFP4 experts `ffn_{gate,up,down}_exps` with f32 biases, the
+    /// gate and up rows interleaved into SwiGLU's pairs as QMoE takes them.
+    fn experts(&mut self, p: &str, e: ExpertParams) -> Result<ExpertWeights, ImportError> {
+        let (h, ff, n) = (self.hp.hidden, self.hp.intermediate, e.count);
+        let why_router = format!("[embedding_length {h}, expert_count {n}]");
+        let bias = self.bias(&format!("{p}.ffn_gate_inp.bias"), n, None)?;
+        let router = self.linear(
+            &format!("{p}.ffn_gate_inp.weight"),
+            (h, n),
+            &why_router,
+            None,
+            bias,
+        )?;
+        let why_up =
+            format!("[embedding_length {h}, expert_feed_forward_length {ff}, expert_count {n}]");
+        let why_down =
+            format!("[expert_feed_forward_length {ff}, embedding_length {h}, expert_count {n}]");
+        let gate = self.mxfp4(&format!("{p}.ffn_gate_exps.weight"), [h, ff, n], &why_up)?;
+        let up = self.mxfp4(&format!("{p}.ffn_up_exps.weight"), [h, ff, n], &why_up)?;
+        let down = self.mxfp4(&format!("{p}.ffn_down_exps.weight"), [ff, h, n], &why_down)?;
+        let why_bias = |w: usize| format!("[{w}, expert_count {n}]: one bias per expert output");
+        let bias2 = |r: &mut Self, name: &str, w: usize| -> Result<Vec<f32>, ImportError> {
+            let t = r.tensor(name, &[w, n], &why_bias(w))?;
+            if !FLOAT.contains(&t.ggml_type) {
+                return Err(r.unsupported(&t, "an expert bias", &FLOAT));
+            }
+            Ok(r.file
+                .dequantize(name)?
+                .as_slice::<f32>()
+                .map(<[f32]>::to_vec)
+                .unwrap_or_default())
+        };
+        let gate_b = bias2(self, &format!("{p}.ffn_gate_exps.bias"), ff)?;
+        let up_b = bias2(self, &format!("{p}.ffn_up_exps.bias"), ff)?;
+        let down_b = bias2(self, &format!("{p}.ffn_down_exps.bias"), h)?;
+        let gate_up_b: Vec<f32> = gate_b
+            .chunks_exact(ff)
+            .zip(up_b.chunks_exact(ff))
+            .flat_map(|(g, u)| g.iter().zip(u).flat_map(|(&g, &u)| [g, u]))
+            .collect();
+        let (gate_data, up_data, down_data) = (
+            self.file.tensor_data(&gate.name)?,
+            self.file.tensor_data(&up.name)?,
+            self.file.tensor_data(&down.name)?,
+        );
+        let fc1 = repack::mxfp4_to_qmoe(&[gate_data, up_data], n, ff, h);
+        let fc2 = repack::mxfp4_to_qmoe(&[down_data], n, h, ff);
+        let experts =
+            |q: repack::QMoeMxfp4, (rows, k): (usize, usize), bias: Vec<f32>| Mxfp4Experts {
+                codes: Tensor::from_slice([n, k, rows / 2], &q.codes).expect("sizes match"),
+                scales: Tensor::from_buf(
+                    DType::F8E8M0,
+                    &[n, rows, k / 32][..],
+                    AlignedBuf::from_bytes(&q.scales),
+                )
+                .expect("sizes match"),
+                bias: Tensor::from_slice([n, rows], &bias).expect("sizes match"),
+            };
+        Ok(ExpertWeights {
+            router,
+            gate_up: experts(fc1, (2 * ff, h), gate_up_b),
+            down: experts(fc2, (h, ff), down_b),
+        })
+    }
+
+    /// An MXFP4 expert tensor with GGUF dims `dims`: `[inputs, outputs, experts]`, inputs in
+    /// whole blocks of 32.
+    fn mxfp4(
+        &mut self,
+        name: &str,
+        dims: [usize; 3],
+        why: &str,
+    ) -> Result<TensorInfo, ImportError> {
+        let t = self.tensor(name, &dims, why)?;
+        if t.ggml_type != GgmlType::MXFP4 {
+            return Err(self.unsupported(&t, "mixture-of-experts weights", &[GgmlType::MXFP4]));
+        }
+        if !dims[0].is_multiple_of(32) || !dims[1].is_multiple_of(2) {
+            return Err(ImportError::BadShape {
+                file: self.path(),
+                tensor: name.to_string(),
+                found: t.dims.clone(),
+                expected: dims.iter().map(|&d| d as u64).collect(),
+                why:
+                    "MXFP4 experts need inputs in whole blocks of 32 and an even number of outputs"
+                        .into(),
+            });
+        }
+        Ok(t)
+    }
 }
 
 /// What [`read`] returns: the weights, the rotary frequency factors when the file has them,
@@ -393,7 +491,42 @@ pub fn read(
             None,
             bo,
         )?;
-        let post_norm = r.vector(&format!("{p}.ffn_norm.weight"), h, &why_norm)?;
+        // gpt-oss names its norm before the MLP after attention, as Hugging Face does.
+        let post_norm_name = match hp.arch {
+            Arch::GptOss => "post_attention_norm",
+            _ => "ffn_norm",
+        };
+        let post_norm = r.vector(&format!("{p}.{post_norm_name}.weight"), h, &why_norm)?;
+        let sinks = match hp.arch {
+            Arch::GptOss => {
+                let why = format!("[head_count {}]: one attention sink per head", hp.heads);
+                Some(r.vector(&format!("{p}.attn_sinks.weight"), hp.heads, &why)?)
+            }
+            _ => None,
+        };
+        let out_norms = if hp.gemma.is_some() {
+            Some([
+                r.vector(&format!("{p}.post_attention_norm.weight"), h, &why_norm)?,
+                r.vector(&format!("{p}.post_ffw_norm.weight"), h, &why_norm)?,
+            ])
+        } else {
+            None
+        };
+        if let Some(experts) = hp.experts {
+            layers.push(LayerWeights {
+                input_norm,
+                qk_norm,
+                out_norms,
+                q,
+                k,
+                v,
+                o,
+                sinks,
+                post_norm,
+                mlp: Mlp::Experts(r.experts(&p, experts)?),
+            });
+            continue;
+        }
         let (gate, up) = if hp.arch.fused_projections() {
             let why = format!("[embedding_length {h}, gate {ff} + up {ff}]");
             let gate_up = r.linear(&format!("{p}.ffn_up.weight"), (h, 2 * ff), &why, None, None)?;
@@ -417,14 +550,6 @@ pub fn read(
             None,
             None,
         )?;
-        let out_norms = if hp.gemma.is_some() {
-            Some([
-                r.vector(&format!("{p}.post_attention_norm.weight"), h, &why_norm)?,
-                r.vector(&format!("{p}.post_ffw_norm.weight"), h, &why_norm)?,
-            ])
-        } else {
-            None
-        };
         layers.push(LayerWeights {
             input_norm,
             qk_norm,
@@ -433,10 +558,9 @@ pub fn read(
             k,
             v,
             o,
+            sinks,
             post_norm,
-            gate,
-            up,
-            down,
+            mlp: Mlp::Dense { gate, up, down },
         });
     }
     let final_norm = r.vector("output_norm.weight", h, &why_norm)?;
@@ -446,7 +570,7 @@ pub fn read(
             tensor: extra.name.clone(),
             problem: format!(
                 "is not part of the {} graph oxgen writes (a layer beyond block_count {}, or a \
-                 feature such as experts); importing without it would change the \
+                 feature the graph lacks); importing without it would change the \
                  model's results",
                 hp.arch.name(),
                 hp.layers

@@ -217,7 +217,7 @@ unsafe fn columns_avx2(x: &[f32], w: &Mxfp4Weights, cols: Range<usize>, out: &mu
         let mut scale_bits = [0u32; COLS];
         for b in 0..blocks {
             let mut p = _mm256_setzero_ps();
-            for kk in b * BLOCK..(b + 1) * BLOCK {
+            for (kk, &xk) in x.iter().enumerate().skip(b * BLOCK).take(BLOCK) {
                 let at = kk * row_bytes + c / 2;
                 let word = u32::from_le_bytes([
                     w.codes[at],
@@ -229,7 +229,7 @@ unsafe fn columns_avx2(x: &[f32], w: &Mxfp4Weights, cols: Range<usize>, out: &mu
                 let magnitude = _mm256_permutevar8x32_ps(magnitudes, _mm256_and_si256(codes, low3));
                 let signs = _mm256_slli_epi32::<28>(_mm256_and_si256(codes, sign));
                 let v = _mm256_xor_ps(magnitude, _mm256_castsi256_ps(signs));
-                p = _mm256_fmadd_ps(_mm256_set1_ps(x[kk]), v, p);
+                p = _mm256_fmadd_ps(_mm256_set1_ps(xk), v, p);
             }
             for (j, bits) in scale_bits.iter_mut().enumerate() {
                 *bits = e8m0(w.scales[(c + j) * blocks + b]).to_bits();
@@ -354,7 +354,7 @@ mod tests {
     fn bad_shapes_are_errors() {
         let pool = ThreadPool::new(1);
         let (codes, scales) = matrix(4, 32, 1);
-        let mut out = vec![0f32; 4];
+        let mut out = [0f32; 4];
         for (n, k, c, s, a) in [
             (3, 32, 48, 3, 32),
             (4, 30, 60, 4, 30),

@@ -21,8 +21,8 @@
 use std::path::Path;
 
 use oxgen_import::genai_graph::{
-    self, ConfigTokens, DecoderSpec, DecoderWeights, Embedding, LayerWeights, Linear, NBitsLinear,
-    Rope,
+    self, ConfigTokens, DecoderSpec, DecoderWeights, Embedding, LayerWeights, Linear, Mlp,
+    NBitsLinear, Rope,
 };
 use oxgen_tensor::Tensor;
 
@@ -142,9 +142,11 @@ pub fn decoder_spec(cfg: &FixtureConfig) -> DecoderSpec {
         rms_eps: 1e-5,
         accuracy_level: cfg.accuracy_level,
         sliding_window: None,
+        windowed_layers: None,
         multipliers: Default::default(),
         gemma: None,
         rotary_layers: Vec::new(),
+        experts: None,
     }
 }
 
@@ -185,10 +187,13 @@ fn random_weights(cfg: &FixtureConfig) -> DecoderWeights {
             k: q4_linear(&mut rng, h, cfg.kv_heads * hd, block),
             v: q4_linear(&mut rng, h, cfg.kv_heads * hd, block),
             o: q4_linear(&mut rng, h, h, block),
+            sinks: None,
             post_norm: norm_weight(&mut rng, h),
-            gate: q4_linear(&mut rng, h, cfg.intermediate, block),
-            up: q4_linear(&mut rng, h, cfg.intermediate, block),
-            down: q4_linear(&mut rng, cfg.intermediate, h, block),
+            mlp: Mlp::Dense {
+                gate: q4_linear(&mut rng, h, cfg.intermediate, block),
+                up: q4_linear(&mut rng, h, cfg.intermediate, block),
+                down: q4_linear(&mut rng, cfg.intermediate, h, block),
+            },
         })
         .collect();
     DecoderWeights {

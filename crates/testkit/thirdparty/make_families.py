@@ -133,13 +133,13 @@ FAMILIES = {
         query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
         layer_types=["sliding_attention", "full_attention"]), 12, 24, ("fp32", "int4")),
     # gpt-oss: attention sinks, windowed and global layers alternating (window 8), YaRN rotary,
-    # biased projections, 4 experts of which each token takes 2, and SwiGLU clamped at 1 (7 in
-    # the real models; lower here so the clamp bites on these small values). The experts are
-    # written as the real checkpoints store them, in MXFP4 (`mxfp4_experts`), which the
-    # builder's int4 export reads.
+    # biased projections, 4 experts of which each token takes 2, SwiGLU clamped at 7 (as the
+    # real models, and llama.cpp, which has no key for it). The experts are written as the real
+    # checkpoints store them, in MXFP4 (`mxfp4_experts`), which the builder's int4 export and
+    # the GGUF read.
     "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
         COMMON, head_dim=16, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
-        sliding_window=8, swiglu_limit=1.0, rms_norm_eps=1e-5,
+        sliding_window=8, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 4096}), 12, 24, ("fp32", "int4")),
@@ -225,6 +225,8 @@ def make_hf(name, hf_dir, tok_dir):
             if pname.endswith("norm.weight") or "layernorm" in pname and pname.endswith("weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
     extra = mxfp4_experts(model) if name == "gpt-oss" else {}
+    # The GGUF writer takes gpt-oss's experts from these blocks, as llama.cpp's converter does.
+    model.oxgen_mxfp4 = extra
     model.generation_config = GenerationConfig(
         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS, do_sample=False, max_length=256
     )
@@ -265,7 +267,7 @@ def export(hf_dir, work, name, precision):
 GGUF_ARCH = {
     "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite",
     "phi3-longrope": "phi3", "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3",
-    "llama3": "llama",
+    "llama3": "llama", "gpt-oss": "gpt-oss",
 }
 
 
@@ -339,6 +341,17 @@ def write_gguf(name, model, tok_dir):
                 smooth = (old_len / wavelen - low) / (high - low)
                 factors.append(1 / ((1 - smooth) / factor + smooth))
         w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+    if arch == "gpt-oss":
+        # As convert_hf_to_gguf.py's GptOssModel: the experts' counts and width, the window
+        # (llama.cpp windows the even layers), YaRN's factor and original context.
+        w.add_expert_count(cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.intermediate_size)
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        write_gpt_oss_experts(w, model)
     if arch == "granite":
         w.add_embedding_scale(cfg.embedding_multiplier)
         w.add_residual_scale(cfg.residual_multiplier)
@@ -363,12 +376,17 @@ def write_gguf(name, model, tok_dir):
         "mlp.gate_up_proj": "ffn_up", "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",
     }
-    if arch in ("gemma2", "gemma3"):
+    if arch in ("gemma2", "gemma3", "gpt-oss"):
         names["post_attention_layernorm"] = "post_attention_norm"
+    names.update({"self_attn.sinks": "attn_sinks", "mlp.router": "ffn_gate_inp"})
     for hf, t in model.state_dict().items():
         data = t.detach().to("cpu").float().numpy().astype(np.float32)
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
+        if ".mlp.experts." in hf:
+            continue  # gpt-oss's experts: write_gpt_oss_experts
+        if hf.endswith(".self_attn.sinks"):
+            hf += ".weight"
         if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
             data = data + 1  # Gemma's (1 + w), stored with the 1 added as llama.cpp does
         if hf == "model.embed_tokens.weight":
@@ -390,6 +408,41 @@ def write_gguf(name, model, tok_dir):
     w.write_tensors_to_file()
     w.close()
     print(f"families/{name}.gguf: {os.path.getsize(path)} bytes")
+
+
+def write_gpt_oss_experts(w, model):
+    """gpt-oss's experts as convert_hf_to_gguf.py's GptOssModel writes them: each 32-value
+    block of the checkpoint's MXFP4 (`*_blocks`, two codes per byte with the even element in
+    the low nibble; `*_scales`) as ggml's `block_mxfp4` (the exponent byte, then byte j holding
+    element j low and j + 16 high), the fused gate_up rows split into gate (even rows) and up
+    (odd rows), biases likewise, as f32."""
+    import gguf
+    import numpy as np
+
+    def ggml_blocks(blocks, scales):
+        blocks, scales = blocks.numpy(), scales.numpy()
+        codes = np.empty(blocks.shape[:-1] + (32,), dtype=np.uint8)
+        codes[..., 0::2] = blocks & 0x0F
+        codes[..., 1::2] = blocks >> 4
+        qs = codes[..., :16] | (codes[..., 16:] << 4)
+        out = np.concatenate([scales[..., None], qs], axis=-1)  # [E, N, K/32, 17]
+        return out.reshape(out.shape[0], out.shape[1], -1)
+
+    mx = gguf.GGMLQuantizationType.MXFP4
+    for i, layer in enumerate(model.model.layers):
+        ex = layer.mlp.experts
+        prefix = f"model.layers.{i}.mlp.experts"
+        blocks = {p: model.oxgen_mxfp4[f"{prefix}.{p}_blocks"] for p in ("gate_up_proj", "down_proj")}
+        scales = {p: model.oxgen_mxfp4[f"{prefix}.{p}_scales"] for p in ("gate_up_proj", "down_proj")}
+        gate_up = ggml_blocks(blocks["gate_up_proj"], scales["gate_up_proj"])
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, 0::2]), raw_dtype=mx)
+        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, 1::2]), raw_dtype=mx)
+        down = ggml_blocks(blocks["down_proj"], scales["down_proj"])
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", np.ascontiguousarray(down), raw_dtype=mx)
+        bias = ex.gate_up_proj_bias.detach().float().numpy()
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.bias", np.ascontiguousarray(bias[:, 0::2]))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.bias", np.ascontiguousarray(bias[:, 1::2]))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.bias", ex.down_proj_bias.detach().float().numpy())
 
 
 def greedy_genai(package, ids, new_tokens):

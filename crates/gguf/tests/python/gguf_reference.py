@@ -31,6 +31,7 @@ FORMATS = {
     "Q4_K": T.Q4_K,
     "Q5_K": T.Q5_K,
     "Q6_K": T.Q6_K,
+    "MXFP4": T.MXFP4,
 }
 
 # gguf-py 0.19.0 dequantizes the K-quants but cannot quantize them: both of their tensors are
@@ -95,6 +96,10 @@ def raw_source(rng, qtype):
         f16[2, 0] = 0x0000
         f16[2, 1] = 0x8000  # zero scale, negative-zero minimum
         f16[3, 1] = 0xFBFF  # minimum -65504
+    if qtype == T.MXFP4:
+        # Every exponent byte occurs, 0, 1 and 255 among them.
+        blocks[:3, 0] = [0, 1, 255]
+        return blocks.reshape(rows, -1), qtype
     if qtype == T.Q6_K:
         blocks[:, -2:] = f16.view(np.uint8).reshape(n_blocks, 2)
     else:

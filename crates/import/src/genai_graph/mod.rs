@@ -37,8 +37,8 @@ use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
 use oxgen_tensor::{DType, Tensor};
 
 pub use spec::{
-    ConfigTokens, DecoderSpec, DecoderWeights, Embedding, LayerWeights, Linear, LongRopeCaches,
-    NBitsLinear, Rope, ShapeMismatch,
+    ConfigTokens, DecoderSpec, DecoderWeights, Embedding, ExpertWeights, LayerWeights, Linear,
+    LongRopeCaches, Mlp, Mxfp4Experts, NBitsLinear, Rope, ShapeMismatch,
 };
 
 /// Initializers of at least this many bytes go to `model.onnx.data`.
@@ -228,6 +228,85 @@ impl Writer<'_> {
             &[out, "", "", residual],
             vec![attr::float("epsilon", self.spec.rms_eps)],
         );
+    }
+}
+
+impl Writer<'_> {
+    /// `down(act(gate(x)) · up(x))` of layer `p` on `x`; returns the output's name.
+    fn dense_mlp(&mut self, p: &str, x: &str, [gate_w, up_w, down_w]: [Linear; 3]) -> String {
+        let (gate, up, down) = (format!("{p}.gate"), format!("{p}.up"), format!("{p}.down"));
+        self.linear(&gate, gate_w, x, &gate);
+        self.linear(&up, up_w, x, &up);
+        let (sig, act, prod) = (
+            format!("{p}.gate_sigmoid"),
+            format!("{p}.silu"),
+            format!("{p}.gated"),
+        );
+        if self.spec.gemma.is_some() {
+            let tanh = vec![attr::string("approximate", "tanh")];
+            self.node("Gelu", "", &act, &[&gate], &[&act], tanh);
+        } else {
+            self.node("Sigmoid", "", &sig, &[&gate], &[&sig], vec![]);
+            self.node("Mul", "", &act, &[&gate, &sig], &[&act], vec![]);
+        }
+        self.node("Mul", "", &prod, &[&act, &up], &[&prod], vec![]);
+        self.linear(&down, down_w, &prod, &down);
+        down
+    }
+
+    /// gpt-oss's mixture of layer `p` on `x` as onnxruntime-genai's builder writes it: the
+    /// router's logits reshaped to `[tokens, experts]`, then `com.microsoft::QMoE` (MXFP4,
+    /// `quant_type = fp4`) with gpt-oss's SwiGLU (interleaved, alpha 1.702, beta 1, clamped at
+    /// 7: llama.cpp's constants, which GGUF has no key for) and the top-k softmax routing.
+    fn experts(&mut self, p: &str, x: &str, w: ExpertWeights) -> String {
+        let e = self
+            .spec
+            .experts
+            .expect("checked: a mixture has its parameters");
+        let (router, logits, shape) = (
+            format!("{p}.router"),
+            format!("{p}.router_logits"),
+            format!("{p}.router_shape"),
+        );
+        self.linear(&router, w.router, x, &router);
+        let dims = Tensor::from_slice([2], &[-1i64, e.count as i64]).expect("two dims");
+        self.b.initializer(&shape, dims);
+        self.node(
+            "Reshape",
+            "",
+            &logits,
+            &[&router, &shape],
+            &[&logits],
+            vec![],
+        );
+        let names = |proj: &str| {
+            ["codes", "scales", "bias"].map(|what| format!("{p}.experts.{proj}.{what}"))
+        };
+        let (fc1, fc2) = (names("gate_up"), names("down"));
+        for (names, t) in [(&fc1, w.gate_up), (&fc2, w.down)] {
+            self.b
+                .initializer(&names[0], t.codes)
+                .initializer(&names[1], t.scales)
+                .initializer(&names[2], t.bias);
+        }
+        let out = format!("{p}.moe");
+        let inputs = [
+            x, &logits, &fc1[0], &fc1[1], &fc1[2], &fc2[0], &fc2[1], &fc2[2],
+        ];
+        let attrs = vec![
+            attr::int("k", e.used as i64),
+            attr::string("activation_type", "swiglu"),
+            attr::int("swiglu_fusion", 1),
+            attr::float("swiglu_limit", 7.0),
+            attr::float("activation_alpha", 1.702),
+            attr::float("activation_beta", 1.0),
+            attr::int("normalize_routing_weights", 1),
+            attr::int("expert_weight_bits", 4),
+            attr::int("block_size", 32),
+            attr::string("quant_type", "fp4"),
+        ];
+        self.node("QMoE", "com.microsoft", &out, &inputs, &[&out], attrs);
+        out
     }
 }
 
@@ -501,7 +580,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         );
         let (ok, ov) = (format!("present.{l}.key"), format!("present.{l}.value"));
         // A Gemma windows some layers only, and Gemma 3 rotates those with caches of their own.
-        let windowed = spec.gemma.as_ref().is_none_or(|g| g.windowed[l]);
+        let windowed = spec.windowed_layers.as_ref().is_none_or(|w| w[l]);
         let window = spec
             .sliding_window
             .filter(|_| windowed)
@@ -521,8 +600,17 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         ];
         let rotates = spec.rotary_layers.get(l).copied().unwrap_or(true);
         gqa.push(attr::int("do_rotary", i64::from(rotates)));
-        // Without rotary the cos and sin inputs are left off.
-        let inputs = if rotates { 9 } else { 7 };
+        // Without rotary the cos and sin inputs are left off; sinks are input 11.
+        let mut inputs = vec![q.as_str(), &k, &v, &pk, &pv, "seqlens_k", "total_len"];
+        if rotates {
+            inputs.extend([cos, sin]);
+        }
+        let sinks = format!("{p}.sinks");
+        if let Some(t) = w.sinks {
+            g.b.initializer(&sinks, t);
+            inputs.resize(11, "");
+            inputs.push(&sinks);
+        }
         if let Some(scale) = mult.attention {
             gqa.push(attr::float("scale", scale));
         }
@@ -537,7 +625,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
             "GroupQueryAttention",
             "com.microsoft",
             &attn,
-            &[&q, &k, &v, &pk, &pv, "seqlens_k", "total_len", cos, sin][..inputs],
+            &inputs,
             &[&attn, &ok, &ov],
             gqa,
         );
@@ -552,23 +640,10 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         let (post, sum) = (format!("{p}.post_norm"), format!("{p}.post_residual"));
         g.skip_norm(&post, w.post_norm, [&o, &residual, &post, &sum]);
         residual = sum;
-        let (gate, up, down) = (format!("{p}.gate"), format!("{p}.up"), format!("{p}.down"));
-        g.linear(&gate, w.gate, &post, &gate);
-        g.linear(&up, w.up, &post, &up);
-        let (sig, act, prod) = (
-            format!("{p}.gate_sigmoid"),
-            format!("{p}.silu"),
-            format!("{p}.gated"),
-        );
-        if spec.gemma.is_some() {
-            let tanh = vec![attr::string("approximate", "tanh")];
-            g.node("Gelu", "", &act, &[&gate], &[&act], tanh);
-        } else {
-            g.node("Sigmoid", "", &sig, &[&gate], &[&sig], vec![]);
-            g.node("Mul", "", &act, &[&gate, &sig], &[&act], vec![]);
-        }
-        g.node("Mul", "", &prod, &[&act, &up], &[&prod], vec![]);
-        g.linear(&down, w.down, &prod, &down);
+        let down = match w.mlp {
+            Mlp::Dense { gate, up, down } => g.dense_mlp(&p, &post, [gate, up, down]),
+            Mlp::Experts(x) => g.experts(&p, &post, x),
+        };
         let mut mlp_out = if mult.residual != 1.0 {
             g.scaled(&down, "residual_scale")
         } else {

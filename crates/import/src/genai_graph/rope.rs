@@ -1,8 +1,11 @@
 //! The rotary caches: `cos`/`sin` of `position · θ_i`, `θ_i = base^(-2i / head_size)`
 //! (divided by per-frequency factors and a linear scale when given), `[rows, head_size / 2]`,
-//! for the non-interleaved (`rotate_half`) convention of Hugging Face models. Gemma 3's
+//! for the non-interleaved (`rotate_half`) convention of Hugging Face models. YaRN blends the
+//! frequencies and scales the caches. Gemma 3's
 //! windowed layers get a pair of their own; LongRoPE's two pairs are chosen by an `If`, as
 //! onnxruntime-genai's builder writes them.
+
+use std::f64::consts::PI;
 
 use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
 use oxgen_tensor::{DType, Tensor};
@@ -22,15 +25,34 @@ fn rotary_caches(
     let rope = &spec.rope;
     let mut cos = Vec::with_capacity(rows * half);
     let mut sin = Vec::with_capacity(rows * half);
+    let inv_freq: Vec<f64> = (0..half)
+        .map(|i| {
+            let mut f = base.powf(-2.0 * i as f64 / hd as f64);
+            if let Some(d) = factors.and_then(|d| d.get(i)) {
+                f /= f64::from(*d);
+            }
+            if let Some(y) = &rope.yarn {
+                // Hugging Face's `_compute_yarn_parameters` (truncate = false): dimensions
+                // below `low` keep their frequency, those above `high` are interpolated by
+                // `factor`, a linear ramp between.
+                let dim = |rotations: f64| {
+                    hd as f64 * (y.original_context as f64 / (rotations * 2.0 * PI)).ln()
+                        / (2.0 * base.ln())
+                };
+                let low = dim(y.beta_fast).max(0.0);
+                let mut high = dim(y.beta_slow).min(hd as f64 - 1.0);
+                if high == low {
+                    high += 0.001;
+                }
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                f = f / y.factor * ramp + f * (1.0 - ramp);
+            }
+            f / rope.linear_scale
+        })
+        .collect();
     for p in 0..rows {
-        for i in 0..half {
-            let mut angle = p as f64 * base.powf(-2.0 * i as f64 / hd as f64);
-            if let Some(f) = factors.and_then(|f| f.get(i)) {
-                angle /= f64::from(*f);
-            }
-            if rope.linear_scale != 1.0 {
-                angle /= rope.linear_scale;
-            }
+        for &f in &inv_freq {
+            let angle = p as f64 * f;
             cos.push((angle.cos() * scale) as f32);
             sin.push((angle.sin() * scale) as f32);
         }
@@ -48,7 +70,9 @@ impl Writer<'_> {
             return self.long_rope_caches(long);
         }
         let factors = spec.rope.freq_factors.as_deref();
-        let (cos, sin) = rotary_caches(spec, spec.rope.base, spec.context, factors, 1.0);
+        // YaRN scales the caches (so queries and keys) by its attention factor.
+        let scale = spec.rope.yarn.map_or(1.0, |y| 0.1 * y.factor.ln() + 1.0);
+        let (cos, sin) = rotary_caches(spec, spec.rope.base, spec.context, factors, scale);
         self.b
             .initializer("cos_cache", cos)
             .initializer("sin_cache", sin);

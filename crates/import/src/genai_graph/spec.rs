@@ -25,11 +25,16 @@ pub struct DecoderSpec {
     pub sliding_window: Option<usize>,
     /// Granite's multipliers (all neutral for the other architectures).
     pub multipliers: crate::arch::Multipliers,
-    /// Gemma 2's and 3's softcaps, GELU, windowed layers and their rotary base (see
+    /// Per layer: whether it is windowed (Gemma's and gpt-oss's alternation); `None` windows
+    /// every layer when there is a window.
+    pub windowed_layers: Option<Vec<bool>>,
+    /// Gemma 2's and 3's softcaps, GELU and windowed layers' rotary base (see
     /// [`crate::arch::Gemma`]).
     pub gemma: Option<crate::arch::Gemma>,
     /// Per layer: whether it rotates queries and keys (SmolLM3 skips every fourth).
     pub rotary_layers: Vec<bool>,
+    /// A mixture of experts in every layer's MLP ([`Mlp::Experts`]).
+    pub experts: Option<crate::arch::ExpertParams>,
 }
 
 /// Rotary frequencies: `θ_i = base^(-2i / head_size) / factors[i] / linear_scale`.
@@ -42,6 +47,8 @@ pub struct Rope {
     pub linear_scale: f64,
     /// LongRoPE: two pairs of caches, chosen by the sequence's length (see [`LongRopeCaches`]).
     pub long: Option<LongRopeCaches>,
+    /// YaRN: frequencies blended by [`crate::arch::Yarn`], caches scaled.
+    pub yarn: Option<crate::arch::Yarn>,
 }
 
 /// LongRoPE's caches as onnxruntime-genai's builder writes them: `If` the mask's length
@@ -63,6 +70,7 @@ impl Rope {
             freq_factors: None,
             linear_scale: 1.0,
             long: None,
+            yarn: None,
         }
     }
 }
@@ -138,13 +146,51 @@ pub struct LayerWeights {
     pub k: Linear,
     pub v: Linear,
     pub o: Linear,
+    /// Attention sinks, one logit per query head (gpt-oss; `GroupQueryAttention`'s
+    /// `head_sink`).
+    pub sinks: Option<Tensor>,
     pub post_norm: Tensor,
-    pub gate: Linear,
-    pub up: Linear,
-    pub down: Linear,
+    pub mlp: Mlp,
     /// Gemma 2's RMSNorms of the attention output and of the MLP output, `[hidden]`, each
     /// applied before it joins the residual stream.
     pub out_norms: Option<[Tensor; 2]>,
+}
+
+/// A layer's MLP.
+// One per layer, each owning megabytes: the variant size is irrelevant.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Mlp {
+    /// `down(act(gate(x)) · up(x))`.
+    Dense {
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+    },
+    /// gpt-oss's mixture: a router (`hidden -> experts` logits), then `com.microsoft::QMoE`
+    /// over MXFP4 experts, each `down(swiglu(gate_up(x)))` with SwiGLU's (gate, up) pairs
+    /// interleaved in the first projection.
+    Experts(ExpertWeights),
+}
+
+/// A mixture's weights (see [`Mlp::Experts`]).
+#[derive(Debug, Clone)]
+pub struct ExpertWeights {
+    pub router: Linear,
+    /// `experts x (2 · intermediate) x hidden`, (gate, up) rows interleaved.
+    pub gate_up: Mxfp4Experts,
+    /// `experts x hidden x intermediate`.
+    pub down: Mxfp4Experts,
+}
+
+/// One projection of every expert in QMoE's MXFP4 layout (`oxgen_gguf::repack::QMoeMxfp4`):
+/// uint8 codes `[experts, k, n / 2]`, float8e8m0 scales `[experts, n, k / 32]`, f32 bias
+/// `[experts, n]`.
+#[derive(Debug, Clone)]
+pub struct Mxfp4Experts {
+    pub codes: Tensor,
+    pub scales: Tensor,
+    pub bias: Tensor,
 }
 
 /// All weights of a decoder. A tied head is a `Linear` over the embedding's bytes.
@@ -182,6 +228,29 @@ fn check(name: &str, t: &Tensor, expected: &[usize]) -> Result<(), ShapeMismatch
         found: t.dims().to_vec(),
         expected: expected.to_vec(),
     })
+}
+
+fn check_experts(
+    name: &str,
+    x: &Mxfp4Experts,
+    experts: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), ShapeMismatch> {
+    for (what, t, dtype, dims) in [
+        ("codes", &x.codes, DType::U8, vec![experts, k, n / 2]),
+        ("scales", &x.scales, DType::F8E8M0, vec![experts, n, k / 32]),
+        ("bias", &x.bias, DType::F32, vec![experts, n]),
+    ] {
+        if t.dtype() != dtype || t.dims() != dims {
+            return Err(ShapeMismatch {
+                name: format!("{name}.{what} ({})", t.dtype().name()),
+                found: t.dims().to_vec(),
+                expected: dims,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_linear(name: &str, w: &Linear, k: usize, n: usize) -> Result<(), ShapeMismatch> {
@@ -242,9 +311,28 @@ impl DecoderWeights {
             check_linear(&format!("{p}.v"), &w.v, h, kv)?;
             check_linear(&format!("{p}.o"), &w.o, q, h)?;
             check(&format!("{p}.post_norm"), &w.post_norm, &[h])?;
-            check_linear(&format!("{p}.gate"), &w.gate, h, ff)?;
-            check_linear(&format!("{p}.up"), &w.up, h, ff)?;
-            check_linear(&format!("{p}.down"), &w.down, ff, h)?;
+            if let Some(t) = &w.sinks {
+                check(&format!("{p}.sinks"), t, &[spec.heads])?;
+            }
+            match (&w.mlp, spec.experts) {
+                (Mlp::Dense { gate, up, down }, None) => {
+                    check_linear(&format!("{p}.gate"), gate, h, ff)?;
+                    check_linear(&format!("{p}.up"), up, h, ff)?;
+                    check_linear(&format!("{p}.down"), down, ff, h)?;
+                }
+                (Mlp::Experts(x), Some(e)) => {
+                    check_linear(&format!("{p}.router"), &x.router, h, e.count)?;
+                    check_experts(&format!("{p}.gate_up"), &x.gate_up, e.count, 2 * ff, h)?;
+                    check_experts(&format!("{p}.down"), &x.down, e.count, h, ff)?;
+                }
+                (_, experts) => {
+                    return Err(ShapeMismatch {
+                        name: format!("{p}.mlp"),
+                        found: vec![usize::from(matches!(w.mlp, Mlp::Experts(_)))],
+                        expected: vec![usize::from(experts.is_some())],
+                    });
+                }
+            }
         }
         check("final_norm", &self.final_norm, &[h])?;
         check_linear("lm_head", &self.head, h, spec.vocab)
