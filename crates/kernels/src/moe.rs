@@ -260,7 +260,7 @@ impl Projection<'_> {
                 if int8 {
                     nbits::matmul_nbits_int8(x, m, &w, bias, out, pool)
                 } else {
-                    nbits::matmul_nbits(x, m, &w, bias, out, pool)
+                    nbits::matmul_nbits_f32(x, m, &w, bias, out, pool)
                 }
             }
             ExpertMatrix::Mxfp4 { codes, scales } => {

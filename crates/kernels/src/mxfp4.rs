@@ -197,49 +197,85 @@ fn columns(x: &[f32], w: &Mxfp4Weights, cols: Range<usize>, out: &mut [f32]) {
 }
 
 /// [`columns`] eight columns at a time: each lane is one column's reference arithmetic.
+/// Whole tiles of `TILE_VECTORS` vectors go together (each input's codes for the tile are
+/// then one contiguous run of bytes), the rest a vector at a time.
 ///
 /// # Safety
 /// AVX2 and FMA must be available; `w` checked; `cols` a whole number of vectors inside `n`,
-/// `out.len() == cols.len()`.
+/// starting at an even column; `out.len() == cols.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn columns_avx2(x: &[f32], w: &Mxfp4Weights, cols: Range<usize>, out: &mut [f32]) {
+    let tiles = cols.len() / (TILE_VECTORS * COLS);
+    let split = cols.start + tiles * TILE_VECTORS * COLS;
+    let (head, tail) = out.split_at_mut(split - cols.start);
+    for (c, out) in (cols.start..split)
+        .step_by(TILE_VECTORS * COLS)
+        .zip(head.chunks_exact_mut(TILE_VECTORS * COLS))
+    {
+        // SAFETY: the caller's contract.
+        unsafe { tile_avx2::<TILE_VECTORS>(x, w, c, out) };
+    }
+    for (c, out) in (split..cols.end)
+        .step_by(COLS)
+        .zip(tail.chunks_exact_mut(COLS))
+    {
+        // SAFETY: the caller's contract.
+        unsafe { tile_avx2::<1>(x, w, c, out) };
+    }
+}
+
+/// Vectors a full tile of [`columns_avx2`] takes: 64 columns, 32 bytes of codes per input.
+const TILE_VECTORS: usize = 8;
+
+/// `V` vectors of columns from column `c`: per block, each vector's partial sum over the
+/// block's inputs by fused multiply-add, then `total = fma(p, scale, total)`.
+///
+/// # Safety
+/// As [`columns_avx2`], for columns `c..c + 8 V`; `out.len() == 8 V`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const V: usize>(x: &[f32], w: &Mxfp4Weights, c: usize, out: &mut [f32]) {
     let blocks = w.k / BLOCK;
     let row_bytes = w.n / 2;
-    // Magnitudes by the code's low three bits; the sign bit moves to bit 31.
     // SAFETY: E2M1 holds 16 values; the first 8 are read.
     let magnitudes = unsafe { _mm256_loadu_ps(E2M1.as_ptr()) };
     // Lane j takes the nibble `j % 2` of byte `j / 2` of a 4-byte load.
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     let (low3, sign) = (_mm256_set1_epi32(7), _mm256_set1_epi32(8));
-    for (c, out) in cols.step_by(COLS).zip(out.chunks_exact_mut(COLS)) {
-        let mut total = _mm256_setzero_ps();
-        let mut scale_bits = [0u32; COLS];
-        for b in 0..blocks {
-            let mut p = _mm256_setzero_ps();
-            for (kk, &xk) in x.iter().enumerate().skip(b * BLOCK).take(BLOCK) {
-                let at = kk * row_bytes + c / 2;
+    let mut total = [_mm256_setzero_ps(); V];
+    let mut scale_bits = [0u32; COLS];
+    for b in 0..blocks {
+        let mut p = [_mm256_setzero_ps(); V];
+        for (kk, &xk) in x.iter().enumerate().skip(b * BLOCK).take(BLOCK) {
+            let xv = _mm256_set1_ps(xk);
+            let row = &w.codes[kk * row_bytes + c / 2..][..4 * V];
+            for (v, p) in p.iter_mut().enumerate() {
                 let word = u32::from_le_bytes([
-                    w.codes[at],
-                    w.codes[at + 1],
-                    w.codes[at + 2],
-                    w.codes[at + 3],
+                    row[4 * v],
+                    row[4 * v + 1],
+                    row[4 * v + 2],
+                    row[4 * v + 3],
                 ]);
                 let codes = _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), shifts);
                 let magnitude = _mm256_permutevar8x32_ps(magnitudes, _mm256_and_si256(codes, low3));
                 let signs = _mm256_slli_epi32::<28>(_mm256_and_si256(codes, sign));
-                let v = _mm256_xor_ps(magnitude, _mm256_castsi256_ps(signs));
-                p = _mm256_fmadd_ps(_mm256_set1_ps(xk), v, p);
+                let value = _mm256_xor_ps(magnitude, _mm256_castsi256_ps(signs));
+                *p = _mm256_fmadd_ps(xv, value, *p);
             }
+        }
+        for (v, (total, p)) in total.iter_mut().zip(p).enumerate() {
             for (j, bits) in scale_bits.iter_mut().enumerate() {
-                *bits = e8m0(w.scales[(c + j) * blocks + b]).to_bits();
+                *bits = e8m0(w.scales[(c + COLS * v + j) * blocks + b]).to_bits();
             }
             // SAFETY: `scale_bits` holds one vector.
             let s = _mm256_castsi256_ps(unsafe { _mm256_loadu_si256(scale_bits.as_ptr().cast()) });
-            total = _mm256_fmadd_ps(p, s, total);
+            *total = _mm256_fmadd_ps(p, s, *total);
         }
+    }
+    for (total, out) in total.iter().zip(out.chunks_exact_mut(COLS)) {
         // SAFETY: `out` is one vector's chunk.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), total) };
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *total) };
     }
 }
 

@@ -224,7 +224,7 @@ def make_hf(name, hf_dir, tok_dir):
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight") or "layernorm" in pname and pname.endswith("weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    extra = mxfp4_experts(model) if name == "gpt-oss" else {}
+    extra = mxfp4_experts(model) if name.startswith("gpt-oss") else {}
     # The GGUF writer takes gpt-oss's experts from these blocks, as llama.cpp's converter does.
     model.oxgen_mxfp4 = extra
     model.generation_config = GenerationConfig(
@@ -277,7 +277,7 @@ def permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(name, model, tok_dir):
+def write_gguf(name, model, tok_dir, path=None):
     """families/<name>.gguf (F32) from the checkpoint, named and laid out as llama.cpp's
     convert_hf_to_gguf.py writes it (Q/K rows permuted for the `llama` architecture, not for
     Qwen), with the fixture tokenizer as a `gpt2` BPE vocabulary."""
@@ -286,7 +286,7 @@ def write_gguf(name, model, tok_dir):
 
     arch = GGUF_ARCH[name]
     cfg = model.config
-    path = os.path.join(OUT, f"{name}.gguf")
+    path = path or os.path.join(OUT, f"{name}.gguf")
     w = gguf.GGUFWriter(path, arch)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_block_count(cfg.num_hidden_layers)
@@ -407,7 +407,7 @@ def write_gguf(name, model, tok_dir):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"families/{name}.gguf: {os.path.getsize(path)} bytes")
+    print(f"{path}: {os.path.getsize(path)} bytes")
 
 
 def write_gpt_oss_experts(w, model):

@@ -145,6 +145,18 @@ fn matmul_nbits(
         )?;
         return Ok(out);
     }
+    if a.dtype() == DType::F32 {
+        let w = QuantWeights {
+            layout,
+            data: b.as_slice::<u8>()?,
+            scales: scales.as_slice::<f32>()?,
+            zero_points: zero_points(zp)?,
+        };
+        let bias = bias.map(|t| t.as_slice::<f32>()).transpose()?;
+        let (a, out_f32) = (a.as_slice::<f32>()?, out.as_mut_slice::<f32>()?);
+        nbits::matmul_nbits_f32(a, m, &w, bias, out_f32, ctx.pool)?;
+        return Ok(out);
+    }
     dispatch!(a.dtype(), T => {
         let w = QuantWeights { layout, data: b.as_slice::<u8>()?, scales: scales.as_slice::<T>()?, zero_points: zero_points(zp)? };
         let bias = bias.map(|t| t.as_slice::<T>()).transpose()?;

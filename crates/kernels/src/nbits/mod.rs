@@ -7,7 +7,9 @@
 //! - `layout`: the weights' geometry and layout ([`NBitsLayout`], [`QuantWeights`],
 //!   [`ZeroPoints`]), argument checks, the split of output rows over the pool;
 //! - `isa`: the fast kernels' variants ([`Isa`]) and [`supported`], from [`crate::cpu`];
-//! - `reference`: [`matmul_nbits`], the f32 reference (any float type);
+//! - `stored_f32`: f32 activations eight columns at a time (AVX2) with the reference's bits;
+//! - `reference`: [`matmul_nbits`], the f32 reference (any float type), and
+//!   [`matmul_nbits_f32`], which takes `stored_f32` where it can;
 //! - `quantize`: activation rows to int8 ([`quantize_row`]: reference and AVX2);
 //! - `quantized_row`: a quantized row laid out for the kernels, per-thread buffers;
 //! - `int8_reference`: the int8-activation arithmetic ([`matmul_nbits_int8_reference`]);
@@ -32,6 +34,7 @@ mod quantize;
 mod quantized_row;
 mod reference;
 mod stored_avx2;
+mod stored_f32;
 mod tile_io;
 
 pub use int8::{matmul_nbits_int8, matmul_nbits_int8_isa};
@@ -41,4 +44,4 @@ pub use layout::{NBitsLayout, QuantWeights, TILE, ZeroPoints};
 pub use packed::PackedNBits;
 pub use packed_matmul::{matmul_packed, matmul_packed_glu, matmul_packed_parts};
 pub use quantize::{quantize_row, quantize_row_reference};
-pub use reference::matmul_nbits;
+pub use reference::{matmul_nbits, matmul_nbits_f32};

@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use super::layout::{QuantWeights, ZeroPoints, check_args, par_output_rows};
+use super::stored_f32;
 use crate::ThreadPool;
 use crate::acc::Accum;
 use crate::error::KernelError;
@@ -34,6 +35,46 @@ pub fn matmul_nbits<T: Accum<Acc = f32>>(
     let k = w.layout.k;
     par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
         row_part(&a[i * k..][..k], w, bias, cols, out_row);
+    });
+    Ok(())
+}
+
+/// [`matmul_nbits`] for f32: eight columns at a time on AVX2 where the layout allows
+/// (`nbits/stored_f32.rs`), the reference for the rest; the same bits.
+pub fn matmul_nbits_f32(
+    a: &[f32],
+    m: usize,
+    w: &QuantWeights<'_, f32>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    if !stored_f32::supported(w) {
+        return matmul_nbits(a, m, w, bias, out, pool);
+    }
+    check_args(a.len(), m, w, bias.map(<[f32]>::len), out.len())?;
+    let k = w.layout.k;
+    par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
+        let a_row = &a[i * k..][..k];
+        let wide = cols.len() / stored_f32::COLS * stored_f32::COLS;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `supported` checked AVX2 and the layout; the columns lie inside `n`.
+        unsafe {
+            stored_f32::columns(
+                a_row,
+                w,
+                bias,
+                cols.start..cols.start + wide,
+                &mut out_row[..wide],
+            )
+        };
+        row_part(
+            a_row,
+            w,
+            bias,
+            cols.start + wide..cols.end,
+            &mut out_row[wide..],
+        );
     });
     Ok(())
 }
@@ -197,6 +238,40 @@ mod tests {
                             "bits {bits} block {block_size} zp {zp_kind} ({i}, {j}): {got} vs {want}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The f32 vector columns give the reference's bits: widths with and without a tail of
+    /// columns, bit widths, zero-point kinds (float ones fall back), a padded last block, bias,
+    /// several rows and threads.
+    #[test]
+    fn f32_vector_columns_give_the_reference_bits() {
+        let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (bits, block_size, k, n) in [
+            (4, 32, 80, 61),
+            (8, 16, 48, 16),
+            (4, 64, 256, 8),
+            (8, 32, 64, 5),
+        ] {
+            let m = 3;
+            let case = Case::new(n, k, bits, block_size, 21);
+            let a = Rng(6).floats(m * k, -2.0, 2.0);
+            let bias = Rng(12).floats(n, -1.0, 1.0);
+            for zp_kind in 0..3 {
+                let w = case.weights(zp_kind);
+                let mut want = vec![0f32; m * n];
+                matmul_nbits(&a, m, &w, Some(&bias), &mut want, &ThreadPool::new(1)).unwrap();
+                for threads in [1, 3] {
+                    let mut got = vec![f32::NAN; m * n];
+                    let pool = ThreadPool::new(threads);
+                    matmul_nbits_f32(&a, m, &w, Some(&bias), &mut got, &pool).unwrap();
+                    assert_eq!(
+                        bits_of(&got),
+                        bits_of(&want),
+                        "bits {bits} zp {zp_kind} n {n} threads {threads}"
+                    );
                 }
             }
         }
