@@ -5,7 +5,8 @@ Markdown table of the medians. Run from the repository root after
 makes it). Hidden-64 models: this measures per-token overhead, not bandwidth."""
 import json, subprocess, statistics, sys, os
 fams = ["phi3-longrope","phi4-mini","gemma2","gemma3","llama3","mistral","qwen2","qwen3","granite","olmo","nemotron","ernie4_5","smollm3"]
-env = dict(os.environ, PATH="/work/main/.cache/venv/bin:" + os.environ["PATH"])
+# The venv's onnxruntime, relative to the repository root this runs from.
+env = dict(os.environ, PATH=os.path.abspath(".cache/venv/bin") + ":" + os.environ["PATH"])
 res = {}
 for rnd in range(3):
     for f in fams:

@@ -271,16 +271,7 @@ fn qmoe(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
             ));
         }
     };
-    let accuracy_level = ctx.int("accuracy_level", 0)?;
-    let accuracy_level = u8::try_from(accuracy_level)
-        .ok()
-        .filter(|&l| l <= 4)
-        .ok_or_else(|| {
-            ctx.attr_error(
-                "accuracy_level",
-                format!("must be 0..=4, got {accuracy_level}"),
-            )
-        })?;
+    let accuracy_level = super::quant::accuracy_level(ctx)?;
     if !matches!(ctx.int("weights_prepacked", -1)?, -1 | 0) {
         return Err(ctx.attr_error(
             "weights_prepacked",

@@ -74,6 +74,15 @@ fn positive(ctx: &mut NodeCtx, name: &str) -> Result<usize, GraphError> {
     }
 }
 
+/// The `accuracy_level` attribute (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8), shared with QMoE.
+pub(super) fn accuracy_level(ctx: &mut NodeCtx) -> Result<u8, GraphError> {
+    let level = ctx.int("accuracy_level", 0)?;
+    u8::try_from(level)
+        .ok()
+        .filter(|&l| l <= 4)
+        .ok_or_else(|| ctx.attr_error("accuracy_level", format!("must be 0..=4, got {level}")))
+}
+
 fn matmul_nbits(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     ctx.inputs(3, 6)?;
     ctx.outputs(1)?;
@@ -88,16 +97,7 @@ fn matmul_nbits(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     let n = positive(ctx, "N")?;
     let bits = bits(ctx)?;
     let block_size = block_size(ctx, None)?;
-    let accuracy_level = ctx.int("accuracy_level", 0)?;
-    let accuracy_level = u8::try_from(accuracy_level)
-        .ok()
-        .filter(|&l| l <= 4)
-        .ok_or_else(|| {
-            ctx.attr_error(
-                "accuracy_level",
-                format!("must be 0..=4, got {accuracy_level}"),
-            )
-        })?;
+    let accuracy_level = accuracy_level(ctx)?;
     if ctx.int("weight_prepacked", 0)? != 0 {
         return Err(ctx.attr_error(
             "weight_prepacked",
