@@ -265,11 +265,43 @@ fn moe_report(now: StepCounters, since: StepCounters) -> serde_json::Value {
     if layers == 0 {
         return serde_json::Value::Null;
     }
+    let r = now.experts;
+    let (hits, misses) = (r.hits - since.experts.hits, r.misses - since.experts.misses);
     json!({
         "layer_runs": layers,
         "experts_per_layer_step": experts as f64 / layers as f64,
         "tokens_per_expert": routes as f64 / experts.max(1) as f64,
+        "weight_budget_bytes": (r.budget > 0).then_some(r.budget),
+        "expert_hits": hits,
+        "expert_misses": misses,
+        "expert_hit_rate": hits as f64 / (hits + misses).max(1) as f64,
+        "expert_bytes_read": r.miss_bytes - since.experts.miss_bytes,
+        "expert_evictions": r.evictions - since.experts.evictions,
+        "expert_resident_bytes": r.resident_bytes,
+        "expert_peak_bytes": r.peak_bytes,
+        "page_faults": page_faults(),
+        "rss_anon_bytes": status_bytes("RssAnon:"),
+        "rss_file_bytes": status_bytes("RssFile:"),
     })
+}
+
+/// This process's page faults so far, `{minor, major}` (`getrusage`).
+fn page_faults() -> serde_json::Value {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return serde_json::Value::Null;
+    }
+    json!({"minor": usage.ru_minflt, "major": usage.ru_majflt})
+}
+
+/// A `kB` line of `/proc/self/status` in bytes.
+fn status_bytes(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// `--batch N`: per run, N sequences of the prompt prefilled in one step, then decoded in

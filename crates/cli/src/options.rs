@@ -26,6 +26,11 @@ pub struct RunArgs {
     /// 0.27x an f32 cache's memory at head size 64). Default: the model's KV dtype.
     #[arg(long, env = "OXGEN_KV_DTYPE", value_parser = clap::value_parser!(oxgen::KvDtype))]
     pub kv_dtype: Option<oxgen::KvDtype>,
+    /// MiB of mixture-of-experts weights that may stay resident: experts are read from the
+    /// model files as needed and the least recently used dropped past this (default: no
+    /// bound). Outputs do not change with it.
+    #[arg(long, env = "OXGEN_WEIGHT_BUDGET", value_name = "MIB")]
+    pub weight_budget: Option<u64>,
     /// A Jinja chat template file to use instead of the package's.
     #[arg(long, env = "OXGEN_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
@@ -50,6 +55,7 @@ impl RunArgs {
             backend: backend.backend(),
             ort_lib: backend.ort_lib.clone(),
             kv_dtype: self.kv_dtype,
+            weight_budget: self.weight_budget.map(|mib| mib.saturating_mul(1 << 20)),
             chat_template: self.chat_template.clone(),
             speculative: self.speculative.clone(),
             spec_tokens: self.spec_tokens,

@@ -116,6 +116,21 @@ pub fn print_ops(model: &Model) {
             c.moe_routes as f64 / c.moe_experts.max(1) as f64,
             c.moe_layers
         );
+        let r = c.experts;
+        eprintln!(
+            "expert weights  {} hits, {} misses ({:.1} MB read), {} evictions; resident {:.1} MB, peak {:.1} MB{}",
+            r.hits,
+            r.misses,
+            r.miss_bytes as f64 / 1e6,
+            r.evictions,
+            r.resident_bytes as f64 / 1e6,
+            r.peak_bytes as f64 / 1e6,
+            if r.budget > 0 {
+                format!(", budget {:.1} MB", r.budget as f64 / 1e6)
+            } else {
+                String::new()
+            }
+        );
     }
     let times = model.op_times();
     let total: Duration = times.iter().map(|t| t.total).sum();

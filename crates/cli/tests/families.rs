@@ -348,3 +348,41 @@ fn a_moe_step_computes_only_the_routed_experts_once_per_batch() {
         }
     }
 }
+
+/// The weight budget changes which expert weights stay resident, never the ids: gpt-oss with
+/// no bound, with every expert dropped after each use (0) and with room for all.
+#[test]
+fn the_weight_budget_changes_residency_not_ids() {
+    for case in cases().iter().filter(|c| c.package.starts_with("gpt-oss")) {
+        let mut all = Vec::new();
+        for budget in [None, Some(0), Some(1 << 30)] {
+            let options = ModelOptions {
+                threads: 2,
+                backend: Backend::Native,
+                weight_budget: budget,
+                ..ModelOptions::default()
+            };
+            let mut model = Model::open(families_dir().join(&case.package), &options).unwrap();
+            let ids = alone(&mut model, case);
+            let r = model.counters().experts;
+            let what = format!("{} budget {budget:?}: {r:?}", case.package);
+            assert!(r.misses > 0, "{what}");
+            if budget == Some(0) {
+                assert_eq!(
+                    (r.hits, r.evictions, r.resident_bytes),
+                    (0, r.misses, 0),
+                    "{what}"
+                );
+            } else {
+                assert_eq!(r.evictions, 0, "{what}");
+                assert!(r.hits > 0 && r.peak_bytes == r.resident_bytes, "{what}");
+            }
+            all.push(ids);
+        }
+        assert!(
+            all.iter().all(|ids| *ids == all[0]),
+            "{}: {all:?}",
+            case.package
+        );
+    }
+}

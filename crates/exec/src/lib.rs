@@ -21,6 +21,7 @@ mod open;
 pub mod ops;
 mod optimize;
 mod plan;
+mod residency;
 mod session;
 
 pub use arena::Arena;

@@ -230,10 +230,11 @@ impl NativeLm {
             context_length: options.context_length,
         };
         let (graph, report) = crate::optimize(graph, Some(&contract), &passes);
-        let session = match &options.pool {
+        let mut session = match &options.pool {
             Some(pool) => NativeSession::with_pool(graph, pool.clone(), options.exec.exact),
             None => NativeSession::new(graph, &options.exec),
         };
+        session.set_weight_budget(options.weight_budget);
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         let logits_node = session.row_wise_producer(io.logits);
@@ -804,6 +805,7 @@ impl LanguageModel for NativeLm {
             moe_layers: ops.moe_layers,
             moe_experts: ops.moe_experts,
             moe_routes: ops.moe_routes,
+            experts: self.session.expert_residency(),
             ..self.counters
         }
     }

@@ -58,6 +58,9 @@ pub struct NativeOptions {
     /// What the paged KV cache stores; `None`: the graph's KV dtype. A graph whose KV is not
     /// paged keeps its own dtype (another is refused at open).
     pub kv_dtype: Option<KvDtype>,
+    /// Bytes of mixture-of-experts weights that may stay resident (`None`: no bound); see
+    /// `crate::residency`.
+    pub weight_budget: Option<u64>,
 }
 
 impl Default for NativeOptions {
@@ -72,6 +75,7 @@ impl Default for NativeOptions {
             layers: None,
             pool: None,
             kv_dtype: None,
+            weight_budget: None,
         }
     }
 }

@@ -102,6 +102,7 @@ impl Evaluator for NativeEvaluator {
                 wanted: u64::MAX,
                 subgraphs: &mut [],
                 counters: &mut ops::OpCounters::default(),
+                residency: &mut crate::residency::Residency::new(None),
             };
             let produced = ops::run(
                 &node.op,

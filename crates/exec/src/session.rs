@@ -14,6 +14,7 @@ use oxgen_tensor::Tensor;
 
 use crate::kv::{PagedLayer, PagedStep};
 use crate::ops::{self, OpCounters, OpCtx};
+use crate::residency::Residency;
 use crate::{Arena, ExecError, OpError, Plan};
 
 /// Options for a native session.
@@ -91,6 +92,8 @@ pub struct NativeSession {
     /// Over every run so far: bytes those unpacked matrices were read for (in `streamed`)
     /// and what ops counted themselves.
     counters: OpCounters,
+    /// Which expert weights are resident, under the weight budget.
+    residency: Residency,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
     /// Per node: a session for each of its branches or bodies (`If`, `Loop`, `Scan`).
@@ -148,6 +151,7 @@ impl NativeSession {
             rows: Vec::new(),
             matrix_bytes,
             counters: OpCounters::default(),
+            residency: Residency::new(None),
             packed,
             subgraphs,
         }
@@ -333,6 +337,17 @@ impl NativeSession {
         self.counters
     }
 
+    /// Bounds the bytes of mixture-of-experts weights kept resident (`None`: no bound); see
+    /// `crate::residency`. Forgets what was resident.
+    pub fn set_weight_budget(&mut self, budget: Option<u64>) {
+        self.residency = Residency::new(budget);
+    }
+
+    /// The weight budget's account so far.
+    pub fn expert_residency(&self) -> oxgen_runtime::ExpertResidency {
+        self.residency.counters()
+    }
+
     /// Returns a tensor's buffer (an output the caller is done with) to the arena.
     pub fn recycle(&mut self, tensor: Tensor) {
         self.arena.recycle(tensor);
@@ -387,6 +402,7 @@ impl NativeSession {
                 wanted: plan.wanted[i],
                 subgraphs: &mut self.subgraphs[i],
                 counters: &mut self.counters,
+                residency: &mut self.residency,
                 paged: paged.as_deref_mut().and_then(|p| {
                     let layer = p.layer_of_node.get(i).copied().flatten()?;
                     Some(PagedLayer {

@@ -154,6 +154,7 @@ fn bench_experts(c: &mut Criterion) {
                         &mut out,
                         (&mut values, &mut indices),
                         &pool,
+                        &mut |_| {},
                     )
                     .unwrap()
                 };

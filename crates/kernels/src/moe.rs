@@ -154,7 +154,7 @@ pub struct Projection<'a> {
     pub bias: Option<&'a [f32]>,
 }
 
-impl Projection<'_> {
+impl<'a> Projection<'a> {
     fn check(&self, experts: usize, what: &'static str) -> Result<(), KernelError> {
         let (n, k) = (self.n, self.k);
         match self.weights {
@@ -196,6 +196,37 @@ impl Projection<'_> {
             check_len("expert bias", b.len(), numel(&[experts, n])?)?;
         }
         Ok(())
+    }
+
+    /// Expert `e`'s weights as the byte ranges they lie in (codes or values, scales, zero
+    /// points).
+    pub fn expert_ranges(&self, e: usize) -> SmallVec<[&'a [u8]; 3]> {
+        let (n, k) = (self.n, self.k);
+        match self.weights {
+            ExpertMatrix::F32(w) => smallvec::smallvec![f32_bytes(&w[e * n * k..][..n * k])],
+            ExpertMatrix::Quant {
+                layout,
+                data,
+                scales,
+                zero_points,
+                ..
+            } => {
+                let blocks = n * layout.k_blocks;
+                let mut r: SmallVec<[&[u8]; 3]> = smallvec::smallvec![
+                    &data[e * blocks * layout.blob_size..][..blocks * layout.blob_size],
+                    f32_bytes(&scales[e * blocks..][..blocks]),
+                ];
+                if let Some(z) = zero_points {
+                    let len = n * layout.zp_row_bytes;
+                    r.push(&z[e * len..][..len]);
+                }
+                r
+            }
+            ExpertMatrix::Mxfp4 { codes, scales } => {
+                let (c, s) = (k * (n / 2), n * (k / mxfp4::BLOCK));
+                smallvec::smallvec![&codes[e * c..][..c], &scales[e * s..][..s]]
+            }
+        }
     }
 
     /// Bytes of one expert's weights (what a run of it streams).
@@ -275,6 +306,12 @@ impl Projection<'_> {
             }
         }
     }
+}
+
+/// The bytes of `v`.
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is four initialized bytes; the view borrows `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
 /// `row[c] = x · w[cols.start + c] (+ bias)`: each dot product in eight lanes (element `d`
@@ -459,7 +496,7 @@ pub fn scratch_len(tokens: usize, k: usize, experts: &Experts) -> (usize, usize)
 
 /// `out` (`tokens × hidden`) = each token's routed experts on its row of `x`, weighed (see
 /// the module doc). `logits` (and `given`) hold `tokens × experts.count` values. Returns what
-/// the routing did.
+/// the routing did; `computed(e)` is told each expert once it has run.
 #[allow(clippy::too_many_arguments)]
 pub fn moe(
     x: &[f32],
@@ -471,6 +508,7 @@ pub fn moe(
     out: &mut [f32],
     (values, indices): (&mut [f32], &mut [u32]),
     pool: &ThreadPool,
+    computed: &mut dyn FnMut(usize),
 ) -> Result<MoeStats, KernelError> {
     experts.check()?;
     let (hidden, inter) = experts.dims();
@@ -558,6 +596,7 @@ pub fn moe(
         for (yr, &r) in y.chunks_exact(hidden).zip(mine) {
             slots[r as usize * hidden..][..hidden].copy_from_slice(yr);
         }
+        computed(e);
     }
     stats.bytes = stats.experts * experts.expert_bytes();
     for (t, o) in out.chunks_exact_mut(hidden).enumerate() {

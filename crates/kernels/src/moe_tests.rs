@@ -233,6 +233,7 @@ fn run(
         &mut out,
         (&mut values, &mut indices),
         &pool,
+        &mut |_| {},
     )
     .unwrap();
     (out, stats)
@@ -456,6 +457,7 @@ fn bad_shapes_are_errors() {
             out,
             (&mut v, &mut i),
             &pool,
+            &mut |_| {},
         )
     };
     assert!(call(&[0.0; 4], &[0.0; 2], 1, &mut out).is_ok());
@@ -484,7 +486,8 @@ fn bad_shapes_are_errors() {
             &bad,
             &mut out,
             (&mut scratch.0, &mut scratch.1),
-            &pool
+            &pool,
+            &mut |_| {}
         )
         .is_err()
     );

@@ -104,6 +104,7 @@ pub(crate) struct Open<'a> {
     pub ort_lib: Option<&'a Path>,
     pub kv: KvBudget,
     pub kv_dtype: Option<KvDtype>,
+    pub weight_budget: Option<u64>,
     pub prefix_cache: bool,
     /// The thread pool a native model shares with its speculative draft.
     pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
@@ -160,6 +161,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         layers,
         pool: o.pool.clone(),
         kv_dtype: o.kv_dtype,
+        weight_budget: o.weight_budget,
     }
 }
 

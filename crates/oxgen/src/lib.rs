@@ -111,6 +111,10 @@ pub struct ModelOptions {
     /// `Int8` takes 0.27x the memory of an f32 cache (head size 64) and reads that much less
     /// per decoded token at long contexts; docs/PERFORMANCE.md has its accuracy.
     pub kv_dtype: Option<KvDtype>,
+    /// Bytes of mixture-of-experts weights that may stay resident (native backend): experts
+    /// are read from the model files where they lie, and the least recently used are dropped
+    /// past this (`None`: no bound). Outputs do not change with it.
+    pub weight_budget: Option<u64>,
     /// Keep full KV blocks for later sequences that start with the same ids (a server's
     /// shared system prompt is then prefilled once).
     pub prefix_cache: bool,
@@ -133,6 +137,7 @@ impl Default for ModelOptions {
             ort_lib: None,
             kv: KvBudget::default(),
             kv_dtype: None,
+            weight_budget: None,
             prefix_cache: false,
             chat_template: None,
             speculative: None,
@@ -318,6 +323,7 @@ impl Model {
             ort_lib: options.ort_lib.as_deref(),
             kv: options.kv,
             kv_dtype: options.kv_dtype,
+            weight_budget: options.weight_budget,
             prefix_cache: options.prefix_cache,
             pool,
         };

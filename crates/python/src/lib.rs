@@ -355,7 +355,8 @@ impl PyModel {
     #[new]
     #[pyo3(signature = (path, *, backend = "auto", threads = 0, ctx_size = None, exact = false,
                         chat_template = None, max_batch = 8, ort_lib = None, speculative = None,
-                        spec_tokens = oxgen::DEFAULT_SPEC_TOKENS, kv_dtype = None))]
+                        spec_tokens = oxgen::DEFAULT_SPEC_TOKENS, kv_dtype = None,
+                        weight_budget_mib = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -370,6 +371,7 @@ impl PyModel {
         speculative: Option<&str>,
         spec_tokens: usize,
         kv_dtype: Option<&str>,
+        weight_budget_mib: Option<u64>,
     ) -> PyResult<PyModel> {
         let backend = Backend::parse(backend)
             .ok_or_else(|| invalid(format!("backend '{backend}': use native, ort or auto")))?;
@@ -397,6 +399,7 @@ impl PyModel {
             ort_lib,
             kv: KvBudget::Sequences(max_batch),
             kv_dtype,
+            weight_budget: weight_budget_mib.map(|mib| mib.saturating_mul(1 << 20)),
             prefix_cache: true,
             chat_template,
             speculative,

@@ -16,8 +16,9 @@ pub use blocks::{BlockCopy, BlockPool, BlockTable, KvUsage};
 pub use kv_dtype::KvDtype;
 
 pub use lm::{
-    Batch, Capabilities, KvNames, KvTemplates, LanguageModel, LmContract, LogitsWanted, OpTime,
-    SeqId, SeqSlot, SeqStep, SeqTable, StepCounters, StepLogits, check_context,
+    Batch, Capabilities, ExpertResidency, KvNames, KvTemplates, LanguageModel, LmContract,
+    LogitsWanted, OpTime, SeqId, SeqSlot, SeqStep, SeqTable, StepCounters, StepLogits,
+    check_context,
 };
 
 pub use oxgen_tensor::Dim;

@@ -534,4 +534,21 @@ pub struct StepCounters {
     /// Token-to-expert routes those layers took (`moe_routes / moe_experts` is how many
     /// tokens shared each expert's weights).
     pub moe_routes: u64,
+    /// Which experts' weights were resident when used, under the weight budget.
+    pub experts: ExpertResidency,
+}
+
+/// The weight budget's account of expert weights (native backend; zeros elsewhere): expert
+/// uses whose weights were resident (hits) or read anew (misses, and the bytes they read),
+/// experts dropped to stay within the budget, resident bytes now and at most, and the budget
+/// (0: none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExpertResidency {
+    pub hits: u64,
+    pub misses: u64,
+    pub miss_bytes: u64,
+    pub evictions: u64,
+    pub resident_bytes: u64,
+    pub peak_bytes: u64,
+    pub budget: u64,
 }

@@ -312,6 +312,53 @@ fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
             "Tokens routed to each computed expert (sharing its weights), since start.",
             ratio(c.moe_routes, c.moe_experts),
         );
+        let r = &c.experts;
+        for (name, kind, help, value) in [
+            (
+                "oxgen_expert_hits_total",
+                "counter",
+                "Expert uses whose weights were resident.",
+                r.hits,
+            ),
+            (
+                "oxgen_expert_misses_total",
+                "counter",
+                "Expert uses that read their weights anew.",
+                r.misses,
+            ),
+            (
+                "oxgen_expert_read_bytes_total",
+                "counter",
+                "Bytes of expert weights read by misses.",
+                r.miss_bytes,
+            ),
+            (
+                "oxgen_expert_evictions_total",
+                "counter",
+                "Experts dropped to stay within the weight budget.",
+                r.evictions,
+            ),
+            (
+                "oxgen_expert_resident_bytes",
+                "gauge",
+                "Bytes of expert weights resident.",
+                r.resident_bytes,
+            ),
+            (
+                "oxgen_expert_peak_bytes",
+                "gauge",
+                "Most bytes of expert weights resident at once.",
+                r.peak_bytes,
+            ),
+            (
+                "oxgen_weight_budget_bytes",
+                "gauge",
+                "The weight budget (0: none).",
+                r.budget,
+            ),
+        ] {
+            metric(out, name, kind, help, value);
+        }
     }
     if let Some(spec) = e.speculation {
         render_speculation(out, &spec);

@@ -42,6 +42,8 @@ pub struct OpCtx<'a> {
     pub subgraphs: &'a mut [crate::NativeSession],
     /// What ops count as they run (weights streamed where it depends on the data).
     pub counters: &'a mut OpCounters,
+    /// Which expert weights are resident (MoE nodes tell it what they used).
+    pub residency: &'a mut crate::residency::Residency,
 }
 
 /// Work ops count themselves, where it depends on their inputs: a MoE node's experts.

@@ -12,6 +12,7 @@ use oxgen_tensor::{DType, Tensor};
 
 use super::{OpCtx, input, opt_input};
 use crate::OpError;
+use smallvec::SmallVec;
 
 /// The `accuracy_level` that selects int8 activations (as for MatMulNBits).
 const INT8_ACCURACY_LEVEL: u8 = 4;
@@ -148,6 +149,7 @@ pub(super) fn run(
     let mut values = ctx.alloc(DType::F32, [nv])?;
     let mut indices = ctx.alloc(DType::U32, [ni])?;
     let mut out = ctx.alloc(DType::F32, x.dims())?;
+    let residency = &mut *ctx.residency;
     let stats = km::moe(
         x.as_slice::<f32>()?,
         tokens,
@@ -161,6 +163,14 @@ pub(super) fn run(
             indices.as_mut_slice::<u32>()?,
         ),
         ctx.pool,
+        &mut |e| {
+            // An expert is its two projections' bytes, keyed by where they start.
+            let ranges: SmallVec<[&[u8]; 6]> = (fc1.expert_ranges(e).into_iter())
+                .chain(fc2.expert_ranges(e))
+                .collect();
+            let key = ranges.first().map_or(0, |r| r.as_ptr() as usize);
+            residency.touch((key, e), &ranges);
+        },
     )?;
     let c = &mut *ctx.counters;
     c.streamed += stats.bytes as u64;
