@@ -74,6 +74,8 @@ struct Shared {
     /// least one of the two sees the other.
     sleepers: AtomicUsize,
     caller_parked: AtomicBool,
+    /// Workers that have started (see [`ThreadPool::new`]).
+    started: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
     done: Condvar,
@@ -131,6 +133,7 @@ impl ThreadPool {
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
             caller_parked: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             done: Condvar::new(),
@@ -145,7 +148,12 @@ impl ThreadPool {
                     .spawn(move || worker(&shared))
                     .ok()
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // Each worker's start-up (the runtime's thread set-up allocates) is over before the
+        // pool is used: a kernel call never meets it (DESIGN.md §5.4, no allocation per step).
+        while shared.started.load(Ordering::Acquire) < workers.len() {
+            std::thread::yield_now();
+        }
         ThreadPool {
             shared,
             workers,
@@ -273,6 +281,7 @@ fn claim(s: &Shared, task: Task<'_>, n: usize) {
 }
 
 fn worker(s: &Shared) {
+    s.started.fetch_add(1, Ordering::Release);
     // The last job this worker entered or saw closed.
     let mut seen = job_of(s.state.load(Ordering::SeqCst));
     loop {
