@@ -183,7 +183,8 @@ impl<'a> Projection<'a> {
             ExpertMatrix::Mxfp4 { codes, scales } => {
                 if !n.is_multiple_of(2) || !k.is_multiple_of(mxfp4::BLOCK) {
                     return Err(KernelError::Shape(format!(
-                        "{what}: MXFP4 experts need an even number of outputs and inputs in                          whole blocks of {}, got {n} x {k}",
+                        "{what}: MXFP4 experts need an even number of outputs and inputs in whole blocks \
+                         of {}, got {n} x {k}",
                         mxfp4::BLOCK
                     )));
                 }
@@ -198,34 +199,55 @@ impl<'a> Projection<'a> {
         Ok(())
     }
 
-    /// Expert `e`'s weights as the byte ranges they lie in (codes or values, scales, zero
-    /// points).
-    pub fn expert_ranges(&self, e: usize) -> SmallVec<[&'a [u8]; 3]> {
+    /// Expert `e`'s matrix (after [`Projection::check`]).
+    fn expert(&self, e: usize) -> Expert<'a> {
         let (n, k) = (self.n, self.k);
         match self.weights {
-            ExpertMatrix::F32(w) => smallvec::smallvec![f32_bytes(&w[e * n * k..][..n * k])],
+            ExpertMatrix::F32(w) => Expert::F32(&w[e * n * k..][..n * k]),
             ExpertMatrix::Quant {
                 layout,
                 data,
                 scales,
                 zero_points,
-                ..
+                int8,
             } => {
                 let blocks = n * layout.k_blocks;
-                let mut r: SmallVec<[&[u8]; 3]> = smallvec::smallvec![
-                    &data[e * blocks * layout.blob_size..][..blocks * layout.blob_size],
-                    f32_bytes(&scales[e * blocks..][..blocks]),
-                ];
-                if let Some(z) = zero_points {
-                    let len = n * layout.zp_row_bytes;
-                    r.push(&z[e * len..][..len]);
-                }
-                r
+                let zp_len = n * layout.zp_row_bytes;
+                let w = QuantWeights {
+                    layout,
+                    data: &data[e * blocks * layout.blob_size..][..blocks * layout.blob_size],
+                    scales: &scales[e * blocks..][..blocks],
+                    zero_points: zero_points.map_or(ZeroPoints::Default, |z| {
+                        ZeroPoints::Packed(&z[e * zp_len..][..zp_len])
+                    }),
+                };
+                Expert::Quant(w, int8)
             }
             ExpertMatrix::Mxfp4 { codes, scales } => {
                 let (c, s) = (k * (n / 2), n * (k / mxfp4::BLOCK));
-                smallvec::smallvec![&codes[e * c..][..c], &scales[e * s..][..s]]
+                Expert::Mxfp4(Mxfp4Weights {
+                    n,
+                    k,
+                    codes: &codes[e * c..][..c],
+                    scales: &scales[e * s..][..s],
+                })
             }
+        }
+    }
+
+    /// Expert `e`'s weights as the byte ranges they lie in (codes or values, scales, zero
+    /// points).
+    pub fn expert_ranges(&self, e: usize) -> SmallVec<[&'a [u8]; 3]> {
+        match self.expert(e) {
+            Expert::F32(w) => smallvec::smallvec![f32_bytes(w)],
+            Expert::Quant(w, _) => {
+                let mut r: SmallVec<[&[u8]; 3]> = smallvec::smallvec![w.data, f32_bytes(w.scales)];
+                if let ZeroPoints::Packed(z) = w.zero_points {
+                    r.push(z);
+                }
+                r
+            }
+            Expert::Mxfp4(w) => smallvec::smallvec![w.codes, w.scales],
         }
     }
 
@@ -257,9 +279,8 @@ impl<'a> Projection<'a> {
     ) -> Result<(), KernelError> {
         let (n, k) = (self.n, self.k);
         let bias = self.bias.map(|b| &b[e * n..][..n]);
-        match self.weights {
-            ExpertMatrix::F32(w) => {
-                let w = &w[e * n * k..][..n * k];
+        match self.expert(e) {
+            Expert::F32(w) => {
                 let parts = parts_for(pool, m * n, k);
                 let (rows_per_task, col_parts) = if parts <= m {
                     (m.div_ceil(parts), 1)
@@ -271,41 +292,19 @@ impl<'a> Projection<'a> {
                 });
                 Ok(())
             }
-            ExpertMatrix::Quant {
-                layout,
-                data,
-                scales,
-                zero_points,
-                int8,
-            } => {
-                let blocks = n * layout.k_blocks;
-                let zp_len = n * layout.zp_row_bytes;
-                let w = QuantWeights {
-                    layout,
-                    data: &data[e * blocks * layout.blob_size..][..blocks * layout.blob_size],
-                    scales: &scales[e * blocks..][..blocks],
-                    zero_points: zero_points.map_or(ZeroPoints::Default, |z| {
-                        ZeroPoints::Packed(&z[e * zp_len..][..zp_len])
-                    }),
-                };
-                if int8 {
-                    nbits::matmul_nbits_int8(x, m, &w, bias, out, pool)
-                } else {
-                    nbits::matmul_nbits_f32(x, m, &w, bias, out, pool)
-                }
-            }
-            ExpertMatrix::Mxfp4 { codes, scales } => {
-                let (c, s) = (k * (n / 2), n * (k / mxfp4::BLOCK));
-                let w = Mxfp4Weights {
-                    n,
-                    k,
-                    codes: &codes[e * c..][..c],
-                    scales: &scales[e * s..][..s],
-                };
-                mxfp4::matmul_mxfp4(x, m, &w, bias, out, pool)
-            }
+            Expert::Quant(w, true) => nbits::matmul_nbits_int8(x, m, &w, bias, out, pool),
+            Expert::Quant(w, false) => nbits::matmul_nbits_f32(x, m, &w, bias, out, pool),
+            Expert::Mxfp4(w) => mxfp4::matmul_mxfp4(x, m, &w, bias, out, pool),
         }
     }
+}
+
+/// One expert's matrix of an [`ExpertMatrix`] (and, for integer codes, whether it takes int8
+/// activations).
+enum Expert<'a> {
+    F32(&'a [f32]),
+    Quant(QuantWeights<'a, f32>, bool),
+    Mxfp4(Mxfp4Weights<'a>),
 }
 
 /// The bytes of `v`.
