@@ -1,5 +1,7 @@
 //! The native session: runs a plan over named inputs.
 
+use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -498,6 +500,28 @@ fn nbits_parts(op: &Op) -> Vec<(&MatMulNBits, usize)> {
 /// are handed back to the OS, so the weights are not resident twice.
 fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
     let mut packed: Vec<Option<PackedNBits>> = vec![None; graph.nodes.len()];
+    // A weight that another node reads too, or whose bytes another initializer holds (a tied
+    // embedding's `GatherBlockQuantized` reads the output head's codes, often through a folded
+    // `Reshape` view), keeps its pages: else every lookup would read them back from disk.
+    let mut readers: HashMap<ValueId, usize> = HashMap::new();
+    for node in &graph.nodes {
+        for id in node.inputs.iter().flatten() {
+            *readers.entry(*id).or_default() += 1;
+        }
+    }
+    let spans: Vec<(ValueId, Range<usize>)> = graph
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.is_shared())
+        .map(|(&id, t)| (id, byte_span(t)))
+        .collect();
+    let keeps_pages = |id: ValueId, t: &Tensor| {
+        let span = byte_span(t);
+        readers.get(&id) != Some(&1)
+            || spans
+                .iter()
+                .any(|(other, s)| *other != id && s.start < span.end && span.start < s.end)
+    };
     for (slot, node) in packed.iter_mut().zip(&graph.nodes) {
         let parts = nbits_parts(&node.op);
         let input = |k: usize| node.inputs.get(k).copied().flatten();
@@ -517,21 +541,30 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
                     None => None,
                     Some(id) => Some(graph.initializers.get(&id)?),
                 };
-                Some((op, init(input(at))?, init(input(at + 1))?, zero_points))
+                Some((op, at, init(input(at))?, init(input(at + 1))?, zero_points))
             })
             .collect::<Option<Vec<_>>>()
         else {
             continue;
         };
-        *slot = match (&node.op, weights.as_slice()) {
+        let tensors: Vec<_> = weights
+            .iter()
+            .map(|&(op, _, b, s, z)| (op, b, s, z))
+            .collect();
+        *slot = match (&node.op, tensors.as_slice()) {
             (Op::MatMulNBitsGlu(_), &[gate, up]) => ops::quant::prepack_glu([gate, up]),
-            _ => ops::quant::prepack(&weights),
+            _ => ops::quant::prepack(&tensors),
         };
         if slot.is_some() {
             // Right away, so the load never holds every matrix twice.
-            for (_, b, scales, zero_points) in weights {
-                for t in [Some(b), Some(scales), zero_points].into_iter().flatten() {
-                    page_out(t);
+            for (_, at, b, scales, zero_points) in weights {
+                let tensors = [Some(b), Some(scales), zero_points];
+                for (k, t) in tensors.into_iter().enumerate() {
+                    if let (Some(id), Some(t)) = (input(at + k), t)
+                        && !keeps_pages(id, t)
+                    {
+                        page_out(t);
+                    }
                 }
             }
         }
@@ -559,6 +592,13 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
         }
     }
     packed
+}
+
+/// The addresses of a tensor's bytes.
+fn byte_span(t: &Tensor) -> Range<usize> {
+    let bytes = t.as_bytes();
+    let start = bytes.as_ptr() as usize;
+    start..start + bytes.len()
 }
 
 /// Hands the resident pages of a tensor mapped from the model file back to the OS; they are
