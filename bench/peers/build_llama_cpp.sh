@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-bench` and `llama-completion` (CPU only, Release, static, OpenMP,
-# -march=native: AVX2/FMA and whatever else the machine has) into $PEERS/llama.cpp/build/bin,
-# for the peer benchmark in bench/peers/compare.py. Idempotent: does nothing when both binaries
-# are already there.
+# Builds llama.cpp's `llama-bench`, `llama-completion` and `llama-quantize` (CPU only, Release,
+# static, OpenMP, -march=native: AVX2/FMA and whatever else the machine has) into
+# $PEERS/llama.cpp/build/bin, for the peer benchmark in bench/peers/compare.py and the big
+# models of bench/peers/make_big.py. Idempotent: does nothing when the binaries are already there.
 #
 # Versions (pinned):
 #   - llama.cpp: the copy vendored in the llama-cpp-python 0.3.36 source distribution
@@ -50,7 +50,7 @@ BIN="$BUILD/bin"
 CONFIG="llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; ${ISA_FLAGS[*]}"
 STAMP="$OUT/built-with"
 
-if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-completion" ] &&
+if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-completion" ] && [ -x "$BIN/llama-quantize" ] &&
     [ "$(cat "$STAMP" 2>/dev/null)" = "$CONFIG" ]; then
     echo "llama.cpp already built: $BIN" >&2
     exit 0
@@ -103,6 +103,6 @@ start=$(date +%s)
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     >"$OUT/cmake-configure.log"
 nice -n 19 "$CMAKE" --build "$BUILD" --config Release -j "$JOBS" \
-    --target llama-bench llama-completion
+    --target llama-bench llama-completion llama-quantize
 echo "$CONFIG" >"$STAMP"
 echo "llama.cpp built in $(($(date +%s) - start)) s: $BIN" >&2

@@ -16,9 +16,11 @@ Everything else is llama-bench's default (batch 2048, ubatch 512, flash attentio
 cache, weights repacked for the CPU, poll 50: recorded under `settings`); threads are `-t N`
 (0 here means llama-bench's default).
 
+`--only prefill` or `--only decode` runs one of the two (the other is null in the report).
+
 Usage:
   llama_bench.py GGUF [--bin DIR] [--prompt-len 128] [--gen-len 128] [--runs 5] [--threads N]
-                 [--json]
+                 [--only prefill|decode] [--json]
 """
 
 import argparse
@@ -72,6 +74,7 @@ def main():
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--only", choices=["prefill", "decode"], help="run one of the two tests (the other reports null)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the default prints a summary)")
     args = parser.parse_args()
     if args.prompt_len < 1 or args.gen_len < 1 or args.runs < 1:
@@ -80,36 +83,39 @@ def main():
     if not os.access(binary, os.X_OK):
         sys.exit(f"no llama-bench at {binary}: run bench/peers/build_llama_cpp.sh first (or pass --bin)")
 
-    pp, pp_rss, pp_cmd = llama_bench(
+    skipped = ({}, 0, None)
+    pp, pp_rss, pp_cmd = skipped if args.only == "decode" else llama_bench(
         binary, args.gguf, args.threads, args.runs, ["-p", str(args.prompt_len), "-n", "0"]
     )
-    tg, tg_rss, tg_cmd = llama_bench(
+    tg, tg_rss, tg_cmd = skipped if args.only == "prefill" else llama_bench(
         binary, args.gguf, args.threads, args.runs, ["-p", "0", "-n", str(args.gen_len), "-d", str(args.prompt_len)]
     )
+    first = pp or tg
+    measured = lambda test, key: stats(test[key]) if test else None  # noqa: E731
     report = {
         "system": "llama.cpp",
         "versions": {
-            "llama.cpp": f"(build {pp.get('build_number')}, commit {pp.get('build_commit')}: "
+            "llama.cpp": f"(build {first.get('build_number')}, commit {first.get('build_commit')}: "
             "the copy vendored in llama-cpp-python 0.3.36)",
         },
         "model": os.path.abspath(args.gguf),
-        "model_type": pp.get("model_type"),
-        "threads": pp.get("n_threads"),
+        "model_type": first.get("model_type"),
+        "threads": first.get("n_threads"),
         "prompt_len": args.prompt_len,
         "gen_len": args.gen_len,
         "runs": args.runs,
-        "prefill_tok_s": stats(pp["samples_ts"]),
-        "decode_tok_s": stats(tg["samples_ts"]),
-        "ttft_ms": stats([ns / 1e6 for ns in pp["samples_ns"]]),
+        "prefill_tok_s": measured(pp, "samples_ts"),
+        "decode_tok_s": measured(tg, "samples_ts"),
+        "ttft_ms": stats([ns / 1e6 for ns in pp["samples_ns"]]) if pp else None,
         "peak_rss_bytes": max(pp_rss, tg_rss),
         "peak_rss_bytes_prefill": pp_rss,
         "peak_rss_bytes_decode": tg_rss,
         "settings": {
-            k: pp.get(k)
+            k: first.get(k)
             for k in ("n_batch", "n_ubatch", "flash_attn", "load_mode", "repack", "poll", "type_k", "type_v",
                       "model_size", "cpu_info")
         },
-        "commands": [" ".join(pp_cmd), " ".join(tg_cmd)],
+        "commands": [" ".join(c) for c in (pp_cmd, tg_cmd) if c],
     }
     if args.json:
         print(json.dumps(report))
@@ -118,6 +124,8 @@ def main():
         print(f"prompt {args.prompt_len} tokens, {args.gen_len} generated, {args.runs} runs")
         for name, key, unit in (("prefill", "prefill_tok_s", "tok/s"), ("decode", "decode_tok_s", "tok/s"), ("prompt", "ttft_ms", "ms")):
             s = report[key]
+            if s is None:
+                continue
             print(f"{name:<8} median {s['median']:>8.1f} {unit}   mean {s['mean']:>8.1f} ± {s['std']:.1f}")
         print(f"peak RSS {report['peak_rss_bytes'] / 2**20:.1f} MiB")
 

@@ -155,12 +155,23 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let prompt = Prompt::Tokens(ids);
     let mut outs: Vec<Output> = Vec::new();
     let counters = model.counters();
+    // Weight bytes per decode step (the prompt's forwards excluded), per run.
+    let mut decode_bytes = Vec::new();
     for i in 0..args.warmup + args.runs {
         if i == args.warmup {
             model.set_profiling(args.profile);
         }
         model.reset();
-        let out = model.generate(&prompt, &options, |_| {})?;
+        let mut stream = model.stream(&prompt, &options)?;
+        let mut after_prompt = None;
+        while let Some(token) = stream.next() {
+            token?;
+            after_prompt.get_or_insert_with(|| stream.counters());
+        }
+        let out = stream.finish();
+        if let Some(since) = after_prompt {
+            decode_bytes.extend(weight_bytes_per(&model, since, |c| c.steps));
+        }
         if i >= args.warmup {
             if !args.json {
                 eprintln!("run {}: {}", i - args.warmup + 1, profile::summary(&out));
@@ -189,7 +200,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "kv_dtype": model.kv_dtype().name(),
         "kv_cache_bytes": model.kv_positions().map(|p| model.kv_bytes(p)),
         "peak_rss_bytes": peak_rss_bytes(),
-        "weight_bytes_per_token": weight_bytes_per_token(&model, counters),
+        "weight_bytes_per_token": weight_bytes_per(&model, counters, |c| c.tokens),
+        "weight_bytes_per_decode_step": (!decode_bytes.is_empty()).then(|| stats(&decode_bytes)["median"].clone()),
         "moe": moe_report(model.counters(), counters),
         "generated_tokens": stats(&generated),
         "speculative": model.speculation().map(|(mode, _)| mode),
@@ -244,13 +256,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Weight bytes read per token fed since `since` (prefill and decode), when the backend
-/// counts them.
-fn weight_bytes_per_token(model: &Model, since: StepCounters) -> Option<f64> {
+/// Weight bytes read since `since` per unit of `count`: per token fed (prefill and decode) or
+/// per forward step, when the backend counts them.
+fn weight_bytes_per(
+    model: &Model,
+    since: StepCounters,
+    count: impl Fn(&StepCounters) -> u64,
+) -> Option<f64> {
     let now = model.counters();
-    let tokens = now.tokens - since.tokens;
-    (now.weight_bytes > 0 && tokens > 0)
-        .then(|| (now.weight_bytes - since.weight_bytes) as f64 / tokens as f64)
+    let units = count(&now) - count(&since);
+    (now.weight_bytes > 0 && units > 0)
+        .then(|| (now.weight_bytes - since.weight_bytes) as f64 / units as f64)
 }
 
 /// A mixture-of-experts model's routing since `since`: distinct experts each MoE layer

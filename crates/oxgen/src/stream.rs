@@ -101,6 +101,12 @@ impl<'m> Stream<'m> {
         }
     }
 
+    /// The model's counters so far ([`crate::Model::counters`]), mid-generation: taken after
+    /// the first token, they split the prompt's weight bytes from the decode steps'.
+    pub fn counters(&self) -> oxgen_runtime::StepCounters {
+        self.model.counters()
+    }
+
     /// Ends the generation and reports it.
     pub fn finish(mut self) -> Output {
         let decoding = &mut self.seq.decoding;
