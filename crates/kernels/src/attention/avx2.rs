@@ -177,18 +177,19 @@ pub(super) unsafe fn weighted_add(acc: &mut [f32], p: f32, v: &[f32]) {
     }
 }
 
-/// `acc[d] = fma(ps[j], v[(j0 + j) * hs + d], acc[d])` for every `j` ascending and every
-/// `d`, with `hs == acc.len() == 64`: the eight accumulator vectors stay in registers across
-/// the keys (each element sees the same operations in the same order as [`weighted_add`] per
-/// key).
+/// `acc[d] = fma(ps[j], v[(j0 + j) * hs + d], acc[d])` for every `j` ascending and every `d`
+/// below 64: 64 columns of a head of `hs` values (the caller offsets `acc` and `v` to the
+/// columns' start); the eight accumulator vectors stay in registers across the keys (each
+/// element sees the same operations in the same order as [`weighted_add`] per key).
 ///
 /// # Safety
-/// AVX2 and FMA must be available, `acc.len() == 64` and `v.len() >= (j0 + ps.len()) * 64`.
+/// AVX2 and FMA must be available, `acc.len() >= 64`, `hs >= 64` and
+/// `v.len() >= (j0 + ps.len() - 1) * hs + 64` when `ps` is not empty.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: usize) {
+pub(super) unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], hs: usize, j0: usize) {
     assert!(
-        acc.len() == 64 && v.len() >= (j0 + ps.len()) * 64,
+        acc.len() >= 64 && hs >= 64 && (ps.is_empty() || v.len() >= (j0 + ps.len() - 1) * hs + 64),
         "weighted_sum64 arguments were checked by the caller"
     );
     // SAFETY: `acc` holds 64 f32 (asserted above).
@@ -196,9 +197,9 @@ pub(super) unsafe fn weighted_sum64(acc: &mut [f32], ps: &[f32], v: &[f32], j0: 
         std::array::from_fn(|i| unsafe { _mm256_loadu_ps(acc.as_ptr().add(8 * i)) });
     for (j, &p) in ps.iter().enumerate() {
         let pv = _mm256_set1_ps(p);
-        let row = v.as_ptr().wrapping_add((j0 + j) * 64);
+        let row = v.as_ptr().wrapping_add((j0 + j) * hs);
         for (i, a) in a.iter_mut().enumerate() {
-            // SAFETY: row `j0 + j` lies inside `v` (asserted above).
+            // SAFETY: the row's 64 columns lie inside `v` (asserted above).
             let x = unsafe { _mm256_loadu_ps(row.add(8 * i)) };
             *a = _mm256_fmadd_ps(pv, x, *a);
         }

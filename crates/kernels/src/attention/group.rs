@@ -340,21 +340,26 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
                 if seen == 0 {
                     continue;
                 }
-                if hs == 64 {
-                    // SAFETY: the caller's contract; `acc` holds the row's g heads of 64 from
-                    // `first`, `scores` their g rows of n, and the keys' value rows lie in
-                    // `v32` from `j0`.
-                    unsafe {
-                        weighted_sum64_group(
-                            &mut acc[first * hs..],
-                            &scores[first * n + at..],
-                            n,
-                            seen,
-                            g,
-                            v32,
-                            j0,
-                        )
-                    };
+                if hs.is_multiple_of(64) {
+                    // Head by head of 64 columns: each value row's slice is loaded once for
+                    // the group's heads, their sums kept in registers across the keys.
+                    for c in (0..hs).step_by(64) {
+                        // SAFETY: the caller's contract; `acc` holds the row's g heads of hs
+                        // from `first`, `scores` their g rows of n, and the keys' value rows
+                        // lie in `v32` from `j0`.
+                        unsafe {
+                            weighted_sum64_group(
+                                &mut acc[first * hs + c..],
+                                &scores[first * n + at..],
+                                n,
+                                seen,
+                                g,
+                                &v32[c..],
+                                hs,
+                                j0,
+                            )
+                        };
+                    }
                     continue;
                 }
                 for i in first..first + g {
@@ -550,16 +555,18 @@ fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
     })
 }
 
-/// [`avx2::weighted_sum64`] for the `g` heads of a group (`1 <= g <= 4`): head `h`'s weights are
-/// `ps[h * stride..][..len]` and its accumulator `acc[h * 64..][..64]`. Where the CPU has
-/// AVX-512, every value row is loaded once for all the heads and each head's sums are four
-/// 512-bit accumulators (4·g independent chains); else head by head in AVX2. Each element
+/// [`avx2::weighted_sum64`] for the `g` heads of a group (`1 <= g <= 4`), on 64 columns of
+/// heads of `hs` values (the caller offsets `acc` and `v` to the columns' start): head `h`'s
+/// weights are `ps[h * stride..][..len]` and its accumulator `acc[h * hs..][..64]`. Where the
+/// CPU has AVX-512, every value row is loaded once for all the heads and each head's sums are
+/// four 512-bit accumulators (4·g independent chains); else head by head in AVX2. Each element
 /// sees the same operations in the same order as for its head alone.
 ///
 /// # Safety
-/// AVX2 and FMA must be available, `acc.len() >= 64 * g`, `ps.len() >= (g - 1) * stride +
-/// len` and `v.len() >= (j0 + len) * 64`.
+/// AVX2 and FMA must be available, `hs >= 64`, `acc.len() >= (g - 1) * hs + 64`,
+/// `ps.len() >= (g - 1) * stride + len` and `v.len() >= (j0 + len - 1) * hs + 64`.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn weighted_sum64_group(
     acc: &mut [f32],
     ps: &[f32],
@@ -567,13 +574,16 @@ unsafe fn weighted_sum64_group(
     len: usize,
     g: usize,
     v: &[f32],
+    hs: usize,
     j0: usize,
 ) {
     assert!(
         (1..=4).contains(&g)
-            && acc.len() >= 64 * g
+            && hs >= 64
+            && len > 0
+            && acc.len() >= (g - 1) * hs + 64
             && ps.len() >= (g - 1) * stride + len
-            && v.len() >= (j0 + len) * 64,
+            && v.len() >= (j0 + len - 1) * hs + 64,
         "weighted_sum64_group arguments were checked by the caller"
     );
     // SAFETY: the bounds are asserted above; AVX-512 F is checked for the wide kernel (the
@@ -581,14 +591,15 @@ unsafe fn weighted_sum64_group(
     unsafe {
         if cpu::isa() >= cpu::Isa::Avx512 {
             match g {
-                1 => avx512::group_avx512::<1>(acc, ps, stride, len, v, j0),
-                2 => avx512::group_avx512::<2>(acc, ps, stride, len, v, j0),
-                3 => avx512::group_avx512::<3>(acc, ps, stride, len, v, j0),
-                _ => avx512::group_avx512::<4>(acc, ps, stride, len, v, j0),
+                1 => avx512::group_avx512::<1>(acc, hs, ps, stride, len, v, j0),
+                2 => avx512::group_avx512::<2>(acc, hs, ps, stride, len, v, j0),
+                3 => avx512::group_avx512::<3>(acc, hs, ps, stride, len, v, j0),
+                _ => avx512::group_avx512::<4>(acc, hs, ps, stride, len, v, j0),
             }
         } else {
-            for (h, acc) in acc.chunks_exact_mut(64).take(g).enumerate() {
-                avx2::weighted_sum64(acc, &ps[h * stride..][..len], v, j0);
+            for h in 0..g {
+                let acc = &mut acc[h * hs..];
+                avx2::weighted_sum64(acc, &ps[h * stride..][..len], v, hs, j0);
             }
         }
     }
