@@ -32,6 +32,8 @@ fn main() {
     let words = mib << 17; // u64s
     let part = words.div_ceil(threads).next_multiple_of(16);
     let mut buffer = vec![0u64; words];
+    // Backed by huge pages where the kernel grants them, as oxgen's packed weights ask to be.
+    oxgen_kernels::mem::advise_huge_pages(&mut buffer);
     // Each thread writes (and so maps) the part it will read.
     std::thread::scope(|s| {
         for (t, chunk) in buffer.chunks_mut(part).enumerate() {
