@@ -70,6 +70,8 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEMS = ["oxgen", "llama.cpp", "ort-genai", "ort-genai-int4", "oxgen-int4", "ort-genai-builder",
            "oxgen-builder", "llama.cpp-Q4_K_M"]
+# Every system but the one that needs --big's Q4_K_M file.
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s != "llama.cpp-Q4_K_M"]
 BIG_SYSTEMS = ["oxgen-builder", "ort-genai-builder", "oxgen", "llama.cpp", "llama.cpp-Q4_K_M"]
 BIG_CASES = "tg64@128,pp512,2048:32"
 # The oxgen row each peer's ratio is taken against: the one with the same weights.
@@ -194,7 +196,7 @@ def main():
     parser.add_argument("--big", choices=["qwen2.5-1.5b", "llama-3b"], help="bench/peers/make_big.py's model")
     parser.add_argument("--warmup", type=int, help="unmeasured generations per oxgen and onnxruntime-genai "
                         "process (default 1, 0 with --big: a long prompt would run twice)")
-    parser.add_argument("--systems", help=f"default: {','.join(SYSTEMS[:-1])}; with --big {','.join(BIG_SYSTEMS)}")
+    parser.add_argument("--systems", help=f"default: {','.join(DEFAULT_SYSTEMS)}; with --big {','.join(BIG_SYSTEMS)}")
     parser.add_argument("--no-ttft", action="store_true", help="skip the `oxgen generate` start-to-exit timing")
     parser.add_argument("--model", help=f"oxgen's package of the model (default: the cache's {DEFAULT_MODEL})")
     parser.add_argument("--gguf", help=f"the GGUF it was imported from (default: the cache's {DEFAULT_GGUF})")
@@ -210,7 +212,7 @@ def main():
         cases_text, runs = "16:8", 1
     cases = [parse_case(c) for c in cases_text.split(",") if c]
     threads = [int(t) for t in args.threads.split(",") if t]
-    systems = [s for s in (args.systems or ",".join(BIG_SYSTEMS if big else SYSTEMS[:-1])).split(",") if s]
+    systems = [s for s in (args.systems or ",".join(BIG_SYSTEMS if big else DEFAULT_SYSTEMS)).split(",") if s]
     for s in systems:
         if s not in SYSTEMS:
             parser.error(f"unknown system {s!r} (known: {', '.join(SYSTEMS)})")

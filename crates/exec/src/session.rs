@@ -541,23 +541,19 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
                     None => None,
                     Some(id) => Some(graph.initializers.get(&id)?),
                 };
-                Some((op, at, init(input(at))?, init(input(at + 1))?, zero_points))
+                Some((op, init(input(at))?, init(input(at + 1))?, zero_points))
             })
             .collect::<Option<Vec<_>>>()
         else {
             continue;
         };
-        let tensors: Vec<_> = weights
-            .iter()
-            .map(|&(op, _, b, s, z)| (op, b, s, z))
-            .collect();
-        *slot = match (&node.op, tensors.as_slice()) {
+        *slot = match (&node.op, weights.as_slice()) {
             (Op::MatMulNBitsGlu(_), &[gate, up]) => ops::quant::prepack_glu([gate, up]),
-            _ => ops::quant::prepack(&tensors),
+            _ => ops::quant::prepack(&weights),
         };
         if slot.is_some() {
             // Right away, so the load never holds every matrix twice.
-            for (_, at, b, scales, zero_points) in weights {
+            for (&(_, at), (_, b, scales, zero_points)) in parts.iter().zip(weights) {
                 let tensors = [Some(b), Some(scales), zero_points];
                 for (k, t) in tensors.into_iter().enumerate() {
                     if let (Some(id), Some(t)) = (input(at + k), t)
