@@ -501,9 +501,12 @@ const SINKS: [f32; 9] = [0.5, -1.0, 2.0, 0.0, -4.0, 1.25, 0.3, 9.0, -0.7];
 #[test]
 fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
     let mut rng = XorShift(19);
-    // SmolLM2's 9 heads on 3 KV heads, a group longer than MAX_GROUP, and no sharing; head
-    // size 64 (the register-resident value sum) and 32; caches longer than a key tile.
-    for (heads, kv_heads, head_size) in [(9, 3, 64), (8, 1, 32), (4, 4, 64)] {
+    // SmolLM2's 9 heads on 3 KV heads, Qwen2.5-1.5B's group of 6, groups of MAX_GROUP and
+    // longer, and no sharing; head size 64 (the register-resident value sum) and 32; caches
+    // longer than a key tile.
+    for (heads, kv_heads, head_size) in
+        [(9, 3, 64), (12, 2, 64), (8, 1, 32), (12, 1, 64), (4, 4, 64)]
+    {
         let (batch, seq, capacity) = (2, 3, 150);
         let shape = GqaShape {
             batch,

@@ -45,8 +45,11 @@ pub(crate) fn group_len(heads: usize, kv_heads: usize) -> usize {
     (heads / kv_heads.max(1)).clamp(1, MAX_GROUP)
 }
 
-/// Query heads that share a KV head and are computed together (see [`attend_group_pieces`]).
-pub(crate) const MAX_GROUP: usize = 4;
+/// Query heads that share a KV head and are computed together (see [`attend_group_pieces`]):
+/// every group of the families oxgen runs (Qwen2.5-1.5B's 6, Qwen2.5-7B's 7, gpt-oss's 8), so
+/// each part reads its KV head's keys and values once per row. A longer group is taken in runs
+/// of this many heads, each reading them again.
+pub(crate) const MAX_GROUP: usize = 8;
 
 /// Parts `heads` query heads are split into: one per thread when the work is worth it, each
 /// a contiguous run of heads, so that heads sharing a KV head mostly share a part.
@@ -555,12 +558,14 @@ fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
     })
 }
 
-/// [`avx2::weighted_sum64`] for the `g` heads of a group (`1 <= g <= 4`), on 64 columns of
-/// heads of `hs` values (the caller offsets `acc` and `v` to the columns' start): head `h`'s
-/// weights are `ps[h * stride..][..len]` and its accumulator `acc[h * hs..][..64]`. Where the
-/// CPU has AVX-512, every value row is loaded once for all the heads and each head's sums are
-/// four 512-bit accumulators (4·g independent chains); else head by head in AVX2. Each element
-/// sees the same operations in the same order as for its head alone.
+/// [`avx2::weighted_sum64`] for the `g` heads of a group (`1 <= g <= MAX_GROUP`), on 64
+/// columns of heads of `hs` values (the caller offsets `acc` and `v` to the columns' start):
+/// head `h`'s weights are `ps[h * stride..][..len]` and its accumulator `acc[h * hs..][..64]`.
+/// Where the CPU has AVX-512, every value row is loaded once for up to four heads (the
+/// registers' worth: each head's sums are four 512-bit accumulators, 4·g independent chains;
+/// a longer group takes the rows, still in cache, again for its next four); else head by
+/// head in AVX2. Each element sees the same operations in the same order as for its head
+/// alone.
 ///
 /// # Safety
 /// AVX2 and FMA must be available, `hs >= 64`, `acc.len() >= (g - 1) * hs + 64`,
@@ -578,7 +583,7 @@ unsafe fn weighted_sum64_group(
     j0: usize,
 ) {
     assert!(
-        (1..=4).contains(&g)
+        (1..=MAX_GROUP).contains(&g)
             && hs >= 64
             && len > 0
             && acc.len() >= (g - 1) * hs + 64
@@ -590,11 +595,14 @@ unsafe fn weighted_sum64_group(
     // feature table is read once), AVX2 and FMA are the caller's contract.
     unsafe {
         if cpu::isa() >= cpu::Isa::Avx512 {
-            match g {
-                1 => avx512::group_avx512::<1>(acc, hs, ps, stride, len, v, j0),
-                2 => avx512::group_avx512::<2>(acc, hs, ps, stride, len, v, j0),
-                3 => avx512::group_avx512::<3>(acc, hs, ps, stride, len, v, j0),
-                _ => avx512::group_avx512::<4>(acc, hs, ps, stride, len, v, j0),
+            for h0 in (0..g).step_by(4) {
+                let (acc, ps) = (&mut acc[h0 * hs..], &ps[h0 * stride..]);
+                match g - h0 {
+                    1 => avx512::group_avx512::<1>(acc, hs, ps, stride, len, v, j0),
+                    2 => avx512::group_avx512::<2>(acc, hs, ps, stride, len, v, j0),
+                    3 => avx512::group_avx512::<3>(acc, hs, ps, stride, len, v, j0),
+                    _ => avx512::group_avx512::<4>(acc, hs, ps, stride, len, v, j0),
+                }
             }
         } else {
             for h in 0..g {

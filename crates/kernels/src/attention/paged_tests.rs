@@ -668,13 +668,15 @@ fn narrower_caches_stay_close_to_the_f32_cache() {
 
 /// A group of heads over keys of `C` in pieces, by the vector rows and by the scalar
 /// reference: the same bits, for every cache element, head sizes with and without the
-/// 64-wide value sums (one or more slices of 64 columns), groups of 1 to 4 heads, softcap on
-/// and off.
+/// 64-wide value sums (one or more slices of 64 columns), groups of 1 to 8 heads (past four,
+/// the AVX-512 value sums take the heads in two runs), softcap on and off.
 fn simd_rows_equal_the_reference<C: CacheElem>() {
     for (hs, g, n, softcap) in [
         (64, 3, 37, 0.0),
         (64, 1, 16, 0.0),
         (128, 4, 29, 0.0),
+        (128, 6, 29, 5.0),
+        (64, 8, 23, 0.0),
         (128, 2, 7, 5.0),
         (256, 3, 11, 0.0),
         (32, 4, 21, 5.0),
@@ -720,7 +722,7 @@ fn simd_rows_equal_the_reference<C: CacheElem>() {
                 pieces.clone(),
                 (
                     &score,
-                    (softcap > 0.0).then_some(&[1.5, -0.5, 0.0, 3.0][..g]),
+                    (softcap > 0.0).then_some(&[1.5, -0.5, 0.0, 3.0, 0.25, -2.0, 0.75, 1.0][..g]),
                 ),
                 &mut scores,
                 &mut acc,
