@@ -18,8 +18,9 @@ pub struct RunArgs {
     /// f32 activations everywhere, whatever the model's accuracy_level allows.
     #[arg(long, env = "OXGEN_EXACT")]
     pub exact: bool,
-    /// Positions the KV cache holds (default: prompt + max new tokens, at most the model's
-    /// context length).
+    /// Positions the KV cache holds per sequence (default: prompt + max new tokens, at most
+    /// the model's context length); the KV pool is sized for two sequences of it (serve:
+    /// --max-batch of them, unless --kv-memory or --kv-blocks).
     #[arg(long, env = "OXGEN_CTX_SIZE", value_parser = clap::value_parser!(u64).range(2..))]
     pub ctx_size: Option<u64>,
     /// What the KV cache stores: f32, f16, bf16 or int8 (one scale per token and head;

@@ -64,8 +64,12 @@ impl KvStore {
         let total = value_words + scale_words;
         let too_big = || {
             fail(format!(
-                "could not allocate {} MiB for the KV cache; lower --kv-memory (or --kv-blocks)",
-                (total * 8) >> 20
+                "could not allocate {} MiB for the KV cache ({} blocks of {} positions); ask \
+                 for fewer positions: a smaller --ctx-size, or serve's --kv-memory, --kv-blocks \
+                 or --max-batch",
+                (total * 8) >> 20,
+                layout.blocks,
+                layout.block_size
             ))
         };
         let layout_bytes = std::alloc::Layout::array::<u64>(total).map_err(|_| too_big())?;

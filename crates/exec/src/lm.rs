@@ -74,7 +74,7 @@ impl Paged {
         let blocks = match options.kv {
             KvBudget::Sequences(n) => sequence_blocks(
                 n,
-                options.context_length,
+                options.ctx_size.or(options.context_length),
                 c.kv_bytes(kv, KV_BLOCK_SIZE),
                 physical_memory(),
             ),

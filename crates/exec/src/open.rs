@@ -20,8 +20,8 @@ pub const DEFAULT_KV_BLOCKS: usize = 1024;
 /// How big the paged KV pool is (blocks of [`KV_BLOCK_SIZE`] positions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvBudget {
-    /// Enough for this many sequences of the whole context length (and at least
-    /// [`DEFAULT_KV_BLOCKS`]).
+    /// Enough for this many sequences of the whole context length, or of
+    /// [`NativeOptions::ctx_size`] when set (and at least [`DEFAULT_KV_BLOCKS`]).
     Sequences(usize),
     Blocks(usize),
     /// As many blocks as fit in this many bytes (at least one).
@@ -43,6 +43,9 @@ pub struct NativeOptions {
     /// The package's context length: rotary caches are sized to it (`None` leaves rotary
     /// embeddings spelled out) and [`KvBudget::Sequences`] counts in it.
     pub context_length: Option<usize>,
+    /// The most positions a sequence will hold, when less than the context length:
+    /// [`KvBudget::Sequences`] counts in it (`--ctx-size`).
+    pub ctx_size: Option<usize>,
     /// The paged KV pool's size.
     pub kv: KvBudget,
     /// Keep full KV blocks for later sequences with the same prefix. Off, a finished
@@ -69,6 +72,7 @@ impl Default for NativeOptions {
             exec: ExecOptions::default(),
             kv_names: KvTemplates::default(),
             context_length: None,
+            ctx_size: None,
             kv: KvBudget::default(),
             prefix_cache: false,
             optimize: true,

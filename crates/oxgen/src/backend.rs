@@ -102,6 +102,8 @@ pub(crate) struct Open<'a> {
     pub backend: Backend,
     #[cfg_attr(not(feature = "ort"), allow(dead_code))]
     pub ort_lib: Option<&'a Path>,
+    /// The `--ctx-size` asked for, clamped to the context length.
+    pub ctx_size: Option<usize>,
     pub kv: KvBudget,
     pub kv_dtype: Option<KvDtype>,
     pub weight_budget: Option<u64>,
@@ -155,6 +157,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         },
         kv_names: o.config.kv.clone(),
         context_length: Some(o.config.context_length),
+        ctx_size: o.ctx_size,
         kv: o.kv,
         prefix_cache: o.prefix_cache,
         optimize: true,

@@ -96,7 +96,8 @@ pub struct ModelOptions {
     pub threads: usize,
     /// Positions each sequence's KV holds, at most the package's context length (a larger
     /// value is clamped to it). `None`: the prompt plus `max_new_tokens` of each request,
-    /// capped by the package's context length.
+    /// capped by the package's context length. [`KvBudget::Sequences`] counts sequences of
+    /// this length when set.
     pub ctx_size: Option<usize>,
     /// f32 activations whatever the model's `accuracy_level` allows (no int8 activations;
     /// native backend only).
@@ -314,6 +315,7 @@ impl Model {
         let pool = pool.or_else(|| {
             (options.speculative.is_some()).then(|| Arc::new(oxgen_exec::ThreadPool::new(threads)))
         });
+        let limit = ContextLimit::new(options.ctx_size, config.context_length);
         let open = backend::Open {
             model_path: &model_path,
             config: &config,
@@ -321,6 +323,7 @@ impl Model {
             exact: options.exact,
             backend: options.backend,
             ort_lib: options.ort_lib.as_deref(),
+            ctx_size: limit.ctx_size(),
             kv: options.kv,
             kv_dtype: options.kv_dtype,
             weight_budget: options.weight_budget,
@@ -333,7 +336,6 @@ impl Model {
         let template = ChatTemplate::open(&dir, options.chat_template.as_deref())?;
         let defaults = PackageDefaults::read(&dir)?;
         release_freed_heap();
-        let limit = ContextLimit::new(options.ctx_size, config.context_length);
         let spec = speculative::open(options, &open, lm.as_ref(), &tokenizer)?;
         Ok(Model {
             lm,

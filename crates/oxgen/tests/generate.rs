@@ -2,7 +2,8 @@
 //! greedy decoding with KV in place -> streamed text.
 
 use oxgen::{
-    Cancel, Chat, FinishReason, GenerateOptions, Model, ModelOptions, Prompt, SamplingParams,
+    Cancel, Chat, FinishReason, GenerateOptions, KvBudget, Model, ModelOptions, Prompt,
+    SamplingParams,
 };
 use oxgen_testkit::fixtures::{FixtureConfig, write_package};
 
@@ -82,6 +83,28 @@ fn fixture_model(ctx_size: Option<usize>) -> (tempfile::TempDir, Model) {
     )
     .unwrap();
     (dir, model)
+}
+
+/// The default KV pool holds two sequences of `--ctx-size` when one is set, else of the whole
+/// context (past the floor of 1024 blocks of 16 positions, so many sequences are asked for).
+#[test]
+fn the_kv_pool_counts_sequences_of_the_ctx_size() {
+    let blocks = |ctx_size: Option<usize>| {
+        let dir = tempfile::tempdir().unwrap();
+        write_package(dir.path(), &FixtureConfig::default()).unwrap();
+        let options = ModelOptions {
+            threads: 1,
+            ctx_size,
+            kv: KvBudget::Sequences(300),
+            ..ModelOptions::default()
+        };
+        let model = Model::open(dir.path(), &options).unwrap();
+        model.kv_usage().expect("a paged pool").total
+    };
+    // The fixture's context is 128 positions: 8 blocks a sequence, 2 at a ctx_size of 32.
+    assert_eq!(blocks(None), 300 * 8);
+    assert_eq!(blocks(Some(32)), 1024);
+    assert_eq!(blocks(Some(80)), 300 * 5);
 }
 
 fn greedy(n: usize) -> GenerateOptions {
