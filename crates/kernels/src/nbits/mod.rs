@@ -7,7 +7,8 @@
 //! - `layout`: the weights' geometry and layout ([`NBitsLayout`], [`QuantWeights`],
 //!   [`ZeroPoints`]), argument checks, the split of output rows over the pool;
 //! - `isa`: the fast kernels' variants ([`Isa`]) and [`supported`], from [`crate::cpu`];
-//! - `stored_f32`: f32 activations eight columns at a time (AVX2) with the reference's bits;
+//! - `stored_f32`: f32 activations in vectors of 16 (AVX-512) or 8 (AVX2) columns, four at a
+//!   time, a task's rows sharing each block's dequantized weights, with the reference's bits;
 //! - `reference`: [`matmul_nbits`], the f32 reference (any float type), and
 //!   [`matmul_nbits_f32`], which takes `stored_f32` where it can;
 //! - `quantize`: activation rows to int8 ([`quantize_row`]: reference and AVX2);

@@ -13,11 +13,13 @@
 
 use std::ops::Range;
 
-use super::layout::{QuantWeights, ZeroPoints, check_args, par_output_rows};
+use super::layout::{NBitsLayout, QuantWeights, ZeroPoints, check_args, par_output_rows};
 use super::stored_f32;
 use crate::ThreadPool;
 use crate::acc::Accum;
 use crate::error::KernelError;
+use crate::par::{MAX_ROW_BLOCK, par_row_blocks_spans, parts_for};
+use crate::pool::Prelude;
 use crate::quant::{code, default_zero_point};
 
 /// `out = a · dequant(w)ᵀ + bias` for `a` of `m × K` (row-major), `bias` of `N` values and
@@ -39,8 +41,9 @@ pub fn matmul_nbits<T: Accum<Acc = f32>>(
     Ok(())
 }
 
-/// [`matmul_nbits`] for f32: eight columns at a time on AVX2 where the layout allows
-/// (`nbits/stored_f32.rs`), the reference for the rest; the same bits.
+/// [`matmul_nbits`] for f32: vectors of eight columns on AVX2 where the layout allows
+/// (`nbits/stored_f32.rs`; a task's rows, up to [`MAX_ROW_BLOCK`], share each block's
+/// weights), the reference for the rest; the same bits.
 pub fn matmul_nbits_f32(
     a: &[f32],
     m: usize,
@@ -53,29 +56,53 @@ pub fn matmul_nbits_f32(
         return matmul_nbits(a, m, w, bias, out, pool);
     }
     check_args(a.len(), m, w, bias.map(<[f32]>::len), out.len())?;
-    let k = w.layout.k;
-    par_output_rows(pool, m, w.layout, out, |i, cols, out_row| {
-        let a_row = &a[i * k..][..k];
+    let NBitsLayout { n, k, .. } = w.layout;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // Dequantizing is most of the work: tasks take as many rows as they can share it among,
+    // and split the columns for the parts the rows do not fill.
+    let rows_per_task = m.min(MAX_ROW_BLOCK);
+    let row_blocks = m.div_ceil(rows_per_task);
+    let col_parts = parts_for(pool, m * n, k).div_ceil(row_blocks);
+    // One output: one span of all its columns.
+    #[allow(clippy::single_range_in_vec_init)]
+    let spans = [0..n];
+    let task = |first: usize, _: usize, cols: Range<usize>, outs: &mut [&mut [f32]]| {
         let wide = cols.len() / stored_f32::COLS * stored_f32::COLS;
+        let mut heads: [&mut [f32]; MAX_ROW_BLOCK] = Default::default();
+        let mut tails: [&mut [f32]; MAX_ROW_BLOCK] = Default::default();
+        for ((head, tail), out) in heads.iter_mut().zip(tails.iter_mut()).zip(outs.iter_mut()) {
+            (*head, *tail) = std::mem::take(out).split_at_mut(wide);
+        }
+        let rows = outs.len();
+        let a = &a[first * k..][..rows * k];
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `supported` checked AVX2 and the layout; the columns lie inside `n`.
+        // SAFETY: `supported` checked AVX2 and the layout; the columns lie inside `n`, each
+        // head holds them, `a` holds the rows.
         unsafe {
             stored_f32::columns(
-                a_row,
+                a,
                 w,
                 bias,
                 cols.start..cols.start + wide,
-                &mut out_row[..wide],
+                &mut heads[..rows],
             )
         };
-        row_part(
-            a_row,
-            w,
-            bias,
-            cols.start + wide..cols.end,
-            &mut out_row[wide..],
-        );
-    });
+        for (r, tail) in tails[..rows].iter_mut().enumerate() {
+            row_part(&a[r * k..][..k], w, bias, cols.start + wide..cols.end, tail);
+        }
+    };
+    par_row_blocks_spans(
+        pool,
+        Prelude::NONE,
+        &mut [out],
+        &spans,
+        stored_f32::COLS,
+        rows_per_task,
+        col_parts,
+        task,
+    );
     Ok(())
 }
 
@@ -254,6 +281,10 @@ mod tests {
             (8, 16, 48, 16),
             (4, 64, 256, 8),
             (8, 32, 64, 5),
+            // Passes of four, three, two and one vectors of eight columns.
+            (4, 32, 96, 200),
+            (4, 16, 48, 72),
+            (8, 32, 64, 88),
         ] {
             let m = 3;
             let case = Case::new(n, k, bits, block_size, 21);
