@@ -15,6 +15,7 @@ use oxgen_runtime::{IoSpec, OpTime, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
 use crate::kv::{PagedLayer, PagedStep};
+use crate::ops::moe::PackedExperts;
 use crate::ops::{self, OpCounters, OpCtx};
 use crate::residency::Residency;
 use crate::{Arena, ExecError, OpError, Plan};
@@ -98,6 +99,9 @@ pub struct NativeSession {
     residency: Residency,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
+    /// Per node: a QMoE node's integer experts interleaved at load for the f32 kernel (none
+    /// once a weight budget is set: the budget keeps experts where they lie, in the files).
+    experts: Vec<Option<PackedExperts>>,
     /// Per node: a session for each of its branches or bodies (`If`, `Loop`, `Scan`).
     subgraphs: Vec<Vec<NativeSession>>,
 }
@@ -121,6 +125,7 @@ impl NativeSession {
     pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
         let mut graph = graph;
         let packed = prepack_weights(&mut graph, exact);
+        let experts = prepack_experts(&graph, exact);
         // A subgraph's captured values come after its own inputs.
         let inputs = (graph.inputs.iter().chain(&graph.captures))
             .map(|&id| spec(&graph, id))
@@ -155,6 +160,7 @@ impl NativeSession {
             counters: OpCounters::default(),
             residency: Residency::new(None),
             packed,
+            experts,
             subgraphs,
         }
     }
@@ -343,6 +349,11 @@ impl NativeSession {
     /// `crate::residency`. Forgets what was resident.
     pub fn set_weight_budget(&mut self, budget: Option<u64>) {
         self.residency = Residency::new(budget);
+        if budget.is_some() {
+            // The budget bounds what stays resident of the files' experts: interleaved copies
+            // (anonymous memory) would stay whatever it says.
+            self.experts.iter_mut().for_each(|e| *e = None);
+        }
     }
 
     /// The weight budget's account so far.
@@ -401,6 +412,7 @@ impl NativeSession {
                 pool: &self.pool,
                 exact: self.exact,
                 packed: self.packed[i].as_ref(),
+                experts: self.experts[i].as_ref(),
                 wanted: plan.wanted[i],
                 subgraphs: &mut self.subgraphs[i],
                 counters: &mut self.counters,
@@ -588,6 +600,34 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
         }
     }
     packed
+}
+
+/// Interleaves the integer experts of every QMoE node whose weights are initializers and take
+/// f32 activations (`crate::ops::moe::prepack`), then hands the file pages of the originals
+/// back to the OS: they are read again only if a weight budget later sends the node back to
+/// them.
+fn prepack_experts(graph: &Graph, exact: bool) -> Vec<Option<PackedExperts>> {
+    (graph.nodes.iter())
+        .map(|node| {
+            let Op::Moe(op) = &node.op else {
+                return None;
+            };
+            let inputs: Vec<Option<&Tensor>> = (node.inputs.iter())
+                .map(|id| id.and_then(|id| graph.initializers.get(&id)))
+                .collect();
+            let packed = ops::moe::prepack(op, &inputs, exact)?;
+            let at = op.inputs();
+            let zero_points = at.zero_points.map_or([None; 2], |z| [Some(z.0), Some(z.1)]);
+            let weights = [at.fc1.0, at.fc2.0].into_iter().map(Some);
+            let scales = [at.fc1, at.fc2].map(|(w, s, _)| Some(s.unwrap_or(w + 1)));
+            for k in weights.chain(scales).chain(zero_points).flatten() {
+                if let Some(Some(t)) = inputs.get(k) {
+                    page_out(t);
+                }
+            }
+            Some(packed)
+        })
+        .collect()
 }
 
 /// The addresses of a tensor's bytes.

@@ -91,6 +91,7 @@ impl Stored {
                 scales: &self.scales,
                 zero_points: None,
                 int8: form == "int4-int8",
+                interleaved: None,
             }
         };
         Projection {

@@ -47,3 +47,9 @@ pub(crate) fn prefetch_lines(start: *const u8, bytes: usize) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (start, bytes);
 }
+
+/// The bytes of `v`.
+pub(crate) fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is four initialized bytes; the view borrows `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}

@@ -4,7 +4,8 @@
 //! weighted sum of its experts' outputs ([`moe`]).
 //!
 //! Expert matrices are f32, [`crate::nbits`] blocks (QMoE's integer form) or MXFP4
-//! ([`crate::mxfp4`], QMoE's `fp4` form), each multiplied as stored.
+//! ([`crate::mxfp4`], QMoE's `fp4` form), each multiplied as stored, or integer experts
+//! interleaved at load for the f32 kernel ([`nbits::Interleaved`], the same bits).
 //!
 //! Experts are computed where they are needed: a step's routes are grouped by expert, and
 //! each expert that some token picked runs once over the rows of all its tokens, so its
@@ -40,8 +41,9 @@ use std::ops::Range;
 use crate::ThreadPool;
 use crate::attention::lane_tree;
 use crate::error::{KernelError, check_len, numel};
+use crate::mem::f32_bytes;
 use crate::mxfp4::{self, Mxfp4Weights};
-use crate::nbits::{self, NBitsLayout, QuantWeights, ZeroPoints};
+use crate::nbits::{self, Interleaved, NBitsLayout, QuantWeights, ZeroPoints};
 use crate::par::{par_row_parts, parts_for};
 use crate::sigmoid::{sigmoid, sigmoid_slice};
 use smallvec::SmallVec;
@@ -132,17 +134,45 @@ pub enum ExpertMatrix<'a> {
     /// One `MatMulNBits` matrix per expert ([`crate::nbits`]'s layout): codes
     /// `[experts, n, k_blocks, blob_size]`, scales `[experts, n, k_blocks]`, packed zero
     /// points `[experts, n, zp_row_bytes]` (none: the default). `int8` computes with int8
-    /// activations ([`nbits::matmul_nbits_int8`]), else in f32 ([`nbits::matmul_nbits`]).
+    /// activations ([`nbits::matmul_nbits_int8`]), else in f32 ([`nbits::matmul_nbits`]), on
+    /// `interleaved` when given: the same experts repacked at load ([`Projection::interleave`]),
+    /// one per expert, the same bits.
     Quant {
         layout: NBitsLayout,
         data: &'a [u8],
         scales: &'a [f32],
         zero_points: Option<&'a [u8]>,
         int8: bool,
+        interleaved: Option<&'a [Interleaved]>,
     },
     /// One MXFP4 matrix per expert ([`crate::mxfp4`]'s layout): codes `[experts, k, n / 2]`,
     /// e8m0 scales `[experts, n, k / 32]`.
     Mxfp4 { codes: &'a [u8], scales: &'a [u8] },
+}
+
+impl<'a> ExpertMatrix<'a> {
+    /// Integer experts computing on `packed`, the same experts interleaved at load
+    /// ([`Projection::interleave`]); other matrices as they are.
+    pub fn with_interleaved(self, packed: &'a [Interleaved]) -> ExpertMatrix<'a> {
+        match self {
+            ExpertMatrix::Quant {
+                layout,
+                data,
+                scales,
+                zero_points,
+                int8,
+                ..
+            } => ExpertMatrix::Quant {
+                layout,
+                data,
+                scales,
+                zero_points,
+                int8,
+                interleaved: Some(packed),
+            },
+            other => other,
+        }
+    }
 }
 
 /// One of an expert's projections: `n` outputs from `k` inputs, and a bias `[experts, n]`.
@@ -164,8 +194,17 @@ impl<'a> Projection<'a> {
                 data,
                 scales,
                 zero_points,
+                interleaved,
                 ..
             } => {
+                if let Some(packed) = interleaved
+                    && (packed.len() != experts || packed.iter().any(|p| *p.layout() != layout))
+                {
+                    return Err(KernelError::Shape(format!(
+                        "{what}: {} interleaved experts for {experts} of {n}x{k}",
+                        packed.len()
+                    )));
+                }
                 if (layout.n, layout.k) != (n, k) {
                     return Err(KernelError::Shape(format!(
                         "{what}: quantized {}x{} matrices for a {n}x{k} projection",
@@ -210,7 +249,11 @@ impl<'a> Projection<'a> {
                 scales,
                 zero_points,
                 int8,
+                interleaved,
             } => {
+                if let (Some(packed), false) = (interleaved, int8) {
+                    return Expert::Interleaved(&packed[e]);
+                }
                 let blocks = n * layout.k_blocks;
                 let zp_len = n * layout.zp_row_bytes;
                 let w = QuantWeights {
@@ -248,7 +291,28 @@ impl<'a> Projection<'a> {
                 r
             }
             Expert::Mxfp4(w) => smallvec::smallvec![w.codes, w.scales],
+            Expert::Interleaved(w) => w.ranges(),
         }
+    }
+
+    /// Every expert's matrix interleaved for the f32 kernel ([`nbits::Interleaved`]), for
+    /// integer experts that take f32 activations where the kernel runs them; `None` otherwise.
+    pub fn interleave(&self, experts: usize) -> Result<Option<Vec<Interleaved>>, KernelError> {
+        if !matches!(self.weights, ExpertMatrix::Quant { int8: false, .. }) {
+            return Ok(None);
+        }
+        self.check(experts, "expert projection")?;
+        let mut packed = Vec::with_capacity(experts);
+        for e in 0..experts {
+            let Expert::Quant(w, _) = self.expert(e) else {
+                return Ok(None);
+            };
+            match Interleaved::pack(&w)? {
+                Some(p) => packed.push(p),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(packed))
     }
 
     /// Bytes of one expert's weights (what a run of it streams).
@@ -294,6 +358,7 @@ impl<'a> Projection<'a> {
             }
             Expert::Quant(w, true) => nbits::matmul_nbits_int8(x, m, &w, bias, out, pool),
             Expert::Quant(w, false) => nbits::matmul_nbits_f32(x, m, &w, bias, out, pool),
+            Expert::Interleaved(w) => nbits::matmul_interleaved_f32(x, m, w, bias, out, pool),
             Expert::Mxfp4(w) => mxfp4::matmul_mxfp4(x, m, &w, bias, out, pool),
         }
     }
@@ -304,13 +369,8 @@ impl<'a> Projection<'a> {
 enum Expert<'a> {
     F32(&'a [f32]),
     Quant(QuantWeights<'a, f32>, bool),
+    Interleaved(&'a Interleaved),
     Mxfp4(Mxfp4Weights<'a>),
-}
-
-/// The bytes of `v`.
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: any f32 is four initialized bytes; the view borrows `v`.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
 /// `row[c] = x · w[cols.start + c] (+ bias)`: each dot product in eight lanes (element `d`

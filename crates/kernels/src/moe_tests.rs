@@ -306,6 +306,7 @@ impl Stored {
                 scales,
                 zero_points: zero_points.as_deref(),
                 int8,
+                interleaved: None,
             },
         }
     }
@@ -417,6 +418,32 @@ fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() 
                     bits(&one),
                     bits(&out[t * hidden..][..hidden]),
                     "{what} int8 {int8} token {t}"
+                );
+            }
+            // Integer experts with f32 activations, interleaved at load: the same bits.
+            let packed = (ex.fc1.interleave(count).unwrap()).zip(ex.fc2.interleave(count).unwrap());
+            let integer = quant.is_some_and(|q| q.0 != 0);
+            assert_eq!(
+                packed.is_some(),
+                integer && !int8 && crate::cpu::isa() >= crate::cpu::Isa::Avx2,
+                "{what} int8 {int8}"
+            );
+            if let Some((p1, p2)) = &packed {
+                let interleaved = Experts {
+                    fc1: Projection {
+                        weights: ex.fc1.weights.with_interleaved(p1),
+                        ..ex.fc1
+                    },
+                    fc2: Projection {
+                        weights: ex.fc2.weights.with_interleaved(p2),
+                        ..ex.fc2
+                    },
+                    ..ex
+                };
+                assert_eq!(
+                    bits(&run(&x, &logits, k, routing, &interleaved, 2).0),
+                    bits(&out),
+                    "{what} interleaved"
                 );
             }
         }

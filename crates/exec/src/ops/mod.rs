@@ -9,7 +9,7 @@ mod dispatch;
 mod attention;
 mod control;
 mod elementwise;
-mod moe;
+pub(crate) mod moe;
 mod nn;
 pub(crate) mod quant;
 mod reduce;
@@ -34,6 +34,8 @@ pub struct OpCtx<'a> {
     pub exact: bool,
     /// The node's weights repacked at load for the int8 `MatMulNBits` kernel, if they were.
     pub packed: Option<&'a PackedNBits>,
+    /// A QMoE node's experts interleaved at load for the f32 kernel, if they were.
+    pub(crate) experts: Option<&'a moe::PackedExperts>,
     /// For a `GroupQueryAttention` node in a ragged step: the paged KV it reads and writes.
     pub paged: Option<crate::kv::PagedLayer<'a>>,
     /// Bit `k`: output `k` is read after this node (see [`OpCtx::wants`]).

@@ -1,13 +1,15 @@
 //! Mixture of experts: com.microsoft::MoE and QMoE. Validates the inputs against
 //! onnxruntime's shapes (`moe_helper.h`), maps QMoE's expert matrices onto the
 //! `MatMulNBits` layout (they are the same bytes when K is a whole number of blocks), and
-//! runs `oxgen_kernels::moe` on the tensors as they are: nothing is dequantized or copied
-//! ahead of time.
+//! runs `oxgen_kernels::moe` on the tensors as they are: nothing is dequantized ahead of time.
+//! Integer experts that take f32 activations are the one exception to "as they are": without a
+//! weight budget the session interleaves them at load ([`prepack`]; the same bytes reordered,
+//! the same bits), since the f32 kernel would otherwise gather each block's rows every run.
 
 use oxgen_graph::ops::{Moe, MoeActivation, MoeFormat, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
 use oxgen_kernels::moe::{self as km, Activation, ExpertMatrix, Experts, Projection, Routing};
 use oxgen_kernels::mxfp4;
-use oxgen_kernels::nbits::NBitsLayout;
+use oxgen_kernels::nbits::{Interleaved, NBitsLayout};
 use oxgen_tensor::{DType, Tensor};
 
 use super::{OpCtx, input, opt_input};
@@ -57,57 +59,14 @@ pub(super) fn run(
             logits.shape()
         )));
     }
-    let at = op.inputs();
-    let factor = match op.activation {
-        MoeActivation::SwiGlu { .. } => 2,
-        _ => 1,
-    };
-    let w2 = input(inputs, at.fc2.0)?;
-    let pack = op.quant.map_or(1, |q| 8 / q.bits as usize);
-    let mxfp4 = op.quant.is_some_and(|q| q.format == MoeFormat::Mxfp4);
-    let inter = match *w2.dims() {
-        // MXFP4: (experts, inputs, outputs / 2).
-        [e, i, h] if mxfp4 && e == count && 2 * h == hidden => i,
-        [e, h, i] if !mxfp4 && e == count && h == hidden => i * pack,
-        _ => {
-            return Err(OpError::shape(format!(
-                "fc2_experts_weights must be {}, got {}",
-                if mxfp4 {
-                    format!("({count}, inter, {hidden} / 2)")
-                } else if pack > 1 {
-                    format!("({count}, {hidden}, inter / {pack})")
-                } else {
-                    format!("({count}, {hidden}, inter)")
-                },
-                w2.shape()
-            )));
-        }
-    };
-    let zp = |slot: usize| {
-        at.zero_points
-            .and_then(|z| opt_input(inputs, [z.0, z.1][slot]))
-    };
     let int8 = op
         .quant
         .is_some_and(|q| q.accuracy_level == INT8_ACCURACY_LEVEL && !ctx.exact);
-    let fc1 = projection(
-        op.quant,
-        int8,
-        inputs,
-        at.fc1,
-        zp(0),
-        (count, inter * factor, hidden),
-        "fc1",
-    )?;
-    let fc2 = projection(
-        op.quant,
-        int8,
-        inputs,
-        at.fc2,
-        zp(1),
-        (count, hidden, inter),
-        "fc2",
-    )?;
+    let (mut fc1, mut fc2) = projections(op, inputs, (count, hidden), int8)?;
+    if let Some(packed) = ctx.experts {
+        fc1.weights = fc1.weights.with_interleaved(&packed.fc1);
+        fc2.weights = fc2.weights.with_interleaved(&packed.fc2);
+    }
     let activation = match op.activation {
         MoeActivation::Relu => Activation::Relu,
         MoeActivation::Gelu => Activation::Gelu,
@@ -127,7 +86,7 @@ pub(super) fn run(
             op.k
         )));
     }
-    let given = at.router_weights.and_then(|i| opt_input(inputs, i));
+    let given = (op.inputs().router_weights).and_then(|i| opt_input(inputs, i));
     if let Some(g) = given
         && (g.dtype() != DType::F32 || g.dims() != logits.dims())
     {
@@ -180,6 +139,92 @@ pub(super) fn run(
     ctx.arena.release(values);
     ctx.arena.release(indices);
     Ok(out)
+}
+
+/// The node's two expert projections, checked against `count` experts of `hidden` features;
+/// `int8`: integer experts take int8 activations.
+fn projections<'a>(
+    op: &Moe,
+    inputs: &[Option<&'a Tensor>],
+    (count, hidden): (usize, usize),
+    int8: bool,
+) -> Result<(Projection<'a>, Projection<'a>), OpError> {
+    let at = op.inputs();
+    let factor = match op.activation {
+        MoeActivation::SwiGlu { .. } => 2,
+        _ => 1,
+    };
+    let w2 = input(inputs, at.fc2.0)?;
+    let pack = op.quant.map_or(1, |q| 8 / q.bits as usize);
+    let mxfp4 = op.quant.is_some_and(|q| q.format == MoeFormat::Mxfp4);
+    let inter = match *w2.dims() {
+        // MXFP4: (experts, inputs, outputs / 2).
+        [e, i, h] if mxfp4 && e == count && 2 * h == hidden => i,
+        [e, h, i] if !mxfp4 && e == count && h == hidden => i * pack,
+        _ => {
+            return Err(OpError::shape(format!(
+                "fc2_experts_weights must be {}, got {}",
+                if mxfp4 {
+                    format!("({count}, inter, {hidden} / 2)")
+                } else if pack > 1 {
+                    format!("({count}, {hidden}, inter / {pack})")
+                } else {
+                    format!("({count}, {hidden}, inter)")
+                },
+                w2.shape()
+            )));
+        }
+    };
+    let zp = |slot: usize| {
+        at.zero_points
+            .and_then(|z| opt_input(inputs, [z.0, z.1][slot]))
+    };
+    let fc1 = projection(
+        op.quant,
+        int8,
+        inputs,
+        at.fc1,
+        zp(0),
+        (count, inter * factor, hidden),
+        "fc1",
+    )?;
+    let fc2 = projection(
+        op.quant,
+        int8,
+        inputs,
+        at.fc2,
+        zp(1),
+        (count, hidden, inter),
+        "fc2",
+    )?;
+    Ok((fc1, fc2))
+}
+
+/// A QMoE node's integer experts interleaved at load for the f32 kernel
+/// ([`oxgen_kernels::nbits::Interleaved`]): the same bits, without gathering each block's
+/// rows at every run.
+#[derive(Debug)]
+pub(crate) struct PackedExperts {
+    fc1: Vec<Interleaved>,
+    fc2: Vec<Interleaved>,
+}
+
+/// `op`'s experts interleaved, where its weights (in `inputs`, as at load) are integer
+/// experts that take f32 activations (`exact`, or no `accuracy_level` of 4) and the f32 kernel
+/// runs them; `None` otherwise, or on any inconsistency (running the node reports it).
+pub(crate) fn prepack(op: &Moe, inputs: &[Option<&Tensor>], exact: bool) -> Option<PackedExperts> {
+    let q = op.quant?;
+    if q.format == MoeFormat::Mxfp4 || (q.accuracy_level == INT8_ACCURACY_LEVEL && !exact) {
+        return None;
+    }
+    let &[count, hidden, _] = input(inputs, op.inputs().fc2.0).ok()?.dims() else {
+        return None;
+    };
+    let (fc1, fc2) = projections(op, inputs, (count, hidden), false).ok()?;
+    Some(PackedExperts {
+        fc1: fc1.interleave(count).ok()??,
+        fc2: fc2.interleave(count).ok()??,
+    })
 }
 
 /// An MXFP4 projection (QMoE `fp4`): codes `(count, k, n / 2)` uint8, e8m0 scales
@@ -357,6 +402,7 @@ fn projection<'a>(
             scales: scales.as_slice::<f32>()?,
             zero_points,
             int8,
+            interleaved: None,
         },
         bias,
     })

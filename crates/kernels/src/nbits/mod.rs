@@ -11,6 +11,9 @@
 //!   time, a task's rows sharing each block's dequantized weights, with the reference's bits;
 //! - `reference`: [`matmul_nbits`], the f32 reference (any float type), and
 //!   [`matmul_nbits_f32`], which takes `stored_f32` where it can;
+//! - `interleaved`: [`Interleaved`], weights repacked at load for `stored_f32` (each group of
+//!   eight rows' codes interleaved, as the kernel otherwise gathers them every run), and
+//!   [`matmul_interleaved_f32`];
 //! - `quantize`: activation rows to int8 ([`quantize_row`]: reference and AVX2);
 //! - `quantized_row`: a quantized row laid out for the kernels, per-thread buffers;
 //! - `int8_reference`: the int8-activation arithmetic ([`matmul_nbits_int8_reference`]);
@@ -23,6 +26,7 @@
 
 mod int8;
 mod int8_reference;
+mod interleaved;
 mod isa;
 mod layout;
 mod packed;
@@ -40,6 +44,7 @@ mod tile_io;
 
 pub use int8::{matmul_nbits_int8, matmul_nbits_int8_isa};
 pub use int8_reference::{block_offset, matmul_nbits_int8_reference};
+pub use interleaved::{Interleaved, matmul_interleaved_f32};
 pub use isa::{Isa, supported, supported_on};
 pub use layout::{NBitsLayout, QuantWeights, TILE, ZeroPoints};
 pub use packed::PackedNBits;

@@ -41,9 +41,8 @@ pub fn matmul_nbits<T: Accum<Acc = f32>>(
     Ok(())
 }
 
-/// [`matmul_nbits`] for f32: vectors of eight columns on AVX2 where the layout allows
-/// (`nbits/stored_f32.rs`; a task's rows, up to [`MAX_ROW_BLOCK`], share each block's
-/// weights), the reference for the rest; the same bits.
+/// [`matmul_nbits`] for f32: vectors of 16 or 8 columns where the CPU and layout allow
+/// (`nbits/stored_f32.rs`), the reference for the rest; the same bits.
 pub fn matmul_nbits_f32(
     a: &[f32],
     m: usize,
@@ -56,9 +55,26 @@ pub fn matmul_nbits_f32(
         return matmul_nbits(a, m, w, bias, out, pool);
     }
     check_args(a.len(), m, w, bias.map(<[f32]>::len), out.len())?;
-    let NBitsLayout { n, k, .. } = w.layout;
+    #[cfg(target_arch = "x86_64")]
+    vector_columns(a, m, w, bias, out, pool);
+    Ok(())
+}
+
+/// `out = a · dequant(w)ᵀ + bias` on the vector columns of `nbits/stored_f32.rs` (the rest of a
+/// row's columns by the reference), after the caller's checks: a task's rows, up to
+/// [`MAX_ROW_BLOCK`], share each block's dequantized weights.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn vector_columns<B: stored_f32::Blocks>(
+    a: &[f32],
+    m: usize,
+    w: &B,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) {
+    let NBitsLayout { n, k, .. } = *w.layout();
     if m == 0 || n == 0 {
-        return Ok(());
+        return;
     }
     // Dequantizing is most of the work: tasks take as many rows as they can share it among,
     // and split the columns for the parts the rows do not fill.
@@ -77,8 +93,7 @@ pub fn matmul_nbits_f32(
         }
         let rows = outs.len();
         let a = &a[first * k..][..rows * k];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `supported` checked AVX2 and the layout; the columns lie inside `n`, each
+        // SAFETY: the caller checked AVX2 and the layout; the columns lie inside `n`, each
         // head holds them, `a` holds the rows.
         unsafe {
             stored_f32::columns(
@@ -90,7 +105,7 @@ pub fn matmul_nbits_f32(
             )
         };
         for (r, tail) in tails[..rows].iter_mut().enumerate() {
-            row_part(&a[r * k..][..k], w, bias, cols.start + wide..cols.end, tail);
+            w.rest(&a[r * k..][..k], bias, cols.start + wide..cols.end, tail);
         }
     };
     par_row_blocks_spans(
@@ -103,11 +118,10 @@ pub fn matmul_nbits_f32(
         col_parts,
         task,
     );
-    Ok(())
 }
 
 /// Columns `cols` of one output row.
-fn row_part<T: Accum<Acc = f32>>(
+pub(super) fn row_part<T: Accum<Acc = f32>>(
     a_row: &[T],
     w: &QuantWeights<'_, T>,
     bias: Option<&[T]>,
@@ -147,7 +161,7 @@ mod tests {
     use half::f16;
 
     use super::*;
-    use crate::nbits::NBitsLayout;
+    use crate::nbits::{Interleaved, NBitsLayout, matmul_interleaved_f32};
 
     /// A tiny xorshift64 for reproducible test data.
     struct Rng(u64);
@@ -273,6 +287,8 @@ mod tests {
     /// The f32 vector columns give the reference's bits: widths with and without a tail of
     /// columns, bit widths, zero-point kinds (float ones fall back), a padded last block, bias,
     /// several rows and threads.
+    /// The vector columns over the stored layout and over the same weights interleaved at
+    /// load give the reference's bits.
     #[test]
     fn f32_vector_columns_give_the_reference_bits() {
         let bits_of = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -294,6 +310,10 @@ mod tests {
                 let w = case.weights(zp_kind);
                 let mut want = vec![0f32; m * n];
                 matmul_nbits(&a, m, &w, Some(&bias), &mut want, &ThreadPool::new(1)).unwrap();
+                let interleaved = Interleaved::pack(&w).unwrap();
+                // Interleaved where the vector kernel runs and the rows make groups of eight.
+                let expected = stored_f32::supported(&w) && n % 8 == 0;
+                assert_eq!(interleaved.is_some(), expected, "n {n} zp {zp_kind}");
                 for threads in [1, 3] {
                     let mut got = vec![f32::NAN; m * n];
                     let pool = ThreadPool::new(threads);
@@ -303,6 +323,16 @@ mod tests {
                         bits_of(&want),
                         "bits {bits} zp {zp_kind} n {n} threads {threads}"
                     );
+                    if let Some(packed) = &interleaved {
+                        got.fill(f32::NAN);
+                        matmul_interleaved_f32(&a, m, packed, Some(&bias), &mut got, &pool)
+                            .unwrap();
+                        assert_eq!(
+                            bits_of(&got),
+                            bits_of(&want),
+                            "interleaved: bits {bits} zp {zp_kind} n {n} threads {threads}"
+                        );
+                    }
                 }
             }
         }

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::layout::{QuantWeights, ZeroPoints};
+use super::layout::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::cpu;
 use crate::par::MAX_ROW_BLOCK;
 use crate::quant::{code, default_zero_point};
@@ -22,7 +22,7 @@ use crate::quant::{code, default_zero_point};
 pub(super) const COLS: usize = 8;
 
 /// The most bytes a block of one row may take here (a 256-code 8-bit block).
-const MAX_BLOB: usize = 256;
+pub(super) const MAX_BLOB: usize = 256;
 
 /// Whether the vector columns run `w` on this CPU.
 pub(super) fn supported(w: &QuantWeights<'_, f32>) -> bool {
@@ -51,9 +51,9 @@ const CHUNK: usize = 64;
 /// `outs[r].len() == cols.len()`; `a.len() == outs.len() * k`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn columns(
+pub(super) unsafe fn columns<B: Blocks>(
     a: &[f32],
-    w: &QuantWeights<'_, f32>,
+    w: &B,
     bias: Option<&[f32]>,
     cols: Range<usize>,
     outs: &mut [&mut [f32]],
@@ -86,14 +86,14 @@ pub(super) unsafe fn columns(
         // checked for the wide passes.
         unsafe {
             match (lanes, len / lanes) {
-                (16, 4) => pass_avx512::<4>(pass),
-                (16, 3) => pass_avx512::<3>(pass),
-                (16, 2) => pass_avx512::<2>(pass),
-                (16, _) => pass_avx512::<1>(pass),
-                (_, 4) => pass_avx2::<4>(pass),
-                (_, 3) => pass_avx2::<3>(pass),
-                (_, 2) => pass_avx2::<2>(pass),
-                _ => pass_avx2::<1>(pass),
+                (16, 4) => pass_avx512::<B, 4>(pass),
+                (16, 3) => pass_avx512::<B, 3>(pass),
+                (16, 2) => pass_avx512::<B, 2>(pass),
+                (16, _) => pass_avx512::<B, 1>(pass),
+                (_, 4) => pass_avx2::<B, 4>(pass),
+                (_, 3) => pass_avx2::<B, 3>(pass),
+                (_, 2) => pass_avx2::<B, 2>(pass),
+                _ => pass_avx2::<B, 1>(pass),
             }
         }
         j0 += len;
@@ -102,9 +102,9 @@ pub(super) unsafe fn columns(
 
 /// One pass's arguments: columns from `j0`, a vector's worth per [`Lanes`] of the pass, of
 /// the rows `outs` of `a`.
-struct Pass<'a, 'w> {
+struct Pass<'a, B> {
     a: &'a [f32],
-    w: &'a QuantWeights<'w, f32>,
+    w: &'a B,
     bias: Option<&'a [f32]>,
     j0: usize,
     outs: &'a mut [&'a mut [f32]],
@@ -126,9 +126,9 @@ struct Buffers {
 /// As for [`pass`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn pass_avx2<const G: usize>(p: Pass) {
+unsafe fn pass_avx2<B: Blocks, const G: usize>(p: Pass<B>) {
     // SAFETY: the caller's contract; AVX2 is enabled here for the inlined body.
-    unsafe { pass::<__m256, G>(p) }
+    unsafe { pass::<B, __m256, G>(p) }
 }
 
 /// [`pass`] in vectors of sixteen columns.
@@ -137,9 +137,9 @@ unsafe fn pass_avx2<const G: usize>(p: Pass) {
 /// As for [`pass`], and AVX-512 F must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2")]
-unsafe fn pass_avx512<const G: usize>(p: Pass) {
+unsafe fn pass_avx512<B: Blocks, const G: usize>(p: Pass<B>) {
     // SAFETY: the caller's contract; AVX-512 F is enabled here for the inlined body.
-    unsafe { pass::<__m512, G>(p) }
+    unsafe { pass::<B, __m512, G>(p) }
 }
 
 /// Columns `j0..j0 + G * V::LANES` of the rows `outs`: `G` vectors, each lane one column's
@@ -150,7 +150,7 @@ unsafe fn pass_avx512<const G: usize>(p: Pass) {
 /// As for [`columns`], with every `outs[r].len() == G * V::LANES` and the CPU running `V`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn pass<V: Lanes, const G: usize>(p: Pass) {
+unsafe fn pass<B: Blocks, V: Lanes, const G: usize>(p: Pass<B>) {
     let Pass {
         a,
         w,
@@ -159,7 +159,7 @@ unsafe fn pass<V: Lanes, const G: usize>(p: Pass) {
         outs,
         buffers: Buffers { gathered, weights },
     } = p;
-    let l = &w.layout;
+    let l = w.layout();
     let (rows, k, per_vector) = (outs.len(), l.k, V::LANES / COLS);
     // SAFETY: the CPU runs `V` (the caller's contract), as for every `V` method below.
     let zero = unsafe { V::zero() };
@@ -168,19 +168,18 @@ unsafe fn pass<V: Lanes, const G: usize>(p: Pass) {
     for b in 0..l.k_blocks {
         let ks = b * l.block_size..((b + 1) * l.block_size).min(k);
         let (mut scale, mut zp) = ([zero; G], [zero; G]);
+        let mut codes = [[std::ptr::null(); 2]; G];
         for v in 0..G {
             let groups = &mut gathered[v * per_vector..][..per_vector];
             // SAFETY: the caller's contract: the vector's rows lie inside `n`.
-            (scale[v], zp[v]) = unsafe { V::gather(w, j0 + v * V::LANES, b, groups) };
+            (codes[v], scale[v], zp[v]) = unsafe { V::gather(w, j0 + v * V::LANES, b, groups) };
         }
         for c0 in (0..ks.len()).step_by(CHUNK) {
-            let codes = c0..(c0 + CHUNK).min(ks.len());
+            let chunk = c0..(c0 + CHUNK).min(ks.len());
             // Codes `e` in order; a 4-bit byte holds two (the even one low).
-            for i in c0 / per_byte..codes.end.div_ceil(per_byte) {
-                // SAFETY: `i < blob_size <= MAX_BLOB`: eight bytes lie in each gathered group.
-                let bytes: [V::Int; G] = std::array::from_fn(|v| unsafe {
-                    V::bytes(&gathered[v * per_vector..][..per_vector], i)
-                });
+            for i in c0 / per_byte..chunk.end.div_ceil(per_byte) {
+                // SAFETY: `i < blob_size`: eight bytes lie at `i * 8` in each group's codes.
+                let bytes: [V::Int; G] = std::array::from_fn(|v| unsafe { V::bytes(codes[v], i) });
                 for half in 0..per_byte.min(ks.len() - i * per_byte) {
                     let e = i * per_byte + half;
                     // SAFETY: the CPU runs `V` (the caller's contract).
@@ -203,7 +202,7 @@ unsafe fn pass<V: Lanes, const G: usize>(p: Pass) {
             }
             if rows > 1 {
                 for (r, acc) in acc[..rows].iter_mut().enumerate() {
-                    let xs = &a[r * k + ks.start..][codes.clone()];
+                    let xs = &a[r * k + ks.start..][chunk.clone()];
                     for (e, &x) in xs.iter().enumerate() {
                         let x = unsafe { V::splat(x) };
                         for (v, acc) in acc.iter_mut().enumerate() {
@@ -248,16 +247,16 @@ trait Lanes: Copy {
     unsafe fn add(self, x: Self) -> Self;
     /// `acc + x · w`, rounded after the product and after the sum (not fused).
     unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self;
-    /// Block `b` of rows `j0..j0 + LANES`: their codes into `groups` (eight rows each, see
-    /// [`Buffers`]), and their scales and zero points.
-    unsafe fn gather(
-        w: &QuantWeights<'_, f32>,
+    /// Block `b` of rows `j0..j0 + LANES` ([`Blocks::group`] for each eight, `groups` their
+    /// buffers): where each eight's codes lie, and the rows' scales and zero points.
+    unsafe fn gather<B: Blocks>(
+        w: &B,
         j0: usize,
         b: usize,
         groups: &mut [[u8; MAX_BLOB * COLS]],
-    ) -> (Self, Self);
-    /// Byte `i` of each lane's row, from the groups [`Lanes::gather`] filled, widened.
-    unsafe fn bytes(groups: &[[u8; MAX_BLOB * COLS]], i: usize) -> Self::Int;
+    ) -> ([*const u8; 2], Self, Self);
+    /// Byte `i` of each lane's row, from the codes [`Lanes::gather`] gave, widened.
+    unsafe fn bytes(codes: [*const u8; 2], i: usize) -> Self::Int;
     /// The codes of `bytes`: `half` picks a 4-bit byte's nibble (0 the low one).
     unsafe fn codes(bytes: Self::Int, bits: u32, half: usize) -> Self::Int;
     /// `(codes - zp) · scale`, rounded once.
@@ -293,17 +292,18 @@ impl Lanes for __m256 {
         unsafe { _mm256_add_ps(acc, _mm256_mul_ps(x, w)) }
     }
     #[inline(always)]
-    unsafe fn gather(
-        w: &QuantWeights<'_, f32>,
+    unsafe fn gather<B: Blocks>(
+        w: &B,
         j0: usize,
         b: usize,
         groups: &mut [[u8; MAX_BLOB * COLS]],
-    ) -> (Self, Self) {
-        unsafe { gather_block(w, j0, b, &mut groups[0]) }
+    ) -> ([*const u8; 2], Self, Self) {
+        let (codes, scale, zp) = unsafe { w.group(j0, b, &mut groups[0]) };
+        ([codes, std::ptr::null()], scale, zp)
     }
     #[inline(always)]
-    unsafe fn bytes(groups: &[[u8; MAX_BLOB * COLS]], i: usize) -> Self::Int {
-        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(groups[0].as_ptr().add(i * COLS).cast())) }
+    unsafe fn bytes(codes: [*const u8; 2], i: usize) -> Self::Int {
+        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(codes[0].add(i * COLS).cast())) }
     }
     #[inline(always)]
     unsafe fn codes(bytes: Self::Int, bits: u32, half: usize) -> Self::Int {
@@ -350,30 +350,30 @@ impl Lanes for __m512 {
         unsafe { _mm512_add_ps(acc, _mm512_mul_ps(x, w)) }
     }
     #[inline(always)]
-    unsafe fn gather(
-        w: &QuantWeights<'_, f32>,
+    unsafe fn gather<B: Blocks>(
+        w: &B,
         j0: usize,
         b: usize,
         groups: &mut [[u8; MAX_BLOB * COLS]],
-    ) -> (Self, Self) {
+    ) -> ([*const u8; 2], Self, Self) {
         let (lo, hi) = groups.split_at_mut(1);
         unsafe {
-            let (s0, z0) = gather_block(w, j0, b, &mut lo[0]);
-            let (s1, z1) = gather_block(w, j0 + COLS, b, &mut hi[0]);
+            let (c0, s0, z0) = w.group(j0, b, &mut lo[0]);
+            let (c1, s1, z1) = w.group(j0 + COLS, b, &mut hi[0]);
             let join = |lo: __m256, hi: __m256| {
                 _mm512_castpd_ps(_mm512_insertf64x4::<1>(
                     _mm512_castps_pd(_mm512_castps256_ps512(lo)),
                     _mm256_castps_pd(hi),
                 ))
             };
-            (join(s0, s1), join(z0, z1))
+            ([c0, c1], join(s0, s1), join(z0, z1))
         }
     }
     #[inline(always)]
-    unsafe fn bytes(groups: &[[u8; MAX_BLOB * COLS]], i: usize) -> Self::Int {
+    unsafe fn bytes(codes: [*const u8; 2], i: usize) -> Self::Int {
         unsafe {
-            let lo = _mm_loadl_epi64(groups[0].as_ptr().add(i * COLS).cast());
-            let hi = _mm_loadl_epi64(groups[1].as_ptr().add(i * COLS).cast());
+            let lo = _mm_loadl_epi64(codes[0].add(i * COLS).cast());
+            let hi = _mm_loadl_epi64(codes[1].add(i * COLS).cast());
             _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi))
         }
     }
@@ -390,6 +390,49 @@ impl Lanes for __m512 {
     #[inline(always)]
     unsafe fn weight(codes: Self::Int, zp: Self, scale: Self) -> Self {
         unsafe { _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(codes), zp), scale) }
+    }
+}
+
+/// Where a pass's weights come from: blocks of eight rows with their codes interleaved (byte
+/// `i` of row `r` at `i * 8 + r`), gathered from the stored layout ([`QuantWeights`]) or
+/// already so ([`super::Interleaved`]).
+#[cfg(target_arch = "x86_64")]
+pub(super) trait Blocks: Sync {
+    fn layout(&self) -> &NBitsLayout;
+    /// Block `b` of rows `j0..j0 + 8`: where their interleaved codes lie (in `buffer` when
+    /// they must be gathered), and their scales and zero points.
+    ///
+    /// # Safety
+    /// AVX2 must be available, the rows inside `n` and `j0` a multiple of 8, `b` a block;
+    /// the codes are read while `self` and `buffer` are.
+    unsafe fn group(
+        &self,
+        j0: usize,
+        b: usize,
+        buffer: &mut [u8; MAX_BLOB * COLS],
+    ) -> (*const u8, __m256, __m256);
+    /// Columns `cols` of one row that the vectors leave (fewer than eight), by the reference.
+    fn rest(&self, a_row: &[f32], bias: Option<&[f32]>, cols: Range<usize>, out: &mut [f32]);
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Blocks for QuantWeights<'_, f32> {
+    fn layout(&self) -> &NBitsLayout {
+        &self.layout
+    }
+    #[inline(always)]
+    unsafe fn group(
+        &self,
+        j0: usize,
+        b: usize,
+        buffer: &mut [u8; MAX_BLOB * COLS],
+    ) -> (*const u8, __m256, __m256) {
+        // SAFETY: the caller's contract.
+        let (scale, zp) = unsafe { gather_block(self, j0, b, buffer) };
+        (buffer.as_ptr(), scale, zp)
+    }
+    fn rest(&self, a_row: &[f32], bias: Option<&[f32]>, cols: Range<usize>, out: &mut [f32]) {
+        super::reference::row_part(a_row, self, bias, cols, out);
     }
 }
 
