@@ -129,11 +129,25 @@ fn bench_experts(c: &mut Criterion) {
         common::values::<f32>(EXPERTS * HIDDEN, 5),
     );
     let mut g = common::group(c, "moe/experts/k=4 of 32", 1500);
-    for form in ["int4", "int4-int8", "mxfp4"] {
+    // The int4 experts interleaved at load, as a session without a weight budget runs them.
+    let interleave = |p: Projection<'_>| p.interleave(EXPERTS).unwrap();
+    let packed =
+        interleave(fc1.projection("int4", &b1)).zip(interleave(fc2.projection("int4", &b2)));
+    for form in ["int4", "int4-interleaved", "int4-int8", "mxfp4"] {
+        let (mut p1, mut p2) = (fc1.projection(form, &b1), fc2.projection(form, &b2));
+        if form == "int4-interleaved" {
+            let Some((i1, i2)) = &packed else {
+                continue;
+            };
+            (p1.weights, p2.weights) = (
+                p1.weights.with_interleaved(i1),
+                p2.weights.with_interleaved(i2),
+            );
+        }
         let experts = Experts {
             count: EXPERTS,
-            fc1: fc1.projection(form, &b1),
-            fc2: fc2.projection(form, &b2),
+            fc1: p1,
+            fc2: p2,
             activation: SWIGLU,
         };
         for tokens in [1, 8] {
