@@ -201,16 +201,17 @@ unsafe fn pass<B: Blocks, V: Lanes, const G: usize>(p: Pass<B>) {
                 }
             }
             if rows > 1 {
-                for (r, acc) in acc[..rows].iter_mut().enumerate() {
-                    let xs = &a[r * k + ks.start..][chunk.clone()];
-                    for (e, &x) in xs.iter().enumerate() {
-                        let x = unsafe { V::splat(x) };
-                        for (v, acc) in acc.iter_mut().enumerate() {
-                            // SAFETY: the chunk's weights were all written above.
-                            let weight = unsafe {
-                                V::load(weights.as_ptr().add((e * G + v) * V::LANES).cast())
-                            };
-                            *acc = unsafe { V::mul_add(*acc, x, weight) };
+                let first = ks.start + chunk.start;
+                let weights = weights.as_ptr().cast::<f32>();
+                // Rows two at a time: each weight loaded once for both, twice the add chains
+                // in flight (four at a time measured no better on AVX-512).
+                for (c, accs) in acc[..rows].chunks_mut(2).enumerate() {
+                    let a = &a[2 * c * k + first..];
+                    // SAFETY: the chunk's weights were all written above; `a` holds the rows.
+                    unsafe {
+                        match accs.len() {
+                            2 => rows_chunk::<V, G, 2>(accs, a, k, chunk.len(), weights),
+                            _ => rows_chunk::<V, G, 1>(accs, a, k, chunk.len(), weights),
                         }
                     }
                 }
@@ -230,6 +231,41 @@ unsafe fn pass<B: Blocks, V: Lanes, const G: usize>(p: Pass<B>) {
             }
         }
     }
+}
+
+/// `R` rows' sums over `len` codes of a chunk: row `r`'s inputs are `a[r * k..][..len]`, the
+/// weights code `e` of vector `v` at `weights[(e * G + v) * V::LANES..]`.
+///
+/// # Safety
+/// The CPU runs `V`; `acc.len() == R`; the weights hold `len * G` vectors; `a` the rows.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rows_chunk<V: Lanes, const G: usize, const R: usize>(
+    acc: &mut [[V; G]],
+    a: &[f32],
+    k: usize,
+    len: usize,
+    weights: *const f32,
+) {
+    assert!(acc.len() == R && a.len() > (R - 1) * k + len.saturating_sub(1));
+    let mut sums: [[V; G]; R] = [acc[0]; R];
+    sums.copy_from_slice(acc);
+    let a = a.as_ptr();
+    for e in 0..len {
+        // SAFETY: the caller's contract, for every call below; row `r`'s input `e` lies in `a`
+        // (asserted).
+        let mut x = [unsafe { V::zero() }; R];
+        for (r, x) in x.iter_mut().enumerate() {
+            *x = unsafe { V::splat(*a.add(r * k + e)) };
+        }
+        for v in 0..G {
+            let weight = unsafe { V::load(weights.add((e * G + v) * V::LANES)) };
+            for (sum, &x) in sums.iter_mut().zip(&x) {
+                sum[v] = unsafe { V::mul_add(sum[v], x, weight) };
+            }
+        }
+    }
+    acc.copy_from_slice(&sums);
 }
 
 /// A vector of f32 lanes, one output column per lane, as a [`pass`] uses it. Every method
