@@ -12,7 +12,6 @@ use super::stored_f32;
 use crate::ThreadPool;
 use crate::error::KernelError;
 use crate::mem::f32_bytes;
-use crate::quant::code;
 
 /// Rows a group interleaves (the kernel's narrowest vector).
 const ROWS: usize = stored_f32::COLS;
@@ -38,24 +37,30 @@ impl Interleaved {
         if !stored_f32::supported(w) || !l.n.is_multiple_of(ROWS) {
             return Ok(None);
         }
-        let (blob, row_bytes) = (l.blob_size, l.k_blocks * l.blob_size);
-        let mut codes = vec![0u8; l.n * row_bytes];
+        let blob = l.blob_size;
+        let mut codes = vec![0u8; l.n * l.k_blocks * blob];
         let mut scales = vec![0f32; l.n * l.k_blocks];
-        let mut zero_points = match w.zero_points {
-            ZeroPoints::Packed(_) => Some(vec![0f32; l.n * l.k_blocks]),
-            _ => None,
-        };
-        for j in 0..l.n {
-            let (g, r) = (j / ROWS, j % ROWS);
-            for b in 0..l.k_blocks {
-                let at = (g * l.k_blocks + b) * ROWS;
-                let src = &w.data[j * row_bytes + b * blob..][..blob];
-                for (i, &byte) in src.iter().enumerate() {
-                    codes[at * blob + i * ROWS + r] = byte;
-                }
-                scales[at + r] = w.scales[j * l.k_blocks + b];
-                if let (Some(zps), ZeroPoints::Packed(z)) = (&mut zero_points, w.zero_points) {
-                    zps[at + r] = code(&z[j * l.zp_row_bytes..], l.bits, b) as f32;
+        let mut zero_points =
+            matches!(w.zero_points, ZeroPoints::Packed(_)).then(|| vec![0f32; l.n * l.k_blocks]);
+        // Each group's blocks as the kernel gathers them from the stored rows (so the bytes
+        // are what it would read there, by construction).
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::_mm256_storeu_ps;
+            let mut buffer = [0u8; stored_f32::MAX_BLOB * stored_f32::COLS];
+            for g in 0..l.n / ROWS {
+                for b in 0..l.k_blocks {
+                    let at = (g * l.k_blocks + b) * ROWS;
+                    // SAFETY: `supported` checked AVX2 and the layout, `check` the lengths; the
+                    // group's rows lie inside `n`; each destination holds eight values.
+                    unsafe {
+                        let (scale, zp) = stored_f32::gather_block(w, g * ROWS, b, &mut buffer);
+                        _mm256_storeu_ps(scales[at..at + ROWS].as_mut_ptr(), scale);
+                        if let Some(z) = &mut zero_points {
+                            _mm256_storeu_ps(z[at..at + ROWS].as_mut_ptr(), zp);
+                        }
+                    }
+                    codes[at * blob..(at + ROWS) * blob].copy_from_slice(&buffer[..ROWS * blob]);
                 }
             }
         }

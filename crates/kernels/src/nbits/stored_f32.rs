@@ -479,7 +479,7 @@ impl Blocks for QuantWeights<'_, f32> {
 /// AVX2 must be available and `w` [`supported`] and checked; the rows inside `n`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn gather_block(
+pub(super) unsafe fn gather_block(
     w: &QuantWeights<'_, f32>,
     j0: usize,
     b: usize,
