@@ -1,9 +1,11 @@
-//! `MatMulNBits` with f32 activations over the stored (ONNX) layout, in vectors of sixteen
-//! output columns on AVX-512 or eight on AVX2, four vectors at a time (independent sums, each a
-//! column's chain of adds in K order): each lane is one column's reference arithmetic ([`super::reference`]: `w = (q - zp) · scale` rounded, then `acc = acc + a · w`
-//! in K order, the bias last), so the bits are the reference's. Per block, each vector's eight
-//! rows' codes are gathered into one buffer, code `e` of the block then being eight
-//! consecutive bytes (4-bit: a nibble of each).
+//! `MatMulNBits` with f32 activations, in vectors of sixteen output columns on AVX-512 or eight
+//! on AVX2, four vectors at a time (independent sums, each a column's chain of adds in K
+//! order): each lane is one column's reference arithmetic ([`super::reference`]:
+//! `w = (q - zp) · scale` rounded, then `acc = acc + a · w` in K order, the bias last), so the
+//! bits are the reference's. Per block, each group of eight rows' codes is read interleaved
+//! (code `e` of the block then being eight consecutive bytes, 4-bit: a nibble of each):
+//! gathered from the stored (ONNX) layout into a buffer, or as [`super::Interleaved`] holds
+//! them, repacked at load ([`Blocks`] says where they come from).
 //!
 //! Takes 4- and 8-bit codes with default or packed zero points and blocks of at most
 //! [`MAX_BLOB`] bytes; [`supported`] says when.
@@ -47,8 +49,8 @@ const CHUNK: usize = 64;
 /// goes. Every lane sees its column's reference operations either way.
 ///
 /// # Safety
-/// AVX2 must be available and `w` [`supported`] and checked; `cols` inside `n`; every
-/// `outs[r].len() == cols.len()`; `a.len() == outs.len() * k`.
+/// AVX2 must be available and `w` a layout [`supported`] takes, checked; `cols` inside `n`;
+/// every `outs[r].len() == cols.len()`; `a.len() == outs.len() * k`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn columns<B: Blocks>(
