@@ -99,8 +99,8 @@ pub struct NativeSession {
     residency: Residency,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
-    /// Per node: a QMoE node's integer experts interleaved at load for the f32 kernel (none
-    /// once a weight budget is set: the budget keeps experts where they lie, in the files).
+    /// Per node: a QMoE node's integer experts interleaved for the f32 kernel, once the
+    /// session is told it has no weight budget ([`NativeSession::set_weight_budget`]).
     experts: Vec<Option<PackedExperts>>,
     /// Per node: a session for each of its branches or bodies (`If`, `Loop`, `Scan`).
     subgraphs: Vec<Vec<NativeSession>>,
@@ -125,7 +125,8 @@ impl NativeSession {
     pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
         let mut graph = graph;
         let packed = prepack_weights(&mut graph, exact);
-        let experts = prepack_experts(&graph, exact);
+        // Interleaved by `set_weight_budget(None)`, not before: a budget would drop them.
+        let experts = (0..graph.nodes.len()).map(|_| None).collect();
         // A subgraph's captured values come after its own inputs.
         let inputs = (graph.inputs.iter().chain(&graph.captures))
             .map(|&id| spec(&graph, id))
@@ -346,13 +347,18 @@ impl NativeSession {
     }
 
     /// Bounds the bytes of mixture-of-experts weights kept resident (`None`: no bound); see
-    /// `crate::residency`. Forgets what was resident.
+    /// `crate::residency`. Forgets what was resident. Without a bound, QMoE nodes' integer
+    /// experts that take f32 activations are interleaved for their kernel (once; a session
+    /// never told runs them as stored, with the same bits); a bound drops the copies, since
+    /// it counts what stays resident of the files' experts and the copies (memory of their
+    /// own) would stay whatever it says.
     pub fn set_weight_budget(&mut self, budget: Option<u64>) {
         self.residency = Residency::new(budget);
-        if budget.is_some() {
-            // The budget bounds what stays resident of the files' experts: interleaved copies
-            // (anonymous memory) would stay whatever it says.
-            self.experts.iter_mut().for_each(|e| *e = None);
+        let interleaved = self.experts.iter().any(Option::is_some);
+        match budget {
+            None if !interleaved => self.experts = prepack_experts(&self.plan.graph, self.exact),
+            None => {}
+            Some(_) => self.experts.iter_mut().for_each(|e| *e = None),
         }
     }
 

@@ -59,9 +59,7 @@ pub(super) fn run(
             logits.shape()
         )));
     }
-    let int8 = op
-        .quant
-        .is_some_and(|q| q.accuracy_level == INT8_ACCURACY_LEVEL && !ctx.exact);
+    let int8 = int8_activations(op, ctx.exact);
     let (mut fc1, mut fc2) = projections(op, inputs, (count, hidden), int8)?;
     if let Some(packed) = ctx.experts {
         fc1.weights = fc1.weights.with_interleaved(&packed.fc1);
@@ -141,6 +139,13 @@ pub(super) fn run(
     Ok(out)
 }
 
+/// Whether `op`'s integer experts take int8 activations: its `accuracy_level` allows them and
+/// the session is not exact.
+fn int8_activations(op: &Moe, exact: bool) -> bool {
+    op.quant
+        .is_some_and(|q| q.accuracy_level == INT8_ACCURACY_LEVEL && !exact)
+}
+
 /// The node's two expert projections, checked against `count` experts of `hidden` features;
 /// `int8`: integer experts take int8 activations.
 fn projections<'a>(
@@ -213,8 +218,7 @@ pub(crate) struct PackedExperts {
 /// experts that take f32 activations (`exact`, or no `accuracy_level` of 4) and the f32 kernel
 /// runs them; `None` otherwise, or on any inconsistency (running the node reports it).
 pub(crate) fn prepack(op: &Moe, inputs: &[Option<&Tensor>], exact: bool) -> Option<PackedExperts> {
-    let q = op.quant?;
-    if q.format == MoeFormat::Mxfp4 || (q.accuracy_level == INT8_ACCURACY_LEVEL && !exact) {
+    if op.quant?.format == MoeFormat::Mxfp4 || int8_activations(op, exact) {
         return None;
     }
     let &[count, hidden, _] = input(inputs, op.inputs().fc2.0).ok()?.dims() else {
