@@ -12,12 +12,13 @@ use oxgen_import::{ImportOptions, Progress, Stage, import_gguf};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The GGUF file (llama, mistral or qwen2; Q4_0, Q4_1, Q8_0, F16, BF16, F32 tensors).
+    /// The GGUF file (llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3, smollm3,
+    /// gpt-oss; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4 experts, F16, BF16, F32 tensors).
     file: PathBuf,
     /// The package folder to create (written to a temporary sibling, then renamed).
     out_dir: PathBuf,
-    /// MatMulNBits accuracy_level: 4 lets kernels quantize activations to int8 (faster), 0
-    /// keeps them f32 (exact, what onnxruntime runs bit-comparably).
+    /// MatMulNBits (and MXFP4 experts') accuracy_level: 4 lets kernels quantize activations
+    /// to int8 (faster), 0 keeps them f32 (exact, what onnxruntime runs bit-comparably).
     #[arg(long, env = "OXGEN_ACCURACY_LEVEL", default_value_t = oxgen_import::DEFAULT_ACCURACY_LEVEL,
           value_parser = parse_accuracy_level)]
     accuracy_level: u8,

@@ -318,6 +318,74 @@ fn a_gguf_of_the_same_checkpoint_imports_to_the_same_ids() {
     assert!(checked >= 10, "families.json names {checked} GGUFs");
 }
 
+/// gpt-oss's GGUF imported at the default accuracy level: its MXFP4 experts take int8
+/// activations, in tiles repacked at load (no budget) or gathered from the file at each use
+/// (a budget of 0). Both give the same ids, alone and batched; the logits differ from the
+/// f32 import's (int8 activations are in use) but stay close to them.
+#[test]
+fn imported_mxfp4_experts_take_int8_activations_packed_or_gathered() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.package == "gpt-oss-fp32")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = families_dir().join("gpt-oss.gguf");
+    // Every prompt position's logits, per level and budget.
+    let mut logits: Vec<Vec<f32>> = Vec::new();
+    for accuracy_level in [0, 4] {
+        let package = dir.path().join(format!("level-{accuracy_level}"));
+        let options = ImportOptions {
+            accuracy_level,
+            ..ImportOptions::default()
+        };
+        import_gguf(&gguf, &package, &options).unwrap();
+        let mut ids = Vec::new();
+        for weight_budget in [None, Some(0)] {
+            let options = ModelOptions {
+                threads: 2,
+                backend: Backend::Native,
+                weight_budget,
+                ..ModelOptions::default()
+            };
+            let mut model = Model::open(&package, &options).unwrap();
+            let what = format!("level {accuracy_level}, budget {weight_budget:?}");
+            let alone = alone(&mut model, &case);
+            assert_eq!(batched(&mut model, &case), alone, "{what}");
+            ids.push(alone);
+            let mut scorer = model.scorer(case.prompt.len()).unwrap();
+            scorer.feed(&case.prompt).unwrap();
+            logits.push(
+                (0..case.prompt.len())
+                    .flat_map(|i| scorer.row(i).to_vec())
+                    .collect(),
+            );
+        }
+        assert_eq!(ids[0], ids[1], "level {accuracy_level}");
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&logits[0]),
+        bits(&logits[1]),
+        "f32, packed or gathered"
+    );
+    assert_eq!(
+        bits(&logits[2]),
+        bits(&logits[3]),
+        "int8, packed or gathered"
+    );
+    let (f32s, int8) = (&logits[0], &logits[2]);
+    assert_ne!(bits(f32s), bits(int8), "int8 activations change the logits");
+    let scale = f32s.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = f32s
+        .iter()
+        .zip(int8)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        worst <= 0.05 * scale,
+        "logits moved by {worst} (largest {scale})"
+    );
+}
+
 /// gpt-oss (2 MoE layers, 2 of 4 experts per token): a decode step of one sequence computes
 /// exactly its 2 experts in each layer, and a batch of identical sequences shares them (their
 /// tokens route alike), so the experts' weights stream once for all of them.

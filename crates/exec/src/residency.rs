@@ -1,8 +1,9 @@
 //! The weight budget (`--weight-budget`): which mixture-of-experts weights are resident.
 //!
 //! Under a budget, expert weights are read where they lie, in the memory-mapped model files
-//! (without one, integer experts with f32 activations are interleaved into memory of their
-//! own at load, `crate::ops::moe::prepack`, and the counters below count those); a page the
+//! (without one, the experts whose kernel takes them repacked, integer experts with f32
+//! activations and MXFP4 experts with int8 activations, are repacked into memory of their own
+//! at load, `crate::ops::moe::prepack`, and the counters below count those); a page the
 //! kernels read counts in the process's RSS (as file-backed memory) until it is dropped. With a
 //! budget, every expert a step computes is touched here in least-recently-used order; when the
 //! experts touched exceed the budget, the least recently used are dropped from the mapping

@@ -99,7 +99,7 @@ pub struct NativeSession {
     residency: Residency,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
-    /// Per node: a QMoE node's integer experts interleaved for the f32 kernel, once the
+    /// Per node: a QMoE node's experts repacked for their kernel, once the
     /// session is told it has no weight budget ([`NativeSession::set_weight_budget`]).
     experts: Vec<Option<PackedExperts>>,
     /// Per node: a session for each of its branches or bodies (`If`, `Loop`, `Scan`).
@@ -125,7 +125,7 @@ impl NativeSession {
     pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
         let mut graph = graph;
         let packed = prepack_weights(&mut graph, exact);
-        // Interleaved by `set_weight_budget(None)`, not before: a budget would drop them.
+        // Repacked by `set_weight_budget(None)`, not before: a budget would drop them.
         let experts = (0..graph.nodes.len()).map(|_| None).collect();
         // A subgraph's captured values come after its own inputs.
         let inputs = (graph.inputs.iter().chain(&graph.captures))
@@ -348,15 +348,15 @@ impl NativeSession {
 
     /// Bounds the bytes of mixture-of-experts weights kept resident (`None`: no bound); see
     /// `crate::residency`. Forgets what was resident. Without a bound, QMoE nodes' integer
-    /// experts that take f32 activations are interleaved for their kernel (once; a session
-    /// never told runs them as stored, with the same bits); a bound drops the copies, since
-    /// it counts what stays resident of the files' experts and the copies (memory of their
-    /// own) would stay whatever it says.
+    /// experts that take f32 activations and MXFP4 experts that take int8 activations are
+    /// repacked for their kernel (once; a session never told runs them as stored, with the
+    /// same bits); a bound drops the copies, since it counts what stays resident of the
+    /// files' experts and the copies (memory of their own) would stay whatever it says.
     pub fn set_weight_budget(&mut self, budget: Option<u64>) {
         self.residency = Residency::new(budget);
-        let interleaved = self.experts.iter().any(Option::is_some);
+        let repacked = self.experts.iter().any(Option::is_some);
         match budget {
-            None if !interleaved => self.experts = prepack_experts(&self.plan.graph, self.exact),
+            None if !repacked => self.experts = prepack_experts(&self.plan.graph, self.exact),
             None => {}
             Some(_) => self.experts.iter_mut().for_each(|e| *e = None),
         }
@@ -608,8 +608,8 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
     packed
 }
 
-/// Interleaves the integer experts of every QMoE node whose weights are initializers and take
-/// f32 activations (`crate::ops::moe::prepack`), then hands the file pages of the originals
+/// Repacks the experts of every QMoE node whose weights are initializers and whose kernel
+/// takes them repacked (`crate::ops::moe::prepack`), then hands the file pages of the originals
 /// back to the OS: they are read again only if a weight budget later sends the node back to
 /// them.
 fn prepack_experts(graph: &Graph, exact: bool) -> Vec<Option<PackedExperts>> {

@@ -4,15 +4,18 @@
 //!
 //! - `moe/route/E=e,k=k`: 64 tokens' routing (top-k of the logits, softmax over them);
 //!   elements are tokens;
-//! - `moe/experts/k=4 of 32/{int4,int4-int8,mxfp4}/tokens=T/threads=N`: a whole MoE layer
+//! - `moe/experts/k=4 of 32/FORM/tokens=T/threads=N`: a whole MoE layer
 //!   (routing, each routed expert's two projections and SwiGLU, the weighted sum) for `T`
 //!   tokens whose routes are spread over the experts; throughput in weight bytes the routed
 //!   experts stream (`MoeStats::bytes`); `int4` is QMoE's integer form in f32 (the
 //!   `MatMulNBits` reference arithmetic: what onnxruntime computes for it), `int4-int8` with
-//!   int8 activations (`accuracy_level` 4), `mxfp4` the MXFP4 codes as stored;
+//!   int8 activations (`accuracy_level` 4), `int4-interleaved` in f32 on the experts
+//!   interleaved at load; `mxfp4` the MXFP4 codes as stored in f32 (exact), `mxfp4-int8` with
+//!   int8 activations gathering the tiles from the stored codes (a weight budget's path),
+//!   `mxfp4-int8-packed` on the tiles packed at load;
 //! - `mxfp4/gemv` and `mxfp4/gemm/8`: one expert's first projection (2048 x 1024) for 1 and
-//!   8 rows, beside the int4 `MatMulNBits` kernels on the same shape (`nbits/...`, f32 and
-//!   int8 activations); bytes of weights read.
+//!   8 rows (`mxfp4` exact, `mxfp4-int8-packed`), beside the int4 `MatMulNBits` kernels on the
+//!   same shape (`nbits/...`, f32 and int8 activations); bytes of weights read.
 //!
 //! `cargo bench -p oxgen-kernels --bench moe` (add `-- --test` to run each once).
 
@@ -25,7 +28,7 @@ use oxgen_kernels::ThreadPool;
 use oxgen_kernels::moe::{
     Activation, ExpertMatrix, Experts, Projection, Routing, moe, route, scratch_len,
 };
-use oxgen_kernels::mxfp4::{Mxfp4Weights, matmul_mxfp4};
+use oxgen_kernels::mxfp4::{Mxfp4Packed, Mxfp4Weights, matmul_mxfp4, matmul_mxfp4_int8};
 use oxgen_kernels::nbits::{
     NBitsLayout, QuantWeights, ZeroPoints, matmul_nbits_f32, matmul_nbits_int8,
 };
@@ -79,10 +82,12 @@ impl Stored {
     }
 
     fn projection<'a>(&'a self, form: &str, bias: &'a [f32]) -> Projection<'a> {
-        let weights = if form == "mxfp4" {
+        let weights = if form.starts_with("mxfp4") {
             ExpertMatrix::Mxfp4 {
                 codes: &self.codes,
                 scales: &self.e8m0,
+                int8: form.contains("int8"),
+                packed: None,
             }
         } else {
             ExpertMatrix::Quant {
@@ -129,20 +134,33 @@ fn bench_experts(c: &mut Criterion) {
         common::values::<f32>(EXPERTS * HIDDEN, 5),
     );
     let mut g = common::group(c, "moe/experts/k=4 of 32", 1500);
-    // The int4 experts interleaved at load, as a session without a weight budget runs them.
-    let interleave = |p: Projection<'_>| p.interleave(EXPERTS).unwrap();
-    let packed =
-        interleave(fc1.projection("int4", &b1)).zip(interleave(fc2.projection("int4", &b2)));
-    for form in ["int4", "int4-interleaved", "int4-int8", "mxfp4"] {
+    // Forms as stored, and repacked at load as a session without a weight budget runs them:
+    // the int4 experts interleaved for f32 activations, the MXFP4 ones in the int8 kernel's
+    // tiles.
+    let repack = |form| {
+        let repack = |p: Projection<'_>| p.repack(EXPERTS).unwrap();
+        repack(fc1.projection(form, &b1)).zip(repack(fc2.projection(form, &b2)))
+    };
+    let (interleaved, tiles) = (repack("int4"), repack("mxfp4-int8"));
+    for form in [
+        "int4",
+        "int4-interleaved",
+        "int4-int8",
+        "mxfp4",
+        "mxfp4-int8",
+        "mxfp4-int8-packed",
+    ] {
         let (mut p1, mut p2) = (fc1.projection(form, &b1), fc2.projection(form, &b2));
-        if form == "int4-interleaved" {
-            let Some((i1, i2)) = &packed else {
+        let repacked = match form {
+            "int4-interleaved" => Some(&interleaved),
+            "mxfp4-int8-packed" => Some(&tiles),
+            _ => None,
+        };
+        if let Some(repacked) = repacked {
+            let Some((r1, r2)) = repacked else {
                 continue;
             };
-            (p1.weights, p2.weights) = (
-                p1.weights.with_interleaved(i1),
-                p2.weights.with_interleaved(i2),
-            );
+            (p1.weights, p2.weights) = (p1.weights.with_repacked(r1), p2.weights.with_repacked(r2));
         }
         let experts = Experts {
             count: EXPERTS,
@@ -192,6 +210,7 @@ fn bench_matrix(c: &mut Criterion) {
         codes: &w.codes,
         scales: &w.e8m0,
     };
+    let tiles = Mxfp4Packed::pack(&mx).unwrap();
     let q = QuantWeights {
         layout: NBitsLayout::new(n, k, 4, 32).unwrap(),
         data: &w.codes,
@@ -207,6 +226,12 @@ fn bench_matrix(c: &mut Criterion) {
             g.throughput(Throughput::Bytes(mx.bytes() as u64));
             g.bench_function(format!("mxfp4/threads={threads}"), |b| {
                 b.iter(|| matmul_mxfp4(black_box(&a), rows, &mx, None, &mut out, &pool).unwrap())
+            });
+            g.bench_function(format!("mxfp4-int8-packed/threads={threads}"), |b| {
+                b.iter(|| {
+                    let a = black_box(&a);
+                    matmul_mxfp4_int8(a, rows, &mx, Some(&tiles), None, &mut out, &pool).unwrap()
+                })
             });
             g.throughput(Throughput::Bytes(
                 (w.codes.len() + 4 * w.scales.len()) as u64,

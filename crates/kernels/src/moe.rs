@@ -4,8 +4,9 @@
 //! weighted sum of its experts' outputs ([`moe`]).
 //!
 //! Expert matrices are f32, [`crate::nbits`] blocks (QMoE's integer form) or MXFP4
-//! ([`crate::mxfp4`], QMoE's `fp4` form), each multiplied as stored, or integer experts
-//! interleaved at load for the f32 kernel ([`nbits::Interleaved`], the same bits).
+//! ([`crate::mxfp4`], QMoE's `fp4` form), each multiplied as stored, or repacked at load for
+//! their kernel ([`Repacked`]: integer experts that take f32 activations interleaved, MXFP4
+//! experts that take int8 activations in tiles; the same bits).
 //!
 //! Experts are computed where they are needed: a step's routes are grouped by expert, and
 //! each expert that some token picked runs once over the rows of all its tokens, so its
@@ -42,7 +43,7 @@ use crate::ThreadPool;
 use crate::attention::lane_tree;
 use crate::error::{KernelError, check_len, numel};
 use crate::mem::f32_bytes;
-use crate::mxfp4::{self, Mxfp4Weights};
+use crate::mxfp4::{self, Mxfp4Packed, Mxfp4Weights};
 use crate::nbits::{self, Interleaved, NBitsLayout, QuantWeights, ZeroPoints};
 use crate::par::{par_row_parts, parts_for};
 use crate::sigmoid::{sigmoid, sigmoid_slice};
@@ -146,31 +147,65 @@ pub enum ExpertMatrix<'a> {
         interleaved: Option<&'a [Interleaved]>,
     },
     /// One MXFP4 matrix per expert ([`crate::mxfp4`]'s layout): codes `[experts, k, n / 2]`,
-    /// e8m0 scales `[experts, n, k / 32]`.
-    Mxfp4 { codes: &'a [u8], scales: &'a [u8] },
+    /// e8m0 scales `[experts, n, k / 32]`. `int8` computes with int8 activations
+    /// ([`mxfp4::matmul_mxfp4_int8`], on `packed` when given: the same experts in the
+    /// kernel's tiles, one per expert), else in f32 ([`mxfp4::matmul_mxfp4`]).
+    Mxfp4 {
+        codes: &'a [u8],
+        scales: &'a [u8],
+        int8: bool,
+        packed: Option<&'a [Mxfp4Packed]>,
+    },
+}
+
+/// A projection's experts repacked at load for the kernel that runs them
+/// ([`Projection::repack`]), one per expert: the same bits as the stored matrices.
+#[derive(Debug)]
+pub enum Repacked {
+    /// Integer experts that take f32 activations.
+    Interleaved(Vec<Interleaved>),
+    /// MXFP4 experts that take int8 activations.
+    Mxfp4(Vec<Mxfp4Packed>),
 }
 
 impl<'a> ExpertMatrix<'a> {
-    /// Integer experts computing on `packed`, the same experts interleaved at load
-    /// ([`Projection::interleave`]); other matrices as they are.
-    pub fn with_interleaved(self, packed: &'a [Interleaved]) -> ExpertMatrix<'a> {
-        match self {
-            ExpertMatrix::Quant {
+    /// The matrices computing on `repacked`, the same experts repacked at load
+    /// ([`Projection::repack`]) where it is their kernel's form; as they are otherwise.
+    pub fn with_repacked(self, repacked: &'a Repacked) -> ExpertMatrix<'a> {
+        match (self, repacked) {
+            (
+                ExpertMatrix::Quant {
+                    layout,
+                    data,
+                    scales,
+                    zero_points,
+                    int8,
+                    ..
+                },
+                Repacked::Interleaved(p),
+            ) => ExpertMatrix::Quant {
                 layout,
                 data,
                 scales,
                 zero_points,
                 int8,
-                ..
-            } => ExpertMatrix::Quant {
-                layout,
-                data,
-                scales,
-                zero_points,
-                int8,
-                interleaved: Some(packed),
+                interleaved: Some(p),
             },
-            other => other,
+            (
+                ExpertMatrix::Mxfp4 {
+                    codes,
+                    scales,
+                    int8,
+                    ..
+                },
+                Repacked::Mxfp4(p),
+            ) => ExpertMatrix::Mxfp4 {
+                codes,
+                scales,
+                int8,
+                packed: Some(p),
+            },
+            (other, _) => other,
         }
     }
 }
@@ -219,7 +254,20 @@ impl<'a> Projection<'a> {
                     check_len("expert zero points", z.len(), len)?;
                 }
             }
-            ExpertMatrix::Mxfp4 { codes, scales } => {
+            ExpertMatrix::Mxfp4 {
+                codes,
+                scales,
+                packed,
+                ..
+            } => {
+                if let Some(packed) = packed
+                    && (packed.len() != experts || packed.iter().any(|p| p.dims() != (n, k)))
+                {
+                    return Err(KernelError::Shape(format!(
+                        "{what}: {} packed MXFP4 experts for {experts} of {n}x{k}",
+                        packed.len()
+                    )));
+                }
                 if !n.is_multiple_of(2) || !k.is_multiple_of(mxfp4::BLOCK) {
                     return Err(KernelError::Shape(format!(
                         "{what}: MXFP4 experts need an even number of outputs and inputs in whole blocks \
@@ -266,14 +314,23 @@ impl<'a> Projection<'a> {
                 };
                 Expert::Quant(w, int8)
             }
-            ExpertMatrix::Mxfp4 { codes, scales } => {
+            ExpertMatrix::Mxfp4 {
+                codes,
+                scales,
+                int8,
+                packed,
+            } => {
                 let (c, s) = (k * (n / 2), n * (k / mxfp4::BLOCK));
-                Expert::Mxfp4(Mxfp4Weights {
+                let w = Mxfp4Weights {
                     n,
                     k,
                     codes: &codes[e * c..][..c],
                     scales: &scales[e * s..][..s],
-                })
+                };
+                match (int8, packed) {
+                    (true, Some(packed)) => Expert::Mxfp4Packed(w, &packed[e]),
+                    _ => Expert::Mxfp4(w, int8),
+                }
             }
         }
     }
@@ -290,29 +347,40 @@ impl<'a> Projection<'a> {
                 }
                 r
             }
-            Expert::Mxfp4(w) => smallvec::smallvec![w.codes, w.scales],
+            Expert::Mxfp4(w, _) => smallvec::smallvec![w.codes, w.scales],
+            Expert::Mxfp4Packed(_, p) => smallvec::smallvec![p.bytes()],
             Expert::Interleaved(w) => w.ranges(),
         }
     }
 
-    /// Every expert's matrix interleaved for the f32 kernel ([`nbits::Interleaved`]), for
-    /// integer experts that take f32 activations where the kernel runs them; `None` otherwise.
-    pub fn interleave(&self, experts: usize) -> Result<Option<Vec<Interleaved>>, KernelError> {
-        if !matches!(self.weights, ExpertMatrix::Quant { int8: false, .. }) {
-            return Ok(None);
-        }
+    /// Every expert's matrix repacked for its kernel: integer experts that take f32
+    /// activations interleaved ([`nbits::Interleaved`], where the kernel runs them), MXFP4
+    /// experts that take int8 activations in tiles ([`Mxfp4Packed`]); `None` for the others.
+    pub fn repack(&self, experts: usize) -> Result<Option<Repacked>, KernelError> {
         self.check(experts, "expert projection")?;
-        let mut packed = Vec::with_capacity(experts);
-        for e in 0..experts {
-            let Expert::Quant(w, _) = self.expert(e) else {
-                return Ok(None);
-            };
-            match Interleaved::pack(&w)? {
-                Some(p) => packed.push(p),
-                None => return Ok(None),
+        match self.weights {
+            ExpertMatrix::Quant { int8: false, .. } => {
+                let mut packed = Vec::with_capacity(experts);
+                for e in 0..experts {
+                    let Expert::Quant(w, _) = self.expert(e) else {
+                        return Ok(None);
+                    };
+                    match Interleaved::pack(&w)? {
+                        Some(p) => packed.push(p),
+                        None => return Ok(None),
+                    }
+                }
+                Ok(Some(Repacked::Interleaved(packed)))
             }
+            ExpertMatrix::Mxfp4 { int8: true, .. } => {
+                let packed = (0..experts).map(|e| match self.expert(e) {
+                    Expert::Mxfp4(w, _) | Expert::Mxfp4Packed(w, _) => Mxfp4Packed::pack(&w),
+                    _ => unreachable!("MXFP4 experts"),
+                });
+                Ok(Some(Repacked::Mxfp4(packed.collect::<Result<_, _>>()?)))
+            }
+            _ => Ok(None),
         }
-        Ok(Some(packed))
     }
 
     /// Bytes of one expert's weights (what a run of it streams).
@@ -359,18 +427,24 @@ impl<'a> Projection<'a> {
             Expert::Quant(w, true) => nbits::matmul_nbits_int8(x, m, &w, bias, out, pool),
             Expert::Quant(w, false) => nbits::matmul_nbits_f32(x, m, &w, bias, out, pool),
             Expert::Interleaved(w) => nbits::matmul_interleaved_f32(x, m, w, bias, out, pool),
-            Expert::Mxfp4(w) => mxfp4::matmul_mxfp4(x, m, &w, bias, out, pool),
+            Expert::Mxfp4(w, false) => mxfp4::matmul_mxfp4(x, m, &w, bias, out, pool),
+            Expert::Mxfp4(w, true) => mxfp4::matmul_mxfp4_int8(x, m, &w, None, bias, out, pool),
+            Expert::Mxfp4Packed(w, p) => {
+                mxfp4::matmul_mxfp4_int8(x, m, &w, Some(p), bias, out, pool)
+            }
         }
     }
 }
 
-/// One expert's matrix of an [`ExpertMatrix`] (and, for integer codes, whether it takes int8
-/// activations).
+/// One expert's matrix of an [`ExpertMatrix`] (and, for codes as stored, whether it takes
+/// int8 activations).
 enum Expert<'a> {
     F32(&'a [f32]),
     Quant(QuantWeights<'a, f32>, bool),
     Interleaved(&'a Interleaved),
-    Mxfp4(Mxfp4Weights<'a>),
+    Mxfp4(Mxfp4Weights<'a>, bool),
+    /// Int8 activations on the packed tiles.
+    Mxfp4Packed(Mxfp4Weights<'a>, &'a Mxfp4Packed),
 }
 
 /// `row[c] = x · w[cols.start + c] (+ bias)`: each dot product in eight lanes (element `d`

@@ -128,7 +128,7 @@ fn dense(p: &Projection, e: usize) -> Vec<Vec<f64>> {
                 })
                 .collect()
         }
-        ExpertMatrix::Mxfp4 { codes, scales } => (0..n)
+        ExpertMatrix::Mxfp4 { codes, scales, .. } => (0..n)
             .map(|j| {
                 (0..k)
                     .map(|c| {
@@ -294,7 +294,12 @@ impl Stored {
     fn view(&self, int8: bool) -> ExpertMatrix<'_> {
         match self {
             Stored::F32(w) => ExpertMatrix::F32(w),
-            Stored::Mxfp4 { codes, scales } => ExpertMatrix::Mxfp4 { codes, scales },
+            Stored::Mxfp4 { codes, scales } => ExpertMatrix::Mxfp4 {
+                codes,
+                scales,
+                int8,
+                packed: None,
+            },
             Stored::Quant {
                 layout,
                 data,
@@ -364,7 +369,7 @@ fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() 
         let logits: Vec<f32> = rng.values(tokens * count).iter().map(|v| 3.0 * v).collect();
         let what = format!("{activation:?} {quant:?} k {k} {routing:?}");
         for int8 in [false, true] {
-            if quant.is_none_or(|q| q.0 == 0) && int8 {
+            if quant.is_none() && int8 {
                 continue;
             }
             let ex = Experts {
@@ -420,30 +425,34 @@ fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() 
                     "{what} int8 {int8} token {t}"
                 );
             }
-            // Integer experts with f32 activations, interleaved at load: the same bits.
-            let packed = (ex.fc1.interleave(count).unwrap()).zip(ex.fc2.interleave(count).unwrap());
-            let integer = quant.is_some_and(|q| q.0 != 0);
+            // Integer experts with f32 activations interleaved at load, MXFP4 experts with
+            // int8 activations in tiles: the same bits.
+            let packed = (ex.fc1.repack(count).unwrap()).zip(ex.fc2.repack(count).unwrap());
+            let (integer, mxfp4) = (
+                quant.is_some_and(|q| q.0 != 0),
+                quant.is_some_and(|q| q.0 == 0),
+            );
             assert_eq!(
                 packed.is_some(),
-                integer && !int8 && crate::cpu::isa() >= crate::cpu::Isa::Avx2,
+                (integer && !int8 && crate::cpu::isa() >= crate::cpu::Isa::Avx2) || (mxfp4 && int8),
                 "{what} int8 {int8}"
             );
             if let Some((p1, p2)) = &packed {
-                let interleaved = Experts {
+                let repacked = Experts {
                     fc1: Projection {
-                        weights: ex.fc1.weights.with_interleaved(p1),
+                        weights: ex.fc1.weights.with_repacked(p1),
                         ..ex.fc1
                     },
                     fc2: Projection {
-                        weights: ex.fc2.weights.with_interleaved(p2),
+                        weights: ex.fc2.weights.with_repacked(p2),
                         ..ex.fc2
                     },
                     ..ex
                 };
                 assert_eq!(
-                    bits(&run(&x, &logits, k, routing, &interleaved, 2).0),
+                    bits(&run(&x, &logits, k, routing, &repacked, 2).0),
                     bits(&out),
-                    "{what} interleaved"
+                    "{what} int8 {int8} repacked"
                 );
             }
         }

@@ -34,7 +34,7 @@ pub struct OpCtx<'a> {
     pub exact: bool,
     /// The node's weights repacked at load for the int8 `MatMulNBits` kernel, if they were.
     pub packed: Option<&'a PackedNBits>,
-    /// A QMoE node's experts interleaved at load for the f32 kernel, if they were.
+    /// A QMoE node's experts repacked at load for their kernel, if they were.
     pub(crate) experts: Option<&'a moe::PackedExperts>,
     /// For a `GroupQueryAttention` node in a ragged step: the paged KV it reads and writes.
     pub paged: Option<crate::kv::PagedLayer<'a>>,

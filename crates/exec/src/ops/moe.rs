@@ -2,14 +2,17 @@
 //! onnxruntime's shapes (`moe_helper.h`), maps QMoE's expert matrices onto the
 //! `MatMulNBits` layout (they are the same bytes when K is a whole number of blocks), and
 //! runs `oxgen_kernels::moe` on the tensors as they are: nothing is dequantized ahead of time.
-//! Integer experts that take f32 activations are the one exception to "as they are": without a
-//! weight budget the session interleaves them at load ([`prepack`]; the same bytes reordered,
-//! the same bits), since the f32 kernel would otherwise gather each block's rows every run.
+//! The exception to "as they are": without a weight budget the session repacks at load
+//! ([`prepack`]; the same bytes reordered, the same bits) the experts whose kernel would
+//! otherwise gather them at every run: integer experts that take f32 activations
+//! (interleaved) and MXFP4 experts that take int8 activations (in tiles).
 
 use oxgen_graph::ops::{Moe, MoeActivation, MoeFormat, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
-use oxgen_kernels::moe::{self as km, Activation, ExpertMatrix, Experts, Projection, Routing};
+use oxgen_kernels::moe::{
+    self as km, Activation, ExpertMatrix, Experts, Projection, Repacked, Routing,
+};
 use oxgen_kernels::mxfp4;
-use oxgen_kernels::nbits::{Interleaved, NBitsLayout};
+use oxgen_kernels::nbits::NBitsLayout;
 use oxgen_tensor::{DType, Tensor};
 
 use super::{OpCtx, input, opt_input};
@@ -62,8 +65,8 @@ pub(super) fn run(
     let int8 = int8_activations(op, ctx.exact);
     let (mut fc1, mut fc2) = projections(op, inputs, (count, hidden), int8)?;
     if let Some(packed) = ctx.experts {
-        fc1.weights = fc1.weights.with_interleaved(&packed.fc1);
-        fc2.weights = fc2.weights.with_interleaved(&packed.fc2);
+        fc1.weights = fc1.weights.with_repacked(&packed.fc1);
+        fc2.weights = fc2.weights.with_repacked(&packed.fc2);
     }
     let activation = match op.activation {
         MoeActivation::Relu => Activation::Relu,
@@ -139,8 +142,8 @@ pub(super) fn run(
     Ok(out)
 }
 
-/// Whether `op`'s integer experts take int8 activations: its `accuracy_level` allows them and
-/// the session is not exact.
+/// Whether `op`'s quantized (integer or MXFP4) experts take int8 activations: its
+/// `accuracy_level` allows them and the session is not exact.
 fn int8_activations(op: &Moe, exact: bool) -> bool {
     op.quant
         .is_some_and(|q| q.accuracy_level == INT8_ACCURACY_LEVEL && !exact)
@@ -205,38 +208,43 @@ fn projections<'a>(
     Ok((fc1, fc2))
 }
 
-/// A QMoE node's integer experts interleaved at load for the f32 kernel
-/// ([`oxgen_kernels::nbits::Interleaved`]): the same bits, without gathering each block's
-/// rows at every run.
+/// A QMoE node's experts repacked at load for their kernel ([`Repacked`]): the same bits,
+/// without gathering each block at every run.
 #[derive(Debug)]
 pub(crate) struct PackedExperts {
-    fc1: Vec<Interleaved>,
-    fc2: Vec<Interleaved>,
+    fc1: Repacked,
+    fc2: Repacked,
 }
 
-/// `op`'s experts interleaved, where its weights (in `inputs`, as at load) are integer
-/// experts that take f32 activations (`exact`, or no `accuracy_level` of 4) and the f32 kernel
-/// runs them; `None` otherwise, or on any inconsistency (running the node reports it).
+/// `op`'s experts repacked, where its weights (in `inputs`, as at load) are integer experts
+/// that take f32 activations (`exact`, or no `accuracy_level` of 4) and the f32 kernel runs
+/// them, or MXFP4 experts that take int8 activations; `None` otherwise, or on any
+/// inconsistency (running the node reports it).
 pub(crate) fn prepack(op: &Moe, inputs: &[Option<&Tensor>], exact: bool) -> Option<PackedExperts> {
-    if op.quant?.format == MoeFormat::Mxfp4 || int8_activations(op, exact) {
-        return None;
-    }
-    let &[count, hidden, _] = input(inputs, op.inputs().fc2.0).ok()?.dims() else {
-        return None;
+    let int8 = int8_activations(op, exact);
+    let mxfp4 = op.quant?.format == MoeFormat::Mxfp4;
+    let w2 = input(inputs, op.inputs().fc2.0).ok()?;
+    let (count, hidden) = match *w2.dims() {
+        // MXFP4: (experts, inputs, outputs / 2).
+        [count, _, half] if mxfp4 && int8 => (count, 2 * half),
+        [count, hidden, _] if !mxfp4 && !int8 => (count, hidden),
+        _ => return None,
     };
-    let (fc1, fc2) = projections(op, inputs, (count, hidden), false).ok()?;
+    let (fc1, fc2) = projections(op, inputs, (count, hidden), int8).ok()?;
     Some(PackedExperts {
-        fc1: fc1.interleave(count).ok()??,
-        fc2: fc2.interleave(count).ok()??,
+        fc1: fc1.repack(count).ok()??,
+        fc2: fc2.repack(count).ok()??,
     })
 }
 
 /// An MXFP4 projection (QMoE `fp4`): codes `(count, k, n / 2)` uint8, e8m0 scales
-/// `(count, n, k / 32)` (float8e8m0 or uint8), and global scales of 1 if any.
+/// `(count, n, k / 32)` (float8e8m0 or uint8), and global scales of 1 if any; `int8`: it
+/// takes int8 activations.
 fn mxfp4_projection<'a>(
     inputs: &[Option<&'a Tensor>],
     (w, s, bias): (usize, Option<usize>, Option<&'a [f32]>),
     (count, n, k): (usize, usize, usize),
+    int8: bool,
     name: &str,
 ) -> Result<Projection<'a>, OpError> {
     let codes = input(inputs, w)?;
@@ -283,6 +291,8 @@ fn mxfp4_projection<'a>(
         weights: ExpertMatrix::Mxfp4 {
             codes: codes.as_slice::<u8>()?,
             scales: scales.as_slice::<u8>()?,
+            int8,
+            packed: None,
         },
         bias,
     })
@@ -316,7 +326,7 @@ fn projection<'a>(
         ..
     }) = quant
     {
-        return mxfp4_projection(inputs, (w, s, bias), (count, n, k), name);
+        return mxfp4_projection(inputs, (w, s, bias), (count, n, k), int8, name);
     }
     let Some(q) = quant else {
         if weights.dtype() != DType::F32 || weights.dims() != [count, n, k] {

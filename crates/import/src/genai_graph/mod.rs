@@ -256,7 +256,7 @@ impl Writer<'_> {
 
     /// gpt-oss's mixture of layer `p` on `x` as onnxruntime-genai's builder writes it: the
     /// router's logits reshaped to `[tokens, experts]`, then `com.microsoft::QMoE` (MXFP4,
-    /// `quant_type = fp4`) with gpt-oss's SwiGLU (interleaved, alpha 1.702, beta 1, clamped at
+    /// `quant_type = fp4`, and the import's `accuracy_level`) with gpt-oss's SwiGLU (interleaved, alpha 1.702, beta 1, clamped at
     /// 7: llama.cpp's constants, which GGUF has no key for) and the top-k softmax routing.
     fn experts(&mut self, p: &str, x: &str, w: ExpertWeights) -> String {
         let e = self
@@ -304,6 +304,9 @@ impl Writer<'_> {
             attr::int("expert_weight_bits", 4),
             attr::int("block_size", 32),
             attr::string("quant_type", "fp4"),
+            // oxgen's own: 4 lets the experts take int8 activations, as for MatMulNBits
+            // (onnxruntime has no CPU kernel for MXFP4 QMoE to disagree).
+            attr::int("accuracy_level", self.spec.accuracy_level),
         ];
         self.node("QMoE", "com.microsoft", &out, &inputs, &[&out], attrs);
         out

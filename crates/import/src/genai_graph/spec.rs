@@ -18,7 +18,8 @@ pub struct DecoderSpec {
     pub rope: Rope,
     /// RMS norm epsilon.
     pub rms_eps: f32,
-    /// `MatMulNBits` `accuracy_level`: 0 keeps activations f32, 4 allows int8.
+    /// `MatMulNBits` (and MXFP4 `QMoE`) `accuracy_level`: 0 keeps activations f32, 4 allows
+    /// int8.
     pub accuracy_level: i64,
     /// `GroupQueryAttention` `local_window_size`: each query sees this many keys, itself
     /// included; `None` attends to the whole past.

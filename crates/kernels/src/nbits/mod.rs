@@ -50,4 +50,5 @@ pub use layout::{NBitsLayout, QuantWeights, TILE, ZeroPoints};
 pub use packed::PackedNBits;
 pub use packed_matmul::{matmul_packed, matmul_packed_glu, matmul_packed_parts};
 pub use quantize::{quantize_row, quantize_row_reference};
+pub(crate) use quantized_row::{QuantizedRow, with_rows};
 pub use reference::{matmul_nbits, matmul_nbits_f32};

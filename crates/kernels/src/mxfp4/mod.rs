@@ -17,6 +17,9 @@
 //! K), and a row's result does not depend on the other rows: any thread count, batch or
 //! ISA gives the same bits. The AVX2 path ([`crate::cpu`] permitting) is tested against the
 //! scalar reference bit for bit.
+//!
+//! That is the exact path. `int8` holds the int8-activation one (`accuracy_level` 4,
+//! [`matmul_mxfp4_int8`]), with its tiles packed at load ([`Mxfp4Packed`]).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -26,6 +29,12 @@ use crate::ThreadPool;
 use crate::cpu;
 use crate::error::{KernelError, check_len, numel};
 use crate::par::{par_row_tiles, parts_for};
+
+mod int8;
+
+pub use int8::{
+    Mxfp4Packed, matmul_mxfp4_int8, matmul_mxfp4_int8_isa, matmul_mxfp4_int8_reference,
+};
 
 /// Values per scale.
 pub const BLOCK: usize = 32;
@@ -283,7 +292,7 @@ unsafe fn tile_avx2<const V: usize>(x: &[f32], w: &Mxfp4Weights, c: usize, out: 
 mod tests {
     use super::*;
 
-    fn rng(seed: u64) -> impl FnMut() -> u64 {
+    pub(super) fn rng(seed: u64) -> impl FnMut() -> u64 {
         let mut s = seed;
         move || {
             s ^= s << 13;
