@@ -28,6 +28,7 @@ pub mod error;
 pub mod gather;
 pub mod layout;
 pub mod matmul;
+mod matmul_f32;
 pub mod mem;
 pub mod moe;
 pub mod mxfp4;
@@ -40,6 +41,7 @@ pub mod quant;
 pub mod reduce;
 pub mod rotary;
 pub mod sigmoid;
+mod simd;
 pub mod softmax;
 pub mod transpose;
 

@@ -18,6 +18,8 @@ use std::ops::Range;
 use super::layout::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::cpu;
 use crate::par::MAX_ROW_BLOCK;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::F32Lanes;
 use crate::quant::{code, default_zero_point};
 
 /// Output columns a vector takes.
@@ -270,21 +272,13 @@ unsafe fn rows_chunk<V: Lanes, const G: usize, const R: usize>(
     acc.copy_from_slice(&sums);
 }
 
-/// A vector of f32 lanes, one output column per lane, as a [`pass`] uses it. Every method
+/// A vector of f32 lanes, one output column per lane, as a [`pass`] uses it: its
+/// [`F32Lanes::LANES`] a multiple of [`COLS`], the rows a gathered group holds. Every method
 /// needs the CPU to run the vector's instructions (the callers' contract); each is inlined
 /// into a function that enables them.
 #[cfg(target_arch = "x86_64")]
-trait Lanes: Copy {
-    /// Lanes per vector: a multiple of [`COLS`], the rows a gathered group holds.
-    const LANES: usize;
+trait Lanes: F32Lanes {
     type Int: Copy;
-    unsafe fn zero() -> Self;
-    unsafe fn splat(x: f32) -> Self;
-    unsafe fn load(p: *const f32) -> Self;
-    unsafe fn store(self, p: *mut f32);
-    unsafe fn add(self, x: Self) -> Self;
-    /// `acc + x · w`, rounded after the product and after the sum (not fused).
-    unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self;
     /// Block `b` of rows `j0..j0 + LANES` ([`Blocks::group`] for each eight, `groups` their
     /// buffers): where each eight's codes lie, and the rows' scales and zero points.
     unsafe fn gather<B: Blocks>(
@@ -303,32 +297,7 @@ trait Lanes: Copy {
 
 #[cfg(target_arch = "x86_64")]
 impl Lanes for __m256 {
-    const LANES: usize = 8;
     type Int = __m256i;
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        unsafe { _mm256_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self {
-        unsafe { _mm256_set1_ps(x) }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        unsafe { _mm256_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        unsafe { _mm256_storeu_ps(p, self) }
-    }
-    #[inline(always)]
-    unsafe fn add(self, x: Self) -> Self {
-        unsafe { _mm256_add_ps(self, x) }
-    }
-    #[inline(always)]
-    unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self {
-        unsafe { _mm256_add_ps(acc, _mm256_mul_ps(x, w)) }
-    }
     #[inline(always)]
     unsafe fn gather<B: Blocks>(
         w: &B,
@@ -361,32 +330,7 @@ impl Lanes for __m256 {
 
 #[cfg(target_arch = "x86_64")]
 impl Lanes for __m512 {
-    const LANES: usize = 16;
     type Int = __m512i;
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        unsafe { _mm512_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self {
-        unsafe { _mm512_set1_ps(x) }
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        unsafe { _mm512_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        unsafe { _mm512_storeu_ps(p, self) }
-    }
-    #[inline(always)]
-    unsafe fn add(self, x: Self) -> Self {
-        unsafe { _mm512_add_ps(self, x) }
-    }
-    #[inline(always)]
-    unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self {
-        unsafe { _mm512_add_ps(acc, _mm512_mul_ps(x, w)) }
-    }
     #[inline(always)]
     unsafe fn gather<B: Blocks>(
         w: &B,

@@ -1,0 +1,79 @@
+//! What the f32 vector kernels share: [`F32Lanes`], a vector of f32 lanes (256-bit on AVX2,
+//! 512-bit on AVX-512) with the few operations a lane-per-output-column kernel needs, so one
+//! generic body serves both widths. Every method needs the CPU to run the vector's
+//! instructions (the callers' contract); each is `#[inline(always)]` into a function that
+//! enables them.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// A vector of f32 lanes.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait F32Lanes: Copy {
+    /// Lanes per vector.
+    const LANES: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn splat(x: f32) -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    unsafe fn add(self, x: Self) -> Self;
+    /// `acc + x · w`, rounded after the product and after the sum (not fused).
+    unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self;
+}
+
+/// `$vector` with intrinsics of prefix `$p` (`_mm256`, `_mm512`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! f32_lanes {
+    ($vector:ty, $lanes:expr, $zero:ident, $splat:ident, $load:ident, $store:ident, $add:ident, $mul:ident) => {
+        impl F32Lanes for $vector {
+            const LANES: usize = $lanes;
+            #[inline(always)]
+            unsafe fn zero() -> Self {
+                unsafe { $zero() }
+            }
+            #[inline(always)]
+            unsafe fn splat(x: f32) -> Self {
+                unsafe { $splat(x) }
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                unsafe { $load(p) }
+            }
+            #[inline(always)]
+            unsafe fn store(self, p: *mut f32) {
+                unsafe { $store(p, self) }
+            }
+            #[inline(always)]
+            unsafe fn add(self, x: Self) -> Self {
+                unsafe { $add(self, x) }
+            }
+            #[inline(always)]
+            unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self {
+                unsafe { $add(acc, $mul(x, w)) }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+f32_lanes!(
+    __m256,
+    8,
+    _mm256_setzero_ps,
+    _mm256_set1_ps,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_add_ps,
+    _mm256_mul_ps
+);
+#[cfg(target_arch = "x86_64")]
+f32_lanes!(
+    __m512,
+    16,
+    _mm512_setzero_ps,
+    _mm512_set1_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_add_ps,
+    _mm512_mul_ps
+);
