@@ -98,6 +98,7 @@ impl Evaluator for NativeEvaluator {
                 pool: &self.pool,
                 exact: true,
                 packed: None,
+                tiles: None,
                 experts: None,
                 paged: None,
                 wanted: u64::MAX,

@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 use oxgen_graph::ops::MatMulNBits;
 use oxgen_graph::{Graph, Op, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::matmul::{self as km, PACKED_TILE, PackedF32};
 use oxgen_kernels::nbits::PackedNBits;
 use oxgen_runtime::{IoSpec, OpTime, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
@@ -99,6 +100,8 @@ pub struct NativeSession {
     residency: Residency,
     /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
     packed: Vec<Option<PackedNBits>>,
+    /// Per node: a `MatMul`'s f32 `B` packed at load in column tiles.
+    tiles: Vec<Option<PackedF32>>,
     /// Per node: a QMoE node's experts repacked for their kernel, once the
     /// session is told it has no weight budget ([`NativeSession::set_weight_budget`]).
     experts: Vec<Option<PackedExperts>>,
@@ -125,6 +128,7 @@ impl NativeSession {
     pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
         let mut graph = graph;
         let packed = prepack_weights(&mut graph, exact);
+        let tiles = prepack_f32(&graph);
         // Repacked by `set_weight_budget(None)`, not before: a budget would drop them.
         let experts = (0..graph.nodes.len()).map(|_| None).collect();
         // A subgraph's captured values come after its own inputs.
@@ -161,6 +165,7 @@ impl NativeSession {
             counters: OpCounters::default(),
             residency: Residency::new(None),
             packed,
+            tiles,
             experts,
             subgraphs,
         }
@@ -341,6 +346,12 @@ impl NativeSession {
         packed + self.counters.streamed
     }
 
+    /// Bytes of f32 `MatMul` weights held packed in column tiles (made at load; their file
+    /// pages were handed back).
+    pub fn packed_f32_bytes(&self) -> usize {
+        self.tiles.iter().flatten().map(PackedF32::nbytes).sum()
+    }
+
     /// What the ops counted over every run so far (MoE experts and routes among them).
     pub fn op_counters(&self) -> OpCounters {
         self.counters
@@ -418,6 +429,7 @@ impl NativeSession {
                 pool: &self.pool,
                 exact: self.exact,
                 packed: self.packed[i].as_ref(),
+                tiles: self.tiles[i].as_ref(),
                 experts: self.experts[i].as_ref(),
                 wanted: plan.wanted[i],
                 subgraphs: &mut self.subgraphs[i],
@@ -606,6 +618,37 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
         }
     }
     packed
+}
+
+/// Packs the f32 `B` of every `MatMul` node whose `B` is a 2-D f32 initializer mapped from the
+/// model file and read by that node alone into column tiles ([`PackedF32`]), so a product
+/// streams contiguous memory, then hands the file pages of the original back to the OS (the
+/// tensor stays in the graph, for its shape; it is read again only if something else reads
+/// it). Nothing where the CPU has no vector kernel to stream them.
+fn prepack_f32(graph: &Graph) -> Vec<Option<PackedF32>> {
+    let mut readers: HashMap<ValueId, usize> = HashMap::new();
+    for node in &graph.nodes {
+        for id in node.inputs.iter().flatten() {
+            *readers.entry(*id).or_default() += 1;
+        }
+    }
+    (graph.nodes.iter())
+        .map(|node| {
+            let id = (matches!(node.op, Op::MatMul) && km::f32_kernel_available())
+                .then(|| node.inputs.get(1).copied().flatten())??;
+            let b = graph.initializers.get(&id)?;
+            let &[k, n] = b.dims() else {
+                return None;
+            };
+            let sole = readers.get(&id) == Some(&1) && !graph.outputs.contains(&id);
+            if b.dtype() != oxgen_tensor::DType::F32 || !b.is_shared() || !sole || n < PACKED_TILE {
+                return None;
+            }
+            let packed = PackedF32::pack(b.as_slice::<f32>().ok()?, k, n).ok()?;
+            page_out(b);
+            Some(packed)
+        })
+        .collect()
 }
 
 /// Repacks the experts of every QMoE node whose weights are initializers and whose kernel

@@ -118,6 +118,57 @@ fn matmul_results_do_not_depend_on_thread_count() {
     assert_eq!(one[0].1.as_bytes(), three[0].1.as_bytes());
 }
 
+/// An f32 `MatMul` weight borrowed from the model's bytes (as a mapped file's are) is packed
+/// at load into column tiles; the products are the bits of the same weight given as an input,
+/// which is not packed.
+#[test]
+fn a_packed_f32_matmul_weight_gives_the_same_bits() {
+    let (k, n) = (70usize, 130usize);
+    let w: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 104_729 % 1000) as f32 - 500.0) / 91.0)
+        .collect();
+    let build = |as_input: bool| {
+        let mut b = ModelBuilder::new("oxgen-test");
+        b.opset("", 21);
+        b.input("a", DType::F32, &[Dim::Symbolic("m".into()), Dim::Fixed(k)]);
+        let w = Tensor::from_slice([k, n], &w).unwrap();
+        if as_input {
+            b.input("w", DType::F32, &[Dim::Fixed(k), Dim::Fixed(n)]);
+        } else {
+            b.initializer("w", w);
+        }
+        b.node("MatMul", "", "mm", &["a", "w"], &["y"], vec![]);
+        b.output("y", DType::F32, &[Dim::Symbolic("m".into()), Dim::Fixed(n)]);
+        graph(&b)
+    };
+    let options = ExecOptions {
+        threads: 2,
+        ..Default::default()
+    };
+    // The weight over bytes of its own, as a mapped file's tensors are.
+    let mut g = build(false);
+    let raw: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shared = Tensor::from_bytes(DType::F32, [k, n], raw.into()).unwrap();
+    assert!(shared.is_shared());
+    let id = g.find("w").unwrap();
+    g.initializers.insert(id, shared);
+    let mut packed = NativeSession::new(g, &options);
+    let mut plain = NativeSession::new(build(true), &options);
+    let vector_kernel = oxgen_kernels::matmul::f32_kernel_available();
+    assert_eq!(packed.packed_f32_bytes() > 0, vector_kernel);
+    assert_eq!(plain.packed_f32_bytes(), 0);
+    for m in [1, 5] {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0)
+            .collect();
+        let a = Tensor::from_slice([m, k], &a).unwrap();
+        let got = packed.run(vec![("a".into(), a.clone())]).unwrap();
+        let w = Tensor::from_slice([k, n], &w).unwrap();
+        let want = plain.run(vec![("a".into(), a), ("w".into(), w)]).unwrap();
+        assert_eq!(got[0].1.as_bytes(), want[0].1.as_bytes(), "{m} rows");
+    }
+}
+
 /// `MatMulNBits` with `accuracy_level` 4 quantizes activations to int8 unless the session is
 /// exact; exact sessions compute what `accuracy_level` 0 computes, bit for bit.
 #[test]

@@ -19,7 +19,8 @@ use std::ops::Range;
 
 use crate::acc::Accum;
 use crate::error::{KernelError, check_len};
-use crate::matmul_f32;
+use crate::matmul_f32::{self, Matrix};
+pub use crate::matmul_f32::{PACKED_TILE, PackedF32};
 use crate::par::{MAX_ROW_BLOCK, par_row_blocks_spans, par_row_parts, parts_for};
 use crate::pool::Prelude;
 use crate::{Scalar, ThreadPool};
@@ -174,7 +175,7 @@ fn product<T: Accum>(
     {
         for (t, out) in c.chunks_exact_mut(c_size).enumerate() {
             let (a, b) = (&a[a_offsets[t]..][..a_size], &b[b_offsets[t]..][..b_size]);
-            vector_product(a, b, out, (m, k, n), pool, &epilogue);
+            vector_product(a, Matrix::Rows { b, n }, out, (m, k), pool, &epilogue);
         }
         return Ok(());
     }
@@ -201,26 +202,51 @@ fn as_f32<T: Scalar>(s: &[T]) -> Option<&[f32]> {
         .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
 }
 
-/// One f32 product `out = epilogue(a · b)` (`(m, k, n)`) on the vector kernel: tasks take up
-/// to eight rows (sharing each load of `b`) and split the columns for the parts the rows do
-/// not fill.
+/// Whether f32 products run in vectors here, where [`PackedF32`] pays.
+pub fn f32_kernel_available() -> bool {
+    matmul_f32::available()
+}
+
+/// `out (m × n) = a (m × k) · b` for f32 `b` packed at load ([`PackedF32`]): the same bits
+/// as [`matmul`] on `b` as it was.
+pub fn matmul_packed_f32(
+    a: &[f32],
+    m: usize,
+    b: &PackedF32,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) -> Result<(), KernelError> {
+    let (k, n) = b.dims();
+    check_len("A", a.len(), mul(m, k, "A")?)?;
+    check_len("output", out.len(), mul(m, n, "C")?)?;
+    if m > 0 && n > 0 {
+        vector_product(a, Matrix::Tiles(b), out, (m, k), pool, &|_, _, acc| acc);
+    }
+    Ok(())
+}
+
+/// One f32 product `out = epilogue(a · b)` (`a` is `m × k`) on [`matmul_f32::block`]: tasks
+/// take up to eight rows (sharing each load of `b`) and split the columns, in `b`'s tiles,
+/// for the parts the rows do not fill.
 fn vector_product<T: Accum>(
     a: &[f32],
-    b: &[f32],
+    b: Matrix,
     out: &mut [T],
-    (m, k, n): (usize, usize, usize),
+    (m, k): (usize, usize),
     pool: &ThreadPool,
     epilogue: &(impl Fn(usize, usize, T::Acc) -> T + Sync),
 ) {
+    let n = out.len() / m;
     let rows_per_task = m.min(MAX_ROW_BLOCK);
     let row_blocks = m.div_ceil(rows_per_task);
-    let col_parts = parts_for(pool, m * n.div_ceil(16), k * 16).div_ceil(row_blocks);
+    let tile = b.tile();
+    let col_parts = parts_for(pool, m * n.div_ceil(tile), k * tile).div_ceil(row_blocks);
     #[allow(clippy::single_range_in_vec_init)]
     let spans = [0..n];
     let task = |first: usize, _: usize, cols: Range<usize>, outs: &mut [&mut [T]]| {
         let a = &a[first * k..][..outs.len() * k];
         let start = cols.start;
-        matmul_f32::block(a, outs.len(), k, b, n, cols, &mut |r, j, acc| {
+        matmul_f32::block(a, outs.len(), k, b, cols, &mut |r, j, acc| {
             outs[r][j - start] = epilogue(first + r, j, <T::Acc as Scalar>::from_f64(acc as f64));
         });
     };
@@ -229,7 +255,7 @@ fn vector_product<T: Accum>(
         Prelude::NONE,
         &mut [out],
         &spans,
-        16,
+        tile,
         rows_per_task,
         col_parts,
         task,
@@ -298,7 +324,14 @@ mod tests {
     #[test]
     fn f32_products_give_the_reference_bits() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (m, k, n) in [(1, 64, 257), (3, 7, 16), (5, 33, 17), (9, 64, 100), (17, 1, 15)] {
+        for (m, k, n) in [
+            (1, 64, 257),
+            (3, 7, 16),
+            (5, 33, 17),
+            (9, 64, 100),
+            (17, 1, 15),
+            (2, 40, 128),
+        ] {
             let (a, b) = (values(m * k, 3), values(k * n, 4));
             let mut want = vec![0f32; m * n];
             for (a_row, out) in a.chunks_exact(k).zip(want.chunks_exact_mut(n)) {
@@ -322,11 +355,24 @@ mod tests {
                     assert_eq!(g.to_bits(), expect.to_bits(), "gemm {m}x{k}x{n} [{i}]");
                 }
             }
-            // Each row alone.
+            // Each row alone, and `b` packed in column tiles, in a batch and alone.
+            let packed = PackedF32::pack(&b, k, n).unwrap();
             for i in 0..m {
                 let mut one = vec![0f32; n];
-                matmul(&a[i * k..][..k], &b, &mut one, 1, k, n, &ThreadPool::new(2)).unwrap();
+                let pool = ThreadPool::new(2);
+                matmul(&a[i * k..][..k], &b, &mut one, 1, k, n, &pool).unwrap();
                 assert_eq!(bits(&one), bits(&want[i * n..][..n]), "{m}x{k}x{n} row {i}");
+                matmul_packed_f32(&a[i * k..][..k], 1, &packed, &mut one, &pool).unwrap();
+                assert_eq!(bits(&one), bits(&want[i * n..][..n]), "packed row {i}");
+            }
+            for threads in [1, 3] {
+                let mut got = vec![f32::NAN; m * n];
+                matmul_packed_f32(&a, m, &packed, &mut got, &ThreadPool::new(threads)).unwrap();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "packed {m}x{k}x{n}, {threads} threads"
+                );
             }
         }
     }

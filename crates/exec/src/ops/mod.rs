@@ -17,6 +17,7 @@ mod shape;
 
 use oxgen_graph::Op;
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::matmul::PackedF32;
 use oxgen_kernels::nbits::PackedNBits;
 use oxgen_tensor::{DType, Shape, Tensor};
 use smallvec::{SmallVec, smallvec};
@@ -34,6 +35,8 @@ pub struct OpCtx<'a> {
     pub exact: bool,
     /// The node's weights repacked at load for the int8 `MatMulNBits` kernel, if they were.
     pub packed: Option<&'a PackedNBits>,
+    /// A `MatMul` node's f32 `B` packed at load in column tiles, if it was.
+    pub tiles: Option<&'a PackedF32>,
     /// A QMoE node's experts repacked at load for their kernel, if they were.
     pub(crate) experts: Option<&'a moe::PackedExperts>,
     /// For a `GroupQueryAttention` node in a ragged step: the paged KV it reads and writes.

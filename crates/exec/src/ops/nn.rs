@@ -19,7 +19,7 @@ use oxgen_kernels::acc::Accum;
 use oxgen_kernels::broadcast::{self, broadcast_shape, broadcast_strides};
 use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm::{self as kn, LayerNormStats, Residual};
-use oxgen_tensor::{Element, Tensor};
+use oxgen_tensor::{DType, Element, Tensor};
 
 use super::{OpCtx, input, norm_axis, opt_input};
 use smallvec::smallvec;
@@ -76,6 +76,28 @@ fn batch_offsets(
 
 fn matmul(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     same_dtype(a, b, "input B")?;
+    if let Some(tiles) = ctx.tiles
+        && a.dtype() == DType::F32
+        && let Some((&k, batch)) = a.dims().split_last()
+        && b.dims() == [tiles.dims().0, tiles.dims().1]
+        && k == tiles.dims().0
+    {
+        // B packed at load: every row of A against it, the same bits as below.
+        let n = tiles.dims().1;
+        let mut out = ctx.alloc(
+            DType::F32,
+            batch.iter().copied().chain([n]).collect::<Vec<_>>(),
+        )?;
+        let rows = batch.iter().product();
+        km::matmul_packed_f32(
+            a.as_slice::<f32>()?,
+            rows,
+            tiles,
+            out.as_mut_slice::<f32>()?,
+            ctx.pool,
+        )?;
+        return Ok(out);
+    }
     let (ad, bd) = (a.dims(), b.dims());
     if ad.is_empty() || bd.is_empty() {
         return Err(OpError::shape(format!(

@@ -18,9 +18,9 @@ use std::ops::Range;
 use super::layout::{NBitsLayout, QuantWeights, ZeroPoints};
 use crate::cpu;
 use crate::par::MAX_ROW_BLOCK;
+use crate::quant::{code, default_zero_point};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::F32Lanes;
-use crate::quant::{code, default_zero_point};
 
 /// Output columns a vector takes.
 pub(super) const COLS: usize = 8;
