@@ -84,10 +84,8 @@ fn matmul(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     {
         // B packed at load: every row of A against it, the same bits as below.
         let n = tiles.dims().1;
-        let mut out = ctx.alloc(
-            DType::F32,
-            batch.iter().copied().chain([n]).collect::<Vec<_>>(),
-        )?;
+        let dims: Small<usize> = batch.iter().copied().chain([n]).collect();
+        let mut out = ctx.alloc(DType::F32, dims)?;
         let rows = batch.iter().product();
         km::matmul_packed_f32(
             a.as_slice::<f32>()?,
