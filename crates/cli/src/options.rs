@@ -35,6 +35,12 @@ pub struct RunArgs {
     /// A Jinja chat template file to use instead of the package's.
     #[arg(long, env = "OXGEN_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+    /// Extra arguments for the chat template, a JSON object: '{"enable_thinking": false}'
+    /// (Qwen3, SmolLM3), '{"reasoning_effort": "high"}' (gpt-oss). serve: a request's own
+    /// chat_template_kwargs take precedence.
+    #[arg(long, env = "OXGEN_CHAT_TEMPLATE_KWARGS", value_name = "JSON",
+          value_parser = json_object)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Speculative decoding (same output, faster where proposals land): prompt-lookup
     /// (continue an n-gram seen earlier; prompt-lookup:N or :MIN-MAX sets n), draft:PATH (a
     /// smaller package with the same tokenizer) or self:LAYERS (the model's first layers).
@@ -58,10 +64,19 @@ impl RunArgs {
             kv_dtype: self.kv_dtype,
             weight_budget: self.weight_budget.map(|mib| mib.saturating_mul(1 << 20)),
             chat_template: self.chat_template.clone(),
+            chat_template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
             speculative: self.speculative.clone(),
             spec_tokens: self.spec_tokens,
             ..ModelOptions::default()
         }
+    }
+}
+
+fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err("give a JSON object, e.g. '{\"enable_thinking\": false}'".into()),
+        Err(e) => Err(format!("not valid JSON: {e}")),
     }
 }
 

@@ -150,6 +150,48 @@ fn tool_calls_work_through_a_hermes_template() {
     assert_eq!(served.stop(Duration::from_secs(60)), Some(0));
 }
 
+/// `--chat-template-kwargs` reaches every render, a request's `chat_template_kwargs` take
+/// precedence, and one that would set the render's own variables is a 400 naming it. Qwen3's
+/// template (the committed fixture) opens the reply with an empty thought block when thinking
+/// is off.
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let template = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testkit/thirdparty/chat_templates/templates/qwen3.jinja");
+    let served = serve(&[
+        "--chat-template",
+        template.to_str().unwrap(),
+        "--chat-template-kwargs",
+        r#"{"enable_thinking": false}"#,
+    ]);
+    let rendered = |kwargs: Value| {
+        let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]});
+        if !kwargs.is_null() {
+            body["chat_template_kwargs"] = kwargs;
+        }
+        let reply = common::post(served.addr, "/tokenize", &body);
+        assert_eq!(reply.status, 200, "{}", reply.json());
+        let ids = reply.json()["tokens"].clone();
+        let text = common::post(served.addr, "/detokenize", &json!({"tokens": ids}));
+        text.json()["prompt"].as_str().unwrap().to_string()
+    };
+    let empty_thought = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    assert!(rendered(Value::Null).ends_with(empty_thought));
+    let thinking = rendered(json!({"enable_thinking": true}));
+    assert!(thinking.ends_with("<|im_start|>assistant\n"), "{thinking}");
+    let bad = common::post(
+        served.addr,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                "chat_template_kwargs": {"messages": []}}),
+    );
+    assert_eq!(bad.status, 400);
+    assert_eq!(
+        bad.json()["error"]["param"],
+        "chat_template_kwargs.messages"
+    );
+}
+
 #[test]
 fn sigterm_lets_running_requests_finish_then_exits_0() {
     let mut served = serve(&[]);

@@ -34,12 +34,15 @@ pub struct Tool {
 }
 
 impl Tool {
-    /// `{"type": "function", "function": {...}}`: the shape chat templates are written for.
+    /// `{"type": "function", "function": {"name", "description", "parameters"}}`, in that
+    /// order: the shape chat templates are written for (some write it out with `tojson`).
     pub fn to_json(&self) -> Value {
-        let mut function = json!({"name": self.name, "parameters": self.parameters});
+        let mut function = serde_json::Map::new();
+        function.insert("name".into(), json!(self.name));
         if let Some(d) = &self.description {
-            function["description"] = json!(d);
+            function.insert("description".into(), json!(d));
         }
+        function.insert("parameters".into(), self.parameters.clone());
         json!({"type": "function", "function": function})
     }
 }

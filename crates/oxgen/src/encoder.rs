@@ -47,24 +47,26 @@ impl Encoder {
             Prompt::Tokens(ids) => Ok(ids.clone()),
             Prompt::Text(text) => Ok(self.tokenizer.encode(text, false)?),
             Prompt::Chat(messages) => {
-                let text = self.render(messages, None)?;
+                let text = self.render(messages, None, &serde_json::Map::new())?;
                 Ok(self.tokenizer.encode(&text, false)?)
             }
         }
     }
 
     /// The prompt text of a conversation, with the tools it offers, opening the assistant's
-    /// turn.
+    /// turn; `kwargs` are extra arguments for the template (`chat_template_kwargs`) over the
+    /// model's defaults ([`crate::ModelOptions::chat_template_kwargs`]).
     pub fn render(
         &self,
         messages: &[ChatMessage],
         tools: Option<&ToolSet>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, Error> {
         let template = self.template.as_ref().ok_or_else(|| Error::Package {
             path: "tokenizer_config.json".into(),
             reason: "the package has no chat_template; send the prompt as raw text".into(),
         })?;
-        Ok(template.render_with_tools(messages, tools, true)?)
+        Ok(template.render_with(messages, tools, true, kwargs)?)
     }
 
     /// The text of `ids`, special tokens included unless `skip_special`.

@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use oxgen_generate::{ChatTemplate, Tokenizer};
+use oxgen_generate::Tokenizer;
 use oxgen_runtime::{LanguageModel, SeqId};
 
 pub use backend::{AutoChoice, Backend, HAS_ORT, auto_choice};
@@ -64,8 +64,8 @@ pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
 pub use oxgen_exec::KvBudget;
 pub use oxgen_generate::{
-    ChatMessage, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param, Reply,
-    ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
+    ChatMessage, ChatTemplate, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,
+    Reply, ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
     ToolChoice, ToolFormat, ToolSet, after_reasoning, fresh_seed, tool_grammar,
 };
 pub use oxgen_generate::{PromptLookup, SpecStats};
@@ -121,6 +121,10 @@ pub struct ModelOptions {
     pub prefix_cache: bool,
     /// A Jinja chat template file to use instead of the package's.
     pub chat_template: Option<PathBuf>,
+    /// Extra arguments every chat render gives the template (`{"enable_thinking": false}`
+    /// for Qwen3, `{"reasoning_effort": "high"}` for gpt-oss); a request's own
+    /// `chat_template_kwargs` take precedence, name by name.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Speculative decoding: how ids are proposed for the model to verify (`None`: off).
     pub speculative: Option<Speculative>,
     /// The most ids a step proposes, unless a generation asks for fewer
@@ -141,6 +145,7 @@ impl Default for ModelOptions {
             weight_budget: None,
             prefix_cache: false,
             chat_template: None,
+            chat_template_kwargs: serde_json::Map::new(),
             speculative: None,
             spec_tokens: DEFAULT_SPEC_TOKENS,
         }
@@ -333,7 +338,9 @@ impl Model {
         let (lm, backend_note) = backend::open(&open)?;
         config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
-        let template = ChatTemplate::open(&dir, options.chat_template.as_deref())?;
+        let template = ChatTemplate::open(&dir, options.chat_template.as_deref())?
+            .map(|t| t.with_defaults(options.chat_template_kwargs.clone()))
+            .transpose()?;
         let defaults = PackageDefaults::read(&dir)?;
         release_freed_heap();
         let spec = speculative::open(options, &open, lm.as_ref(), &tokenizer)?;

@@ -89,6 +89,24 @@ fn param(which: Param, v: &Bound<'_, PyAny>) -> PyResult<f32> {
         .map_err(invalid)
 }
 
+/// Extra chat template arguments: a dict of what `json.dumps` takes.
+fn template_kwargs(
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> PyResult<serde_json::Map<String, serde_json::Value>> {
+    let Some(kwargs) = kwargs else {
+        return Ok(serde_json::Map::new());
+    };
+    let text: String = (kwargs.py().import("json")?)
+        .call_method1("dumps", (kwargs,))?
+        .extract()?;
+    match serde_json::from_str(&text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        _ => Err(invalid(
+            "chat template arguments must be a dict of JSON values",
+        )),
+    }
+}
+
 /// A JSON schema given as a dict (or anything `json.dumps` takes) or as JSON text.
 fn schema(v: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
     let text: String = match v.extract::<String>() {
@@ -356,7 +374,7 @@ impl PyModel {
     #[pyo3(signature = (path, *, backend = "auto", threads = 0, ctx_size = None, exact = false,
                         chat_template = None, max_batch = 8, ort_lib = None, speculative = None,
                         spec_tokens = oxgen::DEFAULT_SPEC_TOKENS, kv_dtype = None,
-                        weight_budget_mib = None))]
+                        weight_budget_mib = None, chat_template_kwargs = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -372,6 +390,7 @@ impl PyModel {
         spec_tokens: usize,
         kv_dtype: Option<&str>,
         weight_budget_mib: Option<u64>,
+        chat_template_kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyModel> {
         let backend = Backend::parse(backend)
             .ok_or_else(|| invalid(format!("backend '{backend}': use native, ort or auto")))?;
@@ -402,6 +421,7 @@ impl PyModel {
             weight_budget: weight_budget_mib.map(|mib| mib.saturating_mul(1 << 20)),
             prefix_cache: true,
             chat_template,
+            chat_template_kwargs: template_kwargs(chat_template_kwargs)?,
             speculative,
             spec_tokens,
         };
@@ -507,19 +527,27 @@ impl PyModel {
         }
     }
 
-    /// The prompt text chat `messages` render to with the package's template.
-    #[pyo3(signature = (messages, add_generation_prompt = true))]
+    /// The prompt text chat `messages` render to with the package's template; other
+    /// keywords are the template's own arguments (`enable_thinking=False`), as in
+    /// transformers.
+    #[pyo3(signature = (messages, add_generation_prompt = true, **kwargs))]
     fn apply_chat_template(
         &self,
         messages: &Bound<'_, PyList>,
         add_generation_prompt: bool,
+        kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<String> {
         let messages = self::messages(messages)?;
         let template = self.encoder.template().ok_or_else(|| {
             invalid("the package has no chat_template; send the prompt as raw text")
         })?;
         template
-            .render(&messages, add_generation_prompt)
+            .render_with(
+                &messages,
+                None,
+                add_generation_prompt,
+                &template_kwargs(kwargs)?,
+            )
             .map_err(|e| invalid(e.to_string()))
     }
 

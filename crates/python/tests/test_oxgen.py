@@ -58,6 +58,23 @@ def test_chat_messages_and_the_template(model):
     assert model.generate(ids, max_new_tokens=8, temperature=0).token_ids == by_text.token_ids
 
 
+def test_template_keywords_reach_the_template():
+    # Qwen3's template (the committed fixture), on the default model's weights: an empty
+    # thought block opens the reply when thinking is off, by keyword or by the model's default.
+    qwen3 = os.path.join(os.path.dirname(__file__), "..", "..", "testkit", "thirdparty",
+                         "chat_templates", "templates", "qwen3.jinja")
+    empty = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    m = oxgen.Model(MODEL, threads=2, chat_template=qwen3)
+    assert m.apply_chat_template(PROMPT).endswith("<|im_start|>assistant\n")
+    assert m.apply_chat_template(PROMPT, enable_thinking=False).endswith(empty)
+    m = oxgen.Model(MODEL, threads=2, chat_template=qwen3,
+                    chat_template_kwargs={"enable_thinking": False})
+    assert m.apply_chat_template(PROMPT).endswith(empty)
+    assert m.apply_chat_template(PROMPT, enable_thinking=True).endswith("assistant\n")
+    with pytest.raises(oxgen.InvalidArgument, match="may not set 'messages'"):
+        m.apply_chat_template(PROMPT, messages=[])
+
+
 def test_chat_reuses_the_kv_of_earlier_turns(model):
     chat = model.chat("You are terse.")
     first = chat.send("Name a color.", max_new_tokens=8, temperature=0)
@@ -137,6 +154,9 @@ def test_ctrl_c_cancels_a_generation():
     """A KeyboardInterrupt reaches Python promptly and the process goes on."""
     code = (
         "import os, signal, threading, oxgen\n"
+        # A shell's background job starts with SIGINT ignored, and Python then installs no
+        # handler of its own: put Python's back, as an interactive session has it.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"m = oxgen.Model({MODEL!r}, threads=2)\n"
         "threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
         "try:\n"

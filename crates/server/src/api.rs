@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use oxgen::{
-    ChatMessage, Constraint, GenerateOptions, Param, Prompt, SamplingParams, SamplingRequest, Tool,
-    ToolCall, ToolChoice, ToolFormat, ToolSet, fresh_seed,
+    ChatMessage, ChatTemplate, Constraint, GenerateOptions, Param, Prompt, SamplingParams,
+    SamplingRequest, Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, fresh_seed,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -53,6 +53,7 @@ const CHAT_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "chat_template_kwargs",
 ];
 
 const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
@@ -122,6 +123,8 @@ pub struct Request {
     pub constraint: Option<(String, Constraint)>,
     /// The tools offered (chat only).
     pub tools: Option<Tools>,
+    /// Extra arguments for the chat template (chat only).
+    pub template_kwargs: Map<String, Value>,
 }
 
 /// A chat request's `tools`, `tool_choice` and `parallel_tool_calls`.
@@ -354,6 +357,7 @@ impl Common {
             top_logprobs,
             constraint: None,
             tools: None,
+            template_kwargs: Map::new(),
         })
     }
 }
@@ -425,8 +429,9 @@ fn history_calls(v: &Value, at: &str) -> Result<Vec<ToolCall>, ApiError> {
 }
 
 /// Validates chat messages: roles (`developer` is taken as `system`), text content, an
-/// assistant's `tool_calls` (its content may then be null) and `tool` results with their
-/// `tool_call_id`; a message's `name` is accepted and ignored.
+/// assistant's `tool_calls` (its content may then be null) and reasoning
+/// (`reasoning_content`, or `reasoning`), and `tool` results with their `tool_call_id`; a
+/// message's `name` is accepted and ignored.
 pub(crate) fn chat_messages(
     messages: Vec<Map<String, Value>>,
 ) -> Result<Vec<ChatMessage>, ApiError> {
@@ -438,9 +443,16 @@ pub(crate) fn chat_messages(
         .enumerate()
         .map(|(i, m)| {
             let at = format!("messages[{i}]");
-            if let Some(k) = m.keys().find(|k| {
-                !["role", "content", "name", "tool_calls", "tool_call_id"].contains(&k.as_str())
-            }) {
+            const FIELDS: [&str; 7] = [
+                "role",
+                "content",
+                "name",
+                "tool_calls",
+                "tool_call_id",
+                "reasoning_content",
+                "reasoning",
+            ];
+            if let Some(k) = m.keys().find(|k| !FIELDS.contains(&k.as_str())) {
                 return Err(ApiError::invalid(
                     format!("{at}.{k}"),
                     format!("unsupported message field '{k}'"),
@@ -474,6 +486,27 @@ pub(crate) fn chat_messages(
                 content => message_text(content, &at)?,
             };
             let mut message = ChatMessage::new(role, &content);
+            let reasoning = ["reasoning_content", "reasoning"]
+                .into_iter()
+                .find_map(|k| m.get(k).filter(|v| !v.is_null()).map(|v| (k, v)));
+            match reasoning {
+                Some((_, Value::String(r))) if role == "assistant" => {
+                    message = message.with_reasoning(r);
+                }
+                Some((k, Value::String(_))) => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.{k}"),
+                        "only assistant messages carry reasoning",
+                    ));
+                }
+                Some((k, _)) => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.{k}"),
+                        format!("{k} must be a string"),
+                    ));
+                }
+                None => {}
+            }
             message.tool_calls = calls;
             if role == "tool" {
                 let id = m.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| {
@@ -760,7 +793,30 @@ pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     let mut request = common.into_request(prompt, max_tokens, top_logprobs, bounds)?;
     request.constraint = constraint(&value)?;
     request.tools = tools(&value)?;
+    request.template_kwargs = template_kwargs(&value)?;
     Ok(request)
+}
+
+/// `chat_template_kwargs`: extra arguments for the chat template, as vLLM takes them
+/// (`{"enable_thinking": false}`); the names the render sets itself are refused.
+pub(crate) fn template_kwargs(body: &Value) -> Result<Map<String, Value>, ApiError> {
+    const PARAM: &str = "chat_template_kwargs";
+    match body.get(PARAM) {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(map)) => {
+            match (map.keys()).find(|k| ChatTemplate::RESERVED.contains(&k.as_str())) {
+                Some(k) => Err(ApiError::invalid(
+                    format!("{PARAM}.{k}"),
+                    format!("{PARAM} may not set '{k}': give it as the request's own field"),
+                )),
+                None => Ok(map.clone()),
+            }
+        }
+        Some(_) => Err(ApiError::invalid(
+            PARAM,
+            "chat_template_kwargs must be an object, e.g. {\"enable_thinking\": false}",
+        )),
+    }
 }
 
 /// `POST /v1/completions`: the prompt is a string or token ids (or a list of one of them).
@@ -809,5 +865,77 @@ fn completion_prompt(prompt: Value, vocab: usize) -> Result<Prompt, ApiError> {
             ))
         }
         _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Twelve families' chat templates (Gemma 2, Phi-3.5, Qwen2.5, Qwen3, Llama 3.1-3.3,
+    /// SmolLM3, Granite 3.3, Mistral Nemo, Nemotron Nano 2, gpt-oss) on eleven request bodies,
+    /// parsed as a chat request is and rendered as the server renders them, against
+    /// transformers' `apply_chat_template` on the same bodies (the committed
+    /// `make_expected.py` wrote them): the same text byte for byte, or a refusal where the
+    /// template refuses. Tools are compared where the template renders them in a call format
+    /// oxgen parses; for the others oxgen describes the tools itself.
+    #[test]
+    fn chat_templates_render_as_transformers_does() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../testkit/thirdparty/chat_templates"
+        );
+        let expected: Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/expected.json")).unwrap())
+                .unwrap();
+        // The frozen clock make_expected.py gave strftime_now, as today's date.
+        let today = jiff::Zoned::now();
+        let dates = [
+            ("February 03, 2031", "%B %d, %Y"),
+            ("03 Feb 2031", "%d %b %Y"),
+            ("2031-02-03", "%Y-%m-%d"),
+        ]
+        .map(|(frozen, format)| (frozen, today.strftime(format).to_string()));
+        let (mut compared, mut refused) = (0, 0);
+        let templates = expected["templates"].as_object().unwrap();
+        for (name, t) in templates {
+            let source = std::fs::read_to_string(format!("{dir}/templates/{name}.jinja")).unwrap();
+            let special = |k: &str| t[k].as_str().unwrap_or_default().to_string();
+            let template =
+                ChatTemplate::new(&source, &special("bos_token"), &special("eos_token")).unwrap();
+            let format = ToolFormat::detect(Some(&source));
+            for (case, body) in expected["cases"].as_object().unwrap() {
+                let tools = tools(body).unwrap().map(|t| t.with_format(format));
+                if tools.is_some() && format == ToolFormat::Json {
+                    continue;
+                }
+                let messages: Vec<Map<String, Value>> =
+                    serde_json::from_value(body["messages"].clone()).unwrap();
+                let messages = chat_messages(messages).unwrap();
+                let kwargs = template_kwargs(body).unwrap();
+                let generation = body["add_generation_prompt"].as_bool().unwrap_or(true);
+                let ours = template.render_with(&messages, tools.as_ref(), generation, &kwargs);
+                let theirs = &t["rendered"][case];
+                match (ours, theirs["text"].as_str()) {
+                    (Ok(text), Some(want)) => {
+                        let want = dates.iter().fold(want.to_string(), |w, (frozen, today)| {
+                            w.replace(frozen, today)
+                        });
+                        assert_eq!(text, want, "{name}, {case}");
+                        compared += 1;
+                    }
+                    (Err(e), None) => {
+                        let why = theirs["error"].as_str().unwrap();
+                        assert!(e.to_string().contains(why), "{name}, {case}: {e} / {why}");
+                        refused += 1;
+                    }
+                    (ours, _) => panic!("{name}, {case}: oxgen {ours:?}, transformers {theirs}"),
+                }
+            }
+        }
+        assert!(
+            compared >= 120 && refused >= 3,
+            "{compared} compared, {refused} refused"
+        );
     }
 }

@@ -140,10 +140,11 @@ async fn encode_chat(
     loaded: &Loaded,
     messages: Vec<ChatMessage>,
     tools: Option<ToolSet>,
+    kwargs: Map<String, Value>,
 ) -> Result<(Vec<u32>, String), ApiError> {
     let encoder = loaded.encoder.clone();
     tokio::task::spawn_blocking(move || {
-        let text = encoder.render(&messages, tools.as_ref())?;
+        let text = encoder.render(&messages, tools.as_ref(), &kwargs)?;
         let ids = encoder.encode(&Prompt::Text(text.clone()))?;
         Ok((ids, text))
     })
@@ -238,7 +239,8 @@ impl App {
         let tools = req.tools.take().map(|t| t.with_format(loaded.tool_format));
         let (ids, syntax) = match prompt {
             Prompt::Chat(messages) => {
-                let (ids, text) = encode_chat(loaded, messages, tools.clone()).await?;
+                let kwargs = std::mem::take(&mut req.template_kwargs);
+                let (ids, text) = encode_chat(loaded, messages, tools.clone(), kwargs).await?;
                 let calls = (tools.as_ref())
                     .filter(|t| t.choice != ToolChoice::None)
                     .map(|t| t.format);
@@ -813,11 +815,20 @@ async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
         let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
         api::known_fields(
             &map,
-            &[&["model", "prompt", "messages", "tools", "tool_choice"]],
+            &[&[
+                "model",
+                "prompt",
+                "messages",
+                "tools",
+                "tool_choice",
+                "chat_template_kwargs",
+            ]],
         )?;
         check_model(&app, &map)?;
         let ids = match (map.get("prompt"), map.get("messages")) {
-            (Some(Value::String(text)), None) if !map.contains_key("tools") => {
+            (Some(Value::String(text)), None)
+                if !map.contains_key("tools") && !map.contains_key("chat_template_kwargs") =>
+            {
                 encode(loaded, Prompt::Text(text.clone())).await?
             }
             (None, Some(_)) => {
@@ -827,8 +838,9 @@ async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
                 }
                 let value = Value::Object(map);
                 let tools = api::tools(&value)?.map(|t| t.with_format(loaded.tool_format));
+                let kwargs = api::template_kwargs(&value)?;
                 let Messages { messages } = api::typed(&value)?;
-                encode_chat(loaded, api::chat_messages(messages)?, tools)
+                encode_chat(loaded, api::chat_messages(messages)?, tools, kwargs)
                     .await?
                     .0
             }
