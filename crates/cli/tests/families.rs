@@ -454,3 +454,63 @@ fn the_weight_budget_changes_residency_not_ids() {
         );
     }
 }
+
+/// llama.cpp itself on the same GGUFs (`llama_cpp_ids.py` recorded what its
+/// `llama-completion` does with them in `llama_cpp.json`): imported at the default accuracy
+/// level (gpt-oss's MXFP4 experts then take int8 activations, as llama.cpp's do), each
+/// tokenizes the prompt to llama.cpp's ids and generates llama.cpp's bytes greedily, EOS
+/// ignored: nine architectures, F32 and MXFP4, checked against an implementation that shares
+/// nothing with oxgen or onnxruntime.
+#[test]
+fn imported_ggufs_generate_what_llama_cpp_generates() {
+    let text = std::fs::read_to_string(families_dir().join("llama_cpp.json")).unwrap();
+    let refs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let prompt = refs["prompt"].as_str().unwrap();
+    let n = refs["new_tokens"].as_u64().unwrap() as usize;
+    let mut checked = 0;
+    for (name, family) in refs["families"].as_object().unwrap() {
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join("package");
+        let gguf = families_dir().join(family["gguf"].as_str().unwrap());
+        import_gguf(&gguf, &package, &ImportOptions::default()).unwrap();
+        let options = ModelOptions {
+            threads: 2,
+            ..ModelOptions::default()
+        };
+        let mut model = Model::open(&package, &options).unwrap();
+        let ids = model
+            .encoder()
+            .encode(&Prompt::Text(prompt.into()))
+            .unwrap();
+        let want: Vec<u64> = (family["prompt_ids"].as_array().unwrap().iter())
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let got: Vec<u64> = ids.iter().map(|&i| u64::from(i)).collect();
+        assert_eq!(got, want, "{name}: the prompt's ids");
+        // llama.cpp's --ignore-eos masks every end-of-generation id it knows.
+        let mut options = GenerateOptions {
+            max_new_tokens: n,
+            ignore_eos: true,
+            ..GenerateOptions::default()
+        };
+        options.sampling.logit_bias = (family["eog_ids"].as_array().unwrap().iter())
+            .map(|v| (v.as_u64().unwrap() as u32, f32::NEG_INFINITY))
+            .collect();
+        let out = model
+            .generate(&Prompt::Tokens(ids), &options, |_| {})
+            .unwrap();
+        assert_eq!(out.tokens.len(), n, "{name}");
+        // llama-completion prints no special token's text, and each piece with `%s`, so a NUL
+        // byte never reaches its output.
+        let tokenizer = model.tokenizer();
+        let bytes: Vec<u8> = (out.tokens.iter())
+            .filter(|&&id| tokenizer.special_token(id).is_none())
+            .flat_map(|&id| tokenizer.token_bytes(id))
+            .filter(|&b| b != 0)
+            .collect();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, family["generated_hex"].as_str().unwrap(), "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 9, "llama_cpp.json names {checked} GGUFs");
+}

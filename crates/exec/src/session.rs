@@ -298,27 +298,44 @@ impl NativeSession {
         result
     }
 
-    /// The node producing graph output `output` when it is a row-wise product (`MatMulNBits`,
-    /// or `MatMul` by a 2-D initializer): each output row depends on its input row alone.
+    /// The node computing graph output `output` row by row: a row-wise product (`MatMulNBits`,
+    /// or `MatMul` by a 2-D initializer), alone or followed by element-wise steps that keep
+    /// rows apart (unary ops, binary ops with a one-value initializer: Gemma's final-logit
+    /// softcap `tanh(x / c) * c`), each step's input read by nothing else. Each output row
+    /// then depends on its input row alone, so the steps run on the rows the product made.
     pub fn row_wise_producer(&self, output: usize) -> Option<usize> {
         let graph = &self.plan.graph;
-        let id = *graph.outputs.get(output)?;
-        let (i, node) = graph
-            .nodes
-            .iter()
-            .enumerate()
-            .find(|(_, n)| n.outputs.contains(&Some(id)))?;
-        let row_wise = match &node.op {
-            Op::MatMulNBits(_) => true,
-            Op::MatMul => node
-                .inputs
-                .get(1)
-                .copied()
-                .flatten()
-                .is_some_and(|b| graph.initializers.get(&b).is_some_and(|t| t.rank() == 2)),
-            _ => false,
+        let scalar = |v: Option<ValueId>| {
+            v.and_then(|v| graph.initializers.get(&v))
+                .is_some_and(|t| t.numel() == 1)
         };
-        row_wise.then_some(i)
+        let mut id = *graph.outputs.get(output)?;
+        loop {
+            let (i, node) =
+                (graph.nodes.iter().enumerate()).find(|(_, n)| n.outputs.contains(&Some(id)))?;
+            let input = |k: usize| node.inputs.get(k).copied().flatten();
+            let next = match &node.op {
+                Op::MatMulNBits(_) => return Some(i),
+                Op::MatMul => {
+                    let b = input(1).and_then(|b| graph.initializers.get(&b));
+                    return b.is_some_and(|t| t.rank() == 2).then_some(i);
+                }
+                Op::Unary(_) => input(0)?,
+                Op::Binary(_) => match (scalar(input(0)), scalar(input(1))) {
+                    (false, true) => input(0)?,
+                    (true, false) => input(1)?,
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            let readers = (graph.nodes.iter())
+                .filter(|n| n.inputs.contains(&Some(next)))
+                .count();
+            if readers != 1 || graph.outputs.contains(&next) {
+                return None;
+            }
+            id = next;
+        }
     }
 
     /// Makes node `node` (from [`NativeSession::row_wise_producer`]) compute only rows

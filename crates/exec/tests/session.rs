@@ -286,3 +286,38 @@ fn resident_pages(bytes: &[u8]) -> (usize, usize) {
     assert_eq!(rc, 0, "mincore failed");
     (vec.iter().filter(|&&v| v & 1 == 1).count(), pages)
 }
+
+/// Gemma 2's final-logit softcap, as onnxruntime-genai's builder writes it after the output
+/// head (`Div` by 30, `Tanh`, `Mul` by 30), keeps rows apart: the head is still the node a
+/// prompt step asks for its last row alone, so the softcap runs on that row too.
+#[test]
+fn the_head_computes_the_last_row_alone_through_a_softcap() {
+    for package in ["gemma2-fp32", "gemma2-int4"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testkit/thirdparty/families")
+            .join(package);
+        let model = oxgen_onnx::Model::load(dir.join("model.onnx")).unwrap();
+        let (graph, _) = oxgen_exec::optimize(
+            Graph::from_model(&model).unwrap(),
+            None,
+            &oxgen_exec::PassOptions::default(),
+        );
+        let ops: Vec<String> = (graph.nodes.iter().rev().take(3))
+            .map(|n| format!("{:?}", n.op))
+            .collect();
+        assert!(ops[0].contains("Mul") && ops[1].contains("Tanh"), "{ops:?}");
+        let session = NativeSession::new(
+            graph,
+            &ExecOptions {
+                threads: 1,
+                ..Default::default()
+            },
+        );
+        let logits = (session.graph().outputs.iter())
+            .position(|&v| session.graph().values[v.0].name == "logits")
+            .unwrap();
+        let head = session.row_wise_producer(logits).expect(package);
+        let op = format!("{:?}", session.graph().nodes[head].op);
+        assert!(op.starts_with("MatMul"), "{package}: {op}");
+    }
+}

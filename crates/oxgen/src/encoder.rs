@@ -47,16 +47,25 @@ impl Encoder {
             Prompt::Tokens(ids) => Ok(ids.clone()),
             Prompt::Text(text) => Ok(self.tokenizer.encode(text, false)?),
             Prompt::Chat(messages) => {
-                let text = self.render(messages, None, &serde_json::Map::new())?;
+                let text = self.render(messages, None)?;
                 Ok(self.tokenizer.encode(&text, false)?)
             }
         }
     }
 
     /// The prompt text of a conversation, with the tools it offers, opening the assistant's
-    /// turn; `kwargs` are extra arguments for the template (`chat_template_kwargs`) over the
-    /// model's defaults ([`crate::ModelOptions::chat_template_kwargs`]).
+    /// turn.
     pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&ToolSet>,
+    ) -> Result<String, Error> {
+        self.render_with(messages, tools, &serde_json::Map::new())
+    }
+
+    /// [`Encoder::render`] with extra arguments for the template (`chat_template_kwargs`),
+    /// over the model's defaults ([`crate::ModelOptions::chat_template_kwargs`]).
+    pub fn render_with(
         &self,
         messages: &[ChatMessage],
         tools: Option<&ToolSet>,

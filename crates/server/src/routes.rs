@@ -144,7 +144,7 @@ async fn encode_chat(
 ) -> Result<(Vec<u32>, String), ApiError> {
     let encoder = loaded.encoder.clone();
     tokio::task::spawn_blocking(move || {
-        let text = encoder.render(&messages, tools.as_ref(), &kwargs)?;
+        let text = encoder.render_with(&messages, tools.as_ref(), &kwargs)?;
         let ids = encoder.encode(&Prompt::Text(text.clone()))?;
         Ok((ids, text))
     })
