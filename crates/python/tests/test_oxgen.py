@@ -71,8 +71,8 @@ def test_template_keywords_reach_the_template():
                     chat_template_kwargs={"enable_thinking": False})
     assert m.apply_chat_template(PROMPT).endswith(empty)
     assert m.apply_chat_template(PROMPT, enable_thinking=True).endswith("assistant\n")
-    with pytest.raises(oxgen.InvalidArgument, match="may not set 'messages'"):
-        m.apply_chat_template(PROMPT, messages=[])
+    with pytest.raises(oxgen.InvalidArgument, match="may not set 'documents'"):
+        m.apply_chat_template(PROMPT, documents=[])
 
 
 def test_chat_reuses_the_kv_of_earlier_turns(model):
