@@ -32,6 +32,11 @@ pub struct RunArgs {
     /// bound). Outputs do not change with it.
     #[arg(long, env = "OXGEN_WEIGHT_BUDGET", value_name = "MIB")]
     pub weight_budget: Option<u64>,
+    /// Which resident experts --weight-budget drops first: frequency (least often used,
+    /// counts halved as the text goes on) or lru (least recently used).
+    #[arg(long, env = "OXGEN_EXPERT_CACHE", default_value = "frequency",
+          value_parser = clap::value_parser!(oxgen::ExpertCache))]
+    pub expert_cache: oxgen::ExpertCache,
     /// A Jinja chat template file to use instead of the package's.
     #[arg(long, env = "OXGEN_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
@@ -63,6 +68,7 @@ impl RunArgs {
             ort_lib: backend.ort_lib.clone(),
             kv_dtype: self.kv_dtype,
             weight_budget: self.weight_budget.map(|mib| mib.saturating_mul(1 << 20)),
+            expert_cache: self.expert_cache,
             chat_template: self.chat_template.clone(),
             chat_template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
             speculative: self.speculative.clone(),

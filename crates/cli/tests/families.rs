@@ -26,7 +26,7 @@
 
 use std::path::PathBuf;
 
-use oxgen::{Backend, GenerateOptions, Model, ModelOptions, Prompt, Sequence};
+use oxgen::{Backend, ExpertCache, GenerateOptions, Model, ModelOptions, Prompt, Sequence};
 use oxgen_import::{ImportOptions, import_gguf};
 
 fn families_dir() -> PathBuf {
@@ -418,7 +418,8 @@ fn a_moe_step_computes_only_the_routed_experts_once_per_batch() {
 }
 
 /// The weight budget changes which expert weights stay resident, never the ids: gpt-oss with
-/// no bound, with every expert dropped after each use (0) and with room for all.
+/// no bound, with every expert dropped after each use (0), with room for all, and with room
+/// for half under each policy.
 #[test]
 fn the_weight_budget_changes_residency_not_ids() {
     for case in cases().iter().filter(|c| c.package.starts_with("gpt-oss")) {
@@ -446,6 +447,30 @@ fn the_weight_budget_changes_residency_not_ids() {
                 assert!(r.hits > 0 && r.peak_bytes == r.resident_bytes, "{what}");
             }
             all.push(ids);
+        }
+        // Room for half the experts: each policy evicts some, and the ids stay.
+        let half = {
+            let options = ModelOptions {
+                threads: 2,
+                weight_budget: Some(1 << 30),
+                ..ModelOptions::default()
+            };
+            let mut model = Model::open(families_dir().join(&case.package), &options).unwrap();
+            alone(&mut model, case);
+            model.counters().experts.peak_bytes / 2
+        };
+        for expert_cache in [ExpertCache::Lru, ExpertCache::Frequency] {
+            let options = ModelOptions {
+                threads: 2,
+                weight_budget: Some(half),
+                expert_cache,
+                ..ModelOptions::default()
+            };
+            let mut model = Model::open(families_dir().join(&case.package), &options).unwrap();
+            all.push(alone(&mut model, case));
+            let r = model.counters().experts;
+            assert!(r.evictions > 0 && r.hits > 0, "{expert_cache:?}: {r:?}");
+            assert!(r.resident_bytes <= half, "{expert_cache:?}: {r:?}");
         }
         assert!(
             all.iter().all(|ids| *ids == all[0]),

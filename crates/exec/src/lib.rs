@@ -22,6 +22,7 @@ pub mod ops;
 mod optimize;
 mod plan;
 mod residency;
+pub use residency::ExpertCache;
 mod session;
 
 pub use arena::Arena;

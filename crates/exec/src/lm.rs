@@ -274,7 +274,7 @@ impl NativeLm {
             Some(pool) => NativeSession::with_pool(graph, pool.clone(), options.exec.exact),
             None => NativeSession::new(graph, &options.exec),
         };
-        session.set_weight_budget(options.weight_budget);
+        session.set_weight_budget(options.weight_budget, options.expert_cache);
         let shared_kv = kv_is_shared_buffer(session.graph(), &contract);
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         let logits_node = session.row_wise_producer(io.logits);

@@ -64,6 +64,8 @@ pub struct NativeOptions {
     /// Bytes of mixture-of-experts weights that may stay resident (`None`: no bound); see
     /// `crate::residency`.
     pub weight_budget: Option<u64>,
+    /// Which resident experts the budget drops first.
+    pub expert_cache: crate::ExpertCache,
 }
 
 impl Default for NativeOptions {
@@ -80,6 +82,7 @@ impl Default for NativeOptions {
             pool: None,
             kv_dtype: None,
             weight_budget: None,
+            expert_cache: crate::ExpertCache::default(),
         }
     }
 }

@@ -104,7 +104,7 @@ impl Evaluator for NativeEvaluator {
                 wanted: u64::MAX,
                 subgraphs: &mut [],
                 counters: &mut ops::OpCounters::default(),
-                residency: &mut crate::residency::Residency::new(None),
+                residency: &mut crate::residency::Residency::new(None, Default::default()),
             };
             let produced = ops::run(
                 &node.op,

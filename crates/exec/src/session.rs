@@ -18,7 +18,7 @@ use oxgen_tensor::Tensor;
 use crate::kv::{PagedLayer, PagedStep};
 use crate::ops::moe::PackedExperts;
 use crate::ops::{self, OpCounters, OpCtx};
-use crate::residency::Residency;
+use crate::residency::{ExpertCache, Residency};
 use crate::{Arena, ExecError, OpError, Plan};
 
 /// Options for a native session.
@@ -163,7 +163,7 @@ impl NativeSession {
             rows: Vec::new(),
             matrix_bytes,
             counters: OpCounters::default(),
-            residency: Residency::new(None),
+            residency: Residency::new(None, ExpertCache::default()),
             packed,
             tiles,
             experts,
@@ -380,8 +380,8 @@ impl NativeSession {
     /// repacked for their kernel (once; a session never told runs them as stored, with the
     /// same bits); a bound drops the copies, since it counts what stays resident of the
     /// files' experts and the copies (memory of their own) would stay whatever it says.
-    pub fn set_weight_budget(&mut self, budget: Option<u64>) {
-        self.residency = Residency::new(budget);
+    pub fn set_weight_budget(&mut self, budget: Option<u64>, policy: ExpertCache) {
+        self.residency = Residency::new(budget, policy);
         let repacked = self.experts.iter().any(Option::is_some);
         match budget {
             None if !repacked => self.experts = prepack_experts(&self.plan.graph, self.exact),

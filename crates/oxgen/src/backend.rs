@@ -6,7 +6,7 @@ use std::path::Path;
 use oxgen_exec::{ExecOptions, NativeLm, NativeOptions, OpenError, Unsupported};
 use oxgen_runtime::{KvDtype, LanguageModel};
 
-use crate::{Error, KvBudget, PackageConfig};
+use crate::{Error, ExpertCache, KvBudget, PackageConfig};
 
 /// The backend asked for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -107,6 +107,7 @@ pub(crate) struct Open<'a> {
     pub kv: KvBudget,
     pub kv_dtype: Option<KvDtype>,
     pub weight_budget: Option<u64>,
+    pub expert_cache: ExpertCache,
     pub prefix_cache: bool,
     /// The thread pool a native model shares with its speculative draft.
     pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
@@ -165,6 +166,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         pool: o.pool.clone(),
         kv_dtype: o.kv_dtype,
         weight_budget: o.weight_budget,
+        expert_cache: o.expert_cache,
     }
 }
 

@@ -62,7 +62,7 @@ pub use chat::{CHAT_CTX_SIZE, Chat};
 pub use context::{ContextLimit, Sizing};
 pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
-pub use oxgen_exec::KvBudget;
+pub use oxgen_exec::{ExpertCache, KvBudget};
 pub use oxgen_generate::{
     ChatMessage, ChatTemplate, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,
     Reply, ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
@@ -116,6 +116,9 @@ pub struct ModelOptions {
     /// are read from the model files where they lie, and the least recently used are dropped
     /// past this (`None`: no bound). Outputs do not change with it.
     pub weight_budget: Option<u64>,
+    /// Which resident experts the weight budget drops first: the least recently used, or
+    /// the least often used (docs/PERFORMANCE.md measures both).
+    pub expert_cache: ExpertCache,
     /// Keep full KV blocks for later sequences that start with the same ids (a server's
     /// shared system prompt is then prefilled once).
     pub prefix_cache: bool,
@@ -143,6 +146,7 @@ impl Default for ModelOptions {
             kv: KvBudget::default(),
             kv_dtype: None,
             weight_budget: None,
+            expert_cache: ExpertCache::default(),
             prefix_cache: false,
             chat_template: None,
             chat_template_kwargs: serde_json::Map::new(),
@@ -332,6 +336,7 @@ impl Model {
             kv: options.kv,
             kv_dtype: options.kv_dtype,
             weight_budget: options.weight_budget,
+            expert_cache: options.expert_cache,
             prefix_cache: options.prefix_cache,
             pool,
         };

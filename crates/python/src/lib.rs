@@ -374,7 +374,8 @@ impl PyModel {
     #[pyo3(signature = (path, *, backend = "auto", threads = 0, ctx_size = None, exact = false,
                         chat_template = None, max_batch = 8, ort_lib = None, speculative = None,
                         spec_tokens = oxgen::DEFAULT_SPEC_TOKENS, kv_dtype = None,
-                        weight_budget_mib = None, chat_template_kwargs = None))]
+                        weight_budget_mib = None, expert_cache = "frequency",
+                        chat_template_kwargs = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -390,6 +391,7 @@ impl PyModel {
         spec_tokens: usize,
         kv_dtype: Option<&str>,
         weight_budget_mib: Option<u64>,
+        expert_cache: &str,
         chat_template_kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyModel> {
         let backend = Backend::parse(backend)
@@ -419,6 +421,7 @@ impl PyModel {
             kv: KvBudget::Sequences(max_batch),
             kv_dtype,
             weight_budget: weight_budget_mib.map(|mib| mib.saturating_mul(1 << 20)),
+            expert_cache: expert_cache.parse().map_err(invalid)?,
             prefix_cache: true,
             chat_template,
             chat_template_kwargs: template_kwargs(chat_template_kwargs)?,

@@ -99,6 +99,7 @@ class Model:
         spec_tokens: int = 6,
         kv_dtype: Optional[Literal["f32", "f16", "bf16", "int8"]] = None,
         weight_budget_mib: Optional[int] = None,
+        expert_cache: Literal["lru", "frequency"] = "frequency",
         chat_template_kwargs: Optional[dict[str, Any]] = None,
     ) -> Model: ...
     def generate(self, prompt: Prompt, **sampling: Unpack[Sampling]) -> Completion: ...
