@@ -10,7 +10,8 @@
 //!
 //! Where llama.cpp's converter maps the family to an architecture oxgen imports (Mistral and
 //! Llama 3 as `llama`, with their Q/K rows permuted and Llama 3's scaling as `rope_freqs`; Qwen2; Qwen3; Granite with its multipliers; Phi-3.5
-//! with fused projections and LongRoPE, which the importer writes as the builder does; Gemma 2
+//! with fused projections and LongRoPE, which the importer writes as the builder does, and
+//! Phi-4-mini, which rotates 3/4 of each head; Gemma 2
 //! with its extra norms, softcaps and alternating window; Gemma 3 with Q/K norms, a layer
 //! pattern and a rotary base for its windowed layers; SmolLM3 without rotary on every fourth
 //! layer),

@@ -124,6 +124,9 @@ pub struct HParams {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_size: usize,
+    /// Dimensions of each head that rotate (the first ones; all but Phi-4-mini's rotate the
+    /// whole head).
+    pub rotary_dim: usize,
     pub intermediate: usize,
     pub context: usize,
     pub rope_base: f64,
@@ -344,18 +347,25 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
             format!("head size {head_size} must be even and heads × head size at most {MAX_WIDTH}"),
         ));
     }
-    if let Some(rot) = m.optional_count("rope.dimension_count", MAX_WIDTH)?
-        && rot != head_size
-    {
-        return Err(ImportError::Unsupported {
-            file: m.path(),
-            what: format!(
-                "partial rotary ({} = {rot}, head size {head_size})",
-                m.key("rope.dimension_count")
-            ),
-            hint: "only models that rotate the whole head are mapped".into(),
-        });
-    }
+    // Phi-3's layout rotates the first dimensions of each head as they are (Phi-4-mini: 3/4);
+    // llama's converter permutes Q/K rows for a whole-head rotation, so only phi3 takes a part.
+    let rotary_dim = match m.optional_count("rope.dimension_count", MAX_WIDTH)? {
+        None => head_size,
+        Some(rot) if rot == head_size => rot,
+        Some(rot) if arch == Arch::Phi3 && rot > 0 && rot < head_size && rot % 2 == 0 => rot,
+        Some(rot) => {
+            return Err(ImportError::Unsupported {
+                file: m.path(),
+                what: format!(
+                    "partial rotary ({} = {rot}, head size {head_size})",
+                    m.key("rope.dimension_count")
+                ),
+                hint: "only phi3 (Phi-4-mini) may rotate part of each head, an even number of \
+                       its dimensions; other architectures must rotate the whole head"
+                    .into(),
+            });
+        }
+    };
     let context = m.count("context_length", MAX_CONTEXT)?;
     let rope_base = m.optional_f64("rope.freq_base")?.unwrap_or(10_000.0);
     let (rope_linear_scale, yarn) = rope_scaling(&m)?;
@@ -405,6 +415,7 @@ pub fn read(file: &GgufFile) -> Result<HParams, ImportError> {
         heads,
         kv_heads,
         head_size,
+        rotary_dim,
         intermediate,
         context,
         rope_base,

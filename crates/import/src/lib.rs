@@ -157,6 +157,7 @@ pub fn import_gguf(
         context: hp.context,
         rope: Rope {
             base: hp.rope_base,
+            dim: (hp.rotary_dim < hp.head_size).then_some(hp.rotary_dim),
             freq_factors,
             linear_scale: hp.rope_linear_scale,
             long,

@@ -426,14 +426,18 @@ pub fn read(
     let rope_freqs = r
         .optional_vector(
             "rope_freqs.weight",
-            hd / 2,
+            hp.rotary_dim / 2,
             "one factor per rotary frequency",
         )?
         .map(|t| t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default());
     let long_rope_factors = match hp.long_rope {
         Some(_) => {
             let mut factors = |name: &str| -> Result<Vec<f32>, ImportError> {
-                let t = r.vector(name, hd / 2, "LongRoPE: one factor per rotary frequency")?;
+                let t = r.vector(
+                    name,
+                    hp.rotary_dim / 2,
+                    "LongRoPE: one factor per rotary frequency",
+                )?;
                 Ok(t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default())
             };
             Some([

@@ -1,7 +1,8 @@
 """Runs llama.cpp itself on every family GGUF under families/ and records what it generates,
 so oxgen's imports are checked against llama.cpp as well as against onnxruntime-genai.
 
-For each family in families/families.json with a GGUF (but Phi-3.5's, below), `llama-completion` (built from the
+For each family in families/families.json with a GGUF (but the LongRoPE ones, Phi-3.5 and
+Phi-4-mini, below), `llama-completion` (built from the
 llama.cpp sources the llama-cpp-python 0.3.36 sdist vendors, by bench/peers/build_llama_cpp.sh)
 decodes PROMPT greedily for N ids with EOS ignored, on one thread. Its debug log gives the
 prompt's ids (`tokens: [ 'he':260, ... ]`) and the end-of-generation ids that `--ignore-eos`
@@ -74,7 +75,7 @@ def main():
         # llama.cpp picks LongRoPE's long factors by the context size (n_ctx, at least 256,
         # against the fixture's original 64), onnxruntime-genai and oxgen by the sequence's own
         # length: from the first position they rotate differently by design.
-        if not gguf or name == "phi3-longrope":
+        if not gguf or family["gguf"]["architecture"] == "phi3":
             continue
         prompt, eog, text = run(args.llama_completion, os.path.join(FAMILIES, gguf))
         refs["families"][name] = {"gguf": gguf, "prompt_ids": prompt, "eog_ids": eog,

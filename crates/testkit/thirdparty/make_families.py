@@ -20,6 +20,10 @@ Rerun (from the repository root; torch is several GB, so CI does not do this):
       onnxscript==0.7.2 safetensors==0.8.0 gguf==0.19.0
   /tmp/famvenv/bin/python crates/testkit/thirdparty/make_families.py [--only NAME,...]
 
+`--gguf-from-package NAME` writes only NAME's GGUF, from the committed fp32 package's tensors
+(numpy, onnx and gguf suffice; no torch): Phi-4-mini's was added so, after its checkpoint was
+gone.
+
 It rewrites families/<name>-<precision>/ and families/families.json, and for the families whose
 llama.cpp architecture oxgen imports, families/<name>.gguf (F32, the same checkpoint as
 llama.cpp's converter lays it out); the checkpoints and the builder's raw output stay in the
@@ -267,7 +271,7 @@ def export(hf_dir, work, name, precision):
 GGUF_ARCH = {
     "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "granite": "granite",
     "phi3-longrope": "phi3", "gemma2": "gemma2", "gemma3": "gemma3", "smollm3": "smollm3",
-    "llama3": "llama", "gpt-oss": "gpt-oss",
+    "llama3": "llama", "gpt-oss": "gpt-oss", "phi4-mini": "phi3",
 }
 
 
@@ -297,8 +301,9 @@ def write_gguf(name, model, tok_dir, path=None):
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
     rope = cfg.rope_parameters
+    # As convert_hf_to_gguf.py's Phi3MiniModel: Phi-4-mini rotates 3/4 of each head.
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     if "full_attention" in rope:  # Gemma 3: a base per layer type
         w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
@@ -364,7 +369,8 @@ def write_gguf(name, model, tok_dir, path=None):
     w.add_tokenizer_pre("qwen2")
     w.add_token_list([t for t, _ in vocab])
     w.add_token_types([3 if t in specials else 1 for t, _ in vocab])
-    w.add_token_merges(tok["model"]["merges"])
+    # tokenizers writes merges as "a b" or, since 0.20, as ["a", "b"]; GGUF keeps "a b".
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
     w.add_bos_token_id(BOS)
     w.add_eos_token_id(EOS)
     names = {
@@ -380,7 +386,8 @@ def write_gguf(name, model, tok_dir, path=None):
         names["post_attention_layernorm"] = "post_attention_norm"
     names.update({"self_attn.sinks": "attn_sinks", "mlp.router": "ffn_gate_inp"})
     for hf, t in model.state_dict().items():
-        data = t.detach().to("cpu").float().numpy().astype(np.float32)
+        data = t if isinstance(t, np.ndarray) else t.detach().to("cpu").float().numpy()
+        data = data.astype(np.float32)
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if ".mlp.experts." in hf:
@@ -471,11 +478,62 @@ def greedy_transformers(model, ids, new_tokens):
     return out[0, len(ids):].tolist()
 
 
+class PackageCheckpoint:
+    """The checkpoint of a family, rebuilt from its fp32 builder package without torch (for a
+    GGUF added after the committed packages were made): the builder stores every projection
+    transposed as a `MatMul` weight, gate and up apart, and the output head as the embedding
+    when they are tied; everything else is the checkpoint's own tensors."""
+
+    def __init__(self, name):
+        import types
+
+        import onnx
+        from onnx import numpy_helper
+
+        _, _, kwargs, *_ = FAMILIES[name]
+        cfg = dict(COMMON, **kwargs)
+        self.config = types.SimpleNamespace(**cfg)
+        model = onnx.load(os.path.join(OUT, f"{name}-fp32", "model.onnx"))
+        t = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        layers = cfg["num_hidden_layers"]
+        sd = {"model.embed_tokens.weight": t["lm_head.MatMul.weight"].T}
+        if not cfg["tie_word_embeddings"]:
+            raise SystemExit(f"{name}: only tied packages are rebuilt (the embedding is the head)")
+        for l in range(layers):
+            p = f"model.layers.{l}"
+            sd[f"{p}.input_layernorm.weight"] = t[f"{p}.input_layernorm.weight"]
+            sd[f"{p}.self_attn.qkv_proj.weight"] = t[f"{p}.attn.qkv_proj.MatMul.weight"].T
+            sd[f"{p}.self_attn.o_proj.weight"] = t[f"{p}.attn.o_proj.MatMul.weight"].T
+            sd[f"{p}.post_attention_layernorm.weight"] = t[f"{p}.post_attention_layernorm.weight"]
+            gate, up = t[f"{p}.mlp.gate_proj.MatMul.weight"].T, t[f"{p}.mlp.up_proj.MatMul.weight"].T
+            sd[f"{p}.mlp.gate_up_proj.weight"] = __import__("numpy").concatenate([gate, up])
+            sd[f"{p}.mlp.down_proj.weight"] = t[f"{p}.mlp.down_proj.MatMul.weight"].T
+        sd["model.norm.weight"] = t[f"model.layers.{layers}.final_norm_layernorm.weight"]
+        self._state = sd
+
+    def state_dict(self):
+        return self._state
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="/tmp/oxgen-families")
     parser.add_argument("--only", help="comma-separated family names (default: all)")
+    parser.add_argument("--gguf-from-package", metavar="NAME",
+                        help="only write NAME's GGUF, its checkpoint rebuilt from the committed "
+                             "fp32 package (numpy, onnx and gguf; no torch), and name it in "
+                             "families.json")
     args = parser.parse_args()
+    if args.gguf_from_package:
+        name = args.gguf_from_package
+        write_gguf(name, PackageCheckpoint(name), os.path.join(OUT, f"{name}-fp32"))
+        manifest_path = os.path.join(OUT, "families.json")
+        manifest = json.load(open(manifest_path))
+        manifest[name]["gguf"] = {"file": f"{name}.gguf", "architecture": GGUF_ARCH[name]}
+        with open(manifest_path, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.write("\n")
+        return
     names = args.only.split(",") if args.only else list(FAMILIES)
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(OUT, exist_ok=True)

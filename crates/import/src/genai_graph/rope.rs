@@ -1,5 +1,6 @@
-//! The rotary caches: `cos`/`sin` of `position · θ_i`, `θ_i = base^(-2i / head_size)`
-//! (divided by per-frequency factors and a linear scale when given), `[rows, head_size / 2]`,
+//! The rotary caches: `cos`/`sin` of `position · θ_i`, `θ_i = base^(-2i / dim)` (`dim` the
+//! rotating dimensions of a head, all of them but in Phi-4-mini; divided by per-frequency
+//! factors and a linear scale when given), `[rows, dim / 2]`,
 //! for the non-interleaved (`rotate_half`) convention of Hugging Face models. YaRN blends the
 //! frequencies and scales the caches. Gemma 3's
 //! windowed layers get a pair of their own; LongRoPE's two pairs are chosen by an `If`, as
@@ -12,7 +13,7 @@ use oxgen_tensor::{DType, Tensor};
 
 use super::{DecoderSpec, LongRopeCaches, Writer};
 
-/// `[rows, head_size / 2]` cos and sin caches for rotary base `base`, each frequency divided
+/// `[rows, dim / 2]` cos and sin caches for rotary base `base`, each frequency divided
 /// by `factors[i]` when given, values multiplied by `scale`.
 fn rotary_caches(
     spec: &DecoderSpec,
@@ -21,8 +22,9 @@ fn rotary_caches(
     factors: Option<&[f32]>,
     scale: f64,
 ) -> (Tensor, Tensor) {
-    let (hd, half) = (spec.head_size, spec.head_size / 2);
     let rope = &spec.rope;
+    let hd = rope.dim.unwrap_or(spec.head_size);
+    let half = hd / 2;
     let mut cos = Vec::with_capacity(rows * half);
     let mut sin = Vec::with_capacity(rows * half);
     let inv_freq: Vec<f64> = (0..half)
@@ -94,7 +96,7 @@ impl Writer<'_> {
             let (cos, sin) = rotary_caches(spec, spec.rope.base, rows, Some(factors), scale);
             let mut b = ModelBuilder::new("oxgen-import");
             for (out, t) in [(format!("{name}_cos"), cos), (format!("{name}_sin"), sin)] {
-                let dims = [Dim::Fixed(rows), Dim::Fixed(spec.head_size / 2)];
+                let dims = [Dim::Fixed(rows), Dim::Fixed(t.dims()[1])];
                 b.node(
                     "Constant",
                     "",

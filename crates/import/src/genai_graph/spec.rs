@@ -38,10 +38,14 @@ pub struct DecoderSpec {
     pub experts: Option<crate::arch::ExpertParams>,
 }
 
-/// Rotary frequencies: `θ_i = base^(-2i / head_size) / factors[i] / linear_scale`.
+/// Rotary frequencies: `θ_i = base^(-2i / dim) / factors[i] / linear_scale`, over the first
+/// `dim` dimensions of each head.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rope {
     pub base: f64,
+    /// Dimensions of each head that rotate (`None`: all of them); the caches are `dim / 2`
+    /// wide, which tells `GroupQueryAttention` how much to rotate.
+    pub dim: Option<usize>,
     /// Per-frequency divisors (llama.cpp's `rope_freqs.weight`), `head_size / 2` of them.
     pub freq_factors: Option<Vec<f32>>,
     /// Linear position scaling (positions divided by it); 1 is none.
@@ -68,6 +72,7 @@ impl Rope {
     pub fn new(base: f64) -> Rope {
         Rope {
             base,
+            dim: None,
             freq_factors: None,
             linear_scale: 1.0,
             long: None,
