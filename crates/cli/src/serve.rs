@@ -82,11 +82,11 @@ pub struct Args {
     /// Seconds running requests get to finish after SIGTERM before they are failed.
     #[arg(long, env = "OXGEN_SHUTDOWN_TIMEOUT", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout: u64,
-    /// How tool calls are written and parsed: hermes, llama3, mistral, phi4-mini, harmony, or
-    /// json (oxgen describes the tools in the system message); default: what the chat
-    /// template implies.
+    /// How tool calls are written and parsed: hermes, llama3, mistral, phi4-mini, nemotron,
+    /// harmony, or json (oxgen describes the tools in the system message); default: what the
+    /// chat template implies.
     #[arg(long, env = "OXGEN_TOOL_PARSER",
-          value_parser = ["hermes", "llama3", "mistral", "phi4-mini", "harmony", "json"])]
+          value_parser = ["hermes", "llama3", "mistral", "phi4-mini", "nemotron", "harmony", "json"])]
     tool_parser: Option<String>,
     #[command(flatten)]
     backend: BackendArgs,

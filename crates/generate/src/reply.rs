@@ -64,7 +64,7 @@ impl Reply {
 pub struct ReplySyntax {
     /// Calls in this format are parsed out.
     pub tools: Option<ToolFormat>,
-    /// The template thinks in `<think>...</think>`.
+    /// The template thinks in `<think>...</think>`, and the prompt did not close the block.
     pub think: bool,
     /// The prompt already opened `<think>`: the reply starts inside it.
     pub think_open: bool,
@@ -76,7 +76,10 @@ impl ReplySyntax {
     /// What a chat template's text implies; `prompt` is the rendered prompt.
     pub fn of_template(template: &str, prompt: &str, tools: Option<ToolFormat>) -> ReplySyntax {
         let harmony = template.contains("<|channel|>");
-        let think = !harmony && template.contains("</think>");
+        // A prompt that closed the block (thinking turned off: Qwen3's `enable_thinking:
+        // false`, Nemotron's `/no_think`) leaves the reply nothing to reason in.
+        let closed = prompt.trim_end().ends_with("</think>");
+        let think = !harmony && template.contains("</think>") && !closed;
         ReplySyntax {
             tools: tools.filter(|&f| f != ToolFormat::Harmony),
             think,
@@ -317,6 +320,7 @@ impl ReplyParser {
         let (opens, close): (&[&str], Option<&str>) = match format {
             ToolFormat::Hermes | ToolFormat::Json => (&["<tool_call>"], Some("</tool_call>")),
             ToolFormat::Phi4Mini => (&["<|tool_call|>", "functools["], Some("<|/tool_call|>")),
+            ToolFormat::Nemotron => (&["<TOOLCALL>"], Some("</TOOLCALL>")),
             ToolFormat::Mistral => (&["[TOOL_CALLS]"], None),
             ToolFormat::Llama3 | ToolFormat::Harmony => (&["<|python_tag|>"], None),
         };

@@ -9,7 +9,8 @@
 //! | `hermes` | `<tool_call>{"name": N, "arguments": {..}}</tool_call>` per call | Qwen 2.5/3, Hermes, SmolLM3 |
 //! | `llama3` | `{"name": N, "parameters": {..}}` (optionally after `<\|python_tag\|>`), `;` between calls | Llama 3.1-3.3 |
 //! | `mistral` | `[TOOL_CALLS][{"name": N, "arguments": {..}}, ..]` | Mistral, Mixtral |
-//! | `phi4-mini` | `<\|tool_call\|>[{"name": N, "arguments": {..}}]<\|/tool_call\|>` (or `functools[..]`) | Phi-4-mini |
+//! | `phi4-mini` | `<\|tool_call\|>[{"name": N, "arguments": {..}}]<\|/tool_call\|>` (or `functools[..]`) | Phi-4-mini, Granite 3 |
+//! | `nemotron` | `<TOOLCALL>[{"name": N, "arguments": {..}}, ..]</TOOLCALL>` | Nemotron Nano 2 |
 //! | `harmony` | `<\|channel\|>commentary to=functions.N <\|constrain\|>json<\|message\|>{..}` | gpt-oss |
 //! | `json` | the `hermes` form, with the tools described by oxgen in the system message | any template without tool support |
 //!
@@ -91,17 +92,19 @@ pub enum ToolFormat {
     Llama3,
     Mistral,
     Phi4Mini,
+    Nemotron,
     Harmony,
     /// Hermes-style calls for a template that knows no tools: oxgen describes them.
     Json,
 }
 
 impl ToolFormat {
-    pub const ALL: [ToolFormat; 6] = [
+    pub const ALL: [ToolFormat; 7] = [
         ToolFormat::Hermes,
         ToolFormat::Llama3,
         ToolFormat::Mistral,
         ToolFormat::Phi4Mini,
+        ToolFormat::Nemotron,
         ToolFormat::Harmony,
         ToolFormat::Json,
     ];
@@ -113,6 +116,7 @@ impl ToolFormat {
             ToolFormat::Llama3 => "llama3",
             ToolFormat::Mistral => "mistral",
             ToolFormat::Phi4Mini => "phi4-mini",
+            ToolFormat::Nemotron => "nemotron",
             ToolFormat::Harmony => "harmony",
             ToolFormat::Json => "json",
         }
@@ -130,6 +134,8 @@ impl ToolFormat {
         };
         if t.contains("<|channel|>") {
             ToolFormat::Harmony
+        } else if t.contains("<TOOLCALL>") {
+            ToolFormat::Nemotron
         } else if t.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral
         } else if t.contains("<|tool_call|>") || t.contains("<|tool|>") {
@@ -147,7 +153,11 @@ impl ToolFormat {
     pub fn keeps_special(self) -> bool {
         matches!(
             self,
-            ToolFormat::Mistral | ToolFormat::Phi4Mini | ToolFormat::Harmony | ToolFormat::Llama3
+            ToolFormat::Mistral
+                | ToolFormat::Phi4Mini
+                | ToolFormat::Nemotron
+                | ToolFormat::Harmony
+                | ToolFormat::Llama3
         )
     }
 
@@ -331,6 +341,12 @@ pub fn tool_grammar(
             many(", "),
             marker("<|/tool_call|>", tokenizer)
         ),
+        ToolFormat::Nemotron => format!(
+            "{} \"[\" {} \"]\" {}",
+            marker("<TOOLCALL>", tokenizer),
+            many(", "),
+            marker("</TOOLCALL>", tokenizer)
+        ),
         ToolFormat::Mistral => format!(
             "{} \"[\" {} \"]\"",
             marker("[TOOL_CALLS]", tokenizer),
@@ -353,6 +369,7 @@ pub fn tool_grammar(
                 let opens: &[&str] = match format {
                     ToolFormat::Hermes | ToolFormat::Json => &["<tool_call>"],
                     ToolFormat::Phi4Mini => &["<|tool_call|>", "functools["],
+                    ToolFormat::Nemotron => &["<TOOLCALL>"],
                     ToolFormat::Mistral => &["[TOOL_CALLS]"],
                     ToolFormat::Llama3 | ToolFormat::Harmony => &[],
                 };

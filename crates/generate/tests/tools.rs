@@ -129,6 +129,12 @@ fn each_family_format_parses_into_calls() {
             vec![weather("Kyiv")],
         ),
         (
+            ToolFormat::Nemotron,
+            "<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]</TOOLCALL>",
+            "",
+            vec![weather("Paris"), weather("Rome")],
+        ),
+        (
             ToolFormat::Json,
             " {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
             "",
@@ -201,6 +207,10 @@ fn think_blocks_are_reasoning() {
     // No block at all: everything is content.
     let reply = parse_both(qwen3, "Four.");
     assert_eq!((&*reply.reasoning, &*reply.content), ("", "Four."));
+    // A prompt that closed the block (thinking off): the reply is all answer, and a
+    // constraint binds it from the first token.
+    let closed = ReplySyntax::of_template("</think>", "assistant\n<think>\n\n</think>\n\n", None);
+    assert!(closed.is_plain());
 }
 
 #[test]
@@ -282,6 +292,7 @@ fn enforced_calls_parse_and_validate_whatever_the_logits() {
         ToolFormat::Llama3,
         ToolFormat::Mistral,
         ToolFormat::Phi4Mini,
+        ToolFormat::Nemotron,
         ToolFormat::Harmony,
     ];
     for format in formats {
@@ -317,6 +328,9 @@ fn enforced_calls_parse_and_validate_whatever_the_logits() {
                     }
                     ToolFormat::Phi4Mini => {
                         "<|tool_call|>[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]<|/tool_call|>"
+                    }
+                    ToolFormat::Nemotron => {
+                        "<TOOLCALL>[{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}]</TOOLCALL>"
                     }
                     ToolFormat::Harmony => {
                         "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{\"a\": 1, \"b\": 2}"

@@ -19,6 +19,13 @@ fn template(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../generate/tests/templates/{name}"))
 }
 
+/// A family's own template, as committed for the template test.
+fn family_template(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "../testkit/thirdparty/chat_templates/templates/{name}"
+    ))
+}
+
 fn package(dir: &Path) {
     let cfg = FixtureConfig {
         context: 4096,
@@ -69,9 +76,11 @@ fn check(name: &str, arguments: &str) {
 }
 
 fn request(choice: Value, stream: bool) -> Value {
+    // "/no_think": a template that thinks first (Nemotron's) then closes its thought block in
+    // the prompt, where a random-weight model would think until max_tokens.
     json!({
         "model": "m",
-        "messages": [{"role": "system", "content": "Use the tools."},
+        "messages": [{"role": "system", "content": "Use the tools. /no_think"},
                      {"role": "user", "content": "Add 2 and 3."}],
         "tools": tools(), "tool_choice": choice, "parallel_tool_calls": false,
         "temperature": 0, "max_tokens": 300, "stream": stream,
@@ -119,12 +128,12 @@ fn streamed(addr: std::net::SocketAddr, body: &Value) -> (String, String, String
     (name, arguments, finish)
 }
 
-fn family(template_file: &str, format: &str) {
+fn family(template_file: PathBuf, format: &str) {
     let dir = tempfile::tempdir().unwrap();
     package(dir.path());
     let options = ModelOptions {
         threads: 2,
-        chat_template: Some(template(template_file)),
+        chat_template: Some(template_file),
         ..ModelOptions::default()
     };
     let server = start_with(dir.path(), options, Config::new("m"));
@@ -186,20 +195,26 @@ fn family(template_file: &str, format: &str) {
 
 #[test]
 fn phi4_mini_calls_come_between_special_tokens() {
-    family("phi4-mini.jinja", "phi4-mini");
+    family(template("phi4-mini.jinja"), "phi4-mini");
+}
+
+/// Nemotron Nano 2's own template: calls between `<TOOLCALL>` and `</TOOLCALL>`.
+#[test]
+fn nemotron_calls_come_between_toolcall_tags() {
+    family(family_template("nemotron-nano2.jinja"), "nemotron");
 }
 
 #[test]
 fn mistral_calls_follow_the_tool_calls_token() {
-    family("mistral.jinja", "mistral");
+    family(template("mistral.jinja"), "mistral");
 }
 
 #[test]
 fn harmony_calls_come_on_the_commentary_channel() {
-    family("harmony.jinja", "harmony");
+    family(template("harmony.jinja"), "harmony");
 }
 
 #[test]
 fn hermes_calls_come_in_tool_call_blocks() {
-    family("hermes.jinja", "hermes");
+    family(template("hermes.jinja"), "hermes");
 }
