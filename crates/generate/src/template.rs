@@ -34,10 +34,11 @@ pub struct ChatMessage {
     pub tool_calls: Vec<ToolCall>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
-    /// An assistant's reasoning: templates read it as `reasoning_content` (Qwen3, SmolLM3)
-    /// or `thinking` (gpt-oss), so it goes under both names, as transformers passes it.
+    /// An assistant's reasoning ([`ChatMessage::with_reasoning`]): templates read it as
+    /// `reasoning_content` (Qwen3, SmolLM3) or `thinking` (gpt-oss), so it goes under both
+    /// names, as transformers passes it.
     #[serde(rename = "reasoning_content", skip_serializing_if = "Option::is_none")]
-    pub reasoning: Option<String>,
+    reasoning: Option<String>,
     #[serde(rename = "thinking", skip_serializing_if = "Option::is_none")]
     thinking: Option<String>,
 }
@@ -59,6 +60,11 @@ impl ChatMessage {
         self.reasoning = Some(reasoning.into());
         self.thinking = Some(reasoning.into());
         self
+    }
+
+    /// The reasoning that preceded the message, if any.
+    pub fn reasoning(&self) -> Option<&str> {
+        self.reasoning.as_deref()
     }
 }
 
