@@ -27,9 +27,9 @@ pub enum ExpertCache {
     /// The least recently used.
     Lru,
     /// The default (a higher hit rate than [`ExpertCache::Lru`] at every partial budget
-    /// measured, docs/PERFORMANCE.md): the least often used (uses counted over the run, resident or not, halved every
-    /// [`DECAY_TOUCHES`] uses so the count follows what the text routes to now), the least
-    /// recently used among equals.
+    /// measured, docs/PERFORMANCE.md): the least often used (uses counted over the run,
+    /// resident or not, halved every [`DECAY_TOUCHES`] uses so the count follows what the
+    /// text routes to now), the least recently used among equals.
     #[default]
     Frequency,
 }

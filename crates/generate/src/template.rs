@@ -76,6 +76,9 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     defaults: Map<String, serde_json::Value>,
+    /// The template reads tools from the system message (Phi-4-mini's; Granite's, with the
+    /// same call syntax, reads `tools`).
+    tools_on_system: bool,
 }
 
 const TEMPLATE_NAME: &str = "chat";
@@ -139,6 +142,7 @@ impl ChatTemplate {
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             defaults: Map::new(),
+            tools_on_system: source.contains(".tools") || source.contains("['tools']"),
         })
     }
 
@@ -261,12 +265,9 @@ impl ChatTemplate {
         let tools_json = tools
             .filter(|set| set.format != ToolFormat::Json)
             .map(|set| set.tools.iter().map(|t| t.to_json()).collect::<Vec<_>>());
-        // Phi-4-mini's template reads the tools from the system message (Granite's, with the
-        // same call syntax, from `tools`).
-        let on_system = self.source.contains(".tools") || self.source.contains("['tools']");
         if let (Some(set), Some(list)) = (tools, list.as_array_mut())
             && set.format == ToolFormat::Phi4Mini
-            && on_system
+            && self.tools_on_system
         {
             let functions: Vec<serde_json::Value> = (set.tools.iter())
                 .map(|t| t.to_json()["function"].clone())

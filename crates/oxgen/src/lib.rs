@@ -113,8 +113,9 @@ pub struct ModelOptions {
     /// per decoded token at long contexts; docs/PERFORMANCE.md has its accuracy.
     pub kv_dtype: Option<KvDtype>,
     /// Bytes of mixture-of-experts weights that may stay resident (native backend): experts
-    /// are read from the model files where they lie, and the least recently used are dropped
-    /// past this (`None`: no bound). Outputs do not change with it.
+    /// are read from the model files where they lie, and past this the ones
+    /// [`ModelOptions::expert_cache`] picks are dropped (`None`: no bound). Outputs do not
+    /// change with it.
     pub weight_budget: Option<u64>,
     /// Which resident experts the weight budget drops first: the least recently used, or
     /// the least often used (docs/PERFORMANCE.md measures both).

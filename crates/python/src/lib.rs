@@ -96,10 +96,7 @@ fn template_kwargs(
     let Some(kwargs) = kwargs else {
         return Ok(serde_json::Map::new());
     };
-    let text: String = (kwargs.py().import("json")?)
-        .call_method1("dumps", (kwargs,))?
-        .extract()?;
-    match serde_json::from_str(&text) {
+    match serde_json::from_str(&json_dumps(kwargs.as_any())?) {
         Ok(serde_json::Value::Object(map)) => Ok(map),
         _ => Err(invalid(
             "chat template arguments must be a dict of JSON values",
@@ -107,15 +104,19 @@ fn template_kwargs(
     }
 }
 
+/// `json.dumps(v)`.
+fn json_dumps(v: &Bound<'_, PyAny>) -> PyResult<String> {
+    v.py()
+        .import("json")?
+        .call_method1("dumps", (v,))?
+        .extract()
+}
+
 /// A JSON schema given as a dict (or anything `json.dumps` takes) or as JSON text.
 fn schema(v: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
     let text: String = match v.extract::<String>() {
         Ok(text) => text,
-        Err(_) => v
-            .py()
-            .import("json")?
-            .call_method1("dumps", (v,))?
-            .extract()?,
+        Err(_) => json_dumps(v)?,
     };
     serde_json::from_str(&text).map_err(|e| invalid(format!("json_schema is not JSON: {e}")))
 }

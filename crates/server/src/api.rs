@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 
 use oxgen::{
-    ChatMessage, ChatTemplate, Constraint, GenerateOptions, Param, Prompt, SamplingParams,
-    SamplingRequest, Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, fresh_seed,
+    Constraint, GenerateOptions, Param, Prompt, SamplingParams, SamplingRequest, fresh_seed,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+
+mod chat;
+pub(crate) use chat::{Tools, chat_messages, template_kwargs, tools};
 
 /// Fields both completion endpoints take.
 const COMMON_FIELDS: &[&str] = &[
@@ -125,26 +127,6 @@ pub struct Request {
     pub tools: Option<Tools>,
     /// Extra arguments for the chat template (chat only).
     pub template_kwargs: Map<String, Value>,
-}
-
-/// A chat request's `tools`, `tool_choice` and `parallel_tool_calls`.
-#[derive(Debug, Clone)]
-pub struct Tools {
-    pub tools: Vec<Tool>,
-    pub choice: ToolChoice,
-    pub parallel: bool,
-}
-
-impl Tools {
-    /// The set the model gets, in the model's call format.
-    pub fn with_format(self, format: ToolFormat) -> ToolSet {
-        ToolSet {
-            tools: self.tools,
-            choice: self.choice,
-            parallel: self.parallel,
-            format,
-        }
-    }
 }
 
 /// What requests are checked against.
@@ -362,287 +344,6 @@ impl Common {
     }
 }
 
-/// A chat message's text: a string, or text parts.
-fn message_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
-    match content {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (i, part) in parts.iter().enumerate() {
-                let kind = part.get("type").and_then(Value::as_str);
-                match (kind, part.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (Some("text"), None) => {
-                        return Err(ApiError::invalid(
-                            format!("{at}.content[{i}].text"),
-                            "a text part needs a string 'text'",
-                        ));
-                    }
-                    (kind, _) => {
-                        return Err(ApiError::invalid(
-                            format!("{at}.content[{i}].type"),
-                            format!(
-                                "content part type {} is not supported; only 'text'",
-                                kind.map_or("(missing)".into(), |k| format!("'{k}'"))
-                            ),
-                        ));
-                    }
-                }
-            }
-            Ok(text)
-        }
-        _ => Err(ApiError::invalid(
-            format!("{at}.content"),
-            "content must be a string or an array of text parts",
-        )),
-    }
-}
-
-/// The calls of an assistant message in the history (`messages[i].tool_calls`).
-fn history_calls(v: &Value, at: &str) -> Result<Vec<ToolCall>, ApiError> {
-    let items = v.as_array().ok_or_else(|| {
-        ApiError::invalid(format!("{at}.tool_calls"), "tool_calls must be an array")
-    })?;
-    (items.iter().enumerate())
-        .map(|(j, c)| {
-            let at = format!("{at}.tool_calls[{j}]");
-            let function = c.get("function").ok_or_else(|| {
-                ApiError::invalid(&at, "a tool call needs a function: {name, arguments}")
-            })?;
-            let name = string(
-                &format!("{at}.function.name"),
-                function.get("name").unwrap_or(&Value::Null),
-            )?;
-            let arguments = match function.get("arguments") {
-                Some(Value::String(a)) => a.clone(),
-                None | Some(Value::Null) => "{}".into(),
-                Some(other) => other.to_string(),
-            };
-            let id = c.get("id").and_then(Value::as_str).unwrap_or_default();
-            Ok(ToolCall {
-                id: id.to_string(),
-                name,
-                arguments,
-            })
-        })
-        .collect()
-}
-
-/// Validates chat messages: roles (`developer` is taken as `system`), text content, an
-/// assistant's `tool_calls` (its content may then be null) and reasoning
-/// (`reasoning_content`, or `reasoning`), and `tool` results with their `tool_call_id`; a
-/// message's `name` is accepted and ignored.
-pub(crate) fn chat_messages(
-    messages: Vec<Map<String, Value>>,
-) -> Result<Vec<ChatMessage>, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages is empty"));
-    }
-    messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let at = format!("messages[{i}]");
-            const FIELDS: [&str; 7] = [
-                "role",
-                "content",
-                "name",
-                "tool_calls",
-                "tool_call_id",
-                "reasoning_content",
-                "reasoning",
-            ];
-            if let Some(k) = m.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-                return Err(ApiError::invalid(
-                    format!("{at}.{k}"),
-                    format!("unsupported message field '{k}'"),
-                ));
-            }
-            let role = match m.get("role").and_then(Value::as_str) {
-                Some("developer") => "system",
-                Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-                other => {
-                    return Err(ApiError::invalid(
-                        format!("{at}.role"),
-                        format!(
-                            "role {} is not supported; use system, developer, user, assistant or tool",
-                            other.map_or("(missing)".into(), |r| format!("'{r}'"))
-                        ),
-                    ));
-                }
-            };
-            let calls = match m.get("tool_calls").filter(|v| !v.is_null()) {
-                Some(v) if role == "assistant" => history_calls(v, &at)?,
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        format!("{at}.tool_calls"),
-                        "only assistant messages carry tool_calls",
-                    ));
-                }
-                None => Vec::new(),
-            };
-            let content = match m.get("content") {
-                None | Some(Value::Null) if !calls.is_empty() => String::new(),
-                content => message_text(content, &at)?,
-            };
-            let mut message = ChatMessage::new(role, &content);
-            let reasoning = ["reasoning_content", "reasoning"]
-                .into_iter()
-                .find_map(|k| m.get(k).filter(|v| !v.is_null()).map(|v| (k, v)));
-            match reasoning {
-                Some((_, Value::String(r))) if role == "assistant" => {
-                    message = message.with_reasoning(r);
-                }
-                Some((k, Value::String(_))) => {
-                    return Err(ApiError::invalid(
-                        format!("{at}.{k}"),
-                        "only assistant messages carry reasoning",
-                    ));
-                }
-                Some((k, _)) => {
-                    return Err(ApiError::invalid(
-                        format!("{at}.{k}"),
-                        format!("{k} must be a string"),
-                    ));
-                }
-                None => {}
-            }
-            message.tool_calls = calls;
-            if role == "tool" {
-                let id = m.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("{at}.tool_call_id"),
-                        "a tool message needs the tool_call_id of the call it answers",
-                    )
-                })?;
-                message.tool_call_id = Some(id.to_string());
-            }
-            Ok(message)
-        })
-        .collect()
-}
-
-/// A function name as OpenAI allows it: 1-64 of `a-z A-Z 0-9 _ -`.
-fn function_name(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
-    let name = string(param, v.unwrap_or(&Value::Null))?;
-    let ok = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
-        Ok(name)
-    } else {
-        Err(ApiError::invalid(
-            param,
-            format!("{param} must be 1 to 64 of a-z, A-Z, 0-9, _ and -, got {name:?}"),
-        ))
-    }
-}
-
-/// `tools`, `tool_choice` and `parallel_tool_calls`. Without tools, `tool_choice` may only
-/// be `none`.
-pub(crate) fn tools(body: &Value) -> Result<Option<Tools>, ApiError> {
-    let list = match body.get("tools") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items.clone(),
-        Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
-    };
-    let mut tools: Vec<Tool> = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(ApiError::invalid(
-                format!("{at}.type"),
-                "only tools of type 'function' are supported",
-            ));
-        }
-        let Some(function) = t.get("function").and_then(Value::as_object) else {
-            return Err(ApiError::invalid(
-                format!("{at}.function"),
-                "a tool needs function: {name, description, parameters}",
-            ));
-        };
-        let name = function_name(&format!("{at}.function.name"), function.get("name"))?;
-        if tools.iter().any(|t| t.name == name) {
-            return Err(ApiError::invalid(
-                format!("{at}.function.name"),
-                format!("two tools are named '{name}'"),
-            ));
-        }
-        let parameters = match function.get("parameters") {
-            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(_)) => p.clone(),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    format!("{at}.function.parameters"),
-                    "parameters must be a JSON schema object",
-                ));
-            }
-        };
-        let description = match function.get("description") {
-            None | Some(Value::Null) => None,
-            Some(d) => Some(string(&format!("{at}.function.description"), d)?),
-        };
-        tools.push(Tool {
-            name,
-            description,
-            parameters,
-        });
-    }
-    let choice = match body.get("tool_choice") {
-        None | Some(Value::Null) if tools.is_empty() => ToolChoice::None,
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!(
-                        "tool_choice '{other}' is not one of none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
-                    ),
-                ));
-            }
-        },
-        Some(v) => {
-            let name = v
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"));
-            let name = function_name("tool_choice.function.name", name)?;
-            if !tools.iter().any(|t| t.name == name) {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("tool_choice names '{name}', which is not among the tools"),
-                ));
-            }
-            ToolChoice::Function(name)
-        }
-    };
-    if tools.is_empty() && choice != ToolChoice::None {
-        return Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice needs tools to choose from",
-        ));
-    }
-    let parallel = match body.get("parallel_tool_calls") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "parallel_tool_calls",
-                "parallel_tool_calls must be a boolean",
-            ));
-        }
-    };
-    Ok((!tools.is_empty()).then_some(Tools {
-        tools,
-        choice,
-        parallel,
-    }))
-}
-
 /// A JSON schema given as an object, or as a string holding one (vLLM accepts both).
 fn schema(param: &str, v: &Value) -> Result<Value, ApiError> {
     let parsed = match v {
@@ -659,7 +360,7 @@ fn schema(param: &str, v: &Value) -> Result<Value, ApiError> {
     }
 }
 
-fn string(param: &str, v: &Value) -> Result<String, ApiError> {
+pub(crate) fn string(param: &str, v: &Value) -> Result<String, ApiError> {
     v.as_str()
         .map(str::to_string)
         .ok_or_else(|| ApiError::invalid(param, format!("{param} must be a string")))
@@ -797,28 +498,6 @@ pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     Ok(request)
 }
 
-/// `chat_template_kwargs`: extra arguments for the chat template, as vLLM takes them
-/// (`{"enable_thinking": false}`); the names the render sets itself are refused.
-pub(crate) fn template_kwargs(body: &Value) -> Result<Map<String, Value>, ApiError> {
-    const PARAM: &str = "chat_template_kwargs";
-    match body.get(PARAM) {
-        None | Some(Value::Null) => Ok(Map::new()),
-        Some(Value::Object(map)) => {
-            match (map.keys()).find(|k| ChatTemplate::RESERVED.contains(&k.as_str())) {
-                Some(k) => Err(ApiError::invalid(
-                    format!("{PARAM}.{k}"),
-                    format!("{PARAM} may not set '{k}': give it as the request's own field"),
-                )),
-                None => Ok(map.clone()),
-            }
-        }
-        Some(_) => Err(ApiError::invalid(
-            PARAM,
-            "chat_template_kwargs must be an object, e.g. {\"enable_thinking\": false}",
-        )),
-    }
-}
-
 /// `POST /v1/completions`: the prompt is a string or token ids (or a list of one of them).
 pub fn completion(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
     let map = object(body)?;
@@ -865,77 +544,5 @@ fn completion_prompt(prompt: Value, vocab: usize) -> Result<Prompt, ApiError> {
             ))
         }
         _ => Err(bad()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Twelve families' chat templates (Gemma 2, Phi-3.5, Qwen2.5, Qwen3, Llama 3.1-3.3,
-    /// SmolLM3, Granite 3.3, Mistral Nemo, Nemotron Nano 2, gpt-oss) on eleven request bodies,
-    /// parsed as a chat request is and rendered as the server renders them, against
-    /// transformers' `apply_chat_template` on the same bodies (the committed
-    /// `make_expected.py` wrote them): the same text byte for byte, or a refusal where the
-    /// template refuses. Tools are compared where the template renders them in a call format
-    /// oxgen parses; for the others oxgen describes the tools itself.
-    #[test]
-    fn chat_templates_render_as_transformers_does() {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../testkit/thirdparty/chat_templates"
-        );
-        let expected: Value =
-            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/expected.json")).unwrap())
-                .unwrap();
-        // The frozen clock make_expected.py gave strftime_now, as today's date.
-        let today = jiff::Zoned::now();
-        let dates = [
-            ("February 03, 2031", "%B %d, %Y"),
-            ("03 Feb 2031", "%d %b %Y"),
-            ("2031-02-03", "%Y-%m-%d"),
-        ]
-        .map(|(frozen, format)| (frozen, today.strftime(format).to_string()));
-        let (mut compared, mut refused) = (0, 0);
-        let templates = expected["templates"].as_object().unwrap();
-        for (name, t) in templates {
-            let source = std::fs::read_to_string(format!("{dir}/templates/{name}.jinja")).unwrap();
-            let special = |k: &str| t[k].as_str().unwrap_or_default().to_string();
-            let template =
-                ChatTemplate::new(&source, &special("bos_token"), &special("eos_token")).unwrap();
-            let format = ToolFormat::detect(Some(&source));
-            for (case, body) in expected["cases"].as_object().unwrap() {
-                let tools = tools(body).unwrap().map(|t| t.with_format(format));
-                if tools.is_some() && format == ToolFormat::Json {
-                    continue;
-                }
-                let messages: Vec<Map<String, Value>> =
-                    serde_json::from_value(body["messages"].clone()).unwrap();
-                let messages = chat_messages(messages).unwrap();
-                let kwargs = template_kwargs(body).unwrap();
-                let generation = body["add_generation_prompt"].as_bool().unwrap_or(true);
-                let ours = template.render_with(&messages, tools.as_ref(), generation, &kwargs);
-                let theirs = &t["rendered"][case];
-                match (ours, theirs["text"].as_str()) {
-                    (Ok(text), Some(want)) => {
-                        let want = dates.iter().fold(want.to_string(), |w, (frozen, today)| {
-                            w.replace(frozen, today)
-                        });
-                        assert_eq!(text, want, "{name}, {case}");
-                        compared += 1;
-                    }
-                    (Err(e), None) => {
-                        let why = theirs["error"].as_str().unwrap();
-                        assert!(e.to_string().contains(why), "{name}, {case}: {e} / {why}");
-                        refused += 1;
-                    }
-                    (ours, _) => panic!("{name}, {case}: oxgen {ours:?}, transformers {theirs}"),
-                }
-            }
-        }
-        assert!(
-            compared >= 120 && refused >= 3,
-            "{compared} compared, {refused} refused"
-        );
     }
 }
