@@ -109,18 +109,49 @@ fn bench_attention(
     }
 }
 
+/// The attention shape of a model: query heads, KV heads, head size.
+#[derive(Clone, Copy)]
+struct Heads {
+    name: &'static str,
+    heads: usize,
+    kv_heads: usize,
+    head_size: usize,
+}
+
+/// The default model's.
+const SMOL: Heads = Heads {
+    name: "",
+    heads: HEADS,
+    kv_heads: KV_HEADS,
+    head_size: HEAD_SIZE,
+};
+
+/// Qwen2.5-1.5B's: six query heads share each of two KV heads of 128.
+const QWEN_1_5B: Heads = Heads {
+    name: "1.5b,",
+    heads: 12,
+    kv_heads: 2,
+    head_size: 128,
+};
+
 /// One decode row for each of `batch` sequences of `past + 1` positions, over one layer's
-/// pool of `C` per iteration, cycling through `LAYERS` layers.
+/// pool of `C` per iteration, cycling through `layers` layers (enough that the pools stream
+/// from beyond the L3 cache).
 fn bench_paged_decode<C: CacheElem>(
     g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    batch: usize,
-    past: usize,
+    shape: Heads,
+    (batch, past, layers): (usize, usize, usize),
     pools: &[ThreadPool],
 ) {
-    const LAYERS: usize = 30;
+    let Heads {
+        heads,
+        kv_heads,
+        head_size,
+        ..
+    } = shape;
     const BLOCK: usize = 16;
     let per_seq = (past + 1).div_ceil(BLOCK);
-    let layout = PagedLayout::dense(batch * per_seq, BLOCK, KV_HEADS, HEAD_SIZE);
+    let layout = PagedLayout::dense(batch * per_seq, BLOCK, kv_heads, head_size);
     // Sequence s owns blocks s, s + batch, s + 2·batch, …: interleaved as a busy pool leaves
     // them.
     let tables: Vec<u32> = (0..batch)
@@ -138,7 +169,7 @@ fn bench_paged_decode<C: CacheElem>(
     let encode = |seed: u64| {
         let x = values(cache, seed);
         let mut pool = (vec![C::ZERO; cache], Vec::new());
-        for (src, dst) in x.chunks(HEAD_SIZE).zip(pool.0.chunks_mut(HEAD_SIZE)) {
+        for (src, dst) in x.chunks(head_size).zip(pool.0.chunks_mut(head_size)) {
             let scale = C::encode(src, dst);
             if C::SCALED {
                 pool.1.push(scale);
@@ -146,40 +177,41 @@ fn bench_paged_decode<C: CacheElem>(
         }
         pool
     };
-    let layers: Vec<_> = (0..LAYERS as u64)
+    let pools_of: Vec<_> = (0..layers as u64)
         .map(|l| (encode(10 + 2 * l), encode(11 + 2 * l)))
         .collect();
     let score = ScoreMod {
-        scale: 1.0 / (HEAD_SIZE as f32).sqrt(),
+        scale: 1.0 / (head_size as f32).sqrt(),
         softcap: 0.0,
         window: None,
         sinks: None,
     };
-    let q = values(batch * HEADS * HEAD_SIZE, 1);
+    let q = values(batch * heads * head_size, 1);
     let rows = Rows {
         data: &q,
-        stride: HEADS * HEAD_SIZE,
+        stride: heads * head_size,
         offset: 0,
     };
-    let mut out = vec![0f32; batch * HEADS * HEAD_SIZE];
-    let head_bytes = HEAD_SIZE * std::mem::size_of::<C>() + if C::SCALED { 4 } else { 0 };
+    let mut out = vec![0f32; batch * heads * head_size];
+    let head_bytes = head_size * std::mem::size_of::<C>() + if C::SCALED { 4 } else { 0 };
     g.throughput(Throughput::Bytes(
-        2 * (batch * KV_HEADS * (past + 1) * head_bytes) as u64,
+        2 * (batch * kv_heads * (past + 1) * head_bytes) as u64,
     ));
     let kind = format!("{:?}", C::KIND).to_lowercase();
     for pool in pools {
-        let mut scratch = vec![0f32; paged_scratch_len(&layout, HEADS, &segments, pool)];
+        let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, pool)];
         let mut layer = 0;
         let name = format!(
-            "paged_decode/batch={batch},past={past},kv={kind}/threads={}",
+            "paged_decode/{}batch={batch},past={past},kv={kind}/threads={}",
+            if shape.name.is_empty() { String::new() } else { format!("{}layers={layers},", shape.name) },
             pool.threads()
         );
         g.bench_function(name, |b| {
             b.iter(|| {
-                layer = (layer + 1) % LAYERS;
-                let (k, v) = &layers[layer];
+                layer = (layer + 1) % layers;
+                let (k, v) = &pools_of[layer];
                 paged_attention(
-                    HEADS,
+                    heads,
                     &layout,
                     &score,
                     black_box(&rows),
@@ -211,12 +243,19 @@ fn gqa(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(kv_bytes));
         bench_attention(&mut g, &format!("decode/past={past}"), past, 1, &pools);
     }
-    bench_paged_decode::<f32>(&mut g, 8, 128, &pools);
+    bench_paged_decode::<f32>(&mut g, SMOL, (8, 128, 30), &pools);
     // Each cache element, at a short context and at a long one where attention streams the KV.
     for past in [128, 4096] {
-        bench_paged_decode::<f32>(&mut g, 1, past, &pools);
-        bench_paged_decode::<half::f16>(&mut g, 1, past, &pools);
-        bench_paged_decode::<i8>(&mut g, 1, past, &pools);
+        bench_paged_decode::<f32>(&mut g, SMOL, (1, past, 30), &pools);
+        bench_paged_decode::<half::f16>(&mut g, SMOL, (1, past, 30), &pools);
+        bench_paged_decode::<i8>(&mut g, SMOL, (1, past, 30), &pools);
+    }
+    // A 1.5B model's layer at depth 8192 (f32: 16.8 MB of keys and values per layer).
+    bench_paged_decode::<f32>(&mut g, QWEN_1_5B, (1, 255, 1), &pools);
+    for layers in [1, 8] {
+        bench_paged_decode::<f32>(&mut g, QWEN_1_5B, (1, 8192, layers), &pools);
+        bench_paged_decode::<half::f16>(&mut g, QWEN_1_5B, (1, 8192, layers), &pools);
+        bench_paged_decode::<i8>(&mut g, QWEN_1_5B, (1, 8192, layers), &pools);
     }
     let seq = 128;
     // Row s sees s + 1 keys: (QK dot + weighted V sum) × 2 flops per multiply-add.

@@ -3,7 +3,7 @@
 //! reference (no kernel calls `is_x86_feature_detected!` itself).
 //!
 //! [`isa`] gives the vector level, [`Isa::Scalar`] < [`Isa::Avx2`] < [`Isa::Avx512`] (AVX-512
-//! F on top of AVX2); [`features`] adds the finer flags the kernels need beside it (FMA and
+//! F and VL on top of AVX2); [`features`] adds the finer flags the kernels need beside it (FMA and
 //! F16C next to AVX2; AVX-VNNI; AVX-512 BW and VNNI). A flag is only ever set together with
 //! the level it extends, so `isa() >= Isa::Avx2 && features().fma` is all a caller checks.
 //!
@@ -31,7 +31,7 @@ pub enum Isa {
     Scalar,
     /// AVX2 (256-bit integer and float vectors).
     Avx2,
-    /// AVX-512 F on top of AVX2.
+    /// AVX-512 F and VL on top of AVX2 (VL: the 32 vector registers at 256 bits too).
     Avx512,
 }
 
@@ -68,7 +68,7 @@ impl Features {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            let isa = if has!("avx2") && has!("avx512f") {
+            let isa = if has!("avx2") && has!("avx512f") && has!("avx512vl") {
                 Isa::Avx512
             } else if has!("avx2") {
                 Isa::Avx2

@@ -112,9 +112,178 @@ pub(super) unsafe fn scores(
         hs.is_multiple_of(8) && k.len() >= (j0 + out.len()) * hs,
         "scores arguments were checked by the caller"
     );
+    // SAFETY: the bounds are asserted above, AVX2 and FMA the caller's contract.
+    unsafe {
+        dots(q, k, j0, out);
+        scale_max(out, key_scales, scale, max)
+    }
+}
+
+/// [`scores`] for the `Q` queries `qs` over the same keys at once: query `i`'s scores go to
+/// `out[i * stride..][..len]`, its maximum (from `max[i]`) to the result's `[i]`. Each key's
+/// row is loaded once for all of them, eight keys at a time (`Q · 8` independent chains), so
+/// the products, not the loads, bound the pass; each score gets [`scores`]'s bits.
+///
+/// With AVX-512 VL (32 vector registers) up to three queries fit beside eight keys' sums, on
+/// AVX2 alone two beside four; [`scores_heads`] chooses.
+///
+/// # Safety
+/// AVX2 and FMA must be available (and AVX-512 VL for `Q * K > 12`), every query `hs` long
+/// (`hs % 8 == 0`), `k.len() >= (j0 + len) * hs`, `out.len() >= (Q - 1) * stride + len`, and
+/// `key_scales`, when given, at least `len` long.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_block<const Q: usize, const K: usize>(
+    qs: [&[f32]; Q],
+    k: &[f32],
+    (j0, len): (usize, usize),
+    (out, stride): (&mut [f32], usize),
+    key_scales: Option<&[f32]>,
+    scale: f32,
+    max: [f32; Q],
+) -> [f32; Q] {
+    let hs = qs[0].len();
+    assert!(
+        Q > 0
+            && K.is_multiple_of(4)
+            && hs.is_multiple_of(8)
+            && qs.iter().all(|q| q.len() == hs)
+            && k.len() >= (j0 + len) * hs
+            && out.len() >= (Q - 1) * stride + len
+            && key_scales.is_none_or(|s| s.len() >= len),
+        "scores_block arguments were checked by the caller"
+    );
     let row = |j: usize| k.as_ptr().wrapping_add((j0 + j) * hs);
     let mut j = 0;
-    // Eight keys at a time (eight independent chains keep both FMA ports busy), then four.
+    while j + K <= len {
+        let mut acc = [[_mm256_setzero_ps(); K]; Q];
+        for c in (0..hs).step_by(8) {
+            // SAFETY: `c + 8 <= hs` for every query (asserted).
+            let qv: [__m256; Q] =
+                std::array::from_fn(|i| unsafe { _mm256_loadu_ps(qs[i].as_ptr().add(c)) });
+            for key in 0..K {
+                // SAFETY: rows j0 + j..j0 + j + K lie inside `k` (asserted).
+                let kv = unsafe { _mm256_loadu_ps(row(j + key).add(c)) };
+                for (a, &qv) in acc.iter_mut().zip(&qv) {
+                    a[key] = _mm256_fmadd_ps(qv, kv, a[key]);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            for (f, four) in a.chunks_exact(4).enumerate() {
+                let at = i * stride + j + 4 * f;
+                // SAFETY: AVX2 is available (the caller's contract); the four outputs exist.
+                unsafe { hsum4([four[0], four[1], four[2], four[3]], &mut out[at..at + 4]) };
+            }
+        }
+        j += K;
+    }
+    std::array::from_fn(|i| {
+        let out = &mut out[i * stride..][..len];
+        // SAFETY: as above; the last keys one query at a time.
+        unsafe {
+            dots(qs[i], k, j0 + j, &mut out[j..]);
+            scale_max(out, key_scales, scale, max[i])
+        }
+    })
+}
+
+/// [`scores`] for every query of `qs` (heads that see the same keys), several at a time as
+/// [`scores_block`] takes them: query `i`'s scores go to `out[i * stride..][..len]` and its
+/// maximum, from `max[i]`, back into `max[i]`.
+///
+/// # Safety
+/// As [`scores_block`]'s, for `Q = qs.len()`, and `max.len() == qs.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn scores_heads(
+    qs: &[&[f32]],
+    k: &[f32],
+    (j0, len): (usize, usize),
+    (out, stride): (&mut [f32], usize),
+    key_scales: Option<&[f32]>,
+    scale: f32,
+    max: &mut [f32],
+) {
+    assert!(max.len() == qs.len(), "a maximum per query");
+    let wide = cpu::isa() >= cpu::Isa::Avx512;
+    let mut i = 0;
+    while i < qs.len() {
+        let out = &mut out[i * stride..];
+        let (q, m) = (&qs[i..], &mut max[i..]);
+        // SAFETY: the caller's contract; AVX-512 VL when `wide` (from the feature table).
+        let taken = unsafe {
+            match (q.len(), wide) {
+                (0 | 1, _) => {
+                    m[0] = scores(q[0], k, j0, &mut out[..len], key_scales, scale, m[0]);
+                    1
+                }
+                (2, _) | (3.., false) => {
+                    let r = scores_block::<2, 4>([q[0], q[1]], k, (j0, len), (out, stride), key_scales, scale, [m[0], m[1]]);
+                    m[..2].copy_from_slice(&r);
+                    2
+                }
+                (3.., true) => {
+                    let r = scores_block_vl(
+                        [q[0], q[1], q[2]],
+                        k,
+                        (j0, len),
+                        (out, stride),
+                        key_scales,
+                        scale,
+                        [m[0], m[1], m[2]],
+                    );
+                    m[..3].copy_from_slice(&r);
+                    3
+                }
+            }
+        };
+        i += taken;
+    }
+}
+
+/// [`scores_block`] for three queries and eight keys, compiled for AVX-512 VL's 32 registers
+/// (24 sums, three queries and a key in flight).
+///
+/// # Safety
+/// As [`scores_block`]'s, with AVX-512 F and VL available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_block_vl(
+    qs: [&[f32]; 3],
+    k: &[f32],
+    keys: (usize, usize),
+    out: (&mut [f32], usize),
+    key_scales: Option<&[f32]>,
+    scale: f32,
+    max: [f32; 3],
+) -> [f32; 3] {
+    // SAFETY: the caller's contract.
+    unsafe { scores_block::<3, 8>(qs, k, keys, out, key_scales, scale, max) }
+}
+
+/// `out[i] = q · k_i` (unscaled) for every `i`, `k_i = k[(j0 + i) * hs..][..hs]`, in the
+/// reference's order: eight keys at a time (eight independent chains keep both FMA ports
+/// busy), then four, then one.
+///
+/// # Safety
+/// AVX2 and FMA must be available, `q.len() == hs`, `hs % 8 == 0` and
+/// `k.len() >= (j0 + out.len()) * hs`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dots(q: &[f32], k: &[f32], j0: usize, out: &mut [f32]) {
+    let hs = q.len();
+    assert!(
+        hs.is_multiple_of(8) && k.len() >= (j0 + out.len()) * hs,
+        "dots arguments were checked by the caller"
+    );
+    let row = |j: usize| k.as_ptr().wrapping_add((j0 + j) * hs);
+    let mut j = 0;
     macro_rules! keys {
         ($n:literal) => {
             while j + $n <= out.len() {
@@ -151,8 +320,6 @@ pub(super) unsafe fn scores(
         }
         *o = hsum(acc);
     }
-    // SAFETY: AVX2 is available (the caller's contract).
-    unsafe { scale_max(out, key_scales, scale, max) }
 }
 
 /// `acc[d] = fma(p, v[d], acc[d])` for every `d` (`hs % 8 == 0`), eight lanes at a time.

@@ -397,12 +397,13 @@ fn halves_compute_in_f32() {
 #[test]
 fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
     // Key counts around the 4- and 8-key blocks, head sizes with and without the 8-wide path,
-    // windows, softcap and sinks, prefill and decode rows, groups of 1 to 4 query heads per KV head.
+    // windows, softcap and sinks, prefill and decode rows, groups of 1 to 4 and 6 query heads
+    // per KV head (the heads a score pass takes together, and the rest).
     let mut rng = XorShift(0x5eed);
     let mut cases = 0;
-    for (head_size, (heads, kv_heads)) in [8, 12, 64]
+    for (head_size, (heads, kv_heads)) in [8, 12, 64, 128]
         .into_iter()
-        .flat_map(|hs| [(4, 2), (9, 3), (8, 2), (3, 3)].map(|g| (hs, g)))
+        .flat_map(|hs| [(4, 2), (9, 3), (8, 2), (3, 3), (12, 2)].map(|g| (hs, g)))
     {
         for (seq, past) in [
             (1, 0),
@@ -492,11 +493,11 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
             }
         }
     }
-    assert_eq!(cases, 3 * 4 * 9 * 3);
+    assert_eq!(cases, 4 * 5 * 9 * 3);
 }
 
 /// Attention sinks for up to nine heads, around the scores' range.
-const SINKS: [f32; 9] = [0.5, -1.0, 2.0, 0.0, -4.0, 1.25, 0.3, 9.0, -0.7];
+const SINKS: [f32; 12] = [0.5, -1.0, 2.0, 0.0, -4.0, 1.25, 0.3, 9.0, -0.7, 3.5, -2.25, 0.1];
 
 #[test]
 fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {

@@ -301,26 +301,33 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
         let keys = pieces.clone().map(|(k, _, keys)| (k, keys));
         let score_run = |k32: &[f32], j0: usize, scales: Option<&[f32]>, len: usize| {
             let softcap = self.score.softcap;
-            for (i, max) in max[..queries].iter_mut().enumerate() {
-                let seen = self.seen(i, at, len);
-                let xs = &mut scores[i * n + at..][..seen];
+            // A row's heads see the same keys: they take each key row together.
+            for r in 0..self.keys.len() {
+                let (heads, seen) = (r * g..(r + 1) * g, self.seen(r * g, at, len));
+                if seen == 0 {
+                    continue;
+                }
+                let mut top = [0f32; MAX_GROUP];
+                top[..g].copy_from_slice(&max[heads.clone()]);
                 // SAFETY: the caller's contract; the keys' rows lie in `k32` from `j0`, the
-                // scales cover them.
-                let top = unsafe {
-                    avx2::scores(
-                        q32[i],
+                // scales cover them, and `scores` holds the heads' rows of `n` from `at`.
+                unsafe {
+                    avx2::scores_heads(
+                        &q32[heads.clone()],
                         k32,
-                        j0,
-                        xs,
+                        (j0, seen),
+                        (&mut scores[heads.start * n + at..], n),
                         scales.map(|s| &s[..seen]),
                         self.score.scale,
-                        *max,
+                        &mut top[..g],
                     )
                 };
-                if softcap > 0.0 {
-                    softcap_scores(xs, softcap, max);
-                } else {
-                    *max = top;
+                for (i, top) in heads.zip(top) {
+                    if softcap > 0.0 {
+                        softcap_scores(&mut scores[i * n + at..][..seen], softcap, &mut max[i]);
+                    } else {
+                        max[i] = top;
+                    }
                 }
             }
             at += len;
