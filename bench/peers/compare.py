@@ -20,6 +20,9 @@ Systems (--systems, comma-separated):
                   GGUF (bench/peers/make_builder_int4.sh: int4, symmetric, 4-bit lm_head)
   oxgen-builder   `oxgen bench` on that package (the like-for-like row for ort-genai-builder)
 Each peer's ratio column divides the oxgen row with the same weights by the peer's number.
+An oxgen system may name a KV cache element after a `+` (`oxgen-builder+int8`, `oxgen+f16`:
+`oxgen bench --kv-dtype`); such a row's ratio columns divide it by the peer of its base row,
+or by llama.cpp (named in the cell) when that peer is not in the run.
 
 Also times `oxgen generate MODEL "Hello" --max-new-tokens 1 --json` from process start to exit
 (start-to-first-token with the model already imported), per thread count.
@@ -91,6 +94,15 @@ BIG_WEIGHTS = {
     "oxgen": "GGUF Q4_0 → ONNX (oxgen import; the Q6_K head as int8)",
     "llama.cpp": "GGUF Q4_0 (llama-quantize; Q6_K head)",
 }
+
+
+KV_DTYPES = ["f32", "f16", "bf16", "int8"]
+
+
+def kv_split(system):
+    """`oxgen-builder+int8` -> ("oxgen-builder", "int8"); a plain name -> (name, "")."""
+    base, _, kv = system.partition("+")
+    return base, kv
 
 
 def log(msg):
@@ -214,8 +226,12 @@ def main():
     threads = [int(t) for t in args.threads.split(",") if t]
     systems = [s for s in (args.systems or ",".join(BIG_SYSTEMS if big else DEFAULT_SYSTEMS)).split(",") if s]
     for s in systems:
-        if s not in SYSTEMS:
+        base, kv = kv_split(s)
+        if base not in SYSTEMS:
             parser.error(f"unknown system {s!r} (known: {', '.join(SYSTEMS)})")
+        if kv and (not base.startswith("oxgen") or kv not in KV_DTYPES):
+            parser.error(f"{s!r}: only an oxgen system takes a KV cache element, one of {', '.join(KV_DTYPES)}")
+    bases = {kv_split(s)[0] for s in systems}
     if not os.access(args.oxgen, os.X_OK):
         sys.exit(f"no oxgen binary at {args.oxgen}: cargo build --release -p oxgen-cli (or pass --oxgen)")
     venv_python = os.path.join(REPO, ".cache", "venv", "bin", "python")
@@ -233,7 +249,7 @@ def main():
             subprocess.run([tp if os.access(tp, os.X_OK) else sys.executable, os.path.join(HERE, "make_big.py"),
                             "--shape", big], check=True)
         model, gguf = os.path.join(folder, f"{big}.Q4_0-oxgen"), ggufs["Q4_0"]
-        if "oxgen" in systems and not os.path.isfile(os.path.join(model, "model.onnx")):
+        if "oxgen" in bases and not os.path.isfile(os.path.join(model, "model.onnx")):
             subprocess.run([args.oxgen, "import", gguf, model], check=True, env=oxgen_env())
         weights.update(BIG_WEIGHTS)
     else:
@@ -243,7 +259,7 @@ def main():
         builder = os.path.join(PEERS, "models", os.path.basename(os.path.normpath(model or "")) + "-ort-builder-int4")
         if not model or not os.path.isdir(model):
             sys.exit("no model package: run `oxgen pull` (or pass --model)")
-        if "llama.cpp-Q4_K_M" in systems:
+        if "llama.cpp-Q4_K_M" in bases:
             parser.error("llama.cpp-Q4_K_M runs only with --big")
     if "llama.cpp" in systems and (not gguf or not os.path.isfile(gguf)):
         sys.exit("no GGUF: run `oxgen pull`, which keeps it under downloads/ in oxgen's cache (or pass --gguf)")
@@ -253,9 +269,9 @@ def main():
         log("building llama.cpp (bench/peers/build_llama_cpp.sh)")
         subprocess.run([os.path.join(HERE, "build_llama_cpp.sh")], check=True)
     int4 = os.path.join(PEERS, "models", os.path.basename(os.path.normpath(model)) + "-ort-int4")
-    if {"ort-genai-int4", "oxgen-int4"} & set(systems):
+    if {"ort-genai-int4", "oxgen-int4"} & bases:
         subprocess.run([python, os.path.join(HERE, "make_ort_int4.py"), model, int4], check=True)
-    if {"ort-genai-builder", "oxgen-builder"} & set(systems) and not os.path.isfile(os.path.join(builder, "model.onnx")):
+    if {"ort-genai-builder", "oxgen-builder"} & bases and not os.path.isfile(os.path.join(builder, "model.onnx")):
         log("making onnxruntime-genai's own int4 package (bench/peers/make_builder_int4.sh)")
         subprocess.run([os.path.join(HERE, "make_builder_int4.sh")], check=True,
                        env={**os.environ, "GGUF": gguf or "", "OXGEN_PEERS": PEERS})
@@ -264,10 +280,12 @@ def main():
                 "llama.cpp-Q4_K_M": ggufs["Q4_K_M"]}
 
     def command(system, case, t):
+        system, kv = kv_split(system)
         pkg = packages.get(system)
         common = ["--prompt-len", str(case["prompt"]), "--gen-len", str(case["gen"]), "--runs", "1"]
         if system.startswith("oxgen"):
-            return [args.oxgen, "bench", pkg, *common, "--warmup", str(warmup), "--threads", str(t), "--json"]
+            kv_arg = ["--kv-dtype", kv] if kv else []
+            return [args.oxgen, "bench", pkg, *common, *kv_arg, "--warmup", str(warmup), "--threads", str(t), "--json"]
         if system.startswith("llama.cpp"):
             only = [] if case["prefill"] and case["decode"] else ["--only", "prefill" if case["prefill"] else "decode"]
             return [python, os.path.join(HERE, "llama_bench.py"), pkg, *common, *only, "--threads", str(t),
@@ -352,13 +370,25 @@ def main():
         for t in threads:
             for s in systems:
                 base = BASELINE.get(s)
-                ratio = lambda key: (  # noqa: E731
-                    fmt(med(c, base, t, key) / med(c, s, t, key), 2)
-                    if base in systems and med(c, s, t, key) and med(c, base, t, key) else "–"
-                )
+                mine, kv = kv_split(s)
+                if kv:
+                    # A KV variant of an oxgen row: itself over the peer of its base row, else
+                    # over llama.cpp (named, as the weights may differ).
+                    same = [p for p, b in BASELINE.items() if b == mine]
+                    peer = next((p for p in [*same, "llama.cpp"] if p in systems), None)
+                    base = peer and s
+                    ratio = lambda key: (  # noqa: E731
+                        fmt(med(c, s, t, key) / med(c, peer, t, key), 2) + ("" if peer in same else f" (÷ {peer})")
+                        if med(c, s, t, key) and med(c, peer, t, key) else "–"
+                    )
+                else:
+                    ratio = lambda key: (  # noqa: E731
+                        fmt(med(c, base, t, key) / med(c, s, t, key), 2)
+                        if base in systems and med(c, s, t, key) and med(c, base, t, key) else "–"
+                    )
                 prefill = med(c, s, t, "prefill_tok_s") if case["prefill"] else None
                 decode = med(c, s, t, "decode_tok_s") if case["decode"] else None
-                row = (f"| {c} | {s} | {weights[s]} | {t} | {fmt(prefill)} | {fmt(decode)} | {fmt(rss(c, s, t))} "
+                row = (f"| {c} | {s} | {weights[mine]} | {t} | {fmt(prefill)} | {fmt(decode)} | {fmt(rss(c, s, t))} "
                        f"| {ratio('prefill_tok_s') if base and case['prefill'] else ''} "
                        f"| {ratio('decode_tok_s') if base and case['decode'] else ''} |")
                 if big:

@@ -203,7 +203,11 @@ fn bench_paged_decode<C: CacheElem>(
         let mut layer = 0;
         let name = format!(
             "paged_decode/{}batch={batch},past={past},kv={kind}/threads={}",
-            if shape.name.is_empty() { String::new() } else { format!("{}layers={layers},", shape.name) },
+            if shape.name.is_empty() {
+                String::new()
+            } else {
+                format!("{}layers={layers},", shape.name)
+            },
             pool.threads()
         );
         g.bench_function(name, |b| {

@@ -222,7 +222,15 @@ pub(super) unsafe fn scores_heads(
                     1
                 }
                 (2, _) | (3.., false) => {
-                    let r = scores_block::<2, 4>([q[0], q[1]], k, (j0, len), (out, stride), key_scales, scale, [m[0], m[1]]);
+                    let r = scores_block::<2, 4>(
+                        [q[0], q[1]],
+                        k,
+                        (j0, len),
+                        (out, stride),
+                        key_scales,
+                        scale,
+                        [m[0], m[1]],
+                    );
                     m[..2].copy_from_slice(&r);
                     2
                 }

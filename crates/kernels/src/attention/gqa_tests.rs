@@ -497,7 +497,9 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
 }
 
 /// Attention sinks for up to nine heads, around the scores' range.
-const SINKS: [f32; 12] = [0.5, -1.0, 2.0, 0.0, -4.0, 1.25, 0.3, 9.0, -0.7, 3.5, -2.25, 0.1];
+const SINKS: [f32; 12] = [
+    0.5, -1.0, 2.0, 0.0, -4.0, 1.25, 0.3, 9.0, -0.7, 3.5, -2.25, 0.1,
+];
 
 #[test]
 fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
