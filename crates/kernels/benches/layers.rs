@@ -8,6 +8,9 @@
 //!   cache (blocks of 16 positions, each sequence's blocks scattered through the pool), one
 //!   layer per iteration out of 30 layers' pools, so the cache streams from beyond L2 as in a
 //!   served model; bytes of K and V read;
+//! - `gqa/paged_decode/1.5b,layers=L,batch=1,past=P,kv=K/threads=T`: the same at Qwen2.5-1.5B's
+//!   attention shape (12 query heads on 2 KV heads of 128), over `L` layers' pools: 1 (16.8 MB
+//!   of f32 keys and values at 8192 positions: from L3) or 8 (from DRAM); past 255 runs from L2;
 //! - `gqa/prefill/seq=128/threads=T`: 128 causal query rows from an empty cache; throughput in
 //!   elements = floating-point operations (`2·2·heads·head_size` per query-key pair seen);
 //! - `rmsnorm/RxN/threads=T` (RMSNormalization) and `rmsnorm/skip/RxN/threads=T` (the fused
