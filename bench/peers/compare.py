@@ -369,28 +369,26 @@ def main():
         c = case["name"]
         for t in threads:
             for s in systems:
-                base = BASELINE.get(s)
+                # The ratio's oxgen row, its peer, and a note when the weights may differ.
                 mine, kv = kv_split(s)
                 if kv:
-                    # A KV variant of an oxgen row: itself over the peer of its base row, else
-                    # over llama.cpp (named, as the weights may differ).
+                    # A KV variant of an oxgen row: over the peer of its base row, else llama.cpp.
                     same = [p for p, b in BASELINE.items() if b == mine]
                     peer = next((p for p in [*same, "llama.cpp"] if p in systems), None)
-                    base = peer and s
-                    ratio = lambda key: (  # noqa: E731
-                        fmt(med(c, s, t, key) / med(c, peer, t, key), 2) + ("" if peer in same else f" (÷ {peer})")
-                        if med(c, s, t, key) and med(c, peer, t, key) else "–"
-                    )
+                    pair = peer and (s, peer, "" if peer in same else f" (÷ {peer})")
                 else:
-                    ratio = lambda key: (  # noqa: E731
-                        fmt(med(c, base, t, key) / med(c, s, t, key), 2)
-                        if base in systems and med(c, s, t, key) and med(c, base, t, key) else "–"
-                    )
+                    pair = BASELINE.get(s) and (BASELINE[s], s, "")
+
+                def ratio(key):
+                    num, den, note = pair
+                    if num in systems and med(c, num, t, key) and med(c, den, t, key):
+                        return fmt(med(c, num, t, key) / med(c, den, t, key), 2) + note
+                    return "–"
                 prefill = med(c, s, t, "prefill_tok_s") if case["prefill"] else None
                 decode = med(c, s, t, "decode_tok_s") if case["decode"] else None
                 row = (f"| {c} | {s} | {weights[mine]} | {t} | {fmt(prefill)} | {fmt(decode)} | {fmt(rss(c, s, t))} "
-                       f"| {ratio('prefill_tok_s') if base and case['prefill'] else ''} "
-                       f"| {ratio('decode_tok_s') if base and case['decode'] else ''} |")
+                       f"| {ratio('prefill_tok_s') if pair and case['prefill'] else ''} "
+                       f"| {ratio('decode_tok_s') if pair and case['decode'] else ''} |")
                 if big:
                     per_step = bytes_per_step(case, s, t) if case["decode"] else None
                     bound = statistics.median(bandwidth[t]) * 1e9 / per_step if per_step else None

@@ -112,10 +112,11 @@ fn bench_attention(
     }
 }
 
-/// The attention shape of a model: query heads, KV heads, head size.
+/// The attention shape of a model: query heads, KV heads, head size; a named one's rows say
+/// its name and layer count.
 #[derive(Clone, Copy)]
 struct Heads {
-    name: &'static str,
+    name: Option<&'static str>,
     heads: usize,
     kv_heads: usize,
     head_size: usize,
@@ -123,7 +124,7 @@ struct Heads {
 
 /// The default model's.
 const SMOL: Heads = Heads {
-    name: "",
+    name: None,
     heads: HEADS,
     kv_heads: KV_HEADS,
     head_size: HEAD_SIZE,
@@ -131,7 +132,7 @@ const SMOL: Heads = Heads {
 
 /// Qwen2.5-1.5B's: six query heads share each of two KV heads of 128.
 const QWEN_1_5B: Heads = Heads {
-    name: "1.5b,",
+    name: Some("1.5b"),
     heads: 12,
     kv_heads: 2,
     head_size: 128,
@@ -206,11 +207,9 @@ fn bench_paged_decode<C: CacheElem>(
         let mut layer = 0;
         let name = format!(
             "paged_decode/{}batch={batch},past={past},kv={kind}/threads={}",
-            if shape.name.is_empty() {
-                String::new()
-            } else {
-                format!("{}layers={layers},", shape.name)
-            },
+            shape
+                .name
+                .map_or(String::new(), |name| format!("{name},layers={layers},")),
             pool.threads()
         );
         g.bench_function(name, |b| {

@@ -1,14 +1,14 @@
 //! AVX2 attention rows for f32 queries and caches: the arithmetic of [`super::group`]'s
 //! reference, bit for bit. Caches of other elements are widened to f32 a run at a time first
-//! ([`widen`], exact); an int8 cache's scales are applied by [`scores`] and [`normalize`].
+//! ([`widen`], exact); an int8 cache's scales are applied by [`scores_heads`] and [`normalize`].
 //!
 //! The reference takes each dot product `q · k_j` in eight lanes (lane `l` the `d` with
 //! `d % 8 == l`, ascending, by fused multiply-add) summed by a fixed tree, and each output
 //! element `Σ_j p_j v_j[d]` over `j` ascending by fused multiply-add. Both map onto 8-wide
 //! vectors directly:
-//! - scores: one accumulator vector per key, `fma(q[c..c + 8], k_j[c..c + 8], acc)` for `c`
-//!   ascending, then the horizontal sum in the reference's tree; eight keys at a time so
-//!   their chains overlap;
+//! - scores: one accumulator vector per query and key, `fma(q[c..c + 8], k_j[c..c + 8], acc)`
+//!   for `c` ascending, then the horizontal sum in the reference's tree; eight keys at a time
+//!   so their chains overlap, and the heads that share a KV head take each key row together;
 //! - values: eight (or, with AVX-512, sixteen: [`super::avx512`]) output elements at once,
 //!   one per lane, each adding `p_j * v_j[d]` for `j` ascending; with AVX-512 the heads that
 //!   share a KV head take each value row together, so their chains overlap.
@@ -89,40 +89,12 @@ unsafe fn hsum4(v: [__m256; 4], out: &mut [f32]) {
     unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm256_castps256_ps128(abcd)) };
 }
 
-/// Scores: `out[i] = ((q · k_i) * key_scales[i]) * scale` with `k_i = k[(j0 + i) * hs..]
-/// [..hs]` for every `i` (without `key_scales`, `(q · k_i) * scale`), the dot products in the
-/// reference's order; returns the largest score and `max` (NaN skipped, as `f32::max` does).
-///
-/// # Safety
-/// AVX2 and FMA must be available ([`supported`]), `q.len() == hs`, `hs % 8 == 0`,
-/// `k.len() >= (j0 + out.len()) * hs`, and `key_scales`, when given, as long as `out`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn scores(
-    q: &[f32],
-    k: &[f32],
-    j0: usize,
-    out: &mut [f32],
-    key_scales: Option<&[f32]>,
-    scale: f32,
-    max: f32,
-) -> f32 {
-    let hs = q.len();
-    assert!(
-        hs.is_multiple_of(8) && k.len() >= (j0 + out.len()) * hs,
-        "scores arguments were checked by the caller"
-    );
-    // SAFETY: the bounds are asserted above, AVX2 and FMA the caller's contract.
-    unsafe {
-        dots(q, k, j0, out);
-        scale_max(out, key_scales, scale, max)
-    }
-}
-
-/// [`scores`] for the `Q` queries `qs` over the same keys at once: query `i`'s scores go to
-/// `out[i * stride..][..len]`, its maximum (from `max[i]`) to the result's `[i]`. Each key's
-/// row is loaded once for all of them, eight keys at a time (`Q · 8` independent chains), so
-/// the products, not the loads, bound the pass; each score gets [`scores`]'s bits.
+/// Scores of the `Q` queries `qs` over the same keys: query `i`'s `out[i * stride + j] =
+/// ((q_i · k_j) * key_scales[j]) * scale` (without `key_scales`, `(q_i · k_j) * scale`) with
+/// `k_j = k[(j0 + j) * hs..][..hs]` for every `j < len`, the dot products in the reference's
+/// order; its largest score and `max[i]` (NaN skipped, as `f32::max` does) is the result's
+/// `[i]`. Each key's row is loaded once for all the queries, `K` keys at a time (`Q · K`
+/// independent chains), so with several queries the products, not the loads, bound the pass.
 ///
 /// With AVX-512 VL (32 vector registers) up to three queries fit beside eight keys' sums, on
 /// AVX2 alone two beside four; [`scores_heads`] chooses.
@@ -190,8 +162,8 @@ unsafe fn scores_block<const Q: usize, const K: usize>(
     })
 }
 
-/// [`scores`] for every query of `qs` (heads that see the same keys), several at a time as
-/// [`scores_block`] takes them: query `i`'s scores go to `out[i * stride..][..len]` and its
+/// [`scores_block`] for every query of `qs` (heads that see the same keys), as many at a
+/// time as the registers hold: query `i`'s scores go to `out[i * stride..][..len]` and its
 /// maximum, from `max[i]`, back into `max[i]`.
 ///
 /// # Safety
@@ -218,7 +190,16 @@ pub(super) unsafe fn scores_heads(
         let taken = unsafe {
             match (q.len(), wide) {
                 (0 | 1, _) => {
-                    m[0] = scores(q[0], k, j0, &mut out[..len], key_scales, scale, m[0]);
+                    let r = scores_block::<1, 8>(
+                        [q[0]],
+                        k,
+                        (j0, len),
+                        (out, stride),
+                        key_scales,
+                        scale,
+                        [m[0]],
+                    );
+                    m[0] = r[0];
                     1
                 }
                 (2, _) | (3.., false) => {
