@@ -23,7 +23,9 @@
 //! kernel `contrib_ops/cpu/bert/gqa_attention_base.h`; Ainslie et al., "GQA"
 //! (arXiv:2305.13245).
 
-use super::group::{MAX_GROUP, attend_group_pieces, group_len, head_parts, kv_runs};
+use super::group::{
+    MAX_GROUP, attend_group_pieces, group_len, head_parts, kv_runs, row_scratch_len,
+};
 use super::kv::{CacheElem, Cached};
 use super::shape::{GqaShape, Rows, ScoreMod};
 use crate::ThreadPool;
@@ -42,9 +44,9 @@ fn parts(shape: &GqaShape, pool: &ThreadPool) -> usize {
 }
 
 /// The f32 scratch [`attention`] needs on `pool`: per part, for each head computed together,
-/// one score per cache position and one accumulator per head element.
+/// its scores over a tile of keys and two accumulators of a head's elements.
 pub fn scratch_len(shape: &GqaShape, pool: &ThreadPool) -> usize {
-    parts(shape, pool) * group_len(shape.heads, shape.kv_heads) * (shape.capacity + shape.head_size)
+    parts(shape, pool) * row_scratch_len(group_len(shape.heads, shape.kv_heads), shape.head_size)
 }
 
 /// Attention of every query row of `q` over the caches `k`, `v`; writes `out` laid out
@@ -127,8 +129,7 @@ fn attention_with<T: Accum<Acc = f32> + CacheElem>(
         return Ok(());
     }
     let parts = parts(shape, pool);
-    let g_max = group_len(shape.heads, shape.kv_heads);
-    let per_part = g_max * (capacity + hs);
+    let per_part = row_scratch_len(group_len(shape.heads, shape.kv_heads), hs);
     if scratch.len() < parts * per_part {
         return Err(KernelError::Length {
             what: "attention scratch",
@@ -145,7 +146,6 @@ fn attention_with<T: Accum<Acc = f32> + CacheElem>(
         scratch,
         per_part,
         |part, out, scratch| {
-            let (scores, acc) = scratch.split_at_mut(g_max * capacity);
             let first = part * heads_per_part;
             let units = first..first + out.len() / (seq * hs);
             // A run never crosses a batch entry: `group` divides `heads`.
@@ -169,20 +169,23 @@ fn attention_with<T: Accum<Acc = f32> + CacheElem>(
                         .chunks_mut(seq * hs)
                         .map(|head| &mut head[s * hs..][..hs])
                         .collect();
-                    let tiles = (lo..end).step_by(KEY_TILE).map(|j| {
-                        (
-                            Cached::plain(kh),
-                            Cached::plain(vh),
-                            j..(j + KEY_TILE).min(end),
-                        )
-                    });
+                    let pieces = |keys: std::ops::Range<usize>| {
+                        let end = keys.end;
+                        keys.step_by(KEY_TILE).map(move |j| {
+                            (
+                                Cached::plain(kh),
+                                Cached::plain(vh),
+                                j..(j + KEY_TILE).min(end),
+                            )
+                        })
+                    };
                     let sinks = score.sinks.map(|s| &s[n0..n0 + count]);
                     attend_group_pieces(
                         &qs,
-                        tiles,
+                        (lo, end - lo),
+                        pieces,
                         (score, sinks),
-                        scores,
-                        acc,
+                        scratch,
                         &mut outs,
                         simd,
                         false,

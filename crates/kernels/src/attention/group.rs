@@ -15,8 +15,12 @@
 //! takes the `d` with `d % 8 == l`, ascending, by fused multiply-add), summed as
 //! `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` (what one 8-wide vector and its
 //! horizontal sum do); the softmax denominator as `exp_shifted_sum` sums; the weighted sum of
-//! V over absolute key position ascending, one position at a time, by fused multiply-add. A
-//! blocked version must keep this walk in fixed absolute-position tiles.
+//! V over absolute key position ascending, one position at a time, by fused multiply-add.
+//! All of this runs per tile of [`KV_TILE`] absolute positions (tile `t` holds positions
+//! `t * KV_TILE..(t + 1) * KV_TILE`): a row over keys of several tiles computes each tile's
+//! softmax and weighted sum alone and folds them in position order ([`fold_tile`]), so the
+//! tiles of one row may run on different threads; a row whose keys lie in one tile is that
+//! tile's result.
 //!
 //! Math runs in f32 for f32, f16 and bf16 elements (halves widen exactly and round once per
 //! output element). The cache may hold another element than the queries ([`super::kv`]):
@@ -80,45 +84,49 @@ pub(crate) fn kv_runs(
     })
 }
 
-/// Query rows `qs` (heads sharing one KV head; at most [`MAX_GROUP`]) over the same keys,
-/// given in position order as pieces `(k, v, rows)`: rows `rows` of the cached keys `k` and
-/// values `v` (a tile of a contiguous cache, or a block of a paged one). Each head's
-/// arithmetic is the module doc's, whatever the pieces and however many heads share the call;
-/// the heads take each piece in turn while it is in cache. `scores` holds `qs.len()` rows of
-/// one score per key, `acc` `qs.len()` rows of `head_size`; `outs[i]` receives head `i`'s row.
+/// Query rows `qs` (heads sharing one KV head; at most [`MAX_GROUP`]) over the `n` keys from
+/// absolute position `first`, whose pieces `pieces(range)` gives for any range of them in
+/// position order as `(k, v, rows)`: rows `rows` of the cached keys `k` and values `v` (a
+/// stretch of a contiguous cache, or a block of a paged one). Each head's arithmetic is the
+/// module doc's, whatever the pieces and however many heads share the call; the heads take
+/// each piece in turn while it is in cache. `scratch` holds [`row_scratch_len`]`(qs.len(),
+/// head_size)`; `outs[i]` receives head `i`'s row.
 ///
 /// With `prefetch` (pieces scattered in memory, where the hardware prefetcher loses the
 /// stream at each piece), each piece's successor is fetched while the piece computes: the
 /// keys' pieces, then the values'.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem>(
+pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem, I>(
     qs: &[&[T]],
-    pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
+    (first, n): (usize, usize),
+    pieces: impl Fn(Range<usize>) -> I,
     (score, sinks): (&ScoreMod, Option<&[f32]>),
-    scores: &mut [f32],
-    acc: &mut [f32],
+    scratch: &mut [f32],
     outs: &mut [&mut [T]],
     simd: bool,
     prefetch: bool,
-) {
-    let n: usize = pieces.clone().map(|p| p.2.len()).sum();
+) where
+    I: Iterator<Item = Piece<'a, C>> + Clone,
+{
     let rows = RowKeys {
         qs,
         keys: &[n],
+        first,
         score,
         sinks,
     };
-    attend_rows(&rows, pieces, scores, acc, outs, simd, prefetch);
+    attend_rows(&rows, pieces, scratch, outs, simd, prefetch);
 }
 
 /// Query rows of one sequence that see the first keys of the same pieces: row `r`'s heads
 /// `qs[r * g..(r + 1) * g]` (`g = qs.len() / keys.len()`, sharing one KV head, at most
-/// [`MAX_GROUP`]) see the first `keys[r]` keys. A prefill chunk's consecutive rows so take
-/// each piece of keys and values together while it is in cache; each row's arithmetic is
-/// what [`attend_group_pieces`] gives it alone.
+/// [`MAX_GROUP`]) see the `keys[r]` keys from absolute position `first`. A prefill chunk's
+/// consecutive rows so take each piece of keys and values together while it is in cache;
+/// each row's arithmetic is what [`attend_group_pieces`] gives it alone.
 pub(crate) struct RowKeys<'q, T> {
     pub qs: &'q [&'q [T]],
     pub keys: &'q [usize],
+    pub first: usize,
     pub score: &'q ScoreMod<'q>,
     /// The sinks of a row's heads (`score.sinks` at those heads), when it has them.
     pub sinks: Option<&'q [f32]>,
@@ -127,51 +135,116 @@ pub(crate) struct RowKeys<'q, T> {
 /// Query rows a tile of [`attend_rows`] takes at most.
 pub(crate) const MAX_TILE: usize = 4;
 
-/// [`attend_group_pieces`] for several rows ([`RowKeys`]): `scores` holds `qs.len()` rows of
-/// the most keys a row sees, `acc` `qs.len()` rows of `head_size`; `outs[i]` receives
-/// `qs[i]`'s row. Every `keys[r]` is at most the pieces' keys.
-pub(crate) fn attend_rows<'a, T: Accum<Acc = f32>, C: CacheElem>(
+/// Key positions a row's attention takes as one tile, at multiples of this from position 0
+/// (DESIGN.md §6): a row computes each tile's softmax and weighted sum of values alone (a
+/// [`Partial`]) and folds them in position order, so a decode row's tiles may be computed
+/// on several threads and folded after, with the bits of the same row computed whole. A row
+/// whose keys lie in one tile (every row of a context up to this long) is that tile's
+/// result, unfolded.
+pub(crate) const KV_TILE: usize = 256;
+
+/// The [`KV_TILE`] tiles of the absolute key positions `keys`, in order: each tile's part.
+pub(crate) fn kv_tiles(keys: Range<usize>) -> impl Iterator<Item = Range<usize>> + Clone {
+    let first = keys.start / KV_TILE;
+    (first..keys.end.div_ceil(KV_TILE))
+        .map(move |t| keys.start.max(t * KV_TILE)..keys.end.min((t + 1) * KV_TILE))
+}
+
+/// The f32 scratch [`attend_rows`] needs for `queries` query rows of `head_size`: their
+/// scores over one tile, and two weighted sums of values each (a tile's, and the folded
+/// ones).
+pub(crate) fn row_scratch_len(queries: usize, head_size: usize) -> usize {
+    queries * (KV_TILE + 2 * head_size)
+}
+
+/// One query's softmax over the keys of a tile (or of the tiles folded so far): the shift of
+/// its exponentials (the scores' max, or the sink's logit when larger, on the row's first
+/// tile) and their sum (with the sink's term on the first tile). Its weighted sum of values
+/// (each value times its exponential over `sum`) lies beside it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Partial {
+    pub shift: f32,
+    pub sum: f32,
+}
+
+/// Folds the next tile's `partial` and weighted sum `b` into a row's `state` and weighted
+/// sum `a` (the first tile is taken as it is): both rescaled to the larger shift, each sum of
+/// values weighted by its share of the new denominator, `a = wa * a + wb * b` element by
+/// element, rounded after each operation (no fused multiply-add: any vector width or none
+/// gives the same bits).
+pub(crate) fn fold_tile(state: &mut Option<Partial>, a: &mut [f32], partial: Partial, b: &[f32]) {
+    let Some(s) = state else {
+        a.copy_from_slice(b);
+        *state = Some(partial);
+        return;
+    };
+    let shift = s.shift.max(partial.shift);
+    let sa = s.sum * exp32_nonpositive(s.shift - shift);
+    let sb = partial.sum * exp32_nonpositive(partial.shift - shift);
+    let sum = sa + sb;
+    let (wa, wb) = (sa / sum, sb / sum);
+    for (x, &y) in a.iter_mut().zip(b) {
+        *x = wa * *x + wb * y;
+    }
+    *s = Partial { shift, sum };
+}
+
+/// [`attend_group_pieces`] for several rows ([`RowKeys`]), tile by tile ([`KV_TILE`]):
+/// `scratch` holds [`row_scratch_len`]`(qs.len(), head_size)`; `outs[i]` receives `qs[i]`'s
+/// row.
+pub(crate) fn attend_rows<'a, T: Accum<Acc = f32>, C: CacheElem, I>(
     rows: &RowKeys<'_, T>,
-    pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
-    scores: &mut [f32],
-    acc: &mut [f32],
+    pieces: impl Fn(Range<usize>) -> I,
+    scratch: &mut [f32],
     outs: &mut [&mut [T]],
     simd: bool,
     prefetch: bool,
-) {
+) where
+    I: Iterator<Item = Piece<'a, C>> + Clone,
+{
     let (qs, tile) = (rows.qs, rows.keys.len());
     let hs = qs.first().map_or(0, |q| q.len());
     assert!(
         (1..=MAX_TILE).contains(&tile)
             && qs.len().is_multiple_of(tile)
             && qs.len() / tile <= MAX_GROUP
-            && outs.len() == qs.len(),
-        "at most {MAX_TILE} rows of at most {MAX_GROUP} heads, one output each"
+            && outs.len() == qs.len()
+            && scratch.len() >= row_scratch_len(qs.len(), hs),
+        "at most {MAX_TILE} rows of at most {MAX_GROUP} heads, one output each, and scratch"
     );
-    if rows.keys.iter().all(|&n| n == 0) {
-        for out in outs {
-            out.fill(T::ZERO);
+    let (scores, rest) = scratch.split_at_mut(qs.len() * KV_TILE);
+    let (acc, folded) = rest.split_at_mut(qs.len() * hs);
+    let all = rows.first..rows.first + rows.stride();
+    let single = kv_tiles(all.clone()).nth(1).is_none();
+    let mut states = [None; MAX_TILE * MAX_GROUP];
+    for keys in kv_tiles(all) {
+        let seen: SmallVec<[usize; MAX_TILE]> = (rows.keys.iter())
+            .map(|&n| (rows.first + n).min(keys.end).saturating_sub(keys.start))
+            .collect();
+        let tile_rows = RowKeys {
+            keys: &seen,
+            first: keys.start,
+            sinks: rows.sinks.filter(|_| keys.start == rows.first),
+            ..*rows
+        };
+        let partials = tile_rows.partials(pieces(keys), scores, acc, simd, prefetch);
+        if single {
+            break;
         }
-        return;
+        for (i, (state, partial)) in states.iter_mut().zip(partials).enumerate() {
+            if i < qs.len() && seen[i / rows.heads()] > 0 {
+                let b = &acc[i * hs..][..hs];
+                fold_tile(state, &mut folded[i * hs..][..hs], partial, b);
+            }
+        }
     }
-    #[cfg(target_arch = "x86_64")]
-    if simd && avx2::supported(hs) && hs <= MAX_HEAD_SIZE {
-        // SAFETY: `supported` checked AVX2, FMA and F16C and hs % 8.
-        unsafe { rows.vector(pieces, scores, acc, prefetch) };
-    } else {
-        rows.reference(pieces, scores, acc, prefetch);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = simd;
-        rows.reference(pieces, scores, acc, prefetch);
-    }
+    let result = if single { &*acc } else { &*folded };
     for (i, out) in outs.iter_mut().enumerate() {
         if rows.keys[i / rows.heads()] == 0 {
             out.fill(T::ZERO);
             continue;
         }
-        for (o, &a) in out.iter_mut().zip(&acc[i * hs..][..hs]) {
+        for (o, &a) in out.iter_mut().zip(&result[i * hs..][..hs]) {
             *o = T::narrow(a);
         }
     }
@@ -188,6 +261,28 @@ const MAX_HEAD_SIZE: usize = super::paged::MAX_HEAD_SIZE;
 const WIDE: usize = 4096;
 
 impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
+    /// Each query's [`Partial`] over the keys of `pieces` (at most [`KV_TILE`] a row), its
+    /// weighted sum of values in `acc` (`qs.len()` rows of `head_size`); `scores` holds
+    /// `qs.len()` rows of the most keys a row sees. A query that sees no keys gets nothing
+    /// meaningful.
+    pub(crate) fn partials<'a, C: CacheElem>(
+        &self,
+        pieces: impl Iterator<Item = Piece<'a, C>> + Clone,
+        scores: &mut [f32],
+        acc: &mut [f32],
+        simd: bool,
+        prefetch: bool,
+    ) -> [Partial; MAX_TILE * MAX_GROUP] {
+        let hs = self.qs[0].len();
+        #[cfg(target_arch = "x86_64")]
+        if simd && avx2::supported(hs) && hs <= MAX_HEAD_SIZE {
+            // SAFETY: `supported` checked AVX2, FMA and F16C and hs % 8.
+            return unsafe { self.vector(pieces, scores, acc, prefetch) };
+        }
+        let _ = simd;
+        self.reference(pieces, scores, acc, prefetch)
+    }
+
     /// Heads per row.
     fn heads(&self) -> usize {
         self.qs.len() / self.keys.len()
@@ -210,7 +305,7 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
         scores: &mut [f32],
         acc: &mut [f32],
         prefetch: bool,
-    ) {
+    ) -> [Partial; MAX_TILE * MAX_GROUP] {
         let (queries, n, hs) = (self.qs.len(), self.stride(), self.qs[0].len());
         let mut max = [f32::NEG_INFINITY; MAX_TILE * MAX_GROUP];
         let mut ahead = fetcher(pieces.clone(), hs, prefetch);
@@ -233,7 +328,7 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
             }
             at += keys.len();
         }
-        let sum = self.exp_sums(scores, &max);
+        let partials = self.exp_sums(scores, &max);
         acc[..queries * hs].fill(0.0);
         let mut at = 0;
         for (_, v, keys) in pieces {
@@ -242,7 +337,7 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
                 let keys = keys.start..keys.start + self.seen(i, at, keys.len());
                 let es = &mut scores[i * n + at..][..keys.len()];
                 for (e, j) in es.iter_mut().zip(keys.clone()) {
-                    *e /= sum[i];
+                    *e /= partials[i].sum;
                     if C::SCALED {
                         *e *= v.scale(j);
                     }
@@ -257,6 +352,7 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
             }
             at += keys.len();
         }
+        partials
     }
 
     /// [`RowKeys::reference`] on AVX2 (and AVX-512 for the value sums): the same bits. Queries
@@ -274,7 +370,7 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
         scores: &mut [f32],
         acc: &mut [f32],
         prefetch: bool,
-    ) {
+    ) -> [Partial; MAX_TILE * MAX_GROUP] {
         let (queries, g, n, hs) = (self.qs.len(), self.heads(), self.stride(), self.qs[0].len());
         // Uninitialized until written: nothing to clear on the f32 path, which needs neither.
         let mut q_wide = [MaybeUninit::<f32>::uninit(); MAX_TILE * MAX_GROUP * MAX_HEAD_SIZE];
@@ -334,16 +430,16 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
         };
         // SAFETY: the caller's contract (AVX2, F16C, hs % 8 and at most MAX_HEAD_SIZE).
         unsafe { buffers.each(keys, score_run) };
-        let sum = self.exp_sums(scores, &max);
+        let partials = self.exp_sums(scores, &max);
         acc[..queries * hs].fill(0.0);
         let mut at = 0;
         let values = pieces.map(|(_, v, keys)| (v, keys));
         let sum_run = |v32: &[f32], j0: usize, scales: Option<&[f32]>, len: usize| {
-            for (i, &sum) in sum[..queries].iter().enumerate() {
+            for (i, partial) in partials[..queries].iter().enumerate() {
                 let seen = self.seen(i, at, len);
                 let es = &mut scores[i * n + at..][..seen];
                 // SAFETY: the caller's contract; the scales cover the keys.
-                unsafe { avx2::normalize(es, sum, scales.map(|s| &s[..seen])) };
+                unsafe { avx2::normalize(es, partial.sum, scales.map(|s| &s[..seen])) };
             }
             for r in 0..self.keys.len() {
                 let (first, seen) = (r * g, self.seen(r * g, at, len));
@@ -384,26 +480,32 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
         };
         // SAFETY: as for the keys.
         unsafe { buffers.each(values, sum_run) };
+        partials
     }
 
-    /// Each query's softmax numerators in place, and their sums.
+    /// Each query's softmax numerators in place, and their shift and sum.
     fn exp_sums(
         &self,
         scores: &mut [f32],
         max: &[f32; MAX_TILE * MAX_GROUP],
-    ) -> [f32; MAX_TILE * MAX_GROUP] {
-        let (n, mut sum) = (self.stride(), [0f32; MAX_TILE * MAX_GROUP]);
-        for (i, sum) in sum[..self.qs.len()].iter_mut().enumerate() {
+    ) -> [Partial; MAX_TILE * MAX_GROUP] {
+        let n = self.stride();
+        let mut partials = [Partial {
+            shift: f32::NEG_INFINITY,
+            sum: 0.0,
+        }; MAX_TILE * MAX_GROUP];
+        for (i, partial) in partials[..self.qs.len()].iter_mut().enumerate() {
             let seen = self.keys[i / self.heads()];
             let sink = self.sinks.map(|s| s[i % self.heads()]);
             // A sink joins the max and the denominator, after the scores' own sum.
-            let max = sink.map_or(max[i], |s| max[i].max(s));
-            *sum = exp_shifted_sum(&mut scores[i * n..][..seen], max);
+            let shift = sink.map_or(max[i], |s| max[i].max(s));
+            let mut sum = exp_shifted_sum(&mut scores[i * n..][..seen], shift);
             if let Some(s) = sink {
-                *sum += exp32_nonpositive(s - max);
+                sum += exp32_nonpositive(s - shift);
             }
+            *partial = Partial { shift, sum };
         }
-        sum
+        partials
     }
 }
 

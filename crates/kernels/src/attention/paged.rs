@@ -11,11 +11,16 @@
 //! Each row's arithmetic is [`super::attention`]'s (`attention/group.rs`: the same dot
 //! products, softmax and weighted sum, walked in absolute position order): a sequence's rows
 //! get the same bits whatever it is batched with, however its prompt was chunked, and paged
-//! or contiguous (tested below). Threads split the (row, head) pairs, in output order, into runs of about
-//! equal work, never one head's row; a decode batch so splits between whole sequences and KV
-//! heads, and each thread streams its own blocks once. A decode row prefetches the blocks
-//! ahead of the one computing: the blocks lie scattered, so the hardware's stream prefetch
-//! starts anew at each.
+//! or contiguous (tested below). Threads split the (row, head) pairs, in output order, into
+//! runs of about equal work; a batch of many rows so splits between whole sequences and KV
+//! heads, and each thread streams its own blocks once. A step of a few rows over more than a
+//! tile of keys (`group::KV_TILE`: a decode step at depth) splits (row, KV head, tile) units
+//! instead, so threads share a KV head's blocks without reading them twice (the default
+//! model's 3 KV heads on 2 threads; 2 KV heads on 8), and folds each row's tiles on the
+//! calling thread after: the same tiles folded in the same order as a row computed whole,
+//! so the same bits (tested below). A decode row prefetches the blocks ahead of the one
+//! computing: the blocks lie scattered, so the hardware's stream prefetch starts anew at
+//! each.
 
 use std::ops::Range;
 
@@ -23,7 +28,10 @@ mod checks;
 
 use checks::{check_disjoint_writes, check_pool, check_rope, check_segments};
 
-use super::group::{MAX_GROUP, MAX_TILE, RowKeys, attend_rows, group_len, head_parts};
+use super::group::{
+    KV_TILE, MAX_GROUP, MAX_TILE, Partial, Piece, RowKeys, attend_rows, fold_tile, group_len,
+    head_parts, kv_tiles, row_scratch_len,
+};
 use super::kv::{CacheElem, Cached, KvMem};
 use super::shape::{Rows, ScoreMod};
 use crate::ThreadPool;
@@ -347,11 +355,55 @@ pub fn paged_scratch_len(
     segments: &[Segment],
     pool: &ThreadPool,
 ) -> usize {
-    let parts = part_count(layout, heads, segments, pool);
-    parts
-        * MAX_TILE
-        * group_len(heads, layout.kv_heads)
-        * (max_positions(segments) + layout.head_size)
+    let plan = Plan::new(layout, heads, segments, pool);
+    plan.slots + plan.parts * plan.per_part
+}
+
+/// How a step's attention is split over the pool, and the scratch that takes.
+struct Plan {
+    parts: usize,
+    /// Whether the parts take (row, KV head, tile) units (see [`Split::tiles`]) rather than
+    /// runs of (row, head) pairs.
+    by_tiles: bool,
+    /// Scratch values of the tiles' results when `by_tiles` (else 0): one [`slot`] of
+    /// `head_size + 2` per (row, head, tile).
+    slots: usize,
+    /// Scratch values per part.
+    per_part: usize,
+}
+
+impl Plan {
+    fn new(layout: &PagedLayout, heads: usize, segments: &[Segment], pool: &ThreadPool) -> Self {
+        let parts = part_count(layout, heads, segments, pool);
+        let tokens = segments.last().map_or(0, |s| s.rows.end);
+        let tiles = max_positions(segments).div_ceil(KV_TILE);
+        // A few rows over more than a tile of keys: a row's tiles spread over the threads.
+        let by_tiles = parts > 1 && tokens <= PREFETCH_ROWS && tiles > 1;
+        let hs = layout.head_size;
+        let g_max = group_len(heads, layout.kv_heads);
+        Plan {
+            parts,
+            by_tiles,
+            slots: if by_tiles {
+                tokens * heads * tiles * (hs + 2)
+            } else {
+                0
+            },
+            per_part: row_scratch_len(if by_tiles { 1 } else { MAX_TILE } * g_max, hs),
+        }
+    }
+}
+
+/// Where tile `tile` (its index from position 0) of row `t`, head `h` keeps its result in a
+/// step's slots, `tiles` a row: its [`Partial`]'s shift and sum, then its weighted sum.
+fn slot(
+    t: usize,
+    h: usize,
+    tile: usize,
+    (heads, tiles, hs): (usize, usize, usize),
+) -> Range<usize> {
+    let at = ((t * heads + h) * tiles + tile) * (hs + 2);
+    at..at + hs + 2
 }
 
 /// Attention of every row of `q` over its segment's cached keys, causally (the row at
@@ -379,23 +431,35 @@ pub fn paged_attention<T: Accum<Acc = f32>, C: CacheElem>(
         (heads, layout, score, q, segments, tables),
         (out, scratch, pool),
         Prelude::NONE,
-        |split, part, out, scratch| split.attend(part, q, k, v, out, scratch),
+        |split, part, target, scratch| split.attend(part, q, k, v, target, scratch),
     )
 }
 
-/// A step's (row, head) pairs cut into parts of about equal work (see [`cuts`]), after the
-/// checks every paged attention makes.
+/// A step's attention split over the pool, after the checks every paged attention makes:
+/// runs of (row, head) pairs of about equal work (see [`cuts`]), each part computing whole
+/// rows; or, for a few rows over long contexts ([`Plan`]), (row, KV head, tile) units, each
+/// part computing tiles' [`Partial`]s into slots that the caller folds once every part is
+/// done ([`Split::tiles`]). A row gets the same bits either way: the same tiles, folded in
+/// the same order.
 struct Split<'a> {
     heads: usize,
     layout: PagedLayout,
     score: &'a ScoreMod<'a>,
     segments: &'a [Segment],
     tables: &'a [u32],
+    plan: Plan,
     cuts: SmallVec<[usize; 9]>,
     /// `cuts` in output values.
     bounds: SmallVec<[usize; 9]>,
-    /// Scratch values per part.
-    per_part: usize,
+    /// The (row, KV head, tile) units' work in all, when split by tiles.
+    tile_work: usize,
+}
+
+/// What a part of a [`Split`] writes: its run of the output, or tiles' results into the
+/// step's slots.
+enum Target<'o, T> {
+    Out(&'o mut [T]),
+    Slots(&'o Shared<'o, f32>),
 }
 
 impl<'a> Split<'a> {
@@ -426,33 +490,37 @@ impl<'a> Split<'a> {
         if out.is_empty() {
             return Ok(None);
         }
-        let parts = part_count(layout, heads, segments, pool);
-        let per_part = MAX_TILE * group_len(heads, kv_heads) * (max_positions(segments) + hs);
-        if scratch.len() < parts * per_part {
+        let plan = Plan::new(layout, heads, segments, pool);
+        let needed = plan.slots + plan.parts * plan.per_part;
+        if scratch.len() < needed {
             return Err(KernelError::Length {
                 what: "attention scratch",
-                expected: parts * per_part,
+                expected: needed,
                 actual: scratch.len(),
             });
         }
-        let cuts = cuts(heads, segments, score, parts);
+        let cuts = cuts(heads, segments, score, plan.parts);
         let bounds = cuts.iter().map(|&c| c * hs).collect();
-        Ok(Some(Split {
+        let mut split = Split {
             heads,
             layout: *layout,
             score,
             segments,
             tables,
+            plan,
             cuts,
             bounds,
-            per_part,
-        }))
+            tile_work: 0,
+        };
+        split.tile_work = split.units().map(|(_, _, keys)| keys.len() + 1).sum();
+        Ok(Some(split))
     }
 
-    /// Checks, cuts and runs `attend(split, part, out, scratch)` for every part in one region
-    /// after `prelude`, each part with its run of `out` and its own `scratch`.
+    /// Checks, splits and runs `attend(split, part, target, scratch)` for every part in one
+    /// region after `prelude`, each part with its own `scratch`; split by tiles, folds the
+    /// tiles' results into `out` after.
     #[allow(clippy::type_complexity)]
-    fn run<T: Send>(
+    fn run<T: Accum<Acc = f32>>(
         (heads, layout, score, q, segments, tables): (
             usize,
             &PagedLayout,
@@ -463,7 +531,7 @@ impl<'a> Split<'a> {
         ),
         (out, scratch, pool): (&mut [T], &mut [f32], &ThreadPool),
         prelude: Prelude<'_>,
-        attend: impl Fn(&Split<'a>, usize, &mut [T], &mut [f32]) + Sync,
+        attend: impl Fn(&Split<'a>, usize, Target<'_, T>, &mut [f32]) + Sync,
     ) -> Result<(), KernelError> {
         let Some(split) = Split::new(
             heads, layout, score, q, segments, tables, out, scratch, pool,
@@ -471,32 +539,65 @@ impl<'a> Split<'a> {
         else {
             return Ok(());
         };
-        par_cuts2(
-            pool,
-            prelude,
-            out,
-            &split.bounds,
-            scratch,
-            split.per_part,
-            |part, out, scratch| attend(&split, part, out, scratch),
-        );
+        let Plan {
+            parts,
+            by_tiles,
+            slots,
+            per_part,
+        } = split.plan;
+        if !by_tiles {
+            par_cuts2(
+                pool,
+                prelude,
+                out,
+                &split.bounds,
+                scratch,
+                per_part,
+                |part, out, scratch| attend(&split, part, Target::Out(out), scratch),
+            );
+            return Ok(());
+        }
+        let (slot_values, rest) = scratch.split_at_mut(slots);
+        {
+            let (slot_values, rest) = (Shared::new(slot_values), Shared::new(rest));
+            pool.run_after(prelude, parts, &|part| {
+                // SAFETY: part `part` alone takes its run of `rest`; its units write their
+                // own slots (disjoint ranges of `slot_values`, see `tiles`).
+                let scratch = unsafe { rest.range(part * per_part..(part + 1) * per_part) };
+                attend(&split, part, Target::Slots(&slot_values), scratch);
+            });
+        }
+        split.fold_slots(slot_values, out, &mut rest[..layout.head_size]);
         Ok(())
     }
 
-    /// Part `part`'s pairs into `out` (its run of the output), with `scratch` its own.
+    /// Part `part` into `target`, with `scratch` its own.
     fn attend<T: Accum<Acc = f32>, C: CacheElem>(
         &self,
         part: usize,
         q: &Rows<T>,
         k: Cached<C>,
         v: Cached<C>,
+        target: Target<'_, T>,
+        scratch: &mut [f32],
+    ) {
+        match target {
+            Target::Out(out) => self.pairs(part, q, (k, v), out, scratch),
+            Target::Slots(slots) => self.tiles(part, q, (k, v), slots, scratch),
+        }
+    }
+
+    /// Part `part`'s (row, head) pairs into `out` (its run of the output).
+    fn pairs<T: Accum<Acc = f32>, C: CacheElem>(
+        &self,
+        part: usize,
+        q: &Rows<T>,
+        (k, v): (Cached<C>, Cached<C>),
         out: &mut [T],
         scratch: &mut [f32],
     ) {
         let Split { heads, layout, .. } = *self;
         let group = heads / layout.kv_heads;
-        let g_max = group_len(heads, layout.kv_heads);
-        let (scores, acc) = scratch.split_at_mut(MAX_TILE * g_max * max_positions(self.segments));
         let (first, last) = (self.cuts[part], self.cuts[part + 1]);
         let (t_first, t_last) = (first / heads, (last - 1) / heads);
         // The heads of row `t` inside the part that share KV head `kvh`.
@@ -535,9 +636,103 @@ impl<'a> Split<'a> {
                         heads,
                         kvh,
                     };
-                    self.attend_tile(&tile, q, (k, v), (out, first), scores, acc);
+                    self.attend_tile(&tile, q, (k, v), (&mut *out, first), scratch);
                 }
                 t += rows;
+            }
+        }
+    }
+
+    /// The (row, KV head, keys) units of a step split by tiles, in order: every row's KV
+    /// heads, each over the row's tiles ([`kv_tiles`]).
+    fn units(&self) -> impl Iterator<Item = (usize, usize, Range<usize>)> + '_ {
+        let tokens = self.segments.last().map_or(0, |s| s.rows.end);
+        (0..tokens).flat_map(move |t| {
+            let (p, s) = token_at(self.segments, t);
+            let seen = keys_seen(s, p - s.start, self.score);
+            (0..self.layout.kv_heads)
+                .flat_map(move |kvh| kv_tiles(seen.clone()).map(move |keys| (t, kvh, keys)))
+        })
+    }
+
+    /// Part `part`'s (row, KV head, tile) units: each unit's heads' [`Partial`]s and weighted
+    /// sums into their slots ([`slot`]). A unit belongs to the part its work's midpoint falls
+    /// in, the step's work cut into equal shares.
+    fn tiles<T: Accum<Acc = f32>, C: CacheElem>(
+        &self,
+        part: usize,
+        q: &Rows<T>,
+        (k, v): (Cached<C>, Cached<C>),
+        slots: &Shared<f32>,
+        scratch: &mut [f32],
+    ) {
+        let Split { heads, layout, .. } = *self;
+        let (hs, group, parts) = (layout.head_size, heads / layout.kv_heads, self.plan.parts);
+        let dims = (heads, max_positions(self.segments).div_ceil(KV_TILE), hs);
+        let (scores, acc) = scratch.split_at_mut(group.min(MAX_GROUP) * KV_TILE);
+        let mut done = 0;
+        for (t, kvh, keys) in self.units() {
+            let w = keys.len() + 1;
+            let owner = (2 * done + w) * parts / (2 * self.tile_work);
+            done += w;
+            if owner != part {
+                continue;
+            }
+            let (p, s) = token_at(self.segments, t);
+            let seen = keys_seen(s, p - s.start, self.score);
+            let table = &self.tables[s.table.clone()];
+            let all = kvh * group..(kvh + 1) * group;
+            for n0 in all.clone().step_by(MAX_GROUP) {
+                let run = n0..all.end.min(n0 + MAX_GROUP);
+                let qs: SmallVec<[&[T]; MAX_GROUP]> =
+                    run.clone().map(|n| q.head(t, n, hs)).collect();
+                let rows = RowKeys {
+                    qs: &qs,
+                    keys: &[keys.len()],
+                    first: keys.start,
+                    score: self.score,
+                    sinks: (self.score.sinks)
+                        .filter(|_| keys.start == seen.start)
+                        .map(|s| &s[run.clone()]),
+                };
+                let pieces = blocks(&layout, table, kvh, (k, v), keys.clone());
+                let partials = rows.partials(pieces, scores, acc, true, true);
+                for (i, n) in run.enumerate() {
+                    // SAFETY: this (row, head, tile)'s slot is written by this unit alone.
+                    let dst = unsafe { slots.range(slot(t, n, keys.start / KV_TILE, dims)) };
+                    dst[0] = partials[i].shift;
+                    dst[1] = partials[i].sum;
+                    dst[2..].copy_from_slice(&acc[i * hs..][..hs]);
+                }
+            }
+        }
+    }
+
+    /// Every row's tiles' results in `slots` folded in order ([`fold_tile`]) into `out`,
+    /// `folded` (`head_size` values) the fold's weighted sum.
+    fn fold_slots<T: Accum<Acc = f32>>(&self, slots: &[f32], out: &mut [T], folded: &mut [f32]) {
+        let (heads, hs) = (self.heads, self.layout.head_size);
+        let dims = (heads, max_positions(self.segments).div_ceil(KV_TILE), hs);
+        for (t, row) in out.chunks_exact_mut(heads * hs).enumerate() {
+            let (p, s) = token_at(self.segments, t);
+            let seen = keys_seen(s, p - s.start, self.score);
+            for (n, out) in row.chunks_exact_mut(hs).enumerate() {
+                let mut state = None;
+                for keys in kv_tiles(seen.clone()) {
+                    let x = &slots[slot(t, n, keys.start / KV_TILE, dims)];
+                    let partial = Partial {
+                        shift: x[0],
+                        sum: x[1],
+                    };
+                    fold_tile(&mut state, folded, partial, &x[2..]);
+                }
+                if state.is_none() {
+                    out.fill(T::ZERO);
+                    continue;
+                }
+                for (o, &a) in out.iter_mut().zip(&*folded) {
+                    *o = T::narrow(a);
+                }
             }
         }
     }
@@ -550,21 +745,15 @@ impl<'a> Split<'a> {
         q: &Rows<T>,
         (k, v): (Cached<C>, Cached<C>),
         (out, first): (&mut [T], usize),
-        scores: &mut [f32],
-        acc: &mut [f32],
+        scratch: &mut [f32],
     ) {
         let layout = self.layout;
-        let (bs, hs) = (layout.block_size, layout.head_size);
+        let hs = layout.head_size;
         let (_, s) = token_at(self.segments, tile.rows.start);
         let row_keys = |t: usize| keys_seen(s, t - s.rows.start, self.score);
-        // The last row sees the others' keys and more (rows of a tile have no window).
+        // The rows of a tile have no window: they all see keys from the first on.
         let seen = row_keys(tile.rows.end - 1);
         let table = &self.tables[s.table.clone()];
-        let pieces = (seen.start / bs..seen.end.div_ceil(bs)).map(|bi| {
-            let row = layout.head_start(table[bi], tile.kvh) / hs;
-            let keys = seen.start.max(bi * bs) - bi * bs..seen.end.min((bi + 1) * bs) - bi * bs;
-            (k.rows(row..row + bs, hs), v.rows(row..row + bs, hs), keys)
-        });
         let keys: SmallVec<[usize; MAX_TILE]> =
             tile.rows.clone().map(|t| row_keys(t).len()).collect();
         let qs: SmallVec<[&[T]; MAX_TILE * MAX_GROUP]> = (tile.rows.clone())
@@ -583,14 +772,33 @@ impl<'a> Split<'a> {
         let rows = RowKeys {
             qs: &qs,
             keys: &keys,
+            first: seen.start,
             score: self.score,
             sinks: self.score.sinks.map(|s| &s[tile.heads.clone()]),
         };
         // A decode row's blocks come from memory; a prefill chunk's rows find theirs in
         // cache, warmed by the rows before.
         let prefetch = s.rows.len() <= PREFETCH_ROWS;
-        attend_rows(&rows, pieces, scores, acc, &mut outs, true, prefetch);
+        let pieces = |keys| blocks(&layout, table, tile.kvh, (k, v), keys);
+        attend_rows(&rows, pieces, scratch, &mut outs, true, prefetch);
     }
+}
+
+/// The pieces of KV head `kvh`'s keys and values at absolute positions `keys` of a sequence
+/// with block table `table`: a block's rows at a time.
+fn blocks<'c, C: CacheElem>(
+    layout: &PagedLayout,
+    table: &'c [u32],
+    kvh: usize,
+    (k, v): (Cached<'c, C>, Cached<'c, C>),
+    keys: Range<usize>,
+) -> impl Iterator<Item = Piece<'c, C>> + Clone + 'c {
+    let (bs, hs, layout) = (layout.block_size, layout.head_size, *layout);
+    (keys.start / bs..keys.end.div_ceil(bs)).map(move |bi| {
+        let row = layout.head_start(table[bi], kvh) / hs;
+        let rows = keys.start.max(bi * bs) - bi * bs..keys.end.min((bi + 1) * bs) - bi * bs;
+        (k.rows(row..row + bs, hs), v.rows(row..row + bs, hs), rows)
+    })
 }
 
 /// Query rows of one sequence and heads sharing one KV head, attended together.
@@ -684,7 +892,7 @@ pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
             tasks: tokens.div_ceil(per_call.max(1)),
             run: &write,
         },
-        |split, part, out, scratch| {
+        |split, part, target, scratch| {
             // SAFETY: the parts run after the prelude, every writer finished.
             let (k, v, rotated) =
                 unsafe { (store.read(k_at, hs), store.read(v_at, hs), rotated.all()) };
@@ -696,7 +904,7 @@ pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
                 },
                 None => *q,
             };
-            split.attend(part, &q, k, v, out, scratch);
+            split.attend(part, &q, k, v, target, scratch);
         },
     )
 }

@@ -2,7 +2,7 @@
 //! sequences alone, a fused step against its three calls, bit for bit.
 
 use super::*;
-use crate::attention::group::attend_group_pieces;
+use crate::attention::group::{KV_TILE, attend_group_pieces, row_scratch_len};
 use crate::attention::{GqaShape, attention, scratch_len};
 
 /// An unscaled pool's memory.
@@ -259,6 +259,133 @@ fn batched_rows_equal_rows_alone_at_any_thread_count() {
         alone,
         "strided pools"
     );
+}
+
+/// Decode rows over contexts longer than a tile, at 2 and 3 threads split by (row, KV head,
+/// tile) with the tiles folded after, and a batch of two such rows: each row's bits are the
+/// same row's of a one-piece prefill of the whole sequence (split by rows), at 1 thread and
+/// 2, with and without sinks and a window, f32 and int8 caches.
+#[test]
+fn decode_rows_split_by_tiles_equal_prefill_rows() {
+    tiles_equal_prefill::<f32>();
+    tiles_equal_prefill::<i8>();
+}
+
+fn tiles_equal_prefill<C: CacheElem>() {
+    let (heads, kv_heads, hs, bs, len) = (9, 3, 64, 16, 700usize);
+    let layout = PagedLayout::dense(len.div_ceil(bs) + 2, bs, kv_heads, hs);
+    let mut k = Pool::<C>::new(layout.cache_len().unwrap(), hs);
+    let mut v = Pool::<C>::new(layout.cache_len().unwrap(), hs);
+    // The sequence's blocks in reverse order, after two others.
+    let table: Vec<u32> = (2..layout.blocks as u32).rev().collect();
+    let whole = [Segment {
+        rows: 0..len,
+        start: 0,
+        table: 0..table.len(),
+    }];
+    let kv = values(len * kv_heads * hs, 11);
+    let rows = Rows {
+        data: &kv[..],
+        stride: kv_heads * hs,
+        offset: 0,
+    };
+    paged_append(&rows, &layout, &whole, &table, None, k.mem()).unwrap();
+    let kv = values(len * kv_heads * hs, 12);
+    let rows = Rows {
+        data: &kv[..],
+        stride: kv_heads * hs,
+        offset: 0,
+    };
+    paged_append(&rows, &layout, &whole, &table, None, v.mem()).unwrap();
+    let q = values(len * heads * hs, 13);
+    let sinks = [0.5, 4.0, -1.0, 0.0, 2.0, -3.0, 1.0, 0.25, 6.0];
+    let attend = |score: &ScoreMod, segments: &[Segment], q: &[f32], threads: usize| {
+        let pool = ThreadPool::new(threads);
+        let tokens = segments.last().unwrap().rows.end;
+        let mut out = vec![f32::NAN; tokens * heads * hs];
+        let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, segments, &pool)];
+        let rows = Rows {
+            data: q,
+            stride: heads * hs,
+            offset: 0,
+        };
+        let (kc, vc) = (
+            Cached {
+                values: &k.values[..],
+                scales: &k.scales[..],
+            },
+            Cached {
+                values: &v.values[..],
+                scales: &v.scales[..],
+            },
+        );
+        paged_attention(
+            heads,
+            &layout,
+            score,
+            &rows,
+            kc,
+            vc,
+            segments,
+            &table,
+            &mut out,
+            &mut scratch,
+            &pool,
+        )
+        .unwrap();
+        out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    let width = heads * hs;
+    for (window, sinks) in [(None, None), (None, Some(&sinks[..])), (Some(300), None)] {
+        let score = ScoreMod {
+            scale: 0.4,
+            softcap: 0.0,
+            window,
+            sinks,
+        };
+        let prefill = attend(&score, &whole, &q, 1);
+        assert_eq!(attend(&score, &whole, &q, 2), prefill, "{window:?}");
+        let decode = |p: usize| Segment {
+            rows: 0..1,
+            start: p,
+            table: 0..(p + 1).div_ceil(bs),
+        };
+        for p in [0, 255, 256, 300, 511, 512, 699] {
+            let one = [decode(p)];
+            let q = &q[p * width..][..width];
+            for threads in 1..=3 {
+                let pool = ThreadPool::new(threads);
+                let plan = Plan::new(&layout, heads, &one, &pool);
+                assert_eq!(plan.by_tiles, threads > 1 && p >= KV_TILE, "position {p}");
+                let got = attend(&score, &one, q, threads);
+                assert_eq!(
+                    got,
+                    prefill[p * width..][..width],
+                    "{:?} {window:?} position {p}, {threads} threads",
+                    C::KIND
+                );
+            }
+        }
+        // Two decode rows in one step, split by tiles between them.
+        let (a, b) = (699, 300);
+        let two = [
+            decode(a),
+            Segment {
+                rows: 1..2,
+                ..decode(b)
+            },
+        ];
+        let mut q2 = q[a * width..][..width].to_vec();
+        q2.extend_from_slice(&q[b * width..][..width]);
+        let mut want = prefill[a * width..][..width].to_vec();
+        want.extend_from_slice(&prefill[b * width..][..width]);
+        assert_eq!(
+            attend(&score, &two, &q2, 2),
+            want,
+            "{:?} {window:?}",
+            C::KIND
+        );
+    }
 }
 
 /// One layer's step in one region (writes in the prelude) against the three calls it
@@ -669,10 +796,13 @@ fn narrower_caches_stay_close_to_the_f32_cache() {
 /// A group of heads over keys of `C` in pieces, by the vector rows and by the scalar
 /// reference: the same bits, for every cache element, head sizes with and without the
 /// 64-wide value sums (one or more slices of 64 columns), groups of 1 to 8 heads (past four,
-/// the AVX-512 value sums take the heads in two runs), softcap on and off.
+/// the AVX-512 value sums take the heads in two runs), softcap (and sinks) on and off, keys
+/// in one tile and over several.
 fn simd_rows_equal_the_reference<C: CacheElem>() {
     for (hs, g, n, softcap) in [
         (64, 3, 37, 0.0),
+        (64, 3, 600, 5.0),
+        (32, 6, 513, 0.0),
         (64, 1, 16, 0.0),
         (128, 4, 29, 0.0),
         (128, 6, 29, 5.0),
@@ -703,8 +833,11 @@ fn simd_rows_equal_the_reference<C: CacheElem>() {
                 scales: &v.scales[..],
             },
         );
-        // Pieces of 5 rows, the last shorter: rows `j..` of a view cut at j.
-        let pieces = (0..n).step_by(5).map(|j| (kc, vc, j..(j + 5).min(n)));
+        // Pieces of 5 rows, the last of a tile shorter.
+        let pieces = |keys: Range<usize>| {
+            let end = keys.end;
+            keys.step_by(5).map(move |j| (kc, vc, j..(j + 5).min(end)))
+        };
         let q = values(g * hs, 43);
         let qs: Vec<&[f32]> = q.chunks(hs).collect();
         let score = ScoreMod {
@@ -714,18 +847,18 @@ fn simd_rows_equal_the_reference<C: CacheElem>() {
             sinks: None,
         };
         let run = |simd: bool| {
-            let (mut scores, mut acc) = (vec![0f32; g * n], vec![0f32; g * hs]);
+            let mut scratch = vec![0f32; row_scratch_len(g, hs)];
             let mut out = vec![0f32; g * hs];
             let mut outs: Vec<&mut [f32]> = out.chunks_mut(hs).collect();
             attend_group_pieces(
                 &qs,
-                pieces.clone(),
+                (0, n),
+                pieces,
                 (
                     &score,
                     (softcap > 0.0).then_some(&[1.5, -0.5, 0.0, 3.0, 0.25, -2.0, 0.75, 1.0][..g]),
                 ),
-                &mut scores,
-                &mut acc,
+                &mut scratch,
                 &mut outs,
                 simd,
                 true,
