@@ -11,6 +11,8 @@
 //! - `gqa/paged_decode/1.5b,layers=L,batch=1,past=P,kv=K/threads=T`: the same at Qwen2.5-1.5B's
 //!   attention shape (12 query heads on 2 KV heads of 128), over `L` layers' pools: 1 (16.8 MB
 //!   of f32 keys and values at 8192 positions: from L3) or 8 (from DRAM); past 255 runs from L2;
+//! - `gqa/paged_prefill/past=7680,new=256,kv=f32/threads=T`: a prefill chunk deep in a long
+//!   prompt (256 rows after 7680 positions, each row over 30 tiles of keys); bytes of K and V;
 //! - `gqa/prefill/seq=128/threads=T`: 128 causal query rows from an empty cache; throughput in
 //!   elements = floating-point operations (`2·2·heads·head_size` per query-key pair seen);
 //! - `rmsnorm/RxN/threads=T` (RMSNormalization) and `rmsnorm/skip/RxN/threads=T` (the fused
@@ -147,6 +149,17 @@ fn bench_paged_decode<C: CacheElem>(
     (batch, past, layers): (usize, usize, usize),
     pools: &[ThreadPool],
 ) {
+    bench_paged::<C>(g, shape, (batch, past, 1, layers), pools);
+}
+
+/// [`bench_paged_decode`] with `new` rows per sequence (`new > 1`: a prefill chunk,
+/// named `paged_prefill`).
+fn bench_paged<C: CacheElem>(
+    g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    shape: Heads,
+    (batch, past, new, layers): (usize, usize, usize, usize),
+    pools: &[ThreadPool],
+) {
     let Heads {
         heads,
         kv_heads,
@@ -154,7 +167,7 @@ fn bench_paged_decode<C: CacheElem>(
         ..
     } = shape;
     const BLOCK: usize = 16;
-    let per_seq = (past + 1).div_ceil(BLOCK);
+    let per_seq = (past + new).div_ceil(BLOCK);
     let layout = PagedLayout::dense(batch * per_seq, BLOCK, kv_heads, head_size);
     // Sequence s owns blocks s, s + batch, s + 2·batch, …: interleaved as a busy pool leaves
     // them.
@@ -163,7 +176,7 @@ fn bench_paged_decode<C: CacheElem>(
         .collect();
     let segments: Vec<Segment> = (0..batch)
         .map(|s| Segment {
-            rows: s..s + 1,
+            rows: s * new..(s + 1) * new,
             start: past,
             table: s * per_seq..(s + 1) * per_seq,
         })
@@ -190,28 +203,27 @@ fn bench_paged_decode<C: CacheElem>(
         window: None,
         sinks: None,
     };
-    let q = values(batch * heads * head_size, 1);
+    let q = values(batch * new * heads * head_size, 1);
     let rows = Rows {
         data: &q,
         stride: heads * head_size,
         offset: 0,
     };
-    let mut out = vec![0f32; batch * heads * head_size];
+    let mut out = vec![0f32; batch * new * heads * head_size];
     let head_bytes = head_size * std::mem::size_of::<C>() + if C::SCALED { 4 } else { 0 };
     g.throughput(Throughput::Bytes(
-        2 * (batch * kv_heads * (past + 1) * head_bytes) as u64,
+        2 * (batch * kv_heads * (past + new) * head_bytes) as u64,
     ));
     let kind = format!("{:?}", C::KIND).to_lowercase();
     for pool in pools {
         let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, pool)];
         let mut layer = 0;
-        let name = format!(
-            "paged_decode/{}batch={batch},past={past},kv={kind}/threads={}",
-            shape
-                .name
-                .map_or(String::new(), |name| format!("{name},layers={layers},")),
-            pool.threads()
-        );
+        let model = (shape.name).map_or(String::new(), |name| format!("{name},layers={layers},"));
+        let name = match new {
+            1 => format!("paged_decode/{model}batch={batch},past={past},kv={kind}"),
+            _ => format!("paged_prefill/{model}past={past},new={new},kv={kind}"),
+        };
+        let name = format!("{name}/threads={}", pool.threads());
         g.bench_function(name, |b| {
             b.iter(|| {
                 layer = (layer + 1) % layers;
@@ -263,6 +275,8 @@ fn gqa(c: &mut Criterion) {
         bench_paged_decode::<half::f16>(&mut g, QWEN_1_5B, (1, 8192, layers), &pools);
         bench_paged_decode::<i8>(&mut g, QWEN_1_5B, (1, 8192, layers), &pools);
     }
+    // A prefill chunk deep in a long prompt: 256 rows after 7680 positions.
+    bench_paged::<f32>(&mut g, SMOL, (1, 7680, 256, 1), &pools);
     let seq = 128;
     // Row s sees s + 1 keys: (QK dot + weighted V sum) × 2 flops per multiply-add.
     let pairs = (seq * (seq + 1) / 2 * HEADS) as u64;

@@ -512,7 +512,9 @@ impl<'a> Split<'a> {
             bounds,
             tile_work: 0,
         };
-        split.tile_work = split.units().map(|(_, _, keys)| keys.len() + 1).sum();
+        if split.plan.by_tiles {
+            split.tile_work = split.units().map(|(_, _, keys)| keys.len() + 1).sum();
+        }
         Ok(Some(split))
     }
 

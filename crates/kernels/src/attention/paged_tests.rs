@@ -263,7 +263,7 @@ fn batched_rows_equal_rows_alone_at_any_thread_count() {
 
 /// Decode rows over contexts longer than a tile, at 2 and 3 threads split by (row, KV head,
 /// tile) with the tiles folded after, and a batch of two such rows: each row's bits are the
-/// same row's of a one-piece prefill of the whole sequence (split by rows), at 1 thread and
+/// same row's in a prefill chunk (split by rows) across the tiles' bounds, at 1 thread and
 /// 2, with and without sinks and a window, f32 and int8 caches.
 #[test]
 fn decode_rows_split_by_tiles_equal_prefill_rows() {
@@ -272,7 +272,8 @@ fn decode_rows_split_by_tiles_equal_prefill_rows() {
 }
 
 fn tiles_equal_prefill<C: CacheElem>() {
-    let (heads, kv_heads, hs, bs, len) = (9, 3, 64, 16, 700usize);
+    let (heads, kv_heads, hs, bs) = (9, 3, 32, 16);
+    let len = 2 * KV_TILE + 40;
     let layout = PagedLayout::dense(len.div_ceil(bs) + 2, bs, kv_heads, hs);
     let mut k = Pool::<C>::new(layout.cache_len().unwrap(), hs);
     let mut v = Pool::<C>::new(layout.cache_len().unwrap(), hs);
@@ -283,30 +284,32 @@ fn tiles_equal_prefill<C: CacheElem>() {
         start: 0,
         table: 0..table.len(),
     }];
-    let kv = values(len * kv_heads * hs, 11);
-    let rows = Rows {
-        data: &kv[..],
-        stride: kv_heads * hs,
-        offset: 0,
-    };
-    paged_append(&rows, &layout, &whole, &table, None, k.mem()).unwrap();
-    let kv = values(len * kv_heads * hs, 12);
-    let rows = Rows {
-        data: &kv[..],
-        stride: kv_heads * hs,
-        offset: 0,
-    };
-    paged_append(&rows, &layout, &whole, &table, None, v.mem()).unwrap();
+    for (pool, seed) in [(&mut k, 11), (&mut v, 12)] {
+        let kv = values(len * kv_heads * hs, seed);
+        let rows = Rows {
+            data: &kv[..],
+            stride: kv_heads * hs,
+            offset: 0,
+        };
+        paged_append(&rows, &layout, &whole, &table, None, pool.mem()).unwrap();
+    }
     let q = values(len * heads * hs, 13);
     let sinks = [0.5, 4.0, -1.0, 0.0, 2.0, -3.0, 1.0, 0.25, 6.0];
+    let width = heads * hs;
+    // Rows `p..p + n` of the sequence as one segment.
+    let segment = |p: usize, n: usize| Segment {
+        rows: 0..n,
+        start: p,
+        table: 0..(p + n).div_ceil(bs),
+    };
     let attend = |score: &ScoreMod, segments: &[Segment], q: &[f32], threads: usize| {
         let pool = ThreadPool::new(threads);
         let tokens = segments.last().unwrap().rows.end;
-        let mut out = vec![f32::NAN; tokens * heads * hs];
+        let mut out = vec![f32::NAN; tokens * width];
         let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, segments, &pool)];
         let rows = Rows {
             data: q,
-            stride: heads * hs,
+            stride: width,
             offset: 0,
         };
         let (kc, vc) = (
@@ -335,31 +338,37 @@ fn tiles_equal_prefill<C: CacheElem>() {
         .unwrap();
         out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
     };
-    let width = heads * hs;
-    for (window, sinks) in [(None, None), (None, Some(&sinks[..])), (Some(300), None)] {
+    // Prefill chunks of 24 rows around each tile's bound, and the last rows.
+    let chunks = [KV_TILE - 12, 2 * KV_TILE - 12, len - 24];
+    let window = Some(KV_TILE + 100);
+    for (window, sinks) in [(None, None), (None, Some(&sinks[..])), (window, None)] {
         let score = ScoreMod {
             scale: 0.4,
             softcap: 0.0,
             window,
             sinks,
         };
-        let prefill = attend(&score, &whole, &q, 1);
-        assert_eq!(attend(&score, &whole, &q, 2), prefill, "{window:?}");
-        let decode = |p: usize| Segment {
-            rows: 0..1,
-            start: p,
-            table: 0..(p + 1).div_ceil(bs),
-        };
-        for p in [0, 255, 256, 300, 511, 512, 699] {
-            let one = [decode(p)];
+        let mut prefill = vec![0u32; len * width];
+        for p in chunks {
+            let chunk = [segment(p, 24)];
+            let q = &q[p * width..(p + 24) * width];
+            let rows = attend(&score, &chunk, q, 1);
+            assert_eq!(
+                attend(&score, &chunk, q, 2),
+                rows,
+                "{window:?} chunk at {p}"
+            );
+            prefill[p * width..(p + 24) * width].copy_from_slice(&rows);
+        }
+        for p in chunks.iter().flat_map(|&p| [p + 11, p + 12, p + 23]) {
+            let one = [segment(p, 1)];
             let q = &q[p * width..][..width];
             for threads in 1..=3 {
                 let pool = ThreadPool::new(threads);
                 let plan = Plan::new(&layout, heads, &one, &pool);
                 assert_eq!(plan.by_tiles, threads > 1 && p >= KV_TILE, "position {p}");
-                let got = attend(&score, &one, q, threads);
                 assert_eq!(
-                    got,
+                    attend(&score, &one, q, threads),
                     prefill[p * width..][..width],
                     "{:?} {window:?} position {p}, {threads} threads",
                     C::KIND
@@ -367,12 +376,12 @@ fn tiles_equal_prefill<C: CacheElem>() {
             }
         }
         // Two decode rows in one step, split by tiles between them.
-        let (a, b) = (699, 300);
+        let (a, b) = (len - 1, KV_TILE + 11);
         let two = [
-            decode(a),
+            segment(a, 1),
             Segment {
                 rows: 1..2,
-                ..decode(b)
+                ..segment(b, 1)
             },
         ];
         let mut q2 = q[a * width..][..width].to_vec();
@@ -801,8 +810,8 @@ fn narrower_caches_stay_close_to_the_f32_cache() {
 fn simd_rows_equal_the_reference<C: CacheElem>() {
     for (hs, g, n, softcap) in [
         (64, 3, 37, 0.0),
-        (64, 3, 600, 5.0),
-        (32, 6, 513, 0.0),
+        (64, 3, 2 * KV_TILE + 100, 5.0),
+        (32, 6, KV_TILE + 1, 0.0),
         (64, 1, 16, 0.0),
         (128, 4, 29, 0.0),
         (128, 6, 29, 5.0),
