@@ -12,7 +12,7 @@ use oxgen::{Constraint, GenerateOptions, Model, ModelOptions, Param, SamplingReq
 /// How to load and run the model.
 #[derive(clap::Args, Clone)]
 pub struct RunArgs {
-    /// Kernel threads (0: every core; at most 1024).
+    /// Kernel threads (0: every core, fewer while other processes hold some; at most 1024).
     #[arg(long, env = "OXGEN_THREADS", default_value_t = 0, value_parser = threads)]
     pub threads: usize,
     /// f32 activations everywhere, whatever the model's accuracy_level allows.

@@ -35,4 +35,4 @@ pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 pub use oxgen_kernels::ThreadPool;
 pub use oxgen_runtime::OpTime;
 pub use plan::Plan;
-pub use session::{ExecOptions, NativeSession, RunStats};
+pub use session::{ExecOptions, NativeSession, RunStats, pool_for};

@@ -118,10 +118,19 @@ fn spec(graph: &Graph, id: ValueId) -> IoSpec {
     }
 }
 
+/// The pool a session runs on when asked for `threads`: that many, or with 0 every core the
+/// process may use, leaving room for other processes while they hold some
+/// ([`ThreadPool::leaving_room`]).
+pub fn pool_for(threads: usize) -> ThreadPool {
+    match threads {
+        0 => ThreadPool::leaving_room(oxgen_runtime::resolve_threads(0)),
+        n => ThreadPool::new(n),
+    }
+}
+
 impl NativeSession {
     pub fn new(graph: Graph, options: &ExecOptions) -> NativeSession {
-        let threads = oxgen_runtime::resolve_threads(options.threads);
-        Self::with_pool(graph, Arc::new(ThreadPool::new(threads)), options.exact)
+        Self::with_pool(graph, Arc::new(pool_for(options.threads)), options.exact)
     }
 
     /// A session that shares an existing thread pool.

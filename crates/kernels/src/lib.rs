@@ -39,6 +39,7 @@ pub mod par;
 pub mod pool;
 pub mod quant;
 pub mod reduce;
+mod room;
 pub mod rotary;
 pub mod sigmoid;
 mod simd;

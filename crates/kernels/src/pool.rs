@@ -20,6 +20,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::room::Room;
+
 /// Spin iterations before a waiting thread starts yielding its core.
 const SPIN_LIMIT: u32 = 2_000;
 /// How long a waiting thread spins and yields before it parks.
@@ -76,6 +78,9 @@ struct Shared {
     caller_parked: AtomicBool,
     /// Workers that have started (see [`ThreadPool::new`]).
     started: AtomicUsize,
+    /// Threads the open job may run on, the caller included: workers numbered from this on
+    /// skip it (see [`ThreadPool::leaving_room`]).
+    active: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
     done: Condvar,
@@ -115,6 +120,8 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
     /// Serializes `run` calls from different threads sharing one pool.
     running: Mutex<()>,
+    /// How many threads the machine leaves this pool, when it leaves room.
+    room: Option<Room>,
 }
 
 impl ThreadPool {
@@ -134,6 +141,7 @@ impl ThreadPool {
             sleepers: AtomicUsize::new(0),
             caller_parked: AtomicBool::new(false),
             started: AtomicUsize::new(0),
+            active: AtomicUsize::new(threads),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             done: Condvar::new(),
@@ -145,7 +153,7 @@ impl ThreadPool {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("oxgen-worker-{i}"))
-                    .spawn(move || worker(&shared))
+                    .spawn(move || worker(&shared, i))
                     .ok()
             })
             .collect::<Vec<_>>();
@@ -158,7 +166,20 @@ impl ThreadPool {
             shared,
             workers,
             running: Mutex::new(()),
+            room: None,
         }
+    }
+
+    /// A pool of `threads` threads that runs its regions on fewer while other processes
+    /// hold the cores it may run on: as many as they leave free, at least the caller
+    /// (sampled twice a second from the system's counters, `room.rs`). Which threads run a task never changes
+    /// its result. Where the machine's load cannot be read, [`ThreadPool::new`].
+    pub fn leaving_room(threads: usize) -> ThreadPool {
+        let mut pool = ThreadPool::new(threads);
+        if pool.threads() > 1 {
+            pool.room = Room::new(pool.threads());
+        }
+        pool
     }
 
     /// Threads that run tasks, the caller included.
@@ -168,12 +189,14 @@ impl ThreadPool {
 
     /// Runs `task(i)` for every `i` in `0..n`, in parallel, and waits for all of them.
     pub fn run(&self, n: usize, task: Task<'_>) {
-        if self.workers.is_empty() || n <= 1 {
+        let active = self.room.as_ref().map_or(self.threads(), Room::active);
+        if self.workers.is_empty() || n <= 1 || active <= 1 {
             (0..n).for_each(task);
             return;
         }
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
+        s.active.store(active, Ordering::Relaxed);
         let closed = s.state.load(Ordering::SeqCst);
         debug_assert!(closed & CLOSED != 0 && closed & INSIDE == 0);
         // SAFETY: the state is closed: no worker is inside or can enter, so nothing reads
@@ -280,7 +303,8 @@ fn claim(s: &Shared, task: Task<'_>, n: usize) {
     }
 }
 
-fn worker(s: &Shared) {
+/// Worker `index` (1 and up; the caller is 0) of the pool.
+fn worker(s: &Shared, index: usize) {
     s.started.fetch_add(1, Ordering::Release);
     // The last job this worker entered or saw closed.
     let mut seen = job_of(s.state.load(Ordering::SeqCst));
@@ -302,6 +326,12 @@ fn worker(s: &Shared) {
         // Enter the job, unless it closed (or another began) meanwhile.
         let cur = s.state.load(Ordering::SeqCst);
         if !fresh(cur) {
+            continue;
+        }
+        // A job that runs on fewer threads than there are: seen, not entered. (The caller
+        // stores `active` before it opens the job, which this thread has just seen.)
+        if index >= s.active.load(Ordering::Relaxed) {
+            seen = job_of(cur);
             continue;
         }
         if (s.state)
@@ -485,6 +515,30 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         hogs.into_iter().for_each(|h| h.join().unwrap());
+    }
+
+    #[test]
+    fn a_pool_leaving_room_runs_every_task_on_any_share_of_its_threads() {
+        let mut pool = ThreadPool::new(3);
+        for active in [1, 2, 3, 1] {
+            pool.room = Some(Room::fixed(3, active));
+            for n in [1, 2, 7, 64] {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(n, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+        // The machine's own counters: whatever share they give, every task runs once.
+        let pool = ThreadPool::leaving_room(2);
+        let sum = AtomicUsize::new(0);
+        for _ in 0..100 {
+            pool.run(16, &|i| {
+                sum.fetch_add(i, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(sum.load(Ordering::Relaxed), 100 * (0..16).sum::<usize>());
     }
 
     #[test]

@@ -97,6 +97,8 @@ fn ort_loads(_: &Path, _: Option<&Path>) -> Result<(), String> {
 pub(crate) struct Open<'a> {
     pub model_path: &'a Path,
     pub config: &'a PackageConfig,
+    /// Kernel threads as asked for: 0 is every core (the native pool then leaves room for
+    /// other processes' work).
     pub threads: usize,
     pub exact: bool,
     pub backend: Backend,
@@ -184,7 +186,7 @@ pub(crate) fn open_layers(o: &Open, layers: usize) -> Result<Box<dyn LanguageMod
 fn open_ort(o: &Open) -> Result<Box<dyn LanguageModel>, Error> {
     let options = oxgen_ort::OrtOptions {
         lib: o.ort_lib.map(Path::to_path_buf),
-        threads: o.threads,
+        threads: oxgen_runtime::resolve_threads(o.threads),
         kv_names: o.config.kv.clone(),
     };
     Ok(Box::new(oxgen_ort::OrtLm::open(o.model_path, &options)?))

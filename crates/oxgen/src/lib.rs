@@ -92,7 +92,7 @@ pub enum Error {
 /// How to open a model.
 #[derive(Debug, Clone)]
 pub struct ModelOptions {
-    /// Kernel threads; 0 uses every core.
+    /// Kernel threads; 0 uses every core, fewer while other processes hold some.
     pub threads: usize,
     /// Positions each sequence's KV holds, at most the package's context length (a larger
     /// value is clamped to it). `None`: the prompt plus `max_new_tokens` of each request,
@@ -323,13 +323,13 @@ impl Model {
         }
         let threads = oxgen_runtime::resolve_threads(options.threads);
         let pool = pool.or_else(|| {
-            (options.speculative.is_some()).then(|| Arc::new(oxgen_exec::ThreadPool::new(threads)))
+            (options.speculative.is_some()).then(|| Arc::new(oxgen_exec::pool_for(options.threads)))
         });
         let limit = ContextLimit::new(options.ctx_size, config.context_length);
         let open = backend::Open {
             model_path: &model_path,
             config: &config,
-            threads,
+            threads: options.threads,
             exact: options.exact,
             backend: options.backend,
             ort_lib: options.ort_lib.as_deref(),

@@ -23,12 +23,13 @@ pub use lm::{
 
 pub use oxgen_tensor::Dim;
 
-/// The thread count a backend runs with when asked for `threads`: 0 means every core the
-/// process may use. Resolved once, so what a run reports is what it used.
 /// The most kernel threads a model may be asked for (every option that takes a thread count
 /// is checked against it).
 pub const MAX_THREADS: usize = 1024;
 
+/// The thread count a backend runs with when asked for `threads`: 0 means every core the
+/// process may use. Resolved once, so what a run reports is what it used (with 0, the most
+/// it used: the native pool then leaves room for other processes' work).
 pub fn resolve_threads(threads: usize) -> usize {
     match threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
