@@ -12,7 +12,9 @@
 //! *closes* the job so a late worker skips it. A descheduled worker thus costs the region
 //! nothing unless it holds a claimed task, and the caller runs every task no one else
 //! claimed. Waiting threads spin for a few microseconds, then yield their core (to the
-//! thread they wait for, when it shares the core) up to [`SPIN_TIME`], then park.
+//! thread they wait for, when it shares the core) up to [`SPIN_TIME`], then park. A pool
+//! made by [`ThreadPool::leaving_room`] also runs its regions on fewer threads while other
+//! processes keep some of its cores busy (`room.rs`).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -172,8 +174,8 @@ impl ThreadPool {
 
     /// A pool of `threads` threads that runs its regions on fewer while other processes
     /// hold the cores it may run on: as many as they leave free, at least the caller
-    /// (sampled twice a second from the system's counters, `room.rs`). Which threads run a task never changes
-    /// its result. Where the machine's load cannot be read, [`ThreadPool::new`].
+    /// (sampled twice a second from the system's counters, `room.rs`). Which threads run a
+    /// task never changes its result. Where the load cannot be read, [`ThreadPool::new`].
     pub fn leaving_room(threads: usize) -> ThreadPool {
         let mut pool = ThreadPool::new(threads);
         if pool.threads() > 1 {
@@ -189,8 +191,12 @@ impl ThreadPool {
 
     /// Runs `task(i)` for every `i` in `0..n`, in parallel, and waits for all of them.
     pub fn run(&self, n: usize, task: Task<'_>) {
-        let active = self.room.as_ref().map_or(self.threads(), Room::active);
-        if self.workers.is_empty() || n <= 1 || active <= 1 {
+        let active = if self.workers.is_empty() || n <= 1 {
+            1
+        } else {
+            self.room.as_ref().map_or(self.threads(), Room::active)
+        };
+        if active <= 1 {
             (0..n).for_each(task);
             return;
         }
