@@ -312,16 +312,7 @@ fn tiles_equal_prefill<C: CacheElem>() {
             stride: width,
             offset: 0,
         };
-        let (kc, vc) = (
-            Cached {
-                values: &k.values[..],
-                scales: &k.scales[..],
-            },
-            Cached {
-                values: &v.values[..],
-                scales: &v.scales[..],
-            },
-        );
+        let (kc, vc) = (k.cached(), v.cached());
         paged_attention(
             heads,
             &layout,
@@ -650,6 +641,13 @@ impl<C: CacheElem> Pool<C> {
         }
     }
 
+    fn cached(&self) -> Cached<'_, C> {
+        Cached {
+            values: &self.values,
+            scales: &self.scales,
+        }
+    }
+
     fn bits(&self) -> (Vec<u64>, Vec<u32>) {
         let values = self.values.iter().map(|v| v.to_f64().to_bits()).collect();
         (values, self.scales.iter().map(|s| s.to_bits()).collect())
@@ -832,16 +830,7 @@ fn simd_rows_equal_the_reference<C: CacheElem>() {
                 }
             }
         }
-        let (kc, vc) = (
-            Cached {
-                values: &k.values[..],
-                scales: &k.scales[..],
-            },
-            Cached {
-                values: &v.values[..],
-                scales: &v.scales[..],
-            },
-        );
+        let (kc, vc) = (k.cached(), v.cached());
         // Pieces of 5 rows, the last of a tile shorter.
         let pieces = |keys: Range<usize>| {
             let end = keys.end;
