@@ -12,7 +12,8 @@
 //!   the dispatch to `avx2` and `avx512` through [`crate::cpu`]);
 //! - `cache`: the KV cache updates and rotated queries around a step;
 //! - `gqa`: [`attention`] over contiguous caches (tests in `gqa_tests.rs`);
-//! - [`paged`]: attention over block tables (its argument checks in `paged/checks.rs`, tests in
+//! - [`paged`]: attention over block tables (its argument checks in `paged/checks.rs`, the split
+//!   of a decode step's tiles over threads in `paged/tiles.rs`, tests in
 //!   `paged_tests.rs`).
 
 mod avx2;

@@ -25,13 +25,12 @@
 use std::ops::Range;
 
 mod checks;
+mod tiles;
 
 use checks::{check_disjoint_writes, check_pool, check_rope, check_segments};
+use tiles::Plan;
 
-use super::group::{
-    KV_TILE, MAX_GROUP, MAX_TILE, Partial, Piece, RowKeys, attend_rows, fold_tile, group_len,
-    head_parts, kv_tiles, row_scratch_len,
-};
+use super::group::{MAX_GROUP, MAX_TILE, Piece, RowKeys, attend_rows, head_parts};
 use super::kv::{CacheElem, Cached, KvMem};
 use super::shape::{Rows, ScoreMod};
 use crate::ThreadPool;
@@ -359,53 +358,6 @@ pub fn paged_scratch_len(
     plan.slots + plan.parts * plan.per_part
 }
 
-/// How a step's attention is split over the pool, and the scratch that takes.
-struct Plan {
-    parts: usize,
-    /// Whether the parts take (row, KV head, tile) units (see [`Split::tiles`]) rather than
-    /// runs of (row, head) pairs.
-    by_tiles: bool,
-    /// Scratch values of the tiles' results when `by_tiles` (else 0): one [`slot`] of
-    /// `head_size + 2` per (row, head, tile).
-    slots: usize,
-    /// Scratch values per part.
-    per_part: usize,
-}
-
-impl Plan {
-    fn new(layout: &PagedLayout, heads: usize, segments: &[Segment], pool: &ThreadPool) -> Self {
-        let parts = part_count(layout, heads, segments, pool);
-        let tokens = segments.last().map_or(0, |s| s.rows.end);
-        let tiles = max_positions(segments).div_ceil(KV_TILE);
-        // A few rows over more than a tile of keys: a row's tiles spread over the threads.
-        let by_tiles = parts > 1 && tokens <= PREFETCH_ROWS && tiles > 1;
-        let hs = layout.head_size;
-        let g_max = group_len(heads, layout.kv_heads);
-        Plan {
-            parts,
-            by_tiles,
-            slots: if by_tiles {
-                tokens * heads * tiles * (hs + 2)
-            } else {
-                0
-            },
-            per_part: row_scratch_len(if by_tiles { 1 } else { MAX_TILE } * g_max, hs),
-        }
-    }
-}
-
-/// Where tile `tile` (its index from position 0) of row `t`, head `h` keeps its result in a
-/// step's slots, `tiles` a row: its [`Partial`]'s shift and sum, then its weighted sum.
-fn slot(
-    t: usize,
-    h: usize,
-    tile: usize,
-    (heads, tiles, hs): (usize, usize, usize),
-) -> Range<usize> {
-    let at = ((t * heads + h) * tiles + tile) * (hs + 2);
-    at..at + hs + 2
-}
-
 /// Attention of every row of `q` over its segment's cached keys, causally (the row at
 /// position `p` sees positions `..=p`, and only the `window` last of them when set), written
 /// to `out` laid out `(tokens, heads * head_size)`.
@@ -513,7 +465,7 @@ impl<'a> Split<'a> {
             tile_work: 0,
         };
         if split.plan.by_tiles {
-            split.tile_work = split.units().map(|(_, _, keys)| keys.len() + 1).sum();
+            split.tile_work = split.units().map(|u| u.keys.len() + 1).sum();
         }
         Ok(Some(split))
     }
@@ -641,100 +593,6 @@ impl<'a> Split<'a> {
                     self.attend_tile(&tile, q, (k, v), (&mut *out, first), scratch);
                 }
                 t += rows;
-            }
-        }
-    }
-
-    /// The (row, KV head, keys) units of a step split by tiles, in order: every row's KV
-    /// heads, each over the row's tiles ([`kv_tiles`]).
-    fn units(&self) -> impl Iterator<Item = (usize, usize, Range<usize>)> + '_ {
-        let tokens = self.segments.last().map_or(0, |s| s.rows.end);
-        (0..tokens).flat_map(move |t| {
-            let (p, s) = token_at(self.segments, t);
-            let seen = keys_seen(s, p - s.start, self.score);
-            (0..self.layout.kv_heads)
-                .flat_map(move |kvh| kv_tiles(seen.clone()).map(move |keys| (t, kvh, keys)))
-        })
-    }
-
-    /// Part `part`'s (row, KV head, tile) units: each unit's heads' [`Partial`]s and weighted
-    /// sums into their slots ([`slot`]). A unit belongs to the part its work's midpoint falls
-    /// in, the step's work cut into equal shares.
-    fn tiles<T: Accum<Acc = f32>, C: CacheElem>(
-        &self,
-        part: usize,
-        q: &Rows<T>,
-        (k, v): (Cached<C>, Cached<C>),
-        slots: &Shared<f32>,
-        scratch: &mut [f32],
-    ) {
-        let Split { heads, layout, .. } = *self;
-        let (hs, group, parts) = (layout.head_size, heads / layout.kv_heads, self.plan.parts);
-        let dims = (heads, max_positions(self.segments).div_ceil(KV_TILE), hs);
-        let (scores, acc) = scratch.split_at_mut(group.min(MAX_GROUP) * KV_TILE);
-        let mut done = 0;
-        for (t, kvh, keys) in self.units() {
-            let w = keys.len() + 1;
-            let owner = (2 * done + w) * parts / (2 * self.tile_work);
-            done += w;
-            if owner != part {
-                continue;
-            }
-            let (p, s) = token_at(self.segments, t);
-            let seen = keys_seen(s, p - s.start, self.score);
-            let table = &self.tables[s.table.clone()];
-            let all = kvh * group..(kvh + 1) * group;
-            for n0 in all.clone().step_by(MAX_GROUP) {
-                let run = n0..all.end.min(n0 + MAX_GROUP);
-                let qs: SmallVec<[&[T]; MAX_GROUP]> =
-                    run.clone().map(|n| q.head(t, n, hs)).collect();
-                let rows = RowKeys {
-                    qs: &qs,
-                    keys: &[keys.len()],
-                    first: keys.start,
-                    score: self.score,
-                    sinks: (self.score.sinks)
-                        .filter(|_| keys.start == seen.start)
-                        .map(|s| &s[run.clone()]),
-                };
-                let pieces = blocks(&layout, table, kvh, (k, v), keys.clone());
-                let partials = rows.partials(pieces, scores, acc, true, true);
-                for (i, n) in run.enumerate() {
-                    // SAFETY: this (row, head, tile)'s slot is written by this unit alone.
-                    let dst = unsafe { slots.range(slot(t, n, keys.start / KV_TILE, dims)) };
-                    dst[0] = partials[i].shift;
-                    dst[1] = partials[i].sum;
-                    dst[2..].copy_from_slice(&acc[i * hs..][..hs]);
-                }
-            }
-        }
-    }
-
-    /// Every row's tiles' results in `slots` folded in order ([`fold_tile`]) into `out`,
-    /// `folded` (`head_size` values) the fold's weighted sum.
-    fn fold_slots<T: Accum<Acc = f32>>(&self, slots: &[f32], out: &mut [T], folded: &mut [f32]) {
-        let (heads, hs) = (self.heads, self.layout.head_size);
-        let dims = (heads, max_positions(self.segments).div_ceil(KV_TILE), hs);
-        for (t, row) in out.chunks_exact_mut(heads * hs).enumerate() {
-            let (p, s) = token_at(self.segments, t);
-            let seen = keys_seen(s, p - s.start, self.score);
-            for (n, out) in row.chunks_exact_mut(hs).enumerate() {
-                let mut state = None;
-                for keys in kv_tiles(seen.clone()) {
-                    let x = &slots[slot(t, n, keys.start / KV_TILE, dims)];
-                    let partial = Partial {
-                        shift: x[0],
-                        sum: x[1],
-                    };
-                    fold_tile(&mut state, folded, partial, &x[2..]);
-                }
-                if state.is_none() {
-                    out.fill(T::ZERO);
-                    continue;
-                }
-                for (o, &a) in out.iter_mut().zip(&*folded) {
-                    *o = T::narrow(a);
-                }
             }
         }
     }
