@@ -162,13 +162,19 @@ fn cpu_jiffies(stat: &str, cpus: &[usize]) -> Option<(u64, u64)> {
         if !cpu.parse().is_ok_and(|n: usize| cpus.contains(&n)) {
             continue;
         }
-        let counts: Vec<u64> = fields.take(8).map_while(|f| f.parse().ok()).collect();
-        if counts.len() < 5 {
+        // No allocation: the pool samples while it decodes.
+        let mut counts = [0u64; 8];
+        let mut read = 0;
+        for (c, f) in counts.iter_mut().zip(fields) {
+            *c = f.parse().ok()?;
+            read += 1;
+        }
+        if read < 5 {
             return None;
         }
         let all: u64 = counts.iter().sum();
         total += all;
-        busy += all - counts[3] - counts[4] - counts.get(7).copied().unwrap_or(0);
+        busy += all - counts[3] - counts[4] - counts[7];
         found += 1;
     }
     (found > 0).then_some((busy, total))
