@@ -8,9 +8,10 @@
 
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
 
+use crate::budget::Budget;
 use crate::{
-    Detokenizer, GenerateError, Grammar, ProcessorState, Sampler, SamplingParams, StopCheck,
-    StopStrings, Tokenizer,
+    Detokenizer, GenerateError, Grammar, ProcessorState, ReasoningBudget, Sampler, SamplingParams,
+    StopCheck, StopStrings, Tokenizer,
 };
 
 /// What to generate after a prompt.
@@ -21,13 +22,22 @@ pub struct DecodeOptions {
     pub eos: Vec<u32>,
     /// Mask the EOS logits so generation runs to `max_new_tokens`.
     pub ignore_eos: bool,
-    /// Strings that end generation; they are not emitted.
+    /// Strings that end generation; they are not emitted unless `include_stop`.
     pub stop: Vec<String>,
+    /// Ids that end generation besides `eos` (emitted, like an EOS id, as no text).
+    pub stop_ids: Vec<u32>,
+    /// Ids generated before `eos` and `stop_ids` may end generation (their logits are
+    /// masked until then).
+    pub min_new_tokens: usize,
+    /// Emit the stop string that ended generation.
+    pub include_stop: bool,
     pub sampling: SamplingParams,
     /// A grammar the text must follow (the first processor of the chain).
     pub constraint: Option<Grammar>,
     /// Keep special tokens in the text (a tool format whose markers are special tokens).
     pub keep_special: bool,
+    /// Close the reply's reasoning block once it has spent this budget.
+    pub reasoning_budget: Option<ReasoningBudget>,
 }
 
 /// Why a generation ended.
@@ -82,6 +92,9 @@ pub struct Decoding {
     finish: Option<FinishReason>,
     /// Text released to the caller but not yet taken.
     text: String,
+    /// The ids masked while fewer than `min_new_tokens` were generated: `eos` and `stop_ids`.
+    enders: Vec<u32>,
+    budget: Option<Budget>,
 }
 
 impl Decoding {
@@ -114,7 +127,10 @@ impl Decoding {
         let stops = StopStrings::new(options.stop.clone());
         let detok = Detokenizer::new(!options.keep_special);
         let finish = (options.max_new_tokens == 0).then_some(FinishReason::Length);
+        let enders = [&options.eos[..], &options.stop_ids[..]].concat();
         Ok(Decoding {
+            enders,
+            budget: options.reasoning_budget.clone().map(Budget::new),
             options,
             ctx_size,
             sampler,
@@ -182,12 +198,18 @@ impl Decoding {
             )));
         }
         self.fed = self.ids.len();
-        let masked: &[u32] = if self.options.ignore_eos {
+        let generated = self.ids.len() - self.prompt_len;
+        let masked: &[u32] = if generated < self.options.min_new_tokens {
+            &self.enders
+        } else if self.options.ignore_eos {
             &self.options.eos
         } else {
             &[]
         };
-        let id = self.sampler.sample(row, masked);
+        let id = match self.budget.as_ref().and_then(Budget::forced) {
+            Some(id) => id,
+            None => self.sampler.sample(row, masked),
+        };
         self.sampler.accept(id);
         let constraint = self.sampler.state();
         if let ProcessorState::Failed(e) = constraint {
@@ -199,11 +221,16 @@ impl Decoding {
             )));
         }
         self.ids.push(id);
-        let generated = self.ids.len() - self.prompt_len;
-        if !self.options.ignore_eos && self.options.eos.contains(&id) {
+        let generated = generated + 1;
+        if (!self.options.ignore_eos && self.options.eos.contains(&id))
+            || self.options.stop_ids.contains(&id)
+        {
             self.finish = Some(FinishReason::Eos);
         } else {
             let piece = self.detok.push(tok, id)?;
+            if let Some(b) = &mut self.budget {
+                b.on_token(id, &piece);
+            }
             self.release(&piece);
             if self.finish.is_none() && constraint == ProcessorState::Complete {
                 self.finish = Some(FinishReason::Grammar);
@@ -252,6 +279,9 @@ impl Decoding {
             StopCheck::Continue(text) => self.text.push_str(text),
             StopCheck::Stop { text, which } => {
                 self.text.push_str(text);
+                if self.options.include_stop {
+                    self.text.push_str(&self.options.stop[which]);
+                }
                 self.finish = Some(FinishReason::StopString(which));
             }
         }

@@ -18,6 +18,7 @@
 //! This crate sees logits as `&[f32]` rows; it must never know which backend runs the model
 //! or read ONNX files.
 
+mod budget;
 mod constraint;
 mod decode;
 mod processors;
@@ -29,6 +30,7 @@ mod template;
 mod tokenizer;
 mod tools;
 
+pub use budget::ReasoningBudget;
 pub use constraint::{Constraint, Grammar, GrammarMask, Grammars};
 pub use decode::{DecodeOptions, Decoding, Emitted, FinishReason, argmax_excluding, step_sequence};
 pub use processors::{

@@ -198,6 +198,12 @@ impl ReplyParser {
         self.count
     }
 
+    /// Whether the text parsed so far left the reply inside its reasoning (a `<think>`
+    /// block, or harmony's analysis channel).
+    pub fn in_reasoning(&self) -> bool {
+        self.think == Think::Inside || (self.syntax.harmony && self.channel == Channel::Reasoning)
+    }
+
     /// Parses `text`, appending what it releases to `out`.
     pub fn push(&mut self, text: &str, out: &mut Vec<ReplyDelta>) {
         self.buf.push_str(text);

@@ -60,22 +60,24 @@ impl Encoder {
         messages: &[ChatMessage],
         tools: Option<&ToolSet>,
     ) -> Result<String, Error> {
-        self.render_with(messages, tools, &serde_json::Map::new())
+        self.render_with(messages, tools, &serde_json::Map::new(), true)
     }
 
     /// [`Encoder::render`] with extra arguments for the template (`chat_template_kwargs`),
-    /// over the model's defaults ([`crate::ModelOptions::chat_template_kwargs`]).
+    /// over the model's defaults ([`crate::ModelOptions::chat_template_kwargs`]), opening the
+    /// assistant's turn only with `add_generation_prompt`.
     pub fn render_with(
         &self,
         messages: &[ChatMessage],
         tools: Option<&ToolSet>,
         kwargs: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
     ) -> Result<String, Error> {
         let template = self.template.as_ref().ok_or_else(|| Error::Package {
             path: "tokenizer_config.json".into(),
             reason: "the package has no chat_template; send the prompt as raw text".into(),
         })?;
-        Ok(template.render_with(messages, tools, true, kwargs)?)
+        Ok(template.render_with(messages, tools, add_generation_prompt, kwargs)?)
     }
 
     /// The text of `ids`, special tokens included unless `skip_special`.

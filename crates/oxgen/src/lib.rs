@@ -65,8 +65,8 @@ pub use encoder::Encoder;
 pub use oxgen_exec::{ExpertCache, KvBudget};
 pub use oxgen_generate::{
     ChatMessage, ChatTemplate, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,
-    Reply, ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest, Tool, ToolCall,
-    ToolChoice, ToolFormat, ToolSet, after_reasoning, fresh_seed, tool_grammar,
+    ReasoningBudget, Reply, ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest,
+    Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, after_reasoning, fresh_seed, tool_grammar,
 };
 pub use oxgen_generate::{PromptLookup, SpecStats};
 pub use oxgen_runtime::{Capabilities, KvDtype, KvUsage, MAX_THREADS, OpTime, StepCounters};
@@ -185,8 +185,16 @@ impl Cancel {
 pub struct GenerateOptions {
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
-    /// Strings that end generation; they are not part of the text.
+    /// Strings that end generation; they are not part of the text unless `include_stop`.
     pub stop: Vec<String>,
+    /// Ids that end generation besides the package's EOS ids (vLLM's `stop_token_ids`).
+    pub stop_ids: Vec<u32>,
+    /// Ids generated before an EOS or stop id may end generation.
+    pub min_new_tokens: usize,
+    /// Keep the stop string that ended generation at the end of the text.
+    pub include_stop: bool,
+    /// Close the reply's reasoning block once it has spent this many tokens.
+    pub reasoning_budget: Option<ReasoningBudget>,
     /// Keep generating past end-of-sequence tokens (their logits are masked).
     pub ignore_eos: bool,
     pub cancel: Option<Cancel>,
@@ -198,6 +206,11 @@ pub struct GenerateOptions {
     /// [`ModelOptions::spec_tokens`] (`None`: the model's; 0: no speculation). Output is the
     /// same either way (greedy and seeded sampling alike); only the speed differs.
     pub spec_tokens: Option<usize>,
+    /// Ids the output is expected to resemble (OpenAI's predicted outputs: a file being
+    /// edited, say): proposed for speculative decoding in place of the model's proposer, even
+    /// on a model opened without one, up to `spec_tokens` (default
+    /// [`DEFAULT_SPEC_TOKENS`]) per step. The output is unchanged.
+    pub prediction: Vec<u32>,
 }
 
 impl Default for GenerateOptions {
@@ -210,11 +223,16 @@ impl Default for GenerateOptions {
                 ..SamplingParams::default()
             },
             stop: Vec::new(),
+            stop_ids: Vec::new(),
+            min_new_tokens: 0,
+            include_stop: false,
+            reasoning_budget: None,
             ignore_eos: false,
             cancel: None,
             constraint: None,
             keep_special: false,
             spec_tokens: None,
+            prediction: Vec::new(),
         }
     }
 }
@@ -559,6 +577,10 @@ impl Model {
             eos: self.config.eos_token_ids.clone(),
             ignore_eos: options.ignore_eos,
             stop: options.stop.clone(),
+            stop_ids: options.stop_ids.clone(),
+            min_new_tokens: options.min_new_tokens,
+            include_stop: options.include_stop,
+            reasoning_budget: options.reasoning_budget.clone(),
             sampling: options.sampling.clone(),
             constraint: options.constraint.clone(),
             keep_special: options.keep_special,

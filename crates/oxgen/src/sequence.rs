@@ -6,9 +6,10 @@
 //! yields every id the model confirms plus the one it chose after them (see
 //! `oxgen_generate`'s `speculate` module for why the output is unchanged).
 
-use oxgen_generate::{Adaptive, Decoding, FinishReason, SpecStats};
-use oxgen_runtime::{Batch, LogitsWanted, SeqId, SeqStep};
+use oxgen_generate::{Adaptive, Decoding, FinishReason, PromptLookup, SpecStats};
+use oxgen_runtime::{Batch, Capabilities, LogitsWanted, SeqId, SeqStep};
 
+use crate::speculative::{DEFAULT_SPEC_TOKENS, SPEC_MAX_BATCH, prior_cost};
 use crate::{Error, GenerateOptions, Model};
 
 /// One generation in a running set. Its KV lives in the model until [`Model::end`].
@@ -16,6 +17,10 @@ pub struct Sequence {
     pub(crate) seq: SeqId,
     pub(crate) decoding: Decoding,
     top_logprobs: Option<usize>,
+    /// Alternatives per prompt token when the prompt's log-probabilities are wanted.
+    prompt_top: Option<usize>,
+    /// The prompt's log-probabilities computed so far and not yet taken.
+    prompt_logprobs: Vec<Logprobs>,
     cached: usize,
     /// Positions its KV holds.
     pub(crate) positions: usize,
@@ -23,6 +28,46 @@ pub struct Sequence {
     pub(crate) adaptive: Adaptive,
     /// This step's span when it verifies proposals: its last id, then the proposed ones.
     pub(crate) verify: Vec<u32>,
+    /// The output predicted for it ([`GenerateOptions::prediction`]), which proposes its ids.
+    pub(crate) prediction: Option<Prediction>,
+}
+
+/// A predicted output as a proposer: while the generated ids follow the prediction from its
+/// start, the prediction's next ids; once they part, the continuation of the latest earlier
+/// match of the last ids in the prediction and the output (as prompt lookup does).
+pub(crate) struct Prediction {
+    /// The predicted ids, then the ids generated so far (room for all reserved up front).
+    ids: Vec<u32>,
+    predicted: usize,
+    /// Generated ids that equal the prediction's first ones, while all have.
+    aligned: Option<usize>,
+}
+
+impl Prediction {
+    fn new(predicted: &[u32], max_new_tokens: usize) -> Prediction {
+        let mut ids = Vec::with_capacity(predicted.len() + max_new_tokens);
+        ids.extend_from_slice(predicted);
+        Prediction {
+            ids,
+            predicted: predicted.len(),
+            aligned: Some(0),
+        }
+    }
+
+    /// Up to `max` ids to propose after `generated`.
+    fn propose(&mut self, generated: &[u32], max: usize) -> &[u32] {
+        for &id in &generated[self.ids.len() - self.predicted..] {
+            self.aligned = self
+                .aligned
+                .filter(|&a| self.ids.get(a) == Some(&id) && a < self.predicted)
+                .map(|a| a + 1);
+            self.ids.push(id);
+        }
+        match self.aligned {
+            Some(a) => &self.ids[a..self.predicted.min(a + max)],
+            None => PromptLookup::default().lookup(&self.ids, max),
+        }
+    }
 }
 
 impl Sequence {
@@ -38,14 +83,18 @@ impl Sequence {
             seq,
             decoding,
             top_logprobs,
+            prompt_top: None,
+            prompt_logprobs: Vec::new(),
             cached,
             positions,
             adaptive: Adaptive::new(spec_tokens),
             verify: Vec::with_capacity(spec_tokens + 1),
+            prediction: None,
         }
     }
 
-    /// What speculative decoding did for this sequence.
+    /// What speculative decoding did for this sequence (with a prediction: the predicted ids
+    /// it verified, `proposed`, and kept, `accepted`).
     pub fn speculation(&self) -> SpecStats {
         self.adaptive.stats
     }
@@ -53,6 +102,14 @@ impl Sequence {
     /// Prompt ids whose KV came from the prefix cache (not prefilled).
     pub fn cached(&self) -> usize {
         self.cached
+    }
+
+    /// The log-probabilities of the prompt's ids computed since the last call, in order,
+    /// from its second id on (the first has none), when the sequence was started with
+    /// [`Model::start_scoring_prompt`]. The last comes with the step whose logits also choose
+    /// the first generated id.
+    pub fn take_prompt_logprobs(&mut self) -> Vec<Logprobs> {
+        std::mem::take(&mut self.prompt_logprobs)
     }
 
     /// Ids the next step feeds unless a prompt chunk limit cuts it.
@@ -106,6 +163,43 @@ impl Logprobs {
     }
 }
 
+/// Whether sequences that verify proposals may share this step: alone always; batched only
+/// up to [`SPEC_MAX_BATCH`], and where a multi-token span with past may share a forward.
+pub(crate) fn verifies_in_batch(batch: usize, capabilities: Capabilities) -> bool {
+    batch == 1
+        || (batch <= SPEC_MAX_BATCH
+            && (capabilities.fused_prefill_with_past || !capabilities.fused_decode))
+}
+
+/// Fills the span to verify of each decode-phase sequence with a prediction, from it.
+fn propose_predictions(seqs: &mut [&mut Sequence], capabilities: Capabilities) {
+    let batch_ok = verifies_in_batch(seqs.len(), capabilities);
+    for s in seqs.iter_mut() {
+        let Sequence {
+            decoding,
+            adaptive,
+            verify,
+            prediction: Some(prediction),
+            ..
+        } = &mut **s
+        else {
+            continue;
+        };
+        verify.clear();
+        if !batch_ok || decoding.span().1.len() != 1 || decoding.finish_reason().is_some() {
+            continue;
+        }
+        let k = adaptive
+            .tokens(prior_cost)
+            .min(decoding.room().saturating_sub(1));
+        let proposed = prediction.propose(decoding.generated(), k);
+        if k > 0 && !proposed.is_empty() {
+            verify.extend_from_slice(decoding.span().1);
+            verify.extend_from_slice(proposed);
+        }
+    }
+}
+
 impl Model {
     /// Starts a generation of `ids` whose KV holds the prompt and `options.max_new_tokens`
     /// (at most the model's [`ContextLimit`](crate::ContextLimit)). `top_logprobs`: report
@@ -116,13 +210,41 @@ impl Model {
         options: &GenerateOptions,
         top_logprobs: Option<usize>,
     ) -> Result<Sequence, Error> {
+        self.start_with(ids, options, top_logprobs, None)
+    }
+
+    /// [`Model::start`], also computing the log-probability of every prompt id after the
+    /// first with `prompt_top` alternatives each ([`Sequence::take_prompt_logprobs`]): the
+    /// whole prompt is fed (no prefix is reused, since a reused prefix has no logits), and
+    /// each prompt chunk's rows are kept. They equal the log-softmax of
+    /// [`Model::logits`]'s rows, as a generated token's do.
+    pub fn start_scoring_prompt(
+        &mut self,
+        ids: &[u32],
+        options: &GenerateOptions,
+        top_logprobs: Option<usize>,
+        prompt_top: usize,
+    ) -> Result<Sequence, Error> {
+        self.start_with(ids, options, top_logprobs, Some(prompt_top))
+    }
+
+    fn start_with(
+        &mut self,
+        ids: &[u32],
+        options: &GenerateOptions,
+        top_logprobs: Option<usize>,
+        prompt_top: Option<usize>,
+    ) -> Result<Sequence, Error> {
         let positions = self
             .limit
             .size(ids.len(), options.max_new_tokens)?
             .positions;
         // Checked before any KV is reserved.
         Decoding::new(ids, 0, positions, self.decode_options(options))?;
-        let (seq, cached) = self.lm.start_sequence(positions, ids)?;
+        let (seq, cached) = match prompt_top {
+            Some(_) => (self.lm.add_sequence(positions)?, 0),
+            None => self.lm.start_sequence(positions, ids)?,
+        };
         let decoding = match Decoding::new(ids, cached, positions, self.decode_options(options)) {
             Ok(d) => d,
             Err(e) => {
@@ -130,15 +252,16 @@ impl Model {
                 return Err(e.into());
             }
         };
-        let spec_tokens = self.spec_tokens(options);
-        Ok(Sequence::new(
-            seq,
-            decoding,
-            cached,
-            positions,
-            spec_tokens,
-            top_logprobs,
-        ))
+        let mut spec_tokens = self.spec_tokens(options);
+        if !options.prediction.is_empty() {
+            spec_tokens = options.spec_tokens.unwrap_or(DEFAULT_SPEC_TOKENS);
+        }
+        let mut s = Sequence::new(seq, decoding, cached, positions, spec_tokens, top_logprobs);
+        s.prompt_top = prompt_top;
+        if !options.prediction.is_empty() {
+            s.prediction = Some(Prediction::new(&options.prediction, options.max_new_tokens));
+        }
+        Ok(s)
     }
 
     /// The most ids a generation with `options` proposes per step (0 without speculation).
@@ -188,6 +311,7 @@ impl Model {
         if let Some(spec) = &mut self.spec {
             spec.propose(seqs, self.lm.capabilities());
         }
+        propose_predictions(seqs, self.lm.capabilities());
         let chunk = prompt_chunk.max(1);
         let steps: Vec<SeqStep> = seqs
             .iter()
@@ -203,22 +327,27 @@ impl Model {
                     };
                 }
                 let n = span.len().min(chunk);
+                let scored = s.prompt_top.is_some() && pos < s.decoding.prompt_len();
                 SeqStep {
                     seq: s.seq,
                     tokens: &span[..n],
                     pos,
-                    logits: if n == span.len() {
-                        LogitsWanted::Last
-                    } else {
-                        LogitsWanted::None
+                    logits: match (scored, n == span.len()) {
+                        (true, _) => LogitsWanted::All,
+                        (false, true) => LogitsWanted::Last,
+                        (false, false) => LogitsWanted::None,
                     },
                     proposed: 0,
                 }
             })
             .collect();
-        let fed: Vec<(usize, bool)> = steps
-            .iter()
-            .map(|s| (s.tokens.len(), s.logits != LogitsWanted::None))
+        // Each step's ids fed, and whether they end its pending span (so its last row
+        // chooses the next id).
+        let fed: Vec<(usize, bool)> = (steps.iter().zip(seqs.iter()))
+            .map(|(st, s)| {
+                let whole = st.proposed > 0 || st.tokens.len() == s.decoding.span().1.len();
+                (st.tokens.len(), whole)
+            })
             .collect();
         let started = std::time::Instant::now();
         let stepped = self.lm.step(&Batch { steps: &steps }, &mut self.scratch);
@@ -234,6 +363,9 @@ impl Model {
         }
         let mut out = Vec::with_capacity(seqs.len());
         for (i, (s, (n, whole))) in seqs.iter_mut().zip(fed).enumerate() {
+            if let Some(top) = s.prompt_top {
+                self.score_prompt(i, s, n, top);
+            }
             if !whole {
                 s.decoding.feed_prompt(n)?;
                 out.push(Vec::new());
@@ -244,14 +376,33 @@ impl Model {
         Ok(out)
     }
 
-    /// The ids step row `i` of the last forward gives `s`: the first row's choice, and while
-    /// each choice equals the next proposal, the next row's.
+    /// The log-probabilities of the prompt ids that the `n` rows step `i` of the last
+    /// forward gave `s` predict (a row predicts the id after the one it was fed for).
+    fn score_prompt(&self, i: usize, s: &mut Sequence, n: usize, top: usize) {
+        let (pos, _) = s.decoding.span();
+        let prompt = &s.decoding.ids()[..s.decoding.prompt_len()];
+        for r in 0..n {
+            if let Some(&next) = prompt.get(pos + r + 1) {
+                let row = self.scratch.row(i, r);
+                s.prompt_logprobs
+                    .push(Logprobs::from_logits(row, next, top));
+            }
+        }
+        if pos + n >= prompt.len() {
+            s.prompt_top = None;
+        }
+    }
+
+    /// The ids the rows of step `i` of the last forward give `s`: the first row's choice
+    /// (after a prompt's rows, its last one), and while each choice equals the next
+    /// proposal, the next row's.
     fn verify(&mut self, i: usize, s: &mut Sequence) -> Result<Vec<Step>, Error> {
         let proposed = s.verify.len().saturating_sub(1);
         let mut steps = Vec::with_capacity(proposed + 1);
         let mut accepted = 0;
+        let first = self.scratch.rows[i].len() - (proposed + 1);
         for r in 0..=proposed {
-            let row = self.scratch.row(i, r);
+            let row = self.scratch.row(i, first + r);
             let emitted = s.decoding.on_logits(row, self.encoder.tokenizer())?;
             let logprobs = s
                 .top_logprobs
@@ -270,8 +421,11 @@ impl Model {
                 break;
             }
         }
-        if let Some(spec) = &mut self.spec {
-            spec.record(&mut s.adaptive, proposed, accepted);
+        match &mut self.spec {
+            Some(spec) if s.prediction.is_none() => {
+                spec.record(&mut s.adaptive, proposed, accepted)
+            }
+            _ => s.adaptive.record(proposed, accepted),
         }
         s.verify.clear();
         Ok(steps)

@@ -38,6 +38,11 @@ pub const MAX_SPEC_TOKENS: usize = 32;
 const VERIFY_FIXED: f32 = 0.45;
 const VERIFY_ROW: f32 = 0.11;
 
+/// What a step verifying `k` proposals costs, in plain decode steps, before it was measured.
+pub(crate) fn prior_cost(k: usize) -> f32 {
+    1.0 + VERIFY_FIXED + VERIFY_ROW * k as f32
+}
+
 /// Batches of more sequences than this run without speculation: their decode rows already
 /// share each pass over the weights, so verified rows add compute instead of saving passes.
 /// Measured with prompt lookup on the edit workload (default model, 2 threads): 1.36x at
@@ -188,14 +193,14 @@ impl Speculation {
     /// where it speculates this step. `capabilities` says whether a multi-token span with
     /// past may share a forward with other sequences.
     pub fn propose(&mut self, seqs: &mut [&mut Sequence], capabilities: Capabilities) {
-        let batch_ok = seqs.len() == 1
-            || (seqs.len() <= SPEC_MAX_BATCH
-                && (capabilities.fused_prefill_with_past || !capabilities.fused_decode));
+        let batch_ok = crate::sequence::verifies_in_batch(seqs.len(), capabilities);
         let mut asked = Vec::with_capacity(seqs.len());
         let cost = |k: usize| self.verify_cost(k);
         for (i, s) in seqs.iter_mut().enumerate() {
             s.verify.clear();
-            if !batch_ok || s.pending() != 1 || s.decoding.finish_reason().is_some() {
+            // A sequence with a prediction proposes from it instead.
+            let predicted = s.prediction.is_some();
+            if predicted || !batch_ok || s.pending() != 1 || s.decoding.finish_reason().is_some() {
                 continue;
             }
             let room = s.decoding.room().saturating_sub(1);
@@ -244,7 +249,7 @@ impl Speculation {
     /// What a step verifying `k` proposals costs, proposing them included, in plain decode
     /// steps: measured where this model timed both, else the prior.
     fn verify_cost(&self, k: usize) -> f32 {
-        let prior = |k: usize| 1.0 + VERIFY_FIXED + VERIFY_ROW * k as f32;
+        let prior = prior_cost;
         // A plain step's time: measured, else read back from a timed verification.
         let plain = self.step_secs[0].or_else(|| {
             let (j, v) =

@@ -9,6 +9,8 @@
 //! - [`compare`]: element-wise comparison with `rtol`/`atol` for every dtype.
 //! - [`ort_oracle`]: the same model through onnxruntime (Python wheel), for oracle tests.
 //! - [`default_model_dir`]: where the suite's imported default model is.
+//! - [`log_softmax`]: a logits row's log-probabilities in float64, the independent
+//!   computation served log-probabilities are checked against.
 //!
 //! This crate is a dev-dependency only: no product crate may depend on it.
 
@@ -37,4 +39,16 @@ pub fn default_model_dir() -> std::path::PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The log-softmax of a logits row, computed in float64 (max-shifted): what served
+/// log-probabilities are compared with, independently of oxgen's own code.
+pub fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row
+        .iter()
+        .map(|&x| f64::from(x))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = row.iter().map(|&x| (f64::from(x) - max).exp()).sum();
+    let log_z = max + sum.ln();
+    row.iter().map(|&x| f64::from(x) - log_z).collect()
 }

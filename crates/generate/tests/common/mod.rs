@@ -54,6 +54,10 @@ pub fn decode(
         eos: vec![tokenizer::EOS as u32],
         ignore_eos: false,
         stop: Vec::new(),
+        stop_ids: Vec::new(),
+        min_new_tokens: 0,
+        include_stop: false,
+        reasoning_budget: None,
         sampling: SamplingParams {
             greedy,
             seed,
