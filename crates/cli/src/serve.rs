@@ -88,6 +88,15 @@ pub struct Args {
     #[arg(long, env = "OXGEN_TOOL_PARSER",
           value_parser = ["hermes", "llama3", "mistral", "phi4-mini", "nemotron", "harmony", "json"])]
     tool_parser: Option<String>,
+    /// Answer a request field this server does not implement with a 400 naming it (by
+    /// default such fields are ignored and named in the x-oxgen-ignored-fields header).
+    #[arg(long, env = "OXGEN_STRICT_API")]
+    strict_api: bool,
+    /// An origin browsers may call the API from (repeatable; comma-separated in the
+    /// variable; `*` for any): preflights are answered and responses carry CORS headers.
+    /// The API key is still required where one is set. Default: none (no CORS).
+    #[arg(long, env = "OXGEN_CORS_ORIGIN", value_delimiter = ',')]
+    cors_origin: Vec<String>,
     #[command(flatten)]
     backend: BackendArgs,
     #[command(flatten)]
@@ -136,6 +145,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         header_timeout: Duration::from_secs(args.header_timeout),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         handle_signals: true,
+        strict_api: args.strict_api,
+        cors_origins: args.cors_origin.clone(),
         tool_parser: args
             .tool_parser
             .as_deref()

@@ -105,30 +105,41 @@ fn serve_at(model: &Path, extra: &[&str]) -> Served {
     served
 }
 
-/// Runs the `openai` client's checks (those whose name starts with `only`) against `addr`.
-fn client_checks(addr: SocketAddr, model: &str, key: Option<&str>, only: &str) {
-    let python = std::env::var("OXGEN_PYTHON").expect(
-        "OXGEN_PYTHON is not set: run scripts/test.sh (it makes a venv with the openai client)",
-    );
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../server/tests/python/openai_client.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(format!("http://{addr}/v1"))
-        .arg(model)
-        .args(key)
-        .env("OXGEN_CHECKS", only)
-        .output()
-        .unwrap();
+/// Runs `script` (under `crates/server/tests/python/`) with `python`, `args` and `envs`;
+/// fails the test, showing its report, unless it exits 0.
+fn run_script(python: PathBuf, script: &str, args: &[String], envs: &[(&str, &str)]) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../server/tests/python")
+        .join(script);
+    let mut command = Command::new(python);
+    command.arg(&script).args(args).envs(envs.iter().copied());
+    println!("{}", succeed(&mut command));
+}
+
+/// Runs `command`; its stdout and stderr, or a failed test showing them unless it exits 0.
+fn succeed(command: &mut Command) -> String {
+    let out = command.output().unwrap();
     let report = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    println!("{report}");
-    assert!(
-        out.status.success(),
-        "openai client checks failed:\n{report}"
+    assert!(out.status.success(), "{command:?} failed:\n{report}");
+    report
+}
+
+/// Runs the `openai` client's checks (those whose name starts with `only`) against `addr`.
+fn client_checks(addr: SocketAddr, model: &str, key: Option<&str>, only: &str) {
+    let python = std::env::var_os("OXGEN_PYTHON").expect(
+        "OXGEN_PYTHON is not set: run scripts/test.sh (it makes a venv with the openai client)",
+    );
+    let mut args = vec![format!("http://{addr}/v1"), model.to_string()];
+    args.extend(key.map(str::to_string));
+    run_script(
+        python.into(),
+        "openai_client.py",
+        &args,
+        &[("OXGEN_CHECKS", only)],
     );
 }
 
@@ -179,6 +190,16 @@ fn chat_template_kwargs_reach_the_template() {
     assert!(rendered(Value::Null).ends_with(empty_thought));
     let thinking = rendered(json!({"enable_thinking": true}));
     assert!(thinking.ends_with("<|im_start|>assistant\n"), "{thinking}");
+    // reasoning_effort reaches the template's switch: "none" turns thinking off (the empty
+    // thought block is in the prompt), "high" on, over the server's default.
+    let prompt_tokens = |effort: Value| {
+        let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                          "max_tokens": 1, "reasoning_effort": effort});
+        let reply = common::post(served.addr, "/v1/chat/completions", &body);
+        assert_eq!(reply.status, 200, "{}", reply.json());
+        reply.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    assert!(prompt_tokens(json!("none")) > prompt_tokens(json!("high")));
     let bad = common::post(
         served.addr,
         "/v1/chat/completions",
@@ -190,6 +211,137 @@ fn chat_template_kwargs_reach_the_template() {
         bad.json()["error"]["param"],
         "chat_template_kwargs.messages"
     );
+}
+
+/// The client venv's Python (`OXGEN_CLIENTS_PYTHON`, set by scripts/test.sh: LangChain,
+/// LlamaIndex, litellm and lm-evaluation-harness, with their own `openai`).
+fn clients_python() -> PathBuf {
+    std::env::var_os("OXGEN_CLIENTS_PYTHON")
+        .expect("OXGEN_CLIENTS_PYTHON is not set: run scripts/test.sh (it makes the client venv)")
+        .into()
+}
+
+/// LangChain (`reasoning_effort`, streaming, `bind_tools(tool_choice="required")`,
+/// `with_structured_output`), LlamaIndex's `OpenAILike` and litellm's `openai/` provider (a
+/// chat and a tool call each), as their users call them, against `oxgen serve`.
+#[test]
+fn langchain_llamaindex_and_litellm_work_against_oxgen_serve() {
+    let served = serve(&[]);
+    let args = [format!("http://{}/v1", served.addr), MODEL.to_string()];
+    let offline = [
+        ("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
+        ("HF_HUB_OFFLINE", "1"),
+    ];
+    run_script(clients_python(), "clients.py", &args, &offline);
+}
+
+/// lm-evaluation-harness's `local-completions` model with its remote tokenizer runs a small
+/// multiple-choice task (a YAML task over the committed `lm_eval/mc.jsonl`) to the end, and
+/// the loglikelihood it logs for every choice equals the sum computed here from the model's
+/// own logits (`Model::logits`, float64 log-softmax) for the same context and continuation
+/// ids, so an echo off by one position cannot pass.
+#[test]
+fn lm_evaluation_harness_scores_a_task_against_oxgen_serve() {
+    let served = serve(&[]);
+    let work = tempfile::tempdir().unwrap();
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../server/tests/python/lm_eval/mc.jsonl")
+        .canonicalize()
+        .unwrap();
+    let task = format!(
+        "task: oxgen_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {}\n\
+         test_split: test\noutput_type: multiple_choice\n\
+         doc_to_text: \"Question: {{{{question}}}}\\nAnswer:\"\n\
+         doc_to_choice: \"{{{{choices}}}}\"\ndoc_to_target: \"{{{{answer}}}}\"\n\
+         metric_list:\n  - metric: acc\n",
+        data.display()
+    );
+    std::fs::write(work.path().join("oxgen_mc.yaml"), task).unwrap();
+    let output = work.path().join("out");
+    let model_args = format!(
+        "model={MODEL},base_url=http://{}/v1/completions,tokenizer_backend=remote,\
+         num_concurrent=1,max_retries=1",
+        served.addr
+    );
+    succeed(
+        Command::new(clients_python())
+            .args([
+                "-m",
+                "lm_eval",
+                "run",
+                "--model",
+                "local-completions",
+                "--model_args",
+            ])
+            .arg(&model_args)
+            .args(["--tasks", "oxgen_mc", "--include_path"])
+            .arg(work.path())
+            .arg("--output_path")
+            .arg(&output)
+            .args(["--log_samples", "--batch_size", "1"])
+            .env("HF_DATASETS_OFFLINE", "1")
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", work.path().join("hf"))
+            .current_dir(work.path()),
+    );
+    let samples = find_file(&output, "samples_oxgen_mc").expect("lm_eval wrote no samples");
+    let mut model = oxgen::Model::open(common::default_model(), &Default::default()).unwrap();
+    let mut checked = 0;
+    for line in std::fs::read_to_string(&samples).unwrap().lines() {
+        let sample: Value = serde_json::from_str(line).unwrap();
+        for (arguments, response) in (sample["arguments"].as_object().unwrap().values())
+            .zip(sample["filtered_resps"].as_array().unwrap())
+        {
+            let context = arguments["arg_0"].as_str().unwrap();
+            let continuation = arguments["arg_1"].as_str().unwrap();
+            // As lm-eval splits them: the whole text's ids, the context's count.
+            let whole = model_ids(served.addr, &format!("{context}{continuation}"));
+            let context_len = model_ids(served.addr, context).len();
+            let (logits, vocab) = model.logits(&whole).unwrap();
+            let want: f64 = (context_len..whole.len())
+                .map(|i| {
+                    let row = &logits[(i - 1) * vocab..i * vocab];
+                    oxgen_testkit::log_softmax(row)[whole[i] as usize]
+                })
+                .sum();
+            // Logged as a number or as its text, by lm-eval version.
+            let got = (response[0].as_f64())
+                .or_else(|| response[0].as_str()?.parse().ok())
+                .unwrap_or_else(|| panic!("no loglikelihood in {response}"));
+            assert!(
+                (got - want).abs() < 1e-3,
+                "{context:?} + {continuation:?}: lm-eval {got}, Model::logits {want}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 8 * 3, "every choice of every question");
+}
+
+/// The ids the server's tokenizer gives `text` (no special tokens), as lm-eval's remote
+/// tokenizer asks for them.
+fn model_ids(addr: SocketAddr, text: &str) -> Vec<u32> {
+    let reply = common::post(
+        addr,
+        "/tokenize",
+        &json!({"prompt": text, "add_special_tokens": false}),
+    );
+    serde_json::from_value(reply.json()["tokens"].clone()).unwrap()
+}
+
+/// The first file under `dir` whose name starts with `prefix`.
+fn find_file(dir: &Path, prefix: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, prefix) {
+                return Some(found);
+            }
+        } else if path.file_name()?.to_string_lossy().starts_with(prefix) {
+            return Some(path);
+        }
+    }
+    None
 }
 
 #[test]

@@ -1,5 +1,7 @@
-//! Request bodies: parsed strictly (a field this server does not know is a 400 naming it),
-//! validated, and turned into what the engine runs.
+//! Request bodies: validated and turned into what the engine runs. A field this server does
+//! not implement is ignored and named back ([`Unknown`]), or a 400 naming it under
+//! `--strict-api`; a field whose meaning it cannot honour without changing the answer
+//! ([`REFUSED`]) is a 400 either way. `null` is "absent" for every optional field.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +14,12 @@ use serde_json::{Map, Value};
 use crate::error::ApiError;
 
 mod chat;
-pub(crate) use chat::{Tools, chat_messages, template_kwargs, tools};
+mod completion;
+pub use chat::chat;
+pub(crate) use chat::{
+    Tools, chat_messages, continue_final, reasoning_kwargs, template_kwargs, tools,
+};
+pub use completion::completion;
 
 /// Fields both completion endpoints take.
 const COMMON_FIELDS: &[&str] = &[
@@ -40,28 +47,33 @@ const COMMON_FIELDS: &[&str] = &[
     "guided_choice",
     "guided_grammar",
     "grammar",
+    "stop_token_ids",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
 ];
 
-/// Chat fields beyond the common ones. `store`, `metadata` and `service_tier` are accepted
-/// and ignored (the README lists them).
-const CHAT_FIELDS: &[&str] = &[
-    "messages",
-    "max_completion_tokens",
-    "logprobs",
-    "top_logprobs",
-    "store",
-    "metadata",
-    "service_tier",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "chat_template_kwargs",
+/// Keys of `stream_options`: vLLM's `continuous_usage_stats` is accepted and has no effect.
+const STREAM_OPTIONS: &[&str] = &["include_usage", "continuous_usage_stats"];
+
+/// Fields refused even when unknown fields are ignored: honouring them would change the
+/// answer, and ignoring them would hand back one the client did not ask for.
+const REFUSED: &[(&str, &str)] = &[
+    ("audio", "audio output is not supported"),
+    (
+        "functions",
+        "the legacy 'functions' field is not supported; send 'tools'",
+    ),
+    (
+        "function_call",
+        "the legacy 'function_call' field is not supported; send 'tool_choice'",
+    ),
+    ("suffix", "insertion ('suffix') is not supported"),
+    ("web_search_options", "web search is not supported"),
 ];
 
-const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs"];
-
-/// At most this many stop strings (OpenAI's limit).
-const MAX_STOP: usize = 4;
+/// At most this many stop strings (OpenAI allows 4; coding assistants send 6-9).
+pub const MAX_STOP: usize = 64;
 /// At most this many alternatives per token.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -75,8 +87,12 @@ struct Common {
     min_p: Option<f64>,
     n: Option<i64>,
     stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
+    stream_options: Option<Map<String, Value>>,
     stop: Option<Value>,
+    stop_token_ids: Option<Vec<u32>>,
+    min_tokens: Option<i64>,
+    include_stop_str_in_output: Option<bool>,
+    skip_special_tokens: Option<bool>,
     seed: Option<i64>,
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
@@ -87,40 +103,45 @@ struct Common {
     ignore_eos: Option<bool>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StreamOptions {
-    include_usage: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct ChatFields {
-    messages: Vec<Map<String, Value>>,
-    max_completion_tokens: Option<i64>,
-    logprobs: Option<bool>,
-    top_logprobs: Option<i64>,
-}
-
-#[derive(Deserialize)]
-struct CompletionFields {
-    prompt: Value,
-    logprobs: Option<i64>,
+/// How a chat's messages are rendered (vLLM's names): with the template's generation prompt
+/// (the default), or continuing the last (assistant) message where it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Render {
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
 }
 
 /// A completion request, validated.
 #[derive(Debug)]
 pub struct Request {
     pub model: String,
-    pub prompt: Prompt,
+    /// One prompt (chat; a completion's string or ids) or a completion's batch of them.
+    pub prompts: Vec<Prompt>,
     /// Sampling and stopping; `max_new_tokens` is set once the prompt length is known.
     pub options: GenerateOptions,
-    /// `max_tokens` as asked, if it was.
+    /// `max_tokens` as asked, if it was (0: nothing is generated, as for scoring a prompt).
     pub max_tokens: Option<usize>,
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
     /// Alternatives per token when log-probabilities were asked for.
     pub top_logprobs: Option<usize>,
+    /// Completions: the prompt is part of each choice's text (and of its log-probabilities).
+    pub echo: bool,
+    /// Alternatives per prompt token when the prompt's log-probabilities are wanted (`echo`
+    /// with `logprobs`, or vLLM's `prompt_logprobs`).
+    pub prompt_logprobs: Option<usize>,
+    /// Chat: how the messages are rendered.
+    pub render: Render,
+    /// Chat: the reasoning effort asked for (`reasoning_effort` or `reasoning.effort`).
+    pub reasoning_effort: Option<String>,
+    /// Chat: the predicted output's text, proposed for speculative decoding.
+    pub prediction: Option<String>,
+    /// Chat: tokens the reply may spend reasoning before its reasoning block is closed
+    /// (vLLM's `thinking_token_budget`).
+    pub reasoning_budget: Option<usize>,
+    /// Fields given that this server does not implement (ignored).
+    pub ignored: Vec<String>,
     /// The constraint asked for, and the field that asked (named when it does not compile).
     pub constraint: Option<(String, Constraint)>,
     /// The tools offered (chat only).
@@ -163,17 +184,73 @@ pub fn typed<'de, T: Deserialize<'de>>(value: &'de Value) -> Result<T, ApiError>
     })
 }
 
-/// Rejects keys outside `known`, naming the first.
-pub fn known_fields(map: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
-    match map
-        .keys()
-        .find(|k| !known.iter().any(|set| set.contains(&k.as_str())))
-    {
-        Some(k) => Err(ApiError::invalid(
-            k.clone(),
-            format!("unsupported field '{k}': this server does not implement it"),
-        )),
-        None => Ok(()),
+/// A completion request's body: its fields outside `COMMON_FIELDS` and `own` go to the
+/// returned [`Unknown`] (or a 400 when `strict`); then the common fields and the endpoint's
+/// own, `T`, typed.
+fn parse<T: for<'de> Deserialize<'de>>(
+    body: &[u8],
+    own: &[&str],
+    strict: bool,
+) -> Result<(Value, Common, T, Unknown), ApiError> {
+    let map = object(body)?;
+    let mut unknown = Unknown::new(strict);
+    unknown.check(&map, "", &[COMMON_FIELDS, own])?;
+    let value = Value::Object(map);
+    let common: Common = typed(&value)?;
+    let fields: T = typed(&value)?;
+    Ok((value, common, fields, unknown))
+}
+
+/// The fields of a request this server does not implement: collected (and answered in the
+/// `x-oxgen-ignored-fields` header) by default, a 400 naming the first with `strict`.
+#[derive(Debug, Default)]
+pub struct Unknown {
+    strict: bool,
+    /// Their paths (`reasoning_effort`, `messages[2].refusal`), in the order met.
+    pub names: Vec<String>,
+}
+
+impl Unknown {
+    pub fn new(strict: bool) -> Unknown {
+        Unknown {
+            strict,
+            names: Vec::new(),
+        }
+    }
+
+    /// Checks the keys of `map` (at `at`: empty at the top, else a path like `messages[0]`)
+    /// against `known`; [`REFUSED`] fields are a 400 wherever they are met, `null` ones are
+    /// absent.
+    pub fn check(
+        &mut self,
+        map: &Map<String, Value>,
+        at: &str,
+        known: &[&[&str]],
+    ) -> Result<(), ApiError> {
+        for (key, value) in map {
+            if value.is_null() || known.iter().any(|set| set.contains(&key.as_str())) {
+                continue;
+            }
+            let path = if at.is_empty() {
+                key.clone()
+            } else {
+                format!("{at}.{key}")
+            };
+            if let Some((_, why)) = REFUSED.iter().find(|(k, _)| k == key) {
+                return Err(ApiError::invalid(&path, format!("{path}: {why}")));
+            }
+            if self.strict {
+                return Err(ApiError::invalid(
+                    &path,
+                    format!(
+                        "unsupported field '{path}': this server does not implement it (it runs \
+                         with --strict-api; without it such fields are ignored)"
+                    ),
+                ));
+            }
+            self.names.push(path);
+        }
+        Ok(())
     }
 }
 
@@ -236,20 +313,20 @@ fn stop_strings(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
             format!("at most {MAX_STOP} stop strings, got {}", strings.len()),
         ));
     }
-    if strings.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "a stop string is empty"));
-    }
-    Ok(strings)
+    // An empty stop string would end every generation at once: it is no stop.
+    Ok(strings.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
 impl Common {
-    /// Everything but the prompt and the log-probabilities.
+    /// Everything but the prompt and the log-probabilities; `min_max_tokens` is the least
+    /// `max_tokens` the endpoint takes.
     fn into_request(
         self,
-        prompt: Prompt,
-        max_tokens: Option<i64>,
+        prompts: Vec<Prompt>,
+        (max_tokens, min_max_tokens): (Option<i64>, i64),
         top_logprobs: Option<usize>,
         bounds: &Bounds,
+        unknown: &mut Unknown,
     ) -> Result<Request, ApiError> {
         let n = count("n", self.n.unwrap_or(1), 1, bounds.max_n)?;
         // OpenAI's documented bounds for these two; every range check proper is `Param`'s.
@@ -303,40 +380,66 @@ impl Common {
             .resolve(bounds.defaults, fresh_seed())
             .map_err(|e| ApiError::invalid("", e.to_string()))?;
         let max_tokens = max_tokens
-            .map(|m| count("max_tokens", m, 1, bounds.max_tokens_limit))
+            .map(|m| count("max_tokens", m, min_max_tokens, bounds.max_tokens_limit))
             .transpose()
             .map_err(|mut e| {
                 e.message.push_str(" (this server's --max-tokens-limit)");
                 e
             })?;
         let stream = self.stream.unwrap_or(false);
-        if self.stream_options.is_some() && !stream {
+        let stream_options = self.stream_options.unwrap_or_default();
+        if !stream_options.is_empty() && !stream && unknown.strict {
             return Err(ApiError::invalid(
                 "stream_options",
                 "stream_options is only allowed with stream: true",
             ));
         }
+        unknown.check(&stream_options, "stream_options", &[STREAM_OPTIONS])?;
+        let include_usage = boolean(
+            "stream_options.include_usage",
+            stream_options.get("include_usage"),
+            false,
+        )?;
+        let stop_ids = self.stop_token_ids.unwrap_or_default();
+        token_ids("stop_token_ids", &stop_ids, bounds.vocab)?;
+        let min_new_tokens = self
+            .min_tokens
+            .map(|m| count("min_tokens", m, 0, bounds.max_tokens_limit))
+            .transpose()?
+            .unwrap_or(0);
         Ok(Request {
             model: self.model,
-            prompt,
+            prompts,
             options: GenerateOptions {
                 max_new_tokens: 0,
                 sampling: s,
                 stop: stop_strings(self.stop)?,
+                stop_ids,
+                min_new_tokens,
+                include_stop: self.include_stop_str_in_output.unwrap_or(false),
+                reasoning_budget: None,
                 ignore_eos: self.ignore_eos.unwrap_or(false),
                 cancel: None,
                 constraint: None,
-                keep_special: false,
+                keep_special: self.skip_special_tokens == Some(false),
                 spec_tokens: None,
+                prediction: Vec::new(),
             },
             max_tokens,
             n,
             stream,
-            include_usage: self
-                .stream_options
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            include_usage: stream && include_usage,
             top_logprobs,
+            echo: false,
+            prompt_logprobs: None,
+            render: Render {
+                add_generation_prompt: true,
+                continue_final_message: false,
+            },
+            reasoning_effort: None,
+            prediction: None,
+            reasoning_budget: None,
+            ignored: Vec::new(),
             constraint: None,
             tools: None,
             template_kwargs: Map::new(),
@@ -356,6 +459,29 @@ fn schema(param: &str, v: &Value) -> Result<Value, ApiError> {
         _ => Err(ApiError::invalid(
             param,
             format!("{param} must be a JSON schema (an object)"),
+        )),
+    }
+}
+
+/// Checks that every id of `ids` (the field `param`) is below the vocabulary size.
+pub(crate) fn token_ids(param: &str, ids: &[u32], vocab: usize) -> Result<(), ApiError> {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(bad) => Err(ApiError::invalid(
+            param,
+            format!("{param}: token id {bad} is not below the vocabulary size {vocab}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An optional boolean field: `default` when absent or `null`.
+pub(crate) fn boolean(param: &str, v: Option<&Value>, default: bool) -> Result<bool, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a boolean"),
         )),
     }
 }
@@ -465,84 +591,4 @@ fn constraint(body: &Value) -> Result<Option<(String, Constraint)>, ApiError> {
         ));
     }
     Ok(found.pop())
-}
-
-/// `POST /v1/chat/completions`.
-pub fn chat(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
-    let map = object(body)?;
-    known_fields(&map, &[COMMON_FIELDS, CHAT_FIELDS])?;
-    let value = Value::Object(map);
-    let common: Common = typed(&value)?;
-    let chat: ChatFields = typed(&value)?;
-    let top_logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
-        (true, top) => Some(count(
-            "top_logprobs",
-            top.unwrap_or(0),
-            0,
-            MAX_TOP_LOGPROBS,
-        )?),
-        (false, Some(_)) => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                "top_logprobs needs logprobs: true",
-            ));
-        }
-        (false, None) => None,
-    };
-    let max_tokens = chat.max_completion_tokens.or(common.max_tokens);
-    let prompt = Prompt::Chat(chat_messages(chat.messages)?);
-    let mut request = common.into_request(prompt, max_tokens, top_logprobs, bounds)?;
-    request.constraint = constraint(&value)?;
-    request.tools = tools(&value)?;
-    request.template_kwargs = template_kwargs(&value)?;
-    Ok(request)
-}
-
-/// `POST /v1/completions`: the prompt is a string or token ids (or a list of one of them).
-pub fn completion(body: &[u8], bounds: &Bounds) -> Result<Request, ApiError> {
-    let map = object(body)?;
-    known_fields(&map, &[COMMON_FIELDS, COMPLETION_FIELDS])?;
-    let value = Value::Object(map);
-    let common: Common = typed(&value)?;
-    let fields: CompletionFields = typed(&value)?;
-    let prompt = completion_prompt(fields.prompt, bounds.vocab)?;
-    let top_logprobs = fields
-        .logprobs
-        .map(|n| count("logprobs", n, 0, MAX_TOP_LOGPROBS))
-        .transpose()?;
-    let max_tokens = common.max_tokens;
-    let mut request = common.into_request(prompt, max_tokens, top_logprobs, bounds)?;
-    request.constraint = constraint(&value)?;
-    Ok(request)
-}
-
-fn completion_prompt(prompt: Value, vocab: usize) -> Result<Prompt, ApiError> {
-    let bad = || {
-        ApiError::invalid(
-            "prompt",
-            "prompt must be a string or an array of token ids (batches of prompts are not supported)",
-        )
-    };
-    match prompt {
-        Value::String(s) => Ok(Prompt::Text(s)),
-        Value::Array(items) if items.len() == 1 && !items[0].is_number() => {
-            completion_prompt(items.into_iter().next().expect("one item"), vocab)
-        }
-        Value::Array(items) if items.iter().all(Value::is_number) => {
-            let ids = items
-                .iter()
-                .map(|v| v.as_u64().filter(|&id| (id as usize) < vocab))
-                .collect::<Option<Vec<u64>>>()
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "prompt",
-                        format!("token ids must be integers below {vocab}"),
-                    )
-                })?;
-            Ok(Prompt::Tokens(
-                ids.into_iter().map(|id| id as u32).collect(),
-            ))
-        }
-        _ => Err(bad()),
-    }
 }

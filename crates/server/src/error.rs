@@ -84,6 +84,13 @@ impl ApiError {
         e
     }
 
+    /// 403: the request may not be made from where it came (a CORS origin not allowed).
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::FORBIDDEN, "permission_error", message);
+        e.code = Some("origin_not_allowed");
+        e
+    }
+
     /// 405: the endpoint exists but not with this method.
     pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
         let mut e = ApiError::new(

@@ -39,7 +39,8 @@ pub use error::ApiError;
 
 /// Parses and validates a request body as `POST /v1/chat/completions` (`chat`) or
 /// `POST /v1/completions` does, against a 49152-id vocabulary and the default limits, with
-/// no model loaded: what the fuzzer (`fuzz/`) and tests drive with arbitrary bytes.
+/// no model loaded and unknown fields ignored: what the fuzzer (`fuzz/`) and tests drive
+/// with arbitrary bytes.
 pub fn validate_request(chat: bool, body: &[u8]) -> Result<(), ApiError> {
     let defaults = SamplingParams::default();
     let bounds = api::Bounds {
@@ -49,9 +50,9 @@ pub fn validate_request(chat: bool, body: &[u8]) -> Result<(), ApiError> {
         max_tokens_limit: DEFAULT_MAX_TOKENS_LIMIT,
     };
     if chat {
-        api::chat(body, &bounds)?;
+        api::chat(body, &bounds, false)?;
     } else {
-        api::completion(body, &bounds)?;
+        api::completion(body, &bounds, false)?;
     }
     Ok(())
 }
@@ -95,6 +96,11 @@ pub struct Config {
     pub handle_signals: bool,
     /// How tool calls are written and parsed; `None`: what the chat template implies.
     pub tool_parser: Option<ToolFormat>,
+    /// A request field this server does not implement is a 400 (else it is ignored and
+    /// named in the `x-oxgen-ignored-fields` response header).
+    pub strict_api: bool,
+    /// Origins browsers may call from (`*`: any); empty: no CORS headers, no preflights.
+    pub cors_origins: Vec<String>,
 }
 
 /// [`Config::max_queue`]'s default.
@@ -135,6 +141,8 @@ impl Config {
             shutdown_timeout: Duration::from_secs(DEFAULT_SHUTDOWN_TIMEOUT_SECS),
             handle_signals: false,
             tool_parser: None,
+            strict_api: false,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -160,6 +168,9 @@ pub(crate) struct Loaded {
     prefix_cache: bool,
     /// How this model writes tool calls.
     tool_format: ToolFormat,
+    /// The end-of-sequence token (the first EOS id's text) and the beginning one, if any.
+    eos_token: Option<String>,
+    bos_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +196,8 @@ pub(crate) struct App {
     metrics: Metrics,
     /// Unix seconds at start, the `created` of `/v1/models`.
     started: u64,
+    /// Ignored request field names already logged.
+    ignored: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl App {
@@ -299,6 +312,9 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
             .config
             .tool_parser
             .unwrap_or_else(|| model.encoder().tool_format()),
+        eos_token: (model.config().eos_token_ids.first())
+            .and_then(|&id| model.tokenizer().id_to_token(id)),
+        bos_token: (model.config().bos_token_id).and_then(|id| model.tokenizer().id_to_token(id)),
     };
     let tool_format = loaded.tool_format.name();
     let _ = app.loaded.set(loaded);
@@ -355,6 +371,7 @@ impl Server {
             stop: Notify::new(),
             metrics: Metrics::default(),
             started,
+            ignored: Default::default(),
         });
         let engine_app = app.clone();
         std::thread::Builder::new()

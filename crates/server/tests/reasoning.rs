@@ -1,6 +1,7 @@
 //! Reasoning on the default model served with a template whose generation prompt opens
 //! `<think>` (as thinking templates do): the reply comes back as `reasoning_content`, whole
-//! or streamed as its own deltas, and both say the same thing.
+//! or streamed as its own deltas, and both say the same thing; usage counts its tokens; a
+//! `thinking_token_budget` closes the block where it runs out, and the answer follows.
 
 mod common;
 
@@ -38,6 +39,29 @@ fn a_thinking_template_returns_reasoning_content_whole_and_streamed() {
     // The model never closed the block within 24 tokens: all of it is reasoning.
     assert_eq!(whole["choices"][0]["finish_reason"], "length", "{whole}");
     assert_eq!(message["content"], "", "{whole}");
+    let details = &whole["usage"]["completion_tokens_details"];
+    assert_eq!(details["reasoning_tokens"], 24, "{whole}");
+
+    // A budget of 6: the block is closed after the reasoning's first 6 tokens (the same as
+    // unbounded: greedy), and the rest of the reply is the answer (EOS masked, so there is
+    // one: this small model ends its reply as soon as the block closes).
+    let mut bounded = body(false);
+    bounded["thinking_token_budget"] = json!(6);
+    bounded["ignore_eos"] = json!(true);
+    let cut = post(addr, "/v1/chat/completions", &bounded).json();
+    let m = &cut["choices"][0]["message"];
+    let thought = m["reasoning_content"].as_str().expect("reasoning_content");
+    assert!(
+        reasoning.starts_with(thought.trim_end()),
+        "{thought:?} / {reasoning:?}"
+    );
+    assert!(thought.len() < reasoning.len(), "{cut}");
+    assert!(!m["content"].as_str().unwrap().is_empty(), "{cut}");
+    let spent = cut["usage"]["completion_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap();
+    // The closing marker's tokens count as reasoning too.
+    assert!((6..=10).contains(&spent), "{cut}");
 
     let streamed = open(
         addr,

@@ -33,25 +33,13 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
         .collect();
     assert_eq!(served.len(), 5);
 
-    let mut model = oxgen::Model::open(
-        dir.path(),
-        &oxgen::ModelOptions {
-            threads: 1,
-            ..oxgen::ModelOptions::default()
-        },
-    )
-    .unwrap();
+    let mut model = common::fixture::model(dir.path());
     let mut ids = prompt.clone();
     for (step, &got) in served.iter().enumerate() {
         let (logits, vocab) = model.logits(&ids).unwrap();
-        let last: Vec<f64> = logits[logits.len() - vocab..]
-            .iter()
-            .map(|&v| f64::from(v))
-            .collect();
-        let max = last.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let log_sum = max + last.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+        let last = &logits[logits.len() - vocab..];
         let best = (0..vocab).fold(0, |b, i| if last[i] > last[b] { i } else { b });
-        let want = last[best] - log_sum;
+        let want = oxgen_testkit::log_softmax(last)[best];
         assert!(
             (got - want).abs() < 1e-4,
             "step {step}: served {got}, log-softmax {want}"

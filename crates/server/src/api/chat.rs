@@ -1,11 +1,195 @@
-//! A chat request's messages, tools and template arguments: validated (a field this server
-//! does not know is a 400 naming it) and turned into what the chat template renders.
+//! A chat request: its messages, tools and template arguments, validated (a message field
+//! this server does not know is ignored, or a 400 naming it under `--strict-api`) and turned
+//! into what the chat template renders; how it is rendered (`add_generation_prompt`,
+//! `continue_final_message`, the reasoning effort); its predicted output.
 
-use oxgen::{ChatMessage, ChatTemplate, Tool, ToolCall, ToolChoice, ToolFormat, ToolSet};
+use oxgen::{ChatMessage, ChatTemplate, Prompt, Tool, ToolCall, ToolChoice, ToolFormat, ToolSet};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::string;
+use super::{
+    Bounds, MAX_TOP_LOGPROBS, Render, Request, Unknown, boolean, constraint, count, parse, string,
+};
 use crate::error::ApiError;
+
+/// Chat fields beyond the common ones. `store`, `metadata` and `service_tier` are accepted
+/// and ignored (the README lists them).
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "store",
+    "metadata",
+    "service_tier",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "reasoning_effort",
+    "reasoning",
+    "modalities",
+    "prediction",
+    "thinking_token_budget",
+];
+
+#[derive(Deserialize)]
+struct ChatFields {
+    messages: Vec<Map<String, Value>>,
+    max_completion_tokens: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+    reasoning_effort: Option<String>,
+    reasoning: Option<Reasoning>,
+    modalities: Option<Vec<String>>,
+    prediction: Option<PredictionField>,
+    thinking_token_budget: Option<i64>,
+}
+
+/// OpenAI's predicted output: `{"type": "content", "content": text or text parts}`.
+#[derive(Deserialize)]
+struct PredictionField {
+    #[serde(rename = "type")]
+    kind: String,
+    content: Value,
+}
+
+/// Responses-style `reasoning: {effort}`.
+#[derive(Deserialize)]
+struct Reasoning {
+    effort: Option<String>,
+}
+
+/// `POST /v1/chat/completions`; unknown fields are ignored (named in
+/// [`Request::ignored`]) unless `strict`.
+pub fn chat(body: &[u8], bounds: &Bounds, strict: bool) -> Result<Request, ApiError> {
+    let (value, common, chat, mut unknown) = parse::<ChatFields>(body, CHAT_FIELDS, strict)?;
+    let top_logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
+        (true, top) => Some(count(
+            "top_logprobs",
+            top.unwrap_or(0),
+            0,
+            MAX_TOP_LOGPROBS,
+        )?),
+        (false, None | Some(0)) => None,
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ));
+        }
+    };
+    if let Some(m) = chat.modalities.iter().flatten().find(|m| *m != "text") {
+        return Err(ApiError::invalid(
+            "modalities",
+            format!("modalities: only 'text' output is supported, not '{m}'"),
+        ));
+    }
+    let render = Render {
+        add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
+        continue_final_message: chat.continue_final_message.unwrap_or(false),
+    };
+    if render.add_generation_prompt && render.continue_final_message {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "continue_final_message continues the last message: send add_generation_prompt: \
+             false with it",
+        ));
+    }
+    let messages = chat_messages(chat.messages, &mut unknown)?;
+    if render.continue_final_message && messages.last().is_some_and(|m| m.role != "assistant") {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "continue_final_message needs the last message to be the assistant's",
+        ));
+    }
+    let effort = match (chat.reasoning_effort, chat.reasoning.and_then(|r| r.effort)) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::invalid(
+                "reasoning",
+                format!("reasoning_effort '{a}' and reasoning.effort '{b}' disagree; give one"),
+            ));
+        }
+        (a, b) => a.or(b),
+    };
+    if let Some(e) = effort.as_deref().filter(|e| !REASONING_EFFORTS.contains(e)) {
+        return Err(ApiError::invalid(
+            "reasoning_effort",
+            format!(
+                "reasoning_effort '{e}' is not one of {}",
+                REASONING_EFFORTS.join(", ")
+            ),
+        ));
+    }
+    let prediction = match chat.prediction {
+        None => None,
+        Some(p) if p.kind == "content" => Some(match &p.content {
+            Value::String(s) => s.clone(),
+            v => message_text(Some(v), "prediction")?,
+        }),
+        Some(p) => {
+            return Err(ApiError::invalid(
+                "prediction.type",
+                format!(
+                    "prediction.type '{}' is not supported; use 'content'",
+                    p.kind
+                ),
+            ));
+        }
+    };
+    let max_tokens = (chat.max_completion_tokens.or(common.max_tokens), 1);
+    let prompts = vec![Prompt::Chat(messages)];
+    let mut request =
+        common.into_request(prompts, max_tokens, top_logprobs, bounds, &mut unknown)?;
+    request.constraint = constraint(&value)?;
+    request.tools = tools(&value)?;
+    request.template_kwargs = template_kwargs(&value)?;
+    request.render = render;
+    request.reasoning_effort = effort;
+    request.prediction = prediction;
+    request.reasoning_budget = (chat.thinking_token_budget)
+        .map(|n| count("thinking_token_budget", n, 0, bounds.max_tokens_limit))
+        .transpose()?;
+    request.ignored = unknown.names;
+    Ok(request)
+}
+
+/// The efforts `reasoning_effort` takes (OpenAI's).
+pub const REASONING_EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
+
+/// What a reasoning effort means to the chat template `template`, added to `kwargs` unless
+/// the request's `chat_template_kwargs` already set it: a template that reads
+/// `reasoning_effort` (gpt-oss: low, medium or high) gets it, "none" and "minimal" as its
+/// lowest, "low"; one with an `enable_thinking` switch (Qwen3, SmolLM3) gets thinking off
+/// for "none" and "minimal", on otherwise.
+pub(crate) fn reasoning_kwargs(effort: &str, template: &str, kwargs: &mut Map<String, Value>) {
+    let off = matches!(effort, "none" | "minimal");
+    if template.contains("reasoning_effort") {
+        let effort = if off { "low" } else { effort };
+        (kwargs.entry("reasoning_effort")).or_insert_with(|| Value::from(effort));
+    }
+    if template.contains("enable_thinking") {
+        kwargs.entry("enable_thinking").or_insert(Value::Bool(!off));
+    }
+}
+
+/// vLLM's `continue_final_message`: `text` (rendered without a generation prompt) cut right
+/// after the last message's content, so the reply continues it.
+pub(crate) fn continue_final(text: String, messages: &[ChatMessage]) -> Result<String, ApiError> {
+    let last = messages.last().map_or("", |m| m.content.as_str());
+    match text.rfind(last).filter(|_| !last.is_empty()) {
+        Some(at) => Ok(text[..at + last.len()].to_string()),
+        None => Err(ApiError::invalid(
+            "continue_final_message",
+            "continue_final_message: the chat template does not render the last message's \
+             content as it is (or it is empty), so there is nothing to continue",
+        )),
+    }
+}
 
 /// A chat request's `tools`, `tool_choice` and `parallel_tool_calls`.
 #[derive(Debug, Clone)]
@@ -96,9 +280,10 @@ fn history_calls(v: &Value, at: &str) -> Result<Vec<ToolCall>, ApiError> {
 /// Validates chat messages: roles (`developer` is taken as `system`), text content, an
 /// assistant's `tool_calls` (its content may then be null) and reasoning
 /// (`reasoning_content`, or `reasoning`), and `tool` results with their `tool_call_id`; a
-/// message's `name` is accepted and ignored.
+/// message's `name` is accepted and ignored, other fields go to `unknown`.
 pub(crate) fn chat_messages(
     messages: Vec<Map<String, Value>>,
+    unknown: &mut Unknown,
 ) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages is empty"));
@@ -117,12 +302,7 @@ pub(crate) fn chat_messages(
                 "reasoning_content",
                 "reasoning",
             ];
-            if let Some(k) = m.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-                return Err(ApiError::invalid(
-                    format!("{at}.{k}"),
-                    format!("unsupported message field '{k}'"),
-                ));
-            }
+            unknown.check(m, &at, &[&FIELDS])?;
             let role = match m.get("role").and_then(Value::as_str) {
                 Some("developer") => "system",
                 Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
@@ -291,16 +471,7 @@ pub(crate) fn tools(body: &Value) -> Result<Option<Tools>, ApiError> {
             "tool_choice needs tools to choose from",
         ));
     }
-    let parallel = match body.get("parallel_tool_calls") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "parallel_tool_calls",
-                "parallel_tool_calls must be a boolean",
-            ));
-        }
-    };
+    let parallel = boolean("parallel_tool_calls", body.get("parallel_tool_calls"), true)?;
     Ok((!tools.is_empty()).then_some(Tools {
         tools,
         choice,
@@ -373,7 +544,7 @@ mod tests {
                 }
                 let messages: Vec<Map<String, Value>> =
                     serde_json::from_value(body["messages"].clone()).unwrap();
-                let messages = chat_messages(messages).unwrap();
+                let messages = chat_messages(messages, &mut Unknown::new(true)).unwrap();
                 let kwargs = template_kwargs(body).unwrap();
                 let generation = body["add_generation_prompt"].as_bool().unwrap_or(true);
                 let ours = template.render_with(&messages, tools.as_ref(), generation, &kwargs);

@@ -13,6 +13,16 @@ pub fn fixture() -> tempfile::TempDir {
     dir
 }
 
+/// The fixture package opened in-process on one thread: what served values are checked
+/// against (`Model::logits`).
+pub fn model(dir: &std::path::Path) -> oxgen::Model {
+    let options = oxgen::ModelOptions {
+        threads: 1,
+        ..oxgen::ModelOptions::default()
+    };
+    oxgen::Model::open(dir, &options).unwrap()
+}
+
 pub fn config() -> Config {
     let mut c = Config::new(MODEL);
     c.aliases = vec!["other-name".into(), "org/fixture".into()];

@@ -377,9 +377,15 @@ def check_errors():
     e = expect_error(openai.BadRequestError, 400, logprobs=True, top_logprobs=99)
     assert e.param == "top_logprobs", f"param {e.param!r}"
 
-    e = expect_error(openai.BadRequestError, 400, extra_body={"frobnicate": 1})
-    assert "frobnicate" in e.body["message"], f"message {e.body['message']!r}"
-    assert e.param == "frobnicate", f"param {e.param!r}"
+    # A field the server does not implement is ignored and named in a header; one whose
+    # meaning would change the answer (audio output) is refused.
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, extra_body={"frobnicate": 1}
+    )
+    assert raw.headers.get("x-oxgen-ignored-fields") == "frobnicate", f"{raw.headers}"
+    greedy_content(raw.parse())
+    e = expect_error(openai.BadRequestError, 400, audio={"voice": "alloy", "format": "wav"})
+    assert e.param == "audio", f"param {e.param!r}"
 
     e = expect_error(
         openai.BadRequestError,
@@ -498,6 +504,18 @@ def check_parse():
     )
     owner = r.choices[0].message.parsed
     assert isinstance(owner, Owner), f"parsed {owner!r} from {r.choices[0].message.content!r}"
+
+
+def check_prediction():
+    # The reply predicted exactly: its ids are proposed and kept; the text is unchanged.
+    want = greedy_content(chat(max_tokens=32))
+    r = chat(max_tokens=32, prediction={"type": "content", "content": want})
+    assert greedy_content(r) == want, f"{r.choices[0].message.content!r} != {want!r}"
+    details = r.usage.completion_tokens_details
+    kept = details.accepted_prediction_tokens
+    assert kept >= r.usage.completion_tokens // 2, f"{details}"
+    assert details.rejected_prediction_tokens == 0, f"{details}"
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0, f"{r.usage}"
 
 
 def check_json_object():
@@ -695,6 +713,7 @@ CHECKS = [
     ("errors", check_errors),
     ("json_schema", check_json_schema),
     ("parse", check_parse),
+    ("prediction", check_prediction),
     ("json_object", check_json_object),
     ("guided", check_guided),
     ("tools required", check_tools_required),

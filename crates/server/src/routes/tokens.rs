@@ -1,0 +1,135 @@
+//! The tokenizer's endpoints: `/tokenize`, `/detokenize` and `/tokenizer_info` (vLLM's,
+//! which lm-evaluation-harness's remote tokenizer uses).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::response::Response;
+use serde_json::{Map, Value, json};
+
+use super::encode_chat;
+use super::http::{body, reply};
+use crate::App;
+use crate::api::{self, Render, Unknown};
+use crate::error::ApiError;
+
+/// `POST /tokenize`: `{"prompt": "..."}` (with `add_special_tokens`, default false: the
+/// tokenizer's own special tokens, a BOS say, around the text) or `{"messages": [...]}`
+/// (rendered with the chat template, with `tools` when given, as a chat request renders
+/// them) → `{"tokens": [...], "count": n, "max_model_len": context}`.
+pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
+    let result = async {
+        let loaded = app.ready()?;
+        let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
+        let mut unknown = Unknown::new(app.config.strict_api);
+        unknown.check(
+            &map,
+            "",
+            &[&[
+                "model",
+                "prompt",
+                "messages",
+                "tools",
+                "tool_choice",
+                "chat_template_kwargs",
+                "add_special_tokens",
+                "add_generation_prompt",
+                "continue_final_message",
+            ]],
+        )?;
+        check_model(&app, &map)?;
+        let has = |k: &str| map.get(k).is_some_and(|v| !v.is_null());
+        let ids = match (map.get("prompt"), has("messages")) {
+            (Some(Value::String(text)), false) if !has("tools") && !has("chat_template_kwargs") => {
+                let special =
+                    api::boolean("add_special_tokens", map.get("add_special_tokens"), false)?;
+                let (encoder, text) = (loaded.encoder.clone(), text.clone());
+                tokio::task::spawn_blocking(move || encoder.tokenizer().encode(&text, special))
+                    .await
+                    .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?
+            }
+            (None, true) => {
+                #[derive(serde::Deserialize)]
+                struct Messages {
+                    messages: Vec<Map<String, Value>>,
+                    add_generation_prompt: Option<bool>,
+                    continue_final_message: Option<bool>,
+                }
+                let value = Value::Object(map);
+                let tools = api::tools(&value)?.map(|t| t.with_format(loaded.tool_format));
+                let kwargs = api::template_kwargs(&value)?;
+                let m: Messages = api::typed(&value)?;
+                let render = Render {
+                    add_generation_prompt: m.add_generation_prompt.unwrap_or(true),
+                    continue_final_message: m.continue_final_message.unwrap_or(false),
+                };
+                let messages = api::chat_messages(m.messages, &mut unknown)?;
+                encode_chat(loaded, messages, tools, kwargs, render)
+                    .await?
+                    .0
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "give either 'prompt' (a string) or 'messages' (with 'tools' if any)",
+                ));
+            }
+        };
+        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.limit.max()}))
+    };
+    reply(result.await)
+}
+
+/// `GET /tokenizer_info`: what a client needs to tokenize as the server does (vLLM's
+/// endpoint, lm-evaluation-harness's remote tokenizer): the special tokens, the chat
+/// template, the context.
+pub(super) async fn tokenizer_info(State(app): State<Arc<App>>) -> Response {
+    let result = app.ready().map(|loaded| {
+        json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": loaded.eos_token,
+            "bos_token": loaded.bos_token,
+            "pad_token": Value::Null,
+            "chat_template": loaded.encoder.template().map(|t| t.source()),
+            "model_max_length": loaded.limit.max(),
+            "vocab_size": loaded.vocab,
+        })
+    });
+    reply(result)
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}` → `{"prompt": "text"}`.
+pub(super) async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
+    let result = async {
+        let loaded = app.ready()?;
+        let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
+        Unknown::new(app.config.strict_api).check(&map, "", &[&["model", "tokens"]])?;
+        check_model(&app, &map)?;
+        #[derive(serde::Deserialize)]
+        struct Tokens {
+            tokens: Vec<u32>,
+        }
+        let value = Value::Object(map);
+        let Tokens { tokens } = api::typed(&value)?;
+        api::token_ids("tokens", &tokens, loaded.vocab)?;
+        let text = loaded
+            .encoder
+            .decode(&tokens, false)
+            .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        Ok(json!({ "prompt": text }))
+    };
+    reply(result.await)
+}
+
+/// An optional `model` must name the served model.
+pub(super) fn check_model(app: &App, map: &Map<String, Value>) -> Result<(), ApiError> {
+    match map.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if app.model_names().contains(m) => Ok(()),
+        Some(other) => {
+            let asked = other.as_str().map_or(other.to_string(), str::to_string);
+            Err(ApiError::model_not_found(&asked, &app.model_names()))
+        }
+    }
+}
