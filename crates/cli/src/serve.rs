@@ -97,6 +97,10 @@ pub struct Args {
     /// The API key is still required where one is set. Default: none (no CORS).
     #[arg(long, env = "OXGEN_CORS_ORIGIN", value_delimiter = ',')]
     cors_origin: Vec<String>,
+    /// Responses API objects kept in memory for `previous_response_id` and
+    /// `GET /v1/responses/{id}`: the newest N (0: none are kept).
+    #[arg(long, env = "OXGEN_RESPONSES_STORE", default_value_t = oxgen_server::DEFAULT_RESPONSES_STORE)]
+    responses_store: usize,
     #[command(flatten)]
     backend: BackendArgs,
     #[command(flatten)]
@@ -147,6 +151,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         handle_signals: true,
         strict_api: args.strict_api,
         cors_origins: args.cors_origin.clone(),
+        responses_store: args.responses_store,
         tool_parser: args
             .tool_parser
             .as_deref()

@@ -214,7 +214,8 @@ fn chat_template_kwargs_reach_the_template() {
 }
 
 /// The client venv's Python (`OXGEN_CLIENTS_PYTHON`, set by scripts/test.sh: LangChain,
-/// LlamaIndex, litellm and lm-evaluation-harness, with their own `openai`).
+/// LlamaIndex, litellm, lm-evaluation-harness, the Anthropic and Ollama SDKs, with their own
+/// `openai`).
 fn clients_python() -> PathBuf {
     std::env::var_os("OXGEN_CLIENTS_PYTHON")
         .expect("OXGEN_CLIENTS_PYTHON is not set: run scripts/test.sh (it makes the client venv)")
@@ -233,6 +234,19 @@ fn langchain_llamaindex_and_litellm_work_against_oxgen_serve() {
         ("HF_HUB_OFFLINE", "1"),
     ];
     run_script(clients_python(), "clients.py", &args, &offline);
+}
+
+/// The official clients of the other protocols, as their users call them: the `openai`
+/// SDK's Responses (text, streaming accumulated by the SDK, `parse` with a schema, a required
+/// call then its output, `previous_response_id` served from the prefix cache, retrieve and
+/// delete), the `anthropic` SDK's Messages (create, stream, `count_tokens`, a `tool_use` →
+/// `tool_result` round trip, errors as its exception types) and the `ollama` client (chat
+/// streamed and not, generate, list, show, ps, a schema as `format`, a tool call).
+#[test]
+fn responses_anthropic_and_ollama_clients_work_against_oxgen_serve() {
+    let served = serve(&[]);
+    let args = [format!("http://{}", served.addr), MODEL.to_string()];
+    run_script(clients_python(), "protocols.py", &args, &[]);
 }
 
 /// lm-evaluation-harness's `local-completions` model with its remote tokenizer runs a small

@@ -13,13 +13,19 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 
+mod anthropic;
 mod chat;
 mod completion;
+mod ollama;
+mod responses;
+pub use anthropic::messages;
 pub use chat::chat;
 pub(crate) use chat::{
     Tools, chat_messages, continue_final, reasoning_kwargs, template_kwargs, tools,
 };
 pub use completion::completion;
+pub use ollama::{ollama_chat, ollama_generate};
+pub use responses::responses;
 
 /// Fields both completion endpoints take.
 const COMMON_FIELDS: &[&str] = &[
@@ -148,6 +154,8 @@ pub struct Request {
     pub tools: Option<Tools>,
     /// Extra arguments for the chat template (chat only).
     pub template_kwargs: Map<String, Value>,
+    /// Ollama's `num_ctx`: the prompt and the reply together fit in this many positions.
+    pub num_ctx: Option<usize>,
 }
 
 /// What requests are checked against.
@@ -252,6 +260,16 @@ impl Unknown {
         }
         Ok(())
     }
+}
+
+/// `e` with the field names of another protocol: each `(from, to)` replaced in its `param`
+/// and message (its checks are chat completions', its names the caller's).
+fn renamed(mut e: ApiError, names: &[(&str, &str)]) -> ApiError {
+    for (from, to) in names {
+        e.message = e.message.replace(from, to);
+        e.param = e.param.map(|p| p.replace(from, to));
+    }
+    e
 }
 
 fn range(param: &str, v: f64, lo: f64, hi: f64) -> Result<f32, ApiError> {
@@ -443,6 +461,7 @@ impl Common {
             constraint: None,
             tools: None,
             template_kwargs: Map::new(),
+            num_ctx: None,
         })
     }
 }

@@ -1,4 +1,6 @@
-//! Errors in OpenAI's envelope: `{"error": {"message", "type", "param", "code"}}`.
+//! Errors, answered in the envelope of the protocol asked: OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}`, Anthropic's
+//! `{"type": "error", "error": {"type", "message"}}` or Ollama's `{"error": "..."}`.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -175,14 +177,123 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.body())).into_response();
+/// The API a request speaks, which shapes its errors (and names it in `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    OpenAi,
+    Anthropic,
+    Ollama,
+}
+
+impl Protocol {
+    /// The protocol of a request to `path`.
+    pub fn of_path(path: &str) -> Protocol {
+        if path.starts_with("/v1/messages") {
+            Protocol::Anthropic
+        } else if path.starts_with("/api/") {
+            Protocol::Ollama
+        } else {
+            Protocol::OpenAi
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::OpenAi => "openai",
+            Protocol::Anthropic => "anthropic",
+            Protocol::Ollama => "ollama",
+        }
+    }
+}
+
+impl ApiError {
+    /// Anthropic's error type and status for this error: the server being busy, loading or
+    /// shutting down is 529 `overloaded_error` (its clients retry it).
+    fn anthropic(&self) -> (StatusCode, &'static str) {
+        let overloaded = StatusCode::from_u16(529).expect("529 is a valid status code");
+        match self.status.as_u16() {
+            400 | 405 | 408 | 422 => (self.status, "invalid_request_error"),
+            401 => (self.status, "authentication_error"),
+            403 => (self.status, "permission_error"),
+            404 => (self.status, "not_found_error"),
+            413 => (self.status, "request_too_large"),
+            429 | 503 => (overloaded, "overloaded_error"),
+            _ => (self.status, "api_error"),
+        }
+    }
+
+    /// The status and body of this error in `protocol`'s envelope.
+    pub fn shaped(&self, protocol: Protocol) -> (StatusCode, serde_json::Value) {
+        match protocol {
+            Protocol::OpenAi => (self.status, self.body()),
+            Protocol::Anthropic => {
+                let (status, kind) = self.anthropic();
+                let message = clip(&self.message, MAX_MESSAGE);
+                let body = json!({"type": "error", "error": {"type": kind, "message": message}});
+                (status, body)
+            }
+            Protocol::Ollama => (
+                self.status,
+                json!({"error": clip(&self.message, MAX_MESSAGE)}),
+            ),
+        }
+    }
+
+    /// The response in `protocol`'s envelope, with `Retry-After` where it applies.
+    pub fn response(&self, protocol: Protocol) -> Response {
+        let (status, body) = self.shaped(protocol);
+        let mut response = (status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.response(Protocol::OpenAi)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Anthropic's clients read `error.type` and retry 529: the server being busy or not
+    /// ready is `overloaded_error` there; Ollama's errors are a bare string.
+    #[test]
+    fn errors_take_each_protocols_shape() {
+        let busy = ApiError::queue_full(4);
+        let (status, body) = busy.shaped(Protocol::Anthropic);
+        assert_eq!(status.as_u16(), 529);
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], "overloaded_error");
+        let loading = ApiError::unavailable("loading", "the model is still loading");
+        assert_eq!(loading.shaped(Protocol::Anthropic).0.as_u16(), 529);
+        assert_eq!(loading.shaped(Protocol::OpenAi).0.as_u16(), 503);
+        let bad = ApiError::invalid("max_tokens", "max_tokens is required");
+        let (status, body) = bad.shaped(Protocol::Anthropic);
+        assert_eq!(
+            (status.as_u16(), &body["error"]["type"]),
+            (400, &json!("invalid_request_error"))
+        );
+        let (status, body) = bad.shaped(Protocol::Ollama);
+        assert_eq!(
+            (status.as_u16(), body),
+            (400, json!({"error": "max_tokens is required"}))
+        );
+        let missing = ApiError::not_found("no such endpoint")
+            .shaped(Protocol::Anthropic)
+            .1;
+        assert_eq!(missing["error"]["type"], "not_found_error");
+        assert_eq!(
+            Protocol::of_path("/v1/messages/count_tokens"),
+            Protocol::Anthropic
+        );
+        assert_eq!(Protocol::of_path("/api/tags"), Protocol::Ollama);
+        assert_eq!(Protocol::of_path("/v1/responses"), Protocol::OpenAi);
     }
 }

@@ -37,11 +37,20 @@ use tokio::sync::Notify;
 
 pub use error::ApiError;
 
-/// Parses and validates a request body as `POST /v1/chat/completions` (`chat`) or
-/// `POST /v1/completions` does, against a 49152-id vocabulary and the default limits, with
-/// no model loaded and unknown fields ignored: what the fuzzer (`fuzz/`) and tests drive
-/// with arbitrary bytes.
-pub fn validate_request(chat: bool, body: &[u8]) -> Result<(), ApiError> {
+/// The endpoints whose bodies [`validate_request`] parses.
+pub const REQUEST_ENDPOINTS: [&str; 6] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/api/chat",
+    "/api/generate",
+];
+
+/// Parses and validates a request body as `POST endpoint` (one of [`REQUEST_ENDPOINTS`])
+/// does, against a 49152-id vocabulary and the default limits, with no model loaded and
+/// unknown fields ignored: what the fuzzer (`fuzz/`) and tests drive with arbitrary bytes.
+pub fn validate_request(endpoint: &str, body: &[u8]) -> Result<(), ApiError> {
     let defaults = SamplingParams::default();
     let bounds = api::Bounds {
         defaults: &defaults,
@@ -49,10 +58,14 @@ pub fn validate_request(chat: bool, body: &[u8]) -> Result<(), ApiError> {
         max_n: DEFAULT_MAX_BATCH,
         max_tokens_limit: DEFAULT_MAX_TOKENS_LIMIT,
     };
-    if chat {
-        api::chat(body, &bounds, false)?;
-    } else {
-        api::completion(body, &bounds, false)?;
+    match endpoint {
+        "/v1/chat/completions" => drop(api::chat(body, &bounds, false)?),
+        "/v1/completions" => drop(api::completion(body, &bounds, false)?),
+        "/v1/responses" => drop(api::responses(body, &bounds, false)?),
+        "/v1/messages" => drop(api::messages(body, &bounds, false, false)?),
+        "/api/chat" => drop(api::ollama_chat(body, &bounds, false)?),
+        "/api/generate" => drop(api::ollama_generate(body, &bounds, false)?),
+        other => return Err(ApiError::not_found(format!("no endpoint {other}"))),
     }
     Ok(())
 }
@@ -101,6 +114,9 @@ pub struct Config {
     pub strict_api: bool,
     /// Origins browsers may call from (`*`: any); empty: no CORS headers, no preflights.
     pub cors_origins: Vec<String>,
+    /// Responses API objects kept for `previous_response_id` and `GET /v1/responses/{id}`
+    /// (the newest this many; 0: none).
+    pub responses_store: usize,
 }
 
 /// [`Config::max_queue`]'s default.
@@ -116,6 +132,8 @@ pub const DEFAULT_MAX_TOKENS_LIMIT: usize = 4096;
 pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 600;
 /// [`Config::max_body`]'s default: 4 MiB.
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
+/// [`Config::responses_store`]'s default.
+pub const DEFAULT_RESPONSES_STORE: usize = 256;
 /// [`Config::body_timeout`]'s default, in seconds.
 pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
 /// [`Config::header_timeout`]'s default, in seconds.
@@ -143,6 +161,7 @@ impl Config {
             tool_parser: None,
             strict_api: false,
             cors_origins: Vec::new(),
+            responses_store: DEFAULT_RESPONSES_STORE,
         }
     }
 }
@@ -198,6 +217,8 @@ pub(crate) struct App {
     started: u64,
     /// Ignored request field names already logged.
     ignored: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Responses API objects kept (`--responses-store`).
+    responses: std::sync::Mutex<routes::Store>,
 }
 
 impl App {
@@ -361,6 +382,7 @@ impl Server {
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let store = routes::Store::new(config.responses_store);
         let app = Arc::new(App {
             config,
             jobs,
@@ -372,6 +394,7 @@ impl Server {
             metrics: Metrics::default(),
             started,
             ignored: Default::default(),
+            responses: std::sync::Mutex::new(store),
         });
         let engine_app = app.clone();
         std::thread::Builder::new()

@@ -51,8 +51,8 @@ impl Histogram {
 
 /// Everything `/metrics` reports.
 pub struct Metrics {
-    /// Responses by (endpoint, status).
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Responses by (protocol, endpoint, status).
+    requests: Mutex<BTreeMap<(&'static str, String, u16), u64>>,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub ttft: Histogram,
@@ -95,9 +95,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn count_request(&self, endpoint: &str, status: u16) {
+    pub fn count_request(&self, protocol: &'static str, endpoint: &str, status: u16) {
         let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        *requests.entry((endpoint.to_string(), status)).or_default() += 1;
+        *requests
+            .entry((protocol, endpoint.to_string(), status))
+            .or_default() += 1;
     }
 
     /// Requests queued or running. The engine counts a request as running before it stops
@@ -111,14 +113,15 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         out.push_str(
-            "# HELP oxgen_requests_total HTTP responses by endpoint and status.\n\
+            "# HELP oxgen_requests_total HTTP responses by protocol, endpoint and status.\n\
              # TYPE oxgen_requests_total counter\n",
         );
         let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        for ((endpoint, status), n) in requests.iter() {
+        for ((protocol, endpoint, status), n) in requests.iter() {
             let _ = writeln!(
                 out,
-                "oxgen_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+                "oxgen_requests_total{{protocol=\"{protocol}\",endpoint=\"{endpoint}\",\
+                 status=\"{status}\"}} {n}"
             );
         }
         drop(requests);
@@ -450,8 +453,8 @@ mod tests {
         m.ttft.observe(Duration::from_millis(3));
         m.ttft.observe(Duration::from_millis(40));
         m.ttft.observe(Duration::from_secs(100));
-        m.count_request("/v1/chat/completions", 200);
-        m.count_request("/v1/chat/completions", 200);
+        m.count_request("openai", "/v1/chat/completions", 200);
+        m.count_request("openai", "/v1/chat/completions", 200);
         let text = m.render();
         for line in [
             "oxgen_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0",
@@ -461,7 +464,8 @@ mod tests {
             "oxgen_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3",
             "oxgen_time_to_first_token_seconds_sum 100.043",
             "oxgen_time_to_first_token_seconds_count 3",
-            "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 2",
+            "oxgen_requests_total{protocol=\"openai\",endpoint=\"/v1/chat/completions\",\
+             status=\"200\"} 2",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

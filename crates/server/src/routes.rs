@@ -1,11 +1,17 @@
 //! The endpoints: OpenAI's completion APIs (a request parsed by `api`, prepared here:
 //! tokenized, constrained, sized and queued for the engine; answered by `response`), models,
-//! health and metrics; the tokenizer's endpoints in `tokens`, what every endpoint shares of
-//! HTTP in `http`.
+//! health and metrics; the other protocols' adapters (`responses`, `anthropic`, `ollama`,
+//! each a request parsed by `api`, prepared and queued here, and a reply encoded from
+//! `turn`); the tokenizer's endpoints in `tokens`, what every endpoint shares of HTTP in
+//! `http`.
 
+mod anthropic;
 mod http;
+mod ollama;
 mod response;
+mod responses;
 mod tokens;
+mod turn;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -26,16 +32,30 @@ use tokio::sync::mpsc::unbounded_channel;
 
 use self::http::{MAX_IGNORED_NAME, body, cors, guard, name_ignored, reply};
 use self::response::{Kind, Pending, collect, response_id, stream, unix_now};
+pub(crate) use self::responses::Store;
 use self::tokens::{detokenize, tokenize, tokenizer_info};
 use crate::api::{self, Bounds, Render};
 use crate::engine::{Job, JobPrompt};
-use crate::error::ApiError;
+use crate::error::{ApiError, Protocol};
 use crate::{App, Loaded, Phase};
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/tokenize", post(tokenize))
@@ -44,9 +64,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(app.clone(), guard))
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .fallback(|uri: Uri| async move {
+            ApiError::not_found("no such endpoint").response(Protocol::of_path(uri.path()))
+        })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
-            ApiError::method_not_allowed(method.as_str(), uri.path())
+            let e = ApiError::method_not_allowed(method.as_str(), uri.path());
+            e.response(Protocol::of_path(uri.path()))
         })
         .layer(middleware::from_fn_with_state(app.clone(), cors))
         .with_state(app)
@@ -185,20 +208,23 @@ impl App {
         }
     }
 
-    /// Tokenizes, sizes and queues a request.
-    async fn submit(&self, kind: Kind, mut req: api::Request) -> Result<Pending, ApiError> {
-        if !self.model_names().contains(&req.model) {
-            return Err(ApiError::model_not_found(&req.model, &self.model_names()));
+    /// The served model a request names: 404 for another.
+    fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        match self.model_names().iter().any(|m| m == model) {
+            true => Ok(()),
+            false => Err(ApiError::model_not_found(model, &self.model_names())),
         }
-        // Again: a shutdown may have begun while the body arrived.
-        let loaded = self.ready()?;
-        self.note_ignored(&req.ignored);
-        let tools = req.tools.take().map(|t| t.with_format(loaded.tool_format));
-        let param = if kind == Kind::Chat {
-            "messages"
-        } else {
-            "prompt"
-        };
+    }
+
+    /// A request's prompts rendered (a chat's with its tools, as the request says) and
+    /// tokenized: each prompt's ids and text, and how a chat reply is taken apart.
+    async fn render(
+        &self,
+        loaded: &Loaded,
+        param: &str,
+        req: &mut api::Request,
+        tools: Option<&ToolSet>,
+    ) -> Result<(Prompts, Option<ReplySyntax>), ApiError> {
         let mut syntax = None;
         let mut prompts = Vec::with_capacity(req.prompts.len());
         for prompt in std::mem::take(&mut req.prompts) {
@@ -210,8 +236,8 @@ impl App {
                         api::reasoning_kwargs(effort, template, &mut kwargs);
                     }
                     let (ids, text) =
-                        encode_chat(loaded, messages, tools.clone(), kwargs, req.render).await?;
-                    let calls = (tools.as_ref())
+                        encode_chat(loaded, messages, tools.cloned(), kwargs, req.render).await?;
+                    let calls = (tools)
                         .filter(|t| t.choice != ToolChoice::None)
                         .map(|t| t.format);
                     let s = ReplySyntax::of_template(template, &text, calls);
@@ -232,6 +258,22 @@ impl App {
             };
             prompts.push((ids, text));
         }
+        Ok((prompts, syntax))
+    }
+
+    /// Tokenizes, sizes and queues a request.
+    async fn submit(&self, kind: Kind, mut req: api::Request) -> Result<Pending, ApiError> {
+        self.check_model(&req.model)?;
+        // Again: a shutdown may have begun while the body arrived.
+        let loaded = self.ready()?;
+        self.note_ignored(&req.ignored);
+        let tools = req.tools.take().map(|t| t.with_format(loaded.tool_format));
+        let param = if kind == Kind::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
+        let (mut prompts, syntax) = self.render(loaded, param, &mut req, tools.as_ref()).await?;
         // With reasoning first, only the answer is constrained.
         let tokenizer = loaded.encoder.tokenizer();
         let reasoned = |c| match &syntax {
@@ -283,6 +325,19 @@ impl App {
                 e
             })?;
             max_new_tokens = max_new_tokens.min(sizing.max_new_tokens);
+            if let Some(ctx) = req.num_ctx {
+                if ids.len() >= ctx {
+                    return Err(ApiError::invalid(
+                        "options.num_ctx",
+                        format!(
+                            "the prompt has {} tokens: options.num_ctx {ctx} leaves no room to \
+                             generate",
+                            ids.len()
+                        ),
+                    ));
+                }
+                max_new_tokens = max_new_tokens.min(ctx - ids.len());
+            }
         }
         req.options.max_new_tokens = max_new_tokens;
         // The response needs the prompts' ids only to echo or score them.
@@ -345,9 +400,9 @@ impl App {
         Ok(Pending {
             kind,
             id: response_id(if kind == Kind::Chat {
-                "chatcmpl"
+                "chatcmpl-"
             } else {
-                "cmpl"
+                "cmpl-"
             }),
             created: unix_now(),
             model: req.model,
@@ -392,6 +447,9 @@ impl App {
     }
 }
 
+/// Each prompt's ids and text.
+type Prompts = Vec<(Vec<u32>, String)>;
+
 /// Distinct ignored field names logged at most (a client inventing names cannot fill the
 /// log or the memory).
 const MAX_IGNORED_LOGGED: usize = 256;
@@ -422,7 +480,7 @@ async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
             let ignored = std::mem::take(&mut p.ignored);
             let mut response = match p.stream {
                 true => stream(p).into_response(),
-                false => reply(collect(p).await),
+                false => reply(collect(p).await, Protocol::OpenAi),
             };
             name_ignored(&mut response, &ignored);
             response

@@ -429,9 +429,9 @@ fn bad_requests_get_their_status_and_the_server_keeps_serving() {
     common::wait_idle(addr);
     let metrics = String::from_utf8(get(addr, "/metrics").body).unwrap();
     for line in [
-        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
-        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"413\"} 1",
-        "oxgen_requests_total{endpoint=\"/v1/chat/completions\",status=\"404\"} 3",
+        "oxgen_requests_total{protocol=\"openai\",endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
+        "oxgen_requests_total{protocol=\"openai\",endpoint=\"/v1/chat/completions\",status=\"413\"} 1",
+        "oxgen_requests_total{protocol=\"openai\",endpoint=\"/v1/chat/completions\",status=\"404\"} 3",
         "oxgen_generation_tokens_total 8",
         "oxgen_time_to_first_token_seconds_count 1",
         "oxgen_inter_token_latency_seconds_count 7",

@@ -212,7 +212,7 @@ impl Tools {
 }
 
 /// A chat message's text: a string, or text parts.
-fn message_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
+pub(super) fn message_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
     match content {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {

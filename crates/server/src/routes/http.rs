@@ -1,6 +1,6 @@
 //! HTTP concerns every endpoint shares: CORS, the API key and response counting
 //! (middleware), reading a body under its size and time limits, and answering JSON or an
-//! error in OpenAI's envelope.
+//! error in the envelope of the request's protocol.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use crate::App;
-use crate::error::ApiError;
+use crate::error::{ApiError, Protocol};
 
 /// CORS for the origins of `--cors-origin`: a preflight (`OPTIONS` with
 /// `Access-Control-Request-Method`) from one is answered here, before the API key is asked
@@ -72,41 +72,40 @@ pub(super) async fn cors(State(app): State<Arc<App>>, request: Request, next: Ne
     response
 }
 
-/// Checks the API key (all but `/health`) and counts responses by endpoint and status.
+/// Checks the API key (all but `/health`) and counts responses by protocol, endpoint and
+/// status; an error here is in the envelope of the protocol the path belongs to.
 pub(super) async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let endpoint = request
         .extensions()
         .get::<MatchedPath>()
         .map_or("other".to_string(), |m| m.as_str().to_string());
+    let protocol = Protocol::of_path(request.uri().path());
     let response = match &app.config.api_key {
         Some(key) if endpoint != "/health" && !authorized(request.headers(), key) => {
             ApiError::unauthorized(
-                "missing or wrong API key: send 'Authorization: Bearer KEY' with the server's --api-key",
+                "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') \
+                 with the server's --api-key",
             )
-            .into_response()
+            .response(protocol)
         }
         _ => next.run(request).await,
     };
     app.metrics
-        .count_request(&endpoint, response.status().as_u16());
+        .count_request(protocol.name(), &endpoint, response.status().as_u16());
     response
 }
 
-/// `Authorization: Bearer KEY`, compared in constant time.
+/// `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`, compared in constant time.
 pub(super) fn authorized(headers: &HeaderMap, key: &str) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
+    let bearer = (headers.get(header::AUTHORIZATION))
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    let same = |given: &str| {
+        given.len() == key.len()
+            && (given.bytes().zip(key.bytes())).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     };
-    given.len() == key.len()
-        && given
-            .bytes()
-            .zip(key.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    bearer.is_some_and(same) || x_api_key.is_some_and(same)
 }
 
 /// The body: 413 over the limit, 400 when it cannot be read (the client sent less than it
@@ -177,10 +176,10 @@ pub(super) const MAX_IGNORED_NAME: usize = 128;
 /// Bytes of field names the header carries at most.
 pub(super) const MAX_IGNORED_HEADER: usize = 1024;
 
-/// A JSON body, or the error in OpenAI's envelope.
-pub(super) fn reply(result: Result<Value, ApiError>) -> Response {
+/// A JSON body, or the error in `protocol`'s envelope.
+pub(super) fn reply(result: Result<Value, ApiError>, protocol: Protocol) -> Response {
     match result {
         Ok(v) => axum::Json(v).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => e.response(protocol),
     }
 }

@@ -22,12 +22,12 @@ pub(super) fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A response id: the endpoint's prefix and 24 hex digits.
+/// An id: the object's prefix (`chatcmpl-`, `resp_`, `msg_`) and 24 random hex digits.
 pub(super) fn response_id(prefix: &str) -> String {
     use std::hash::{BuildHasher, RandomState};
     let a = RandomState::new().hash_one(Instant::now());
     let b = RandomState::new().hash_one(a);
-    format!("{prefix}-{a:016x}{:08x}", b as u32)
+    format!("{prefix}{a:016x}{:08x}", b as u32)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub(super) struct Choice {
     /// The text, when the reply is not taken apart.
     text: String,
     /// The reply taken apart by `parser`.
-    reply: Reply,
+    pub(super) reply: Reply,
     parser: Option<ReplyParser>,
     finish: Option<&'static str>,
     /// (id, log-probabilities) per token.
@@ -80,13 +80,21 @@ pub(super) struct Choice {
     /// Streaming: the echoed prompt went out.
     echoed: bool,
     /// Tokens generated inside the reasoning block.
-    reasoning_tokens: usize,
+    pub(super) reasoning_tokens: usize,
 }
 
 impl Choice {
+    /// A choice whose reply is taken apart as `syntax` says.
+    pub(super) fn parsed(syntax: ReplySyntax, seed: u64) -> Choice {
+        Choice {
+            parser: Some(ReplyParser::new(syntax, seed)),
+            ..Choice::default()
+        }
+    }
+
     /// Takes a step's text through the parser, whose deltas go to `deltas`; without one the
     /// text is kept as it is (and `deltas` left empty).
-    fn push(&mut self, text: &str, last: bool, deltas: &mut Vec<ReplyDelta>) {
+    pub(super) fn push(&mut self, text: &str, last: bool, deltas: &mut Vec<ReplyDelta>) {
         deltas.clear();
         let Some(parser) = &mut self.parser else {
             self.text.push_str(text);
@@ -435,10 +443,9 @@ impl Pending {
     fn choices(&self) -> Vec<Choice> {
         let seed = oxgen::fresh_seed();
         (0..self.n)
-            .map(|i| Choice {
-                parser: (self.syntax)
-                    .map(|s| ReplyParser::new(s, seed.wrapping_add(i as u64 * 0x9e37))),
-                ..Choice::default()
+            .map(|i| match self.syntax {
+                Some(s) => Choice::parsed(s, seed.wrapping_add(i as u64 * 0x9e37)),
+                None => Choice::default(),
             })
             .collect()
     }

@@ -11,7 +11,7 @@ use super::encode_chat;
 use super::http::{body, reply};
 use crate::App;
 use crate::api::{self, Render, Unknown};
-use crate::error::ApiError;
+use crate::error::{ApiError, Protocol};
 
 /// `POST /tokenize`: `{"prompt": "..."}` (with `add_special_tokens`, default false: the
 /// tokenizer's own special tokens, a BOS say, around the text) or `{"messages": [...]}`
@@ -78,7 +78,7 @@ pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> R
         };
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.limit.max()}))
     };
-    reply(result.await)
+    reply(result.await, Protocol::OpenAi)
 }
 
 /// `GET /tokenizer_info`: what a client needs to tokenize as the server does (vLLM's
@@ -96,7 +96,7 @@ pub(super) async fn tokenizer_info(State(app): State<Arc<App>>) -> Response {
             "vocab_size": loaded.vocab,
         })
     });
-    reply(result)
+    reply(result, Protocol::OpenAi)
 }
 
 /// `POST /detokenize`: `{"tokens": [ids]}` → `{"prompt": "text"}`.
@@ -119,7 +119,7 @@ pub(super) async fn detokenize(State(app): State<Arc<App>>, request: Request) ->
             .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
         Ok(json!({ "prompt": text }))
     };
-    reply(result.await)
+    reply(result.await, Protocol::OpenAi)
 }
 
 /// An optional `model` must name the served model.

@@ -207,6 +207,21 @@ impl Conn {
         (size > 0).then_some(data)
     }
 
+    /// The next line of the body (a JSON line of Ollama's streams, or a line of an event).
+    pub fn next_line(&mut self) -> Option<String> {
+        loop {
+            if let Some(end) = self.pending.find('\n') {
+                let line: String = self.pending.drain(..end + 1).collect();
+                if line.trim().is_empty() {
+                    continue;
+                }
+                return Some(line.trim_end().to_string());
+            }
+            let chunk = self.chunk()?;
+            self.pending.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
     /// The next server-sent event's `data:` payload (keep-alive comments skipped).
     pub fn next_event(&mut self) -> Option<String> {
         loop {
