@@ -174,6 +174,19 @@ fn one_greedy_request_gives_the_same_text_on_every_protocol() {
     assert!(last["eval_count"].as_u64().unwrap() > 0);
     assert!(lines[..lines.len() - 1].iter().all(|l| l["done"] == false));
 
+    // A stop sequence from the reply ends it there, and Anthropic names it.
+    let word = want.split_whitespace().nth(1).unwrap_or(&want).to_string();
+    let stopped = post(
+        addr,
+        "/v1/messages",
+        &with(messages_body(), json!({"stop_sequences": ["zzz", word]})),
+    )
+    .json();
+    assert_eq!(stopped["stop_reason"], "stop_sequence", "{stopped}");
+    assert_eq!(stopped["stop_sequence"], word.as_str(), "{stopped}");
+    let before = &want[..want.find(&word).unwrap()];
+    assert_eq!(stopped["content"][0]["text"], before, "{stopped}");
+
     // /api/generate renders its prompt with the template as a user message.
     let g = json!({"model": MODEL, "system": SYSTEM, "prompt": USER, "stream": false,
                    "options": {"num_predict": 8, "temperature": 0}});

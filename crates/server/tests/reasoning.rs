@@ -1,7 +1,8 @@
 //! Reasoning on the default model served with a template whose generation prompt opens
 //! `<think>` (as thinking templates do): the reply comes back as `reasoning_content`, whole
 //! or streamed as its own deltas, and both say the same thing; usage counts its tokens; a
-//! `thinking_token_budget` closes the block where it runs out, and the answer follows.
+//! `thinking_token_budget` closes the block where it runs out, and the answer follows; the
+//! Responses, Anthropic and Ollama endpoints return the same reasoning in their shapes.
 
 mod common;
 
@@ -85,5 +86,38 @@ fn a_thinking_template_returns_reasoning_content_whole_and_streamed() {
         .filter_map(|d| d["content"].as_str())
         .collect();
     assert_eq!(content, "", "only the role chunk's empty content");
+
+    // The same reasoning in each other protocol's shape: a Responses `reasoning` item (its
+    // tokens counted), an Anthropic `thinking` block (streamed as thinking deltas), Ollama's
+    // `thinking`.
+    let question = "Is 17 a prime number?";
+    let r = json!({"model": "m", "input": question, "max_output_tokens": 24, "temperature": 0});
+    let r = post(addr, "/v1/responses", &r).json();
+    assert_eq!(r["output"][0]["type"], "reasoning", "{r}");
+    assert_eq!(r["output"][0]["content"][0]["text"], reasoning, "{r}");
+    assert_eq!(
+        r["usage"]["output_tokens_details"]["reasoning_tokens"], 24,
+        "{r}"
+    );
+    let m = |stream: bool| {
+        json!({"model": "m", "max_tokens": 24, "temperature": 0, "stream": stream,
+               "messages": [{"role": "user", "content": question}]})
+    };
+    let whole = post(addr, "/v1/messages", &m(false)).json();
+    assert_eq!(whole["content"][0]["type"], "thinking", "{whole}");
+    assert_eq!(whole["content"][0]["thinking"], reasoning, "{whole}");
+    assert_eq!(whole["stop_reason"], "max_tokens");
+    let streamed = post(addr, "/v1/messages", &m(true)).events();
+    let thinking: String = (streamed.iter())
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter(|e| e["delta"]["type"] == "thinking_delta")
+        .map(|e| e["delta"]["thinking"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(thinking, reasoning);
+    let o = json!({"model": "m", "stream": false, "options": {"num_predict": 24, "temperature": 0},
+                   "messages": [{"role": "user", "content": question}]});
+    let o = post(addr, "/api/chat", &o).json();
+    assert_eq!(o["message"]["thinking"], reasoning, "{o}");
+    assert_eq!(o["message"]["content"], "", "{o}");
     server.shutdown().unwrap();
 }
