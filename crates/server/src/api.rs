@@ -262,6 +262,23 @@ impl Unknown {
     }
 }
 
+/// A message's `role` (the message at `at`), one of `allowed`; `developer` is taken as
+/// `system` where `allowed` names it. Another is a 400 listing them.
+fn role<'m>(m: &'m Map<String, Value>, at: &str, allowed: &[&str]) -> Result<&'m str, ApiError> {
+    match m.get("role").and_then(Value::as_str) {
+        Some("developer") if allowed.contains(&"developer") => Ok("system"),
+        Some(r) if allowed.contains(&r) => Ok(r),
+        other => Err(ApiError::invalid(
+            format!("{at}.role"),
+            format!(
+                "role {} is not supported; use {}",
+                other.map_or("(missing)".into(), |r| format!("'{r}'")),
+                allowed.join(", ")
+            ),
+        )),
+    }
+}
+
 /// `e` with the field names of another protocol: each `(from, to)` replaced in its `param`
 /// and message (its checks are chat completions', its names the caller's).
 fn renamed(mut e: ApiError, names: &[(&str, &str)]) -> ApiError {

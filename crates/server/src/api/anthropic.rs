@@ -8,7 +8,9 @@ use oxgen::{ChatMessage, ToolCall};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{Bounds, Common, Render, Request, Unknown, constraint, object, renamed, tools, typed};
+use super::{
+    Bounds, Common, Render, Request, Unknown, constraint, object, renamed, role, tools, typed,
+};
 use crate::error::ApiError;
 
 /// The fields `/v1/messages` reads.
@@ -232,19 +234,8 @@ fn conversation(
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         unknown.check(m, &at, &[&["role", "content"]])?;
-        let role = match m.get("role").and_then(Value::as_str) {
-            Some(r @ ("user" | "assistant")) => r,
-            other => {
-                return Err(ApiError::invalid(
-                    format!("{at}.role"),
-                    format!(
-                        "role {} is not supported; use user or assistant (the system prompt \
-                         is the top-level 'system')",
-                        other.map_or("(missing)".into(), |r| format!("'{r}'"))
-                    ),
-                ));
-            }
-        };
+        // The system prompt is the top-level `system`.
+        let role = role(m, &at, &["user", "assistant"])?;
         let blocks = match m.get("content") {
             Some(Value::String(s)) => {
                 out.push(ChatMessage::new(role, s));

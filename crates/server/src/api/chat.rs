@@ -8,7 +8,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::{
-    Bounds, MAX_TOP_LOGPROBS, Render, Request, Unknown, boolean, constraint, count, parse, string,
+    Bounds, MAX_TOP_LOGPROBS, Render, Request, Unknown, boolean, constraint, count, parse, role,
+    string,
 };
 use crate::error::ApiError;
 
@@ -303,19 +304,11 @@ pub(crate) fn chat_messages(
                 "reasoning",
             ];
             unknown.check(m, &at, &[&FIELDS])?;
-            let role = match m.get("role").and_then(Value::as_str) {
-                Some("developer") => "system",
-                Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-                other => {
-                    return Err(ApiError::invalid(
-                        format!("{at}.role"),
-                        format!(
-                            "role {} is not supported; use system, developer, user, assistant or tool",
-                            other.map_or("(missing)".into(), |r| format!("'{r}'"))
-                        ),
-                    ));
-                }
-            };
+            let role = role(
+                m,
+                &at,
+                &["system", "developer", "user", "assistant", "tool"],
+            )?;
             let calls = match m.get("tool_calls").filter(|v| !v.is_null()) {
                 Some(v) if role == "assistant" => history_calls(v, &at)?,
                 Some(_) => {
@@ -354,12 +347,15 @@ pub(crate) fn chat_messages(
             }
             message.tool_calls = calls;
             if role == "tool" {
-                let id = m.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("{at}.tool_call_id"),
-                        "a tool message needs the tool_call_id of the call it answers",
-                    )
-                })?;
+                let id = m
+                    .get("tool_call_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            format!("{at}.tool_call_id"),
+                            "a tool message needs the tool_call_id of the call it answers",
+                        )
+                    })?;
                 message.tool_call_id = Some(id.to_string());
             }
             Ok(message)

@@ -8,7 +8,7 @@ use oxgen::{ChatMessage, Constraint, Prompt, ToolCall};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{Bounds, Common, Request, Unknown, object, renamed, tools, typed};
+use super::{Bounds, Common, Request, Unknown, object, renamed, role, tools, typed};
 use crate::error::ApiError;
 
 const CHAT_FIELDS: &[&str] = &[
@@ -254,18 +254,7 @@ fn chat_messages(
                 "images are not supported: this server runs text models",
             ));
         }
-        let role = match m.get("role").and_then(Value::as_str) {
-            Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-            other => {
-                return Err(ApiError::invalid(
-                    format!("{at}.role"),
-                    format!(
-                        "role {} is not supported; use system, user, assistant or tool",
-                        other.map_or("(missing)".into(), |r| format!("'{r}'"))
-                    ),
-                ));
-            }
-        };
+        let role = role(m, &at, &["system", "user", "assistant", "tool"])?;
         let content = match m.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(v) => super::string(&format!("{at}.content"), v)?,

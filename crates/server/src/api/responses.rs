@@ -8,7 +8,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::chat::{REASONING_EFFORTS, message_text};
-use super::{Bounds, Common, Request, Unknown, constraint, object, renamed, string, tools, typed};
+use super::{
+    Bounds, Common, Request, Unknown, constraint, object, renamed, role, string, tools, typed,
+};
 use crate::error::ApiError;
 
 /// The fields `/v1/responses` reads, besides the sampling ones of [`SAMPLING`].
@@ -328,20 +330,7 @@ pub(crate) fn input_messages(
             None | Some("message") => {
                 const FIELDS: &[&str] = &["type", "role", "content", "id", "status"];
                 unknown.check(item, &at, &[FIELDS])?;
-                let role = match item.get("role").and_then(Value::as_str) {
-                    Some("developer" | "system") => "system",
-                    Some(r @ ("user" | "assistant")) => r,
-                    other => {
-                        return Err(ApiError::invalid(
-                            format!("{at}.role"),
-                            format!(
-                                "role {} is not supported; use user, assistant, system or \
-                                 developer",
-                                other.map_or("(missing)".into(), |r| format!("'{r}'"))
-                            ),
-                        ));
-                    }
-                };
+                let role = role(item, &at, &["user", "assistant", "system", "developer"])?;
                 let text = content_text(item.get("content"), &at)?;
                 let mut message = ChatMessage::new(role, &text);
                 if role == "assistant"

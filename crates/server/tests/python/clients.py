@@ -13,10 +13,9 @@ Prints `ok NAME` per check passed; exits 0 when all pass, otherwise prints
 """
 
 import json
-import os
 import sys
-import traceback
 
+from checks import run
 from pydantic import BaseModel, Field
 
 if len(sys.argv) != 3:
@@ -154,21 +153,5 @@ CHECKS = [
 ]
 
 
-def main():
-    only = os.environ.get("OXGEN_CHECKS", "")
-    failed = 0
-    for name, check in CHECKS:
-        if not name.startswith(only):
-            continue
-        try:
-            check()
-            print(f"ok {name}", flush=True)
-        except Exception as e:  # noqa: BLE001 - report every failure, then exit 1
-            failed += 1
-            print(f"FAILED {name}: {e}", flush=True)
-            traceback.print_exc()
-    sys.exit(1 if failed else 0)
-
-
 if __name__ == "__main__":
-    main()
+    run(CHECKS)
