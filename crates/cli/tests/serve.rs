@@ -249,6 +249,32 @@ fn responses_anthropic_and_ollama_clients_work_against_oxgen_serve() {
     run_script(clients_python(), "protocols.py", &args, &[]);
 }
 
+/// The chat page at `/` in headless Chromium (Debian's, driven by Selenium offline): it loads
+/// with no console errors and no request leaving the server, streams the API's greedy
+/// answer, keeps the conversation over a reload, parses in JSON mode, shows model markup as
+/// text, stops mid-answer with the KV returned, says so on a 429 (one running slot and one
+/// queue slot, both held) and when the server went away (the script stops it). The
+/// screenshot it takes is `target/tmp/webui.png`.
+#[test]
+fn the_chat_page_works_in_a_real_browser() {
+    let mut served = serve(&["--max-batch", "1", "--max-queue", "1"]);
+    let screenshot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("webui.png");
+    let pid = served.child.as_ref().unwrap().id();
+    let args = [
+        format!("http://{}", served.addr),
+        MODEL.to_string(),
+        screenshot.display().to_string(),
+        pid.to_string(),
+    ];
+    run_script(clients_python(), "webui.py", &args, &[]);
+    assert!(std::fs::metadata(&screenshot).unwrap().len() > 10_000);
+    assert_eq!(
+        served.stop(Duration::from_secs(30)),
+        Some(0),
+        "the page's SIGTERM exits 0"
+    );
+}
+
 /// lm-evaluation-harness's `local-completions` model with its remote tokenizer runs a small
 /// multiple-choice task (a YAML task over the committed `lm_eval/mc.jsonl`) to the end, and
 /// the loglikelihood it logs for every choice equals the sum computed here from the model's

@@ -117,6 +117,8 @@ pub struct Config {
     /// Responses API objects kept for `previous_response_id` and `GET /v1/responses/{id}`
     /// (the newest this many; 0: none).
     pub responses_store: usize,
+    /// Serve the chat page at `/`.
+    pub webui: bool,
 }
 
 /// [`Config::max_queue`]'s default.
@@ -162,6 +164,7 @@ impl Config {
             strict_api: false,
             cors_origins: Vec::new(),
             responses_store: DEFAULT_RESPONSES_STORE,
+            webui: true,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! health and metrics; the other protocols' adapters (`responses`, `anthropic`, `ollama`,
 //! each a request parsed by `api`, prepared and queued here, and a reply encoded from
 //! `turn`); the tokenizer's endpoints in `tokens`, what every endpoint shares of HTTP in
-//! `http`.
+//! `http`; the chat page in `webui`.
 
 mod anthropic;
 mod http;
@@ -12,6 +12,7 @@ mod response;
 mod responses;
 mod tokens;
 mod turn;
+mod webui;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -40,7 +41,11 @@ use crate::error::{ApiError, Protocol};
 use crate::{App, Loaded, Phase};
 
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
+    let mut router = Router::new();
+    if app.config.webui {
+        router = webui::routes(router);
+    }
+    router
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses::create))

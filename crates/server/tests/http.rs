@@ -730,3 +730,43 @@ fn an_engine_that_panics_stops_the_server_with_an_error() {
     let e = waited.expect_err("an engine panic is an error");
     assert!(e.contains("panicked"), "{e}");
 }
+
+/// The chat page's files are served at `/` without the API key (every API call still needs
+/// it), under a policy that lets the page load and call nothing but this server; with the
+/// page turned off they are 404s.
+#[test]
+fn the_chat_page_is_served_without_the_key_and_can_be_turned_off() {
+    let dir = fixture();
+    let mut cfg = config();
+    cfg.api_key = Some("k".into());
+    let server = start(dir.path(), 1, cfg.clone());
+    let addr = server.addr();
+    for (path, kind) in [
+        ("/", "text/html"),
+        ("/webui/app.js", "text/javascript"),
+        ("/webui/style.css", "text/css"),
+    ] {
+        let r = get(addr, path);
+        assert_eq!(r.status, 200, "{path}");
+        assert!(
+            r.header("content-type").unwrap().starts_with(kind),
+            "{path}"
+        );
+        let csp = r.header("content-security-policy").unwrap();
+        assert!(csp.contains("default-src 'self'"), "{csp}");
+    }
+    let page = String::from_utf8(get(addr, "/").body).unwrap();
+    assert!(
+        page.contains("/webui/app.js") && !page.contains("http"),
+        "only its own files"
+    );
+    assert_eq!(get(addr, "/v1/models").status, 401);
+    server.shutdown().unwrap();
+
+    cfg.webui = false;
+    let server = start(dir.path(), 1, cfg);
+    for path in ["/", "/webui/app.js"] {
+        assert_eq!(get(server.addr(), path).status, 404, "{path}");
+    }
+    server.shutdown().unwrap();
+}

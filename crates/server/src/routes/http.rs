@@ -72,7 +72,7 @@ pub(super) async fn cors(State(app): State<Arc<App>>, request: Request, next: Ne
     response
 }
 
-/// Checks the API key (all but `/health`) and counts responses by protocol, endpoint and
+/// Checks the API key (all but `/health` and the chat page) and counts responses by protocol, endpoint and
 /// status; an error here is in the envelope of the protocol the path belongs to.
 pub(super) async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let endpoint = request
@@ -81,7 +81,7 @@ pub(super) async fn guard(State(app): State<Arc<App>>, request: Request, next: N
         .map_or("other".to_string(), |m| m.as_str().to_string());
     let protocol = Protocol::of_path(request.uri().path());
     let response = match &app.config.api_key {
-        Some(key) if endpoint != "/health" && !authorized(request.headers(), key) => {
+        Some(key) if !open(&endpoint) && !authorized(request.headers(), key) => {
             ApiError::unauthorized(
                 "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') \
                  with the server's --api-key",
@@ -93,6 +93,12 @@ pub(super) async fn guard(State(app): State<Arc<App>>, request: Request, next: N
     app.metrics
         .count_request(protocol.name(), &endpoint, response.status().as_u16());
     response
+}
+
+/// Endpoints answered without the API key: health, and the chat page's files (which hold
+/// nothing of the server's; the page sends the key with its API calls).
+fn open(endpoint: &str) -> bool {
+    endpoint == "/health" || super::webui::PATHS.contains(&endpoint)
 }
 
 /// `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`, compared in constant time.
