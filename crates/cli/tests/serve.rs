@@ -249,15 +249,23 @@ fn responses_anthropic_and_ollama_clients_work_against_oxgen_serve() {
     run_script(clients_python(), "protocols.py", &args, &[]);
 }
 
-/// The chat page at `/` in headless Chromium (Debian's, driven by Selenium offline): it loads
-/// with no console errors and no request leaving the server, streams the API's greedy
+/// The chat page at `/` in headless Chromium (Debian's, driven by Selenium offline): on a
+/// server with an API key it asks for the key and works once given it; it loads with no
+/// console errors and no request leaving the server, streams the API's greedy
 /// answer, keeps the conversation over a reload, parses in JSON mode, shows model markup as
 /// text, stops mid-answer with the KV returned, says so on a 429 (one running slot and one
 /// queue slot, both held) and when the server went away (the script stops it). The
 /// screenshot it takes is `target/tmp/webui.png`.
 #[test]
 fn the_chat_page_works_in_a_real_browser() {
-    let mut served = serve(&["--max-batch", "1", "--max-queue", "1"]);
+    let mut served = serve(&[
+        "--max-batch",
+        "1",
+        "--max-queue",
+        "1",
+        "--api-key",
+        "pagekey",
+    ]);
     let screenshot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("webui.png");
     let pid = served.child.as_ref().unwrap().id();
     let args = [
@@ -266,7 +274,12 @@ fn the_chat_page_works_in_a_real_browser() {
         screenshot.display().to_string(),
         pid.to_string(),
     ];
-    run_script(clients_python(), "webui.py", &args, &[]);
+    run_script(
+        clients_python(),
+        "webui.py",
+        &args,
+        &[("OXGEN_API_KEY", "pagekey")],
+    );
     assert!(std::fs::metadata(&screenshot).unwrap().len() > 10_000);
     assert_eq!(
         served.stop(Duration::from_secs(30)),

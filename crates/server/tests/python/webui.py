@@ -8,8 +8,12 @@ Usage: python webui.py SERVER_URL MODEL_ID SCREENSHOT SERVER_PID
   SCREENSHOT  where to save a screenshot of the page with an answer (PNG)
   SERVER_PID  the server's process id: the last check stops it to see the page say so
 
+With $OXGEN_API_KEY set (the server's --api-key), the page must first say it needs the key,
+then work once it is entered in its settings.
+
 Checks, in order: the page loads with no console errors; a question streams the answer the
-API gives for the same greedy request; a reload keeps the conversation; JSON mode's text
+API gives for the same greedy request; it fits a phone's width in dark mode; a reload keeps
+the conversation; JSON mode's text
 parses; model text holding HTML stays text; Stop ends the stream and the server's KV comes
 back; a 429 shows a message; no request left 127.0.0.1; a server that went away shows a
 message. Prints `ok NAME` per check; exits 1 at the first failure.
@@ -38,12 +42,16 @@ SERVER = sys.argv[1].rstrip("/")
 MODEL = sys.argv[2]
 SCREENSHOT = sys.argv[3]
 PID = int(sys.argv[4])
+KEY = os.environ.get("OXGEN_API_KEY", "")
+AUTH = {"Authorization": f"Bearer {KEY}"} if KEY else {}
 
 
 def api(path, body=None):
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(SERVER + path, data=data)
     request.add_header("Content-Type", "application/json")
+    for k, v in AUTH.items():
+        request.add_header(k, v)
     with urllib.request.urlopen(request, timeout=120) as r:
         return json.load(r)
 
@@ -121,10 +129,15 @@ def main():
     requested = []
     try:
         driver.get(SERVER + "/")
+        if KEY:
+            error = lambda: driver.find_element(By.ID, "error").text  # noqa: E731
+            wait("the page to ask for the key", lambda: "API key" in error())
+            driver.get_log("browser")  # the 401 it was answered
+            setting(driver, "api-key", KEY)
         wait("the model line", lambda: MODEL in driver.find_element(By.ID, "model-info").text)
         errors = console_errors(driver)
         assert not errors, errors
-        print("ok loads", flush=True)
+        print("ok loads" + (" once given the API key" if KEY else ""), flush=True)
 
         setting(driver, "temperature", "0")
         setting(driver, "max_tokens", "24")
@@ -148,6 +161,23 @@ def main():
         assert reply["stats"]["tokens"] > 0 and reply["stats"]["ttft"] is not None, reply
         driver.save_screenshot(SCREENSHOT)
         print("ok streams the API's answer", flush=True)
+
+        # At phone width and in dark mode: nothing overflows sideways, the colours turn.
+        driver.execute_cdp_cmd(
+            "Emulation.setEmulatedMedia",
+            {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
+        )
+        driver.set_window_size(390, 844)
+        wide = driver.execute_script(
+            "return document.documentElement.scrollWidth > window.innerWidth"
+        )
+        assert not wide, "the page overflows a phone's width"
+        background = driver.execute_script("return getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(17, 19, 24)", background
+        driver.save_screenshot(SCREENSHOT.replace(".png", "-phone-dark.png"))
+        driver.set_window_size(1100, 800)
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+        print("ok phone width and dark mode", flush=True)
 
         driver.refresh()
         wait("the page again", lambda: MODEL in driver.find_element(By.ID, "model-info").text)
@@ -206,7 +236,8 @@ def main():
                 "ignore_eos": True,
                 "stream": True,
             }
-            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json", **AUTH}
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
             busy.append(conn)
         wait("both busy", lambda: health()["running"] == 1 and health()["queued"] == 1, 30)
         ask(driver, "Are you busy?")
