@@ -23,6 +23,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
 
+use crate::closing::Closer;
 use crate::processors::{History, LogitsProcessor, ProcessorState};
 use crate::{GenerateError, Tokenizer};
 
@@ -135,6 +136,8 @@ impl TokenizerEnv for TokenizerAdapter {
 /// model load), and an LRU of compiled grammars shared by every sequence.
 pub struct Grammars {
     factory: ParserFactory,
+    /// The vocabulary's single-byte tokens, for closing a text early.
+    closer: Arc<Closer>,
     /// The package's end-of-sequence ids; the trie knows the first.
     eos: Vec<u32>,
     vocab: usize,
@@ -176,7 +179,9 @@ impl Grammars {
         let env: TokEnv = Arc::new(TokenizerAdapter { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env).map_err(constraint_error)?;
         factory.quiet();
+        let closer = Arc::new(Closer::new(env.tok_trie()));
         Ok(Grammars {
+            closer,
             factory,
             eos: eos.to_vec(),
             vocab,
@@ -224,6 +229,9 @@ impl Grammars {
             parser,
             eos: self.eos.clone().into(),
             trie_eos: self.factory.tok_env().tok_trie().info().tok_eos,
+            env: self.factory.tok_env().clone(),
+            closer: self.closer.clone(),
+            close: true,
         }
     }
 }
@@ -240,6 +248,10 @@ pub struct Grammar {
     parser: Arc<TokenParser>,
     eos: Arc<[u32]>,
     trie_eos: u32,
+    env: TokEnv,
+    closer: Arc<Closer>,
+    /// Close the text before the sequence's room runs out ([`Grammar::closing`]).
+    close: bool,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -254,7 +266,45 @@ impl Grammar {
         GrammarMask {
             grammar: self.clone(),
             matcher: Matcher::new(Ok((*self.parser).clone())),
+            room: None,
+            need: None,
+            unchecked: 0,
+            closing: false,
+            closed: false,
+            close: Vec::new(),
+            kept: Vec::new(),
         }
+    }
+
+    /// Whether a sequence's text is closed (the grammar completed by the shortest text
+    /// found) when the ids it may still generate come down to what that takes; on by
+    /// default. The sequence then ends with [`ProcessorState::Closed`]: its finish reason
+    /// says the limit ended it.
+    pub fn closing(mut self, close: bool) -> Grammar {
+        self.close = close;
+        self
+    }
+}
+
+/// While a sequence has more room than its last closing needs and this much more, the
+/// closing is looked for only every [`CHECK_EVERY`] ids; within it, at every id, with the
+/// choice narrowed to the [`TOP`] likeliest tokens that leave room to close.
+const NEAR: usize = 32;
+const CHECK_EVERY: usize = 16;
+const TOP: usize = 16;
+
+/// The `k` ids with the largest finite logits, largest first, into `out`.
+fn top_finite(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    for (id, &v) in logits.iter().enumerate() {
+        if !v.is_finite() || (out.len() == k && v <= out[k - 1].1) {
+            continue;
+        }
+        let at = out.partition_point(|&(_, w)| w >= v);
+        if out.len() == k {
+            out.pop();
+        }
+        out.insert(at, (id as u32, v));
     }
 }
 
@@ -263,6 +313,20 @@ impl Grammar {
 pub struct GrammarMask {
     grammar: Grammar,
     matcher: Matcher,
+    /// Ids the sequence may still generate, this one's choice included (set before each
+    /// choice by [`LogitsProcessor::room`]).
+    room: Option<usize>,
+    /// The last closing's length in bytes (`None`: none found, or not looked for yet).
+    need: Option<usize>,
+    /// Choices since it was looked for.
+    unchecked: usize,
+    /// The room is down to the closing: only tokens that spell a prefix of it are allowed.
+    closing: bool,
+    /// The grammar was completed while closing.
+    closed: bool,
+    /// The closing text, and the logits kept while restricting a row to it (scratch).
+    close: Vec<u8>,
+    kept: Vec<(u32, f32)>,
 }
 
 impl std::fmt::Debug for GrammarMask {
@@ -309,10 +373,18 @@ impl LogitsProcessor for GrammarMask {
         if let Some(tail) = logits.get_mut(mask.len()..) {
             tail.fill(f32::NEG_INFINITY);
         }
+        self.close_within_room(logits);
+    }
+
+    fn room(&mut self, left: usize) {
+        if self.grammar.close {
+            self.room = Some(left);
+        }
     }
 
     fn accept(&mut self, id: u32) {
         if self.grammar.eos.contains(&id) {
+            self.closed |= self.closing;
             return;
         }
         // A refused token puts the matcher in its error state, which `state` reports.
@@ -326,10 +398,102 @@ impl LogitsProcessor for GrammarMask {
     fn state(&self) -> ProcessorState {
         if let Some(e) = self.matcher.get_error() {
             ProcessorState::Failed(e)
+        } else if self.closed || (self.closing && self.matcher.is_stopped()) {
+            ProcessorState::Closed
         } else if self.matcher.is_stopped() {
             ProcessorState::Complete
         } else {
             ProcessorState::Running
+        }
+    }
+}
+
+impl GrammarMask {
+    /// Keeps the text closable within the room left. The shortest closing is looked for
+    /// every [`CHECK_EVERY`] choices, and at every choice once the room is within [`NEAR`]
+    /// bytes of it; there the choice is narrowed to the [`TOP`] likeliest tokens that leave
+    /// room to close after them (an end-of-sequence id always does), and when none does,
+    /// to the tokens that spell a prefix of the closing text, to the end.
+    fn close_within_room(&mut self, logits: &mut [f32]) {
+        let Some(room) = self.room else {
+            return;
+        };
+        if self.matcher.is_stopped() {
+            return;
+        }
+        let near = self.closing || self.need.is_none_or(|need| room <= need + 1 + NEAR);
+        if !near && self.unchecked < CHECK_EVERY {
+            self.unchecked += 1;
+            return;
+        }
+        self.unchecked = 0;
+        let found = self.grammar.closer.find(&self.matcher, &mut self.close);
+        self.need = found.then_some(self.close.len());
+        let Some(need) = self.need else {
+            return;
+        };
+        if !self.closing && room > need + 1 + NEAR {
+            return;
+        }
+        if !self.closing && self.keep_safe(logits, room) {
+            return;
+        }
+        self.closing = true;
+        self.restrict(logits);
+    }
+
+    /// Leaves allowed the likeliest tokens after which the text can still close within the
+    /// room (the token, its closing, an end-of-sequence id); `false` when none can.
+    fn keep_safe(&mut self, logits: &mut [f32], room: usize) -> bool {
+        top_finite(logits, TOP, &mut self.kept);
+        let mut after = Vec::new();
+        let (eos, closer) = (&self.grammar.eos, &self.grammar.closer);
+        let matcher = &self.matcher;
+        self.kept.retain(|&(id, _)| {
+            if eos.contains(&id) {
+                return true;
+            }
+            let mut m = matcher.clone();
+            m.consume_token(id).is_ok() && closer.find(&m, &mut after) && after.len() + 2 <= room
+        });
+        if self.kept.is_empty() {
+            return false;
+        }
+        logits.fill(f32::NEG_INFINITY);
+        for &(id, v) in &self.kept {
+            logits[id as usize] = v;
+        }
+        true
+    }
+
+    /// Leaves allowed only the tokens that spell a prefix of the closing text (an
+    /// end-of-sequence id where the grammar already accepts).
+    fn restrict(&mut self, logits: &mut [f32]) {
+        self.kept.clear();
+        let trie = self.grammar.env.tok_trie();
+        let keep = |id: u32, kept: &mut Vec<(u32, f32)>| {
+            if let Some(&v) = logits.get(id as usize).filter(|v| v.is_finite()) {
+                kept.push((id, v));
+            }
+        };
+        if self.close.is_empty() {
+            for &id in self.grammar.eos.iter() {
+                keep(id, &mut self.kept);
+            }
+        }
+        for end in 1..=self.close.len() {
+            if let Some(id) = trie.token_id(&self.close[..end]) {
+                keep(id, &mut self.kept);
+            }
+        }
+        if self.kept.is_empty() {
+            // Nothing of the closing is allowed as a token (a tokenizer without the byte):
+            // the row stays as the grammar masked it.
+            return;
+        }
+        logits.fill(f32::NEG_INFINITY);
+        for &(id, v) in &self.kept {
+            logits[id as usize] = v;
         }
     }
 }

@@ -206,6 +206,9 @@ impl Decoding {
         } else {
             &[]
         };
+        if self.options.constraint.is_some() {
+            self.sampler.room(self.room());
+        }
         let id = match self.budget.as_ref().and_then(Budget::forced) {
             Some(id) => id,
             None => self.sampler.sample(row, masked),
@@ -235,6 +238,15 @@ impl Decoding {
             if self.finish.is_none() && constraint == ProcessorState::Complete {
                 self.finish = Some(FinishReason::Grammar);
             }
+        }
+        // A text closed early ends as the limit that closed it.
+        if constraint == ProcessorState::Closed
+            && matches!(self.finish, None | Some(FinishReason::Eos | FinishReason::Grammar))
+        {
+            self.finish = Some(match generated >= self.options.max_new_tokens {
+                false if self.ids.len() >= self.ctx_size => FinishReason::Context,
+                _ => FinishReason::Length,
+            });
         }
         if self.finish.is_none() {
             if generated >= self.options.max_new_tokens {

@@ -19,6 +19,7 @@
 //! or read ONNX files.
 
 mod budget;
+mod closing;
 mod constraint;
 mod decode;
 mod processors;

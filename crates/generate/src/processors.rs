@@ -128,6 +128,11 @@ pub trait LogitsProcessor: std::fmt::Debug + Send {
     /// Edits the row in place; ids it filters out become −inf. Must not allocate once warmed
     /// up for a vocabulary size (DESIGN.md invariant 4).
     fn apply(&mut self, logits: &mut [f32], history: &History);
+    /// Says how many ids the sequence may still generate, the coming choice included
+    /// (before each choice; a constraint closes its text within them).
+    fn room(&mut self, left: usize) {
+        let _ = left;
+    }
     /// Records the id the sequence generated.
     fn accept(&mut self, id: u32) {
         let _ = id;
@@ -155,6 +160,9 @@ pub enum ProcessorState {
     Running,
     /// The text is complete: nothing may follow, so the sequence ends here.
     Complete,
+    /// The text was completed early because the sequence's room ran out: it ends here, and
+    /// its finish reason says the limit ended it.
+    Closed,
     /// The constraint failed: the sequence ends with this error.
     Failed(String),
 }

@@ -382,6 +382,14 @@ impl Sampler {
             .unwrap_or(ProcessorState::Running)
     }
 
+    /// Tells the chain how many ids the sequence may still generate, the coming choice
+    /// included.
+    pub fn room(&mut self, left: usize) {
+        for p in &mut self.chain {
+            p.room(left);
+        }
+    }
+
     /// Records a generated id (for the penalties, and any processor that keeps state).
     pub fn accept(&mut self, id: u32) {
         self.history.accept(id);

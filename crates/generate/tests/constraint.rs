@@ -7,8 +7,8 @@ mod common;
 
 use common::{decode, grammars};
 use oxgen_generate::{
-    Constraint, DecodeOptions, Decoding, FinishReason, LogitsProcessor, ProcessorState,
-    SamplingParams,
+    Constraint, DecodeOptions, Decoding, FinishReason, Grammar, LogitsProcessor, ProcessorState,
+    SamplingParams, Tokenizer,
 };
 use oxgen_testkit::fixtures::tokenizer;
 use serde_json::{Value, json};
@@ -319,4 +319,102 @@ fn json_whitespace_is_bounded() {
         .unwrap_or(0);
     assert!(longest <= 22, "a run of {longest} blanks: {text:?}");
     serde_json::from_str::<Value>(&text).unwrap();
+}
+
+/// Decodes under `grammar` from seeded random logits that never favour ending, within
+/// `limit` ids; the text and why it finished.
+fn decode_within(tok: &Tokenizer, grammar: Grammar, limit: usize, seed: u64) -> (String, FinishReason) {
+    let options = DecodeOptions {
+        max_new_tokens: limit,
+        eos: vec![tokenizer::EOS as u32],
+        ignore_eos: false,
+        stop: Vec::new(),
+        stop_ids: Vec::new(),
+        min_new_tokens: 0,
+        include_stop: false,
+        reasoning_budget: None,
+        sampling: SamplingParams {
+            seed,
+            ..SamplingParams::default()
+        },
+        constraint: Some(grammar),
+        keep_special: false,
+    };
+    let mut d = Decoding::new(&[1, 40], 0, 1024, options).unwrap();
+    let mut rng = oxgen_testkit::fixtures::Rng::new(seed);
+    let mut text = String::new();
+    loop {
+        let mut row: Vec<f32> = (0..tokenizer::VOCAB_SIZE)
+            .map(|_| rng.uniform() * 8.0)
+            .collect();
+        row[tokenizer::EOS] = -10.0;
+        let emitted = d.on_logits(&row, tok).expect("never leaves the grammar");
+        text.push_str(&d.take_text());
+        if let Some(f) = emitted.finish {
+            return (text, f);
+        }
+    }
+}
+
+/// A constrained reply always parses, whatever the limit: logits that would run on (open
+/// objects, long strings) are turned towards the end once the ids left come down to the
+/// shortest completion, and the reply says `length` when the limit closed it. Turned off,
+/// the same logits leave most replies cut.
+#[test]
+fn constrained_replies_close_within_their_limit() {
+    let (tok, grammars) = grammars();
+    let person = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false,
+    });
+    // Open: the model may invent properties, and strings have no end.
+    let open = json!({
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "items": {"type": "array",
+            "items": {"type": "object", "properties": {"id": {"type": "integer"}},
+                      "required": ["id"]}}},
+        "required": ["title", "items"],
+    });
+    let mut closed_by_limit = 0;
+    for (schema, least) in [(&person, 24), (&open, 32)] {
+        let grammar = grammars.compile(&Constraint::JsonSchema(schema.clone())).unwrap();
+        for limit in [least, least + 7, least + 20, 120] {
+            for seed in 0..6 {
+                let (text, finish) = decode_within(&tok, grammar.clone(), limit, seed);
+                let v: Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("limit {limit}, seed {seed}: {e}: {text:?}"));
+                if schema == &open {
+                    assert!(v["title"].is_string() && v["items"].is_array(), "{v}");
+                } else {
+                    check_person(&v);
+                }
+                match finish {
+                    FinishReason::Length => closed_by_limit += 1,
+                    FinishReason::Eos | FinishReason::Grammar => {}
+                    other => panic!("{other:?}: {text:?}"),
+                }
+            }
+        }
+    }
+    assert!(closed_by_limit > 20, "the limit closed {closed_by_limit} replies");
+    let object = grammars.compile(&Constraint::JsonObject).unwrap();
+    for seed in 0..6 {
+        let (text, _) = decode_within(&tok, object.clone(), 12, seed);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v.is_object());
+    }
+    let unclosed = grammars.compile(&Constraint::JsonSchema(open)).unwrap().closing(false);
+    let cut = (0..6)
+        .filter(|&seed| {
+            let (text, _) = decode_within(&tok, unclosed.clone(), 32, seed);
+            serde_json::from_str::<Value>(&text).is_err()
+        })
+        .count();
+    assert!(cut > 3, "without closing, {cut} of 6 replies were cut");
 }
