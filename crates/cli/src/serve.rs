@@ -5,9 +5,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use oxgen::{KvBudget, Model, ModelOptions, ToolFormat};
 use oxgen_server::{
-    Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS, DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT, DEFAULT_PREFILL_CHUNK,
-    DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
+    CloseObjects, Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS,
+    DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
+    DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
 };
 
 use crate::options::{BackendArgs, RunArgs, model_dir};
@@ -105,6 +105,13 @@ pub struct Args {
     /// page asks for the key and sends it with its calls).
     #[arg(long, env = "OXGEN_NO_WEBUI")]
     no_webui: bool,
+    /// Whose JSON schema objects are closed (`additionalProperties: false` where an object
+    /// with properties says nothing of it): `strict` (schemas and tools with `strict: true`),
+    /// `tools` (those and every tool's parameters; the default) or `all`. A request's
+    /// `close_objects` field overrides it.
+    #[arg(long, env = "OXGEN_CLOSE_OBJECTS", default_value = "tools",
+          value_parser = ["strict", "tools", "all"])]
+    close_objects: String,
     #[command(flatten)]
     backend: BackendArgs,
     #[command(flatten)]
@@ -157,6 +164,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         cors_origins: args.cors_origin.clone(),
         responses_store: args.responses_store,
         webui: !args.no_webui,
+        close_objects: match args.close_objects.as_str() {
+            "strict" => CloseObjects::Strict,
+            "all" => CloseObjects::All,
+            _ => CloseObjects::Tools,
+        },
         tool_parser: args
             .tool_parser
             .as_deref()

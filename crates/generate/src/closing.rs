@@ -43,7 +43,10 @@ impl Closer {
     }
 
     fn token(&self, byte: u8) -> Option<u32> {
-        self.alphabet.iter().find(|(b, _)| *b == byte).map(|(_, t)| *t)
+        self.alphabet
+            .iter()
+            .find(|(b, _)| *b == byte)
+            .map(|(_, t)| *t)
     }
 
     /// Writes to `out` the closing text found from `matcher`'s state (empty where the grammar
@@ -59,7 +62,8 @@ impl Closer {
             if m.is_accepting().unwrap_or(false) {
                 return true;
             }
-            let in_string = allows(&mut m, quote) && (allows(&mut m, brace) || allows(&mut m, bracket));
+            let in_string =
+                allows(&mut m, quote) && (allows(&mut m, brace) || allows(&mut m, bracket));
             let next = if in_string {
                 quote.map(|t| (b'"', t))
             } else {

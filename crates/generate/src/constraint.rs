@@ -51,10 +51,11 @@ pub enum Constraint {
 /// would let a model stall in blanks until `max_tokens`.
 const JSON_WHITESPACE: &str = r"( |\r?\n[ \t]{0,20})";
 
-/// `schema` with oxgen's whitespace rule, unless it sets its own llguidance options
-/// (`x-guidance`).
-pub fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
-    let mut schema = schema.clone();
+/// `schema` as oxgen compiles it: the `format`s llguidance does not enforce dropped (they
+/// are annotations; see [`crate::schema::drop_unknown_formats`]), and oxgen's whitespace
+/// rule unless it sets its own llguidance options (`x-guidance`).
+pub fn for_grammar(schema: &serde_json::Value) -> serde_json::Value {
+    let (mut schema, _) = crate::schema::drop_unknown_formats(schema);
     if let Some(map) = schema.as_object_mut() {
         map.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));
@@ -66,10 +67,8 @@ impl Constraint {
     /// The JSON schema of a JSON constraint, with its whitespace bounded.
     pub(crate) fn json_schema(&self) -> Option<serde_json::Value> {
         match self {
-            Constraint::JsonSchema(schema) => Some(bounded_whitespace(schema)),
-            Constraint::JsonObject => {
-                Some(bounded_whitespace(&serde_json::json!({"type": "object"})))
-            }
+            Constraint::JsonSchema(schema) => Some(for_grammar(schema)),
+            Constraint::JsonObject => Some(for_grammar(&serde_json::json!({"type": "object"}))),
             _ => None,
         }
     }
@@ -466,8 +465,9 @@ impl GrammarMask {
         true
     }
 
-    /// Leaves allowed only the tokens that spell a prefix of the closing text (an
-    /// end-of-sequence id where the grammar already accepts).
+    /// Leaves allowed only the longest token that spells a prefix of the closing text (an
+    /// end-of-sequence id where the grammar already accepts): the text that follows is the
+    /// closing either way, in as few tokens as the vocabulary spells it.
     fn restrict(&mut self, logits: &mut [f32]) {
         self.kept.clear();
         let trie = self.grammar.env.tok_trie();
@@ -481,10 +481,11 @@ impl GrammarMask {
                 keep(id, &mut self.kept);
             }
         }
-        for end in 1..=self.close.len() {
-            if let Some(id) = trie.token_id(&self.close[..end]) {
-                keep(id, &mut self.kept);
-            }
+        if let Some(id) = (1..=self.close.len()).rev().find_map(|end| {
+            trie.token_id(&self.close[..end])
+                .filter(|&id| logits[id as usize].is_finite())
+        }) {
+            keep(id, &mut self.kept);
         }
         if self.kept.is_empty() {
             // Nothing of the closing is allowed as a token (a tokenizer without the byte):

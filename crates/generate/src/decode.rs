@@ -241,7 +241,10 @@ impl Decoding {
         }
         // A text closed early ends as the limit that closed it.
         if constraint == ProcessorState::Closed
-            && matches!(self.finish, None | Some(FinishReason::Eos | FinishReason::Grammar))
+            && matches!(
+                self.finish,
+                None | Some(FinishReason::Eos | FinishReason::Grammar)
+            )
         {
             self.finish = Some(match generated >= self.options.max_new_tokens {
                 false if self.ids.len() >= self.ctx_size => FinishReason::Context,

@@ -25,6 +25,7 @@ mod decode;
 mod processors;
 mod reply;
 mod sampling;
+mod schema;
 mod speculate;
 mod stop;
 mod template;
@@ -42,6 +43,7 @@ pub use processors::{
 };
 pub use reply::{Reply, ReplyDelta, ReplyParser, ReplySyntax};
 pub use sampling::{Param, Sampler, SamplingParams, SamplingRequest, fresh_seed};
+pub use schema::{ENFORCED_FORMATS, close_objects, drop_unknown_formats};
 pub use speculate::{
     Adaptive, DraftModel, MAX_BACKOFF, PromptLookup, ProposalRequest, Proposer, SpecStats,
     running_mean,

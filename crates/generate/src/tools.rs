@@ -22,7 +22,7 @@
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
-use crate::constraint::bounded_whitespace;
+use crate::constraint::for_grammar;
 use crate::{ChatMessage, Constraint, ReplySyntax, Tokenizer};
 
 /// A function the model may call (OpenAI's `tools[].function`).
@@ -292,9 +292,9 @@ pub fn tool_grammar(
     let mut bodies = Vec::new();
     for (i, tool) in offered.iter().enumerate() {
         let schema = if tool.parameters.is_null() {
-            bounded_whitespace(&json!({"type": "object"}))
+            for_grammar(&json!({"type": "object"}))
         } else {
-            bounded_whitespace(&tool.parameters)
+            for_grammar(&tool.parameters)
         };
         if format == ToolFormat::Harmony {
             let head = format!("commentary to=functions.{} ", tool.name);

@@ -323,7 +323,12 @@ fn json_whitespace_is_bounded() {
 
 /// Decodes under `grammar` from seeded random logits that never favour ending, within
 /// `limit` ids; the text and why it finished.
-fn decode_within(tok: &Tokenizer, grammar: Grammar, limit: usize, seed: u64) -> (String, FinishReason) {
+fn decode_within(
+    tok: &Tokenizer,
+    grammar: Grammar,
+    limit: usize,
+    seed: u64,
+) -> (String, FinishReason) {
     let options = DecodeOptions {
         max_new_tokens: limit,
         eos: vec![tokenizer::EOS as u32],
@@ -383,7 +388,9 @@ fn constrained_replies_close_within_their_limit() {
     });
     let mut closed_by_limit = 0;
     for (schema, least) in [(&person, 24), (&open, 32)] {
-        let grammar = grammars.compile(&Constraint::JsonSchema(schema.clone())).unwrap();
+        let grammar = grammars
+            .compile(&Constraint::JsonSchema(schema.clone()))
+            .unwrap();
         for limit in [least, least + 7, least + 20, 120] {
             for seed in 0..6 {
                 let (text, finish) = decode_within(&tok, grammar.clone(), limit, seed);
@@ -402,14 +409,20 @@ fn constrained_replies_close_within_their_limit() {
             }
         }
     }
-    assert!(closed_by_limit > 20, "the limit closed {closed_by_limit} replies");
+    assert!(
+        closed_by_limit > 20,
+        "the limit closed {closed_by_limit} replies"
+    );
     let object = grammars.compile(&Constraint::JsonObject).unwrap();
     for seed in 0..6 {
         let (text, _) = decode_within(&tok, object.clone(), 12, seed);
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
         assert!(v.is_object());
     }
-    let unclosed = grammars.compile(&Constraint::JsonSchema(open)).unwrap().closing(false);
+    let unclosed = grammars
+        .compile(&Constraint::JsonSchema(open))
+        .unwrap()
+        .closing(false);
     let cut = (0..6)
         .filter(|&seed| {
             let (text, _) = decode_within(&tok, unclosed.clone(), 32, seed);

@@ -66,7 +66,8 @@ pub use oxgen_exec::{ExpertCache, KvBudget};
 pub use oxgen_generate::{
     ChatMessage, ChatTemplate, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,
     ReasoningBudget, Reply, ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest,
-    Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, after_reasoning, fresh_seed, tool_grammar,
+    Tool, ToolCall, ToolChoice, ToolFormat, ToolSet, after_reasoning, close_objects, fresh_seed,
+    tool_grammar,
 };
 pub use oxgen_generate::{PromptLookup, SpecStats};
 pub use oxgen_runtime::{Capabilities, KvDtype, KvUsage, MAX_THREADS, OpTime, StepCounters};

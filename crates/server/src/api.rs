@@ -57,6 +57,8 @@ const COMMON_FIELDS: &[&str] = &[
     "min_tokens",
     "include_stop_str_in_output",
     "skip_special_tokens",
+    "close_objects",
+    "close_structured_output",
 ];
 
 /// Keys of `stream_options`: vLLM's `continuous_usage_stats` is accepted and has no effect.
@@ -107,6 +109,8 @@ struct Common {
     #[allow(dead_code)]
     user: Option<String>,
     ignore_eos: Option<bool>,
+    close_objects: Option<bool>,
+    close_structured_output: Option<bool>,
 }
 
 /// How a chat's messages are rendered (vLLM's names): with the template's generation prompt
@@ -156,6 +160,14 @@ pub struct Request {
     pub template_kwargs: Map<String, Value>,
     /// Ollama's `num_ctx`: the prompt and the reply together fit in this many positions.
     pub num_ctx: Option<usize>,
+    /// The JSON schema constraint said `strict: true`.
+    pub strict_schema: bool,
+    /// oxgen's `close_objects`: close (or leave open) every object of this request's schema
+    /// and tools, whatever the server's `--close-objects` says.
+    pub close_objects: Option<bool>,
+    /// oxgen's `close_structured_output` (default true): a constrained reply is closed before
+    /// the limit cuts it.
+    pub close_structured_output: bool,
 }
 
 /// What requests are checked against.
@@ -479,6 +491,9 @@ impl Common {
             tools: None,
             template_kwargs: Map::new(),
             num_ctx: None,
+            strict_schema: false,
+            close_objects: self.close_objects,
+            close_structured_output: self.close_structured_output.unwrap_or(true),
         })
     }
 }
@@ -497,6 +512,11 @@ fn schema(param: &str, v: &Value) -> Result<Value, ApiError> {
             format!("{param} must be a JSON schema (an object)"),
         )),
     }
+}
+
+/// Whether `response_format` is a JSON schema that says `strict: true`.
+fn strict_schema(body: &Value) -> bool {
+    body.pointer("/response_format/json_schema/strict") == Some(&Value::Bool(true))
 }
 
 /// Checks that every id of `ids` (the field `param`) is below the vocabulary size.

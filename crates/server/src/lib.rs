@@ -119,6 +119,23 @@ pub struct Config {
     pub responses_store: usize,
     /// Serve the chat page at `/`.
     pub webui: bool,
+    /// Which JSON schemas get their objects closed (`additionalProperties: false` where they
+    /// say nothing of it).
+    pub close_objects: CloseObjects,
+}
+
+/// Whose objects are closed ([`oxgen::close_objects`]): a request's `close_objects` field
+/// overrides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CloseObjects {
+    /// Schemas and tools that say `strict: true`, as OpenAI's strict mode has them.
+    Strict,
+    /// Those, and every tool's parameters (a call's arguments are for a function that takes
+    /// the parameters it declares): the default.
+    #[default]
+    Tools,
+    /// Every schema and every tool.
+    All,
 }
 
 /// [`Config::max_queue`]'s default.
@@ -165,6 +182,7 @@ impl Config {
             cors_origins: Vec::new(),
             responses_store: DEFAULT_RESPONSES_STORE,
             webui: true,
+            close_objects: CloseObjects::default(),
         }
     }
 }

@@ -38,7 +38,7 @@ use self::tokens::{detokenize, tokenize, tokenizer_info};
 use crate::api::{self, Bounds, Render};
 use crate::engine::{Job, JobPrompt};
 use crate::error::{ApiError, Protocol};
-use crate::{App, Loaded, Phase};
+use crate::{App, CloseObjects, Loaded, Phase};
 
 pub fn router(app: Arc<App>) -> Router {
     let mut router = Router::new();
@@ -272,6 +272,7 @@ impl App {
         // Again: a shutdown may have begun while the body arrived.
         let loaded = self.ready()?;
         self.note_ignored(&req.ignored);
+        self.close_objects(&mut req);
         let tools = req.tools.take().map(|t| t.with_format(loaded.tool_format));
         let param = if kind == Kind::Chat {
             "messages"
@@ -295,7 +296,8 @@ impl App {
             None => answer.map(|(param, c)| (param, reasoned(c))),
         };
         if let Some((param, c)) = grammar {
-            req.options.constraint = Some(compile(loaded, param, c, tools).await?);
+            let grammar = compile(loaded, param, c, tools).await?;
+            req.options.constraint = Some(grammar.closing(req.close_structured_output));
         }
         if let Some(text) = req.prediction.take() {
             req.options.prediction = encode(loaded, Prompt::Text(text)).await?;
@@ -425,6 +427,22 @@ impl App {
             discard,
             ignored: req.ignored,
         })
+    }
+
+    /// Closes the objects of the request's schema and tools as `--close-objects` (or the
+    /// request's own `close_objects`) says.
+    fn close_objects(&self, req: &mut api::Request) {
+        let policy = self.config.close_objects;
+        let schema =
+            (req.close_objects).unwrap_or(policy == CloseObjects::All || req.strict_schema);
+        if schema && let Some((_, Constraint::JsonSchema(s))) = &mut req.constraint {
+            *s = oxgen::close_objects(s);
+        }
+        if let Some(tools) = &mut req.tools {
+            let forced = req.close_objects;
+            tools
+                .close_objects(|strict| forced.unwrap_or(policy != CloseObjects::Strict || strict));
+        }
     }
 
     /// Logs each ignored field's name the first time a request sends it.

@@ -153,6 +153,8 @@ pub fn messages(
                 )
             })?
             .map(|(_, c)| ("output_config.format.schema".to_string(), c));
+        // Anthropic's structured outputs always hold to the schema: strict.
+        request.strict_schema = true;
     }
     let effort = fields.output_config.and_then(|o| o.effort);
     request.reasoning_effort = match effort.as_deref() {
@@ -363,6 +365,7 @@ fn chat_tools(body: &Value) -> Result<Value, ApiError> {
                     ("name", "name"),
                     ("description", "description"),
                     ("input_schema", "parameters"),
+                    ("strict", "strict"),
                 ] {
                     if let Some(v) = t.get(from) {
                         function.insert(to.into(), v.clone());

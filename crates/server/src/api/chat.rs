@@ -147,6 +147,7 @@ pub fn chat(body: &[u8], bounds: &Bounds, strict: bool) -> Result<Request, ApiEr
     let mut request =
         common.into_request(prompts, max_tokens, top_logprobs, bounds, &mut unknown)?;
     request.constraint = constraint(&value)?;
+    request.strict_schema = super::strict_schema(&value);
     request.tools = tools(&value)?;
     request.template_kwargs = template_kwargs(&value)?;
     request.render = render;
@@ -196,11 +197,23 @@ pub(crate) fn continue_final(text: String, messages: &[ChatMessage]) -> Result<S
 #[derive(Debug, Clone)]
 pub struct Tools {
     pub tools: Vec<Tool>,
+    /// Each tool's `strict`.
+    pub strict: Vec<bool>,
     pub choice: ToolChoice,
     pub parallel: bool,
 }
 
 impl Tools {
+    /// Closes the objects of the parameters of every tool for which `close` says so (given
+    /// its `strict`).
+    pub fn close_objects(&mut self, close: impl Fn(bool) -> bool) {
+        for (tool, &strict) in self.tools.iter_mut().zip(&self.strict) {
+            if close(strict) {
+                tool.parameters = oxgen::close_objects(&tool.parameters);
+            }
+        }
+    }
+
     /// The set the model gets, in the model's call format.
     pub fn with_format(self, format: ToolFormat) -> ToolSet {
         ToolSet {
@@ -389,6 +402,7 @@ pub(crate) fn tools(body: &Value) -> Result<Option<Tools>, ApiError> {
         Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
     };
     let mut tools: Vec<Tool> = Vec::with_capacity(list.len());
+    let mut strict = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         let at = format!("tools[{i}]");
         if t.get("type").and_then(Value::as_str) != Some("function") {
@@ -424,6 +438,11 @@ pub(crate) fn tools(body: &Value) -> Result<Option<Tools>, ApiError> {
             None | Some(Value::Null) => None,
             Some(d) => Some(string(&format!("{at}.function.description"), d)?),
         };
+        strict.push(boolean(
+            &format!("{at}.function.strict"),
+            function.get("strict"),
+            false,
+        )?);
         tools.push(Tool {
             name,
             description,
@@ -470,6 +489,7 @@ pub(crate) fn tools(body: &Value) -> Result<Option<Tools>, ApiError> {
     let parallel = boolean("parallel_tool_calls", body.get("parallel_tool_calls"), true)?;
     Ok((!tools.is_empty()).then_some(Tools {
         tools,
+        strict,
         choice,
         parallel,
     }))

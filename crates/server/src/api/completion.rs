@@ -66,6 +66,7 @@ pub fn completion(body: &[u8], bounds: &Bounds, strict: bool) -> Result<Request,
         ));
     }
     request.constraint = constraint(&value)?;
+    request.strict_schema = super::strict_schema(&value);
     request.echo = echo;
     request.prompt_logprobs = prompt_logprobs;
     request.ignored = unknown.names;

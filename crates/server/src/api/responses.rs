@@ -148,6 +148,7 @@ pub fn responses(body: &[u8], bounds: &Bounds, strict: bool) -> Result<Responses
     request.tools = tools(&chat_tools(&value)?)
         .map_err(|e| renamed(e, &[(".function.", "."), ("function.name", "name")]))?;
     request.constraint = text_format(&value)?;
+    request.strict_schema = value.pointer("/text/format/strict") == Some(&Value::Bool(true));
     request.reasoning_effort = effort;
     request.ignored = unknown.names;
     let mut echo = Map::new();
@@ -216,7 +217,7 @@ fn chat_tools(body: &Value) -> Result<Value, ApiError> {
                 ));
             }
             let mut function = Map::new();
-            for key in ["name", "description", "parameters"] {
+            for key in ["name", "description", "parameters", "strict"] {
                 if let Some(v) = t.get(key) {
                     function.insert(key.into(), v.clone());
                 }
