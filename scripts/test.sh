@@ -13,6 +13,8 @@
 #     Selenium, which drives Debian's headless Chromium (installed here with apt when absent)
 #     through the chat page:
 #     LlamaIndex's OpenAI client needs openai<3, so they share an openai 2.x of their own;
+#   - the wheels of kubernetes-validate, check-jsonschema and bfcl-eval, downloaded (not
+#     installed): the real-world JSON schemas of the structured-output corpus test;
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
 # then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
 # into its own venv) and runs its pytest suite from a fresh venv it is installed in, soaks the
@@ -50,6 +52,19 @@ venv "$VENV" "${PY_PACKAGES[@]}"
 export OXGEN_PYTHON="$VENV/bin/python"
 venv "$CACHE/clients-venv" "${CLIENT_PACKAGES[@]}"
 export OXGEN_CLIENTS_PYTHON="$CACHE/clients-venv/bin/python"
+# The wheels the structured-output corpus is read from (not installed: schema_corpus.py
+# reads the schemas out of them).
+SCHEMA_WHEELS=(kubernetes-validate==1.37.0 check-jsonschema==0.39.0 bfcl-eval==2026.3.23)
+OXGEN_SCHEMA_WHEELS="$CACHE/schema-wheels"
+stamp="$OXGEN_SCHEMA_WHEELS/.downloaded-$(echo "${SCHEMA_WHEELS[*]}" | cksum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ]; then
+    rm -rf "$OXGEN_SCHEMA_WHEELS"
+    "$OXGEN_PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps \
+        -d "$OXGEN_SCHEMA_WHEELS" "${SCHEMA_WHEELS[@]}"
+    touch "$stamp"
+fi
+export OXGEN_SCHEMA_WHEELS
+
 # Headless Chromium and its driver, Debian's, for the chat page's browser test.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     sudo=""

@@ -52,10 +52,12 @@ pub enum Constraint {
 const JSON_WHITESPACE: &str = r"( |\r?\n[ \t]{0,20})";
 
 /// `schema` as oxgen compiles it: the `format`s llguidance does not enforce dropped (they
-/// are annotations; see [`crate::schema::drop_unknown_formats`]), and oxgen's whitespace
+/// are annotations; see [`crate::schema::drop_unknown_formats`]), a `oneOf` of distinct
+/// types as the `anyOf` it equals ([`crate::schema::exclusive_one_of`]), and oxgen's whitespace
 /// rule unless it sets its own llguidance options (`x-guidance`).
 pub fn for_grammar(schema: &serde_json::Value) -> serde_json::Value {
     let (mut schema, _) = crate::schema::drop_unknown_formats(schema);
+    crate::schema::exclusive_one_of(&mut schema);
     if let Some(map) = schema.as_object_mut() {
         map.entry("x-guidance")
             .or_insert_with(|| serde_json::json!({"whitespace_pattern": JSON_WHITESPACE}));

@@ -1,7 +1,9 @@
 //! JSON schemas made ready for constrained decoding: objects closed where clients expect
-//! them ([`close_objects`]), and `format`s the grammar compiler does not know dropped
-//! ([`drop_unknown_formats`]) instead of refusing the schema. Both walk only the places a
-//! JSON schema holds schemas, never data (`enum`, `const`, `default`, `examples`).
+//! them ([`close_objects`]), `format`s the grammar compiler does not know dropped
+//! ([`drop_unknown_formats`]) instead of refusing the schema, and a `oneOf` whose branches
+//! are of different types taken as the `anyOf` it equals ([`exclusive_one_of`]). Each walks
+//! only the places a JSON schema holds schemas, never data (`enum`, `const`, `default`,
+//! `examples`).
 
 use serde_json::{Map, Value};
 
@@ -110,6 +112,84 @@ pub fn drop_unknown_formats(schema: &Value) -> (Value, Vec<String>) {
     (schema, dropped)
 }
 
+/// Keywords that do not constrain a value.
+const ANNOTATIONS: [&str; 5] = ["description", "title", "$comment", "examples", "default"];
+
+/// A branch's types (`type` as a string or a list), and whether it says nothing else.
+fn branch_types(branch: &Value) -> Option<(Vec<String>, bool)> {
+    let map = branch.as_object()?;
+    let types: Vec<String> = match map.get("type")? {
+        Value::String(t) => vec![t.clone()],
+        Value::Array(ts) => ts
+            .iter()
+            .map(|t| t.as_str().map(str::to_string))
+            .collect::<Option<_>>()?,
+        _ => return None,
+    };
+    let only_type = (map.keys()).all(|k| k == "type" || ANNOTATIONS.contains(&k.as_str()));
+    Some((types, only_type))
+}
+
+/// `schema` with every `oneOf` that can be written exactly as an `anyOf`, so written: where
+/// the branches are told apart by their types alone. A type two branches share (Kubernetes'
+/// quantity is `oneOf: [{type: [string, null]}, {type: [number, null]}]`) matches both, so
+/// no value of it is valid: it is dropped from branches that say nothing but their types;
+/// a branch with other keywords must share no type. An integer is a number, so a branch of
+/// integers beside one of numbers keeps the `oneOf` (left to be refused), as does any
+/// branch without a `type`. Returns how many were rewritten.
+pub fn exclusive_one_of(schema: &mut Value) -> usize {
+    let mut rewritten = 0;
+    walk(schema, false, &mut |map, _| {
+        let Some(Value::Array(branches)) = map.get("oneOf") else {
+            return;
+        };
+        if map.contains_key("anyOf") {
+            return;
+        }
+        let Some(typed) = branches
+            .iter()
+            .map(branch_types)
+            .collect::<Option<Vec<_>>>()
+        else {
+            return;
+        };
+        let count = |t: &str| {
+            typed
+                .iter()
+                .filter(|(ts, _)| ts.iter().any(|u| u == t))
+                .count()
+        };
+        let all: Vec<&String> = typed.iter().flat_map(|(ts, _)| ts).collect();
+        let has = |t: &str| all.iter().any(|u| *u == t);
+        if has("integer") && has("number") {
+            return;
+        }
+        let mut any_of = Vec::with_capacity(branches.len());
+        for (branch, (types, only_type)) in branches.iter().zip(&typed) {
+            let own: Vec<&String> = types.iter().filter(|t| count(t) == 1).collect();
+            if own.len() < types.len() && !only_type {
+                return;
+            }
+            if own.is_empty() {
+                continue;
+            }
+            let mut branch = branch.clone();
+            if own.len() < types.len() {
+                branch["type"] =
+                    Value::Array(own.into_iter().map(|t| Value::String(t.clone())).collect());
+            }
+            any_of.push(branch);
+        }
+        if any_of.is_empty() {
+            return;
+        }
+        map.remove("oneOf");
+        map.insert("anyOf".into(), Value::Array(any_of));
+        rewritten += 1;
+    });
+    rewritten
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +243,28 @@ mod tests {
             json!({"format": "x"})
         );
         assert_eq!(plain["enum"], schema["enum"]);
+    }
+
+    #[test]
+    fn a_one_of_of_distinct_types_is_an_any_of() {
+        let mut schema = json!({"properties": {
+            "port": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            "n": {"oneOf": [{"type": "number"}, {"type": "integer"}]},
+            "s": {"oneOf": [{"type": "string", "maxLength": 2}, {"type": "string"}]},
+            "free": {"oneOf": [{"type": "string"}, {"minimum": 1}]},
+            "quantity": {"oneOf": [{"type": ["string", "null"]}, {"type": ["number", "null"]}]},
+            "shared": {"oneOf": [{"type": ["string", "null"], "maxLength": 3}, {"type": "null"}]},
+        }});
+        assert_eq!(exclusive_one_of(&mut schema), 2);
+        let p = &schema["properties"];
+        assert!(p["port"].get("anyOf").is_some() && p["port"].get("oneOf").is_none());
+        assert_eq!(
+            p["quantity"]["anyOf"],
+            json!([{"type": ["string"]}, {"type": ["number"]}]),
+            "null matches both branches: no value of it is valid"
+        );
+        for kept in ["n", "s", "free", "shared"] {
+            assert!(p[kept].get("oneOf").is_some(), "{kept}");
+        }
     }
 }
