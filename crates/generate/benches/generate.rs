@@ -365,6 +365,30 @@ NUMBER: /[0-9]+/"#
                     BatchSize::SmallInput,
                 )
             });
+            // The same document with the sequence's room told before each token: far from
+            // the limit (the closing looked for every 16 tokens), and with just the room the
+            // rest of the document takes (the closing looked for, and the likeliest tokens
+            // checked, at every token: the most closing can cost).
+            if vocab != VOCAB {
+                continue;
+            }
+            for (room, slack) in [("far", 4096), ("tight", 2)] {
+                g.bench_function(format!("closing_{room}/{name}/vocab={vocab}"), |b| {
+                    b.iter_batched_ref(
+                        || (grammar.mask(), row.clone()),
+                        |(mask, row)| {
+                            for (i, &id) in ids.iter().enumerate() {
+                                mask.room(ids.len() - i + slack);
+                                row[id as usize] = 1.0;
+                                mask.apply(row, &history);
+                                row.fill(0.0);
+                                mask.accept(id);
+                            }
+                        },
+                        BatchSize::SmallInput,
+                    )
+                });
+            }
         }
     }
     g.throughput(Throughput::Elements(1));

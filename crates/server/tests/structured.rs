@@ -116,3 +116,55 @@ fn constrained_replies_parse_at_any_limit_and_objects_close_where_asked() {
     }
     server.shutdown().unwrap();
 }
+
+/// On the default model, a required call whose parameters are open (as LangChain's
+/// `bind_tools` sends them) gives arguments that parse and validate at every `max_tokens`
+/// from the first that holds the call's shortest form, whole and streamed.
+#[test]
+fn a_required_call_parses_at_every_limit_that_fits_it_on_the_default_model() {
+    let server = start(&common::default_model(), 2, oxgen_server::Config::new("m"));
+    let addr = server.addr();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"]}}}]);
+    let call = |max_tokens: usize, stream: bool| {
+        let body = json!({"model": "m", "max_tokens": max_tokens, "temperature": 0,
+            "stream": stream, "tools": tools, "tool_choice": "required",
+            "messages": [{"role": "user", "content": "What is the weather like in Paris today?"}]});
+        let reply = post(addr, CHAT, &body);
+        if !stream {
+            let r = reply.json();
+            let f = &r["choices"][0]["message"]["tool_calls"][0]["function"];
+            return f["arguments"].as_str().map(str::to_string);
+        }
+        let mut arguments = String::new();
+        for event in reply.events().iter().filter(|e| *e != "[DONE]") {
+            let chunk: Value = serde_json::from_str(event).unwrap();
+            let call = &chunk["choices"][0]["delta"]["tool_calls"][0];
+            if call["index"] == 0 {
+                arguments.push_str(call["function"]["arguments"].as_str().unwrap_or_default());
+            }
+        }
+        Some(arguments)
+    };
+    let parses = |args: &Option<String>| {
+        (args.as_deref())
+            .and_then(|a| serde_json::from_str::<Value>(a).ok())
+            .is_some_and(|v| {
+                v["city"].is_string()
+                    && (v["unit"] == "celsius" || v["unit"] == "fahrenheit")
+                    && v.as_object().unwrap().len() == 2
+            })
+    };
+    let least = (8..=64)
+        .find(|&m| parses(&call(m, false)))
+        .expect("a call fits in 64 tokens");
+    for m in (least..least + 24).step_by(3).chain([least + 40, 128]) {
+        let args = call(m, false);
+        assert!(parses(&args), "max_tokens {m} (least {least}): {args:?}");
+        assert_eq!(call(m, true), args, "max_tokens {m}: streamed");
+    }
+    server.shutdown().unwrap();
+}
