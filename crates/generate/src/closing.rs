@@ -25,7 +25,11 @@ use llguidance::toktrie::TokTrie;
 pub(crate) const MAX_CLOSE: usize = 256;
 
 /// The preference order of bytes, after the rule for `"` (module doc).
-const ORDER: &[u8] = b"}]\"0:,ftnlrueasbcdghijkmopqvwxyz1-.>/<_ \nABCDEFGHIJKLMNOPQRSTUVWXYZ23456789[{!#$%&'()*+;=?@\\^`|~\t";
+const ORDER: &[u8] = b"}])\"0:,ftnlrueasbcdghijkmopqvwxyz1-.>/<_ \nABCDEFGHIJKLMNOPQRSTUVWXYZ23456789[{!#$%&'(*+;=?@\\^`|~\t";
+
+/// A byte taken this many times in a row is passed over for the next the grammar allows
+/// (a number's digits, say, which could go on without end).
+const MAX_RUN: usize = 8;
 
 /// The single-byte tokens of a vocabulary in the preference order.
 #[derive(Debug, Clone)]
@@ -64,10 +68,14 @@ impl Closer {
             }
             let in_string =
                 allows(&mut m, quote) && (allows(&mut m, brace) || allows(&mut m, bracket));
-            let next = if in_string {
+            let last = out.last().copied();
+            let run = out.iter().rev().take_while(|&&b| Some(b) == last).count();
+            let next = if in_string && (last != Some(b'"') || run < MAX_RUN) {
                 quote.map(|t| (b'"', t))
             } else {
-                (self.alphabet.iter().copied()).find(|&(_, t)| allows(&mut m, Some(t)))
+                (self.alphabet.iter().copied())
+                    .filter(|&(b, _)| run < MAX_RUN || Some(b) != last)
+                    .find(|&(_, t)| allows(&mut m, Some(t)))
             };
             let Some((byte, token)) = next else {
                 return false;

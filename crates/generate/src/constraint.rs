@@ -269,7 +269,8 @@ impl Grammar {
             matcher: Matcher::new(Ok((*self.parser).clone())),
             room: None,
             need: None,
-            unchecked: 0,
+            // The first choice looks for the closing.
+            unchecked: CHECK_EVERY,
             closing: false,
             closed: false,
             close: Vec::new(),
@@ -292,7 +293,7 @@ impl Grammar {
 /// choice narrowed to the [`TOP`] likeliest tokens that leave room to close.
 const NEAR: usize = 32;
 const CHECK_EVERY: usize = 16;
-const TOP: usize = 16;
+const TOP: usize = 8;
 
 /// The `k` ids with the largest finite logits, largest first, into `out`.
 fn top_finite(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
@@ -410,9 +411,9 @@ impl LogitsProcessor for GrammarMask {
 }
 
 impl GrammarMask {
-    /// Keeps the text closable within the room left. The shortest closing is looked for
-    /// every [`CHECK_EVERY`] choices, and at every choice once the room is within [`NEAR`]
-    /// bytes of it; there the choice is narrowed to the [`TOP`] likeliest tokens that leave
+    /// Keeps the text closable within the room left. The shortest closing is looked for at
+    /// the first choice and every [`CHECK_EVERY`] after (also where none was found), and at
+    /// every choice once the room is within [`NEAR`] bytes of it; there the choice is narrowed to the [`TOP`] likeliest tokens that leave
     /// room to close after them (an end-of-sequence id always does), and when none does,
     /// to the tokens that spell a prefix of the closing text, to the end.
     fn close_within_room(&mut self, logits: &mut [f32]) {
@@ -422,7 +423,7 @@ impl GrammarMask {
         if self.matcher.is_stopped() {
             return;
         }
-        let near = self.closing || self.need.is_none_or(|need| room <= need + 1 + NEAR);
+        let near = self.closing || self.need.is_some_and(|need| room <= need + 1 + NEAR);
         if !near && self.unchecked < CHECK_EVERY {
             self.unchecked += 1;
             return;

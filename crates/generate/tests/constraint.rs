@@ -419,6 +419,24 @@ fn constrained_replies_close_within_their_limit() {
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
         assert!(v.is_object());
     }
+    // A Lark grammar and a regex close too (parentheses balanced, the address finished).
+    let arithmetic = Constraint::Lark(
+        "start: expr\nexpr: term ((\"+\" | \"-\") term)*\nterm: NUMBER | \"(\" expr \")\"\nNUMBER: /[0-9]+/"
+            .into(),
+    );
+    let address = Constraint::Regex("[a-z]+@[a-z]+\\.(com|org)".into());
+    for (constraint, limit) in [(arithmetic, 10), (address, 12)] {
+        let grammar = grammars.compile(&constraint).unwrap();
+        for seed in 0..6 {
+            let (text, _) = decode_within(&tok, grammar.clone(), limit, seed);
+            let balanced = text.matches('(').count() == text.matches(')').count();
+            let finished = !text.ends_with(['(', '+', '-', '@', '.']) && !text.is_empty();
+            assert!(
+                balanced && finished,
+                "{constraint:?}, seed {seed}: {text:?}"
+            );
+        }
+    }
     let unclosed = grammars
         .compile(&Constraint::JsonSchema(open))
         .unwrap()
