@@ -13,10 +13,9 @@
 //! within [`MAX_CLOSE`] bytes (a regex like `a+b`, markers that are special tokens) has no
 //! closing found, and its reply is not closed early.
 //!
-//! Its length in bytes bounds the tokens a close needs (every byte is a token of its own;
-//! a token of several bytes only shortens it). [`crate::GrammarMask`] checks it as the
-//! room left shrinks and, once the room is down to it, allows only tokens that spell a
-//! prefix of the closing text, so each step consumes at least one byte of it.
+//! What a close needs is that text in tokens, each the longest token that spells the next of
+//! it (every byte has one of its own, so it always can). [`crate::GrammarMask`] checks it
+//! as the room left shrinks and, once the room is down to it, writes the closing text so.
 
 use llguidance::Matcher;
 use llguidance::toktrie::TokTrie;

@@ -318,7 +318,7 @@ pub struct GrammarMask {
     /// Ids the sequence may still generate, this one's choice included (set before each
     /// choice by [`LogitsProcessor::room`]).
     room: Option<usize>,
-    /// The last closing's length in bytes (`None`: none found, or not looked for yet).
+    /// The last closing's length in tokens (`None`: none found, or not looked for yet).
     need: Option<usize>,
     /// Choices since it was looked for.
     unchecked: usize,
@@ -413,7 +413,7 @@ impl LogitsProcessor for GrammarMask {
 impl GrammarMask {
     /// Keeps the text closable within the room left. The shortest closing is looked for at
     /// the first choice and every [`CHECK_EVERY`] after (also where none was found), and at
-    /// every choice once the room is within [`NEAR`] bytes of it; there the choice is narrowed to the [`TOP`] likeliest tokens that leave
+    /// every choice once the room is within [`NEAR`] tokens of it; there the choice is narrowed to the [`TOP`] likeliest tokens that leave
     /// room to close after them (an end-of-sequence id always does), and when none does,
     /// to the tokens that spell a prefix of the closing text, to the end.
     fn close_within_room(&mut self, logits: &mut [f32]) {
@@ -430,7 +430,9 @@ impl GrammarMask {
         }
         self.unchecked = 0;
         let found = self.grammar.closer.find(&self.matcher, &mut self.close);
-        self.need = found.then_some(self.close.len());
+        // In tokens: the closing as its longest tokens spell it (what `restrict` writes).
+        let trie = self.grammar.env.tok_trie();
+        self.need = found.then(|| trie.greedy_tokenize(&self.close).len());
         let Some(need) = self.need else {
             return;
         };
@@ -450,13 +452,16 @@ impl GrammarMask {
         top_finite(logits, TOP, &mut self.kept);
         let mut after = Vec::new();
         let (eos, closer) = (&self.grammar.eos, &self.grammar.closer);
+        let trie = self.grammar.env.tok_trie();
         let matcher = &self.matcher;
         self.kept.retain(|&(id, _)| {
             if eos.contains(&id) {
                 return true;
             }
             let mut m = matcher.clone();
-            m.consume_token(id).is_ok() && closer.find(&m, &mut after) && after.len() + 2 <= room
+            m.consume_token(id).is_ok()
+                && closer.find(&m, &mut after)
+                && trie.greedy_tokenize(&after).len() + 2 <= room
         });
         if self.kept.is_empty() {
             return false;
