@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{decode, grammars};
+use common::{decode, decode_grammar, grammars};
 use oxgen_generate::{
     Constraint, DecodeOptions, Decoding, FinishReason, Grammar, LogitsProcessor, ProcessorState,
     SamplingParams, Tokenizer,
@@ -329,36 +329,7 @@ fn decode_within(
     limit: usize,
     seed: u64,
 ) -> (String, FinishReason) {
-    let options = DecodeOptions {
-        max_new_tokens: limit,
-        eos: vec![tokenizer::EOS as u32],
-        ignore_eos: false,
-        stop: Vec::new(),
-        stop_ids: Vec::new(),
-        min_new_tokens: 0,
-        include_stop: false,
-        reasoning_budget: None,
-        sampling: SamplingParams {
-            seed,
-            ..SamplingParams::default()
-        },
-        constraint: Some(grammar),
-        keep_special: false,
-    };
-    let mut d = Decoding::new(&[1, 40], 0, 1024, options).unwrap();
-    let mut rng = oxgen_testkit::fixtures::Rng::new(seed);
-    let mut text = String::new();
-    loop {
-        let mut row: Vec<f32> = (0..tokenizer::VOCAB_SIZE)
-            .map(|_| rng.uniform() * 8.0)
-            .collect();
-        row[tokenizer::EOS] = -10.0;
-        let emitted = d.on_logits(&row, tok).expect("never leaves the grammar");
-        text.push_str(&d.take_text());
-        if let Some(f) = emitted.finish {
-            return (text, f);
-        }
-    }
+    decode_grammar(tok, grammar, limit, seed, false, -10.0)
 }
 
 /// A constrained reply always parses, whatever the limit: logits that would run on (open

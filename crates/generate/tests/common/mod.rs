@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use oxgen_generate::{
-    Constraint, DecodeOptions, Decoding, FinishReason, Grammars, Sampler, SamplingParams, Tokenizer,
+    Constraint, DecodeOptions, Decoding, FinishReason, Grammar, Grammars, Sampler, SamplingParams,
+    Tokenizer,
 };
 use oxgen_testkit::fixtures::{Rng, tokenizer};
 
@@ -41,7 +42,8 @@ pub fn grammars() -> (Arc<Tokenizer>, Grammars) {
 }
 
 /// Decodes under `constraint` from random logits (seeded), greedy or sampled at temperature
-/// 1; returns the text and why it finished.
+/// 1, with logits that favour the end-of-sequence id and the special tokens (which the
+/// grammar must keep out until it accepts); returns the text and why it finished.
 pub fn decode(
     tok: &Tokenizer,
     grammars: &Grammars,
@@ -49,8 +51,22 @@ pub fn decode(
     seed: u64,
     greedy: bool,
 ) -> (String, FinishReason) {
+    let grammar = grammars.compile(constraint).unwrap();
+    decode_grammar(tok, grammar, 400, seed, greedy, 20.0)
+}
+
+/// Decodes under `grammar` within `limit` ids from random logits (seeded), the
+/// end-of-sequence and beginning ids given the logit `ending`.
+pub fn decode_grammar(
+    tok: &Tokenizer,
+    grammar: Grammar,
+    limit: usize,
+    seed: u64,
+    greedy: bool,
+    ending: f32,
+) -> (String, FinishReason) {
     let options = DecodeOptions {
-        max_new_tokens: 400,
+        max_new_tokens: limit,
         eos: vec![tokenizer::EOS as u32],
         ignore_eos: false,
         stop: Vec::new(),
@@ -63,20 +79,18 @@ pub fn decode(
             seed,
             ..SamplingParams::default()
         },
-        constraint: Some(grammars.compile(constraint).unwrap()),
+        constraint: Some(grammar),
         keep_special: false,
     };
     let mut d = Decoding::new(&[1, 40, 41], 0, 1024, options).unwrap();
     let mut rng = Rng::new(seed);
     let mut text = String::new();
     loop {
-        // Logits that favour the end-of-sequence id and the special tokens, which the grammar
-        // must keep out until it accepts.
         let mut row: Vec<f32> = (0..tokenizer::VOCAB_SIZE)
             .map(|_| rng.uniform() * 8.0)
             .collect();
-        row[tokenizer::EOS] = 20.0;
-        row[tokenizer::BOS] = 20.0;
+        row[tokenizer::EOS] = ending;
+        row[tokenizer::BOS] = ending;
         let emitted = d.on_logits(&row, tok).unwrap();
         text.push_str(&d.take_text());
         if let Some(finish) = emitted.finish {
