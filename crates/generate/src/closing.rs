@@ -7,11 +7,12 @@
 //! allows: `"` while a string is open (it is allowed where a closing bracket is too, which
 //! only happens inside a string), else closing brackets before anything that opens, the
 //! shortest values (`0`, `""`, `false`, `null`), then letters (a key or an enum member the
-//! grammar asks for), then the other printable bytes. For JSON this walks straight to the
-//! end: strings close, objects and arrays close once their required members are there, and
-//! required members get the shortest values. A grammar whose end this order cannot reach
-//! within [`MAX_CLOSE`] bytes (a regex like `a+b`, markers that are special tokens) has no
-//! closing found, and its reply is not closed early.
+//! grammar asks for), then the other printable bytes; a byte taken [`MAX_RUN`] times
+//! running is passed over (a number's digits could go on). For JSON this walks straight to
+//! the end: strings close, objects and arrays close once their required members are there,
+//! and required members get the shortest values. A grammar whose end this order cannot
+//! reach within [`MAX_CLOSE`] bytes (markers that are special tokens, a regex like
+//! `(ab){200}`) has no closing found, and its reply is not closed early.
 //!
 //! What a close needs is that text in tokens, each the longest token that spells the next of
 //! it (every byte has one of its own, so it always can). [`crate::GrammarMask`] checks it

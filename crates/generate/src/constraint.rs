@@ -142,7 +142,8 @@ pub struct Grammars {
     /// The package's end-of-sequence ids; the trie knows the first.
     eos: Vec<u32>,
     vocab: usize,
-    cache: Mutex<VecDeque<(String, Arc<TokenParser>)>>,
+    /// By text: the parser, and whether its text can be closed early from the start.
+    cache: Mutex<VecDeque<(String, Arc<TokenParser>, bool)>>,
 }
 
 impl std::fmt::Debug for Grammars {
@@ -197,11 +198,11 @@ impl Grammars {
         let (grammar, key) = constraint.grammar()?;
         {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+            if let Some(i) = cache.iter().position(|(k, _, _)| *k == key) {
                 let entry = cache.remove(i).expect("the index was just found");
-                let parser = entry.1.clone();
+                let (parser, closable) = (entry.1.clone(), entry.2);
                 cache.push_back(entry);
-                return Ok(self.grammar(parser));
+                return Ok(self.grammar(parser, closable));
             }
         }
         let parser = self
@@ -216,18 +217,21 @@ impl Grammars {
                 "the grammar accepts no text at all".into(),
             ));
         }
+        // Whether a reply can be closed early: a closing is found from the start.
+        let closable = self.closer.find(&probe, &mut Vec::new());
         let parser = Arc::new(parser);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= CACHE_SIZE {
             cache.pop_front();
         }
-        cache.push_back((key, parser.clone()));
-        Ok(self.grammar(parser))
+        cache.push_back((key, parser.clone(), closable));
+        Ok(self.grammar(parser, closable))
     }
 
-    fn grammar(&self, parser: Arc<TokenParser>) -> Grammar {
+    fn grammar(&self, parser: Arc<TokenParser>, closable: bool) -> Grammar {
         Grammar {
             parser,
+            closable,
             eos: self.eos.clone().into(),
             trie_eos: self.factory.tok_env().tok_trie().info().tok_eos,
             env: self.factory.tok_env().clone(),
@@ -253,6 +257,8 @@ pub struct Grammar {
     closer: Arc<Closer>,
     /// Close the text before the sequence's room runs out ([`Grammar::closing`]).
     close: bool,
+    /// A closing can be found from the start ([`Grammar::closable`]).
+    closable: bool,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -285,6 +291,14 @@ impl Grammar {
     pub fn closing(mut self, close: bool) -> Grammar {
         self.close = close;
         self
+    }
+
+    /// Whether a reply under it can be closed early: found at compile time by looking for
+    /// the closing from the grammar's start (`false` for a grammar whose end single-byte
+    /// tokens cannot reach within the search's 256 bytes, such as markers that are special
+    /// tokens or a regex like `(ab){200}`: its replies are cut where the limit falls).
+    pub fn closable(&self) -> bool {
+        self.closable
     }
 }
 

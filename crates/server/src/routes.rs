@@ -31,7 +31,7 @@ use oxgen::{
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::unbounded_channel;
 
-use self::http::{MAX_IGNORED_NAME, body, cors, guard, name_ignored, reply};
+use self::http::{MAX_IGNORED_NAME, Notes, body, cors, guard, reply};
 use self::response::{Kind, Pending, collect, response_id, stream, unix_now};
 pub(crate) use self::responses::Store;
 use self::tokens::{detokenize, tokenize, tokenizer_info};
@@ -295,8 +295,10 @@ impl App {
             Some(c) => Some(("tools".to_string(), reasoned(c))),
             None => answer.map(|(param, c)| (param, reasoned(c))),
         };
+        let mut unclosable = false;
         if let Some((param, c)) = grammar {
             let grammar = compile(loaded, param, c, tools).await?;
+            unclosable = req.close_structured_output && !grammar.closable();
             req.options.constraint = Some(grammar.closing(req.close_structured_output));
         }
         if let Some(text) = req.prediction.take() {
@@ -425,7 +427,10 @@ impl App {
             echo: req.echo,
             prompt_logprobs: req.prompt_logprobs.is_some() && !req.echo,
             discard,
-            ignored: req.ignored,
+            notes: Notes {
+                ignored: req.ignored,
+                unclosable,
+            },
         })
     }
 
@@ -500,12 +505,12 @@ async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
     match pending.await {
         Err(e) => e.into_response(),
         Ok(mut p) => {
-            let ignored = std::mem::take(&mut p.ignored);
+            let notes = std::mem::take(&mut p.notes);
             let mut response = match p.stream {
                 true => stream(p).into_response(),
                 false => reply(collect(p).await, Protocol::OpenAi),
             };
-            name_ignored(&mut response, &ignored);
+            notes.apply(&mut response);
             response
         }
     }

@@ -76,6 +76,21 @@ fn constrained_replies_parse_at_any_limit_and_objects_close_where_asked() {
         "{cut_when_off} of 6 cut with closing off"
     );
 
+    // A grammar whose end the closing search cannot reach (400 bytes away, past its bound) is
+    // not closed early, and the response says so; a JSON schema's is.
+    let regex = json!({"structured_outputs": {"regex": "(ab){200}"}});
+    let r = post(addr, CHAT, &ask(regex));
+    assert!(
+        r.header("x-oxgen-constraint-unclosable").is_some(),
+        "{:?}",
+        r.headers
+    );
+    let json = ask(json!({"response_format": schema_format(open_schema(), false)}));
+    assert_eq!(
+        post(addr, CHAT, &json).header("x-oxgen-constraint-unclosable"),
+        None
+    );
+
     // Strict: only the declared properties, whatever the model would invent.
     for seed in 0..6 {
         let body = ask(json!({"seed": seed, "max_tokens": 48,

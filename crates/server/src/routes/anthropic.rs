@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use oxgen::{FinishReason, Reply, ReplyDelta};
 use serde_json::{Value, json};
 
-use super::http::{body, name_ignored};
+use super::http::body;
 use super::response::{Kind, response_id};
 use super::turn::{Encode, Turn, frames};
 use crate::App;
@@ -197,7 +197,7 @@ pub(super) async fn messages(State(app): State<Arc<App>>, request: Request) -> R
         Ok(started) => started,
         Err(e) => return e.response(Protocol::Anthropic),
     };
-    let ignored = std::mem::take(&mut pending.ignored);
+    let notes = std::mem::take(&mut pending.notes);
     let stream = pending.stream;
     let mut turn = Turn::new(pending);
     let id = response_id("msg_");
@@ -233,7 +233,7 @@ pub(super) async fn messages(State(app): State<Arc<App>>, request: Request) -> R
             Err(e) => e.response(Protocol::Anthropic),
         }
     };
-    name_ignored(&mut response, &ignored);
+    notes.apply(&mut response);
     response
 }
 

@@ -65,7 +65,7 @@ pub(super) async fn cors(State(app): State<Arc<App>>, request: Request, next: Ne
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
         h.insert(
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static(IGNORED_HEADER),
+            HeaderValue::from_static("x-oxgen-ignored-fields, x-oxgen-constraint-unclosable"),
         );
         h.append(header::VARY, HeaderValue::from_static("origin"));
     }
@@ -152,27 +152,45 @@ pub(super) async fn body(
 /// The header naming the request fields that were ignored.
 pub(super) const IGNORED_HEADER: &str = "x-oxgen-ignored-fields";
 
-/// Names `ignored` in the [`IGNORED_HEADER`]: comma-separated, each escaped to ASCII and
-/// cut to [`MAX_IGNORED_NAME`] characters, `...` where the header would pass
-/// [`MAX_IGNORED_HEADER`] bytes.
-pub(super) fn name_ignored(response: &mut Response, ignored: &[String]) {
-    let mut names = String::new();
-    for name in ignored {
-        let name: String = name.escape_default().take(MAX_IGNORED_NAME).collect();
-        if names.len() + name.len() + 2 > MAX_IGNORED_HEADER {
-            names.push_str(", ...");
-            break;
+/// What a response says of its request besides its body: the fields ignored, and whether
+/// its constraint cannot be closed early.
+#[derive(Debug, Default)]
+pub(super) struct Notes {
+    pub(super) ignored: Vec<String>,
+    pub(super) unclosable: bool,
+}
+
+/// The header saying a reply's constraint cannot be closed before the limit cuts it.
+pub(super) const UNCLOSABLE_HEADER: &str = "x-oxgen-constraint-unclosable";
+
+impl Notes {
+    /// Names the ignored fields in the [`IGNORED_HEADER`] (comma-separated, each escaped to
+    /// ASCII and cut to [`MAX_IGNORED_NAME`] characters, `...` where the header would pass
+    /// [`MAX_IGNORED_HEADER`] bytes), and sets the [`UNCLOSABLE_HEADER`] where it applies.
+    pub(super) fn apply(&self, response: &mut Response) {
+        let mut names = String::new();
+        for name in &self.ignored {
+            let name: String = name.escape_default().take(MAX_IGNORED_NAME).collect();
+            if names.len() + name.len() + 2 > MAX_IGNORED_HEADER {
+                names.push_str(", ...");
+                break;
+            }
+            if !names.is_empty() {
+                names.push_str(", ");
+            }
+            names.push_str(&name);
         }
-        if !names.is_empty() {
-            names.push_str(", ");
+        if let Some(v) = HeaderValue::from_str(&names)
+            .ok()
+            .filter(|_| !names.is_empty())
+        {
+            response.headers_mut().insert(IGNORED_HEADER, v);
         }
-        names.push_str(&name);
-    }
-    if let Some(v) = HeaderValue::from_str(&names)
-        .ok()
-        .filter(|_| !names.is_empty())
-    {
-        response.headers_mut().insert(IGNORED_HEADER, v);
+        if self.unclosable {
+            let why = "the constraint's end cannot be reached early; the reply is cut where \
+                       max_tokens falls";
+            (response.headers_mut()).insert(UNCLOSABLE_HEADER, HeaderValue::from_static(why));
+        }
     }
 }
 

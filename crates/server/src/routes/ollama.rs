@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use oxgen::{FinishReason, Reply, ReplyDelta};
 use serde_json::{Map, Value, json};
 
-use super::http::{body, name_ignored};
+use super::http::body;
 use super::response::Kind;
 use super::turn::{Encode, Turn, frames};
 use crate::engine::Counts;
@@ -188,7 +188,7 @@ async fn generate_with(app: Arc<App>, request: Request, endpoint: Endpoint) -> R
         Ok(started) => started,
         Err(e) => return e.response(Protocol::Ollama),
     };
-    let ignored = std::mem::take(&mut pending.ignored);
+    let notes = std::mem::take(&mut pending.notes);
     let stream = pending.stream;
     let mut turn = Turn::new(pending);
     let lines = Lines {
@@ -224,7 +224,7 @@ async fn generate_with(app: Arc<App>, request: Request, endpoint: Endpoint) -> R
             Err(e) => e.response(Protocol::Ollama),
         }
     };
-    name_ignored(&mut response, &ignored);
+    notes.apply(&mut response);
     response
 }
 

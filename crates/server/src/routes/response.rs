@@ -60,8 +60,9 @@ pub(super) struct Pending {
     pub(super) prompt_logprobs: bool,
     /// `max_tokens: 0`: the one token generated (the engine always chooses one) is dropped.
     pub(super) discard: bool,
-    /// Request fields ignored, named in the `x-oxgen-ignored-fields` header.
-    pub(super) ignored: Vec<String>,
+    /// What the response's headers say of the request (fields ignored, a constraint that
+    /// cannot be closed early).
+    pub(super) notes: super::http::Notes,
 }
 
 /// One choice being assembled.

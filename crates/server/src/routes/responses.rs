@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use oxgen::{ChatMessage, FinishReason, Prompt, Reply, ReplyDelta};
 use serde_json::{Map, Value, json};
 
-use super::http::{body, name_ignored};
+use super::http::body;
 use super::response::{Kind, Pending, response_id, unix_now};
 use super::turn::{Encode, Progress, Turn, frames};
 use crate::App;
@@ -480,7 +480,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, request: Request) -> Res
         Ok(started) => started,
         Err(e) => return e.response(Protocol::OpenAi),
     };
-    let ignored = std::mem::take(&mut pending.ignored);
+    let notes = std::mem::take(&mut pending.notes);
     let stream = pending.stream;
     let turn = Turn::new(pending);
     let mut response = if stream {
@@ -498,7 +498,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, request: Request) -> Res
             Err(e) => e.response(Protocol::OpenAi),
         }
     };
-    name_ignored(&mut response, &ignored);
+    notes.apply(&mut response);
     response
 }
 
