@@ -291,6 +291,45 @@ fn role<'m>(m: &'m Map<String, Value>, at: &str, allowed: &[&str]) -> Result<&'m
     }
 }
 
+/// A protocol's flat function tools (`{type, name, description, SCHEMA, strict}`, the
+/// schema under `schema_key`) in chat completions' shape, for [`tools`] to validate; a tool
+/// whose `type` `is_function` refuses is a 400 saying `refusal(type)`. Anything but a list
+/// is passed on for [`tools`] to refuse.
+fn flat_tools(
+    tools: &Value,
+    schema_key: &str,
+    is_function: impl Fn(Option<&str>) -> bool,
+    refusal: impl Fn(Option<&str>) -> String,
+) -> Result<Value, ApiError> {
+    let Value::Array(list) = tools else {
+        return Ok(tools.clone());
+    };
+    let mut chat = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let kind = t.get("type").and_then(Value::as_str);
+        if !is_function(kind) {
+            let at = format!("tools[{i}]");
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                format!("{at}: {}", refusal(kind)),
+            ));
+        }
+        let mut function = Map::new();
+        for (from, to) in [
+            ("name", "name"),
+            ("description", "description"),
+            (schema_key, "parameters"),
+            ("strict", "strict"),
+        ] {
+            if let Some(v) = t.get(from) {
+                function.insert(to.into(), v.clone());
+            }
+        }
+        chat.push(serde_json::json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(chat))
+}
+
 /// `e` with the field names of another protocol: each `(from, to)` replaced in its `param`
 /// and message (its checks are chat completions', its names the caller's).
 fn renamed(mut e: ApiError, names: &[(&str, &str)]) -> ApiError {

@@ -9,7 +9,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::{
-    Bounds, Common, Render, Request, Unknown, constraint, object, renamed, role, tools, typed,
+    Bounds, Common, Render, Request, Unknown, constraint, flat_tools, object, renamed, role, tools,
+    typed,
 };
 use crate::error::ApiError;
 
@@ -345,40 +346,19 @@ fn conversation(
 /// a 400.
 fn chat_tools(body: &Value) -> Result<Value, ApiError> {
     let mut out = Map::new();
-    match body.get("tools") {
-        Some(Value::Array(list)) => {
-            let mut tools = Vec::with_capacity(list.len());
-            for (i, t) in list.iter().enumerate() {
-                let kind = t.get("type").and_then(Value::as_str);
-                if !matches!(kind, None | Some("custom")) {
-                    return Err(ApiError::invalid(
-                        format!("tools[{i}].type"),
-                        format!(
-                            "tools[{i}]: Anthropic's server tools ('{}') are not supported; \
-                             define the tool with name, description and input_schema",
-                            kind.unwrap_or_default()
-                        ),
-                    ));
-                }
-                let mut function = Map::new();
-                for (from, to) in [
-                    ("name", "name"),
-                    ("description", "description"),
-                    ("input_schema", "parameters"),
-                    ("strict", "strict"),
-                ] {
-                    if let Some(v) = t.get(from) {
-                        function.insert(to.into(), v.clone());
-                    }
-                }
-                tools.push(json!({"type": "function", "function": function}));
-            }
-            out.insert("tools".into(), Value::Array(tools));
-        }
-        Some(other) => {
-            out.insert("tools".into(), other.clone());
-        }
-        None => {}
+    if let Some(tools) = body.get("tools") {
+        let refusal = |kind: Option<&str>| {
+            format!(
+                "Anthropic's server tools ('{}') are not supported; define the tool with name, \
+                 description and input_schema",
+                kind.unwrap_or_default()
+            )
+        };
+        let custom = |k: Option<&str>| matches!(k, None | Some("custom"));
+        out.insert(
+            "tools".into(),
+            flat_tools(tools, "input_schema", custom, refusal)?,
+        );
     }
     if let Some(choice) = body.get("tool_choice").filter(|v| !v.is_null()) {
         let kind = choice.get("type").and_then(Value::as_str);

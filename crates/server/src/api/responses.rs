@@ -9,7 +9,8 @@ use serde_json::{Map, Value, json};
 
 use super::chat::{REASONING_EFFORTS, message_text};
 use super::{
-    Bounds, Common, Request, Unknown, constraint, object, renamed, role, string, tools, typed,
+    Bounds, Common, Request, Unknown, constraint, flat_tools, object, renamed, role, string, tools,
+    typed,
 };
 use crate::error::ApiError;
 
@@ -203,30 +204,13 @@ pub fn responses(body: &[u8], bounds: &Bounds, strict: bool) -> Result<Responses
 /// search, file search, MCP, ...) are a 400.
 fn chat_tools(body: &Value) -> Result<Value, ApiError> {
     let mut out = Map::new();
-    if let Some(Value::Array(list)) = body.get("tools") {
-        let mut tools = Vec::with_capacity(list.len());
-        for (i, t) in list.iter().enumerate() {
-            let kind = t.get("type").and_then(Value::as_str);
-            if kind != Some("function") {
-                return Err(ApiError::invalid(
-                    format!("tools[{i}].type"),
-                    format!(
-                        "tools[{i}]: only function tools are supported here, not {}",
-                        kind.map_or("(missing)".into(), |k| format!("'{k}'"))
-                    ),
-                ));
-            }
-            let mut function = Map::new();
-            for key in ["name", "description", "parameters", "strict"] {
-                if let Some(v) = t.get(key) {
-                    function.insert(key.into(), v.clone());
-                }
-            }
-            tools.push(json!({"type": "function", "function": function}));
-        }
-        out.insert("tools".into(), Value::Array(tools));
-    } else if let Some(v) = body.get("tools") {
-        out.insert("tools".into(), v.clone());
+    if let Some(tools) = body.get("tools") {
+        let refusal = |kind: Option<&str>| {
+            let kind = kind.map_or("(missing)".into(), |k| format!("'{k}'"));
+            format!("only function tools are supported here, not {kind}")
+        };
+        let tools = flat_tools(tools, "parameters", |k| k == Some("function"), refusal)?;
+        out.insert("tools".into(), tools);
     }
     if let Some(choice) = body.get("tool_choice") {
         let chat = match choice.get("name") {
