@@ -427,9 +427,10 @@ impl LogitsProcessor for GrammarMask {
 impl GrammarMask {
     /// Keeps the text closable within the room left. The shortest closing is looked for at
     /// the first choice and every [`CHECK_EVERY`] after (also where none was found), and at
-    /// every choice once the room is within [`NEAR`] tokens of it; there the choice is narrowed to the [`TOP`] likeliest tokens that leave
-    /// room to close after them (an end-of-sequence id always does), and when none does,
-    /// to the tokens that spell a prefix of the closing text, to the end.
+    /// every choice once the room is within [`NEAR`] tokens of it; there the choice is
+    /// narrowed to the [`TOP`] likeliest tokens that leave room to close after them (an
+    /// end-of-sequence id always does), and when none does, to the closing text itself, to
+    /// the end.
     fn close_within_room(&mut self, logits: &mut [f32]) {
         let Some(room) = self.room else {
             return;
