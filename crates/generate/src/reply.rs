@@ -41,6 +41,17 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A whole reply's text taken apart as `syntax` says (call ids seeded by `seed`).
+    pub fn parse(syntax: ReplySyntax, text: &str, seed: u64) -> Reply {
+        let mut parser = ReplyParser::new(syntax, seed);
+        let mut deltas = Vec::new();
+        parser.push(text, &mut deltas);
+        parser.finish(&mut deltas);
+        let mut reply = Reply::default();
+        deltas.iter().for_each(|d| reply.apply(d));
+        reply
+    }
+
     pub fn apply(&mut self, delta: &ReplyDelta) {
         match delta {
             ReplyDelta::Content(t) => self.content.push_str(t),

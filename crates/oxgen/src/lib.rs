@@ -43,7 +43,9 @@ mod chat;
 mod context;
 mod defaults;
 mod encoder;
+pub mod engine;
 mod package;
+pub mod prepare;
 mod score;
 mod sequence;
 mod speculative;
@@ -62,6 +64,7 @@ pub use chat::{CHAT_CTX_SIZE, Chat};
 pub use context::{ContextLimit, Sizing};
 pub use defaults::PackageDefaults;
 pub use encoder::Encoder;
+pub use engine::{Engine, EngineError, EngineStatus, Event, Job, JobPrompt};
 pub use oxgen_exec::{ExpertCache, KvBudget};
 pub use oxgen_generate::{
     ChatMessage, ChatTemplate, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,

@@ -8,14 +8,15 @@
 //! CLI's flags.
 
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use numpy::{PyArray1, PyArrayMethods};
+use oxgen::engine::Limits;
 use oxgen::{
-    Backend, Cancel, Chat as Conversation, ChatMessage, Constraint, Encoder, GenerateError,
-    GenerateOptions, KvBudget, Model as Inner, ModelOptions, Output, Param, Prompt,
-    SamplingRequest, Sequence, fresh_seed,
+    Backend, Cancel, Chat as Conversation, ChatMessage, Constraint, Encoder, Engine, EngineStatus,
+    Event, GenerateError, GenerateOptions, Job, JobPrompt, KvBudget, Model as Inner, ModelOptions,
+    Output, Param, Prompt, Reply, ReplySyntax, SamplingRequest, Sequence, fresh_seed,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyStopIteration};
@@ -73,6 +74,10 @@ const KEYWORDS: &[&str] = &[
     "regex",
     "grammar",
     "choice",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning_effort",
 ];
 
 fn extract<'py, T: FromPyObjectOwned<'py>>(key: &str, v: &Bound<'py, PyAny>) -> PyResult<T> {
@@ -121,18 +126,30 @@ fn schema(v: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| invalid(format!("json_schema is not JSON: {e}")))
 }
 
-/// The model's options with the keywords laid over them (the CLI's rule: package defaults,
-/// sampling turned on by any of temperature > 0, top_k, top_p, min_p or seed).
-fn options(model: &Inner, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<GenerateOptions> {
+/// What the keywords ask for: the model's options with the sampling keywords laid over
+/// them (the CLI's rule: package defaults, sampling turned on by any of temperature > 0,
+/// top_k, top_p, min_p or seed), and what [`Keywords::prepare`] composes (the constraint,
+/// the tools, the reasoning effort).
+struct Keywords {
+    options: GenerateOptions,
+    constraint: Option<(String, Constraint)>,
+    /// `tools`, `tool_choice` and `parallel_tool_calls` as JSON, as OpenAI's API takes them.
+    tools: serde_json::Map<String, serde_json::Value>,
+    reasoning_effort: Option<String>,
+}
+
+fn keywords(model: &Inner, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Keywords> {
     let mut o = model.default_options();
     let mut request = SamplingRequest::default();
     let mut constraint = None;
+    let mut tools = serde_json::Map::new();
+    let mut reasoning_effort = None;
     for (key, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
         let key: String = key.extract()?;
         if v.is_none() {
             continue;
         }
-        let mut one = |c: Constraint| match constraint.replace(c) {
+        let mut one = |c: Constraint| match constraint.replace((key.clone(), c)) {
             Some(_) => Err(invalid(
                 "give one constraint (json_schema, json_object, regex, grammar or choice)",
             )),
@@ -167,6 +184,21 @@ fn options(model: &Inner, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Genera
             "regex" => one(Constraint::Regex(extract(&key, &v)?))?,
             "grammar" => one(Constraint::Lark(extract(&key, &v)?))?,
             "choice" => one(Constraint::Choice(extract(&key, &v)?))?,
+            "tools" | "tool_choice" | "parallel_tool_calls" => {
+                let value = serde_json::from_str(&json_dumps(&v)?)
+                    .map_err(|e| invalid(format!("{key} is not JSON: {e}")))?;
+                tools.insert(key, value);
+            }
+            "reasoning_effort" => {
+                let effort: String = extract(&key, &v)?;
+                if !oxgen::prepare::REASONING_EFFORTS.contains(&effort.as_str()) {
+                    return Err(invalid(format!(
+                        "reasoning_effort '{effort}': give one of {}",
+                        oxgen::prepare::REASONING_EFFORTS.join(", ")
+                    )));
+                }
+                reasoning_effort = Some(effort);
+            }
             other => {
                 return Err(invalid(format!(
                     "unknown keyword '{other}'; the keywords are {}",
@@ -178,10 +210,65 @@ fn options(model: &Inner, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Genera
     o.sampling = request
         .resolve(&o.sampling, fresh_seed())
         .map_err(|e| invalid(e.to_string()))?;
-    if let Some(c) = constraint {
-        o.constraint = Some(model.compile(&c).map_err(error)?);
+    Ok(Keywords {
+        options: o,
+        constraint,
+        tools,
+        reasoning_effort,
+    })
+}
+
+/// Prompts made ready to generate ([`oxgen::prepare`]): each one's ids, how a chat reply
+/// is taken apart, and the options with the constraint, tools and reasoning composed in.
+struct Ready {
+    ids: Vec<Vec<u32>>,
+    syntax: Option<ReplySyntax>,
+    options: GenerateOptions,
+}
+
+impl Keywords {
+    /// The options alone, for a conversation that renders its own prompt (no tools).
+    fn plain(self, model: &Inner) -> PyResult<GenerateOptions> {
+        if !self.tools.is_empty() || self.reasoning_effort.is_some() {
+            return Err(invalid(
+                "tools and reasoning_effort are taken by generate, generate_batch and stream",
+            ));
+        }
+        let mut options = self.options;
+        if let Some((_, c)) = self.constraint {
+            options.constraint = Some(model.compile(&c).map_err(error)?);
+        }
+        Ok(options)
     }
-    Ok(o)
+
+    fn prepare(self, model: &Inner, prompts: Vec<Prompt>) -> PyResult<Ready> {
+        let mut request = oxgen::prepare::Request::new(prompts, "prompt");
+        let mut tools = oxgen::prepare::tools(&serde_json::Value::Object(self.tools))
+            .map_err(|e| invalid(e.to_string()))?;
+        // As the server does by default: a tool's parameters allow only the properties they
+        // declare.
+        if let Some(tools) = &mut tools {
+            tools.close_objects(|_| true);
+        }
+        request.tools = tools.map(|t| t.with_format(model.encoder().tool_format()));
+        request.constraint = self.constraint;
+        request.reasoning_effort = self.reasoning_effort;
+        let needs_grammars = request.tools.is_some() || request.constraint.is_some();
+        let grammars = match needs_grammars {
+            true => model.grammars().map_err(|e| e.to_string()),
+            false => Err(String::new()),
+        };
+        let grammars = grammars.as_ref().map_err(String::as_str);
+        let mut prepared = oxgen::prepare::prepare(model.encoder(), grammars, request)
+            .map_err(|e| invalid(e.to_string()))?;
+        let mut options = self.options;
+        prepared.apply(&mut options);
+        Ok(Ready {
+            ids: prepared.prompts.into_iter().map(|(ids, _)| ids).collect(),
+            syntax: prepared.syntax,
+            options,
+        })
+    }
 }
 
 /// Chat messages from dicts of `role` and `content`.
@@ -218,7 +305,15 @@ fn prompt(v: &Bound<'_, PyAny>) -> PyResult<Prompt> {
 /// What a generation gave.
 #[pyclass(module = "oxgen", frozen, get_all)]
 pub struct Completion {
+    /// The whole reply's text.
     text: String,
+    /// The reply's answer: its text without the reasoning and the tool calls.
+    content: String,
+    /// The reply's reasoning (Qwen3's `<think>` block, gpt-oss's analysis), if it reasoned.
+    reasoning: Option<String>,
+    /// The tool calls it made, in OpenAI's shape: dicts of `id`, `type` and `function`
+    /// (`name`, and `arguments` as a dict where they parse).
+    tool_calls: Py<PyList>,
     token_ids: Vec<u32>,
     /// `stop`, `length` or `cancelled`.
     finish_reason: String,
@@ -241,7 +336,21 @@ impl Completion {
 }
 
 impl Completion {
-    fn new(py: Python<'_>, out: Output) -> PyResult<Completion> {
+    /// `out` with its reply taken apart as `syntax` says (no syntax: all of it is content).
+    fn new(py: Python<'_>, out: Output, syntax: Option<ReplySyntax>) -> PyResult<Completion> {
+        let reply = match syntax {
+            Some(syntax) => Reply::parse(syntax, &out.text, fresh_seed()),
+            None => Reply {
+                content: out.text.clone(),
+                ..Reply::default()
+            },
+        };
+        let tool_calls = PyList::empty(py);
+        let loads = py.import("json")?.getattr("loads")?;
+        for call in &reply.calls {
+            let text = serde_json::to_string(call).map_err(|e| invalid(e.to_string()))?;
+            tool_calls.append(loads.call1((text,))?)?;
+        }
         let usage = PyDict::new(py);
         usage.set_item("prompt_tokens", out.usage.prompt_tokens)?;
         usage.set_item("completion_tokens", out.usage.completion_tokens)?;
@@ -256,6 +365,9 @@ impl Completion {
         timings.set_item("total_s", out.timings.total.as_secs_f64())?;
         Ok(Completion {
             text: out.text,
+            content: reply.content,
+            reasoning: (!reply.reasoning.is_empty()).then_some(reply.reasoning),
+            tool_calls: tool_calls.unbind(),
             token_ids: out.tokens,
             finish_reason: out.finish_reason.as_str().into(),
             usage: usage.unbind(),
@@ -319,6 +431,8 @@ pub struct PyModel {
     path: String,
     /// Sequences of streams dropped while the model was busy, ended at the next lock.
     orphans: Mutex<Vec<Sequence>>,
+    /// How `generate_batch` runs its prompts.
+    limits: Limits,
 }
 
 impl PyModel {
@@ -438,6 +552,12 @@ impl PyModel {
             cancel: Cancel::new(),
             path,
             orphans: Mutex::new(Vec::new()),
+            limits: Limits {
+                max_batch,
+                prefill_chunk: usize::MAX,
+                max_queue: usize::MAX,
+                request_timeout: None,
+            },
         })
     }
 
@@ -452,11 +572,16 @@ impl PyModel {
     ) -> PyResult<Completion> {
         let prompt = self::prompt(prompt)?;
         let mut model = self.lock(py);
-        let mut options = options(&model, kwargs)?;
+        let Ready {
+            mut ids,
+            syntax,
+            mut options,
+        } = keywords(&model, kwargs)?.prepare(&model, vec![prompt])?;
         self.cancel.reset();
         options.cancel = Some(self.cancel.clone());
+        let prompt = Prompt::Tokens(ids.swap_remove(0));
         let out = run(py, &mut model, &prompt, &options)?;
-        Completion::new(py, out)
+        Completion::new(py, out, syntax)
     }
 
     /// The tokens of a generation as they come: an iterator of `Token`s.
@@ -469,10 +594,9 @@ impl PyModel {
         let py = slf.py();
         let this = slf.get();
         let prompt = self::prompt(prompt)?;
-        let ids = this.encoder.encode(&prompt).map_err(error)?;
         let mut model = this.lock(py);
-        let options = options(&model, kwargs)?;
-        let seq = model.start(&ids, &options, None).map_err(error)?;
+        let ready = keywords(&model, kwargs)?.prepare(&model, vec![prompt])?;
+        let seq = (model.start(&ready.ids[0], &ready.options, None)).map_err(error)?;
         Ok(TokenStream {
             model: slf.clone().unbind(),
             seq: Mutex::new(Some(seq)),
@@ -494,18 +618,16 @@ impl PyModel {
             .iter()
             .map(|p| prompt(&p))
             .collect::<PyResult<_>>()?;
-        let ids: Vec<Vec<u32>> = (prompts.iter())
-            .map(|p| self.encoder.encode(p).map_err(error))
-            .collect::<PyResult<_>>()?;
         let mut model = self.lock(py);
-        let options = options(&model, kwargs)?;
+        let ready = keywords(&model, kwargs)?.prepare(&model, prompts)?;
         self.cancel.reset();
         let cancel = self.cancel.clone();
         let model = &mut *model;
-        let outputs = py.detach(|| batch(model, &ids, &options, &cancel))?;
+        let limits = self.limits;
+        let outputs = py.detach(|| batch(model, limits, &ready, &cancel))?;
         outputs
             .into_iter()
-            .map(|o| Completion::new(py, o))
+            .map(|o| Completion::new(py, o, ready.syntax))
             .collect()
     }
 
@@ -595,72 +717,93 @@ impl PyModel {
     }
 }
 
-/// Runs `ids` as one batch until every sequence finishes (or `cancel` is set).
+/// Where one prompt's events go: tagged with the prompt, closed once the batch is
+/// cancelled (the engine then drops what is left of it).
+struct Tagged {
+    prompt: usize,
+    events: std::sync::mpsc::Sender<(usize, Event)>,
+    cancel: Cancel,
+}
+
+impl oxgen::engine::Sink for Tagged {
+    fn send(&self, event: Event) {
+        let _ = self.events.send((self.prompt, event));
+    }
+
+    fn is_closed(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+}
+
+/// Runs each prompt of `ready` as a request to one [`Engine`] (the server's scheduler: as
+/// many at once as `limits` and the KV pool allow, one forward per step over them all)
+/// until every one finishes or `cancel` is set.
 fn batch(
     model: &mut Inner,
-    ids: &[Vec<u32>],
-    options: &GenerateOptions,
+    limits: Limits,
+    ready: &Ready,
     cancel: &Cancel,
 ) -> PyResult<Vec<Output>> {
     let started = Instant::now();
-    let mut seqs: Vec<Sequence> = Vec::with_capacity(ids.len());
-    for prompt in ids {
-        match model.start(prompt, options, None) {
-            Ok(s) => seqs.push(s),
-            Err(e) => {
-                seqs.into_iter().for_each(|s| model.end(s));
-                return Err(error(e));
-            }
-        }
+    let limit = model.context_limit();
+    let mut engine = Engine::new(limits, Arc::new(EngineStatus::default()));
+    let (events, received) = std::sync::mpsc::channel();
+    for (prompt, ids) in ready.ids.iter().enumerate() {
+        let sizing = (limit.size(ids.len(), ready.options.max_new_tokens)).map_err(error)?;
+        engine.submit(Job {
+            prompts: vec![JobPrompt {
+                ids: ids.clone(),
+                positions: sizing.positions,
+            }],
+            options: ready.options.clone(),
+            n: 1,
+            top_logprobs: None,
+            prompt_logprobs: None,
+            arrived: started,
+            deadline: None,
+            events: Box::new(Tagged {
+                prompt,
+                events: events.clone(),
+                cancel: cancel.clone(),
+            }),
+        });
     }
-    let mut texts = vec![String::new(); ids.len()];
-    let mut tokens = vec![Vec::new(); ids.len()];
-    let mut finish = vec![None; ids.len()];
-    let mut failure = None;
-    while failure.is_none() && finish.iter().any(Option::is_none) {
-        let mut live: Vec<(usize, &mut Sequence)> = (seqs.iter_mut().enumerate())
-            .filter(|(i, _)| finish[*i].is_none())
-            .collect();
-        let mut refs: Vec<&mut Sequence> = live.iter_mut().map(|(_, s)| &mut **s).collect();
-        let steps = model.advance_batch(&mut refs, usize::MAX);
-        let order: Vec<usize> = live.iter().map(|(i, _)| *i).collect();
-        for (i, step) in order.into_iter().zip(steps) {
-            match step {
-                Ok(steps) => {
-                    for step in steps {
-                        texts[i].push_str(&step.text);
-                        tokens[i].push(step.id);
-                        finish[i] = step.finish;
-                    }
-                }
-                Err(e) => failure = Some(error(e)),
-            }
-            if cancel.is_cancelled() && finish[i].is_none() {
-                finish[i] = Some(oxgen::FinishReason::Cancelled);
-            }
-        }
-    }
-    seqs.into_iter().for_each(|s| model.end(s));
-    if let Some(e) = failure {
-        return Err(e);
+    while !engine.idle() {
+        engine.turn(model);
     }
     let total = started.elapsed();
-    Ok((0..ids.len())
-        .map(|i| Output {
-            text: std::mem::take(&mut texts[i]),
+    let mut outputs: Vec<Output> = (ready.ids.iter())
+        .map(|ids| Output {
+            text: String::new(),
+            tokens: Vec::new(),
             usage: oxgen::Usage {
-                prompt_tokens: ids[i].len(),
-                completion_tokens: tokens[i].len(),
+                prompt_tokens: ids.len(),
                 ..Default::default()
             },
-            tokens: std::mem::take(&mut tokens[i]),
-            finish_reason: finish[i].expect("every sequence finished"),
+            finish_reason: oxgen::FinishReason::Cancelled,
             timings: oxgen::Timings {
                 total,
                 ..Default::default()
             },
         })
-        .collect())
+        .collect();
+    for (prompt, event) in received.try_iter() {
+        let out = &mut outputs[prompt];
+        match event {
+            Event::Token { step, .. } => {
+                out.text.push_str(&step.text);
+                out.tokens.push(step.id);
+                out.usage.completion_tokens += 1;
+                if let Some(finish) = step.finish {
+                    out.finish_reason = finish;
+                }
+            }
+            Event::Done(counts) => out.usage.prefix_reused = counts.cached_tokens,
+            Event::Error(e) => return Err(GenerationError::new_err(e.to_string())),
+            Event::PromptLogprobs { .. } => {}
+        }
+    }
+    Ok(outputs)
 }
 
 /// The tokens of one generation, as an iterator; the sequence is freed when it finishes or
@@ -756,7 +899,7 @@ impl Chat {
         let owner = self.model.get();
         let mut conversation = self.conversation.lock().unwrap_or_else(|e| e.into_inner());
         let mut model = owner.lock(py);
-        let mut options = options(&model, kwargs)?;
+        let mut options = keywords(&model, kwargs)?.plain(&model)?;
         owner.cancel.reset();
         options.cancel = Some(owner.cancel.clone());
         let model = &mut *model;
@@ -764,7 +907,7 @@ impl Chat {
         let out = py
             .detach(|| conversation.send(model, text, &options, |_| {}))
             .map_err(error)?;
-        Completion::new(py, out)
+        Completion::new(py, out, None)
     }
 
     /// The user and assistant messages so far, as dicts.

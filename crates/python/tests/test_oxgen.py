@@ -108,6 +108,57 @@ def test_structured_output(model):
     assert model.generate(PROMPT, choice=["yes", "no"], max_new_tokens=4).text in ("yes", "no")
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+
+
+def test_a_required_tool_call_is_parsed_into_the_result(model):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    out = model.generate(ask, tools=[WEATHER], tool_choice="required", max_new_tokens=60,
+                         temperature=0)
+    assert len(out.tool_calls) >= 1, out.text
+    call = out.tool_calls[0]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    # Closed by default, as the server closes tools' parameters: only `city`.
+    assert set(call["function"]["arguments"]) == {"city"}, call
+    assert isinstance(call["function"]["arguments"]["city"], str)
+    assert "<tool_call>" in out.text and "<tool_call>" not in out.content
+    # A named function is the one called; without tools nothing is parsed out.
+    named = model.generate(ask, tools=[WEATHER], tool_choice={
+        "type": "function", "function": {"name": "get_weather"}}, max_new_tokens=60)
+    assert [c["function"]["name"] for c in named.tool_calls] == ["get_weather"]
+    plain = model.generate(ask, max_new_tokens=8, temperature=0)
+    assert plain.tool_calls == [] and plain.content == plain.text and plain.reasoning is None
+    # The batch takes tools too, and parses each reply.
+    batch = model.generate_batch([ask, ask], tools=[WEATHER], tool_choice="required",
+                                 max_new_tokens=60, temperature=0)
+    called = [(c["function"]["name"], c["function"]["arguments"]) for c in out.tool_calls]
+    for r in batch:
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in r.tool_calls] \
+            == called
+    with pytest.raises(oxgen.InvalidArgument, match="tool_choice"):
+        model.generate(ask, tools=[WEATHER], tool_choice="sometimes")
+    with pytest.raises(oxgen.InvalidArgument, match=r"tools\[0\]\.type"):
+        model.generate(ask, tools=[{"type": "retrieval"}])
+
+
+def test_the_batch_runs_more_prompts_than_its_slots(model):
+    # max_batch 2: the engine runs two at a time and admits the rest as they finish.
+    m = oxgen.Model(MODEL, threads=2, max_batch=2)
+    prompts = ["The capital of France is", "1, 2, 3,", "Red, green,", "Once upon a time"]
+    alone = [m.generate(p, max_new_tokens=6, temperature=0).token_ids for p in prompts]
+    assert [c.token_ids for c in m.generate_batch(prompts, max_new_tokens=6, temperature=0)] \
+        == alone
+
+
 def test_cancel_from_another_thread(model):
     timer = threading.Timer(0.3, model.cancel)
     timer.start()

@@ -20,9 +20,7 @@ mod ollama;
 mod responses;
 pub use anthropic::messages;
 pub use chat::chat;
-pub(crate) use chat::{
-    Tools, chat_messages, continue_final, reasoning_kwargs, template_kwargs, tools,
-};
+pub(crate) use chat::{Tools, chat_messages, template_kwargs, tools};
 pub use completion::completion;
 pub use ollama::{ollama_chat, ollama_generate};
 pub use responses::responses;

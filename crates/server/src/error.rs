@@ -177,6 +177,34 @@ impl ApiError {
     }
 }
 
+impl From<oxgen::prepare::PrepareError> for ApiError {
+    fn from(e: oxgen::prepare::PrepareError) -> ApiError {
+        match e {
+            oxgen::prepare::PrepareError::Template(m) => {
+                ApiError::unprocessable(format!("the chat template refused the messages: {m}"))
+            }
+            oxgen::prepare::PrepareError::Invalid { param, message } => {
+                ApiError::invalid(param, message)
+            }
+        }
+    }
+}
+
+impl From<oxgen::EngineError> for ApiError {
+    fn from(e: oxgen::EngineError) -> ApiError {
+        use oxgen::EngineError as E;
+        let code = match &e {
+            E::QueueFull { max_queue } => return ApiError::queue_full(*max_queue),
+            E::Failed(message) => return ApiError::internal(message.clone()),
+            E::KvFull { .. } => "kv_cache_full",
+            E::Timeout { .. } => "timeout",
+            E::ShuttingDown => "shutting_down",
+            E::Stopped => "engine_failed",
+        };
+        ApiError::unavailable(code, e.to_string())
+    }
+}
+
 /// The API a request speaks, which shapes its errors (and names it in `/metrics`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {

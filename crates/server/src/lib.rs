@@ -21,7 +21,6 @@
 //! ```
 
 mod api;
-mod engine;
 mod error;
 mod metrics;
 mod routes;
@@ -71,7 +70,7 @@ pub fn validate_request(endpoint: &str, body: &[u8]) -> Result<(), ApiError> {
 }
 pub use metrics::Metrics;
 
-use engine::Job;
+use oxgen::engine::{self, Job, Queue};
 
 /// How the server behaves; the CLI fills it from flags and `OXGEN_*` variables.
 #[derive(Debug, Clone)]
@@ -185,6 +184,16 @@ impl Config {
             close_objects: CloseObjects::default(),
         }
     }
+
+    /// How the engine runs requests.
+    fn limits(&self) -> engine::Limits {
+        engine::Limits {
+            max_batch: self.max_batch,
+            prefill_chunk: self.prefill_chunk,
+            max_queue: self.max_queue,
+            request_timeout: self.request_timeout,
+        }
+    }
 }
 
 /// What the HTTP side needs of the loaded model.
@@ -225,7 +234,8 @@ enum Phase {
 /// State shared by the HTTP handlers and the engine thread.
 pub(crate) struct App {
     config: Config,
-    jobs: std::sync::mpsc::Sender<Job>,
+    /// The way into the engine.
+    queue: Queue,
     phase: AtomicU8,
     loaded: OnceLock<Loaded>,
     failure: OnceLock<String>,
@@ -361,7 +371,7 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
     let tool_format = loaded.tool_format.name();
     let _ = app.loaded.set(loaded);
     // The KV gauges are there from the first scrape that finds the server ready.
-    engine::publish(&model, &app.metrics, 0);
+    app.metrics.engine.publish(&model, 0);
     // When a shutdown began during the load, the loop below sees `abort` soon.
     app.mark_ready();
     eprintln!(
@@ -371,12 +381,8 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         model.load_time().as_secs_f64(),
         limit.max()
     );
-    let limits = engine::Limits {
-        max_batch: app.config.max_batch,
-        prefill_chunk: app.config.prefill_chunk.max(1),
-        request_timeout: app.config.request_timeout,
-    };
-    engine::run(&mut model, &jobs, &limits, &app.metrics, &|| {
+    let mut engine = oxgen::Engine::new(app.config.limits(), app.metrics.engine.clone());
+    engine::run(&mut model, &jobs, &mut engine, &|| {
         app.abort.load(Ordering::Relaxed)
     });
 }
@@ -399,20 +405,22 @@ impl Server {
             .set_nonblocking(true)
             .map_err(|e| format!("{addr}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let (jobs, queue) = std::sync::mpsc::channel();
+        let (jobs, received) = std::sync::mpsc::channel();
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let store = routes::Store::new(config.responses_store);
+        let metrics = Metrics::default();
+        let queue = Queue::new(jobs, metrics.engine.clone(), config.limits());
         let app = Arc::new(App {
             config,
-            jobs,
+            queue,
             phase: AtomicU8::new(Phase::Loading as u8),
             loaded: OnceLock::new(),
             failure: OnceLock::new(),
             abort: AtomicBool::new(false),
             stop: Notify::new(),
-            metrics: Metrics::default(),
+            metrics,
             started,
             ignored: Default::default(),
             responses: std::sync::Mutex::new(store),
@@ -420,7 +428,7 @@ impl Server {
         let engine_app = app.clone();
         std::thread::Builder::new()
             .name("oxgen-engine".into())
-            .spawn(move || engine_main(engine_app, queue, open))
+            .spawn(move || engine_main(engine_app, received, open))
             .map_err(|e| format!("starting the engine thread: {e}"))?;
         let http_app = app.clone();
         let http = std::thread::Builder::new()
@@ -570,7 +578,7 @@ const CONNECTION_GRACE: Duration = Duration::from_secs(5);
 /// large to add to a time: no limit).
 async fn settle(app: &App, within: Duration) {
     let deadline = Instant::now().checked_add(within);
-    while app.metrics.live() > 0 && deadline.is_none_or(|d| Instant::now() < d) {
+    while app.metrics.engine.live() > 0 && deadline.is_none_or(|d| Instant::now() < d) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

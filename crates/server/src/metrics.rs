@@ -1,9 +1,10 @@
-//! Counters the engine and the HTTP layer update, rendered in Prometheus' text format.
+//! What `/metrics` reports, in Prometheus' text format: the HTTP layer's counts and latency
+//! histograms, and what the engine reports of itself ([`oxgen::EngineStatus`], read here).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Latency buckets in seconds, shared by TTFT and inter-token latency.
@@ -53,43 +54,39 @@ impl Histogram {
 pub struct Metrics {
     /// Responses by (protocol, endpoint, status).
     requests: Mutex<BTreeMap<(&'static str, String, u16), u64>>,
-    pub prompt_tokens: AtomicU64,
-    pub generated_tokens: AtomicU64,
-    pub ttft: Histogram,
-    pub inter_token: Histogram,
-    /// Requests waiting for a slot in the running set.
-    pub queued: AtomicUsize,
-    /// Requests in the running set.
-    pub running: AtomicUsize,
-    /// Sequences whose KV the model holds.
-    pub kv_sequences: AtomicUsize,
-    /// The engine's view of the model after its last step.
-    pub engine: Mutex<EngineStats>,
+    pub latency: Arc<Latency>,
+    /// What the engine reports: queued and running requests, KV, token counts.
+    pub engine: Arc<oxgen::EngineStatus>,
 }
 
-/// What the engine reports after each step.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct EngineStats {
-    pub kv: Option<oxgen::KvUsage>,
-    pub counters: oxgen::StepCounters,
-    /// Sequences in the last step.
-    pub batch: usize,
-    /// What speculative decoding did since start, when it is on.
-    pub speculation: Option<oxgen::SpecStats>,
+/// Token latencies, as the engine observes them.
+pub struct Latency {
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+}
+
+impl oxgen::engine::Observer for Latency {
+    fn first_token(&self, latency: Duration) {
+        self.ttft.observe(latency);
+    }
+
+    fn inter_token(&self, gap: Duration) {
+        self.inter_token.observe(gap);
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
-            requests: Mutex::default(),
-            prompt_tokens: AtomicU64::new(0),
-            generated_tokens: AtomicU64::new(0),
+        let latency = Arc::new(Latency {
             ttft: Histogram::new(),
             inter_token: Histogram::new(),
-            queued: AtomicUsize::new(0),
-            running: AtomicUsize::new(0),
-            kv_sequences: AtomicUsize::new(0),
-            engine: Mutex::default(),
+        });
+        let engine = Arc::new(oxgen::EngineStatus::default());
+        engine.observe(latency.clone());
+        Metrics {
+            requests: Mutex::default(),
+            latency,
+            engine,
         }
     }
 }
@@ -100,14 +97,6 @@ impl Metrics {
         *requests
             .entry((protocol, endpoint.to_string(), status))
             .or_default() += 1;
-    }
-
-    /// Requests queued or running. The engine counts a request as running before it stops
-    /// counting it as queued (that decrement releasing the increment), and `queued` is read
-    /// first, acquiring it: a request being admitted is never missed.
-    pub fn live(&self) -> usize {
-        let queued = self.queued.load(Acquire);
-        queued + self.running.load(Relaxed)
     }
 
     pub fn render(&self) -> String {
@@ -129,12 +118,12 @@ impl Metrics {
             (
                 "oxgen_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
-                self.prompt_tokens.load(Relaxed),
+                self.engine.prompt_tokens(),
             ),
             (
                 "oxgen_generation_tokens_total",
                 "Tokens generated.",
-                self.generated_tokens.load(Relaxed),
+                self.engine.generated_tokens(),
             ),
         ];
         for (name, help, value) in counters {
@@ -147,17 +136,17 @@ impl Metrics {
             (
                 "oxgen_queue_depth",
                 "Requests waiting to run.",
-                self.queued.load(Relaxed),
+                self.engine.queued(),
             ),
             (
                 "oxgen_running_requests",
                 "Requests generating.",
-                self.running.load(Relaxed),
+                self.engine.running(),
             ),
             (
                 "oxgen_kv_sequences",
                 "Sequences whose KV cache is held.",
-                self.kv_sequences.load(Relaxed),
+                self.engine.kv_sequences(),
             ),
         ];
         for (name, help, value) in gauges {
@@ -166,15 +155,15 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
             );
         }
-        let engine = *self.engine.lock().unwrap_or_else(|e| e.into_inner());
-        render_engine(&mut out, &engine, self.generated_tokens.load(Relaxed));
+        let engine = self.engine.model();
+        render_engine(&mut out, &engine, self.engine.generated_tokens());
         self.render_gateway(&mut out, engine.kv);
-        self.ttft.render(
+        self.latency.ttft.render(
             &mut out,
             "oxgen_time_to_first_token_seconds",
             "From a request's arrival to its first generated token.",
         );
-        self.inter_token.render(
+        self.latency.inter_token.render(
             &mut out,
             "oxgen_inter_token_latency_seconds",
             "Between consecutive tokens of one sequence.",
@@ -195,14 +184,14 @@ impl Metrics {
             "oxgen_num_requests_waiting",
             "gauge",
             "Requests queued for a slot (inference gateway: TotalQueuedRequests).",
-            self.queued.load(Relaxed),
+            self.engine.queued(),
         );
         metric(
             out,
             "oxgen_num_requests_running",
             "gauge",
             "Requests generating (inference gateway: TotalRunningRequests).",
-            self.running.load(Relaxed),
+            self.engine.running(),
         );
         // Reserved, not just written: a new request waits until what it needs fits beside
         // the live sequences' reservations, so that is how full the cache is to a router.
@@ -241,7 +230,7 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std:
 }
 
 /// KV pool, prefix cache and amortization figures.
-fn render_engine(out: &mut String, e: &EngineStats, generated: u64) {
+fn render_engine(out: &mut String, e: &oxgen::engine::ModelStats, generated: u64) {
     let c = &e.counters;
     metric(
         out,
@@ -450,9 +439,9 @@ mod tests {
     #[test]
     fn histograms_are_cumulative_with_sum_and_count() {
         let m = Metrics::default();
-        m.ttft.observe(Duration::from_millis(3));
-        m.ttft.observe(Duration::from_millis(40));
-        m.ttft.observe(Duration::from_secs(100));
+        m.latency.ttft.observe(Duration::from_millis(3));
+        m.latency.ttft.observe(Duration::from_millis(40));
+        m.latency.ttft.observe(Duration::from_secs(100));
         m.count_request("openai", "/v1/chat/completions", 200);
         m.count_request("openai", "/v1/chat/completions", 200);
         let text = m.render();

@@ -15,7 +15,6 @@ mod turn;
 mod webui;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use axum::Router;
@@ -24,19 +23,18 @@ use axum::http::{Method, StatusCode, Uri, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use oxgen::{
-    ChatMessage, Constraint, Grammar, Prompt, ReasoningBudget, ReplySyntax, ToolChoice, ToolSet,
-    after_reasoning, tool_grammar,
-};
-use serde_json::{Map, Value, json};
-use tokio::sync::mpsc::unbounded_channel;
+use oxgen::Constraint;
+use oxgen::engine::{Event, Job, JobPrompt, Sink};
+use oxgen::prepare::Prepared;
+pub(super) use oxgen::prepare::Request as PrepareRequest;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 use self::http::{MAX_IGNORED_NAME, Notes, body, cors, guard, reply};
 use self::response::{Kind, Pending, collect, response_id, stream, unix_now};
 pub(crate) use self::responses::Store;
 use self::tokens::{detokenize, tokenize, tokenizer_info};
-use crate::api::{self, Bounds, Render};
-use crate::engine::{Job, JobPrompt};
+use crate::api::{self, Bounds};
 use crate::error::{ApiError, Protocol};
 use crate::{App, CloseObjects, Loaded, Phase};
 
@@ -80,127 +78,28 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// A chat template's refusal is a 422; anything else about the prompt a 400.
-fn prompt_error(e: oxgen::Error) -> ApiError {
-    match e {
-        oxgen::Error::Generate(oxgen::GenerateError::Template(m)) => {
-            ApiError::unprocessable(format!("the chat template refused the messages: {m}"))
-        }
-        other => ApiError::invalid("", other.to_string()),
-    }
-}
-
-/// The ids of `prompt`, tokenized on the runtime's blocking thread so that a huge prompt
-/// does not hold up the worker answering every other connection. A chat template that
-/// refuses the messages is a 422.
-pub(super) async fn encode(loaded: &Loaded, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
-    if let Prompt::Tokens(ids) = prompt {
-        return Ok(ids);
-    }
-    let encoder = loaded.encoder.clone();
-    tokio::task::spawn_blocking(move || encoder.encode(&prompt))
-        .await
-        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?
-        .map_err(prompt_error)
-}
-
-/// A conversation rendered with its tools as `render` says, and its ids (as [`encode`]).
-pub(super) async fn encode_chat(
+/// Prepares a request (renders, tokenizes, compiles its constraint: [`oxgen::prepare`]) on
+/// the runtime's blocking thread, so that a huge prompt does not hold up the worker
+/// answering every other connection. A chat template that refuses the messages is a 422, a
+/// constraint that does not compile a 400 naming the field that gave it, before anything is
+/// queued. Only rendered and tokenized (`oxgen::prepare::render`) unless `whole`.
+pub(super) async fn prepare(
     loaded: &Loaded,
-    messages: Vec<ChatMessage>,
-    tools: Option<ToolSet>,
-    kwargs: Map<String, Value>,
-    render: Render,
-) -> Result<(Vec<u32>, String), ApiError> {
+    request: PrepareRequest,
+    whole: bool,
+) -> Result<Prepared, ApiError> {
     let encoder = loaded.encoder.clone();
-    tokio::task::spawn_blocking(move || {
-        let generation = render.add_generation_prompt;
-        let mut text = encoder.render_with(&messages, tools.as_ref(), &kwargs, generation)?;
-        if render.continue_final_message {
-            text = api::continue_final(text, &messages)?;
+    let grammars = loaded.grammars.clone();
+    tokio::task::spawn_blocking(move || match whole {
+        true => {
+            let grammars = grammars.as_ref().map_err(String::as_str);
+            oxgen::prepare::prepare(&encoder, grammars, request)
         }
-        let ids = encoder.encode(&Prompt::Text(text.clone()))?;
-        Ok((ids, text))
+        false => oxgen::prepare::render(&encoder, &request),
     })
     .await
-    .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))?
-    .map_err(|e: RenderError| match e {
-        RenderError::Model(e) => prompt_error(e),
-        RenderError::Api(e) => e,
-    })
-}
-
-/// Why a conversation could not be rendered.
-pub(crate) enum RenderError {
-    Model(oxgen::Error),
-    Api(ApiError),
-}
-
-impl From<oxgen::Error> for RenderError {
-    fn from(e: oxgen::Error) -> RenderError {
-        RenderError::Model(e)
-    }
-}
-
-impl From<ApiError> for RenderError {
-    fn from(e: ApiError) -> RenderError {
-        RenderError::Api(e)
-    }
-}
-
-/// A budget of `tokens` on the reasoning of a reply written as `syntax` says: its block
-/// opens and closes with `<think>` and `</think>`, or with gpt-oss's analysis channel and the
-/// turn to its final one.
-async fn reasoning_budget(
-    loaded: &Loaded,
-    tokens: usize,
-    syntax: ReplySyntax,
-) -> Result<ReasoningBudget, ApiError> {
-    let (open, close) = if syntax.harmony {
-        (
-            "<|channel|>analysis<|message|>",
-            "<|end|><|start|>assistant<|channel|>final<|message|>",
-        )
-    } else {
-        ("<think>", "</think>")
-    };
-    let close_ids = encode(loaded, Prompt::Text(close.into())).await?;
-    Ok(ReasoningBudget {
-        tokens,
-        open: open.into(),
-        close: close.into(),
-        close_ids,
-        inside: syntax.think_open,
-    })
-}
-
-/// Compiles a request's constraint off the HTTP worker; one that does not compile is a 400
-/// naming the field that gave it, before anything is queued. For a tool grammar that is the
-/// first tool whose parameters do not compile alone.
-async fn compile(
-    loaded: &Loaded,
-    param: String,
-    c: Constraint,
-    tools: Option<ToolSet>,
-) -> Result<Grammar, ApiError> {
-    let grammars = match &loaded.grammars {
-        Ok(g) => g.clone(),
-        Err(e) => return Err(ApiError::invalid(param, e.clone())),
-    };
-    tokio::task::spawn_blocking(move || {
-        grammars.compile(&c).map_err(|e| {
-            let culprit =
-                (tools.iter().flat_map(|set| set.tools.iter().enumerate())).find_map(|(i, t)| {
-                    let alone = Constraint::JsonSchema(t.parameters.clone());
-                    let e = grammars.compile(&alone).err()?;
-                    Some((format!("tools[{i}].function.parameters"), e))
-                });
-            culprit.unwrap_or((param, e))
-        })
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("compiling the constraint failed: {e}")))?
-    .map_err(|(param, e)| ApiError::invalid(param, e.to_string()))
+    .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
+    .map_err(ApiError::from)
 }
 
 impl App {
@@ -221,51 +120,6 @@ impl App {
         }
     }
 
-    /// A request's prompts rendered (a chat's with its tools, as the request says) and
-    /// tokenized: each prompt's ids and text, and how a chat reply is taken apart.
-    async fn render(
-        &self,
-        loaded: &Loaded,
-        param: &str,
-        req: &mut api::Request,
-        tools: Option<&ToolSet>,
-    ) -> Result<(Prompts, Option<ReplySyntax>), ApiError> {
-        let mut syntax = None;
-        let mut prompts = Vec::with_capacity(req.prompts.len());
-        for prompt in std::mem::take(&mut req.prompts) {
-            let (ids, text) = match prompt {
-                Prompt::Chat(messages) => {
-                    let template = loaded.encoder.template().map_or("", |t| t.source());
-                    let mut kwargs = std::mem::take(&mut req.template_kwargs);
-                    if let Some(effort) = &req.reasoning_effort {
-                        api::reasoning_kwargs(effort, template, &mut kwargs);
-                    }
-                    let (ids, text) =
-                        encode_chat(loaded, messages, tools.cloned(), kwargs, req.render).await?;
-                    let calls = (tools)
-                        .filter(|t| t.choice != ToolChoice::None)
-                        .map(|t| t.format);
-                    let s = ReplySyntax::of_template(template, &text, calls);
-                    syntax = (!s.is_plain()).then_some(s);
-                    (ids, text)
-                }
-                // The text is kept only to be echoed.
-                Prompt::Text(text) if req.echo => {
-                    (encode(loaded, Prompt::Text(text.clone())).await?, text)
-                }
-                Prompt::Text(text) => (encode(loaded, Prompt::Text(text)).await?, String::new()),
-                Prompt::Tokens(ids) if req.echo => {
-                    let text = (loaded.encoder.decode(&ids, false))
-                        .map_err(|e| ApiError::invalid(param, e.to_string()))?;
-                    (ids, text)
-                }
-                Prompt::Tokens(ids) => (ids, String::new()),
-            };
-            prompts.push((ids, text));
-        }
-        Ok((prompts, syntax))
-    }
-
     /// Tokenizes, sizes and queues a request.
     async fn submit(&self, kind: Kind, mut req: api::Request) -> Result<Pending, ApiError> {
         self.check_model(&req.model)?;
@@ -273,42 +127,32 @@ impl App {
         let loaded = self.ready()?;
         self.note_ignored(&req.ignored);
         self.close_objects(&mut req);
-        let tools = req.tools.take().map(|t| t.with_format(loaded.tool_format));
         let param = if kind == Kind::Chat {
             "messages"
         } else {
             "prompt"
         };
-        let (mut prompts, syntax) = self.render(loaded, param, &mut req, tools.as_ref()).await?;
-        // With reasoning first, only the answer is constrained.
-        let tokenizer = loaded.encoder.tokenizer();
-        let reasoned = |c| match &syntax {
-            Some(s) => after_reasoning(c, s, tokenizer),
-            None => c,
-        };
-        let answer = req.constraint.take();
-        let calls = (tools.as_ref())
-            .and_then(|set| tool_grammar(set, answer.as_ref().map(|(_, c)| c), tokenizer));
-        let grammar = match calls {
-            // gpt-oss's tool grammar allows the analysis message itself.
-            Some(c) if syntax.is_some_and(|s| s.harmony) => Some(("tools".to_string(), c)),
-            Some(c) => Some(("tools".to_string(), reasoned(c))),
-            None => answer.map(|(param, c)| (param, reasoned(c))),
-        };
-        let mut unclosable = false;
-        if let Some((param, c)) = grammar {
-            let grammar = compile(loaded, param, c, tools).await?;
-            unclosable = req.close_structured_output && !grammar.closable();
-            req.options.constraint = Some(grammar.closing(req.close_structured_output));
-        }
-        if let Some(text) = req.prediction.take() {
-            req.options.prediction = encode(loaded, Prompt::Text(text)).await?;
-        }
-        if let (Some(tokens), Some(s)) = (req.reasoning_budget, syntax) {
-            req.options.reasoning_budget = Some(reasoning_budget(loaded, tokens, s).await?);
-        }
-        req.options.keep_special |=
-            syntax.is_some_and(|s| s.harmony || s.tools.is_some_and(|f| f.keeps_special()));
+        let mut prepared = prepare(
+            loaded,
+            PrepareRequest {
+                prompts: std::mem::take(&mut req.prompts),
+                param: param.into(),
+                tools: req.tools.take().map(|t| t.with_format(loaded.tool_format)),
+                constraint: req.constraint.take(),
+                template_kwargs: std::mem::take(&mut req.template_kwargs),
+                reasoning_effort: req.reasoning_effort.take(),
+                add_generation_prompt: req.render.add_generation_prompt,
+                continue_final_message: req.render.continue_final_message,
+                reasoning_budget: req.reasoning_budget,
+                close_structured_output: req.close_structured_output,
+                prediction: req.prediction.take(),
+                keep_text: req.echo,
+            },
+            true,
+        )
+        .await?;
+        prepared.apply(&mut req.options);
+        let (mut prompts, syntax) = (std::mem::take(&mut prepared.prompts), prepared.syntax);
         // `max_tokens: 0` generates one token and drops it: the prompt's logits are computed
         // either way, and a sequence always chooses its next id.
         let discard = req.max_tokens == Some(0);
@@ -363,28 +207,15 @@ impl App {
             job_prompts.push(JobPrompt { ids, positions });
         }
         if let Some(kv) = &loaded.kv {
-            crate::engine::kv_need(req.n, &job_prompts, kv)?;
+            oxgen::engine::kv_need(req.n, &job_prompts, kv)?;
         }
-        // Every request passes through the queue, so a limit of 0 would refuse them all. A
-        // request a free slot of the running set is about to take is not waiting: the
-        // capacity is the running set's free slots plus --max-queue.
-        let max_queue = self.config.max_queue.max(1);
-        let free =
-            (self.config.max_batch).saturating_sub(self.metrics.running.load(Ordering::Relaxed));
-        if self.metrics.queued.fetch_add(1, Ordering::Relaxed) >= max_queue + free {
-            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(ApiError::queue_full(max_queue));
-        }
-        // Counted as queued before this last look, and fenced as `drain` is after it marks
-        // the phase: a drain that began meanwhile is seen here, or it sees this request.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if let Err(e) = self.ready() {
-            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(e);
-        }
+        let ticket = self.queue.reserve()?;
+        // Counted as queued (and fenced as `drain` is after it marks the phase) before this
+        // last look: a drain that began meanwhile is seen here, or it sees this request.
+        self.ready()?;
         let (events, receiver) = unbounded_channel();
         let arrived = Instant::now();
-        let job = Job {
+        ticket.send(Job {
             prompts: job_prompts,
             options: req.options,
             n: req.n,
@@ -396,15 +227,8 @@ impl App {
                 .config
                 .request_timeout
                 .and_then(|t| arrived.checked_add(t)),
-            events,
-        };
-        if self.jobs.send(job).is_err() {
-            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(ApiError::unavailable(
-                "engine_failed",
-                "the engine has stopped",
-            ));
-        }
+            events: Box::new(Events(events)),
+        })?;
         let prompt_count = prompts.len();
         Ok(Pending {
             kind,
@@ -429,7 +253,7 @@ impl App {
             discard,
             notes: Notes {
                 ignored: req.ignored,
-                unclosable,
+                unclosable: prepared.unclosable,
             },
         })
     }
@@ -475,8 +299,18 @@ impl App {
     }
 }
 
-/// Each prompt's ids and text.
-type Prompts = Vec<(Vec<u32>, String)>;
+/// A connection's end of a request's events; closed when the client leaves.
+struct Events(UnboundedSender<Event>);
+
+impl Sink for Events {
+    fn send(&self, event: Event) {
+        let _ = self.0.send(event);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
 
 /// Distinct ignored field names logged at most (a client inventing names cannot fill the
 /// log or the memory).
@@ -573,9 +407,9 @@ fn model_card(app: &App) -> Value {
 
 async fn health(State(app): State<Arc<App>>) -> Response {
     let live = json!({
-        "queued": app.metrics.queued.load(Ordering::Relaxed),
-        "running": app.metrics.running.load(Ordering::Relaxed),
-        "kv_sequences": app.metrics.kv_sequences.load(Ordering::Relaxed),
+        "queued": app.metrics.engine.queued(),
+        "running": app.metrics.engine.running(),
+        "kv_sequences": app.metrics.engine.kv_sequences(),
     });
     let (status, state) = match app.phase() {
         Phase::Ready => (StatusCode::OK, "ok"),

@@ -41,6 +41,12 @@ class Sampling(TypedDict, total=False):
     regex: Optional[str]
     grammar: Optional[str]
     choice: Optional[Sequence[str]]
+    # Tools in OpenAI's shape (generate, stream and generate_batch): the calls are enforced
+    # by a grammar and parsed into Completion.tool_calls.
+    tools: Optional[Sequence[dict[str, Any]]]
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None]
+    parallel_tool_calls: Optional[bool]
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]]
 
 class Usage(TypedDict):
     prompt_tokens: int
@@ -55,8 +61,20 @@ class Timings(TypedDict):
     decode_tok_s: float
     total_s: float
 
+class ToolCallFunction(TypedDict):
+    name: str
+    arguments: Union[dict[str, Any], str]
+
+class ToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
 class Completion:
     text: str
+    content: str
+    reasoning: Optional[str]
+    tool_calls: list[ToolCall]
     token_ids: list[int]
     finish_reason: Literal["stop", "length", "cancelled"]
     usage: Usage

@@ -3,13 +3,12 @@
 //! into what the chat template renders; how it is rendered (`add_generation_prompt`,
 //! `continue_final_message`, the reasoning effort); its predicted output.
 
-use oxgen::{ChatMessage, ChatTemplate, Prompt, Tool, ToolCall, ToolChoice, ToolFormat, ToolSet};
+use oxgen::{ChatMessage, ChatTemplate, Prompt, ToolCall};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::{
-    Bounds, MAX_TOP_LOGPROBS, Render, Request, Unknown, boolean, constraint, count, parse, role,
-    string,
+    Bounds, MAX_TOP_LOGPROBS, Render, Request, Unknown, constraint, count, parse, role, string,
 };
 use crate::error::ApiError;
 
@@ -160,70 +159,7 @@ pub fn chat(body: &[u8], bounds: &Bounds, strict: bool) -> Result<Request, ApiEr
     Ok(request)
 }
 
-/// The efforts `reasoning_effort` takes (OpenAI's).
-pub const REASONING_EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
-
-/// What a reasoning effort means to the chat template `template`, added to `kwargs` unless
-/// the request's `chat_template_kwargs` already set it: a template that reads
-/// `reasoning_effort` (gpt-oss: low, medium or high) gets it, "none" and "minimal" as its
-/// lowest, "low"; one with an `enable_thinking` switch (Qwen3, SmolLM3) gets thinking off
-/// for "none" and "minimal", on otherwise.
-pub(crate) fn reasoning_kwargs(effort: &str, template: &str, kwargs: &mut Map<String, Value>) {
-    let off = matches!(effort, "none" | "minimal");
-    if template.contains("reasoning_effort") {
-        let effort = if off { "low" } else { effort };
-        (kwargs.entry("reasoning_effort")).or_insert_with(|| Value::from(effort));
-    }
-    if template.contains("enable_thinking") {
-        kwargs.entry("enable_thinking").or_insert(Value::Bool(!off));
-    }
-}
-
-/// vLLM's `continue_final_message`: `text` (rendered without a generation prompt) cut right
-/// after the last message's content, so the reply continues it.
-pub(crate) fn continue_final(text: String, messages: &[ChatMessage]) -> Result<String, ApiError> {
-    let last = messages.last().map_or("", |m| m.content.as_str());
-    match text.rfind(last).filter(|_| !last.is_empty()) {
-        Some(at) => Ok(text[..at + last.len()].to_string()),
-        None => Err(ApiError::invalid(
-            "continue_final_message",
-            "continue_final_message: the chat template does not render the last message's \
-             content as it is (or it is empty), so there is nothing to continue",
-        )),
-    }
-}
-
-/// A chat request's `tools`, `tool_choice` and `parallel_tool_calls`.
-#[derive(Debug, Clone)]
-pub struct Tools {
-    pub tools: Vec<Tool>,
-    /// Each tool's `strict`.
-    pub strict: Vec<bool>,
-    pub choice: ToolChoice,
-    pub parallel: bool,
-}
-
-impl Tools {
-    /// Closes the objects of the parameters of every tool for which `close` says so (given
-    /// its `strict`).
-    pub fn close_objects(&mut self, close: impl Fn(bool) -> bool) {
-        for (tool, &strict) in self.tools.iter_mut().zip(&self.strict) {
-            if close(strict) {
-                tool.parameters = oxgen::close_objects(&tool.parameters);
-            }
-        }
-    }
-
-    /// The set the model gets, in the model's call format.
-    pub fn with_format(self, format: ToolFormat) -> ToolSet {
-        ToolSet {
-            tools: self.tools,
-            choice: self.choice,
-            parallel: self.parallel,
-            format,
-        }
-    }
-}
+pub use oxgen::prepare::{REASONING_EFFORTS, Tools};
 
 /// A chat message's text: a string, or text parts.
 pub(super) fn message_text(content: Option<&Value>, at: &str) -> Result<String, ApiError> {
@@ -376,123 +312,9 @@ pub(crate) fn chat_messages(
         .collect()
 }
 
-/// A function name as OpenAI allows it: 1-64 of `a-z A-Z 0-9 _ -`.
-fn function_name(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
-    let name = string(param, v.unwrap_or(&Value::Null))?;
-    let ok = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
-        Ok(name)
-    } else {
-        Err(ApiError::invalid(
-            param,
-            format!("{param} must be 1 to 64 of a-z, A-Z, 0-9, _ and -, got {name:?}"),
-        ))
-    }
-}
-
-/// `tools`, `tool_choice` and `parallel_tool_calls`. Without tools, `tool_choice` may only
-/// be `none`.
+/// `tools`, `tool_choice` and `parallel_tool_calls` ([`oxgen::prepare::tools`]).
 pub(crate) fn tools(body: &Value) -> Result<Option<Tools>, ApiError> {
-    let list = match body.get("tools") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items.clone(),
-        Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
-    };
-    let mut tools: Vec<Tool> = Vec::with_capacity(list.len());
-    let mut strict = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(ApiError::invalid(
-                format!("{at}.type"),
-                "only tools of type 'function' are supported",
-            ));
-        }
-        let Some(function) = t.get("function").and_then(Value::as_object) else {
-            return Err(ApiError::invalid(
-                format!("{at}.function"),
-                "a tool needs function: {name, description, parameters}",
-            ));
-        };
-        let name = function_name(&format!("{at}.function.name"), function.get("name"))?;
-        if tools.iter().any(|t| t.name == name) {
-            return Err(ApiError::invalid(
-                format!("{at}.function.name"),
-                format!("two tools are named '{name}'"),
-            ));
-        }
-        let parameters = match function.get("parameters") {
-            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(_)) => p.clone(),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    format!("{at}.function.parameters"),
-                    "parameters must be a JSON schema object",
-                ));
-            }
-        };
-        let description = match function.get("description") {
-            None | Some(Value::Null) => None,
-            Some(d) => Some(string(&format!("{at}.function.description"), d)?),
-        };
-        strict.push(boolean(
-            &format!("{at}.function.strict"),
-            function.get("strict"),
-            false,
-        )?);
-        tools.push(Tool {
-            name,
-            description,
-            parameters,
-        });
-    }
-    let choice = match body.get("tool_choice") {
-        None | Some(Value::Null) if tools.is_empty() => ToolChoice::None,
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!(
-                        "tool_choice '{other}' is not one of none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
-                    ),
-                ));
-            }
-        },
-        Some(v) => {
-            let name = v
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"));
-            let name = function_name("tool_choice.function.name", name)?;
-            if !tools.iter().any(|t| t.name == name) {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("tool_choice names '{name}', which is not among the tools"),
-                ));
-            }
-            ToolChoice::Function(name)
-        }
-    };
-    if tools.is_empty() && choice != ToolChoice::None {
-        return Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice needs tools to choose from",
-        ));
-    }
-    let parallel = boolean("parallel_tool_calls", body.get("parallel_tool_calls"), true)?;
-    Ok((!tools.is_empty()).then_some(Tools {
-        tools,
-        strict,
-        choice,
-        parallel,
-    }))
+    Ok(oxgen::prepare::tools(body)?)
 }
 
 /// `chat_template_kwargs`: extra arguments for the chat template, as vLLM takes them
@@ -520,6 +342,7 @@ pub(crate) fn template_kwargs(body: &Value) -> Result<Map<String, Value>, ApiErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oxgen::ToolFormat;
 
     /// Twelve families' chat templates (Gemma 2, Phi-3.5, Qwen2.5, Qwen3, Llama 3.1-3.3,
     /// SmolLM3, Granite 3.3, Mistral Nemo, Nemotron Nano 2, gpt-oss) on eleven request bodies,

@@ -15,10 +15,11 @@ use serde_json::{Value, json};
 use super::http::body;
 use super::response::{Kind, response_id};
 use super::turn::{Encode, Turn, frames};
+use super::{PrepareRequest, prepare};
 use crate::App;
 use crate::api;
-use crate::engine::Counts;
 use crate::error::{ApiError, Protocol};
+use oxgen::engine::Counts;
 
 /// Why the reply stopped, in Anthropic's words, and the stop sequence that ended it.
 fn stop_reason(turn: &Turn, stops: &[String]) -> (&'static str, Option<String>) {
@@ -244,15 +245,15 @@ pub(super) async fn count_tokens(State(app): State<Arc<App>>, request: Request) 
         let body = body(request, app.config.max_body, app.config.body_timeout).await?;
         let mut m = api::messages(&body, &app.bounds(loaded), app.config.strict_api, true)?;
         app.check_model(&m.request.model)?;
-        let tools = m
-            .request
-            .tools
-            .take()
-            .map(|t| t.with_format(loaded.tool_format));
-        let (prompts, _) = app
-            .render(loaded, "messages", &mut m.request, tools.as_ref())
-            .await?;
-        let tokens: usize = prompts.iter().map(|(ids, _)| ids.len()).sum();
+        let r = &mut m.request;
+        let mut request = PrepareRequest::new(std::mem::take(&mut r.prompts), "messages");
+        request.tools = r.tools.take().map(|t| t.with_format(loaded.tool_format));
+        request.template_kwargs = std::mem::take(&mut r.template_kwargs);
+        request.reasoning_effort = r.reasoning_effort.take();
+        request.continue_final_message = r.render.continue_final_message;
+        request.add_generation_prompt = r.render.add_generation_prompt;
+        let prepared = prepare(loaded, request, false).await?;
+        let tokens: usize = prepared.prompts.iter().map(|(ids, _)| ids.len()).sum();
         Ok::<_, ApiError>(json!({"input_tokens": tokens}))
     };
     match counted.await {

@@ -16,9 +16,9 @@ use serde_json::{Map, Value, json};
 use super::http::body;
 use super::response::Kind;
 use super::turn::{Encode, Turn, frames};
-use crate::engine::Counts;
 use crate::error::{ApiError, Protocol};
 use crate::{App, api};
+use oxgen::engine::Counts;
 
 /// The version `/api/version` reports: the Ollama API level these endpoints follow (clients
 /// gate features on it).

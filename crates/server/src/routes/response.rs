@@ -13,8 +13,8 @@ use oxgen::{Logprobs, Reply, ReplyDelta, ReplyParser, ReplySyntax};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::engine::{Counts, Event};
 use crate::error::ApiError;
+use oxgen::engine::{Counts, Event};
 
 pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -482,7 +482,7 @@ pub(super) async fn collect(mut p: Pending) -> Result<Value, ApiError> {
                 body["usage"] = usage;
                 return Ok(body);
             }
-            Some(Event::Error(e)) => return Err(e),
+            Some(Event::Error(e)) => return Err(e.into()),
             None => {
                 return Err(ApiError::unavailable(
                     "engine_failed",
@@ -542,7 +542,7 @@ pub(super) fn stream(p: Pending) -> impl IntoResponse {
                 }
                 out
             }
-            Some(Event::Error(e)) => vec![data(e.body())],
+            Some(Event::Error(e)) => vec![data(ApiError::from(e).body())],
             None => vec![data(
                 ApiError::unavailable("engine_failed", "the engine stopped").body(),
             )],

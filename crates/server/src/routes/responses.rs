@@ -20,8 +20,8 @@ use super::response::{Kind, Pending, response_id, unix_now};
 use super::turn::{Encode, Progress, Turn, frames};
 use crate::App;
 use crate::api;
-use crate::engine::Counts;
 use crate::error::{ApiError, Protocol};
+use oxgen::engine::Counts;
 
 /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`: the newest
 /// `capacity`, the oldest evicted first.

@@ -7,11 +7,12 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 use serde_json::{Map, Value, json};
 
-use super::encode_chat;
 use super::http::{body, reply};
+use super::{PrepareRequest, prepare};
 use crate::App;
-use crate::api::{self, Render, Unknown};
+use crate::api::{self, Unknown};
 use crate::error::{ApiError, Protocol};
+use oxgen::Prompt;
 
 /// `POST /tokenize`: `{"prompt": "..."}` (with `add_special_tokens`, default false: the
 /// tokenizer's own special tokens, a BOS say, around the text) or `{"messages": [...]}`
@@ -60,14 +61,14 @@ pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> R
                 let tools = api::tools(&value)?.map(|t| t.with_format(loaded.tool_format));
                 let kwargs = api::template_kwargs(&value)?;
                 let m: Messages = api::typed(&value)?;
-                let render = Render {
-                    add_generation_prompt: m.add_generation_prompt.unwrap_or(true),
-                    continue_final_message: m.continue_final_message.unwrap_or(false),
-                };
                 let messages = api::chat_messages(m.messages, &mut unknown)?;
-                encode_chat(loaded, messages, tools, kwargs, render)
-                    .await?
-                    .0
+                let mut request = PrepareRequest::new(vec![Prompt::Chat(messages)], "messages");
+                request.tools = tools;
+                request.template_kwargs = kwargs;
+                request.add_generation_prompt = m.add_generation_prompt.unwrap_or(true);
+                request.continue_final_message = m.continue_final_message.unwrap_or(false);
+                let mut prepared = prepare(loaded, request, false).await?;
+                prepared.prompts.swap_remove(0).0
             }
             _ => {
                 return Err(ApiError::invalid(

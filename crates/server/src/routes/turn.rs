@@ -10,8 +10,8 @@ use oxgen::{Reply, ReplyDelta};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::response::{Choice, Pending};
-use crate::engine::{Counts, Event};
 use crate::error::ApiError;
+use oxgen::engine::{Counts, Event};
 
 /// A reply on its way.
 pub(super) struct Turn {
@@ -63,7 +63,7 @@ impl Turn {
                     return Ok(Progress::Step);
                 }
                 Some(Event::Done(counts)) => return Ok(Progress::Done(counts)),
-                Some(Event::Error(e)) => return Err(e),
+                Some(Event::Error(e)) => return Err(e.into()),
                 None => {
                     return Err(ApiError::unavailable(
                         "engine_failed",
