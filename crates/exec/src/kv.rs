@@ -178,14 +178,12 @@ fn kind(kv: KvDtype) -> CacheKind {
     }
 }
 
-/// What one ragged step hands the executor: the pools, each sequence's rows and blocks, and
-/// which layer each attention node reads.
+/// What one ragged step hands the executor: the pools, each sequence's rows and blocks
+/// (each attention node reads the layer it was lowered with).
 pub struct PagedStep<'a> {
     pub store: &'a mut KvStore,
     pub segments: &'a [Segment],
     pub tables: &'a [u32],
-    /// Per node: the layer whose KV a `GroupQueryAttention` node reads.
-    pub layer_of_node: &'a [Option<usize>],
 }
 
 /// One attention node's view of a [`PagedStep`].

@@ -1,9 +1,11 @@
 //! oxgen-exec: the native backend.
 //!
-//! A [`Plan`] orders a [`oxgen_graph::Graph`]'s nodes once and records each value's last
-//! use; a [`NativeSession`] runs it: shapes are resolved from the actual inputs at run time,
-//! each typed op is dispatched to its kernels, and a value's buffer returns to a free list
-//! after its last use so later activations reuse it. The peak of live activation bytes is
+//! `Graph → Plan → Session`. Planning lowers each node of a [`oxgen_graph::Graph`] into the
+//! op that runs it, owning what it runs with ([`Lowered`]: weights repacked for its kernel,
+//! its subgraphs' sessions, its paged KV layer), and records each value's last use once
+//! ([`Plan`]); a [`NativeSession`] only executes the plan: shapes are resolved from the
+//! actual inputs at run time, each op is dispatched to its kernels with what it owns, and a
+//! value's buffer returns to a free list after its last use so later activations reuse it. The peak of live activation bytes is
 //! reported per run. [`optimize`] runs the graph passes (folding, fusion into
 //! `SimplifiedLayerNormalization`, `RotaryEmbedding`, `GroupQueryAttention`) with these
 //! kernels as their evaluator; [`NativeLm`] does so before planning.
@@ -17,6 +19,7 @@ mod arena;
 mod error;
 mod kv;
 mod lm;
+mod lower;
 mod open;
 pub mod ops;
 mod optimize;
@@ -29,10 +32,11 @@ pub use arena::Arena;
 pub use error::{ExecError, OpError};
 pub use kv::{KvStore, PagedLayer, PagedStep};
 pub use lm::NativeLm;
+pub use lower::Lowered;
 pub use open::{DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvBudget, NativeOptions, OpenError, Unsupported};
 pub use optimize::{NativeEvaluator, optimize};
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 pub use oxgen_kernels::ThreadPool;
 pub use oxgen_runtime::OpTime;
-pub use plan::Plan;
+pub use plan::{Plan, PlannedOp};
 pub use session::{ExecOptions, NativeSession, RunStats, pool_for};

@@ -15,6 +15,7 @@ use oxgen_runtime::LmContract;
 use oxgen_tensor::Tensor;
 
 use crate::Arena;
+use crate::lower::Lowered;
 use crate::ops::{self, OpCtx};
 
 /// Runs nodes on the native kernels for the passes.
@@ -97,14 +98,13 @@ impl Evaluator for NativeEvaluator {
                 arena: &mut self.arena,
                 pool: &self.pool,
                 exact: true,
-                packed: None,
-                tiles: None,
-                experts: None,
-                paged: None,
                 wanted: u64::MAX,
-                subgraphs: &mut [],
-                counters: &mut ops::OpCounters::default(),
-                residency: &mut crate::residency::Residency::new(None, Default::default()),
+                lowered: &Lowered::Plain,
+                kv: None,
+                weights: &mut ops::WeightUse {
+                    counters: ops::OpCounters::default(),
+                    residency: crate::residency::Residency::new(None, Default::default()),
+                },
             };
             let produced = ops::run(
                 &node.op,

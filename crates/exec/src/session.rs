@@ -1,23 +1,19 @@
 //! The native session: runs a plan over named inputs.
 
-use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use oxgen_graph::ops::MatMulNBits;
-use oxgen_graph::{Graph, Op, ValueId, ValueKind};
+use oxgen_graph::{Graph, Index, ValueId, ValueKind};
 use oxgen_kernels::ThreadPool;
-use oxgen_kernels::matmul::{self as km, PACKED_TILE, PackedF32};
-use oxgen_kernels::nbits::PackedNBits;
+use oxgen_kernels::matmul::PackedF32;
 use oxgen_runtime::{IoSpec, OpTime, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
-use crate::kv::{PagedLayer, PagedStep};
-use crate::ops::moe::PackedExperts;
-use crate::ops::{self, OpCounters, OpCtx};
+use crate::kv::PagedStep;
+use crate::lower::{self, Lowered};
+use crate::ops::{self, OpCounters, OpCtx, WeightUse};
 use crate::residency::{ExpertCache, Residency};
 use crate::{Arena, ExecError, OpError, Plan};
 
@@ -75,7 +71,8 @@ impl Profile {
     }
 }
 
-/// A graph running on oxgen's own kernels.
+/// A planned graph running on oxgen's own kernels: it executes the plan's ops in order; each
+/// op owns what it runs with ([`Lowered`]).
 pub struct NativeSession {
     plan: Plan,
     inputs: Vec<IoSpec>,
@@ -90,23 +87,9 @@ pub struct NativeSession {
     /// [`NativeSession::set_rows_only`]).
     row_node: Option<usize>,
     rows: Vec<usize>,
-    /// Per node that is not repacked: the bytes of the weight matrix its kernel reads per
-    /// run (0 for other nodes); repacked ones count what their kernel streams itself.
-    matrix_bytes: Vec<u64>,
-    /// Over every run so far: bytes those unpacked matrices were read for (in `streamed`)
-    /// and what ops counted themselves.
-    counters: OpCounters,
-    /// Which expert weights are resident, under the weight budget.
-    residency: Residency,
-    /// Per node: `MatMulNBits` weights repacked at load for the int8 kernel.
-    packed: Vec<Option<PackedNBits>>,
-    /// Per node: a `MatMul`'s f32 `B` packed at load in column tiles.
-    tiles: Vec<Option<PackedF32>>,
-    /// Per node: a QMoE node's experts repacked for their kernel, once the
-    /// session is told it has no weight budget ([`NativeSession::set_weight_budget`]).
-    experts: Vec<Option<PackedExperts>>,
-    /// Per node: a session for each of its branches or bodies (`If`, `Loop`, `Scan`).
-    subgraphs: Vec<Vec<NativeSession>>,
+    /// What reading weights cost over every run so far (bytes the plan's unpacked matrices
+    /// were read for, and what ops counted themselves), and which experts stay resident.
+    weights: WeightUse,
 }
 
 fn spec(graph: &Graph, id: ValueId) -> IoSpec {
@@ -135,31 +118,16 @@ impl NativeSession {
 
     /// A session that shares an existing thread pool.
     pub fn with_pool(graph: Graph, pool: Arc<ThreadPool>, exact: bool) -> NativeSession {
-        let mut graph = graph;
-        let packed = prepack_weights(&mut graph, exact);
-        let tiles = prepack_f32(&graph);
-        // Repacked by `set_weight_budget(None)`, not before: a budget would drop them.
-        let experts = (0..graph.nodes.len()).map(|_| None).collect();
+        let plan = Plan::new(graph, &pool, exact);
+        let graph = &plan.graph;
         // A subgraph's captured values come after its own inputs.
         let inputs = (graph.inputs.iter().chain(&graph.captures))
-            .map(|&id| spec(&graph, id))
+            .map(|&id| spec(graph, id))
             .collect();
-        // Each branch or body moves into a session of its own.
-        let subgraphs = (graph.nodes.iter_mut())
-            .map(|node| {
-                (node.op.subgraphs_mut().into_iter())
-                    .map(|sub| {
-                        let sub = std::mem::take(&mut sub.graph);
-                        NativeSession::with_pool(sub, pool.clone(), exact)
-                    })
-                    .collect()
-            })
-            .collect();
-        let outputs = graph.outputs.iter().map(|&id| spec(&graph, id)).collect();
+        let outputs = graph.outputs.iter().map(|&id| spec(graph, id)).collect();
         let slots = vec![None; graph.values.len()];
-        let matrix_bytes = unpacked_matrix_bytes(&graph, &packed);
         NativeSession {
-            plan: Plan::new(graph),
+            plan,
             inputs,
             outputs,
             arena: Arena::default(),
@@ -170,13 +138,10 @@ impl NativeSession {
             profile: None,
             row_node: None,
             rows: Vec::new(),
-            matrix_bytes,
-            counters: OpCounters::default(),
-            residency: Residency::new(None, ExpertCache::default()),
-            packed,
-            tiles,
-            experts,
-            subgraphs,
+            weights: WeightUse {
+                counters: OpCounters::default(),
+                residency: Residency::new(None, ExpertCache::default()),
+            },
         }
     }
 
@@ -307,43 +272,19 @@ impl NativeSession {
         result
     }
 
-    /// The node computing graph output `output` row by row: a row-wise product (`MatMulNBits`,
-    /// or `MatMul` by a 2-D initializer), alone or followed by element-wise steps that keep
-    /// rows apart (unary ops, binary ops with a one-value initializer: Gemma's final-logit
-    /// softcap `tanh(x / c) * c`), each step's input read by nothing else. Each output row
-    /// then depends on its input row alone, so the steps run on the rows the product made.
+    /// The node computing graph output `output` row by row ([`Index::row_wise_producer`]).
     pub fn row_wise_producer(&self, output: usize) -> Option<usize> {
         let graph = &self.plan.graph;
-        let scalar = |v: Option<ValueId>| {
-            v.and_then(|v| graph.initializers.get(&v))
-                .is_some_and(|t| t.numel() == 1)
-        };
-        let mut id = *graph.outputs.get(output)?;
-        loop {
-            let (i, node) =
-                (graph.nodes.iter().enumerate()).find(|(_, n)| n.outputs.contains(&Some(id)))?;
-            let input = |k: usize| node.inputs.get(k).copied().flatten();
-            let next = match &node.op {
-                Op::MatMulNBits(_) => return Some(i),
-                Op::MatMul => {
-                    let b = input(1).and_then(|b| graph.initializers.get(&b));
-                    return b.is_some_and(|t| t.rank() == 2).then_some(i);
-                }
-                Op::Unary(_) => input(0)?,
-                Op::Binary(_) => match (scalar(input(0)), scalar(input(1))) {
-                    (false, true) => input(0)?,
-                    (true, false) => input(1)?,
-                    _ => return None,
-                },
-                _ => return None,
-            };
-            let readers = (graph.nodes.iter())
-                .filter(|n| n.inputs.contains(&Some(next)))
-                .count();
-            if readers != 1 || graph.outputs.contains(&next) {
-                return None;
+        Index::new(graph).row_wise_producer(graph, output)
+    }
+
+    /// Lowers the `GroupQueryAttention` nodes `layer_of_node` names to read and write that
+    /// layer of the paged KV cache in a ragged step ([`NativeSession::run_ordered_paged`]).
+    pub fn page_kv(&mut self, layer_of_node: &[Option<usize>]) {
+        for (op, layer) in self.plan.ops.iter_mut().zip(layer_of_node) {
+            if let Some(l) = *layer {
+                op.lowered = Lowered::KvLayer(l);
             }
-            id = next;
         }
     }
 
@@ -363,24 +304,25 @@ impl NativeSession {
     /// size each time its node runs. Embedding lookups read only the rows they gather and
     /// are not counted.
     pub fn streamed_weight_bytes(&self) -> u64 {
-        let packed: u64 = self
-            .packed
-            .iter()
-            .flatten()
-            .map(PackedNBits::streamed_bytes)
+        let packed: u64 = (self.plan.ops.iter())
+            .filter_map(|op| op.lowered.nbits())
+            .map(|p| p.streamed_bytes())
             .sum();
-        packed + self.counters.streamed
+        packed + self.weights.counters.streamed
     }
 
     /// Bytes of f32 `MatMul` weights held packed in column tiles (made at load; their file
     /// pages were handed back).
     pub fn packed_f32_bytes(&self) -> usize {
-        self.tiles.iter().flatten().map(PackedF32::nbytes).sum()
+        (self.plan.ops.iter())
+            .filter_map(|op| op.lowered.tiles())
+            .map(PackedF32::nbytes)
+            .sum()
     }
 
     /// What the ops counted over every run so far (MoE experts and routes among them).
     pub fn op_counters(&self) -> OpCounters {
-        self.counters
+        self.weights.counters
     }
 
     /// Bounds the bytes of mixture-of-experts weights kept resident (`None`: no bound); see
@@ -390,18 +332,30 @@ impl NativeSession {
     /// same bits); a bound drops the copies, since it counts what stays resident of the
     /// files' experts and the copies (memory of their own) would stay whatever it says.
     pub fn set_weight_budget(&mut self, budget: Option<u64>, policy: ExpertCache) {
-        self.residency = Residency::new(budget, policy);
-        let repacked = self.experts.iter().any(Option::is_some);
+        self.weights.residency = Residency::new(budget, policy);
+        let ops = &mut self.plan.ops;
+        let repacked = ops.iter().any(|op| op.lowered.experts().is_some());
         match budget {
-            None if !repacked => self.experts = prepack_experts(&self.plan.graph, self.exact),
+            None if !repacked => {
+                let packed = lower::prepack_experts(&self.plan.graph, self.exact);
+                for (op, packed) in ops.iter_mut().zip(packed) {
+                    if let Lowered::Experts(e) = &mut op.lowered {
+                        *e = packed;
+                    }
+                }
+            }
             None => {}
-            Some(_) => self.experts.iter_mut().for_each(|e| *e = None),
+            Some(_) => (ops.iter_mut()).for_each(|op| {
+                if let Lowered::Experts(e) = &mut op.lowered {
+                    *e = None;
+                }
+            }),
         }
     }
 
     /// The weight budget's account so far.
     pub fn expert_residency(&self) -> oxgen_runtime::ExpertResidency {
-        self.residency.counters()
+        self.weights.residency.counters()
     }
 
     /// Returns a tensor's buffer (an output the caller is done with) to the arena.
@@ -422,12 +376,15 @@ impl NativeSession {
     }
 
     fn execute(&mut self, mut paged: Option<&mut PagedStep>) -> Result<(), ExecError> {
-        let plan = &self.plan;
-        let graph = &plan.graph;
-        for (i, node) in graph.nodes.iter().enumerate() {
+        let Plan {
+            graph,
+            last_use,
+            ops: planned,
+        } = &self.plan;
+        for (i, (node, op)) in graph.nodes.iter().zip(planned.iter()).enumerate() {
             let mut donated: SmallVec<[Option<Tensor>; 16]> =
                 smallvec::smallvec![None; node.inputs.len()];
-            for &k in &plan.donations[i] {
+            for &k in &op.donations {
                 if let Some(id) = node.inputs[k] {
                     donated[k] = self.slots[id.0].take();
                 }
@@ -449,27 +406,19 @@ impl NativeSession {
                 inputs[0] = Some(row);
             }
             let started = self.profile.is_some().then(Instant::now);
-            self.counters.streamed += self.matrix_bytes[i];
+            self.weights.counters.streamed += op.matrix_bytes;
             let mut ctx = OpCtx {
                 arena: &mut self.arena,
                 pool: &self.pool,
                 exact: self.exact,
-                packed: self.packed[i].as_ref(),
-                tiles: self.tiles[i].as_ref(),
-                experts: self.experts[i].as_ref(),
-                wanted: plan.wanted[i],
-                subgraphs: &mut self.subgraphs[i],
-                counters: &mut self.counters,
-                residency: &mut self.residency,
-                paged: paged.as_deref_mut().and_then(|p| {
-                    let layer = p.layer_of_node.get(i).copied().flatten()?;
-                    Some(PagedLayer {
-                        store: &mut *p.store,
-                        layer,
-                        segments: p.segments,
-                        tables: p.tables,
-                    })
+                wanted: op.wanted,
+                lowered: &op.lowered,
+                kv: paged.as_deref_mut().map(|p| PagedStep {
+                    store: &mut *p.store,
+                    segments: p.segments,
+                    tables: p.tables,
                 }),
+                weights: &mut self.weights,
             };
             let produced = ops::run(
                 &node.op,
@@ -507,7 +456,7 @@ impl NativeSession {
             for (out, tensor) in node.outputs.iter().zip(produced) {
                 self.arena.track(tensor.nbytes());
                 match out {
-                    Some(id) if plan.last_use[id.0].is_some() || graph.outputs.contains(id) => {
+                    Some(id) if last_use[id.0].is_some() || graph.outputs.contains(id) => {
                         self.slots[id.0] = Some(tensor)
                     }
                     _ => self.arena.release(tensor),
@@ -519,7 +468,7 @@ impl NativeSession {
                 }
             }
             for v in node.inputs.iter().flatten() {
-                if plan.last_use[v.0] == Some(i)
+                if last_use[v.0] == Some(i)
                     && let Some(t) = self.slots[v.0].take()
                 {
                     dispose(&mut self.arena, graph, *v, t);
@@ -532,208 +481,6 @@ impl NativeSession {
         };
         Ok(())
     }
-}
-
-/// The `MatMulNBits` attributes of a node's parts (one for `MatMulNBits`, several for a
-/// group, gate and up for a `MatMulNBitsGlu`), each with the index of its first weight input (B; scales and zero points follow).
-fn nbits_parts(op: &Op) -> Vec<(&MatMulNBits, usize)> {
-    let parts: &[MatMulNBits] = match op {
-        Op::MatMulNBits(m) => std::slice::from_ref(m),
-        Op::MatMulNBitsGroup(parts) => parts,
-        Op::MatMulNBitsGlu(parts) => parts,
-        _ => &[],
-    };
-    parts
-        .iter()
-        .enumerate()
-        .map(|(p, m)| (m, 1 + 3 * p))
-        .collect()
-}
-
-/// Repacks the weights of every int8-activation `MatMulNBits` node (and group) whose weights
-/// are initializers ([`oxgen_kernels::nbits::PackedNBits`]), then lets go of the originals: an
-/// initializer only packed nodes read leaves the graph, and the file pages it was read from
-/// are handed back to the OS, so the weights are not resident twice.
-fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
-    let mut packed: Vec<Option<PackedNBits>> = vec![None; graph.nodes.len()];
-    // A weight that another node reads too, or whose bytes another initializer holds (a tied
-    // embedding's `GatherBlockQuantized` reads the output head's codes, often through a folded
-    // `Reshape` view), keeps its pages: else every lookup would read them back from disk.
-    let mut readers: HashMap<ValueId, usize> = HashMap::new();
-    for node in &graph.nodes {
-        for id in node.inputs.iter().flatten() {
-            *readers.entry(*id).or_default() += 1;
-        }
-    }
-    let spans: Vec<(ValueId, Range<usize>)> = graph
-        .initializers
-        .iter()
-        .filter(|(_, t)| t.is_shared())
-        .map(|(&id, t)| (id, byte_span(t)))
-        .collect();
-    let keeps_pages = |id: ValueId, t: &Tensor| {
-        let span = byte_span(t);
-        readers.get(&id) != Some(&1)
-            || spans
-                .iter()
-                .any(|(other, s)| *other != id && s.start < span.end && span.start < s.end)
-    };
-    for (slot, node) in packed.iter_mut().zip(&graph.nodes) {
-        let parts = nbits_parts(&node.op);
-        let input = |k: usize| node.inputs.get(k).copied().flatten();
-        let init = |id: Option<ValueId>| id.and_then(|id| graph.initializers.get(&id));
-        if parts.is_empty()
-            || !parts
-                .iter()
-                .all(|(op, _)| ops::quant::int8_activations(op, exact))
-            || matches!(node.op, Op::MatMulNBits(_)) && input(4).is_some()
-        {
-            continue;
-        }
-        let Some(weights) = parts
-            .iter()
-            .map(|&(op, at)| {
-                let zero_points = match input(at + 2) {
-                    None => None,
-                    Some(id) => Some(graph.initializers.get(&id)?),
-                };
-                Some((op, init(input(at))?, init(input(at + 1))?, zero_points))
-            })
-            .collect::<Option<Vec<_>>>()
-        else {
-            continue;
-        };
-        *slot = match (&node.op, weights.as_slice()) {
-            (Op::MatMulNBitsGlu(_), &[gate, up]) => ops::quant::prepack_glu([gate, up]),
-            _ => ops::quant::prepack(&weights),
-        };
-        if slot.is_some() {
-            // Right away, so the load never holds every matrix twice.
-            for (&(_, at), (_, b, scales, zero_points)) in parts.iter().zip(weights) {
-                let tensors = [Some(b), Some(scales), zero_points];
-                for (k, t) in tensors.into_iter().enumerate() {
-                    if let (Some(id), Some(t)) = (input(at + k), t)
-                        && !keeps_pages(id, t)
-                    {
-                        page_out(t);
-                    }
-                }
-            }
-        }
-    }
-    let weights: Vec<ValueId> = graph
-        .nodes
-        .iter()
-        .zip(&packed)
-        .filter(|(_, p)| p.is_some())
-        .flat_map(|(n, _)| {
-            nbits_parts(&n.op)
-                .into_iter()
-                .flat_map(|(_, at)| n.inputs.iter().skip(at).take(3).flatten().copied())
-        })
-        .collect();
-    for id in weights {
-        let only_packed_readers = graph
-            .nodes
-            .iter()
-            .zip(&packed)
-            .filter(|(n, _)| n.inputs.contains(&Some(id)))
-            .all(|(_, p)| p.is_some());
-        if only_packed_readers && !graph.outputs.contains(&id) {
-            graph.initializers.remove(&id);
-        }
-    }
-    packed
-}
-
-/// Packs the f32 `B` of every `MatMul` node whose `B` is a 2-D f32 initializer mapped from the
-/// model file and read by that node alone into column tiles ([`PackedF32`]), so a product
-/// streams contiguous memory, then hands the file pages of the original back to the OS (the
-/// tensor stays in the graph, for its shape; it is read again only if something else reads
-/// it). Nothing where the CPU has no vector kernel to stream them.
-fn prepack_f32(graph: &Graph) -> Vec<Option<PackedF32>> {
-    let mut readers: HashMap<ValueId, usize> = HashMap::new();
-    for node in &graph.nodes {
-        for id in node.inputs.iter().flatten() {
-            *readers.entry(*id).or_default() += 1;
-        }
-    }
-    (graph.nodes.iter())
-        .map(|node| {
-            let id = (matches!(node.op, Op::MatMul) && km::f32_kernel_available())
-                .then(|| node.inputs.get(1).copied().flatten())??;
-            let b = graph.initializers.get(&id)?;
-            let &[k, n] = b.dims() else {
-                return None;
-            };
-            let sole = readers.get(&id) == Some(&1) && !graph.outputs.contains(&id);
-            if b.dtype() != oxgen_tensor::DType::F32 || !b.is_shared() || !sole || n < PACKED_TILE {
-                return None;
-            }
-            let packed = PackedF32::pack(b.as_slice::<f32>().ok()?, k, n).ok()?;
-            page_out(b);
-            Some(packed)
-        })
-        .collect()
-}
-
-/// Repacks the experts of every QMoE node whose weights are initializers and whose kernel
-/// takes them repacked (`crate::ops::moe::prepack`), then hands the file pages of the originals
-/// back to the OS: they are read again only if a weight budget later sends the node back to
-/// them.
-fn prepack_experts(graph: &Graph, exact: bool) -> Vec<Option<PackedExperts>> {
-    (graph.nodes.iter())
-        .map(|node| {
-            let Op::Moe(op) = &node.op else {
-                return None;
-            };
-            let inputs: Vec<Option<&Tensor>> = (node.inputs.iter())
-                .map(|id| id.and_then(|id| graph.initializers.get(&id)))
-                .collect();
-            let packed = ops::moe::prepack(op, &inputs, exact)?;
-            let at = op.inputs();
-            let zero_points = at.zero_points.map_or([None; 2], |z| [Some(z.0), Some(z.1)]);
-            let weights = [at.fc1.0, at.fc2.0].into_iter().map(Some);
-            let scales = [at.fc1, at.fc2].map(|(w, s, _)| Some(s.unwrap_or(w + 1)));
-            for k in weights.chain(scales).chain(zero_points).flatten() {
-                if let Some(Some(t)) = inputs.get(k) {
-                    page_out(t);
-                }
-            }
-            Some(packed)
-        })
-        .collect()
-}
-
-/// The addresses of a tensor's bytes.
-fn byte_span(t: &Tensor) -> Range<usize> {
-    let bytes = t.as_bytes();
-    let start = bytes.as_ptr() as usize;
-    start..start + bytes.len()
-}
-
-/// Hands the resident pages of a tensor mapped from the model file back to the OS; they are
-/// read from the file again if something touches them. `MADV_PAGEOUT` is only a hint: it never
-/// changes what the memory holds.
-fn page_out(t: &Tensor) {
-    #[cfg(target_os = "linux")]
-    if t.is_shared() {
-        let bytes = t.as_bytes();
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let (addr, len) = (bytes.as_ptr() as usize, bytes.len());
-        let start = addr.next_multiple_of(page);
-        let end = (addr + len) / page * page;
-        if end > start {
-            // SAFETY: whole pages inside the tensor's live bytes; PAGEOUT does not alter their
-            // contents (mapped file pages are re-read on the next access).
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = t;
 }
 
 /// Rows `rows` of `node`'s input 0 (`[1, .., r, k]` → `[1, .., rows.len(), k]`) in an arena
@@ -774,32 +521,6 @@ fn rows_of(
         dst.copy_from_slice(&bytes[r * width..(r + 1) * width]);
     }
     Ok(Some(out))
-}
-
-/// Per node, the bytes of weight matrix a run of it reads when it is not repacked (see
-/// [`NativeSession::streamed_weight_bytes`]); 0 for repacked and other nodes.
-fn unpacked_matrix_bytes(graph: &Graph, packed: &[Option<PackedNBits>]) -> Vec<u64> {
-    let init = |id: &Option<ValueId>| {
-        id.and_then(|id| graph.initializers.get(&id))
-            .map_or(0, |t| t.nbytes() as u64)
-    };
-    graph
-        .nodes
-        .iter()
-        .zip(packed)
-        .map(|(node, p)| match (&node.op, p) {
-            (_, Some(_)) => 0,
-            (Op::MatMulNBits(_) | Op::MatMulNBitsGroup(_) | Op::MatMulNBitsGlu(_), None) => node
-                .inputs
-                .iter()
-                .skip(1)
-                .take(3 * nbits_parts(&node.op).len())
-                .map(init)
-                .sum(),
-            (Op::MatMul | Op::Gemm(_), _) => node.inputs.iter().take(2).map(init).sum(),
-            _ => 0,
-        })
-        .collect()
 }
 
 /// Returns a dead value's buffer to the arena; graph inputs were never counted live.

@@ -11,12 +11,14 @@
 //! This crate must never execute a graph or allocate activations.
 
 mod error;
+mod index;
 mod ir;
 pub mod ops;
 pub mod passes;
 mod registry;
 
 pub use error::{GraphError, NodeRef};
+pub use index::{Index, KvLayout, decides_from_inputs};
 pub use ir::{Dim, Graph, Node, ValueId, ValueInfo, ValueKind};
 pub use ops::Op;
 pub use registry::{NodeCtx, OpSpec, Registry};

@@ -4,20 +4,25 @@
 //! Generation releases the GIL and checks for signals after every token, so Ctrl-C (or
 //! [`PyModel::cancel`] from another thread) stops it cleanly. Errors are `oxgen.Error`s:
 //! `ModelLoadError`, `InvalidArgument` (bad keywords, values, prompts, constraints) and
-//! `GenerationError`. Sampling keywords are read in one place ([`options`]), named like the
-//! CLI's flags.
+//! `GenerationError`. Keywords are read in one place (`args.rs`), named like the CLI's
+//! flags; `generate_batch` runs on the facade's engine (`batch.rs`).
+
+mod args;
+mod batch;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
 
 use numpy::{PyArray1, PyArrayMethods};
 use oxgen::engine::Limits;
 use oxgen::{
-    Backend, Cancel, Chat as Conversation, ChatMessage, Constraint, Encoder, Engine, EngineStatus,
-    Event, GenerateError, GenerateOptions, Job, JobPrompt, KvBudget, Model as Inner, ModelOptions,
-    Output, Param, Prompt, Reply, ReplySyntax, SamplingRequest, Sequence, fresh_seed,
+    Backend, Cancel, Chat as Conversation, Encoder, GenerateError, GenerateOptions, KvBudget,
+    Model as Inner, ModelOptions, Output, Prompt, Reply, ReplySyntax, Sequence, fresh_seed,
 };
+
+use crate::args::{Ready, keywords, messages, prompt, template_kwargs};
+use crate::batch::batch;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyStopIteration};
 use pyo3::prelude::*;
@@ -53,252 +58,6 @@ fn error(e: oxgen::Error) -> PyErr {
             | GenerateError::Template(_),
         ) => invalid(e.to_string()),
         _ => GenerationError::new_err(e.to_string()),
-    }
-}
-
-/// The sampling keywords `generate`, `stream`, `generate_batch` and `Chat.send` take.
-const KEYWORDS: &[&str] = &[
-    "max_new_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "seed",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "stop",
-    "ignore_eos",
-    "json_schema",
-    "json_object",
-    "regex",
-    "grammar",
-    "choice",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "reasoning_effort",
-];
-
-fn extract<'py, T: FromPyObjectOwned<'py>>(key: &str, v: &Bound<'py, PyAny>) -> PyResult<T> {
-    v.extract::<T>().map_err(|e| {
-        let e: PyErr = e.into();
-        invalid(format!("{key}: {e}"))
-    })
-}
-
-/// A float keyword checked by its parameter's one range check.
-fn param(which: Param, v: &Bound<'_, PyAny>) -> PyResult<f32> {
-    which
-        .check(extract::<f32>(which.name(), v)?)
-        .map_err(invalid)
-}
-
-/// Extra chat template arguments: a dict of what `json.dumps` takes.
-fn template_kwargs(
-    kwargs: Option<&Bound<'_, PyDict>>,
-) -> PyResult<serde_json::Map<String, serde_json::Value>> {
-    let Some(kwargs) = kwargs else {
-        return Ok(serde_json::Map::new());
-    };
-    match serde_json::from_str(&json_dumps(kwargs.as_any())?) {
-        Ok(serde_json::Value::Object(map)) => Ok(map),
-        _ => Err(invalid(
-            "chat template arguments must be a dict of JSON values",
-        )),
-    }
-}
-
-/// `json.dumps(v)`.
-fn json_dumps(v: &Bound<'_, PyAny>) -> PyResult<String> {
-    v.py()
-        .import("json")?
-        .call_method1("dumps", (v,))?
-        .extract()
-}
-
-/// A JSON schema given as a dict (or anything `json.dumps` takes) or as JSON text.
-fn schema(v: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
-    let text: String = match v.extract::<String>() {
-        Ok(text) => text,
-        Err(_) => json_dumps(v)?,
-    };
-    serde_json::from_str(&text).map_err(|e| invalid(format!("json_schema is not JSON: {e}")))
-}
-
-/// What the keywords ask for: the model's options with the sampling keywords laid over
-/// them (the CLI's rule: package defaults, sampling turned on by any of temperature > 0,
-/// top_k, top_p, min_p or seed), and what [`Keywords::prepare`] composes (the constraint,
-/// the tools, the reasoning effort).
-struct Keywords {
-    options: GenerateOptions,
-    constraint: Option<(String, Constraint)>,
-    /// `tools`, `tool_choice` and `parallel_tool_calls` as JSON, as OpenAI's API takes them.
-    tools: serde_json::Map<String, serde_json::Value>,
-    reasoning_effort: Option<String>,
-}
-
-fn keywords(model: &Inner, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Keywords> {
-    let mut o = model.default_options();
-    let mut request = SamplingRequest::default();
-    let mut constraint = None;
-    let mut tools = serde_json::Map::new();
-    let mut reasoning_effort = None;
-    for (key, v) in kwargs.into_iter().flat_map(|d| d.iter()) {
-        let key: String = key.extract()?;
-        if v.is_none() {
-            continue;
-        }
-        let mut one = |c: Constraint| match constraint.replace((key.clone(), c)) {
-            Some(_) => Err(invalid(
-                "give one constraint (json_schema, json_object, regex, grammar or choice)",
-            )),
-            None => Ok(()),
-        };
-        match key.as_str() {
-            "max_new_tokens" => o.max_new_tokens = extract(&key, &v)?,
-            "temperature" => request.temperature = Some(param(Param::Temperature, &v)?),
-            "top_k" => request.top_k = Some(extract(&key, &v)?),
-            "top_p" => request.top_p = Some(param(Param::TopP, &v)?),
-            "min_p" => request.min_p = Some(param(Param::MinP, &v)?),
-            "seed" => request.seed = Some(extract(&key, &v)?),
-            "repetition_penalty" => {
-                request.repetition_penalty = Some(param(Param::RepetitionPenalty, &v)?)
-            }
-            "frequency_penalty" => {
-                request.frequency_penalty = Some(param(Param::FrequencyPenalty, &v)?)
-            }
-            "presence_penalty" => {
-                request.presence_penalty = Some(param(Param::PresencePenalty, &v)?)
-            }
-            "stop" => {
-                o.stop = match v.extract::<String>() {
-                    Ok(one) => vec![one],
-                    Err(_) => extract(&key, &v)?,
-                }
-            }
-            "ignore_eos" => o.ignore_eos = extract(&key, &v)?,
-            "json_schema" => one(Constraint::JsonSchema(schema(&v)?))?,
-            "json_object" if extract::<bool>(&key, &v)? => one(Constraint::JsonObject)?,
-            "json_object" => {}
-            "regex" => one(Constraint::Regex(extract(&key, &v)?))?,
-            "grammar" => one(Constraint::Lark(extract(&key, &v)?))?,
-            "choice" => one(Constraint::Choice(extract(&key, &v)?))?,
-            "tools" | "tool_choice" | "parallel_tool_calls" => {
-                let value = serde_json::from_str(&json_dumps(&v)?)
-                    .map_err(|e| invalid(format!("{key} is not JSON: {e}")))?;
-                tools.insert(key, value);
-            }
-            "reasoning_effort" => {
-                let effort: String = extract(&key, &v)?;
-                if !oxgen::prepare::REASONING_EFFORTS.contains(&effort.as_str()) {
-                    return Err(invalid(format!(
-                        "reasoning_effort '{effort}': give one of {}",
-                        oxgen::prepare::REASONING_EFFORTS.join(", ")
-                    )));
-                }
-                reasoning_effort = Some(effort);
-            }
-            other => {
-                return Err(invalid(format!(
-                    "unknown keyword '{other}'; the keywords are {}",
-                    KEYWORDS.join(", ")
-                )));
-            }
-        }
-    }
-    o.sampling = request
-        .resolve(&o.sampling, fresh_seed())
-        .map_err(|e| invalid(e.to_string()))?;
-    Ok(Keywords {
-        options: o,
-        constraint,
-        tools,
-        reasoning_effort,
-    })
-}
-
-/// Prompts made ready to generate ([`oxgen::prepare`]): each one's ids, how a chat reply
-/// is taken apart, and the options with the constraint, tools and reasoning composed in.
-struct Ready {
-    ids: Vec<Vec<u32>>,
-    syntax: Option<ReplySyntax>,
-    options: GenerateOptions,
-}
-
-impl Keywords {
-    /// The options alone, for a conversation that renders its own prompt (no tools).
-    fn plain(self, model: &Inner) -> PyResult<GenerateOptions> {
-        if !self.tools.is_empty() || self.reasoning_effort.is_some() {
-            return Err(invalid(
-                "tools and reasoning_effort are taken by generate, generate_batch and stream",
-            ));
-        }
-        let mut options = self.options;
-        if let Some((_, c)) = self.constraint {
-            options.constraint = Some(model.compile(&c).map_err(error)?);
-        }
-        Ok(options)
-    }
-
-    fn prepare(self, model: &Inner, prompts: Vec<Prompt>) -> PyResult<Ready> {
-        let mut request = oxgen::prepare::Request::new(prompts, "prompt");
-        let mut tools = oxgen::prepare::tools(&serde_json::Value::Object(self.tools))
-            .map_err(|e| invalid(e.to_string()))?;
-        // As the server does by default: a tool's parameters allow only the properties they
-        // declare.
-        if let Some(tools) = &mut tools {
-            tools.close_objects(|_| true);
-        }
-        request.tools = tools.map(|t| t.with_format(model.encoder().tool_format()));
-        request.constraint = self.constraint;
-        request.reasoning_effort = self.reasoning_effort;
-        let needs_grammars = request.tools.is_some() || request.constraint.is_some();
-        let grammars = match needs_grammars {
-            true => model.grammars().map_err(|e| e.to_string()),
-            false => Err(String::new()),
-        };
-        let grammars = grammars.as_ref().map_err(String::as_str);
-        let mut prepared = oxgen::prepare::prepare(model.encoder(), grammars, request)
-            .map_err(|e| invalid(e.to_string()))?;
-        let mut options = self.options;
-        prepared.apply(&mut options);
-        Ok(Ready {
-            ids: prepared.prompts.into_iter().map(|(ids, _)| ids).collect(),
-            syntax: prepared.syntax,
-            options,
-        })
-    }
-}
-
-/// Chat messages from dicts of `role` and `content`.
-fn messages(list: &Bound<'_, PyList>) -> PyResult<Vec<ChatMessage>> {
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let get = |key: &str| -> PyResult<String> {
-                m.get_item(key)
-                    .and_then(|v| v.extract())
-                    .map_err(|_| invalid(format!("messages[{i}] needs a string '{key}'")))
-            };
-            Ok(ChatMessage::new(&get("role")?, &get("content")?))
-        })
-        .collect()
-}
-
-/// A prompt: text, token ids, or chat messages (dicts of `role` and `content`).
-fn prompt(v: &Bound<'_, PyAny>) -> PyResult<Prompt> {
-    if let Ok(text) = v.extract::<String>() {
-        return Ok(Prompt::Text(text));
-    }
-    if let Ok(ids) = v.extract::<Vec<u32>>() {
-        return Ok(Prompt::Tokens(ids));
-    }
-    match v.cast::<PyList>() {
-        Ok(list) => Ok(Prompt::Chat(messages(list)?)),
-        Err(_) => Err(invalid(
-            "a prompt is a string, a list of token ids or a list of {'role', 'content'} messages",
-        )),
     }
 }
 
@@ -715,95 +474,6 @@ impl PyModel {
     fn __repr__(&self) -> String {
         format!("oxgen.Model({:?})", self.path)
     }
-}
-
-/// Where one prompt's events go: tagged with the prompt, closed once the batch is
-/// cancelled (the engine then drops what is left of it).
-struct Tagged {
-    prompt: usize,
-    events: std::sync::mpsc::Sender<(usize, Event)>,
-    cancel: Cancel,
-}
-
-impl oxgen::engine::Sink for Tagged {
-    fn send(&self, event: Event) {
-        let _ = self.events.send((self.prompt, event));
-    }
-
-    fn is_closed(&self) -> bool {
-        self.cancel.is_cancelled()
-    }
-}
-
-/// Runs each prompt of `ready` as a request to one [`Engine`] (the server's scheduler: as
-/// many at once as `limits` and the KV pool allow, one forward per step over them all)
-/// until every one finishes or `cancel` is set.
-fn batch(
-    model: &mut Inner,
-    limits: Limits,
-    ready: &Ready,
-    cancel: &Cancel,
-) -> PyResult<Vec<Output>> {
-    let started = Instant::now();
-    let limit = model.context_limit();
-    let mut engine = Engine::new(limits, Arc::new(EngineStatus::default()));
-    let (events, received) = std::sync::mpsc::channel();
-    for (prompt, ids) in ready.ids.iter().enumerate() {
-        let sizing = (limit.size(ids.len(), ready.options.max_new_tokens)).map_err(error)?;
-        engine.submit(Job {
-            prompts: vec![JobPrompt {
-                ids: ids.clone(),
-                positions: sizing.positions,
-            }],
-            options: ready.options.clone(),
-            n: 1,
-            top_logprobs: None,
-            prompt_logprobs: None,
-            arrived: started,
-            deadline: None,
-            events: Box::new(Tagged {
-                prompt,
-                events: events.clone(),
-                cancel: cancel.clone(),
-            }),
-        });
-    }
-    while !engine.idle() {
-        engine.turn(model);
-    }
-    let total = started.elapsed();
-    let mut outputs: Vec<Output> = (ready.ids.iter())
-        .map(|ids| Output {
-            text: String::new(),
-            tokens: Vec::new(),
-            usage: oxgen::Usage {
-                prompt_tokens: ids.len(),
-                ..Default::default()
-            },
-            finish_reason: oxgen::FinishReason::Cancelled,
-            timings: oxgen::Timings {
-                total,
-                ..Default::default()
-            },
-        })
-        .collect();
-    for (prompt, event) in received.try_iter() {
-        let out = &mut outputs[prompt];
-        match event {
-            Event::Token { step, .. } => {
-                out.text.push_str(&step.text);
-                out.tokens.push(step.id);
-                out.usage.completion_tokens += 1;
-                if let Some(finish) = step.finish {
-                    out.finish_reason = finish;
-                }
-            }
-            Event::Done(counts) => out.usage.prefix_reused = counts.cached_tokens,
-            Event::Error(e) => return Err(GenerationError::new_err(e.to_string())),
-            Event::PromptLogprobs { .. } => {}
-        }
-    }
-    Ok(outputs)
 }
 
 /// The tokens of one generation, as an iterator; the sequence is freed when it finishes or

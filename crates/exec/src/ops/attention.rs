@@ -462,7 +462,15 @@ fn gqa<T: Accum<Acc = f32> + Element + CacheElem>(
     n_outputs: usize,
     ctx: &mut OpCtx,
 ) -> Result<Outputs, OpError> {
-    if let Some(paged) = ctx.paged.take() {
+    if let Some(layer) = ctx.lowered.kv_layer()
+        && let Some(step) = ctx.kv.take()
+    {
+        let paged = crate::kv::PagedLayer {
+            store: step.store,
+            layer,
+            segments: step.segments,
+            tables: step.tables,
+        };
         return gqa_paged::<T>(g, inputs, donated, n_outputs, ctx, paged);
     }
     if g.window_cache {

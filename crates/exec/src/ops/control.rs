@@ -1,6 +1,6 @@
 //! ONNX `If`, `Loop` and `Scan`: each branch or body runs as a [`NativeSession`] of its own,
 //! built once with the node's session, which holds the subgraph from then on
-//! ([`OpCtx::subgraphs`]: `If`'s then and else branches, a loop's body). A call feeds a subgraph its formal inputs, then copies of the values it
+//! ([`crate::lower::Lowered::Control`]: `If`'s then and else branches, a loop's body). A call feeds a subgraph its formal inputs, then copies of the values it
 //! captures from enclosing graphs.
 //!
 //! Slicing and stacking (`Loop`'s scan outputs, `Scan`) move whole elements as bytes, so every
@@ -10,6 +10,7 @@ use oxgen_graph::Op;
 use oxgen_graph::ops::{If, Loop, Scan, Subgraph};
 use oxgen_tensor::{DType, Tensor};
 use smallvec::SmallVec;
+use std::cell::RefMut;
 
 use super::{OpCtx, Outputs, input, norm_axis, opt_input, read_i64s};
 use crate::{ExecError, NativeSession, OpError};
@@ -29,8 +30,8 @@ pub(super) fn run(
 }
 
 /// The session of subgraph `k` of the node.
-fn session<'c>(ctx: &'c mut OpCtx, k: usize) -> Result<&'c mut NativeSession, OpError> {
-    ctx.subgraphs.get_mut(k).ok_or_else(|| {
+fn session<'a>(ctx: &OpCtx<'a>, k: usize) -> Result<RefMut<'a, NativeSession>, OpError> {
+    ctx.lowered.subgraph(k).ok_or_else(|| {
         OpError::value("control flow runs only inside a session (not while folding constants)")
     })
 }
@@ -80,7 +81,7 @@ fn run_if(op: &If, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Output
     } else {
         (1, &op.else_branch)
     };
-    Ok(call(session(ctx, k)?, branch, [], inputs)?.into())
+    Ok(call(&mut *session(ctx, k)?, branch, [], inputs)?.into())
 }
 
 /// Element size in bytes, refusing sub-byte dtypes.
@@ -138,7 +139,7 @@ fn run_loop(
     n_outputs: usize,
     ctx: &mut OpCtx,
 ) -> Result<Outputs, OpError> {
-    let body = session(ctx, 0)?;
+    let mut body = session(ctx, 0)?;
     let carried = body.graph().inputs.len() - 2;
     let trips = match opt_input(inputs, 0) {
         Some(m) => match read_i64s(m, "M")?[..] {
@@ -166,7 +167,7 @@ fn run_loop(
         let formal = [Tensor::scalar(i), Tensor::from_bools([], &[cond])?]
             .into_iter()
             .chain(values.drain(..));
-        let mut outs = call(body, &op.body, formal, inputs)?.into_iter();
+        let mut outs = call(&mut body, &op.body, formal, inputs)?.into_iter();
         cond = flag(
             &outs.next().expect("the body returns cond first"),
             "the body's cond",
@@ -221,7 +222,7 @@ fn slice_at(x: &Tensor, axis: usize, t: usize) -> Result<Tensor, OpError> {
 
 fn run_scan(op: &Scan, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Outputs, OpError> {
     let m = op.num_scan_inputs;
-    let body = session(ctx, 0)?;
+    let mut body = session(ctx, 0)?;
     let n = body.graph().inputs.len() - m;
     let mut states: Vec<Tensor> = (0..n)
         .map(|k| input(inputs, k).cloned())
@@ -257,7 +258,7 @@ fn run_scan(op: &Scan, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Ou
             };
             formal.push(slice_at(x, axis, at)?);
         }
-        let mut outs = call(body, &op.body, formal, inputs)?.into_iter();
+        let mut outs = call(&mut body, &op.body, formal, inputs)?.into_iter();
         states.extend(outs.by_ref().take(n));
         for (q, s) in outs.enumerate() {
             slices[q].push(s);

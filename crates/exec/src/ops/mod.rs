@@ -9,7 +9,7 @@ mod dispatch;
 mod attention;
 mod control;
 mod elementwise;
-pub(crate) mod moe;
+pub mod moe;
 mod nn;
 pub(crate) mod quant;
 mod reduce;
@@ -17,38 +17,39 @@ mod shape;
 
 use oxgen_graph::Op;
 use oxgen_kernels::ThreadPool;
-use oxgen_kernels::matmul::PackedF32;
-use oxgen_kernels::nbits::PackedNBits;
 use oxgen_tensor::{DType, Shape, Tensor};
 use smallvec::{SmallVec, smallvec};
 
+use crate::lower::Lowered;
 use crate::{Arena, OpError};
 
 /// An op's outputs, in order (inline: no allocation for up to four).
 pub type Outputs = SmallVec<[Tensor; 4]>;
 
-/// What an op may use while it runs.
+/// What an op may use while it runs: what every op shares, and its own lowered form.
 pub struct OpCtx<'a> {
     pub arena: &'a mut Arena,
     pub pool: &'a ThreadPool,
     /// Compute in f32 whatever a node's `accuracy_level` allows (see [`crate::ExecOptions`]).
     pub exact: bool,
-    /// The node's weights repacked at load for the int8 `MatMulNBits` kernel, if they were.
-    pub packed: Option<&'a PackedNBits>,
-    /// A `MatMul` node's f32 `B` packed at load in column tiles, if it was.
-    pub tiles: Option<&'a PackedF32>,
-    /// A QMoE node's experts repacked at load for their kernel, if they were.
-    pub(crate) experts: Option<&'a moe::PackedExperts>,
-    /// For a `GroupQueryAttention` node in a ragged step: the paged KV it reads and writes.
-    pub paged: Option<crate::kv::PagedLayer<'a>>,
     /// Bit `k`: output `k` is read after this node (see [`OpCtx::wants`]).
     pub wanted: u64,
-    /// For `If`, `Loop` and `Scan`: a session per branch or body (none while folding).
-    pub subgraphs: &'a mut [crate::NativeSession],
-    /// What ops count as they run (weights streamed where it depends on the data).
-    pub counters: &'a mut OpCounters,
-    /// Which expert weights are resident (MoE nodes tell it what they used).
-    pub residency: &'a mut crate::residency::Residency,
+    /// What this node runs with beyond its inputs (its repacked weights, its subgraphs'
+    /// sessions, its KV layer).
+    pub lowered: &'a Lowered,
+    /// In a ragged step: the step's paged KV cache (read and written by the nodes lowered
+    /// with a KV layer instead of their past and present tensors).
+    pub kv: Option<crate::kv::PagedStep<'a>>,
+    /// What reading weights costs, counted by the ops that read them.
+    pub weights: &'a mut WeightUse,
+}
+
+/// What reading weights cost over a session's runs, and which weights stay resident.
+pub struct WeightUse {
+    pub counters: OpCounters,
+    /// Which expert weights are resident under the weight budget (MoE nodes tell it what
+    /// they used).
+    pub residency: crate::residency::Residency,
 }
 
 /// Work ops count themselves, where it depends on their inputs: a MoE node's experts.

@@ -64,7 +64,7 @@ pub(super) fn run(
     }
     let int8 = int8_activations(op, ctx.exact);
     let (mut fc1, mut fc2) = projections(op, inputs, (count, hidden), int8)?;
-    if let Some(packed) = ctx.experts {
+    if let Some(packed) = ctx.lowered.experts() {
         fc1.weights = fc1.weights.with_repacked(&packed.fc1);
         fc2.weights = fc2.weights.with_repacked(&packed.fc2);
     }
@@ -109,7 +109,7 @@ pub(super) fn run(
     let mut values = ctx.alloc(DType::F32, [nv])?;
     let mut indices = ctx.alloc(DType::U32, [ni])?;
     let mut out = ctx.alloc(DType::F32, x.dims())?;
-    let residency = &mut *ctx.residency;
+    let residency = &mut ctx.weights.residency;
     let stats = km::moe(
         x.as_slice::<f32>()?,
         tokens,
@@ -132,7 +132,7 @@ pub(super) fn run(
             residency.touch((key, e), &ranges);
         },
     )?;
-    let c = &mut *ctx.counters;
+    let c = &mut ctx.weights.counters;
     c.streamed += stats.bytes as u64;
     c.moe_layers += 1;
     c.moe_experts += stats.experts as u64;
@@ -211,7 +211,7 @@ fn projections<'a>(
 /// A QMoE node's experts repacked at load for their kernel ([`Repacked`]): the same bits,
 /// without gathering each block at every run.
 #[derive(Debug)]
-pub(crate) struct PackedExperts {
+pub struct PackedExperts {
     fc1: Repacked,
     fc2: Repacked,
 }

@@ -76,7 +76,7 @@ fn batch_offsets(
 
 fn matmul(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     same_dtype(a, b, "input B")?;
-    if let Some(tiles) = ctx.tiles
+    if let Some(tiles) = ctx.lowered.tiles()
         && a.dtype() == DType::F32
         && let Some((&k, batch)) = a.dims().split_last()
         && b.dims() == [tiles.dims().0, tiles.dims().1]

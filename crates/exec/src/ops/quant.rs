@@ -69,7 +69,7 @@ fn matmul_nbits(
     inputs: &[Option<&Tensor>],
     ctx: &mut OpCtx,
 ) -> Result<Tensor, OpError> {
-    if let Some(packed) = ctx.packed {
+    if let Some(packed) = ctx.lowered.nbits() {
         return matmul_prepacked(op, packed, inputs, ctx);
     }
     let (a, b, scales) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
@@ -226,7 +226,7 @@ fn matmul_nbits_group(
     inputs: &[Option<&Tensor>],
     ctx: &mut OpCtx,
 ) -> Result<Outputs, OpError> {
-    let Some(packed) = ctx.packed else {
+    let Some(packed) = ctx.lowered.nbits() else {
         return parts
             .iter()
             .enumerate()
@@ -272,7 +272,7 @@ fn matmul_nbits_glu(
     inputs: &[Option<&Tensor>],
     ctx: &mut OpCtx,
 ) -> Result<Tensor, OpError> {
-    let Some(packed) = ctx.packed else {
+    let Some(packed) = ctx.lowered.nbits() else {
         let mut products = matmul_nbits_group(parts, inputs, ctx)?.into_iter();
         let (Some(gate), Some(up)) = (products.next(), products.next()) else {
             unreachable!("a group of two parts has two outputs");

@@ -80,10 +80,7 @@ struct Candidate {
 
 /// The single reader of `v`, when it has exactly one and `v` is not a graph output.
 fn sole_reader<'g>(graph: &'g Graph, index: &Index, v: ValueId) -> Option<(usize, &'g Node)> {
-    match index.consumers[v.0].as_slice() {
-        [i] if !index.is_output[v.0] => Some((*i, &graph.nodes[*i])),
-        _ => None,
-    }
+    index.sole_reader(v).map(|i| (i, &graph.nodes[i]))
 }
 
 fn is_perm(node: &Node, perm: &[i64]) -> bool {

@@ -1,5 +1,5 @@
-//! Editing helpers the passes share: who produces and reads each value, constants, new
-//! values and nodes, applying a batch of rewrites, and removing dead nodes.
+//! Editing helpers the passes share: constants, new values and nodes, applying a batch of
+//! rewrites, and removing dead nodes (who produces and reads each value: [`crate::Index`]).
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -8,49 +8,7 @@ use oxgen_tensor::{DType, Tensor};
 use crate::ops::Op;
 use crate::{Dim, Graph, Node, ValueId, ValueInfo, ValueKind};
 
-/// Producers and readers of every value, for one state of the graph.
-pub(crate) struct Index {
-    pub producer: Vec<Option<usize>>,
-    /// Node indices reading each value (a node reading a value twice appears twice).
-    pub consumers: Vec<Vec<usize>>,
-    /// Whether each value is a graph output.
-    pub is_output: Vec<bool>,
-}
-
-impl Index {
-    pub fn new(graph: &Graph) -> Index {
-        let n = graph.values.len();
-        let mut producer = vec![None; n];
-        let mut consumers = vec![Vec::new(); n];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            for out in node.outputs.iter().flatten() {
-                producer[out.0] = Some(i);
-            }
-            for v in node.inputs.iter().flatten() {
-                consumers[v.0].push(i);
-            }
-        }
-        let mut is_output = vec![false; n];
-        for v in &graph.outputs {
-            is_output[v.0] = true;
-        }
-        Index {
-            producer,
-            consumers,
-            is_output,
-        }
-    }
-
-    /// The node producing `v`, with its index.
-    pub fn node<'g>(&self, graph: &'g Graph, v: ValueId) -> Option<(usize, &'g Node)> {
-        self.producer[v.0].map(|i| (i, &graph.nodes[i]))
-    }
-
-    /// Whether `v` is read only by node `reader` (once) and is not a graph output.
-    pub fn only_read_by(&self, v: ValueId, reader: usize) -> bool {
-        !self.is_output[v.0] && self.consumers[v.0] == [reader]
-    }
-}
+pub(crate) use crate::Index;
 
 /// Input `k` of `node`, when present.
 pub(crate) fn input(node: &Node, k: usize) -> Option<ValueId> {
