@@ -39,4 +39,4 @@ pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 pub use oxgen_kernels::ThreadPool;
 pub use oxgen_runtime::OpTime;
 pub use plan::{Plan, PlannedOp};
-pub use session::{ExecOptions, NativeSession, RunStats, pool_for};
+pub use session::{ExecOptions, NativeSession, RunStats, pool_for, pool_of};

@@ -126,21 +126,14 @@ impl NativeLm {
                 node.node_ref()
             )));
         }
+        // A KV dtype the graph cannot keep (it is not paged) is refused by the facade, which
+        // opens every backend; this one keeps the graph's own then.
         let paged = match layer_of_node {
             Some(layer_of_node) => {
                 session.page_kv(&layer_of_node);
                 Some(Paged::new(&contract, options)?)
             }
-            None => match options.kv_dtype {
-                Some(kv) if kv != contract.graph_kv_dtype() => {
-                    return Err(RuntimeError::Contract(format!(
-                        "this graph's attention cannot read a paged KV cache, so its KV stays \
-                         {} (its past inputs' dtype); drop --kv-dtype {kv}",
-                        contract.graph_kv_dtype()
-                    )));
-                }
-                _ => None,
-            },
+            None => None,
         };
         Ok(NativeLm {
             logits_node,

@@ -102,12 +102,18 @@ fn spec(graph: &Graph, id: ValueId) -> IoSpec {
 }
 
 /// The pool a session runs on when asked for `threads`: that many, or with 0 every core the
-/// process may use, leaving room for other processes while they hold some
-/// ([`ThreadPool::leaving_room`]).
+/// process may use ([`oxgen_runtime::resolve_threads`]), leaving room for other processes
+/// while they hold some.
 pub fn pool_for(threads: usize) -> ThreadPool {
-    match threads {
-        0 => ThreadPool::leaving_room(oxgen_runtime::resolve_threads(0)),
-        n => ThreadPool::new(n),
+    pool_of(oxgen_runtime::resolve_threads(threads), threads == 0)
+}
+
+/// A pool of `threads` (resolved); with `leave_room`, one that leaves room for other
+/// processes while they hold some of its cores ([`ThreadPool::leaving_room`]).
+pub fn pool_of(threads: usize, leave_room: bool) -> ThreadPool {
+    match leave_room {
+        true => ThreadPool::leaving_room(threads),
+        false => ThreadPool::new(threads),
     }
 }
 

@@ -111,11 +111,13 @@ impl Decoding {
             return Err(GenerateError::Prompt("the prompt has no tokens".into()));
         }
         if prompt.len() >= ctx_size {
-            return Err(GenerateError::PromptTooLong {
-                prompt_tokens: prompt.len(),
-                ctx_size,
-                context_length: ctx_size,
-            });
+            // Requests are sized before they get here (`ContextLimit::size` in the facade,
+            // which says how to fit); this is the contract between the two.
+            return Err(GenerateError::Prompt(format!(
+                "the prompt has {} tokens and the sequence holds {ctx_size} positions: no \
+                 room to generate",
+                prompt.len()
+            )));
         }
         let mut sampler = Sampler::new(options.sampling.clone())?;
         if let Some(grammar) = &options.constraint {

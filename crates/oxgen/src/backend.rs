@@ -97,9 +97,10 @@ fn ort_loads(_: &Path, _: Option<&Path>) -> Result<(), String> {
 pub(crate) struct Open<'a> {
     pub model_path: &'a Path,
     pub config: &'a PackageConfig,
-    /// Kernel threads as asked for: 0 is every core (the native pool then leaves room for
-    /// other processes' work).
+    /// Kernel threads, resolved ([`oxgen_runtime::resolve_threads`]).
     pub threads: usize,
+    /// Every core was asked for: the native pool leaves room for other processes' work.
+    pub leave_room: bool,
     pub exact: bool,
     pub backend: Backend,
     #[cfg_attr(not(feature = "ort"), allow(dead_code))]
@@ -111,7 +112,8 @@ pub(crate) struct Open<'a> {
     pub weight_budget: Option<u64>,
     pub expert_cache: ExpertCache,
     pub prefix_cache: bool,
-    /// The thread pool a native model shares with its speculative draft.
+    /// The thread pool a native model shares with its speculative draft (`None`: one of
+    /// its own, of `threads`).
     pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
 }
 
@@ -122,12 +124,18 @@ pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>),
     match o.kv_dtype {
         Some(kv) if lm.kv_dtype() != kv => Err(Error::Package {
             path: o.model_path.display().to_string(),
-            reason: format!(
-                "the {} backend keeps this graph's KV cache as {}; --kv-dtype {kv} needs the \
-                 native backend",
-                lm.backend(),
-                lm.kv_dtype()
-            ),
+            reason: match lm.backend() {
+                "native" => format!(
+                    "this graph's attention cannot read a paged KV cache, so its KV stays {} \
+                     (its past inputs' dtype); drop --kv-dtype {kv}",
+                    lm.kv_dtype()
+                ),
+                other => format!(
+                    "the {other} backend keeps this graph's KV cache as {}; --kv-dtype {kv} \
+                     needs the native backend",
+                    lm.kv_dtype()
+                ),
+            },
         }),
         _ => Ok((lm, note)),
     }
@@ -165,7 +173,11 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         prefix_cache: o.prefix_cache,
         optimize: true,
         layers,
-        pool: o.pool.clone(),
+        pool: Some(
+            o.pool.clone().unwrap_or_else(|| {
+                std::sync::Arc::new(oxgen_exec::pool_of(o.threads, o.leave_room))
+            }),
+        ),
         kv_dtype: o.kv_dtype,
         weight_budget: o.weight_budget,
         expert_cache: o.expert_cache,
@@ -186,7 +198,7 @@ pub(crate) fn open_layers(o: &Open, layers: usize) -> Result<Box<dyn LanguageMod
 fn open_ort(o: &Open) -> Result<Box<dyn LanguageModel>, Error> {
     let options = oxgen_ort::OrtOptions {
         lib: o.ort_lib.map(Path::to_path_buf),
-        threads: oxgen_runtime::resolve_threads(o.threads),
+        threads: o.threads,
         kv_names: o.config.kv.clone(),
     };
     Ok(Box::new(oxgen_ort::OrtLm::open(o.model_path, &options)?))

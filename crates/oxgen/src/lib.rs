@@ -343,15 +343,20 @@ impl Model {
                 ),
             });
         }
+        // Resolved here, once: the native pool is built of this many, ONNX Runtime gets as
+        // many, and `threads()` reports it.
         let threads = oxgen_runtime::resolve_threads(options.threads);
+        let leave_room = options.threads == 0;
         let pool = pool.or_else(|| {
-            (options.speculative.is_some()).then(|| Arc::new(oxgen_exec::pool_for(options.threads)))
+            let shared = || Arc::new(oxgen_exec::pool_of(threads, leave_room));
+            options.speculative.is_some().then(shared)
         });
         let limit = ContextLimit::new(options.ctx_size, config.context_length);
         let open = backend::Open {
             model_path: &model_path,
             config: &config,
-            threads: options.threads,
+            threads,
+            leave_room,
             exact: options.exact,
             backend: options.backend,
             ort_lib: options.ort_lib.as_deref(),

@@ -7,7 +7,7 @@
 //! tests fail and say how to get it.
 
 use oxgen::{KvDtype, Model, ModelOptions, Prompt};
-use oxgen_testkit::default_model_dir;
+use oxgen_testkit::{argmax, default_model_dir};
 
 fn open(kv_dtype: Option<KvDtype>) -> Model {
     let options = ModelOptions {
@@ -59,10 +59,6 @@ impl Drift {
     fn perplexity(&self, i: usize) -> f64 {
         (self.nll[i] / (self.positions - 1) as f64).exp()
     }
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }
 
 /// `-log softmax(row)[id]`.

@@ -25,25 +25,9 @@ pub use completion::completion;
 pub use ollama::{ollama_chat, ollama_generate};
 pub use responses::responses;
 
-/// Fields both completion endpoints take.
-const COMMON_FIELDS: &[&str] = &[
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "n",
-    "stream",
-    "stream_options",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "user",
-    "ignore_eos",
+/// Fields both completion endpoints take beyond [`Common`]'s: the constraint's, read by
+/// [`constraint`].
+const CONSTRAINT_FIELDS: &[&str] = &[
     "response_format",
     "structured_outputs",
     "guided_json",
@@ -51,13 +35,39 @@ const COMMON_FIELDS: &[&str] = &[
     "guided_choice",
     "guided_grammar",
     "grammar",
-    "stop_token_ids",
-    "min_tokens",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "close_objects",
-    "close_structured_output",
 ];
+
+/// The field names serde reads into the struct `T`: its own list, so no list repeats it.
+fn fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    /// A deserializer that only notes the fields a struct asks for.
+    struct Fields(&'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for &mut Fields {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0 = fields;
+            Err(serde::de::Error::custom("fields noted"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut noted = Fields(&[]);
+    let _ = T::deserialize(&mut noted);
+    noted.0
+}
 
 /// Keys of `stream_options`: vLLM's `continuous_usage_stats` is accepted and has no effect.
 const STREAM_OPTIONS: &[&str] = &["include_usage", "continuous_usage_stats"];
@@ -202,7 +212,8 @@ pub fn typed<'de, T: Deserialize<'de>>(value: &'de Value) -> Result<T, ApiError>
     })
 }
 
-/// A completion request's body: its fields outside `COMMON_FIELDS` and `own` go to the
+/// A completion request's body: its fields outside [`Common`]'s, the constraint's and `own`
+/// go to the
 /// returned [`Unknown`] (or a 400 when `strict`); then the common fields and the endpoint's
 /// own, `T`, typed.
 fn parse<T: for<'de> Deserialize<'de>>(
@@ -212,7 +223,7 @@ fn parse<T: for<'de> Deserialize<'de>>(
 ) -> Result<(Value, Common, T, Unknown), ApiError> {
     let map = object(body)?;
     let mut unknown = Unknown::new(strict);
-    unknown.check(&map, "", &[COMMON_FIELDS, own])?;
+    unknown.check(&map, "", &[fields::<Common>(), CONSTRAINT_FIELDS, own])?;
     let value = Value::Object(map);
     let common: Common = typed(&value)?;
     let fields: T = typed(&value)?;
@@ -684,4 +695,19 @@ fn constraint(body: &Value) -> Result<Option<(String, Constraint)>, ApiError> {
         ));
     }
     Ok(found.pop())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The common fields are read from `Common` itself: every one of them, in its order.
+    #[test]
+    fn the_common_fields_are_the_structs_own() {
+        let names = fields::<Common>();
+        assert_eq!(names.first(), Some(&"model"));
+        assert_eq!(names.last(), Some(&"close_structured_output"));
+        assert_eq!(names.len(), 23, "{names:?}");
+        assert!(names.contains(&"logit_bias") && names.contains(&"stop_token_ids"));
+    }
 }
