@@ -27,9 +27,9 @@ use std::hint::black_box;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 mod common;
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::int8::Variant;
 use oxgen_kernels::nbits::{
-    Isa, NBitsLayout, PackedNBits, QuantWeights, ZeroPoints, matmul_nbits_int8_reference,
-    matmul_packed,
+    NBitsLayout, PackedNBits, QuantWeights, ZeroPoints, matmul_nbits_int8_reference, matmul_packed,
 };
 
 /// (K, N) of the decode rows.
@@ -145,7 +145,7 @@ fn packed_zp(
     for pool in [ThreadPool::new(1), ThreadPool::new(2)] {
         g.bench_function(format!("{name}/threads={}", pool.threads()), |b| {
             b.iter(|| {
-                matmul_packed(black_box(&a), m, &packed, None, out, &pool, Isa::best())
+                matmul_packed(black_box(&a), m, &packed, None, out, &pool, Variant::best())
                     .expect("valid")
             })
         });

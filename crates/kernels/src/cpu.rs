@@ -2,31 +2,33 @@
 //! and the one place every SIMD entry point of the crate asks before it leaves the scalar
 //! reference (no kernel calls `is_x86_feature_detected!` itself).
 //!
-//! [`isa`] gives the vector level, [`Isa::Scalar`] < [`Isa::Avx2`] < [`Isa::Avx512`] (AVX-512
-//! F and VL on top of AVX2); [`features`] adds the finer flags the kernels need beside it (FMA and
-//! F16C next to AVX2; AVX-VNNI; AVX-512 BW and VNNI). A flag is only ever set together with
-//! the level it extends, so `isa() >= Isa::Avx2 && features().fma` is all a caller checks.
+//! [`level`] gives the vector level ([`Level`]: [`Level::Scalar`] < [`Level::Avx2`] <
+//! [`Level::Avx512`], AVX-512 F and VL on top of AVX2); [`features`] adds the finer flags the
+//! kernels need beside it (FMA and F16C next to AVX2; AVX-VNNI; AVX-512 BW and VNNI). A flag is
+//! only ever set together with the level it extends, so `level() >= Level::Avx2 &&
+//! features().fma` is all a caller checks. (Which variant of a kernel runs on these features
+//! is the kernel family's call: [`crate::int8::Variant`] for the int8 dot products.)
 //!
-//! # Capping the level
+//! # Capping
 //!
-//! `OXGEN_ISA=scalar|avx2|avx512` (any case) caps the level, for tests and bug reports:
-//! `scalar` sends every entry point down its reference path, `avx2` turns the AVX-512 paths
-//! off. A cap never raises the level above what the CPU has ([`Features::capped`]). Any other
-//! value is ignored, with one warning line on stderr, rather than failing a run over a typo:
-//! the kernels then use everything the CPU has. Two older switches are read here too:
-//! `OXGEN_NO_AVX512` (set to anything) caps the level at AVX2 like `OXGEN_ISA=avx2`, and
-//! `OXGEN_NO_VNNI` (set to anything) clears the VNNI flags, so the int8 `MatMulNBits`
-//! kernels run on plain AVX2 (`docs/PERFORMANCE.md` compares them so). Every path gives the
-//! same bits as its reference, so a cap changes speed, never results.
+//! One switch, `OXGEN_ISA`, caps what the kernels use, for comparisons, tests and bug
+//! reports. Its value is a level, `novnni`, or both joined by a comma (any case:
+//! `OXGEN_ISA=avx512,novnni`): `scalar` sends every entry point down its reference path,
+//! `avx2` turns the AVX-512 paths off, `novnni` clears the VNNI flags so the int8 kernels run
+//! on plain AVX2 or AVX-512 BW arithmetic (`docs/PERFORMANCE.md` compares them so). A cap
+//! never raises the level above what the CPU has ([`Features::capped`]). A value with any
+//! other word is ignored, with one warning line on stderr, rather than failing a run over a
+//! typo: the kernels then use everything the CPU has. Every path gives the same bits as its
+//! reference, so a cap changes speed, never results.
 //!
 //! The environment is read once, with the detection; a test that needs another cap calls
-//! the pure [`parse_cap`] and [`Features::capped`] instead of changing the environment.
+//! the pure [`parse_cap`] and [`Features::under`] instead of changing the environment.
 
 use std::sync::OnceLock;
 
 /// A vector level, ordered: a cap or a requirement compares with `<` and `min`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Isa {
+pub enum Level {
     /// No SIMD: the scalar references.
     Scalar,
     /// AVX2 (256-bit integer and float vectors).
@@ -36,10 +38,10 @@ pub enum Isa {
 }
 
 /// What the kernels may use on this machine: a vector level and the finer flags beside it.
-/// Each flag is false unless `isa` reaches the level it extends (see [`Features::capped`]).
+/// Each flag is false unless `level` reaches the level it extends (see [`Features::capped`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Features {
-    pub isa: Isa,
+    pub level: Level,
     /// Fused multiply-add on 256-bit vectors (with AVX2).
     pub fma: bool,
     /// f16 ↔ f32 conversion on vectors (with AVX2).
@@ -55,7 +57,7 @@ pub struct Features {
 impl Features {
     /// The scalar machine: no SIMD at all.
     pub const SCALAR: Features = Features {
-        isa: Isa::Scalar,
+        level: Level::Scalar,
         fma: false,
         f16c: false,
         avxvnni: false,
@@ -68,15 +70,15 @@ impl Features {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            let isa = if has!("avx2") && has!("avx512f") && has!("avx512vl") {
-                Isa::Avx512
+            let level = if has!("avx2") && has!("avx512f") && has!("avx512vl") {
+                Level::Avx512
             } else if has!("avx2") {
-                Isa::Avx2
+                Level::Avx2
             } else {
-                Isa::Scalar
+                Level::Scalar
             };
             Features {
-                isa,
+                level,
                 fma: has!("fma"),
                 f16c: has!("f16c"),
                 avxvnni: has!("avxvnni"),
@@ -94,12 +96,12 @@ impl Features {
 
     /// These features with the level lowered to `cap` where `cap` is lower (never raised),
     /// and every flag of a level above the result cleared.
-    pub fn capped(self, cap: Option<Isa>) -> Features {
-        let isa = cap.map_or(self.isa, |cap| self.isa.min(cap));
-        let avx2 = isa >= Isa::Avx2;
-        let avx512 = isa >= Isa::Avx512;
+    pub fn capped(self, cap: Option<Level>) -> Features {
+        let level = cap.map_or(self.level, |cap| self.level.min(cap));
+        let avx2 = level >= Level::Avx2;
+        let avx512 = level >= Level::Avx512;
         Features {
-            isa,
+            level,
             fma: self.fma && avx2,
             f16c: self.f16c && avx2,
             avxvnni: self.avxvnni && avx2,
@@ -108,7 +110,7 @@ impl Features {
         }
     }
 
-    /// These features without the VNNI flags (`OXGEN_NO_VNNI`).
+    /// These features without the VNNI flags (`OXGEN_ISA=novnni`).
     pub fn without_vnni(self) -> Features {
         Features {
             avxvnni: false,
@@ -119,24 +121,54 @@ impl Features {
 
     /// AVX2 with FMA: the float kernels' 256-bit level.
     pub fn avx2_fma(&self) -> bool {
-        self.isa >= Isa::Avx2 && self.fma
+        self.level >= Level::Avx2 && self.fma
     }
 }
 
-/// The level an `OXGEN_ISA` value names (`scalar`, `avx2` or `avx512`, any case, surrounding
-/// blanks ignored); `None` for anything else.
-pub fn parse_cap(value: &str) -> Option<Isa> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "scalar" => Some(Isa::Scalar),
-        "avx2" => Some(Isa::Avx2),
-        "avx512" => Some(Isa::Avx512),
-        _ => None,
+/// What an `OXGEN_ISA` value asks for: a cap on the level, and the VNNI flags cleared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cap {
+    pub level: Option<Level>,
+    pub no_vnni: bool,
+}
+
+/// The cap an `OXGEN_ISA` value names: words `scalar`, `avx2`, `avx512` (a level, the lowest
+/// named counts) and `novnni`, joined by commas, any case, blanks ignored; `None` when a word
+/// is none of them (or there is none).
+pub fn parse_cap(value: &str) -> Option<Cap> {
+    let mut cap = Cap::default();
+    let words = value.split(',').map(|w| w.trim().to_ascii_lowercase());
+    let mut any = false;
+    for word in words.filter(|w| !w.is_empty()) {
+        let level = match word.as_str() {
+            "scalar" => Level::Scalar,
+            "avx2" => Level::Avx2,
+            "avx512" => Level::Avx512,
+            "novnni" => {
+                cap.no_vnni = true;
+                any = true;
+                continue;
+            }
+            _ => return None,
+        };
+        cap.level = Some(cap.level.map_or(level, |l| l.min(level)));
+        any = true;
+    }
+    any.then_some(cap)
+}
+
+impl Features {
+    /// These features under `cap`: the level capped ([`Features::capped`]), and without the
+    /// VNNI flags when it says so.
+    pub fn under(self, cap: Cap) -> Features {
+        let f = self.capped(cap.level);
+        if cap.no_vnni { f.without_vnni() } else { f }
     }
 }
 
 /// The table: what the CPU has, the cap the environment set, and what the kernels use.
 struct Table {
-    cap: Option<Isa>,
+    cap: Cap,
     features: Features,
 }
 
@@ -144,27 +176,21 @@ struct Table {
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let isa_cap = std::env::var("OXGEN_ISA").ok().and_then(|v| {
+        let cap = std::env::var("OXGEN_ISA").ok().and_then(|v| {
             let cap = parse_cap(&v);
             if cap.is_none() && !v.trim().is_empty() {
                 eprintln!(
-                    "oxgen: ignoring OXGEN_ISA={v:?} (expected scalar, avx2 or avx512); \
-                     using every feature the CPU has"
+                    "oxgen: ignoring OXGEN_ISA={v:?} (expected scalar, avx2 or avx512 and/or \
+                     novnni, joined by commas); using every feature the CPU has"
                 );
             }
             cap
         });
-        let set = |var: &str| std::env::var_os(var).is_some();
-        let no_avx512 = set("OXGEN_NO_AVX512").then_some(Isa::Avx2);
-        let cap = match (isa_cap, no_avx512) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let mut features = Features::detect().capped(cap);
-        if set("OXGEN_NO_VNNI") {
-            features = features.without_vnni();
+        let cap = cap.unwrap_or_default();
+        Table {
+            cap,
+            features: Features::detect().under(cap),
         }
-        Table { cap, features }
     })
 }
 
@@ -175,21 +201,26 @@ pub fn features() -> &'static Features {
     &table().features
 }
 
-/// The vector level the kernels may use here: `features().isa`.
+/// The vector level the kernels may use here: `features().level`.
 #[inline]
-pub fn isa() -> Isa {
-    features().isa
+pub fn level() -> Level {
+    features().level
 }
 
-/// The cap the environment set (`OXGEN_ISA`, or AVX2 for `OXGEN_NO_AVX512`), if any.
-pub fn cap() -> Option<Isa> {
-    table().cap
+/// The level cap the environment set (`OXGEN_ISA`), if any.
+pub fn cap() -> Option<Level> {
+    table().cap.level
+}
+
+/// Whether the environment cleared the VNNI flags (`OXGEN_ISA=...,novnni`).
+pub fn no_vnni() -> bool {
+    table().cap.no_vnni
 }
 
 /// A CPU with every feature the table knows, for tests of capping and choosing.
 #[cfg(test)]
 pub(crate) const EVERYTHING: Features = Features {
-    isa: Isa::Avx512,
+    level: Level::Avx512,
     fma: true,
     f16c: true,
     avxvnni: true,
@@ -203,41 +234,64 @@ mod tests {
 
     #[test]
     fn caps_parse_in_any_case_and_unknown_values_are_none() {
-        assert_eq!(parse_cap("scalar"), Some(Isa::Scalar));
-        assert_eq!(parse_cap("AVX2"), Some(Isa::Avx2));
-        assert_eq!(parse_cap(" avx512\n"), Some(Isa::Avx512));
-        for bad in ["", "sse", "avx", "avx-512", "neon", "1"] {
+        let level = |l| {
+            Some(Cap {
+                level: Some(l),
+                no_vnni: false,
+            })
+        };
+        assert_eq!(parse_cap("scalar"), level(Level::Scalar));
+        assert_eq!(parse_cap("AVX2"), level(Level::Avx2));
+        assert_eq!(parse_cap(" avx512\n"), level(Level::Avx512));
+        let no_vnni = |level| {
+            Some(Cap {
+                level,
+                no_vnni: true,
+            })
+        };
+        assert_eq!(parse_cap("novnni"), no_vnni(None));
+        assert_eq!(parse_cap("avx512, NoVNNI"), no_vnni(Some(Level::Avx512)));
+        assert_eq!(parse_cap("avx512,avx2"), level(Level::Avx2));
+        for bad in ["", ",", "sse", "avx", "avx-512", "neon", "1", "avx2,vnni"] {
             assert_eq!(parse_cap(bad), None, "{bad:?}");
         }
+        let under = EVERYTHING.under(parse_cap("avx2,novnni").unwrap());
+        assert_eq!(
+            (under.level, under.avxvnni, under.avx512vnni),
+            (Level::Avx2, false, false)
+        );
     }
 
     #[test]
     fn a_cap_lowers_the_level_and_clears_the_flags_above_it() {
         assert_eq!(EVERYTHING.capped(None), EVERYTHING);
-        assert_eq!(EVERYTHING.capped(Some(Isa::Avx512)), EVERYTHING);
-        let avx2 = EVERYTHING.capped(Some(Isa::Avx2));
+        assert_eq!(EVERYTHING.capped(Some(Level::Avx512)), EVERYTHING);
+        let avx2 = EVERYTHING.capped(Some(Level::Avx2));
         assert_eq!(
             avx2,
             Features {
-                isa: Isa::Avx2,
+                level: Level::Avx2,
                 avx512bw: false,
                 avx512vnni: false,
                 ..EVERYTHING
             }
         );
         assert!(avx2.avx2_fma());
-        assert_eq!(EVERYTHING.capped(Some(Isa::Scalar)), Features::SCALAR);
+        assert_eq!(EVERYTHING.capped(Some(Level::Scalar)), Features::SCALAR);
         assert!(!Features::SCALAR.avx2_fma());
     }
 
     #[test]
     fn a_cap_never_raises_the_level() {
-        let avx2_only = EVERYTHING.capped(Some(Isa::Avx2));
-        assert_eq!(avx2_only.capped(Some(Isa::Avx512)), avx2_only);
-        assert_eq!(Features::SCALAR.capped(Some(Isa::Avx512)), Features::SCALAR);
+        let avx2_only = EVERYTHING.capped(Some(Level::Avx2));
+        assert_eq!(avx2_only.capped(Some(Level::Avx512)), avx2_only);
+        assert_eq!(
+            Features::SCALAR.capped(Some(Level::Avx512)),
+            Features::SCALAR
+        );
         // Flags the CPU reports without their level stay off.
         let odd = Features {
-            isa: Isa::Scalar,
+            level: Level::Scalar,
             ..EVERYTHING
         };
         assert_eq!(odd.capped(None), Features::SCALAR);
@@ -247,8 +301,8 @@ mod tests {
     fn the_table_is_the_detection_under_the_cap() {
         let detected = Features::detect();
         let f = *features();
-        assert!(f.isa <= detected.isa);
-        assert!(cap().is_none_or(|c| f.isa <= c));
+        assert!(f.level <= detected.level);
+        assert!(cap().is_none_or(|c| f.level <= c));
         for (used, has) in [
             (f.fma, detected.fma),
             (f.f16c, detected.f16c),
@@ -258,6 +312,6 @@ mod tests {
         ] {
             assert!(!used || has, "a flag the CPU lacks: {f:?} vs {detected:?}");
         }
-        assert_eq!(isa(), f.isa);
+        assert_eq!(level(), f.level);
     }
 }

@@ -26,6 +26,7 @@ pub mod broadcast;
 pub mod cpu;
 pub mod error;
 pub mod gather;
+pub mod int8;
 pub mod layout;
 pub mod matmul;
 mod matmul_f32;

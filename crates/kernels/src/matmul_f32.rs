@@ -123,7 +123,7 @@ const MAX_COLS: usize = VECTORS * 16;
 
 /// Whether this CPU runs [`block`]'s vector kernel.
 pub(crate) fn available() -> bool {
-    cfg!(target_arch = "x86_64") && cpu::isa() >= cpu::Isa::Avx2
+    cfg!(target_arch = "x86_64") && cpu::level() >= cpu::Level::Avx2
 }
 
 /// The products of `a`'s `rows` rows (each `k` long, one after another) with columns `cols`
@@ -148,7 +148,7 @@ pub(crate) fn block(
     if available() {
         // SAFETY: the CPU level was checked; `a` holds the rows and `b` the matrix (asserted).
         unsafe {
-            if cpu::isa() >= cpu::Isa::Avx512 {
+            if cpu::level() >= cpu::Level::Avx512 {
                 block_avx512(a, rows, k, b, cols, store)
             } else {
                 block_avx2(a, rows, k, b, cols, store)

@@ -434,7 +434,8 @@ fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() 
             );
             assert_eq!(
                 packed.is_some(),
-                (integer && !int8 && crate::cpu::isa() >= crate::cpu::Isa::Avx2) || (mxfp4 && int8),
+                (integer && !int8 && crate::cpu::level() >= crate::cpu::Level::Avx2)
+                    || (mxfp4 && int8),
                 "{what} int8 {int8}"
             );
             if let Some((p1, p2)) = &packed {

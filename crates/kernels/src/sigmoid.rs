@@ -77,13 +77,13 @@ pub fn sigmoid_slice(x: &[f32], out: &mut [f32]) {
     let n = x.len().min(out.len());
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if cpu::isa() >= cpu::Isa::Avx512 {
+    if cpu::level() >= cpu::Level::Avx512 {
         done = n / 8 * 8;
         // SAFETY: AVX-512 F is available (checked above); both slices hold `done` elements.
         unsafe { sigmoid_avx512(&x[..done], &mut out[..done]) };
     }
     #[cfg(target_arch = "x86_64")]
-    if cpu::isa() >= cpu::Isa::Avx2 {
+    if cpu::level() >= cpu::Level::Avx2 {
         let end = done + (n - done) / 4 * 4;
         // SAFETY: AVX2 is available (checked above); both ranges hold a multiple of four elements.
         unsafe { sigmoid_avx2(&x[done..end], &mut out[done..end]) };
@@ -253,12 +253,12 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             let whole = x.len() / 8 * 8;
-            if cpu::isa() >= cpu::Isa::Avx2 {
+            if cpu::level() >= cpu::Level::Avx2 {
                 // SAFETY: AVX2 is available (checked above); `whole` is a multiple of 8.
                 unsafe { sigmoid_avx2(&x[..whole], &mut got[..whole]) };
                 check(&got[..whole], "avx2");
             }
-            if cpu::isa() >= cpu::Isa::Avx512 {
+            if cpu::level() >= cpu::Level::Avx512 {
                 got.fill(0.0);
                 // SAFETY: AVX-512 F is available (checked above); `whole` is a multiple of 8.
                 unsafe { sigmoid_avx512(&x[..whole], &mut got[..whole]) };

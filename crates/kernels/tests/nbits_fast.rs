@@ -5,9 +5,10 @@
 
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::cpu;
+use oxgen_kernels::int8::Variant;
 use oxgen_kernels::nbits::{
-    Isa, NBitsLayout, PackedNBits, QuantWeights, ZeroPoints, matmul_nbits_int8,
-    matmul_nbits_int8_isa, matmul_nbits_int8_reference, matmul_packed, matmul_packed_glu,
+    NBitsLayout, PackedNBits, QuantWeights, ZeroPoints, matmul_nbits_int8,
+    matmul_nbits_int8_reference, matmul_nbits_int8_variant, matmul_packed, matmul_packed_glu,
     matmul_packed_parts,
 };
 use oxgen_kernels::quant::code;
@@ -30,16 +31,16 @@ impl Rng {
 }
 
 /// Every (pool, ISA) pair to run a fast kernel on.
-fn every_pool_and_isa(pools: &[ThreadPool]) -> impl Iterator<Item = (&ThreadPool, Isa)> {
+fn every_pool_and_isa(pools: &[ThreadPool]) -> impl Iterator<Item = (&ThreadPool, Variant)> {
     pools
         .iter()
-        .flat_map(|p| Isa::available().iter().map(move |&i| (p, i)))
+        .flat_map(|p| Variant::available().iter().map(move |&i| (p, i)))
 }
 
 /// Whether `OXGEN_ISA` keeps this run below AVX2 (`scalar`): then no fast kernel runs and
 /// nothing packs, so these tests have nothing to compare with the reference.
 fn capped_below_avx2() -> bool {
-    cpu::cap().is_some_and(|cap| cap < cpu::Isa::Avx2)
+    cpu::cap().is_some_and(|cap| cap < cpu::Level::Avx2)
 }
 
 /// Whether two results are equal bit for bit.
@@ -58,11 +59,14 @@ fn same_bits(want: &[f32], got: &[f32]) -> bool {
 #[test]
 fn reports_the_variants_it_covers() {
     let f = cpu::features();
-    let names: Vec<String> = Isa::available().iter().map(|i| format!("{i:?}")).collect();
+    let names: Vec<String> = Variant::available()
+        .iter()
+        .map(|i| format!("{i:?}"))
+        .collect();
     eprintln!(
         "kernels: CPU level {:?} (cap {:?}); MatMulNBits variants checked against the scalar \
          reference here: {}",
-        f.isa,
+        f.level,
         cpu::cap(),
         if names.is_empty() {
             "none (scalar only)".to_string()
@@ -71,7 +75,7 @@ fn reports_the_variants_it_covers() {
         }
     );
     if f.avx2_fma() && f.f16c {
-        assert_eq!(Isa::available().first(), Some(&Isa::Avx2));
+        assert_eq!(Variant::available().first(), Some(&Variant::Avx2));
     }
 }
 
@@ -149,7 +153,8 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                         matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();
                         for (pool, isa) in every_pool_and_isa(&pools) {
                             let mut got = vec![f32::NAN; m * n];
-                            matmul_nbits_int8_isa(&a, m, &w, bias, &mut got, pool, isa).unwrap();
+                            matmul_nbits_int8_variant(&a, m, &w, bias, &mut got, pool, isa)
+                                .unwrap();
                             let same = same_bits(&want, &got);
                             assert!(
                                 same,
@@ -204,7 +209,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
     assert_eq!(cases, 9 * 5 * 5 * 4 * 2);
     // On an x86-64 machine at least the AVX2 kernel ran (CI machines have AVX2).
     #[cfg(target_arch = "x86_64")]
-    assert!(Isa::available().contains(&Isa::Avx2));
+    assert!(Variant::available().contains(&Variant::Avx2));
 }
 
 /// Random codes, scales and float zero points for an `n × k` matrix.
@@ -284,7 +289,9 @@ fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
             // One matrix packed from parts is not one matrix.
             let mut out = vec![0f32; 65];
             let a = vec![0f32; k];
-            assert!(matmul_packed(&a, 1, &packed, None, &mut out, &pools[0], Isa::Avx2).is_err());
+            assert!(
+                matmul_packed(&a, 1, &packed, None, &mut out, &pools[0], Variant::Avx2).is_err()
+            );
         }
         // Parts that disagree on K are refused.
         let other = NBitsLayout::new(8, k + 32, bits, block).unwrap();
@@ -367,12 +374,20 @@ fn gate_and_up_packed_in_turn_give_the_reference_gated_silu_bits() {
                 let a = vec![0f32; k];
                 let mut out = vec![0f32; 2 * n];
                 assert!(
-                    matmul_packed(&a, 1, &packed, None, &mut out[..n], &pools[0], Isa::Avx2)
-                        .is_err()
+                    matmul_packed(
+                        &a,
+                        1,
+                        &packed,
+                        None,
+                        &mut out[..n],
+                        &pools[0],
+                        Variant::Avx2
+                    )
+                    .is_err()
                 );
                 let (lo, hi) = out.split_at_mut(n);
                 assert!(
-                    matmul_packed_parts(&a, 1, &packed, &mut [lo, hi], &pools[0], Isa::Avx2)
+                    matmul_packed_parts(&a, 1, &packed, &mut [lo, hi], &pools[0], Variant::Avx2)
                         .is_err()
                 );
             }

@@ -65,7 +65,8 @@ impl FixtureConfig {
     }
 }
 
-/// xorshift64*: a tiny deterministic generator for fixture weights.
+/// xorshift64*: the one tiny deterministic generator of the tests (fixture weights, operator
+/// data); a seed gives the same values on every machine.
 pub struct Rng(u64);
 
 impl Rng {
@@ -87,6 +88,28 @@ impl Rng {
 
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// `n` values uniform in `[lo, hi)`.
+    pub fn floats(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| lo + (hi - lo) * (self.uniform() + 1.0) / 2.0)
+            .collect()
+    }
+
+    /// `n` values uniform in `[-1, 1)` times `scale`.
+    pub fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| scale * self.uniform()).collect()
+    }
+
+    /// `n` codes of `bits` bits (one per byte).
+    pub fn codes(&mut self, n: usize, bits: u32) -> Vec<u8> {
+        (0..n).map(|_| self.below(1 << bits) as u8).collect()
     }
 }
 

@@ -3,7 +3,10 @@
 //! - [`node_tests`]: runs one case of the official ONNX backend node tests (`model.onnx` plus
 //!   `test_data_set_*/{input,output}_N.pb`) on a [`oxgen_runtime::Session`] and compares the
 //!   outputs at the ONNX runner's tolerances.
-//! - [`fixtures`]: small random-weight language-model packages shaped like onnxruntime-genai's.
+//! - [`fixtures`]: small random-weight language-model packages shaped like onnxruntime-genai's,
+//!   and [`Rng`], the one seeded generator the tests draw their data from.
+//! - [`spans`]: a language model run span by span on one sequence ([`run_spans`]), and what
+//!   the model tests compare on its rows ([`argmax`], bits, largest difference).
 //! - [`optimum`]: the same kind of model as optimum exports it (standard ops only, KV grown by
 //!   `Concat`), for the graph passes and package detection.
 //! - [`compare`]: element-wise comparison with `rtol`/`atol` for every dtype.
@@ -19,6 +22,10 @@ pub mod fixtures;
 pub mod node_tests;
 pub mod optimum;
 pub mod ort_oracle;
+pub mod spans;
+
+pub use fixtures::Rng;
+pub use spans::{argmax, run_spans};
 
 /// The imported default model's package folder: `$OXGEN_DEFAULT_MODEL`, which
 /// `scripts/test.sh` sets. Panics saying how to get it when it is not set or holds no package.

@@ -1,7 +1,7 @@
 //! GroupQueryAttention and RotaryEmbedding (com.microsoft and ONNX) against onnxruntime 1.32.
 //!
 //! Every case is one node with its own inputs; all cases of a family share one model, so
-//! onnxruntime starts once per family. Data comes from a seeded xorshift in [-1, 1).
+//! onnxruntime starts once per family. Data comes from the testkit's seeded `Rng`, in [-1, 1).
 //!
 //! Tolerance (f32): `|ours - ort| <= 2e-6 + 1e-5 * |ort|`. Both sides compute in f32 but
 //! round differently: onnxruntime's MLAS GEMMs use FMA and blocked sums for `q · k` and
@@ -22,27 +22,12 @@ use oxgen_onnx::proto::AttributeProto;
 use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
 use oxgen_tensor::{DType, Tensor};
 use oxgen_testkit::node_tests::native_session;
-use oxgen_testkit::ort_oracle;
+use oxgen_testkit::{Rng, ort_oracle};
 
 const F32_TOL: (f64, f64) = (2e-6, 1e-5);
 const F16_TOL: (f64, f64) = (2e-3, 2e-3);
 /// Rows of the cos/sin caches.
 const MAX_POS: usize = 32;
-
-struct Rng(u64);
-
-impl Rng {
-    fn values(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 << 13;
-                self.0 ^= self.0 >> 7;
-                self.0 ^= self.0 << 17;
-                (self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-}
 
 /// A float tensor in f32 or f16.
 fn float(dims: &[usize], v: &[f32], half: bool) -> Tensor {
@@ -258,22 +243,22 @@ impl Gqa {
                 &p("qkv"),
                 float(
                     &[b, s, (n + 2 * kv) * h],
-                    &rng.values(b * s * (n + 2 * kv) * h),
+                    &rng.values(b * s * (n + 2 * kv) * h, 1.0),
                     self.half,
                 ),
             );
         } else {
             ins[0] = suite.feed(
                 &p("q"),
-                float(&[b, s, n * h], &rng.values(b * s * n * h), self.half),
+                float(&[b, s, n * h], &rng.values(b * s * n * h, 1.0), self.half),
             );
             ins[1] = suite.feed(
                 &p("k"),
-                float(&[b, s, kv * h], &rng.values(b * s * kv * h), self.half),
+                float(&[b, s, kv * h], &rng.values(b * s * kv * h, 1.0), self.half),
             );
             ins[2] = suite.feed(
                 &p("v"),
-                float(&[b, s, kv * h], &rng.values(b * s * kv * h), self.half),
+                float(&[b, s, kv * h], &rng.values(b * s * kv * h, 1.0), self.half),
             );
         }
         if let Some(len) = past {
@@ -281,7 +266,7 @@ impl Gqa {
                 // Cached positions hold data; the rest holds junk (9) that must never be read,
                 // and that a concatenating update must not copy.
                 let mut data = vec![9f32; b * kv * len * h];
-                let fresh = rng.values(data.len());
+                let fresh = rng.values(data.len(), 1.0);
                 for (i, x) in data.iter_mut().enumerate() {
                     if (i / h) % len < starts[i / (kv * len * h)] {
                         *x = fresh[i];
@@ -315,7 +300,7 @@ impl Gqa {
             attrs.push(attr::float("scale", scale));
         }
         if self.sink {
-            let sinks: Vec<f32> = rng.values(n).iter().map(|x| 3.0 * x).collect();
+            let sinks: Vec<f32> = rng.values(n, 1.0).iter().map(|x| 3.0 * x).collect();
             ins.resize(12, String::new());
             ins[11] = suite.feed(&p("head_sink"), float(&[n], &sinks, self.half));
         }
@@ -530,7 +515,7 @@ fn group_query_attention_matches_onnxruntime() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut suite = Suite::new(21);
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     for (id, c) in cases.iter().enumerate() {
         c.add(id, &mut suite, &mut rng);
     }
@@ -586,11 +571,11 @@ fn prefill_equals_decode_steps_through_a_shared_cache() {
     let path = dir.path().join("chain.onnx");
     b.save(&path, None).unwrap();
     let mut session = native_session(&path).unwrap();
-    let mut rng = Rng(99);
+    let mut rng = Rng::new(99);
     let (q, k, v) = (
-        rng.values(7 * n * h),
-        rng.values(7 * kv * h),
-        rng.values(7 * kv * h),
+        rng.values(7 * n * h, 1.0),
+        rng.values(7 * kv * h, 1.0),
+        rng.values(7 * kv * h, 1.0),
     );
     let (cos, sin) = rope_caches(h / 2);
     let run = |session: &mut Box<dyn oxgen_runtime::Session>,
@@ -677,7 +662,10 @@ fn add_rotary(c: &RotaryCase, id: usize, suite: &mut Suite, rng: &mut Rng) {
     } else {
         vec![b, s, n * h]
     };
-    let x = suite.feed(&p("x"), float(&dims, &rng.values(b * s * n * h), c.half));
+    let x = suite.feed(
+        &p("x"),
+        float(&dims, &rng.values(b * s * n * h, 1.0), c.half),
+    );
     let (cos, sin) = rope_caches(rot / 2);
     let (cos, sin) = match c.ids {
         Some(_) => (
@@ -789,7 +777,7 @@ fn rotary_embedding_matches_onnxruntime_in_both_domains() {
     });
     let dir = tempfile::tempdir().unwrap();
     let mut suite = Suite::new(23);
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::new(0x1234_5678_9abc_def1);
     for (id, c) in cases.iter().enumerate() {
         add_rotary(c, id, &mut suite, &mut rng);
     }

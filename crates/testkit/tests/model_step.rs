@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
 use oxgen_testkit::fixtures::{FixtureConfig, Rng, tokenizer::VOCAB_SIZE, write_package};
+use oxgen_testkit::spans::{argmax, bits, run_spans};
 
 /// Both backends compute in f32 from the same dequantized 4-bit weights; only summation order
 /// differs (onnxruntime's MLAS blocks K, the reference kernels sum it in order), which moves
@@ -40,43 +41,6 @@ fn tokens(seed: u64, n: usize) -> Vec<u32> {
     (0..n)
         .map(|_| 3 + (rng.next_u64() % (VOCAB_SIZE as u64 - 3)) as u32)
         .collect()
-}
-
-/// Runs `spans` on one fresh sequence; returns every logits row.
-fn run_spans(lm: &mut NativeLm, spans: &[&[u32]]) -> Vec<Vec<f32>> {
-    let seq = lm.add_sequence(64).unwrap();
-    let mut rows = Vec::new();
-    let mut out = StepLogits::default();
-    let mut pos = 0;
-    for span in spans {
-        let step = [SeqStep {
-            seq,
-            tokens: span,
-            pos,
-            logits: LogitsWanted::All,
-            proposed: 0,
-        }];
-        lm.step(&Batch { steps: &step }, &mut out).unwrap();
-        rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));
-        pos += span.len();
-    }
-    lm.remove_sequence(seq);
-    rows
-}
-
-fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
-    rows.iter()
-        .map(|r| r.iter().map(|v| v.to_bits()).collect())
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
-            if v > best.1 { (i, v) } else { best }
-        })
-        .0
 }
 
 #[test]

@@ -14,29 +14,7 @@
 use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
 use oxgen_tensor::{DType, Tensor};
 use oxgen_testkit::node_tests::native_session;
-use oxgen_testkit::ort_oracle;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Values in [-1, 1) times `scale`.
-    fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| scale * ((self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0))
-            .collect()
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| (self.next() >> 32) as u8).collect()
-    }
-}
+use oxgen_testkit::{Rng, ort_oracle};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Act {
@@ -301,7 +279,7 @@ fn moe_and_qmoe_match_onnxruntime() {
     };
     suite.builder.opset("", 21);
     suite.builder.opset("com.microsoft", 1);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let cases = cases();
     for (id, c) in cases.iter().enumerate() {
         suite.add(id, c, &mut rng);

@@ -14,6 +14,7 @@ use oxgen_exec::{ExecOptions, NativeLm, NativeOptions, PassOptions};
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 use oxgen_testkit::fixtures::{FixtureConfig, Rng, tokenizer::VOCAB_SIZE};
 use oxgen_testkit::optimum::write_optimum_package;
+use oxgen_testkit::spans::{argmax, bits, max_diff, prefill_then_decode as spans, run_spans};
 
 /// Native and onnxruntime both compute in f32 from the same weights; they differ only in
 /// summation order inside MatMul/ReduceMean/Softmax (logits of magnitude ~3 move by ~1e-6).
@@ -70,45 +71,6 @@ fn tokens(seed: u64, n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Runs `spans` on one fresh sequence; returns every logits row.
-fn run_spans(lm: &mut NativeLm, spans: &[&[u32]]) -> Vec<Vec<f32>> {
-    let seq = lm.add_sequence(64).unwrap();
-    let mut rows = Vec::new();
-    let mut out = StepLogits::default();
-    let mut pos = 0;
-    for span in spans {
-        let step = [SeqStep {
-            seq,
-            tokens: span,
-            pos,
-            logits: LogitsWanted::All,
-            proposed: 0,
-        }];
-        lm.step(&Batch { steps: &step }, &mut out).unwrap();
-        rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));
-        pos += span.len();
-    }
-    lm.remove_sequence(seq);
-    rows
-}
-
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0.0, f32::max)
-}
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
-            if v > best.1 { (i, v) } else { best }
-        })
-        .0
-}
-
 fn op_histogram(lm: &NativeLm) -> BTreeMap<String, usize> {
     let mut h = BTreeMap::new();
     for n in &lm.graph().nodes {
@@ -120,12 +82,6 @@ fn op_histogram(lm: &NativeLm) -> BTreeMap<String, usize> {
 /// Prefill of 12 tokens, then 16 single-token decode steps.
 fn prefill_and_decode() -> (Vec<u32>, Vec<u32>) {
     (tokens(1, 12), tokens(2, 16))
-}
-
-fn spans<'a>(prompt: &'a [u32], decode: &'a [u32]) -> Vec<&'a [u32]> {
-    let mut spans: Vec<&[u32]> = vec![prompt];
-    spans.extend(decode.chunks(1));
-    spans
 }
 
 /// Greedy ids: prefill `prompt`, then feed back the argmax `n` times.
@@ -326,10 +282,5 @@ fn chunked_prefill_on_the_fused_graph_is_bitwise_identical() {
     let prompt = tokens(4, 13);
     let whole = run_spans(&mut fused, &[&prompt]);
     let chunked = run_spans(&mut fused, &[&prompt[..5], &prompt[5..9], &prompt[9..]]);
-    let bits = |rows: &[Vec<f32>]| -> Vec<Vec<u32>> {
-        rows.iter()
-            .map(|r| r.iter().map(|v| v.to_bits()).collect())
-            .collect()
-    };
     assert_eq!(bits(&whole), bits(&chunked));
 }

@@ -28,6 +28,7 @@ use std::path::Path;
 
 use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
 use oxgen_tensor::{DType, Tensor, f16};
+use oxgen_testkit::Rng;
 use oxgen_testkit::compare::{Tolerance, mismatch};
 
 const F32_MATMUL: Tolerance = Tolerance {
@@ -46,29 +47,6 @@ const EXACT: Tolerance = Tolerance {
     rtol: 0.0,
     atol: 0.0,
 };
-
-/// xorshift64: reproducible data without a `rand` dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn floats(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32)
-            .collect()
-    }
-    fn codes(&mut self, n: usize, bits: u32) -> Vec<u8> {
-        (0..n).map(|_| self.below(1 << bits) as u8).collect()
-    }
-}
 
 /// Packs `bits`-bit codes low bits first (ContribOperators.md: for 4 bits, the first code
 /// in the low nibble).
@@ -289,7 +267,7 @@ fn add_matmul_nbits(batch: &mut Batch, rng: &mut Rng, i: usize, case: &NBitsCase
 #[test]
 fn matmul_nbits_f32_matches_onnxruntime() {
     let mut batch = Batch::new();
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng::new(0x5eed_0001);
     let mut i = 0;
     for bits in [4, 8] {
         for block in [16, 32, 64, 128, 256] {
@@ -330,7 +308,7 @@ fn matmul_nbits_f32_matches_onnxruntime() {
 #[test]
 fn matmul_nbits_f16_matches_onnxruntime() {
     let mut batch = Batch::new();
-    let mut rng = Rng(0x5eed_0002);
+    let mut rng = Rng::new(0x5eed_0002);
     let mut i = 0;
     for (bits, zp) in [
         (4, Zp::None),
@@ -500,7 +478,7 @@ fn add_gather(batch: &mut Batch, rng: &mut Rng, i: usize, case: &GatherCase) {
 #[test]
 fn gather_block_quantized_matches_onnxruntime() {
     let mut batch = Batch::new();
-    let mut rng = Rng(0x5eed_0003);
+    let mut rng = Rng::new(0x5eed_0003);
     let mut i = 0;
     for bits in [4, 8] {
         for (block, hidden) in [(16, 48), (32, 80), (128, 256)] {
@@ -571,7 +549,7 @@ fn unsupported_gather_axes_fail_at_load_naming_the_node() {
 #[test]
 fn simplified_layer_norm_matches_onnxruntime() {
     let mut batch = Batch::new();
-    let mut rng = Rng(0x5eed_0004);
+    let mut rng = Rng::new(0x5eed_0004);
     let cases: [(&[usize], i64, Option<f32>, DType); 4] = [
         (&[2, 3, 16], -1, None, DType::F32),
         (&[2, 3, 16], 1, Some(1e-6), DType::F32),
@@ -717,7 +695,7 @@ fn skip_norm_case(
 #[test]
 fn skip_simplified_layer_norm_matches_onnxruntime() {
     let mut batch = Batch::new();
-    let mut rng = Rng(0x5eed_0005);
+    let mut rng = Rng::new(0x5eed_0005);
     type Case<'a> = (&'a [usize], &'a [usize], bool, usize, DType);
     let cases: [Case; 6] = [
         (&[2, 3, 16], &[2, 3, 16], true, 4, DType::F32),
@@ -750,7 +728,7 @@ fn skip_simplified_layer_norm_matches_onnxruntime() {
 #[test]
 fn skip_layer_norm_matches_onnxruntime() {
     let mut batch = Batch::new();
-    let mut rng = Rng(0x5eed_0006);
+    let mut rng = Rng::new(0x5eed_0006);
     type Case<'a> = (&'a [usize], &'a [usize], [bool; 2], usize, DType);
     let cases: [Case; 6] = [
         (&[2, 3, 16], &[2, 3, 16], [true, true], 4, DType::F32),

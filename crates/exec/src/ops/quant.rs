@@ -7,7 +7,8 @@
 
 use oxgen_graph::Op;
 use oxgen_graph::ops::{GatherBlockQuantized, MatMulNBits};
-use oxgen_kernels::nbits::{self, Isa, NBitsLayout, PackedNBits, QuantWeights, ZeroPoints};
+use oxgen_kernels::int8::Variant;
+use oxgen_kernels::nbits::{self, NBitsLayout, PackedNBits, QuantWeights, ZeroPoints};
 
 /// The `accuracy_level` that selects int8 activations.
 const INT8_ACCURACY_LEVEL: u8 = 4;
@@ -258,7 +259,7 @@ fn matmul_nbits_group(
         packed,
         &mut slices,
         ctx.pool,
-        Isa::best(),
+        Variant::best(),
     )?;
     drop(slices);
     Ok(outs)
@@ -293,7 +294,7 @@ fn matmul_nbits_glu(
         packed,
         out.as_mut_slice::<f32>()?,
         ctx.pool,
-        Isa::best(),
+        Variant::best(),
     )?;
     Ok(out)
 }
@@ -346,7 +347,7 @@ fn matmul_prepacked(
         bias,
         out.as_mut_slice::<f32>()?,
         ctx.pool,
-        Isa::best(),
+        Variant::best(),
     )?;
     Ok(out)
 }

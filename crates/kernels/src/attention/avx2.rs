@@ -181,7 +181,7 @@ pub(super) unsafe fn scores_heads(
     max: &mut [f32],
 ) {
     assert!(max.len() == qs.len(), "a maximum per query");
-    let wide = cpu::isa() >= cpu::Isa::Avx512;
+    let wide = cpu::level() >= cpu::Level::Avx512;
     let mut i = 0;
     while i < qs.len() {
         let out = &mut out[i * stride..];

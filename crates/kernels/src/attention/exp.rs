@@ -51,7 +51,7 @@ pub(crate) fn exp_shifted_sum(xs: &mut [f32], max: f32) -> f32 {
     let mut lanes = [0f32; 8];
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if cpu::isa() >= cpu::Isa::Avx2 {
+    if cpu::level() >= cpu::Level::Avx2 {
         done = xs.len() / 8 * 8;
         // SAFETY: AVX2 is available (checked above); `done` elements are whole vectors of `xs`.
         lanes = unsafe { exp_shifted_avx2(&mut xs[..done], max) };

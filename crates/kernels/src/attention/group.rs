@@ -705,7 +705,7 @@ unsafe fn weighted_sum64_group(
     // SAFETY: the bounds are asserted above; AVX-512 F is checked for the wide kernel (the
     // feature table is read once), AVX2 and FMA are the caller's contract.
     unsafe {
-        if cpu::isa() >= cpu::Isa::Avx512 {
+        if cpu::level() >= cpu::Level::Avx512 {
             for h0 in (0..g).step_by(4) {
                 let (acc, ps) = (&mut acc[h0 * hs..], &ps[h0 * stride..]);
                 match g - h0 {

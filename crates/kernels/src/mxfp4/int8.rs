@@ -3,7 +3,7 @@
 //! block, one f32 multiply-add per block.
 //!
 //! Each row of `A` is quantized in blocks of 32 as `MatMulNBits`' int8 path does it
-//! ([`crate::nbits::quantize_row`]: `scale_a = max|a| / 127`, codes `q_a`). A weight code `c`
+//! ([`crate::int8::quantize_row`]: `scale_a = max|a| / 127`, codes `q_a`). A weight code `c`
 //! is the integer `v(c) = 2 · E2M1[c]` in `[-12, 12]` at half the block's scale, so with
 //! `s = e8m0(e) · 0.5` (`2^(e - 128)`, exact) and `dot = Σ v · q_a` over the block (exact in
 //! i32):
@@ -24,27 +24,23 @@
 //! `vpmaddubsw` then `vpmaddwd`) sums, and the high nibbles the other eight columns. Weights
 //! enter the unsigned side as `v + 12` in `[0, 24]`; the block's `12 · Σ q_a` comes off after.
 
-#[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{BLOCK, E2M1, Mxfp4Weights, e8m0};
+use super::int8_reference::matmul_mxfp4_int8_reference;
+use super::packed::{GROUP_BYTES, Mxfp4Packed, TILE_BYTES, TILE_COLS, gather};
+use super::{BLOCK, E2M1, Mxfp4Weights};
+#[cfg(target_arch = "x86_64")]
+use super::{tile_avx2::Avx2, tile_avx512::Avx512};
 use crate::ThreadPool;
 use crate::error::{KernelError, check_len, numel};
-use crate::nbits::{Isa, NBitsLayout, QuantizedRow, quantize_row_reference, with_rows};
+use crate::int8::{QuantizedRow, Variant, with_rows};
 use crate::par::{MAX_ROW_BLOCK, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 
-/// Columns of a tile.
-const TILE_COLS: usize = 16;
-/// Bytes of one group of four inputs of a tile.
-const GROUP_BYTES: usize = 32;
-/// Bytes of a tile's block: eight groups, then the scales.
-const TILE_BYTES: usize = (BLOCK / 4) * GROUP_BYTES + TILE_COLS;
 /// What the unsigned weights carry on top of `v`.
-const OFFSET: i32 = 12;
+pub(super) const OFFSET: i32 = 12;
 /// `v(c) + 12` by code.
-const UNSIGNED: [u8; 16] = {
+pub(super) const UNSIGNED: [u8; 16] = {
     let mut t = [0u8; 16];
     let mut c = 0;
     while c < 16 {
@@ -53,118 +49,6 @@ const UNSIGNED: [u8; 16] = {
     }
     t
 };
-
-/// An MXFP4 matrix repacked at load into the kernels' tiles (see the module doc): the same
-/// codes and scales, read in order. A last tile past `n` holds zero codes.
-#[derive(Debug, Clone)]
-pub struct Mxfp4Packed {
-    n: usize,
-    k: usize,
-    bytes: Vec<u8>,
-}
-
-impl Mxfp4Packed {
-    /// `w` in tiles, each tile's blocks in K order.
-    pub fn pack(w: &Mxfp4Weights) -> Result<Mxfp4Packed, KernelError> {
-        w.check()?;
-        let blocks = w.k / BLOCK;
-        let tiles = w.n.div_ceil(TILE_COLS);
-        let mut bytes = vec![0u8; numel(&[tiles, blocks, TILE_BYTES])?];
-        for (i, chunk) in bytes.chunks_exact_mut(TILE_BYTES).enumerate() {
-            gather(w, i / blocks.max(1), i % blocks.max(1), chunk);
-        }
-        Ok(Mxfp4Packed {
-            n: w.n,
-            k: w.k,
-            bytes,
-        })
-    }
-
-    /// The packed bytes (what a pass over the matrix reads).
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    /// `(n, k)`.
-    pub fn dims(&self) -> (usize, usize) {
-        (self.n, self.k)
-    }
-}
-
-/// Block `b` of tile `tile` of the stored matrix `w`, in the packed form, into `out`
-/// (`TILE_BYTES`).
-fn gather(w: &Mxfp4Weights, tile: usize, b: usize, out: &mut [u8]) {
-    let (n, blocks) = (w.n, w.k / BLOCK);
-    let cols = tile * TILE_COLS..((tile + 1) * TILE_COLS).min(n);
-    let (codes, scales) = out.split_at_mut(TILE_BYTES - TILE_COLS);
-    let rows = |kk: usize| &w.codes[(b * BLOCK + kk) * (n / 2) + cols.start / 2..];
-    #[cfg(target_arch = "x86_64")]
-    if cols.len() == TILE_COLS {
-        for (g, group) in codes.chunks_exact_mut(GROUP_BYTES).enumerate() {
-            let four = [
-                rows(4 * g),
-                rows(4 * g + 1),
-                rows(4 * g + 2),
-                rows(4 * g + 3),
-            ];
-            transpose_group(four, group);
-        }
-    } else {
-        gather_scalar(rows, cols.len(), codes);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    gather_scalar(rows, cols.len(), codes);
-    scales.fill(127);
-    for (s, col) in scales.iter_mut().zip(cols) {
-        *s = w.scales[col * blocks + b];
-    }
-}
-
-/// [`gather`]'s codes for the first `width` columns of a tile, one nibble at a time;
-/// `rows(kk)` is input `kk`'s stored codes from the tile's first column.
-fn gather_scalar<'a>(rows: impl Fn(usize) -> &'a [u8], width: usize, codes: &mut [u8]) {
-    codes.fill(0);
-    for kk in 0..BLOCK {
-        let row = rows(kk);
-        let group = &mut codes[(kk / 4) * GROUP_BYTES..][..GROUP_BYTES];
-        for i in 0..width {
-            let code = (row[i / 2] >> ((i % 2) * 4)) & 0xF;
-            group[4 * (i % 8) + kk % 4] |= code << (4 * (i / 8));
-        }
-    }
-}
-
-/// One group of a whole tile into `out` (`GROUP_BYTES`) from its four inputs' stored codes
-/// (from the tile's first column: column `2p` in byte `p`'s low nibble, `2p + 1` in its high
-/// one): byte `4i + r` of `out` is input `r`'s code of column `i` in the low nibble and of
-/// column `8 + i` in the high one.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn transpose_group(rows: [&[u8]; 4], out: &mut [u8]) {
-    let out = &mut out[..GROUP_BYTES];
-    // SAFETY: SSE2 is part of x86-64; each load reads 8 bytes of a slice checked to hold
-    // them, the stores 32 bytes of `out`.
-    unsafe {
-        let nibble = _mm_set1_epi8(0x0F);
-        // Per input: the codes of columns i and 8 + i in byte i.
-        let pairs = rows.map(|row| {
-            let v = _mm_loadl_epi64(row[..8].as_ptr().cast());
-            let low = _mm_and_si128(v, nibble);
-            let high = _mm_and_si128(_mm_srli_epi16::<4>(v), nibble);
-            // Byte c: column c's code.
-            let codes = _mm_unpacklo_epi8(low, high);
-            // Codes are under 16, so a 16-bit shift moves each byte's into its high nibble.
-            _mm_or_si128(codes, _mm_slli_epi16::<4>(_mm_srli_si128::<8>(codes)))
-        });
-        let even = _mm_unpacklo_epi8(pairs[0], pairs[1]);
-        let odd = _mm_unpacklo_epi8(pairs[2], pairs[3]);
-        _mm_storeu_si128(out.as_mut_ptr().cast(), _mm_unpacklo_epi16(even, odd));
-        _mm_storeu_si128(
-            out.as_mut_ptr().add(16).cast(),
-            _mm_unpackhi_epi16(even, odd),
-        );
-    }
-}
 
 /// `out (m × n) = a (m × k) · Wᵀ + bias` with int8 activations (see the module doc): the
 /// fastest vector kernel here, on `packed` when given (`w` packed at load) or else on `w` as
@@ -178,16 +62,16 @@ pub fn matmul_mxfp4_int8(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    if Isa::available().is_empty() {
+    if Variant::available().is_empty() {
         return matmul_mxfp4_int8_reference(a, m, w, bias, out, pool);
     }
-    matmul_mxfp4_int8_isa(a, m, w, packed, bias, out, pool, Isa::best())
+    matmul_mxfp4_int8_variant(a, m, w, packed, bias, out, pool, Variant::best())
 }
 
-/// [`matmul_mxfp4_int8`] on one kernel variant (`isa` from [`Isa::available`]; AVX-VNNI runs
+/// [`matmul_mxfp4_int8`] on one kernel variant (`isa` from [`Variant::available`]; AVX-VNNI runs
 /// the AVX2 kernel), to test each against the reference.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_mxfp4_int8_isa(
+pub fn matmul_mxfp4_int8_variant(
     a: &[f32],
     m: usize,
     w: &Mxfp4Weights,
@@ -195,10 +79,10 @@ pub fn matmul_mxfp4_int8_isa(
     bias: Option<&[f32]>,
     out: &mut [f32],
     pool: &ThreadPool,
-    isa: Isa,
+    isa: Variant,
 ) -> Result<(), KernelError> {
     check_args(a, m, w, bias, out)?;
-    if !Isa::available().contains(&isa) {
+    if !Variant::available().contains(&isa) {
         return Err(KernelError::Shape(format!(
             "the {isa:?} MXFP4 kernel does not run on this CPU"
         )));
@@ -217,10 +101,9 @@ pub fn matmul_mxfp4_int8_isa(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let layout = NBitsLayout::new(n, k, 4, BLOCK)?;
     with_rows(m, |rows| {
         for (i, row) in rows.iter_mut().enumerate() {
-            row.quantize(&a[i * k..][..k], &layout, false);
+            row.quantize(&a[i * k..][..k], BLOCK, false);
         }
         let rows = &*rows;
         // The weights' unpacking is shared by a task's rows: tasks take as many rows as they
@@ -255,7 +138,7 @@ pub fn matmul_mxfp4_int8_isa(
     Ok(())
 }
 
-fn check_args(
+pub(super) fn check_args(
     a: &[f32],
     m: usize,
     w: &Mxfp4Weights,
@@ -267,38 +150,6 @@ fn check_args(
     check_len("MXFP4 output", out.len(), numel(&[m, w.n])?)?;
     if let Some(b) = bias {
         check_len("MXFP4 bias", b.len(), w.n)?;
-    }
-    Ok(())
-}
-
-/// The scalar reference of the module doc's arithmetic, on the stored layout: the oracle of
-/// the vector kernels.
-pub fn matmul_mxfp4_int8_reference(
-    a: &[f32],
-    m: usize,
-    w: &Mxfp4Weights,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    _pool: &ThreadPool,
-) -> Result<(), KernelError> {
-    check_args(a, m, w, bias, out)?;
-    let (n, k) = (w.n, w.k);
-    let blocks = k / BLOCK;
-    let mut q = vec![0i8; k];
-    let mut scale_a = vec![0f32; blocks];
-    for i in 0..m {
-        quantize_row_reference(&a[i * k..][..k], BLOCK, &mut q, &mut scale_a);
-        for (col, o) in out[i * n..][..n].iter_mut().enumerate() {
-            let mut y = 0f32;
-            for (b, &sa) in scale_a.iter().enumerate() {
-                let dot: i32 = (b * BLOCK..(b + 1) * BLOCK)
-                    .map(|kk| (2.0 * E2M1[w.code(kk, col)]) as i32 * i32::from(q[kk]))
-                    .sum();
-                let s = e8m0(w.scales[col * blocks + b]) * 0.5;
-                y = (s * sa).mul_add(dot as f32, y);
-            }
-            *o = bias.map_or(y, |bias| y + bias[col]);
-        }
     }
     Ok(())
 }
@@ -342,7 +193,7 @@ impl Source<'_> {
 /// `isa` must be available; the arguments checked; `cols` starting on a whole tile.
 #[cfg(target_arch = "x86_64")]
 unsafe fn columns(
-    isa: Isa,
+    isa: Variant,
     source: Source,
     rows: &[QuantizedRow],
     cols: Range<usize>,
@@ -360,8 +211,8 @@ unsafe fn columns(
         // SAFETY: the caller's contract.
         unsafe {
             match isa {
-                Isa::Avx512Vnni => columns_avx512(p),
-                Isa::Avx2 | Isa::AvxVnni => columns_avx2(p),
+                Variant::Avx512Vnni => columns_avx512(p),
+                Variant::Avx2 | Variant::AvxVnni => columns_avx2(p),
             }
         }
     }
@@ -505,7 +356,7 @@ unsafe fn tile<I: Tile, const T: usize, const R: usize>(
 
 /// One vector width's operations on a tile of 16 columns.
 #[cfg(target_arch = "x86_64")]
-trait Tile {
+pub(super) trait Tile {
     /// A group's unsigned weights (`v + 12`).
     type Codes: Copy;
     /// A block's integer sums for one row.
@@ -537,188 +388,9 @@ trait Tile {
 /// `e8m0(e) · 0.5` for each 32-bit lane's `e`, as bits: `e << 23` is `2^(e - 127)` but for 0
 /// (the subnormal `2^-127`) and 255 (NaN).
 #[cfg(target_arch = "x86_64")]
-const E8M0_ZERO: i32 = 0x0040_0000;
+pub(super) const E8M0_ZERO: i32 = 0x0040_0000;
 #[cfg(target_arch = "x86_64")]
-const E8M0_NAN: i32 = 0x7FC0_0000;
-
-#[cfg(target_arch = "x86_64")]
-struct Avx512 {
-    table: __m512i,
-    nibble: __m512i,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Avx512 {
-    #[inline(always)]
-    unsafe fn new() -> Avx512 {
-        // SAFETY: AVX-512 is available (the caller's contract); the table is 16 bytes.
-        unsafe {
-            Avx512 {
-                table: _mm512_broadcast_i32x4(_mm_loadu_si128(UNSIGNED.as_ptr().cast())),
-                nibble: _mm512_set1_epi8(0x0F),
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Tile for Avx512 {
-    type Codes = __m512i;
-    type Acc = __m512i;
-    type Out = __m512;
-    type Scale = __m512;
-    #[inline(always)]
-    unsafe fn zero(&self) -> __m512i {
-        unsafe { _mm512_setzero_si512() }
-    }
-    #[inline(always)]
-    unsafe fn zero_out(&self) -> __m512 {
-        unsafe { _mm512_setzero_ps() }
-    }
-    #[inline(always)]
-    unsafe fn codes(&self, group: &[u8]) -> __m512i {
-        unsafe {
-            let low = _mm256_loadu_si256(group.as_ptr().cast());
-            let high = _mm256_srli_epi16::<4>(low);
-            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high);
-            _mm512_shuffle_epi8(self.table, _mm512_and_si512(both, self.nibble))
-        }
-    }
-    #[inline(always)]
-    unsafe fn dot(&self, acc: __m512i, w: __m512i, x: i32) -> __m512i {
-        unsafe { _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x)) }
-    }
-    #[inline(always)]
-    unsafe fn scales(&self, bytes: &[u8]) -> __m512 {
-        unsafe {
-            let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes.as_ptr().cast()));
-            let bits = _mm512_slli_epi32::<23>(e);
-            let zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
-            let bits = _mm512_mask_mov_epi32(bits, zero, _mm512_set1_epi32(E8M0_ZERO));
-            let nan = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255));
-            let bits = _mm512_mask_mov_epi32(bits, nan, _mm512_set1_epi32(E8M0_NAN));
-            _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0.5))
-        }
-    }
-    #[inline(always)]
-    unsafe fn block(&self, y: __m512, acc: __m512i, offset: i32, s: __m512, sa: f32) -> __m512 {
-        unsafe {
-            let dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(offset)));
-            _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(sa)), dot, y)
-        }
-    }
-    #[inline(always)]
-    unsafe fn store(&self, y: __m512, out: &mut [f32; TILE_COLS]) {
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), y) }
-    }
-}
-
-/// Two 256-bit halves per tile: columns 0-7 (the low nibbles) and 8-15.
-#[cfg(target_arch = "x86_64")]
-struct Avx2 {
-    table: __m256i,
-    nibble: __m256i,
-    ones: __m256i,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Avx2 {
-    #[inline(always)]
-    unsafe fn new() -> Avx2 {
-        // SAFETY: AVX2 is available (the caller's contract); the table is 16 bytes.
-        unsafe {
-            Avx2 {
-                table: _mm256_broadcastsi128_si256(_mm_loadu_si128(UNSIGNED.as_ptr().cast())),
-                nibble: _mm256_set1_epi8(0x0F),
-                ones: _mm256_set1_epi16(1),
-            }
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn scale_half(&self, bytes: &[u8]) -> __m256 {
-        unsafe {
-            let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(bytes.as_ptr().cast()));
-            let bits = _mm256_slli_epi32::<23>(e);
-            let zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
-            let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(E8M0_ZERO), zero);
-            let nan = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255));
-            let bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(E8M0_NAN), nan);
-            _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0.5))
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Tile for Avx2 {
-    type Codes = [__m256i; 2];
-    type Acc = [__m256i; 2];
-    type Out = [__m256; 2];
-    type Scale = [__m256; 2];
-    #[inline(always)]
-    unsafe fn zero(&self) -> [__m256i; 2] {
-        unsafe { [_mm256_setzero_si256(); 2] }
-    }
-    #[inline(always)]
-    unsafe fn zero_out(&self) -> [__m256; 2] {
-        unsafe { [_mm256_setzero_ps(); 2] }
-    }
-    #[inline(always)]
-    unsafe fn codes(&self, group: &[u8]) -> [__m256i; 2] {
-        unsafe {
-            let bytes = _mm256_loadu_si256(group.as_ptr().cast());
-            let low = _mm256_and_si256(bytes, self.nibble);
-            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), self.nibble);
-            [
-                _mm256_shuffle_epi8(self.table, low),
-                _mm256_shuffle_epi8(self.table, high),
-            ]
-        }
-    }
-    #[inline(always)]
-    unsafe fn dot(&self, acc: [__m256i; 2], w: [__m256i; 2], x: i32) -> [__m256i; 2] {
-        unsafe {
-            let x = _mm256_set1_epi32(x);
-            // Pairs of at most 24 · 127 each: no i16 saturation.
-            let low = _mm256_madd_epi16(_mm256_maddubs_epi16(w[0], x), self.ones);
-            let high = _mm256_madd_epi16(_mm256_maddubs_epi16(w[1], x), self.ones);
-            [
-                _mm256_add_epi32(acc[0], low),
-                _mm256_add_epi32(acc[1], high),
-            ]
-        }
-    }
-    #[inline(always)]
-    unsafe fn scales(&self, bytes: &[u8]) -> [__m256; 2] {
-        unsafe { [self.scale_half(bytes), self.scale_half(&bytes[8..])] }
-    }
-    #[inline(always)]
-    unsafe fn block(
-        &self,
-        y: [__m256; 2],
-        acc: [__m256i; 2],
-        offset: i32,
-        s: [__m256; 2],
-        sa: f32,
-    ) -> [__m256; 2] {
-        unsafe {
-            let (offset, sa) = (_mm256_set1_epi32(offset), _mm256_set1_ps(sa));
-            let low = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[0], offset));
-            let high = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[1], offset));
-            [
-                _mm256_fmadd_ps(_mm256_mul_ps(s[0], sa), low, y[0]),
-                _mm256_fmadd_ps(_mm256_mul_ps(s[1], sa), high, y[1]),
-            ]
-        }
-    }
-    #[inline(always)]
-    unsafe fn store(&self, y: [__m256; 2], out: &mut [f32; TILE_COLS]) {
-        unsafe {
-            _mm256_storeu_ps(out.as_mut_ptr(), y[0]);
-            _mm256_storeu_ps(out.as_mut_ptr().add(8), y[1]);
-        }
-    }
-}
+pub(super) const E8M0_NAN: i32 = 0x7FC0_0000;
 
 #[cfg(test)]
 mod tests {
@@ -814,12 +486,13 @@ mod tests {
             let bias = (m % 2 == 1).then_some(&bias[..]);
             let mut want = vec![0f32; m * n];
             matmul_mxfp4_int8_reference(&a, m, &w, bias, &mut want, &ThreadPool::new(1)).unwrap();
-            for &isa in Isa::available() {
+            for &isa in Variant::available() {
                 for threads in [1, 3] {
                     let pool = ThreadPool::new(threads);
                     for p in [None, Some(&packed)] {
                         let mut got = vec![f32::NAN; m * n];
-                        matmul_mxfp4_int8_isa(&a, m, &w, p, bias, &mut got, &pool, isa).unwrap();
+                        matmul_mxfp4_int8_variant(&a, m, &w, p, bias, &mut got, &pool, isa)
+                            .unwrap();
                         let what = format!(
                             "{n}x{k}, {m} rows, {isa:?}, {threads} threads, packed {}",
                             p.is_some()
@@ -832,7 +505,7 @@ mod tests {
                     let mut one = vec![0f32; n];
                     let a = &a[i * k..][..k];
                     let pool = ThreadPool::new(2);
-                    matmul_mxfp4_int8_isa(a, 1, &w, Some(&packed), bias, &mut one, &pool, isa)
+                    matmul_mxfp4_int8_variant(a, 1, &w, Some(&packed), bias, &mut one, &pool, isa)
                         .unwrap();
                     assert_eq!(bits(&one), bits(&want[i * n..][..n]), "{n}x{k} row {i}");
                 }
@@ -854,7 +527,7 @@ mod tests {
         let mut out = vec![0f32; 32];
         let pool = ThreadPool::new(1);
         let r = matmul_mxfp4_int8(&[0.0; 64], 1, &w, Some(&packed), None, &mut out, &pool);
-        if !Isa::available().is_empty() {
+        if !Variant::available().is_empty() {
             assert!(r.is_err());
         }
     }

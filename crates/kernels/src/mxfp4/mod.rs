@@ -18,8 +18,11 @@
 //! ISA gives the same bits. The AVX2 path ([`crate::cpu`] permitting) is tested against the
 //! scalar reference bit for bit.
 //!
-//! That is the exact path. `int8` holds the int8-activation one (`accuracy_level` 4,
-//! [`matmul_mxfp4_int8`]), with its tiles packed at load ([`Mxfp4Packed`]).
+//! That is the exact path. The int8-activation one (`accuracy_level` 4) is split like
+//! `nbits/`: `int8` (the arithmetic in its module doc, [`matmul_mxfp4_int8`], and the pass
+//! over the tiles), `int8_reference` (its scalar oracle), `packed` (the tiles packed at load,
+//! [`Mxfp4Packed`]), `tile_avx2` and `tile_avx512` (the tile kernels); activations are
+//! quantized by [`crate::int8`], which `nbits` uses too.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -31,10 +34,16 @@ use crate::error::{KernelError, check_len, numel};
 use crate::par::{par_row_tiles, parts_for};
 
 mod int8;
+mod int8_reference;
+mod packed;
+#[cfg(target_arch = "x86_64")]
+mod tile_avx2;
+#[cfg(target_arch = "x86_64")]
+mod tile_avx512;
 
-pub use int8::{
-    Mxfp4Packed, matmul_mxfp4_int8, matmul_mxfp4_int8_isa, matmul_mxfp4_int8_reference,
-};
+pub use int8::{matmul_mxfp4_int8, matmul_mxfp4_int8_variant};
+pub use int8_reference::matmul_mxfp4_int8_reference;
+pub use packed::Mxfp4Packed;
 
 /// Values per scale.
 pub const BLOCK: usize = 32;
@@ -111,7 +120,8 @@ pub fn matmul_mxfp4(
     out: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let simd = cfg!(target_arch = "x86_64") && cpu::isa() >= cpu::Isa::Avx2 && cpu::features().fma;
+    let simd =
+        cfg!(target_arch = "x86_64") && cpu::level() >= cpu::Level::Avx2 && cpu::features().fma;
     run(a, m, w, bias, out, pool, simd)
 }
 

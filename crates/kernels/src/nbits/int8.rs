@@ -4,12 +4,13 @@
 //! arithmetic). Every path gives the same bits.
 
 use super::int8_reference::matmul_nbits_int8_reference;
-use super::isa::{Isa, supported};
 use super::layout::{QuantWeights, TILE, check_args, par_output_rows};
-use super::quantized_row::with_rows;
 use super::stored_avx2;
+use super::support::supported;
 use crate::ThreadPool;
 use crate::error::KernelError;
+use crate::int8::Variant;
+use crate::int8::with_rows;
 use crate::par::{par_row_tiles, parts_for};
 
 /// `out = a · dequant(w)ᵀ + bias` with `a` (`m × K`, f32) quantized to int8 per block: the
@@ -26,22 +27,22 @@ pub fn matmul_nbits_int8(
     if !supported(&w.layout) {
         return matmul_nbits_int8_reference(a, m, w, bias, out, pool);
     }
-    matmul_nbits_int8_isa(a, m, w, bias, out, pool, Isa::best())
+    matmul_nbits_int8_variant(a, m, w, bias, out, pool, Variant::best())
 }
 
-/// [`matmul_nbits_int8`] on one kernel variant (`isa` from [`Isa::available`], and a
+/// [`matmul_nbits_int8`] on one kernel variant (`isa` from [`Variant::available`], and a
 /// layout [`supported`] accepts), to test each against the reference.
-pub fn matmul_nbits_int8_isa(
+pub fn matmul_nbits_int8_variant(
     a: &[f32],
     m: usize,
     w: &QuantWeights<'_, f32>,
     bias: Option<&[f32]>,
     out: &mut [f32],
     pool: &ThreadPool,
-    isa: Isa,
+    isa: Variant,
 ) -> Result<(), KernelError> {
     check_args(a.len(), m, w, bias.map(<[f32]>::len), out.len())?;
-    if !supported(&w.layout) || !Isa::available().contains(&isa) {
+    if !supported(&w.layout) || !Variant::available().contains(&isa) {
         return Err(KernelError::Shape(format!(
             "the {isa:?} kernel does not run {}-bit blocks of {} on this CPU",
             w.layout.bits, w.layout.block_size
@@ -50,7 +51,7 @@ pub fn matmul_nbits_int8_isa(
     let k = w.layout.k;
     with_rows(m, |rows| {
         for (i, row) in rows.iter_mut().enumerate() {
-            row.quantize(&a[i * k..][..k], &w.layout, true);
+            row.quantize(&a[i * k..][..k], w.layout.block_size, true);
         }
         let rows = &*rows;
         if m == 1 {

@@ -29,9 +29,9 @@
 use std::ops::Range;
 
 use super::layout::{NBitsLayout, QuantWeights, ZeroPoints, check_args, par_output_rows};
-use super::quantize::quantize_row_reference;
 use crate::ThreadPool;
 use crate::error::KernelError;
+use crate::int8::quantize_row_reference;
 use crate::quant::{code, default_zero_point};
 
 /// The reference: scalar loops over the module doc's arithmetic, the oracle of the fast

@@ -6,7 +6,8 @@
 //! The files, each depending only on those listed before it:
 //! - `layout`: the weights' geometry and layout ([`NBitsLayout`], [`QuantWeights`],
 //!   [`ZeroPoints`]), argument checks, the split of output rows over the pool;
-//! - `isa`: the fast kernels' variants ([`Isa`]) and [`supported`], from [`crate::cpu`];
+//! - `support`: which layouts the fast int8 kernels take here ([`supported`]; their
+//!   variants are [`crate::int8::Variant`]);
 //! - `stored_f32`: f32 activations in vectors of 16 (AVX-512) or 8 (AVX2) columns, four at a
 //!   time, a task's rows sharing each block's dequantized weights, with the reference's bits;
 //! - `reference`: [`matmul_nbits`], the f32 reference (any float type), and
@@ -14,8 +15,6 @@
 //! - `interleaved`: [`Interleaved`], weights repacked at load for `stored_f32` (each group of
 //!   eight rows' codes interleaved, as the kernel otherwise gathers them every run), and
 //!   [`matmul_interleaved_f32`];
-//! - `quantize`: activation rows to int8 ([`quantize_row`]: reference and AVX2);
-//! - `quantized_row`: a quantized row laid out for the kernels, per-thread buffers;
 //! - `int8_reference`: the int8-activation arithmetic ([`matmul_nbits_int8_reference`]);
 //! - `stored_avx2`: AVX2 / AVX-VNNI kernel over the stored (ONNX) layout;
 //! - `int8`: [`matmul_nbits_int8`], which picks that kernel or the reference;
@@ -27,7 +26,6 @@
 mod int8;
 mod int8_reference;
 mod interleaved;
-mod isa;
 mod layout;
 mod packed;
 #[cfg(target_arch = "x86_64")]
@@ -35,20 +33,17 @@ mod packed_avx2;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx512;
 mod packed_matmul;
-mod quantize;
-mod quantized_row;
 mod reference;
 mod stored_avx2;
 mod stored_f32;
+mod support;
 mod tile_io;
 
-pub use int8::{matmul_nbits_int8, matmul_nbits_int8_isa};
+pub use int8::{matmul_nbits_int8, matmul_nbits_int8_variant};
 pub use int8_reference::{block_offset, matmul_nbits_int8_reference};
 pub use interleaved::{Interleaved, matmul_interleaved_f32};
-pub use isa::{Isa, supported, supported_on};
 pub use layout::{NBitsLayout, QuantWeights, TILE, ZeroPoints};
 pub use packed::PackedNBits;
 pub use packed_matmul::{matmul_packed, matmul_packed_glu, matmul_packed_parts};
-pub use quantize::{quantize_row, quantize_row_reference};
-pub(crate) use quantized_row::{QuantizedRow, with_rows};
 pub use reference::{matmul_nbits, matmul_nbits_f32};
+pub use support::{supported, supported_on};

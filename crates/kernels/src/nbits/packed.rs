@@ -21,8 +21,8 @@
 use std::ops::Range;
 
 use super::int8_reference::block_offset;
-use super::isa::supported;
 use super::layout::{NBitsLayout, QuantWeights, TILE, ZeroPoints};
+use super::support::supported;
 use crate::error::KernelError;
 use crate::quant::code;
 

@@ -6,13 +6,13 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::isa::Isa;
 use super::layout::TILE;
 use super::packed::{PackedNBits, PackedZp};
-use super::quantized_row::QuantizedRow;
 use super::tile_io::{
     Ahead, TileIo, ZP_CODES, ZP_DEFAULT, ZP_FLOAT, prefetch_block, prefetch_stats, tile_io, with_zp,
 };
+use crate::int8::QuantizedRow;
+use crate::int8::Variant;
 
 /// Tile `t`'s eight column sums (before the bias) for each of `R` rows, on `isa` (a
 /// 256-bit variant), prefetching tile `t + ahead.tiles` meanwhile.
@@ -25,15 +25,15 @@ pub(crate) unsafe fn tile<const R: usize>(
     w: &PackedNBits,
     t: usize,
     out: &mut [[f32; TILE]; R],
-    isa: Isa,
+    isa: Variant,
     ahead: Ahead,
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
         match (w.layout.bits, isa) {
-            (4, Isa::AvxVnni) => with_zp!(tile_vnni::<4, R>(rows, w, t, out, ahead)),
+            (4, Variant::AvxVnni) => with_zp!(tile_vnni::<4, R>(rows, w, t, out, ahead)),
             (4, _) => with_zp!(tile_avx2::<4, R>(rows, w, t, out, ahead)),
-            (_, Isa::AvxVnni) => with_zp!(tile_vnni::<8, R>(rows, w, t, out, ahead)),
+            (_, Variant::AvxVnni) => with_zp!(tile_vnni::<8, R>(rows, w, t, out, ahead)),
             (_, _) => with_zp!(tile_avx2::<8, R>(rows, w, t, out, ahead)),
         }
     }
@@ -50,7 +50,7 @@ pub(crate) unsafe fn tile_glu<const R: usize>(
     w: &PackedNBits,
     t: usize,
     out: &mut [[f32; 2 * TILE]; R],
-    isa: Isa,
+    isa: Variant,
     ahead: Ahead,
 ) {
     let (mut gate, mut up) = ([[0f32; TILE]; R], [[0f32; TILE]; R]);

@@ -7,11 +7,11 @@ use std::arch::x86_64::*;
 
 use super::layout::TILE;
 use super::packed::{PackedNBits, PackedZp};
-use super::quantized_row::QuantizedRow;
 use super::tile_io::{
     Ahead, Meta, TileIo, ZP_CODES, ZP_DEFAULT, ZP_FLOAT, float_at, prefetch_block, prefetch_stats,
     tile_io, with_zp,
 };
+use crate::int8::QuantizedRow;
 
 /// Tiles `t` and `t + 1` (sixteen column sums before the bias) for each of `R` rows, whose
 /// block statistics `meta` holds from the first row's on (see [`Meta`]); meanwhile tiles

@@ -6,24 +6,24 @@
 
 use std::ops::Range;
 
-use super::isa::Isa;
 use super::layout::TILE;
 use super::packed::PackedNBits;
 #[cfg(target_arch = "x86_64")]
 use super::packed_avx2::{tile, tile_glu};
 #[cfg(target_arch = "x86_64")]
 use super::packed_avx512::tile_pair;
-use super::quantized_row::{QuantizedRow, with_rows_and_meta};
 #[cfg(target_arch = "x86_64")]
 use super::tile_io::Ahead;
 use super::tile_io::{Meta, ROW_BLOCK};
 use crate::error::{KernelError, check_len, numel};
+use crate::int8::Variant;
+use crate::int8::{QuantizedRow, with_rows_and_meta};
 use crate::par::{Shared, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 use crate::{ThreadPool, sigmoid};
 
 /// `out = a · dequant(w)ᵀ + bias` (`a`: `m × K`) over a packed single matrix, with `isa`
-/// from [`Isa::available`]. The same bits as the reference on the unpacked matrix.
+/// from [`Variant::available`]. The same bits as the reference on the unpacked matrix.
 pub fn matmul_packed(
     a: &[f32],
     m: usize,
@@ -31,7 +31,7 @@ pub fn matmul_packed(
     bias: Option<&[f32]>,
     out: &mut [f32],
     pool: &ThreadPool,
-    isa: Isa,
+    isa: Variant,
 ) -> Result<(), KernelError> {
     if w.spans.len() != 1 || w.glu {
         return Err(KernelError::Shape(format!(
@@ -55,7 +55,7 @@ pub fn matmul_packed_parts(
     w: &PackedNBits,
     outs: &mut [&mut [f32]],
     pool: &ThreadPool,
-    isa: Isa,
+    isa: Variant,
 ) -> Result<(), KernelError> {
     if outs.len() != w.spans.len() || w.glu {
         return Err(KernelError::Shape(format!(
@@ -82,7 +82,7 @@ pub fn matmul_packed_glu(
     w: &PackedNBits,
     out: &mut [f32],
     pool: &ThreadPool,
-    isa: Isa,
+    isa: Variant,
 ) -> Result<(), KernelError> {
     if !w.glu {
         return Err(KernelError::Shape(
@@ -99,14 +99,14 @@ fn run(
     bias: Option<&[f32]>,
     outs: &mut [&mut [f32]],
     pool: &ThreadPool,
-    isa: Isa,
+    isa: Variant,
 ) -> Result<(), KernelError> {
     let l = w.layout;
     check_len("A", a.len(), numel(&[m, l.k])?)?;
     for (out, span) in outs.iter().zip(&w.spans) {
         check_len("output", out.len(), numel(&[m, span.len()])?)?;
     }
-    if !Isa::available().contains(&isa) {
+    if !Variant::available().contains(&isa) {
         return Err(KernelError::Shape(format!(
             "{isa:?} is not available on this CPU"
         )));
@@ -128,7 +128,7 @@ fn run(
                 // their statistics, and no part reads either before every prelude call has
                 // finished.
                 let row = unsafe { &mut quantized.range(r..r + 1)[0] };
-                row.quantize(&a[r * l.k..][..l.k], &l, false);
+                row.quantize(&a[r * l.k..][..l.k], l.block_size, false);
                 unsafe { Meta::write(&stats, r, kb, row) };
             }
         };
@@ -143,7 +143,7 @@ fn run(
         } else {
             pool.threads()
         };
-        let unit = if isa == Isa::Avx512Vnni {
+        let unit = if isa == Variant::Avx512Vnni {
             2 * TILE
         } else {
             TILE
@@ -213,7 +213,7 @@ fn row_block_tiles(
     bias: Option<&[f32]>,
     cols: Range<usize>,
     outs: &mut [&mut [f32]],
-    isa: Isa,
+    isa: Variant,
     stats: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -291,7 +291,7 @@ fn row_block_tiles(
                 up[r][at..at + TILE].copy_from_slice(&lanes[TILE..]);
             };
             // Output tile t is gate tile 2t beside up tile 2t + 1.
-            if isa == Isa::Avx512Vnni {
+            if isa == Variant::Avx512Vnni {
                 passes!(
                     pair_lanes,
                     2 * TILE,
@@ -331,7 +331,7 @@ fn row_block_tiles(
                 };
             }
         };
-        if isa == Isa::Avx512Vnni && j0 + TILE < cols.end {
+        if isa == Variant::Avx512Vnni && j0 + TILE < cols.end {
             // Two tiles per 512-bit vector; eight rows fit the 32 vector registers.
             passes!(
                 pair_lanes,

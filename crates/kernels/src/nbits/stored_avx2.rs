@@ -1,6 +1,6 @@
 //! AVX2 `MatMulNBits` with int8 activations, 4- or 8-bit weights and blocks of a multiple of
 //! 32: the same arithmetic as [`super::int8_reference`], bit for bit. AVX2 alone or with
-//! AVX-VNNI: an AVX-512 variant runs its 256-bit sibling here ([`Isa::ymm`]).
+//! AVX-VNNI: an AVX-512 variant runs its 256-bit sibling here ([`Variant::ymm`]).
 //!
 //! Why it is bit-identical: a block's dot product `Σ q_w·q_a` is an exact integer in any
 //! order, so it may be computed 32 products at a time (`vpmaddubsw` of the unsigned weight
@@ -25,9 +25,9 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::int8_reference::{block_offset, row_part as reference_row_part};
-use super::isa::Isa;
 use super::layout::{QuantWeights, ZeroPoints};
-use super::quantized_row::QuantizedRow;
+use crate::int8::QuantizedRow;
+use crate::int8::Variant;
 use crate::quant::code;
 
 /// How far ahead of the current block each weight stream is prefetched, in bytes.
@@ -41,7 +41,7 @@ pub(crate) fn row_part(
     bias: Option<&[f32]>,
     cols: Range<usize>,
     out: &mut [f32],
-    isa: Isa,
+    isa: Variant,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -49,14 +49,14 @@ pub(crate) fn row_part(
         let mut o = 0;
         while j + 8 <= cols.end {
             // SAFETY: `supported` checked AVX2 at run time and the caller passes an `isa`
-            // from `Isa::available`; the tile asserts its bounds (the caller validated the
+            // from `Variant::available`; the tile asserts its bounds (the caller validated the
             // weight lengths with `check_args`).
             unsafe {
                 let out = &mut out[o..o + 8];
                 match (w.layout.bits, isa.ymm()) {
-                    (4, Isa::AvxVnni) => tile8_vnni::<4>(row, w, bias, j, out),
+                    (4, Variant::AvxVnni) => tile8_vnni::<4>(row, w, bias, j, out),
                     (4, _) => tile8_avx2::<4>(row, w, bias, j, out),
-                    (_, Isa::AvxVnni) => tile8_vnni::<8>(row, w, bias, j, out),
+                    (_, Variant::AvxVnni) => tile8_vnni::<8>(row, w, bias, j, out),
                     (_, _) => tile8_avx2::<8>(row, w, bias, j, out),
                 }
             };

@@ -31,7 +31,7 @@ pub(super) const MAX_BLOB: usize = 256;
 /// Whether the vector columns run `w` on this CPU.
 pub(super) fn supported(w: &QuantWeights<'_, f32>) -> bool {
     cfg!(target_arch = "x86_64")
-        && cpu::isa() >= cpu::Isa::Avx2
+        && cpu::level() >= cpu::Level::Avx2
         && matches!(w.layout.bits, 4 | 8)
         && w.layout.blob_size <= MAX_BLOB
         && !matches!(w.zero_points, ZeroPoints::Float(_))
@@ -67,7 +67,7 @@ pub(super) unsafe fn columns<B: Blocks>(
         weights: [MaybeUninit::uninit(); CHUNK * GROUPS * 16],
     };
     let rows = outs.len();
-    let wide = cpu::isa() >= cpu::Isa::Avx512;
+    let wide = cpu::level() >= cpu::Level::Avx512;
     let mut j0 = cols.start;
     while j0 < cols.end {
         let left = cols.end - j0;

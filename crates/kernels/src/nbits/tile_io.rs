@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use super::layout::TILE;
 use super::packed::{Floats, PackedNBits, PackedZp};
-use super::quantized_row::QuantizedRow;
+use crate::int8::QuantizedRow;
 use crate::par::Shared;
 
 /// The kinds of [`PackedZp`], as a kernel's const parameter: each kernel instance then holds

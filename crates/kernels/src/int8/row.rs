@@ -1,24 +1,23 @@
-//! One row of activations quantized to int8 and laid out for the fast `MatMulNBits` kernels
+//! One row of activations quantized to int8 and laid out for the int8 kernels
 //! ([`QuantizedRow`]: codes, block scales and sums), and the per-thread buffers that hold a
 //! call's rows, so a decode step allocates nothing once warm.
 
 use std::cell::RefCell;
 
-use super::layout::NBitsLayout;
 use super::quantize::quantize_row;
 
 /// One row's activations, quantized and laid out for the kernel.
 #[derive(Default)]
 pub(crate) struct QuantizedRow {
     /// Codes padded to whole blocks (zeros past `k`), each 32-chunk in `[even | odd]` order.
-    pub(super) q: Vec<i8>,
+    pub(crate) q: Vec<i8>,
     /// Scale per block.
-    pub(super) scales: Vec<f32>,
+    pub(crate) scales: Vec<f32>,
     /// `Σ q_a` per block (over the real codes; padding is zero).
-    pub(super) sums: Vec<i32>,
+    pub(crate) sums: Vec<i32>,
     /// `scale_a · Σ q_a` per block: what a float zero point's offset multiplies.
-    pub(super) scaled_sums: Vec<f32>,
-    pub(super) natural: Vec<i8>,
+    pub(crate) scaled_sums: Vec<f32>,
+    pub(crate) natural: Vec<i8>,
 }
 
 impl QuantizedRow {
@@ -45,8 +44,8 @@ impl QuantizedRow {
     /// Quantizes `a` (`k` values) with the reference's rounding; reuses its buffers. The
     /// even/odd interleaved codes the stored-layout kernel reads are made only when
     /// `interleave` (the packed kernel reads the natural order).
-    pub(crate) fn quantize(&mut self, a: &[f32], layout: &NBitsLayout, interleave: bool) {
-        let (bs, kb) = (layout.block_size, layout.k_blocks);
+    pub(crate) fn quantize(&mut self, a: &[f32], block_size: usize, interleave: bool) {
+        let (bs, kb) = (block_size, a.len().div_ceil(block_size));
         let padded = kb * bs;
         // Every code and scale is written below (the padding's codes explicitly), so the
         // buffers are only sized, not cleared.
@@ -102,7 +101,7 @@ pub(crate) fn with_rows<R>(m: usize, f: impl FnOnce(&mut [QuantizedRow]) -> R) -
 }
 
 /// [`with_rows`], with `meta_len` values of this thread for the rows' block statistics as the
-/// AVX-512 tile kernel reads them ([`super::tile_io::Meta`]).
+/// AVX-512 tile kernel reads them (`nbits::tile_io::Meta`).
 pub(crate) fn with_rows_and_meta<R>(
     m: usize,
     meta_len: usize,

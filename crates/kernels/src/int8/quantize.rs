@@ -1,5 +1,5 @@
 //! Activations quantized to int8 for `MatMulNBits` at `accuracy_level` 4, one row at a time
-//! in blocks along K (the arithmetic is [`super::int8_reference`]'s module doc's): the scalar
+//! in blocks along K (the arithmetic is [`crate::nbits::matmul_nbits_int8_reference`]'s module doc's): the scalar
 //! reference and its AVX2 loop, which gives the same codes and scales bit for bit.
 
 #[cfg(target_arch = "x86_64")]
@@ -13,7 +13,7 @@ const Q_MAX: f32 = 127.0;
 /// [`crate::cpu`] allows, with the same bits as [`quantize_row_reference`].
 pub fn quantize_row(a: &[f32], block_size: usize, q: &mut [i8], scales: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if cpu::isa() >= cpu::Isa::Avx2 {
+    if cpu::level() >= cpu::Level::Avx2 {
         // SAFETY: AVX2 is available (checked above).
         unsafe { quantize_row_avx2(a, block_size, q, scales) };
         return;
