@@ -18,7 +18,6 @@ use std::process::Command;
 use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
 use oxgen_generate::Tokenizer;
 use oxgen_import::{ImportOptions, import_gguf};
-use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqStep, StepLogits};
 
 /// Native and onnxruntime compute in f32 from weights that dequantize identically (Q4_1
 /// within a few ulps of the block minimum, `oxgen_gguf::repack`); only summation order
@@ -85,23 +84,8 @@ fn native_rows(model: &Path, spans: &[Vec<u32>]) -> Vec<Vec<f32>> {
     };
     let mut lm = NativeLm::open(model, &options).unwrap();
     assert!(lm.shared_kv(), "GroupQueryAttention keeps KV in place");
-    let seq = lm.add_sequence(64).unwrap();
-    let mut out = StepLogits::default();
-    let mut rows = Vec::new();
-    let mut pos = 0;
-    for span in spans {
-        let step = [SeqStep {
-            seq,
-            tokens: span,
-            pos,
-            logits: LogitsWanted::All,
-            proposed: 0,
-        }];
-        lm.step(&Batch { steps: &step }, &mut out).unwrap();
-        rows.extend((0..span.len()).map(|r| out.row(0, r).to_vec()));
-        pos += span.len();
-    }
-    rows
+    let spans: Vec<&[u32]> = spans.iter().map(Vec::as_slice).collect();
+    oxgen_testkit::run_spans(&mut lm, &spans)
 }
 
 fn reference_rows(gguf: &Path, ids: &[u32], vocab: usize, dir: &Path) -> Vec<Vec<f32>> {

@@ -31,7 +31,7 @@ impl Rng {
 }
 
 /// Every (pool, ISA) pair to run a fast kernel on.
-fn every_pool_and_isa(pools: &[ThreadPool]) -> impl Iterator<Item = (&ThreadPool, Variant)> {
+fn every_pool_and_variant(pools: &[ThreadPool]) -> impl Iterator<Item = (&ThreadPool, Variant)> {
     pools
         .iter()
         .flat_map(|p| Variant::available().iter().map(move |&i| (p, i)))
@@ -151,7 +151,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                     for bias in [None, Some(&bias[..])] {
                         let mut want = vec![0f32; m * n];
                         matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();
-                        for (pool, isa) in every_pool_and_isa(&pools) {
+                        for (pool, isa) in every_pool_and_variant(&pools) {
                             let mut got = vec![f32::NAN; m * n];
                             matmul_nbits_int8_variant(&a, m, &w, bias, &mut got, pool, isa)
                                 .unwrap();
@@ -186,7 +186,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                                 + zp_bytes,
                             "stored sizes, n {n} k {k} bits {bits} zp {zp:?}"
                         );
-                        for (pool, isa) in every_pool_and_isa(&pools) {
+                        for (pool, isa) in every_pool_and_variant(&pools) {
                             let mut got = vec![f32::NAN; m * n];
                             matmul_packed(&a, m, &packed, bias, &mut got, pool, isa).unwrap();
                             let same = same_bits(&want, &got);
@@ -275,7 +275,7 @@ fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
                         out
                     })
                     .collect();
-                for (pool, isa) in every_pool_and_isa(&pools) {
+                for (pool, isa) in every_pool_and_variant(&pools) {
                     let mut got: Vec<Vec<f32>> =
                         want.iter().map(|w| vec![f32::NAN; w.len()]).collect();
                     let mut outs: Vec<&mut [f32]> = got.iter_mut().map(Vec::as_mut_slice).collect();
@@ -359,7 +359,7 @@ fn gate_and_up_packed_in_turn_give_the_reference_gated_silu_bits() {
                     let (g, u) = (product(&gate), product(&up));
                     let mut want = vec![0f32; m * n];
                     silu_mul(&g, &u, &mut want);
-                    for (pool, isa) in every_pool_and_isa(&pools) {
+                    for (pool, isa) in every_pool_and_variant(&pools) {
                         let mut got = vec![f32::NAN; m * n];
                         matmul_packed_glu(&a, m, &packed, &mut got, pool, isa).unwrap();
                         let same = same_bits(&want, &got);
@@ -400,4 +400,57 @@ fn gate_and_up_packed_in_turn_give_the_reference_gated_silu_bits() {
     );
     let (m8, m9) = (matrix(&mut rng, &l8), matrix(&mut rng, &l9));
     assert!(PackedNBits::pack_glu(&weights(l8, &m8, 0), &weights(l9, &m9, 0)).is_err());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Any shape, not only the hand-picked ones above: every fast path here (each variant on
+    /// the stored layout, and the packed layout) gives the reference's bits, for any row
+    /// count, column count, depth (whole blocks or not), code width, block size, zero-point
+    /// kind and bias.
+    #[test]
+    fn any_shape_gives_the_reference_bits(
+        n in 1usize..80,
+        k in 1usize..400,
+        m in 1usize..10,
+        wide in proptest::bool::ANY,
+        block_log in 5u32..8,
+        zp_kind in 0usize..3,
+        with_bias in proptest::bool::ANY,
+        seed in proptest::num::u64::ANY,
+    ) {
+        if capped_below_avx2() {
+            return Ok(());
+        }
+        let bits = if wide { 8 } else { 4 };
+        let layout = NBitsLayout::new(n, k, bits, 1 << block_log).unwrap();
+        let mut rng = Rng(seed);
+        let (data, scales, zp_packed, zp_float) = matrix(&mut rng, &layout);
+        let zero_points = match zp_kind {
+            0 => ZeroPoints::Default,
+            1 => ZeroPoints::Packed(&zp_packed),
+            _ => ZeroPoints::Float(&zp_float),
+        };
+        let w = QuantWeights { layout, data: &data, scales: &scales, zero_points };
+        let bias: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+        let bias = with_bias.then_some(&bias[..]);
+        let a: Vec<f32> = (0..m * k).map(|_| 5.0 * rng.f32()).collect();
+        let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+        let mut want = vec![0f32; m * n];
+        matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();
+        let packed = PackedNBits::pack(&w).unwrap().expect("AVX2 runs this layout");
+        for (pool, variant) in every_pool_and_variant(&pools) {
+            let mut got = vec![f32::NAN; m * n];
+            matmul_nbits_int8_variant(&a, m, &w, bias, &mut got, pool, variant).unwrap();
+            proptest::prop_assert!(same_bits(&want, &got), "stored, {variant:?}");
+            got.fill(f32::NAN);
+            matmul_packed(&a, m, &packed, bias, &mut got, pool, variant).unwrap();
+            proptest::prop_assert!(same_bits(&want, &got), "packed, {variant:?}");
+        }
+    }
 }

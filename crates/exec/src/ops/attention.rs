@@ -1,5 +1,5 @@
-//! Attention ops: com.microsoft::GroupQueryAttention and RotaryEmbedding (com.microsoft and
-//! ONNX opset 23), over `oxgen_kernels::{attention, rotary}`. f32, f16 and bf16 (math in f32).
+//! com.microsoft::GroupQueryAttention over `oxgen_kernels::{attention, rotary}` (its rotary
+//! on Q and K; RotaryEmbedding alone is `rotary.rs`). f32, f16 and bf16 (math in f32).
 //!
 //! GroupQueryAttention (onnxruntime `docs/ContribOperators.md`; CPU kernel
 //! `contrib_ops/cpu/bert/group_query_attention.cc`, `gqa_attention_base.h` and
@@ -21,14 +21,12 @@
 
 use half::{bf16, f16};
 use oxgen_graph::Op;
-use oxgen_graph::ops::{
-    GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind,
-};
+use oxgen_graph::ops::{GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::attention::kv::CacheElem;
 use oxgen_kernels::attention::paged as kp;
 use oxgen_kernels::attention::{self as ka, GqaShape, Rows, ScoreMod};
-use oxgen_kernels::rotary::{self as kr, HeadsShape, Positions, Rope};
+use oxgen_kernels::rotary::Rope;
 use oxgen_runtime::KvDtype;
 use oxgen_tensor::{DType, Element, Tensor};
 
@@ -52,14 +50,11 @@ pub(super) fn run(
         (Op::GroupQueryAttention(g), DType::BF16) => {
             gqa::<bf16>(g, inputs, donated, n_outputs, ctx)
         }
-        (Op::Rotary(r), DType::F32) => rotary::<f32>(r, inputs, ctx).map(|t| smallvec![t]),
-        (Op::Rotary(r), DType::F16) => rotary::<f16>(r, inputs, ctx).map(|t| smallvec![t]),
-        (Op::Rotary(r), DType::BF16) => rotary::<bf16>(r, inputs, ctx).map(|t| smallvec![t]),
-        (Op::GroupQueryAttention(_) | Op::Rotary(_), other) => Err(OpError::DType {
+        (Op::GroupQueryAttention(_), other) => Err(OpError::DType {
             dtype: other,
             detail: ": expected float32, float16 or bfloat16".into(),
         }),
-        _ => unreachable!("ops::run routes only attention ops here"),
+        _ => unreachable!("ops::run routes only GroupQueryAttention here"),
     }
 }
 
@@ -72,7 +67,7 @@ fn peek<'a>(
     opt_input(inputs, i).or_else(|| donated.get(i).and_then(Option::as_ref))
 }
 
-fn same_dtype(x: &Tensor, t: &Tensor, what: &str) -> Result<(), OpError> {
+pub(super) fn same_dtype(x: &Tensor, t: &Tensor, what: &str) -> Result<(), OpError> {
     if t.dtype() == x.dtype() {
         Ok(())
     } else {
@@ -83,7 +78,12 @@ fn same_dtype(x: &Tensor, t: &Tensor, what: &str) -> Result<(), OpError> {
     }
 }
 
-fn expect_dims(t: &Tensor, want: &[usize], what: &str, layout: &str) -> Result<(), OpError> {
+pub(super) fn expect_dims(
+    t: &Tensor,
+    want: &[usize],
+    what: &str,
+    layout: &str,
+) -> Result<(), OpError> {
     if t.dims() == want {
         Ok(())
     } else {
@@ -676,146 +676,4 @@ fn gqa_paged<T: Accum<Acc = f32> + Element + CacheElem>(
         outputs.push(owned_input(inputs, donated, 4)?);
     }
     Ok(outputs)
-}
-
-/// `(batch, seq, heads, head_size, heads_first)` of a RotaryEmbedding input.
-fn rotary_layout(r: &Rotary, x: &Tensor, cos_cols: usize) -> Result<HeadsShape, OpError> {
-    let shape = match *x.dims() {
-        [batch, heads, seq, head_size] => {
-            if r.kind == RotaryKind::Contrib && r.num_heads > 0 && r.num_heads != heads {
-                return Err(OpError::shape(format!(
-                    "num_heads {} does not match input shape {}",
-                    r.num_heads,
-                    x.shape()
-                )));
-            }
-            HeadsShape {
-                batch,
-                seq,
-                heads,
-                head_size,
-                heads_first: true,
-            }
-        }
-        [batch, seq, hidden] => {
-            // com.microsoft derives the head size from the caches when rotary_embedding_dim
-            // is unset; ONNX requires num_heads for 3-D inputs.
-            let heads = match (r.kind, r.num_heads, r.rotary_embedding_dim) {
-                (_, n, _) if n > 0 => n,
-                (RotaryKind::Contrib, _, 0) if cos_cols > 0 => hidden / (2 * cos_cols),
-                _ => return Err(OpError::value("num_heads must be set for a 3-D input")),
-            };
-            if heads == 0 || hidden % heads != 0 {
-                return Err(OpError::shape(format!(
-                    "hidden size {hidden} is not a multiple of {heads} heads"
-                )));
-            }
-            HeadsShape {
-                batch,
-                seq,
-                heads,
-                head_size: hidden / heads,
-                heads_first: false,
-            }
-        }
-        _ => {
-            return Err(OpError::shape(format!(
-                "input must be 3-D (batch, sequence, hidden) or 4-D (batch, heads, sequence, head_size), got {}",
-                x.shape()
-            )));
-        }
-    };
-    if r.kind == RotaryKind::Contrib
-        && r.rotary_embedding_dim == 0
-        && 2 * cos_cols != shape.head_size
-    {
-        return Err(OpError::shape(format!(
-            "cos_cache has {cos_cols} columns; without rotary_embedding_dim it must have head_size / 2 = {}",
-            shape.head_size / 2
-        )));
-    }
-    Ok(shape)
-}
-
-fn rotary<T: Accum<Acc = f32> + Element>(
-    r: &Rotary,
-    inputs: &[Option<&Tensor>],
-    ctx: &mut OpCtx,
-) -> Result<Tensor, OpError> {
-    let x = input(inputs, 0)?;
-    let (pos, cos, sin) = match r.kind {
-        RotaryKind::Contrib => (
-            Some(input(inputs, 1)?),
-            input(inputs, 2)?,
-            input(inputs, 3)?,
-        ),
-        RotaryKind::Onnx => (opt_input(inputs, 3), input(inputs, 1)?, input(inputs, 2)?),
-    };
-    same_dtype(x, cos, "cos_cache")?;
-    same_dtype(x, sin, "sin_cache")?;
-    expect_dims(sin, cos.dims(), "sin_cache", "(the shape of cos_cache)")?;
-    let cos_cols = cos.dims().last().copied().unwrap_or(0);
-    let shape = rotary_layout(r, x, cos_cols)?;
-    let rot_dim = if r.rotary_embedding_dim > 0 {
-        r.rotary_embedding_dim
-    } else {
-        shape.head_size
-    };
-    if rot_dim > shape.head_size || rot_dim % 2 != 0 || cos_cols * 2 != rot_dim {
-        return Err(OpError::shape(format!(
-            "rotary_dim {rot_dim} must be even, at most head_size {} and twice the cos_cache width {cos_cols}",
-            shape.head_size
-        )));
-    }
-    let ids = pos.map(|p| read_i64s(p, "position_ids")).transpose()?;
-    let (b, s) = (shape.batch, shape.seq);
-    let positions = match (&ids, pos) {
-        (Some(ids), Some(p))
-            if r.kind == RotaryKind::Contrib && ids.len() == 1 && p.rank() <= 1 =>
-        {
-            Positions::Offset(ids[0])
-        }
-        (Some(ids), Some(p)) if p.dims() == [b, s] => Positions::Ids(ids),
-        (Some(_), Some(p)) => {
-            return Err(OpError::shape(format!(
-                "position_ids must have shape [{b}, {s}], got {}",
-                p.shape()
-            )));
-        }
-        _ => Positions::PerToken,
-    };
-    let cache_dims: &[usize] = if matches!(positions, Positions::PerToken) {
-        &[b, s, cos_cols]
-    } else {
-        &[cos.dims().first().copied().unwrap_or(0), cos_cols]
-    };
-    if cos.dims() != cache_dims {
-        return Err(OpError::shape(format!(
-            "cos_cache must have shape {cache_dims:?} ({}), got {}",
-            if matches!(positions, Positions::PerToken) {
-                "batch, sequence, rotary_dim / 2 without position_ids"
-            } else {
-                "positions, rotary_dim / 2"
-            },
-            cos.shape()
-        )));
-    }
-    let rope = Rope::new(
-        cos.as_slice::<T>()?,
-        sin.as_slice::<T>()?,
-        cos_cols,
-        r.interleaved,
-    )
-    .map_err(OpError::from)?;
-    let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
-    kr::rotary(
-        x.as_slice::<T>()?,
-        &shape,
-        positions,
-        &rope,
-        out.as_mut_slice::<T>()?,
-        ctx.pool,
-    )
-    .map_err(OpError::from)?;
-    Ok(out)
 }

@@ -13,6 +13,7 @@ pub mod moe;
 mod nn;
 pub(crate) mod quant;
 mod reduce;
+mod rotary;
 mod shape;
 
 use oxgen_graph::Op;
@@ -125,9 +126,8 @@ pub fn run(
         | Op::MatMulNBitsGroup(_)
         | Op::MatMulNBitsGlu(_)
         | Op::GatherBlockQuantized(_) => quant::run(op, inputs, n_outputs, ctx),
-        Op::GroupQueryAttention(_) | Op::Rotary(_) => {
-            attention::run(op, inputs, donated, n_outputs, ctx)
-        }
+        Op::GroupQueryAttention(_) => attention::run(op, inputs, donated, n_outputs, ctx),
+        Op::Rotary(_) => rotary::run(op, inputs, ctx),
         Op::Moe(m) => moe::run(m, inputs, ctx).map(|t| smallvec![t]),
         Op::If(_) | Op::Loop(_) | Op::Scan(_) => control::run(op, inputs, n_outputs, ctx),
     }

@@ -513,6 +513,49 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 32,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Any shape the layout allows (an even width, whole blocks), not only the ones
+        /// above: every variant here, stored or packed, gives the reference's bits.
+        #[test]
+        fn any_shape_gives_the_reference_bits(
+            half_n in 1usize..80,
+            blocks in 1usize..9,
+            m in 1usize..10,
+            with_bias in proptest::bool::ANY,
+            seed in proptest::num::u64::ANY,
+        ) {
+            let (n, k) = (2 * half_n, blocks * BLOCK);
+            let (codes, scales) = matrix(n, k, seed);
+            let w = Mxfp4Weights {
+                n,
+                k,
+                codes: &codes,
+                scales: &scales,
+            };
+            let packed = Mxfp4Packed::pack(&w).unwrap();
+            let a = values(m * k, seed ^ 1);
+            let bias = values(n, seed ^ 2);
+            let bias = with_bias.then_some(&bias[..]);
+            let pool = ThreadPool::new(2);
+            let mut want = vec![0f32; m * n];
+            matmul_mxfp4_int8_reference(&a, m, &w, bias, &mut want, &pool).unwrap();
+            for &variant in Variant::available() {
+                for p in [None, Some(&packed)] {
+                    let mut got = vec![f32::NAN; m * n];
+                    matmul_mxfp4_int8_variant(&a, m, &w, p, bias, &mut got, &pool, variant)
+                        .unwrap();
+                    proptest::prop_assert_eq!(bits(&got), bits(&want));
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_packed_matrix_of_other_dims_is_an_error() {
         let (codes, scales) = matrix(32, 64, 1);
