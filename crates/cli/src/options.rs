@@ -116,10 +116,11 @@ impl BackendArgs {
     }
 }
 
-/// A thread count (0: every core); `Model::open` checks its bound.
+/// A thread count (0: every core), up to the bound [`oxgen::check_threads`] checks.
 fn threads(s: &str) -> Result<usize, String> {
-    s.parse::<usize>()
-        .map_err(|_| format!("'{s}' is not a thread count (0 uses every core)"))
+    let n = (s.parse::<usize>())
+        .map_err(|_| format!("'{s}' is not a thread count (0 uses every core)"))?;
+    oxgen::check_threads(n)
 }
 
 /// A sampling value from a flag or `/set`, checked by the one range check of its parameter.

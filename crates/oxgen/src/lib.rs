@@ -73,7 +73,9 @@ pub use oxgen_generate::{
     tool_grammar,
 };
 pub use oxgen_generate::{PromptLookup, SpecStats};
-pub use oxgen_runtime::{Capabilities, KvDtype, KvUsage, MAX_THREADS, OpTime, StepCounters};
+pub use oxgen_runtime::{
+    Capabilities, KvDtype, KvUsage, MAX_THREADS, OpTime, StepCounters, check_threads,
+};
 pub use package::{DeclaredShape, PackageConfig, PackageFormat};
 pub use score::Scorer;
 pub use sequence::{Logprobs, Sequence, Step};
@@ -333,16 +335,10 @@ impl Model {
         };
         let config = PackageConfig::read(&dir)?;
         let model_path = dir.join(&config.model_file);
-        if options.threads > oxgen_runtime::MAX_THREADS {
-            return Err(Error::Package {
-                path: dir.display().to_string(),
-                reason: format!(
-                    "{} threads asked for; at most {} (0 uses every core)",
-                    options.threads,
-                    oxgen_runtime::MAX_THREADS
-                ),
-            });
-        }
+        oxgen_runtime::check_threads(options.threads).map_err(|reason| Error::Package {
+            path: dir.display().to_string(),
+            reason,
+        })?;
         // Resolved here, once: the native pool is built of this many, ONNX Runtime gets as
         // many, and `threads()` reports it.
         let threads = oxgen_runtime::resolve_threads(options.threads);

@@ -27,6 +27,17 @@ pub use oxgen_tensor::Dim;
 /// is checked against it).
 pub const MAX_THREADS: usize = 1024;
 
+/// A thread count asked for (0: every core), checked against [`MAX_THREADS`]: the one check,
+/// which the CLI's flags and `Model::open` both make, with its one message.
+pub fn check_threads(threads: usize) -> Result<usize, String> {
+    match threads <= MAX_THREADS {
+        true => Ok(threads),
+        false => Err(format!(
+            "{threads} threads asked for; at most {MAX_THREADS} (0 uses every core)"
+        )),
+    }
+}
+
 /// The thread count a backend runs with when asked for `threads`: 0 means every core the
 /// process may use. Resolved once, so what a run reports is what it used (with 0, the most
 /// it used: the native pool then leaves room for other processes' work).

@@ -4,7 +4,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 /// Characters of a message, and of a `param`, an error body carries at most: both may echo
 /// what the client sent (a model name, a field name, a value), which may be huge.
@@ -168,12 +168,13 @@ impl ApiError {
     /// The JSON body, also sent as a streaming error chunk. What it echoes of the request is
     /// clipped ([`MAX_MESSAGE`], [`MAX_PARAM`]).
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": clip(&self.message, MAX_MESSAGE),
-            "type": self.kind,
-            "param": self.param.as_deref().map(|p| clip(p, MAX_PARAM)),
-            "code": self.code,
-        }})
+        let error = OpenAiError {
+            message: clip(&self.message, MAX_MESSAGE),
+            kind: self.kind,
+            param: self.param.as_deref().map(|p| clip(p, MAX_PARAM)),
+            code: self.code,
+        };
+        to_value(Envelope { error })
     }
 }
 
@@ -203,6 +204,40 @@ impl From<oxgen::EngineError> for ApiError {
         };
         ApiError::unavailable(code, e.to_string())
     }
+}
+
+/// `{"error": ...}`: OpenAI's envelope of an error object, Ollama's of a message.
+#[derive(Serialize)]
+struct Envelope<T> {
+    error: T,
+}
+
+#[derive(Serialize)]
+struct OpenAiError {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<String>,
+    code: Option<&'static str>,
+}
+
+/// Anthropic's: `{"type": "error", "error": {"type": ..., "message": ...}}`.
+#[derive(Serialize)]
+struct Tagged<T> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    error: T,
+}
+
+#[derive(Serialize)]
+struct AnthropicError {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: String,
+}
+
+fn to_value(v: impl Serialize) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
 }
 
 /// The API a request speaks, which shapes its errors (and names it in `/metrics`).
@@ -257,13 +292,19 @@ impl ApiError {
             Protocol::Anthropic => {
                 let (status, kind) = self.anthropic();
                 let message = clip(&self.message, MAX_MESSAGE);
-                let body = json!({"type": "error", "error": {"type": kind, "message": message}});
-                (status, body)
+                let error = AnthropicError { kind, message };
+                (
+                    status,
+                    to_value(Tagged {
+                        kind: "error",
+                        error,
+                    }),
+                )
             }
-            Protocol::Ollama => (
-                self.status,
-                json!({"error": clip(&self.message, MAX_MESSAGE)}),
-            ),
+            Protocol::Ollama => {
+                let error = clip(&self.message, MAX_MESSAGE);
+                (self.status, to_value(Envelope { error }))
+            }
         }
     }
 
@@ -289,6 +330,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// Anthropic's clients read `error.type` and retry 529: the server being busy or not
     /// ready is `overloaded_error` there; Ollama's errors are a bare string.

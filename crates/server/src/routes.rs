@@ -8,6 +8,7 @@
 mod anthropic;
 mod http;
 mod ollama;
+mod openai;
 mod response;
 mod responses;
 mod tokens;
@@ -27,7 +28,7 @@ use oxgen::Constraint;
 use oxgen::engine::{Event, Job, JobPrompt, Sink};
 use oxgen::prepare::Prepared;
 pub(super) use oxgen::prepare::Request as PrepareRequest;
-use serde_json::{Value, json};
+use serde::Serialize;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 use self::http::{MAX_IGNORED_NAME, Notes, body, cors, guard, reply};
@@ -350,8 +351,19 @@ async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
     }
 }
 
+/// `/v1/models`' list.
+#[derive(Serialize)]
+struct ModelList<'a> {
+    object: &'static str,
+    data: [ModelCard<'a>; 1],
+}
+
 async fn models(State(app): State<Arc<App>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [model_card(&app)]})).into_response()
+    axum::Json(ModelList {
+        object: "list",
+        data: [model_card(&app)],
+    })
+    .into_response()
 }
 
 async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
@@ -377,50 +389,104 @@ fn batching(app: &App) -> &'static str {
     }
 }
 
-fn model_card(app: &App) -> Value {
-    json!({
-        "id": app.config.model_id,
-        "object": "model",
-        "created": app.started,
-        "owned_by": "oxgen",
-        "aliases": app.config.aliases,
-        "meta": {
-            "backend": app.loaded.get().map(|l| l.backend),
-            "threads": app.loaded.get().map(|l| l.threads),
-            "context_length": app.loaded.get().map(|l| l.limit.max()),
-            "max_batch": app.config.max_batch,
-            "max_tokens_limit": app.config.max_tokens_limit,
-            "batching": batching(app),
-            "prefill_chunk": app.config.prefill_chunk,
-            "fused_decode": app.loaded.get().map(|l| l.capabilities.fused_decode),
-            "fused_prefill_with_past": app.loaded.get().map(|l| l.capabilities.fused_prefill_with_past),
-            "kv_dtype": app.loaded.get().map(|l| l.kv_dtype.name()),
-            "kv_cache": app.loaded.get().and_then(|l| l.kv.map(|kv| json!({
-                "paged": true,
-                "block_size": kv.block_size,
-                "blocks": kv.total,
-                "prefix_cache": l.prefix_cache,
-            }))),
+/// The served model as `/v1/models` lists it, with how it runs (`null`s while it loads).
+#[derive(Serialize)]
+struct ModelCard<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    aliases: &'a [String],
+    meta: ModelMeta,
+}
+
+#[derive(Serialize)]
+struct ModelMeta {
+    backend: Option<&'static str>,
+    threads: Option<usize>,
+    context_length: Option<usize>,
+    max_batch: usize,
+    max_tokens_limit: usize,
+    batching: &'static str,
+    prefill_chunk: usize,
+    fused_decode: Option<bool>,
+    fused_prefill_with_past: Option<bool>,
+    kv_dtype: Option<&'static str>,
+    kv_cache: Option<KvCache>,
+}
+
+#[derive(Serialize)]
+struct KvCache {
+    paged: bool,
+    block_size: usize,
+    blocks: usize,
+    prefix_cache: bool,
+}
+
+fn model_card(app: &App) -> ModelCard<'_> {
+    let loaded = app.loaded.get();
+    ModelCard {
+        id: &app.config.model_id,
+        object: "model",
+        created: app.started,
+        owned_by: "oxgen",
+        aliases: &app.config.aliases,
+        meta: ModelMeta {
+            backend: loaded.map(|l| l.backend),
+            threads: loaded.map(|l| l.threads),
+            context_length: loaded.map(|l| l.limit.max()),
+            max_batch: app.config.max_batch,
+            max_tokens_limit: app.config.max_tokens_limit,
+            batching: batching(app),
+            prefill_chunk: app.config.prefill_chunk,
+            fused_decode: loaded.map(|l| l.capabilities.fused_decode),
+            fused_prefill_with_past: loaded.map(|l| l.capabilities.fused_prefill_with_past),
+            kv_dtype: loaded.map(|l| l.kv_dtype.name()),
+            kv_cache: loaded.and_then(|l| {
+                l.kv.map(|kv| KvCache {
+                    paged: true,
+                    block_size: kv.block_size,
+                    blocks: kv.total,
+                    prefix_cache: l.prefix_cache,
+                })
+            }),
         },
-    })
+    }
+}
+
+/// `/health`'s body: the phase, the requests the engine holds, and why it failed if it did.
+#[derive(Serialize)]
+struct Health<'a> {
+    status: &'static str,
+    requests: Live,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct Live {
+    queued: usize,
+    running: usize,
+    kv_sequences: usize,
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
-    let live = json!({
-        "queued": app.metrics.engine.queued(),
-        "running": app.metrics.engine.running(),
-        "kv_sequences": app.metrics.engine.kv_sequences(),
-    });
+    let engine = &app.metrics.engine;
     let (status, state) = match app.phase() {
         Phase::Ready => (StatusCode::OK, "ok"),
         Phase::Loading => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
         Phase::Draining => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         Phase::Failed => (StatusCode::SERVICE_UNAVAILABLE, "failed"),
     };
-    let mut body = json!({"status": state, "requests": live});
-    if let Some(reason) = app.failure.get() {
-        body["error"] = json!(reason);
-    }
+    let body = Health {
+        status: state,
+        requests: Live {
+            queued: engine.queued(),
+            running: engine.running(),
+            kv_sequences: engine.kv_sequences(),
+        },
+        error: app.failure.get().map(String::as_str),
+    };
     (status, axum::Json(body)).into_response()
 }
 

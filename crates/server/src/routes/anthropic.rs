@@ -10,7 +10,8 @@ use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use oxgen::{FinishReason, Reply, ReplyDelta};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::http::body;
 use super::response::{Kind, response_id};
@@ -31,41 +32,146 @@ fn stop_reason(turn: &Turn, stops: &[String]) -> (&'static str, Option<String>) 
     }
 }
 
+/// A whole message, or (with no content and no stop yet) the one a stream starts with.
+#[derive(Serialize)]
+struct Message<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: Vec<Block>,
+    stop_reason: Option<&'static str>,
+    stop_sequence: Option<String>,
+    usage: Usage,
+}
+
+/// A content block.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Thinking {
+        thinking: String,
+        signature: &'static str,
+    },
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
+}
+
+/// A streamed block's delta (its `type` is the block's, `_delta`).
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum BlockDelta<'a> {
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: &'a str },
+    #[serde(rename = "text_delta")]
+    Text { text: &'a str },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: &'a str },
+}
+
+/// The named events of a stream (each one's `type` is its name).
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum StreamEvent<'a> {
+    MessageStart { message: Message<'a> },
+    Ping,
+    ContentBlockStart { index: usize, content_block: Block },
+    ContentBlockDelta { index: usize, delta: BlockDelta<'a> },
+    ContentBlockStop { index: usize },
+    MessageDelta { delta: StopDelta, usage: Usage },
+    MessageStop,
+}
+
+#[derive(Serialize)]
+struct StopDelta {
+    stop_reason: &'static str,
+    stop_sequence: Option<String>,
+}
+
+/// The tokens of a message: the prompt's not served by the prefix cache, the generated, and
+/// the cache's (none written: blocks are cached as they fill). A stream's first message
+/// counts its prompt alone.
+#[derive(Serialize)]
+struct Usage {
+    input_tokens: usize,
+    output_tokens: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_creation_input_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_read_input_tokens: Option<usize>,
+}
+
+impl Usage {
+    fn of(counts: Counts) -> Usage {
+        Usage {
+            input_tokens: counts.prompt_tokens - counts.cached_tokens,
+            output_tokens: counts.completion_tokens,
+            cache_creation_input_tokens: Some(0),
+            cache_read_input_tokens: Some(counts.cached_tokens),
+        }
+    }
+}
+
+impl StreamEvent<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            StreamEvent::MessageStart { .. } => "message_start",
+            StreamEvent::Ping => "ping",
+            StreamEvent::ContentBlockStart { .. } => "content_block_start",
+            StreamEvent::ContentBlockDelta { .. } => "content_block_delta",
+            StreamEvent::ContentBlockStop { .. } => "content_block_stop",
+            StreamEvent::MessageDelta { .. } => "message_delta",
+            StreamEvent::MessageStop => "message_stop",
+        }
+    }
+
+    fn sse(&self) -> Sse {
+        Sse::default()
+            .event(self.name())
+            .data(serde_json::to_string(self).unwrap_or_default())
+    }
+}
+
 /// A call's arguments as the object `input` is (`{}` where a reply cut short left them
 /// unfinished).
 fn input(arguments: &str) -> Value {
-    serde_json::from_str(arguments).unwrap_or_else(|_| json!({}))
+    serde_json::from_str(arguments).unwrap_or_else(|_| Value::Object(Default::default()))
 }
 
 /// The content blocks of a whole reply: its thinking, its text, its calls.
-fn content(reply: &Reply) -> Vec<Value> {
+fn content(reply: &Reply) -> Vec<Block> {
     let mut blocks = Vec::new();
     if !reply.reasoning.is_empty() {
-        blocks.push(json!({"type": "thinking", "thinking": reply.reasoning, "signature": ""}));
+        blocks.push(Block::Thinking {
+            thinking: reply.reasoning.clone(),
+            signature: "",
+        });
     }
     if !reply.content.is_empty() || reply.calls.is_empty() {
-        blocks.push(json!({"type": "text", "text": reply.content}));
+        blocks.push(Block::Text {
+            text: reply.content.clone(),
+        });
     }
     for c in &reply.calls {
-        blocks.push(
-            json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input(&c.arguments)}),
-        );
+        blocks.push(Block::ToolUse {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            input: input(&c.arguments),
+        });
     }
     blocks
 }
 
-fn usage(counts: Counts) -> Value {
-    json!({
-        "input_tokens": counts.prompt_tokens - counts.cached_tokens,
-        "output_tokens": counts.completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": counts.cached_tokens,
-    })
-}
-
 /// The block open while a reply streams.
 #[derive(PartialEq)]
-enum Block {
+enum Open {
     Thinking,
     Text,
     ToolUse,
@@ -76,44 +182,37 @@ struct Events {
     id: String,
     model: String,
     stops: Vec<String>,
-    open: Option<Block>,
+    open: Option<Open>,
     /// Blocks opened so far.
     blocks: usize,
 }
 
-fn event(name: &str, data: Value) -> Sse {
-    Sse::default().event(name).data(data.to_string())
-}
-
 impl Events {
-    /// Opens block `block` (closing the one before), started by `start`.
-    fn begin(&mut self, block: Block, start: Value, out: &mut Vec<Sse>) {
+    /// Opens a block of kind `open` (closing the one before), started by `start`.
+    fn begin(&mut self, open: Open, start: Block, out: &mut Vec<Sse>) {
         self.end(out);
         let index = self.blocks;
-        out.push(event(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": index, "content_block": start}),
-        ));
-        self.open = Some(block);
+        out.push(
+            StreamEvent::ContentBlockStart {
+                index,
+                content_block: start,
+            }
+            .sse(),
+        );
+        self.open = Some(open);
         self.blocks += 1;
     }
 
     fn end(&mut self, out: &mut Vec<Sse>) {
         if self.open.take().is_some() {
             let index = self.blocks - 1;
-            out.push(event(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": index}),
-            ));
+            out.push(StreamEvent::ContentBlockStop { index }.sse());
         }
     }
 
-    fn delta(&self, delta: Value) -> Sse {
+    fn delta(&self, delta: BlockDelta) -> Sse {
         let index = self.blocks - 1;
-        event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": index, "delta": delta}),
-        )
+        StreamEvent::ContentBlockDelta { index, delta }.sse()
     }
 }
 
@@ -121,17 +220,24 @@ impl Encode for Events {
     type Frame = Sse;
 
     fn start(&mut self, turn: &Turn) -> Vec<Sse> {
-        let message = json!({
-            "id": self.id, "type": "message", "role": "assistant", "content": [],
-            "model": self.model, "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": 0},
-        });
+        let message = Message {
+            id: &self.id,
+            kind: "message",
+            role: "assistant",
+            model: &self.model,
+            content: Vec::new(),
+            stop_reason: None,
+            stop_sequence: None,
+            usage: Usage {
+                input_tokens: turn.prompt_tokens,
+                output_tokens: 0,
+                cache_creation_input_tokens: None,
+                cache_read_input_tokens: None,
+            },
+        };
         vec![
-            event(
-                "message_start",
-                json!({"type": "message_start", "message": message}),
-            ),
-            event("ping", json!({"type": "ping"})),
+            StreamEvent::MessageStart { message }.sse(),
+            StreamEvent::Ping.sse(),
         ]
     }
 
@@ -140,24 +246,34 @@ impl Encode for Events {
         for d in &turn.deltas {
             match d {
                 ReplyDelta::Reasoning(t) => {
-                    if self.open != Some(Block::Thinking) {
-                        let start = json!({"type": "thinking", "thinking": "", "signature": ""});
-                        self.begin(Block::Thinking, start, &mut out);
+                    if self.open != Some(Open::Thinking) {
+                        let start = Block::Thinking {
+                            thinking: String::new(),
+                            signature: "",
+                        };
+                        self.begin(Open::Thinking, start, &mut out);
                     }
-                    out.push(self.delta(json!({"type": "thinking_delta", "thinking": t})));
+                    out.push(self.delta(BlockDelta::Thinking { thinking: t }));
                 }
                 ReplyDelta::Content(t) => {
-                    if self.open != Some(Block::Text) {
-                        self.begin(Block::Text, json!({"type": "text", "text": ""}), &mut out);
+                    if self.open != Some(Open::Text) {
+                        let start = Block::Text {
+                            text: String::new(),
+                        };
+                        self.begin(Open::Text, start, &mut out);
                     }
-                    out.push(self.delta(json!({"type": "text_delta", "text": t})));
+                    out.push(self.delta(BlockDelta::Text { text: t }));
                 }
                 ReplyDelta::CallStart { id, name, .. } => {
-                    let start = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
-                    self.begin(Block::ToolUse, start, &mut out);
+                    let start = Block::ToolUse {
+                        id: id.clone(),
+                        name: name.clone(),
+                        input: Value::Object(Default::default()),
+                    };
+                    self.begin(Open::ToolUse, start, &mut out);
                 }
                 ReplyDelta::CallArguments { text, .. } => {
-                    out.push(self.delta(json!({"type": "input_json_delta", "partial_json": text})));
+                    out.push(self.delta(BlockDelta::InputJson { partial_json: text }));
                 }
             }
         }
@@ -167,20 +283,20 @@ impl Encode for Events {
     fn done(&mut self, turn: &Turn, counts: Counts) -> Vec<Sse> {
         let mut out = Vec::new();
         self.end(&mut out);
-        let (reason, sequence) = stop_reason(turn, &self.stops);
-        out.push(event(
-            "message_delta",
-            json!({"type": "message_delta",
-                   "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                   "usage": usage(counts)}),
-        ));
-        out.push(event("message_stop", json!({"type": "message_stop"})));
+        let (stop_reason, stop_sequence) = stop_reason(turn, &self.stops);
+        let delta = StopDelta {
+            stop_reason,
+            stop_sequence,
+        };
+        let usage = Usage::of(counts);
+        out.push(StreamEvent::MessageDelta { delta, usage }.sse());
+        out.push(StreamEvent::MessageStop.sse());
         out
     }
 
     fn error(&mut self, e: ApiError) -> Vec<Sse> {
         let (_, body) = e.shaped(Protocol::Anthropic);
-        vec![event("error", body)]
+        vec![Sse::default().event("error").data(body.to_string())]
     }
 }
 
@@ -211,7 +327,7 @@ pub(super) async fn messages(State(app): State<Arc<App>>, request: Request) -> R
             blocks: 0,
         };
         let frames = frames(turn, events).map(Ok::<_, std::convert::Infallible>);
-        let ping = event("ping", json!({"type": "ping"}));
+        let ping = StreamEvent::Ping.sse();
         axum::response::Sse::new(frames)
             .keep_alive(
                 KeepAlive::new()
@@ -222,13 +338,17 @@ pub(super) async fn messages(State(app): State<Arc<App>>, request: Request) -> R
     } else {
         match turn.collect().await {
             Ok(counts) => {
-                let (reason, sequence) = stop_reason(&turn, &stops);
-                axum::Json(json!({
-                    "id": id, "type": "message", "role": "assistant", "model": model,
-                    "content": content(turn.reply()),
-                    "stop_reason": reason, "stop_sequence": sequence,
-                    "usage": usage(counts),
-                }))
+                let (reason, stop_sequence) = stop_reason(&turn, &stops);
+                axum::Json(Message {
+                    id: &id,
+                    kind: "message",
+                    role: "assistant",
+                    model: &model,
+                    content: content(turn.reply()),
+                    stop_reason: Some(reason),
+                    stop_sequence,
+                    usage: Usage::of(counts),
+                })
                 .into_response()
             }
             Err(e) => e.response(Protocol::Anthropic),
@@ -236,6 +356,11 @@ pub(super) async fn messages(State(app): State<Arc<App>>, request: Request) -> R
     };
     notes.apply(&mut response);
     response
+}
+
+#[derive(Serialize)]
+struct TokenCount {
+    input_tokens: usize,
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render it.
@@ -254,7 +379,9 @@ pub(super) async fn count_tokens(State(app): State<Arc<App>>, request: Request) 
         request.add_generation_prompt = r.render.add_generation_prompt;
         let prepared = prepare(loaded, request, false).await?;
         let tokens: usize = prepared.prompts.iter().map(|(ids, _)| ids.len()).sum();
-        Ok::<_, ApiError>(json!({"input_tokens": tokens}))
+        Ok::<_, ApiError>(TokenCount {
+            input_tokens: tokens,
+        })
     };
     match counted.await {
         Ok(body) => axum::Json(body).into_response(),

@@ -11,7 +11,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use oxgen::{FinishReason, Reply, ReplyDelta};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::http::body;
 use super::response::Kind;
@@ -43,6 +44,59 @@ enum Endpoint {
     Generate,
 }
 
+/// One object of a reply's stream, or the whole reply.
+#[derive(Serialize)]
+struct Object<'a> {
+    model: &'a str,
+    created_at: String,
+    /// `/api/chat`'s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<ChatMessage<'a>>,
+    /// `/api/generate`'s text and thinking.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
+    done: bool,
+    /// The last object's: why it ended, token counts and timings in nanoseconds.
+    #[serde(flatten)]
+    end: Option<End>,
+}
+
+#[derive(Serialize)]
+struct ChatMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Call<'a>>,
+}
+
+/// A call, its arguments as an object.
+#[derive(Serialize)]
+struct Call<'a> {
+    id: &'a str,
+    function: CallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    name: &'a str,
+    arguments: Value,
+}
+
+#[derive(Serialize)]
+struct End {
+    done_reason: &'static str,
+    total_duration: u64,
+    load_duration: u64,
+    prompt_eval_count: usize,
+    prompt_eval_duration: u64,
+    eval_count: usize,
+    eval_duration: u64,
+}
+
 /// A reply as Ollama streams or returns it.
 struct Lines {
     endpoint: Endpoint,
@@ -55,44 +109,42 @@ struct Lines {
 impl Lines {
     /// One object of the stream (or the whole reply): the reply's text and thinking in
     /// `content` and `thinking`, its calls (chat) with their arguments as objects.
-    fn object(
-        &self,
-        content: &str,
-        thinking: &str,
-        calls: &[oxgen::ToolCall],
+    fn object<'a>(
+        &'a self,
+        content: &'a str,
+        thinking: &'a str,
+        calls: &'a [oxgen::ToolCall],
         done: bool,
-    ) -> Value {
-        let mut o = json!({"model": self.model, "created_at": now()});
-        match self.endpoint {
-            Endpoint::Chat => {
-                let mut message = json!({"role": "assistant", "content": content});
-                if !thinking.is_empty() {
-                    message["thinking"] = json!(thinking);
-                }
-                if !calls.is_empty() {
-                    message["tool_calls"] = (calls.iter())
-                        .map(|c| {
-                            let arguments: Value = serde_json::from_str(&c.arguments)
-                                .unwrap_or_else(|_| json!({}));
-                            json!({"id": c.id, "function": {"name": c.name, "arguments": arguments}})
-                        })
-                        .collect();
-                }
-                o["message"] = message;
-            }
-            Endpoint::Generate => {
-                o["response"] = json!(content);
-                if !thinking.is_empty() {
-                    o["thinking"] = json!(thinking);
-                }
-            }
+    ) -> Object<'a> {
+        let thinking = (!thinking.is_empty()).then_some(thinking);
+        let chat = self.endpoint == Endpoint::Chat;
+        Object {
+            model: &self.model,
+            created_at: now(),
+            message: chat.then(|| ChatMessage {
+                role: "assistant",
+                content,
+                thinking,
+                tool_calls: (calls.iter())
+                    .map(|c| Call {
+                        id: &c.id,
+                        function: CallFunction {
+                            name: &c.name,
+                            arguments: serde_json::from_str(&c.arguments)
+                                .unwrap_or_else(|_| Value::Object(Default::default())),
+                        },
+                    })
+                    .collect(),
+            }),
+            response: (!chat).then_some(content),
+            thinking: thinking.filter(|_| !chat),
+            done,
+            end: None,
         }
-        o["done"] = json!(done);
-        o
     }
 
     /// The last object's fields: why it ended, the token counts and the timings.
-    fn finish(o: &mut Value, turn: &Turn, counts: Counts) {
+    fn end(turn: &Turn, counts: Counts) -> End {
         let reason = match turn.finish {
             Some(FinishReason::Length | FinishReason::Context) => "length",
             _ => "stop",
@@ -100,17 +152,19 @@ impl Lines {
         let end = Instant::now();
         let first = turn.first_token.unwrap_or(end);
         let nanos = |from: Instant, to: Instant| to.duration_since(from).as_nanos() as u64;
-        o["done_reason"] = json!(reason);
-        o["total_duration"] = json!(nanos(turn.queued, end));
-        o["load_duration"] = json!(0);
-        o["prompt_eval_count"] = json!(counts.prompt_tokens);
-        o["prompt_eval_duration"] = json!(nanos(turn.queued, first));
-        o["eval_count"] = json!(counts.completion_tokens);
-        o["eval_duration"] = json!(nanos(first, end));
+        End {
+            done_reason: reason,
+            total_duration: nanos(turn.queued, end),
+            load_duration: 0,
+            prompt_eval_count: counts.prompt_tokens,
+            prompt_eval_duration: nanos(turn.queued, first),
+            eval_count: counts.completion_tokens,
+            eval_duration: nanos(first, end),
+        }
     }
 
-    fn line(v: &Value) -> String {
-        let mut line = v.to_string();
+    fn line(v: &impl Serialize) -> String {
+        let mut line = serde_json::to_string(v).unwrap_or_default();
         line.push('\n');
         line
     }
@@ -134,10 +188,10 @@ impl Encode for Lines {
         if self.content.is_empty() && self.thinking.is_empty() {
             return Vec::new();
         }
-        let o = self.object(&self.content, &self.thinking, &[], false);
+        let line = Lines::line(&self.object(&self.content, &self.thinking, &[], false));
         self.content.clear();
         self.thinking.clear();
-        vec![Lines::line(&o)]
+        vec![line]
     }
 
     fn done(&mut self, turn: &Turn, counts: Counts) -> Vec<String> {
@@ -147,7 +201,7 @@ impl Encode for Lines {
             out.push(Lines::line(&self.object("", "", calls, false)));
         }
         let mut last = self.object("", "", &[], true);
-        Lines::finish(&mut last, turn, counts);
+        last.end = Some(Lines::end(turn, counts));
         out.push(Lines::line(&last));
         out
     }
@@ -218,7 +272,7 @@ async fn generate_with(app: Arc<App>, request: Request, endpoint: Endpoint) -> R
                     &[]
                 };
                 let mut o = lines.object(content, reasoning, calls, true);
-                Lines::finish(&mut o, &turn, counts);
+                o.end = Some(Lines::end(&turn, counts));
                 axum::Json(o).into_response()
             }
             Err(e) => e.response(Protocol::Ollama),
@@ -230,41 +284,114 @@ async fn generate_with(app: Arc<App>, request: Request, endpoint: Endpoint) -> R
 
 /// The model as `/api/tags`, `/api/show` and `/api/ps` list it (what Ollama reads from a
 /// GGUF's metadata, an ONNX package does not say: those fields are empty).
-fn entry(app: &App) -> Map<String, Value> {
+#[derive(Serialize)]
+struct Entry<'a> {
+    name: &'a str,
+    model: &'a str,
+    modified_at: String,
+    size: u64,
+    digest: &'static str,
+    details: Details,
+}
+
+#[derive(Serialize)]
+struct Details {
+    parent_model: &'static str,
+    format: &'static str,
+    family: &'static str,
+    families: [&'static str; 0],
+    parameter_size: &'static str,
+    quantization_level: &'static str,
+}
+
+fn entry(app: &App) -> Entry<'_> {
     let modified = jiff::Timestamp::from_second(app.started as i64).unwrap_or_default();
-    let mut m = Map::new();
-    m.insert("name".into(), json!(app.config.model_id));
-    m.insert("model".into(), json!(app.config.model_id));
-    m.insert("modified_at".into(), json!(modified.to_string()));
-    m.insert("size".into(), json!(0));
-    m.insert("digest".into(), json!(""));
-    let details = json!({"parent_model": "", "format": "onnx", "family": "", "families": [],
-                         "parameter_size": "", "quantization_level": ""});
-    m.insert("details".into(), details);
-    m
+    Entry {
+        name: &app.config.model_id,
+        model: &app.config.model_id,
+        modified_at: modified.to_string(),
+        size: 0,
+        digest: "",
+        details: Details {
+            parent_model: "",
+            format: "onnx",
+            family: "",
+            families: [],
+            parameter_size: "",
+            quantization_level: "",
+        },
+    }
+}
+
+#[derive(Serialize)]
+struct Models<T> {
+    models: Vec<T>,
 }
 
 /// `GET /api/tags`: the model served.
 pub(super) async fn tags(State(app): State<Arc<App>>) -> Response {
-    axum::Json(json!({"models": [entry(&app)]})).into_response()
+    axum::Json(Models {
+        models: vec![entry(&app)],
+    })
+    .into_response()
+}
+
+/// The model as `/api/ps` lists it, resident.
+#[derive(Serialize)]
+struct Resident<'a> {
+    #[serde(flatten)]
+    entry: Entry<'a>,
+    expires_at: &'static str,
+    size_vram: u64,
+    context_length: usize,
 }
 
 /// `GET /api/ps`: the model resident (the one served, once loaded).
 pub(super) async fn ps(State(app): State<Arc<App>>) -> Response {
-    let mut models = Vec::new();
-    if let Some(loaded) = app.loaded.get() {
-        let mut m = entry(&app);
-        m.insert("expires_at".into(), json!("2318-01-01T00:00:00Z"));
-        m.insert("size_vram".into(), json!(0));
-        m.insert("context_length".into(), json!(loaded.limit.max()));
-        models.push(Value::Object(m));
-    }
-    axum::Json(json!({"models": models})).into_response()
+    let models = (app.loaded.get().into_iter())
+        .map(|loaded| Resident {
+            entry: entry(&app),
+            expires_at: "2318-01-01T00:00:00Z",
+            size_vram: 0,
+            context_length: loaded.limit.max(),
+        })
+        .collect();
+    axum::Json(Models { models }).into_response()
+}
+
+#[derive(Serialize)]
+struct Version {
+    version: &'static str,
 }
 
 /// `GET /api/version`.
 pub(super) async fn version() -> Response {
-    axum::Json(json!({"version": OLLAMA_API_VERSION})).into_response()
+    axum::Json(Version {
+        version: OLLAMA_API_VERSION,
+    })
+    .into_response()
+}
+
+/// What `/api/show` says of the model.
+#[derive(Serialize)]
+struct Shown<'a> {
+    #[serde(flatten)]
+    entry: Entry<'a>,
+    modelfile: &'static str,
+    parameters: &'static str,
+    template: &'a str,
+    model_info: ModelInfo<'a>,
+    capabilities: Vec<&'static str>,
+}
+
+#[derive(Serialize)]
+struct ModelInfo<'a> {
+    #[serde(rename = "general.architecture")]
+    architecture: &'static str,
+    #[serde(rename = "general.basename")]
+    basename: &'a str,
+    #[serde(rename = "oxgen.context_length")]
+    context_length: usize,
 }
 
 /// `POST /api/show` (`{"model": NAME}`): the model's template, context length and
@@ -285,20 +412,18 @@ pub(super) async fn show(State(app): State<Arc<App>>, request: Request) -> Respo
         if template.contains("</think>") || template.contains("<|channel|>") {
             capabilities.push("thinking");
         }
-        let mut shown = entry(&app);
-        shown.insert("modelfile".into(), json!(""));
-        shown.insert("parameters".into(), json!(""));
-        shown.insert("template".into(), json!(template));
-        shown.insert(
-            "model_info".into(),
-            json!({
-                "general.architecture": "oxgen",
-                "general.basename": app.config.model_id,
-                "oxgen.context_length": loaded.limit.max(),
-            }),
-        );
-        shown.insert("capabilities".into(), json!(capabilities));
-        Ok::<_, ApiError>(Value::Object(shown))
+        Ok::<_, ApiError>(Shown {
+            entry: entry(&app),
+            modelfile: "",
+            parameters: "",
+            template,
+            model_info: ModelInfo {
+                architecture: "oxgen",
+                basename: &app.config.model_id,
+                context_length: loaded.limit.max(),
+            },
+            capabilities,
+        })
     };
     match shown.await {
         Ok(v) => axum::Json(v).into_response(),

@@ -9,12 +9,16 @@ use std::time::{Duration, Instant};
 use axum::response::IntoResponse;
 use axum::response::sse::{Event as Sse, KeepAlive};
 use futures_util::StreamExt;
-use oxgen::{Logprobs, Reply, ReplyDelta, ReplyParser, ReplySyntax};
-use serde_json::{Map, Value, json};
+use oxgen::engine::{Counts, Event};
+use oxgen::{Reply, ReplyDelta, ReplyParser, ReplySyntax};
+use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::openai::{
+    Body, Choice as ChoiceOut, Completion, CompletionLogprobs, Delta, DeltaCall, DeltaFunction,
+    Function, Keyed, Logprobs, Message, PromptLogprob, TokenLogprob, ToolCall, Usage, UsageField,
+};
 use crate::error::ApiError;
-use oxgen::engine::{Counts, Event};
 
 pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -75,9 +79,9 @@ pub(super) struct Choice {
     parser: Option<ReplyParser>,
     finish: Option<&'static str>,
     /// (id, log-probabilities) per token.
-    logprobs: Vec<(u32, Logprobs)>,
+    logprobs: Vec<(u32, oxgen::Logprobs)>,
     /// Its prompt's log-probabilities, from the prompt's second id on.
-    prompt: Vec<Logprobs>,
+    prompt: Vec<oxgen::Logprobs>,
     /// Streaming: the echoed prompt went out.
     echoed: bool,
     /// Tokens generated inside the reasoning block.
@@ -123,78 +127,61 @@ impl Choice {
     }
 
     /// The chat message of a whole reply.
-    fn message(&self) -> Value {
+    fn message(&self) -> Message {
+        let mut m = Message {
+            role: "assistant",
+            content: Some(self.text.clone()),
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+        };
         if self.parser.is_none() {
-            return json!({"role": "assistant", "content": self.text});
+            return m;
         }
         let r = &self.reply;
-        let content = if r.content.is_empty() && !r.calls.is_empty() {
-            Value::Null
-        } else {
-            json!(r.content)
-        };
-        let mut m = json!({"role": "assistant", "content": content});
-        if !r.reasoning.is_empty() {
-            m["reasoning_content"] = json!(r.reasoning);
-        }
-        if !r.calls.is_empty() {
-            m["tool_calls"] = (r.calls.iter())
-                .map(|c| {
-                    json!({"id": c.id, "type": "function",
-                           "function": {"name": c.name, "arguments": c.arguments}})
-                })
-                .collect();
-        }
+        m.content = (!r.content.is_empty() || r.calls.is_empty()).then(|| r.content.clone());
+        m.reasoning_content = (!r.reasoning.is_empty()).then(|| r.reasoning.clone());
+        m.tool_calls = (r.calls.iter())
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                kind: "function",
+                function: Function {
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                },
+            })
+            .collect();
         m
     }
 }
 
 /// A streamed chat delta.
-pub(super) fn delta_json(d: &ReplyDelta) -> Value {
+fn delta(d: &ReplyDelta) -> Delta {
+    let call = |index, id: Option<&String>, name: Option<&String>, arguments: &str| DeltaCall {
+        index,
+        id: id.cloned(),
+        kind: id.map(|_| "function"),
+        function: DeltaFunction {
+            name: name.cloned(),
+            arguments: arguments.to_string(),
+        },
+    };
     match d {
-        ReplyDelta::Content(t) => json!({"content": t}),
-        ReplyDelta::Reasoning(t) => json!({"reasoning_content": t}),
-        ReplyDelta::CallStart { index, id, name } => json!({"tool_calls": [{
-            "index": index, "id": id, "type": "function",
-            "function": {"name": name, "arguments": ""},
-        }]}),
-        ReplyDelta::CallArguments { index, text } => json!({"tool_calls": [{
-            "index": index, "function": {"arguments": text},
-        }]}),
-    }
-}
-
-/// `usage`, with the prompt tokens the prefix cache served and, for chat, the tokens spent
-/// reasoning.
-pub(super) fn usage(counts: Counts, reasoning_tokens: Option<usize>) -> Value {
-    let mut u = json!({
-        "prompt_tokens": counts.prompt_tokens,
-        "completion_tokens": counts.completion_tokens,
-        "total_tokens": counts.prompt_tokens + counts.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": counts.cached_tokens},
-    });
-    if let Some(reasoning_tokens) = reasoning_tokens {
-        u["completion_tokens_details"] = json!({
-            "reasoning_tokens": reasoning_tokens,
-            "accepted_prediction_tokens": counts.accepted_prediction_tokens,
-            "rejected_prediction_tokens": counts.rejected_prediction_tokens,
-        });
-    }
-    u
-}
-
-/// Two completions `logprobs` objects as one: each array of `b` after `a`'s.
-pub(super) fn concat_logprobs(a: Value, b: Value) -> Value {
-    match (a, b) {
-        (Value::Object(mut a), Value::Object(b)) => {
-            for (k, v) in b {
-                if let (Some(Value::Array(into)), Value::Array(more)) = (a.get_mut(&k), v) {
-                    into.extend(more);
-                }
-            }
-            Value::Object(a)
-        }
-        (a, _) => a,
+        ReplyDelta::Content(t) => Delta {
+            content: Some(t.clone()),
+            ..Delta::default()
+        },
+        ReplyDelta::Reasoning(t) => Delta {
+            reasoning_content: Some(t.clone()),
+            ..Delta::default()
+        },
+        ReplyDelta::CallStart { index, id, name } => Delta {
+            tool_calls: vec![call(*index, Some(id), Some(name), "")],
+            ..Delta::default()
+        },
+        ReplyDelta::CallArguments { index, text } => Delta {
+            tool_calls: vec![call(*index, None, None, text)],
+            ..Delta::default()
+        },
     }
 }
 
@@ -207,33 +194,25 @@ impl Pending {
     /// The `logprobs` object of a choice's `tokens`, in the endpoint's shape, and the
     /// `text_offset` after them: completions' offsets run over the token texts (whether the
     /// tokens arrive at once or chunk by chunk), from `text_start`.
-    fn logprobs_json(&self, tokens: &[(u32, Logprobs)], text_start: usize) -> (Value, usize) {
+    fn logprobs(&self, tokens: &[(u32, oxgen::Logprobs)], text_start: usize) -> (Logprobs, usize) {
         if !self.logprobs {
-            return (Value::Null, text_start);
+            return (Logprobs::None, text_start);
         }
         match self.kind {
             Kind::Chat => {
-                let entry = |id: u32, logprob: f32| {
-                    json!({
-                        "token": token_text(&self.encoder, id),
-                        "logprob": logprob,
-                        "bytes": self.encoder.token_bytes(id),
-                    })
+                let entry = |id: u32, logprob: f32| TokenLogprob {
+                    token: token_text(&self.encoder, id),
+                    logprob,
+                    bytes: self.encoder.token_bytes(id),
+                    top_logprobs: None,
                 };
-                let content: Vec<Value> = tokens
-                    .iter()
-                    .map(|(id, lp)| {
-                        let mut e = entry(*id, lp.logprob);
-                        e["top_logprobs"] = lp
-                            .top
-                            .iter()
-                            .map(|&(t, l)| entry(t, l))
-                            .collect::<Vec<_>>()
-                            .into();
-                        e
+                let content = (tokens.iter())
+                    .map(|(id, lp)| TokenLogprob {
+                        top_logprobs: Some(lp.top.iter().map(|&(t, l)| entry(t, l)).collect()),
+                        ..entry(*id, lp.logprob)
                     })
                     .collect();
-                (json!({ "content": content }), text_start)
+                (Logprobs::Chat { content }, text_start)
             }
             Kind::Completion => {
                 let entries = tokens.iter().map(|(id, lp)| (*id, Some(lp)));
@@ -246,33 +225,27 @@ impl Pending {
     /// prompt's first id, which has none), offsets from `text_start`.
     fn completion_logprobs<'l>(
         &self,
-        entries: impl Iterator<Item = (u32, Option<&'l Logprobs>)>,
+        entries: impl Iterator<Item = (u32, Option<&'l oxgen::Logprobs>)>,
         text_start: usize,
-    ) -> (Value, usize) {
+    ) -> (Logprobs, usize) {
         let mut offset = text_start;
-        let (mut texts, mut lps, mut tops, mut offsets) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut out = CompletionLogprobs::default();
         for (id, lp) in entries {
             let token = token_text(&self.encoder, id);
-            offsets.push(offset);
+            out.text_offset.push(offset);
             offset += token.len();
-            texts.push(token);
-            let Some(lp) = lp else {
-                lps.push(Value::Null);
-                tops.push(Value::Null);
-                continue;
-            };
-            lps.push(json!(lp.logprob));
-            // Keyed by text: ids that decode alike keep the likeliest one's value.
-            let mut top = serde_json::Map::new();
-            for &(t, l) in &lp.top {
-                top.entry(token_text(&self.encoder, t)).or_insert(json!(l));
-            }
-            tops.push(Value::Object(top));
+            out.tokens.push(token);
+            out.token_logprobs.push(lp.map(|lp| lp.logprob));
+            out.top_logprobs.push(lp.map(|lp| {
+                // Keyed by text: ids that decode alike keep the likeliest one's value.
+                let mut top = Keyed::new();
+                for &(t, l) in &lp.top {
+                    top.first(token_text(&self.encoder, t), || l);
+                }
+                top
+            }));
         }
-        let v = json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops,
-               "text_offset": offsets});
-        (v, offset)
+        (Logprobs::Completion(out), offset)
     }
 
     /// Choice `c`'s prompt: its ids and text.
@@ -282,10 +255,10 @@ impl Pending {
 
     /// Choice `c`'s echoed prompt: its text, and its ids as completions' `logprobs` entries
     /// with the offset after them (`null` without log-probabilities).
-    fn echo_json(&self, c: usize, choice: &Choice) -> (String, Value, usize) {
+    fn echo(&self, c: usize, choice: &Choice) -> (String, Logprobs, usize) {
         let (ids, text) = self.prompt_of(c);
         if !self.logprobs {
-            return (text.clone(), Value::Null, 0);
+            return (text.clone(), Logprobs::None, 0);
         }
         let lps = std::iter::once(None).chain(choice.prompt.iter().map(Some));
         let (logprobs, end) = self.completion_logprobs(ids.iter().copied().zip(lps), 0);
@@ -295,25 +268,22 @@ impl Pending {
     /// vLLM's `prompt_logprobs` of a choice: `null` for the first id, then for each a map
     /// from token id to `{logprob, rank, decoded_token}` holding the prompt's id and the
     /// likeliest ones (`rank` where it is among them).
-    fn prompt_logprobs_json(&self, c: usize, choice: &Choice) -> Value {
+    fn prompt_logprobs(&self, c: usize, choice: &Choice) -> Vec<Option<Keyed<PromptLogprob>>> {
         let (ids, _) = self.prompt_of(c);
-        let mut out = vec![Value::Null];
+        let mut out = vec![None];
         for (id, lp) in ids.iter().skip(1).zip(&choice.prompt) {
-            let mut m = Map::new();
-            let mut put = |id: u32, logprob: f32| {
-                let rank = lp.top.iter().position(|&(t, _)| t == id).map(|r| r + 1);
-                m.entry(id.to_string()).or_insert_with(|| {
-                    json!({"logprob": logprob, "rank": rank,
-                           "decoded_token": token_text(&self.encoder, id)})
+            let mut m = Keyed::new();
+            let own = std::iter::once((*id, lp.logprob));
+            for (id, logprob) in own.chain(lp.top.iter().copied()) {
+                m.first(id.to_string(), || PromptLogprob {
+                    logprob,
+                    rank: lp.top.iter().position(|&(t, _)| t == id).map(|r| r + 1),
+                    decoded_token: token_text(&self.encoder, id),
                 });
-            };
-            put(*id, lp.logprob);
-            for &(t, l) in &lp.top {
-                put(t, l);
             }
-            out.push(Value::Object(m));
+            out.push(Some(m));
         }
-        Value::Array(out)
+        out
     }
 
     fn object(&self) -> &'static str {
@@ -324,53 +294,80 @@ impl Pending {
         }
     }
 
-    fn envelope(&self, choices: Vec<Value>) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.object(),
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": Value::Null,
-            "choices": choices,
-        })
+    fn envelope(&self, choices: Vec<ChoiceOut>, usage: UsageField) -> Completion<'_> {
+        Completion {
+            id: &self.id,
+            object: self.object(),
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices,
+            usage,
+        }
     }
 
     /// A streaming chunk; with `include_usage` every chunk carries `"usage": null`.
-    fn chunk(&self, choices: Vec<Value>) -> Value {
-        let mut chunk = self.envelope(choices);
-        if self.include_usage {
-            chunk["usage"] = Value::Null;
-        }
-        chunk
+    fn chunk(&self, choices: Vec<ChoiceOut>) -> Completion<'_> {
+        let usage = match self.include_usage {
+            true => UsageField::Null,
+            false => UsageField::Absent,
+        };
+        self.envelope(choices, usage)
     }
 
-    /// A choice of a response or a chunk: `body` as its message, delta or text.
-    fn choice(&self, index: usize, body: Value, logprobs: Value, finish: Option<&str>) -> Value {
-        let mut c = json!({"index": index, "logprobs": logprobs, "finish_reason": finish});
-        let key = match (self.kind, self.stream) {
-            (Kind::Chat, false) => "message",
-            (Kind::Chat, true) => "delta",
-            (Kind::Completion, _) => "text",
-        };
-        c[key] = body;
-        c
+    /// A choice's body from its text: a completion's text, or a chat delta or message of it.
+    fn body(&self, text: String) -> Body {
+        match (self.kind, self.stream) {
+            (Kind::Completion, _) => Body::Text(text),
+            (Kind::Chat, true) => Body::Delta(Delta {
+                content: Some(text),
+                ..Delta::default()
+            }),
+            (Kind::Chat, false) => Body::Message(Message {
+                role: "assistant",
+                content: Some(text),
+                reasoning_content: None,
+                tool_calls: Vec::new(),
+            }),
+        }
+    }
+
+    /// A choice of a response or a chunk.
+    fn choice(
+        &self,
+        index: usize,
+        body: Body,
+        logprobs: Logprobs,
+        finish: Option<&'static str>,
+    ) -> ChoiceOut {
+        ChoiceOut {
+            index,
+            body,
+            logprobs,
+            finish_reason: finish,
+            prompt_logprobs: None,
+        }
     }
 
     /// A whole choice of a non-streamed response.
-    fn whole_choice(&self, i: usize, c: &Choice) -> Value {
-        let (logprobs, _) = self.logprobs_json(&c.logprobs, 0);
+    fn whole_choice(&self, i: usize, c: &Choice) -> ChoiceOut {
+        let (logprobs, _) = self.logprobs(&c.logprobs, 0);
         let mut choice = match self.kind {
-            Kind::Chat => self.choice(i, c.message(), logprobs, c.finish),
+            Kind::Chat => self.choice(i, Body::Message(c.message()), logprobs, c.finish),
             Kind::Completion if self.echo => {
-                let (text, echoed, end) = self.echo_json(i, c);
-                let (generated, _) = self.logprobs_json(&c.logprobs, end);
-                let logprobs = concat_logprobs(echoed, generated);
-                self.choice(i, json!(text + &c.text), logprobs, c.finish)
+                let (text, echoed, end) = self.echo(i, c);
+                let (generated, _) = self.logprobs(&c.logprobs, end);
+                self.choice(
+                    i,
+                    Body::Text(text + &c.text),
+                    echoed.then(generated),
+                    c.finish,
+                )
             }
-            Kind::Completion => self.choice(i, json!(c.text), logprobs, c.finish),
+            Kind::Completion => self.choice(i, Body::Text(c.text.clone()), logprobs, c.finish),
         };
         if self.prompt_logprobs {
-            choice["prompt_logprobs"] = self.prompt_logprobs_json(i, c);
+            choice.prompt_logprobs = Some(self.prompt_logprobs(i, c));
         }
         choice
     }
@@ -384,16 +381,17 @@ impl Pending {
         c: &mut Choice,
         offset: &mut usize,
         deltas: &mut Vec<ReplyDelta>,
-    ) -> Vec<Value> {
+    ) -> Vec<Completion<'_>> {
         let mut out = Vec::new();
         if self.echo && !c.echoed {
             c.echoed = true;
-            let (text, logprobs, end) = self.echo_json(i, c);
+            let (text, logprobs, end) = self.echo(i, c);
             *offset = end;
-            out.push(self.chunk(vec![self.choice(i, json!(text), logprobs, None)]));
+            out.push(self.chunk(vec![self.choice(i, self.body(text), logprobs, None)]));
         }
         if self.discard {
-            out.push(self.chunk(vec![self.choice(i, json!(""), Value::Null, Some("length"))]));
+            let body = self.body(String::new());
+            out.push(self.chunk(vec![self.choice(i, body, Logprobs::None, Some("length"))]));
             return out;
         }
         if c.parser.is_some() {
@@ -405,15 +403,15 @@ impl Pending {
             deltas.clear();
         }
         let tokens: Vec<_> = step.logprobs.map(|lp| (step.id, lp)).into_iter().collect();
-        let (mut logprobs, end) = self.logprobs_json(&tokens, *offset);
+        let (mut logprobs, end) = self.logprobs(&tokens, *offset);
         *offset = end;
-        if deltas.is_empty() && !logprobs.is_null() {
+        if deltas.is_empty() && !logprobs.is_none() {
             deltas.push(ReplyDelta::Content(String::new()));
         }
         for d in deltas.iter() {
             let body = match (self.kind, d) {
-                (Kind::Chat, d) => delta_json(d),
-                (Kind::Completion, ReplyDelta::Content(t)) => json!(t),
+                (Kind::Chat, d) => Body::Delta(delta(d)),
+                (Kind::Completion, ReplyDelta::Content(t)) => Body::Text(t.clone()),
                 (Kind::Completion, _) => continue,
             };
             let lp = std::mem::take(&mut logprobs);
@@ -421,23 +419,23 @@ impl Pending {
         }
         if let Some(f) = step.finish {
             let empty = match self.kind {
-                Kind::Chat => json!({}),
-                Kind::Completion => json!(""),
+                Kind::Chat => Body::Delta(Delta::default()),
+                Kind::Completion => Body::Text(String::new()),
             };
             let reason = c.finish_reason(f);
-            out.push(self.chunk(vec![self.choice(i, empty, Value::Null, Some(reason))]));
+            out.push(self.chunk(vec![self.choice(i, empty, Logprobs::None, Some(reason))]));
         }
         out
     }
 
     /// The response's `usage`.
-    fn usage(&self, mut counts: Counts, choices: &[Choice]) -> Value {
+    fn usage(&self, mut counts: Counts, choices: &[Choice]) -> UsageField {
         if self.discard {
             counts.completion_tokens = 0;
         }
         let reasoning =
             (self.kind == Kind::Chat).then(|| choices.iter().map(|c| c.reasoning_tokens).sum());
-        usage(counts, reasoning)
+        UsageField::Counts(Usage::new(counts, reasoning))
     }
 
     /// The choices, each with its parser when the reply is taken apart.
@@ -478,9 +476,8 @@ pub(super) async fn collect(mut p: Pending) -> Result<Value, ApiError> {
                 let choices = (choices.iter().enumerate())
                     .map(|(i, c)| p.whole_choice(i, c))
                     .collect();
-                let mut body = p.envelope(choices);
-                body["usage"] = usage;
-                return Ok(body);
+                let body = serde_json::to_value(p.envelope(choices, usage));
+                return body.map_err(|e| ApiError::internal(format!("the response: {e}")));
             }
             Some(Event::Error(e)) => return Err(e.into()),
             None => {
@@ -493,30 +490,34 @@ pub(super) async fn collect(mut p: Pending) -> Result<Value, ApiError> {
     }
 }
 
+/// One server-sent event of `v` as JSON.
+fn data(v: &impl serde::Serialize) -> Sse {
+    Sse::default().data(serde_json::to_string(v).unwrap_or_default())
+}
+
 /// Server-sent events: a role chunk first (chat), content chunks (reasoning and tool-call
 /// deltas too, when the reply is taken apart; an echoed prompt first), a finish chunk per
 /// choice, the usage chunk when asked, then `[DONE]`; an error becomes an error chunk
 /// followed by `[DONE]`. Dropping the stream (the client left) drops the receiver, which
 /// cancels the request at the engine's next turn.
 pub(super) fn stream(p: Pending) -> impl IntoResponse {
-    let data = |v: Value| Sse::default().data(v.to_string());
     let mut first = Vec::new();
     if p.kind == Kind::Chat {
         let role = (0..p.n)
             .map(|i| {
-                p.choice(
-                    i,
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                    None,
-                )
+                let delta = Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                    ..Delta::default()
+                };
+                p.choice(i, Body::Delta(delta), Logprobs::None, None)
             })
             .collect();
-        first.push(p.chunk(role));
+        first.push(data(&p.chunk(role)));
     }
     let offsets = vec![0usize; p.n];
     let choices = p.choices();
-    let head = futures_util::stream::iter(first.into_iter().map(data));
+    let head = futures_util::stream::iter(first);
     let state = Some((p, offsets, choices, Vec::new()));
     let body = futures_util::stream::unfold(state, move |state| async move {
         let (mut p, mut offsets, mut choices, mut deltas) = state?;
@@ -528,23 +529,19 @@ pub(super) fn stream(p: Pending) -> impl IntoResponse {
             Some(Event::Token { choice, step }) => {
                 let (c, offset) = (&mut choices[choice], &mut offsets[choice]);
                 let out = p.token_chunks(choice, step, c, offset, &mut deltas);
-                return Some((
-                    out.into_iter().map(data).collect::<Vec<_>>(),
-                    Some((p, offsets, choices, deltas)),
-                ));
+                let out = out.iter().map(data).collect::<Vec<_>>();
+                return Some((out, Some((p, offsets, choices, deltas))));
             }
             Some(Event::Done(counts)) => {
                 let mut out = Vec::new();
                 if p.include_usage {
-                    let mut chunk = p.envelope(Vec::new());
-                    chunk["usage"] = p.usage(counts, &choices);
-                    out.push(data(chunk));
+                    out.push(data(&p.envelope(Vec::new(), p.usage(counts, &choices))));
                 }
                 out
             }
-            Some(Event::Error(e)) => vec![data(ApiError::from(e).body())],
+            Some(Event::Error(e)) => vec![data(&ApiError::from(e).body())],
             None => vec![data(
-                ApiError::unavailable("engine_failed", "the engine stopped").body(),
+                &ApiError::unavailable("engine_failed", "the engine stopped").body(),
             )],
         };
         let mut out = out;

@@ -13,7 +13,8 @@ use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use oxgen::{ChatMessage, FinishReason, Prompt, Reply, ReplyDelta};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::http::body;
 use super::response::{Kind, Pending, response_id, unix_now};
@@ -22,6 +23,168 @@ use crate::App;
 use crate::api;
 use crate::error::{ApiError, Protocol};
 use oxgen::engine::Counts;
+
+/// A response object.
+#[derive(Serialize)]
+struct ResponseObject<'a> {
+    id: &'a str,
+    object: &'static str,
+    created_at: u64,
+    status: &'static str,
+    background: bool,
+    error: Option<()>,
+    incomplete_details: Option<Incomplete>,
+    model: &'a str,
+    output: Vec<Item>,
+    usage: Option<Usage>,
+    store: bool,
+    service_tier: &'static str,
+    top_logprobs: u32,
+    max_tool_calls: Option<()>,
+    user: Option<()>,
+    /// The request's settings, as the response echoes them.
+    #[serde(flatten)]
+    echo: &'a Map<String, Value>,
+}
+
+#[derive(Serialize)]
+struct Incomplete {
+    reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    input_tokens: usize,
+    input_tokens_details: InputDetails,
+    output_tokens: usize,
+    output_tokens_details: OutputDetails,
+    total_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct InputDetails {
+    cached_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct OutputDetails {
+    reasoning_tokens: usize,
+}
+
+/// An output item.
+#[derive(Serialize, Clone)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Item {
+    Reasoning {
+        id: String,
+        summary: [(); 0],
+        content: Vec<Part>,
+        status: &'static str,
+    },
+    Message {
+        id: String,
+        role: &'static str,
+        status: &'static str,
+        content: Vec<Part>,
+    },
+    FunctionCall {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        status: &'static str,
+    },
+}
+
+/// A content part of an item (`logprobs` on a finished message's text).
+#[derive(Serialize, Clone)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Part {
+    ReasoningText {
+        text: String,
+    },
+    OutputText {
+        text: String,
+        annotations: [(); 0],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        logprobs: Option<[(); 0]>,
+    },
+}
+
+/// A streamed event's payload (each also carries its `type` and `sequence_number`).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Payload<'a> {
+    Response {
+        response: &'a Value,
+    },
+    Item {
+        output_index: usize,
+        item: &'a Item,
+    },
+    Part {
+        item_id: &'a str,
+        output_index: usize,
+        content_index: usize,
+        part: &'a Part,
+    },
+    /// Text or arguments so far (`delta`) or whole (`text`, `arguments`).
+    Text(TextPayload<'a>),
+    Error {
+        code: Option<&'static str>,
+        message: &'a str,
+        param: Option<&'a str>,
+    },
+}
+
+#[derive(Serialize)]
+struct TextPayload<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_index: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    arguments: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<[(); 0]>,
+}
+
+/// An event: its payload with its `type` and `sequence_number`.
+#[derive(Serialize)]
+struct EventBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    sequence_number: u64,
+    #[serde(flatten)]
+    payload: Payload<'a>,
+}
+
+/// A text event's payload with no text yet: the fields are set by the caller.
+fn text_event(item_id: &str, output_index: usize, content: bool) -> TextPayload<'_> {
+    TextPayload {
+        item_id,
+        output_index,
+        content_index: content.then_some(0),
+        name: None,
+        delta: None,
+        text: None,
+        arguments: None,
+        logprobs: None,
+    }
+}
+
+#[derive(Serialize)]
+struct Deleted<'a> {
+    id: &'a str,
+    object: &'static str,
+    deleted: bool,
+}
 
 /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`: the newest
 /// `capacity`, the oldest evicted first.
@@ -108,50 +271,53 @@ impl Meta {
     /// The response object.
     fn object(
         &self,
-        status: &str,
-        output: Vec<Value>,
-        usage: Value,
+        status: &'static str,
+        output: Vec<Item>,
+        usage: Option<Usage>,
         finish: Option<FinishReason>,
     ) -> Value {
-        let incomplete = matches!(finish, Some(FinishReason::Length | FinishReason::Context))
-            .then(|| json!({"reason": "max_output_tokens"}));
-        let mut o = json!({
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "background": false,
-            "error": null,
-            "incomplete_details": incomplete,
-            "model": self.model,
-            "output": output,
-            "usage": usage,
-            "store": self.store,
-            "service_tier": "default",
-            "top_logprobs": 0,
-            "max_tool_calls": null,
-            "user": null,
-        });
-        for (key, value) in &self.echo {
-            o[key] = value.clone();
-        }
-        o
+        let cut = matches!(finish, Some(FinishReason::Length | FinishReason::Context));
+        let object = ResponseObject {
+            id: &self.id,
+            object: "response",
+            created_at: self.created_at,
+            status,
+            background: false,
+            error: None,
+            incomplete_details: cut.then_some(Incomplete {
+                reason: "max_output_tokens",
+            }),
+            model: &self.model,
+            output,
+            usage,
+            store: self.store,
+            service_tier: "default",
+            top_logprobs: 0,
+            max_tool_calls: None,
+            user: None,
+            echo: &self.echo,
+        };
+        serde_json::to_value(object).unwrap_or_default()
     }
 
     /// The finished response: its status, object and (with `store`) its place in the store.
-    fn finish(&self, output: Vec<Value>, reply: &Reply, turn: &Turn, counts: Counts) -> Value {
+    fn finish(&self, output: Vec<Item>, reply: &Reply, turn: &Turn, counts: Counts) -> Value {
         let status = match turn.finish {
             Some(FinishReason::Length | FinishReason::Context) => "incomplete",
             _ => "completed",
         };
-        let usage = json!({
-            "input_tokens": counts.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": counts.cached_tokens},
-            "output_tokens": counts.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": turn.reasoning_tokens()},
-            "total_tokens": counts.prompt_tokens + counts.completion_tokens,
-        });
-        let body = self.object(status, output, usage, turn.finish);
+        let usage = Usage {
+            input_tokens: counts.prompt_tokens,
+            input_tokens_details: InputDetails {
+                cached_tokens: counts.cached_tokens,
+            },
+            output_tokens: counts.completion_tokens,
+            output_tokens_details: OutputDetails {
+                reasoning_tokens: turn.reasoning_tokens(),
+            },
+            total_tokens: counts.prompt_tokens + counts.completion_tokens,
+        };
+        let body = self.object(status, output, Some(usage), turn.finish);
         if self.store {
             let mut conversation = self.history.clone();
             conversation.push(assistant_message(reply));
@@ -193,9 +359,17 @@ enum Open {
     },
 }
 
+impl Open {
+    fn id(&self) -> &str {
+        match self {
+            Open::Reasoning { id, .. } | Open::Message { id, .. } | Open::Call { id, .. } => id,
+        }
+    }
+}
+
 /// A reply's output items, built delta by delta; streaming, with the events that say so.
 struct Output {
-    items: Vec<Value>,
+    items: Vec<Item>,
     open: Option<Open>,
     /// Events to send (streaming only), each with its sequence number.
     events: Vec<Sse>,
@@ -214,16 +388,18 @@ impl Output {
         }
     }
 
-    fn emit(&mut self, kind: &str, data: impl FnOnce() -> Value) {
+    fn emit(&mut self, kind: &'static str, payload: Payload) {
         if !self.stream {
             return;
         }
-        let mut data = data();
-        data["type"] = json!(kind);
-        data["sequence_number"] = json!(self.sequence);
+        let body = EventBody {
+            kind,
+            sequence_number: self.sequence,
+            payload,
+        };
         self.sequence += 1;
-        self.events
-            .push(Sse::default().event(kind).data(data.to_string()));
+        let data = serde_json::to_string(&body).unwrap_or_default();
+        self.events.push(Sse::default().event(kind).data(data));
     }
 
     fn index(&self) -> usize {
@@ -232,35 +408,60 @@ impl Output {
 
     /// Opens an item: announced, with its content part where it has one.
     fn begin(&mut self, open: Open) {
-        let index = self.index();
+        let output_index = self.index();
         let (item, part) = match &open {
             Open::Reasoning { id, .. } => (
-                json!({"type": "reasoning", "id": id, "summary": [], "content": [], "status": "in_progress"}),
-                Some((id.clone(), json!({"type": "reasoning_text", "text": ""}))),
+                Item::Reasoning {
+                    id: id.clone(),
+                    summary: [],
+                    content: Vec::new(),
+                    status: "in_progress",
+                },
+                Some(Part::ReasoningText {
+                    text: String::new(),
+                }),
             ),
             Open::Message { id, .. } => (
-                json!({"type": "message", "id": id, "role": "assistant", "status": "in_progress", "content": []}),
-                Some((
-                    id.clone(),
-                    json!({"type": "output_text", "text": "", "annotations": []}),
-                )),
+                Item::Message {
+                    id: id.clone(),
+                    role: "assistant",
+                    status: "in_progress",
+                    content: Vec::new(),
+                },
+                Some(Part::OutputText {
+                    text: String::new(),
+                    annotations: [],
+                    logprobs: None,
+                }),
             ),
             Open::Call {
                 id, call_id, name, ..
             } => (
-                json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
-                       "arguments": "", "status": "in_progress"}),
+                Item::FunctionCall {
+                    id: id.clone(),
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                    arguments: String::new(),
+                    status: "in_progress",
+                },
                 None,
             ),
         };
+        let item = &item;
         self.emit(
             "response.output_item.added",
-            || json!({"output_index": index, "item": item}),
+            Payload::Item { output_index, item },
         );
-        if let Some((id, part)) = part {
+        if let Some(part) = &part {
+            let item_id = open.id();
             self.emit(
                 "response.content_part.added",
-                || json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                Payload::Part {
+                    item_id,
+                    output_index,
+                    content_index: 0,
+                    part,
+                },
             );
         }
         self.open = Some(open);
@@ -271,30 +472,46 @@ impl Output {
         let Some(open) = self.open.take() else {
             return;
         };
-        let index = self.index();
+        let output_index = self.index();
         let item = match open {
             Open::Reasoning { id, text } => {
-                let part = json!({"type": "reasoning_text", "text": text});
-                self.emit("response.reasoning_text.done", || {
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text})
-                });
-                self.emit("response.content_part.done", || {
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part})
-                });
-                json!({"type": "reasoning", "id": id, "summary": [], "content": [part], "status": "completed"})
+                self.emit(
+                    "response.reasoning_text.done",
+                    Payload::Text(TextPayload {
+                        text: Some(&text),
+                        ..text_event(&id, output_index, true)
+                    }),
+                );
+                let part = Part::ReasoningText { text };
+                self.done_part(&id, output_index, &part);
+                Item::Reasoning {
+                    id,
+                    summary: [],
+                    content: vec![part],
+                    status: "completed",
+                }
             }
             Open::Message { id, text } => {
-                let part =
-                    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
-                self.emit("response.output_text.done", || {
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
-                           "logprobs": []})
-                });
-                self.emit("response.content_part.done", || {
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part})
-                });
-                json!({"type": "message", "id": id, "role": "assistant", "status": "completed",
-                       "content": [part]})
+                self.emit(
+                    "response.output_text.done",
+                    Payload::Text(TextPayload {
+                        text: Some(&text),
+                        logprobs: Some([]),
+                        ..text_event(&id, output_index, true)
+                    }),
+                );
+                let part = Part::OutputText {
+                    text,
+                    annotations: [],
+                    logprobs: Some([]),
+                };
+                self.done_part(&id, output_index, &part);
+                Item::Message {
+                    id,
+                    role: "assistant",
+                    status: "completed",
+                    content: vec![part],
+                }
             }
             Open::Call {
                 id,
@@ -302,18 +519,44 @@ impl Output {
                 name,
                 arguments,
             } => {
-                self.emit("response.function_call_arguments.done", || {
-                    json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments})
-                });
-                json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
-                       "arguments": arguments, "status": "completed"})
+                self.emit(
+                    "response.function_call_arguments.done",
+                    Payload::Text(TextPayload {
+                        name: Some(&name),
+                        arguments: Some(&arguments),
+                        ..text_event(&id, output_index, false)
+                    }),
+                );
+                Item::FunctionCall {
+                    id,
+                    call_id,
+                    name,
+                    arguments,
+                    status: "completed",
+                }
             }
         };
         self.emit(
             "response.output_item.done",
-            || json!({"output_index": index, "item": item}),
+            Payload::Item {
+                output_index,
+                item: &item,
+            },
         );
         self.items.push(item);
+    }
+
+    /// `response.content_part.done` for item `item_id`'s finished part.
+    fn done_part(&mut self, item_id: &str, output_index: usize, part: &Part) {
+        self.emit(
+            "response.content_part.done",
+            Payload::Part {
+                item_id,
+                output_index,
+                content_index: 0,
+                part,
+            },
+        );
     }
 
     fn delta(&mut self, d: &ReplyDelta) {
@@ -330,9 +573,13 @@ impl Output {
                 if let Some(Open::Reasoning { id, text }) = &mut self.open {
                     text.push_str(t);
                     let id = id.clone();
-                    self.emit("response.reasoning_text.delta", || {
-                        json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t})
-                    });
+                    self.emit(
+                        "response.reasoning_text.delta",
+                        Payload::Text(TextPayload {
+                            delta: Some(t),
+                            ..text_event(&id, index, true)
+                        }),
+                    );
                 }
             }
             ReplyDelta::Content(t) => {
@@ -347,10 +594,14 @@ impl Output {
                 if let Some(Open::Message { id, text }) = &mut self.open {
                     text.push_str(t);
                     let id = id.clone();
-                    self.emit("response.output_text.delta", || {
-                        json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t,
-                               "logprobs": []})
-                    });
+                    self.emit(
+                        "response.output_text.delta",
+                        Payload::Text(TextPayload {
+                            delta: Some(t),
+                            logprobs: Some([]),
+                            ..text_event(&id, index, true)
+                        }),
+                    );
                 }
             }
             ReplyDelta::CallStart { id, name, .. } => {
@@ -369,7 +620,10 @@ impl Output {
                     let id = id.clone();
                     self.emit(
                         "response.function_call_arguments.delta",
-                        || json!({"item_id": id, "output_index": index, "delta": t}),
+                        Payload::Text(TextPayload {
+                            delta: Some(t),
+                            ..text_event(&id, index, false)
+                        }),
                     );
                 }
             }
@@ -405,13 +659,9 @@ impl Encode for Events {
     type Frame = Sse;
 
     fn start(&mut self, _turn: &Turn) -> Vec<Sse> {
-        let response = self
-            .meta
-            .object("in_progress", Vec::new(), Value::Null, None);
-        self.output
-            .emit("response.created", || json!({"response": response}));
-        self.output
-            .emit("response.in_progress", || json!({"response": response}));
+        let response = &self.meta.object("in_progress", Vec::new(), None, None);
+        (self.output).emit("response.created", Payload::Response { response });
+        (self.output).emit("response.in_progress", Payload::Response { response });
         self.take()
     }
 
@@ -425,19 +675,20 @@ impl Encode for Events {
     fn done(&mut self, turn: &Turn, counts: Counts) -> Vec<Sse> {
         self.output.finish();
         let items = self.output.items.clone();
-        let response = self.meta.finish(items, turn.reply(), turn, counts);
+        let response = &self.meta.finish(items, turn.reply(), turn, counts);
         // `response.completed` even for an incomplete response (its status says so): the
         // SDK's `get_final_response` finds the response in that event alone.
-        self.output
-            .emit("response.completed", || json!({"response": response}));
+        (self.output).emit("response.completed", Payload::Response { response });
         self.take()
     }
 
     fn error(&mut self, e: ApiError) -> Vec<Sse> {
-        self.output.emit(
-            "error",
-            || json!({"code": e.code, "message": e.message, "param": e.param}),
-        );
+        let error = Payload::Error {
+            code: e.code,
+            message: &e.message,
+            param: e.param.as_deref(),
+        };
+        self.output.emit("error", error);
         self.take()
     }
 }
@@ -527,9 +778,12 @@ pub(super) async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> 
 pub(super) async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     let removed = app.store().remove(&id);
     match removed {
-        true => {
-            axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
-        }
+        true => axum::Json(Deleted {
+            id: &id,
+            object: "response",
+            deleted: true,
+        })
+        .into_response(),
         false => app.missing(&id, "response_id").into_response(),
     }
 }

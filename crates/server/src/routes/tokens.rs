@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::response::Response;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::http::{body, reply};
 use super::{PrepareRequest, prepare};
@@ -77,7 +78,11 @@ pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> R
                 ));
             }
         };
-        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": loaded.limit.max()}))
+        Ok(to_value(Tokenized {
+            count: ids.len(),
+            tokens: ids,
+            max_model_len: loaded.limit.max(),
+        }))
     };
     reply(result.await, Protocol::OpenAi)
 }
@@ -87,14 +92,14 @@ pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> R
 /// template, the context.
 pub(super) async fn tokenizer_info(State(app): State<Arc<App>>) -> Response {
     let result = app.ready().map(|loaded| {
-        json!({
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "eos_token": loaded.eos_token,
-            "bos_token": loaded.bos_token,
-            "pad_token": Value::Null,
-            "chat_template": loaded.encoder.template().map(|t| t.source()),
-            "model_max_length": loaded.limit.max(),
-            "vocab_size": loaded.vocab,
+        to_value(TokenizerInfo {
+            tokenizer_class: "PreTrainedTokenizerFast",
+            eos_token: loaded.eos_token.as_deref(),
+            bos_token: loaded.bos_token.as_deref(),
+            pad_token: None,
+            chat_template: loaded.encoder.template().map(|t| t.source()),
+            model_max_length: loaded.limit.max(),
+            vocab_size: loaded.vocab,
         })
     });
     reply(result, Protocol::OpenAi)
@@ -118,7 +123,7 @@ pub(super) async fn detokenize(State(app): State<Arc<App>>, request: Request) ->
             .encoder
             .decode(&tokens, false)
             .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
-        Ok(json!({ "prompt": text }))
+        Ok(to_value(Detokenized { prompt: text }))
     };
     reply(result.await, Protocol::OpenAi)
 }
@@ -133,4 +138,32 @@ pub(super) fn check_model(app: &App, map: &Map<String, Value>) -> Result<(), Api
             Err(ApiError::model_not_found(&asked, &app.model_names()))
         }
     }
+}
+
+#[derive(Serialize)]
+struct Tokenized {
+    tokens: Vec<u32>,
+    count: usize,
+    max_model_len: usize,
+}
+
+#[derive(Serialize)]
+struct TokenizerInfo<'a> {
+    tokenizer_class: &'static str,
+    eos_token: Option<&'a str>,
+    bos_token: Option<&'a str>,
+    pad_token: Option<&'a str>,
+    chat_template: Option<&'a str>,
+    model_max_length: usize,
+    vocab_size: usize,
+}
+
+#[derive(Serialize)]
+struct Detokenized {
+    prompt: String,
+}
+
+/// An object as the JSON `reply` sends.
+fn to_value(v: impl Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or_default()
 }
