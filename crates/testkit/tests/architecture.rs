@@ -57,9 +57,8 @@ fn metadata() -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
 }
 
-/// The oxgen crates a package's library or binary source names (`oxgen_exec::…`,
-/// `oxgen::…`), outside comments; tests, benches and examples are not counted.
-fn source_edges(manifest: &Path) -> BTreeSet<String> {
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let path = entry.path();
@@ -71,12 +70,18 @@ fn source_edges(manifest: &Path) -> BTreeSet<String> {
         }
     }
     let mut files = Vec::new();
-    walk(
+    walk(dir, &mut files);
+    files
+}
+
+/// The oxgen crates a package's library or binary source names (`oxgen_exec::…`,
+/// `oxgen::…`), outside comments; tests, benches and examples are not counted.
+fn source_edges(manifest: &Path) -> BTreeSet<String> {
+    let files = rust_files(
         &manifest
             .parent()
             .expect("a manifest has a folder")
             .join("src"),
-        &mut files,
     );
     let mut used = BTreeSet::new();
     for file in files {
@@ -174,4 +179,24 @@ fn crate_map_matches_cargo_metadata() {
         missing.is_empty(),
         "ARCHITECTURE.md lists crates that do not exist: {missing:?}"
     );
+}
+
+/// The facade owns scheduling and chat preparation: the front ends (the server, the Python
+/// package) submit to `oxgen::Engine` and prepare requests with `oxgen::prepare`, so none of
+/// them steps a batch or composes a tool or reasoning grammar itself.
+#[test]
+fn front_ends_schedule_and_prepare_through_the_facade() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for front_end in ["server", "python"] {
+        for file in rust_files(&crates.join(front_end).join("src")) {
+            let text = std::fs::read_to_string(&file).expect("source files are UTF-8");
+            for facade_only in ["advance_batch", "tool_grammar(", "after_reasoning("] {
+                assert!(
+                    !text.contains(facade_only),
+                    "{} calls {facade_only}, which only the facade's engine and prepare may",
+                    file.display()
+                );
+            }
+        }
+    }
 }
