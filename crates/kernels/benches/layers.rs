@@ -33,7 +33,7 @@ use oxgen_kernels::ThreadPool;
 use oxgen_kernels::attention::kv::{CacheElem, Cached};
 use oxgen_kernels::attention::paged::{PagedLayout, Segment, paged_attention, paged_scratch_len};
 use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
-use oxgen_kernels::norm::{Norm, Residual, rms_norm, skip_rms_norm};
+use oxgen_kernels::norm::{Residual, rms_norm, skip_rms_norm};
 use oxgen_kernels::rotary::{HeadsShape, Positions, Rope, rotary};
 use oxgen_kernels::sigmoid::silu_mul;
 use oxgen_kernels::softmax::{SoftmaxKind, softmax};
@@ -297,13 +297,8 @@ fn rmsnorm(c: &mut Criterion) {
             g.throughput(Throughput::Bytes(2 * n as u64 * F32));
             g.bench_function(format!("{rows}x{HIDDEN}/threads={t}"), |b| {
                 b.iter(|| {
-                    rms_norm(
-                        black_box(&x),
-                        Norm::rms(&gamma, rows, HIDDEN, 1e-5),
-                        &mut out,
-                        pool,
-                    )
-                    .expect("shapes match")
+                    rms_norm(black_box(&x), &gamma, rows, HIDDEN, 1e-5, &mut out, pool)
+                        .expect("shapes match")
                 })
             });
             // Reads x and the skip, writes the normalized row and the sum.
@@ -316,7 +311,10 @@ fn rmsnorm(c: &mut Criterion) {
                             skip: &skip,
                             bias: None,
                         },
-                        Norm::rms(&gamma, rows, HIDDEN, 1e-5),
+                        &gamma,
+                        rows,
+                        HIDDEN,
+                        1e-5,
                         &mut out,
                         Some(&mut sum),
                         None,

@@ -21,42 +21,6 @@ use crate::{Scalar, ThreadPool};
 /// take about 1 µs), so a few rows are worth waking the workers for (a batch's eight).
 const ROW_WORK: usize = 16;
 
-/// What a normalization normalizes with: `rows` rows of `n` values, each scaled by `scale`
-/// (and for LayerNormalization shifted by `bias`), `n` elements each, with `epsilon` under
-/// the root. The RMS norms take no bias.
-#[derive(Debug, Clone, Copy)]
-pub struct Norm<'a, T> {
-    pub scale: &'a [T],
-    pub bias: Option<&'a [T]>,
-    pub rows: usize,
-    pub n: usize,
-    pub epsilon: f32,
-}
-
-impl<'a, T> Norm<'a, T> {
-    /// LayerNormalization's: `scale` and an optional `bias`.
-    pub fn layer(
-        scale: &'a [T],
-        bias: Option<&'a [T]>,
-        rows: usize,
-        n: usize,
-        epsilon: f32,
-    ) -> Norm<'a, T> {
-        Norm {
-            scale,
-            bias,
-            rows,
-            n,
-            epsilon,
-        }
-    }
-
-    /// An RMS norm's: `scale` alone.
-    pub fn rms(scale: &'a [T], rows: usize, n: usize, epsilon: f32) -> Norm<'a, T> {
-        Norm::layer(scale, None, rows, n, epsilon)
-    }
-}
-
 /// Rows whose statistics a skip norm sums together (independent chains that overlap).
 const ROW_GROUP: usize = 4;
 /// Per-row outputs of LayerNormalization: the mean and `1 / sqrt(variance + epsilon)`, one
@@ -139,20 +103,18 @@ fn layer_apply_of<T: Accum>(
 
 /// LayerNormalization of each row of `x` (`rows × n`): `(x - mean) / sqrt(var + epsilon) *
 /// scale + bias`, with `scale` and `bias` of `n` elements. Fills `stats` when given.
+#[allow(clippy::too_many_arguments)]
 pub fn layer_norm<T: Accum>(
     x: &[T],
-    norm: Norm<'_, T>,
+    scale: &[T],
+    bias: Option<&[T]>,
+    rows: usize,
+    n: usize,
+    epsilon: f32,
     out: &mut [T],
     stats: Option<LayerNormStats<'_, T::Acc>>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let Norm {
-        scale,
-        bias,
-        rows,
-        n,
-        epsilon,
-    } = norm;
     check_rows(
         (x, out),
         ("scale", scale),
@@ -225,31 +187,32 @@ fn inv_of_squares<A: AccScalar>(squares: A, count: A, eps: A) -> A {
 
 /// RMSNormalization of each row of `x` (`rows × n`): `x / sqrt(mean(x²) + epsilon) * scale`,
 /// with `scale` of `n` elements.
+#[allow(clippy::too_many_arguments)]
 pub fn rms_norm<T: Accum>(
     x: &[T],
-    norm: Norm<'_, T>,
+    scale: &[T],
+    rows: usize,
+    n: usize,
+    epsilon: f32,
     out: &mut [T],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    rms_norm_stats(x, norm, out, None, pool)
+    rms_norm_stats(x, scale, rows, n, epsilon, out, None, pool)
 }
 
 /// [`rms_norm`] that also stores each row's `1 / sqrt(mean(x²) + epsilon)` in `inv_rms`
 /// (`rows` values) when given — SimplifiedLayerNormalization's `inv_std_var`.
+#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_stats<T: Accum>(
     x: &[T],
-    norm: Norm<'_, T>,
+    scale: &[T],
+    rows: usize,
+    n: usize,
+    epsilon: f32,
     out: &mut [T],
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let Norm {
-        scale,
-        rows,
-        n,
-        epsilon,
-        ..
-    } = norm;
     let total = check_rows((x, out), ("scale", scale), None, rows, n)?;
     let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
     let count = <T::Acc as Scalar>::from_f64(n as f64);
@@ -312,22 +275,20 @@ fn check_residual<T>(
 /// `v` rounded to `T` (the residual stream for the next layer) and `stats` with each row's
 /// mean and `1 / sqrt(var + epsilon)` when given. Rows are split between tasks, never one
 /// row, so the bits do not depend on the thread count.
+#[allow(clippy::too_many_arguments)]
 pub fn skip_layer_norm<T: Accum>(
     x: &[T],
     residual: Residual<'_, T>,
-    norm: Norm<'_, T>,
+    gamma: &[T],
+    beta: Option<&[T]>,
+    rows: usize,
+    n: usize,
+    epsilon: f32,
     out: &mut [T],
     sum: Option<&mut [T]>,
     stats: Option<LayerNormStats<'_, T::Acc>>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let Norm {
-        scale: gamma,
-        bias: beta,
-        rows,
-        n,
-        epsilon,
-    } = norm;
     let total = check_rows(
         (x, out),
         ("gamma", gamma),
@@ -393,22 +354,19 @@ pub fn skip_layer_norm<T: Accum>(
 /// sqrt(mean(v²) + epsilon) * gamma`. Fills `sum` with `v` rounded to `T` (the residual
 /// stream for the next layer) and `inv_rms` with each row's `1 / sqrt(mean(v²) + epsilon)`
 /// when given. The normalization uses the unrounded `v`, as onnxruntime's CPU kernel does.
+#[allow(clippy::too_many_arguments)]
 pub fn skip_rms_norm<T: Accum>(
     x: &[T],
     residual: Residual<'_, T>,
-    norm: Norm<'_, T>,
+    gamma: &[T],
+    rows: usize,
+    n: usize,
+    epsilon: f32,
     out: &mut [T],
     sum: Option<&mut [T]>,
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let Norm {
-        scale: gamma,
-        rows,
-        n,
-        epsilon,
-        ..
-    } = norm;
     let total = check_rows((x, out), ("gamma", gamma), None, rows, n)?;
     check_residual(&residual, total, n)?;
     let Residual { skip, bias } = residual;
@@ -536,7 +494,11 @@ mod tests {
         let (mut mean, mut inv) = ([0f32; 2], [0f32; 2]);
         layer_norm(
             &x,
-            Norm::layer(&scale, Some(&bias), 2, 3, 0.0),
+            &scale,
+            Some(&bias),
+            2,
+            3,
+            0.0,
             &mut out,
             Some(LayerNormStats {
                 mean: &mut mean,
@@ -557,14 +519,7 @@ mod tests {
             "{out:?}"
         );
         let mut again = [0f32; 6];
-        layer_norm(
-            &x,
-            Norm::layer(&scale, Some(&bias), 2, 3, 0.0),
-            &mut again,
-            None,
-            &pool,
-        )
-        .unwrap();
+        layer_norm(&x, &scale, Some(&bias), 2, 3, 0.0, &mut again, None, &pool).unwrap();
         assert_eq!(out, again, "stats or not, the outputs agree");
     }
 
@@ -574,7 +529,7 @@ mod tests {
         let x = [f16::from_f32(-3.0); 4];
         let scale = [f16::from_f32(2.0); 4];
         let mut out = [f16::ZERO; 4];
-        rms_norm(&x, Norm::rms(&scale, 1, 4, 0.0), &mut out, &pool).unwrap();
+        rms_norm(&x, &scale, 1, 4, 0.0, &mut out, &pool).unwrap();
         assert!(out.iter().all(|v| v.to_f32() == -2.0));
     }
 
@@ -588,7 +543,11 @@ mod tests {
         let (mut a, mut b, mut one) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; n]);
         layer_norm(
             &x,
-            Norm::layer(&scale, None, rows, n, 1e-5),
+            &scale,
+            None,
+            rows,
+            n,
+            1e-5,
             &mut a,
             None,
             &ThreadPool::new(1),
@@ -596,7 +555,11 @@ mod tests {
         .unwrap();
         layer_norm(
             &x,
-            Norm::layer(&scale, None, rows, n, 1e-5),
+            &scale,
+            None,
+            rows,
+            n,
+            1e-5,
             &mut b,
             None,
             &ThreadPool::new(3),
@@ -605,7 +568,11 @@ mod tests {
         assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
         layer_norm(
             &x[5 * n..6 * n],
-            Norm::layer(&scale, None, 1, n, 1e-5),
+            &scale,
+            None,
+            1,
+            n,
+            1e-5,
             &mut one,
             None,
             &ThreadPool::new(1),
@@ -624,7 +591,10 @@ mod tests {
         assert!(
             rms_norm(
                 &[1f32; 4],
-                Norm::rms(&[1f32; 3], 2, 2, 1e-5),
+                &[1f32; 3],
+                2,
+                2,
+                1e-5,
                 &mut out,
                 &ThreadPool::new(1)
             )
@@ -638,18 +608,11 @@ mod tests {
         let mut out = [0f32; 6];
         let mut inv = [0f32; 2];
         let pool = ThreadPool::new(1);
-        rms_norm_stats(
-            &x,
-            Norm::rms(&[1.0; 3], 2, 3, 0.0),
-            &mut out,
-            Some(&mut inv),
-            &pool,
-        )
-        .unwrap();
+        rms_norm_stats(&x, &[1.0; 3], 2, 3, 0.0, &mut out, Some(&mut inv), &pool).unwrap();
         assert_eq!(inv[0], 1.0 / (25f32 / 3.0).sqrt());
         assert_eq!(inv[1], 1.0 / (2f32 / 3.0).sqrt());
         let mut plain = [0f32; 6];
-        rms_norm(&x, Norm::rms(&[1.0; 3], 2, 3, 0.0), &mut plain, &pool).unwrap();
+        rms_norm(&x, &[1.0; 3], 2, 3, 0.0, &mut plain, &pool).unwrap();
         assert_eq!(out, plain);
     }
 
@@ -666,7 +629,10 @@ mod tests {
                 skip: &skip,
                 bias: Some(&bias),
             },
-            Norm::rms(&gamma, 2, 2, 0.0),
+            &gamma,
+            2,
+            2,
+            0.0,
             &mut out,
             Some(&mut sum),
             Some(&mut inv),
@@ -684,7 +650,10 @@ mod tests {
                 skip: &skip,
                 bias: Some(&bias),
             },
-            Norm::rms(&gamma, 2, 2, 0.0),
+            &gamma,
+            2,
+            2,
+            0.0,
             &mut alone,
             None,
             None,
@@ -713,7 +682,10 @@ mod tests {
             skip_rms_norm(
                 x,
                 Residual { skip, bias: None },
-                Norm::rms(&gamma, rows, n, 1e-6),
+                &gamma,
+                rows,
+                n,
+                1e-6,
                 &mut out,
                 Some(&mut sum),
                 None,
@@ -739,13 +711,7 @@ mod tests {
         };
         let pool = ThreadPool::new(1);
         let err = skip_rms_norm(
-            &[1f32; 6],
-            res,
-            Norm::rms(&[1.0; 2], 3, 2, 1e-5),
-            &mut out,
-            None,
-            None,
-            &pool,
+            &[1f32; 6], res, &[1.0; 2], 3, 2, 1e-5, &mut out, None, None, &pool,
         );
         assert!(err.is_err());
     }

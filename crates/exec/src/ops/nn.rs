@@ -299,7 +299,10 @@ where
             .transpose()?;
         kn::rms_norm_stats(
             x.as_slice::<T>()?,
-            kn::Norm::rms(&scale, rows, n, nm.epsilon),
+            &scale,
+            rows,
+            n,
+            nm.epsilon,
             y.as_mut_slice::<T>()?,
             inv.as_mut()
                 .map(|t| t.as_mut_slice::<T::Acc>())
@@ -319,7 +322,11 @@ where
     if n_outputs <= 1 {
         kn::layer_norm(
             x.as_slice::<T>()?,
-            kn::Norm::layer(&scale, bias.as_deref(), rows, n, nm.epsilon),
+            &scale,
+            bias.as_deref(),
+            rows,
+            n,
+            nm.epsilon,
             y.as_mut_slice::<T>()?,
             None,
             ctx.pool,
@@ -335,7 +342,11 @@ where
     };
     kn::layer_norm(
         x.as_slice::<T>()?,
-        kn::Norm::layer(&scale, bias.as_deref(), rows, n, nm.epsilon),
+        &scale,
+        bias.as_deref(),
+        rows,
+        n,
+        nm.epsilon,
         y.as_mut_slice::<T>()?,
         Some(stats),
         ctx.pool,
@@ -445,13 +456,11 @@ where
         kn::skip_layer_norm(
             x.as_slice::<T>()?,
             residual,
-            kn::Norm::layer(
-                gamma.as_slice::<T>()?,
-                beta.map(|b| b.as_slice::<T>()).transpose()?,
-                rows,
-                n,
-                sn.epsilon,
-            ),
+            gamma.as_slice::<T>()?,
+            beta.map(|b| b.as_slice::<T>()).transpose()?,
+            rows,
+            n,
+            sn.epsilon,
             y.as_mut_slice::<T>()?,
             sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
             stats,
@@ -468,7 +477,10 @@ where
     kn::skip_rms_norm(
         x.as_slice::<T>()?,
         residual,
-        kn::Norm::rms(gamma.as_slice::<T>()?, rows, n, sn.epsilon),
+        gamma.as_slice::<T>()?,
+        rows,
+        n,
+        sn.epsilon,
         y.as_mut_slice::<T>()?,
         sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
         // An inv_std_var nobody reads (a decoder layer's usual case) costs a pass over the
