@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use oxgen_exec::{ExecOptions, NativeLm, NativeOptions, OpenError, Unsupported};
-use oxgen_runtime::{KvDtype, LanguageModel};
+use oxgen_runtime::LanguageModel;
 
-use crate::{Error, ExpertCache, KvBudget, PackageConfig};
+use crate::{Error, ModelOptions, PackageConfig};
 
 /// The backend asked for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,25 +93,16 @@ fn ort_loads(_: &Path, _: Option<&Path>) -> Result<(), String> {
     Err("this build has no ONNX Runtime backend".into())
 }
 
-/// How a model is opened on a backend.
+/// How a model is opened on a backend: what was asked for, as it was asked, and what
+/// `Model::open` resolved from it once.
 pub(crate) struct Open<'a> {
     pub model_path: &'a Path,
     pub config: &'a PackageConfig,
+    pub options: &'a ModelOptions,
     /// Kernel threads, resolved ([`oxgen_runtime::resolve_threads`]).
     pub threads: usize,
-    /// Every core was asked for: the native pool leaves room for other processes' work.
-    pub leave_room: bool,
-    pub exact: bool,
-    pub backend: Backend,
-    #[cfg_attr(not(feature = "ort"), allow(dead_code))]
-    pub ort_lib: Option<&'a Path>,
     /// The `--ctx-size` asked for, clamped to the context length.
     pub ctx_size: Option<usize>,
-    pub kv: KvBudget,
-    pub kv_dtype: Option<KvDtype>,
-    pub weight_budget: Option<u64>,
-    pub expert_cache: ExpertCache,
-    pub prefix_cache: bool,
     /// The thread pool a native model shares with its speculative draft (`None`: one of
     /// its own, of `threads`).
     pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
@@ -121,7 +112,7 @@ pub(crate) struct Open<'a> {
 /// ONNX Runtime.
 pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>), Error> {
     let (lm, note) = open_any(o)?;
-    match o.kv_dtype {
+    match o.options.kv_dtype {
         Some(kv) if lm.kv_dtype() != kv => Err(Error::Package {
             path: o.model_path.display().to_string(),
             reason: match lm.backend() {
@@ -142,14 +133,13 @@ pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>),
 }
 
 fn open_any(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>), Error> {
-    if o.backend == Backend::Ort {
+    let backend = o.options.backend;
+    if backend == Backend::Ort {
         return Ok((open_ort(o)?, None));
     }
     match NativeLm::open(o.model_path, &native_options(o, None)) {
         Ok(lm) => Ok((Box::new(lm), None)),
-        Err(OpenError::Unsupported { unsupported, .. })
-            if o.backend == Backend::Auto && HAS_ORT =>
-        {
+        Err(OpenError::Unsupported { unsupported, .. }) if backend == Backend::Auto && HAS_ORT => {
             let why = unsupported.to_string();
             Ok((
                 open_ort(o)?,
@@ -161,26 +151,26 @@ fn open_any(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>), Error>
 }
 
 fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
+    let asked = o.options;
     NativeOptions {
         exec: ExecOptions {
             threads: o.threads,
-            exact: o.exact,
+            exact: asked.exact,
         },
         kv_names: o.config.kv.clone(),
         context_length: Some(o.config.context_length),
         ctx_size: o.ctx_size,
-        kv: o.kv,
-        prefix_cache: o.prefix_cache,
+        kv: asked.kv,
+        prefix_cache: asked.prefix_cache,
         optimize: true,
         layers,
-        pool: Some(
-            o.pool.clone().unwrap_or_else(|| {
-                std::sync::Arc::new(oxgen_exec::pool_of(o.threads, o.leave_room))
-            }),
-        ),
-        kv_dtype: o.kv_dtype,
-        weight_budget: o.weight_budget,
-        expert_cache: o.expert_cache,
+        pool: Some(o.pool.clone().unwrap_or_else(|| {
+            let leave_room = asked.threads == 0;
+            std::sync::Arc::new(oxgen_exec::pool_of(o.threads, leave_room))
+        })),
+        kv_dtype: asked.kv_dtype,
+        weight_budget: asked.weight_budget,
+        expert_cache: asked.expert_cache,
     }
 }
 
@@ -197,7 +187,7 @@ pub(crate) fn open_layers(o: &Open, layers: usize) -> Result<Box<dyn LanguageMod
 #[cfg(feature = "ort")]
 fn open_ort(o: &Open) -> Result<Box<dyn LanguageModel>, Error> {
     let options = oxgen_ort::OrtOptions {
-        lib: o.ort_lib.map(Path::to_path_buf),
+        lib: o.options.ort_lib.clone(),
         threads: o.threads,
         kv_names: o.config.kv.clone(),
     };

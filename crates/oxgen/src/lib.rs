@@ -351,17 +351,9 @@ impl Model {
         let open = backend::Open {
             model_path: &model_path,
             config: &config,
+            options,
             threads,
-            leave_room,
-            exact: options.exact,
-            backend: options.backend,
-            ort_lib: options.ort_lib.as_deref(),
             ctx_size: limit.ctx_size(),
-            kv: options.kv,
-            kv_dtype: options.kv_dtype,
-            weight_budget: options.weight_budget,
-            expert_cache: options.expert_cache,
-            prefix_cache: options.prefix_cache,
             pool,
         };
         let (lm, backend_note) = backend::open(&open)?;
