@@ -694,37 +694,3 @@ pub fn run(model: &mut Model, jobs: &Receiver<Job>, engine: &mut Engine, stop: &
     jobs.try_iter().for_each(|job| engine.push(job));
     engine.fail_all(model, &EngineError::ShuttingDown);
 }
-
-/// A request's events gathered into what each choice generated: a front end that wants
-/// whole replies (the Python package's batches) reads them from here.
-#[derive(Debug, Default)]
-pub struct Collected {
-    /// Per choice: its steps in order.
-    pub steps: Vec<Vec<Step>>,
-    pub counts: Counts,
-    pub error: Option<EngineError>,
-    pub done: bool,
-}
-
-impl Collected {
-    /// Adds one event.
-    pub fn add(&mut self, event: Event) {
-        match event {
-            Event::Token { choice, step } => {
-                if self.steps.len() <= choice {
-                    self.steps.resize_with(choice + 1, Vec::new);
-                }
-                self.steps[choice].push(step);
-            }
-            Event::PromptLogprobs { .. } => {}
-            Event::Done(counts) => {
-                self.counts = counts;
-                self.done = true;
-            }
-            Event::Error(e) => {
-                self.error = Some(e);
-                self.done = true;
-            }
-        }
-    }
-}
