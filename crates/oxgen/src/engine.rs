@@ -8,11 +8,13 @@
 //! decoding. A request whose [`Sink`] closed (its client left) is cancelled at the next turn
 //! and its KV freed.
 //!
-//! A front end submits through a [`Queue`] (which refuses what can never run or finds the
-//! queue full, and counts what waits) and reads each request's [`Event`]s from the sink it
-//! gave; [`EngineStatus`] is what the engine reports of itself (queued, running, the model's
-//! KV and counters after each step), which a server's metrics read. The server runs
-//! [`run`] on a thread of its own; the Python package drives a [`Engine`] directly.
+//! A front end refuses a request that could never run ([`kv_need`]), submits through a
+//! [`Queue`] (which refuses it when the queue is full, and counts what waits) and reads each
+//! request's [`Event`]s from the sink it gave; [`EngineStatus`] is what the engine reports of
+//! itself (queued, running, the model's KV and counters after each step), which a server's
+//! metrics read. The server runs [`run`] on a thread of its own; the Python package drives
+//! an [`Engine`] directly ([`Engine::submit`], then [`Engine::turn`] until
+//! [`Engine::idle`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
