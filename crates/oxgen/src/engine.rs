@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::{GenerateOptions, KvUsage, Logprobs, Model, Sequence, SpecStats, Step, StepCounters};
@@ -62,16 +62,6 @@ pub trait Sink: Send {
     fn send(&self, event: Event);
     /// Whether nobody reads the events any more (the client left): the request is dropped.
     fn is_closed(&self) -> bool;
-}
-
-impl Sink for Sender<Event> {
-    fn send(&self, event: Event) {
-        let _ = Sender::send(self, event);
-    }
-
-    fn is_closed(&self) -> bool {
-        false
-    }
 }
 
 /// What a request produces, in order: tokens (each choice's last one carries its finish
@@ -146,14 +136,11 @@ impl std::fmt::Display for EngineError {
             } => write!(
                 f,
                 "the request needs {need} KV blocks ({sequences} sequences of {positions} \
-                 positions in all) and the pool has {total}; lower max_tokens or n, or raise \
-                 --kv-blocks"
+                 positions in all) and the pool has {total}; ask for fewer new tokens or \
+                 choices, or give the pool more blocks"
             ),
-            EngineError::Timeout { secs } => write!(
-                f,
-                "the request took longer than {secs} s (--request-timeout)"
-            ),
-            EngineError::ShuttingDown => write!(f, "the server is shutting down"),
+            EngineError::Timeout { secs } => write!(f, "the request took longer than {secs} s"),
+            EngineError::ShuttingDown => write!(f, "the engine is shutting down"),
             EngineError::Stopped => write!(f, "the engine has stopped"),
             EngineError::Failed(message) => f.write_str(message),
         }
@@ -195,8 +182,8 @@ pub struct EngineStatus {
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     model: Mutex<ModelStats>,
-    /// Latency observers (first token, between tokens).
-    observer: Mutex<Option<Arc<dyn Observer>>>,
+    /// Told each token's latency (first token, between tokens), once set.
+    observer: OnceLock<Arc<dyn Observer>>,
 }
 
 /// Told each token's latency as the engine produces it (a server's histograms).
@@ -243,16 +230,10 @@ impl EngineStatus {
         queued + self.running.load(Relaxed)
     }
 
-    /// Tells `observer` every token's latency from now on.
-    pub fn observe(&self, observer: Arc<dyn Observer>) {
-        *self.observer.lock().unwrap_or_else(|e| e.into_inner()) = Some(observer);
-    }
-
-    fn observer(&self) -> Option<Arc<dyn Observer>> {
-        self.observer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// Tells `observer` every token's latency from now on; an observer already set stays
+    /// (`false`). Read without a lock on every step.
+    pub fn observe(&self, observer: Arc<dyn Observer>) -> bool {
+        self.observer.set(observer).is_ok()
     }
 
     /// Updates what it reports of the model after a step of `batch` sequences.
@@ -564,7 +545,6 @@ impl Engine {
 
     /// One step over every running sequence; returns how many ran.
     fn step_all(&mut self, model: &mut Model) -> usize {
-        let observer = self.status.observer();
         let mut owners = Vec::new();
         let mut seqs: Vec<&mut Sequence> = Vec::new();
         for (r, request) in self.running.iter_mut().enumerate() {
@@ -595,9 +575,10 @@ impl Engine {
             events.send(Event::PromptLogprobs { choice, logprobs });
         }
         let ran = owners.len();
+        let status = &*self.status;
+        let observer = status.observer.get().map(|o| &**o);
         for ((r, choice), result) in owners.into_iter().zip(results) {
-            let observer = observer.as_deref();
-            self.running[r].on_step(choice, result, model, &self.status, observer);
+            self.running[r].on_step(choice, result, model, status, observer);
         }
         ran
     }

@@ -191,18 +191,34 @@ impl From<oxgen::prepare::PrepareError> for ApiError {
     }
 }
 
+/// The engine's errors in the server's words: the request fields and flags that fix them.
 impl From<oxgen::EngineError> for ApiError {
     fn from(e: oxgen::EngineError) -> ApiError {
         use oxgen::EngineError as E;
-        let code = match &e {
-            E::QueueFull { max_queue } => return ApiError::queue_full(*max_queue),
-            E::Failed(message) => return ApiError::internal(message.clone()),
-            E::KvFull { .. } => "kv_cache_full",
-            E::Timeout { .. } => "timeout",
-            E::ShuttingDown => "shutting_down",
-            E::Stopped => "engine_failed",
+        let (code, message) = match e {
+            E::QueueFull { max_queue } => return ApiError::queue_full(max_queue),
+            E::Failed(message) => return ApiError::internal(message),
+            E::KvFull {
+                need,
+                total,
+                sequences,
+                positions,
+            } => (
+                "kv_cache_full",
+                format!(
+                    "the request needs {need} KV blocks ({sequences} sequences of {positions} \
+                     positions in all) and the pool has {total}; lower max_tokens or n, or \
+                     raise --kv-blocks"
+                ),
+            ),
+            E::Timeout { secs } => (
+                "timeout",
+                format!("the request took longer than {secs} s (--request-timeout)"),
+            ),
+            E::ShuttingDown => ("shutting_down", "the server is shutting down".into()),
+            E::Stopped => ("engine_failed", e.to_string()),
         };
-        ApiError::unavailable(code, e.to_string())
+        ApiError::unavailable(code, message)
     }
 }
 
