@@ -139,7 +139,7 @@ pub fn prepare(
     grammars: Result<&Arc<Grammars>, &str>,
     mut request: Request,
 ) -> Result<Prepared, PrepareError> {
-    let mut prepared = render(encoder, &request)?;
+    let mut prepared = render(encoder, &mut request)?;
     let tools = request.tools.take();
     let syntax = prepared.syntax;
     // With reasoning first, only the answer is constrained.
@@ -188,14 +188,17 @@ pub fn prepare(
 
 /// `request`'s prompts rendered (a chat's with its tools) and tokenized, and how a chat
 /// reply is taken apart: [`prepare`] without the constraint, the budget and the prediction.
-pub fn render(encoder: &Encoder, request: &Request) -> Result<Prepared, PrepareError> {
+/// The prompts are taken out of `request` (a token prompt's ids move, uncopied).
+pub fn render(encoder: &Encoder, request: &mut Request) -> Result<Prepared, PrepareError> {
     let mut prepared = Prepared::default();
+    let prompts = std::mem::take(&mut request.prompts);
+    let request = &*request;
     let tools = request.tools.as_ref();
-    for prompt in &request.prompts {
+    for prompt in prompts {
         let param = &request.param;
         let (ids, text) = match prompt {
             Prompt::Chat(messages) => {
-                let (ids, text) = render_chat(encoder, messages, tools, request)?;
+                let (ids, text) = render_chat(encoder, &messages, tools, request)?;
                 let template = encoder.template().map_or("", |t| t.source());
                 let calls = tools
                     .filter(|t| t.choice != ToolChoice::None)
@@ -205,19 +208,20 @@ pub fn render(encoder: &Encoder, request: &Request) -> Result<Prepared, PrepareE
                 (ids, text)
             }
             Prompt::Text(text) => {
-                let ids = encoder.encode(prompt).map_err(prompt_error)?;
+                let ids = (encoder.tokenizer().encode(&text, false))
+                    .map_err(|e| prompt_error(e.into()))?;
                 let text = if request.keep_text {
-                    text.clone()
+                    text
                 } else {
                     String::new()
                 };
                 (ids, text)
             }
             Prompt::Tokens(ids) if request.keep_text => {
-                let text = (encoder.decode(ids, false)).map_err(|e| invalid(param, e))?;
-                (ids.clone(), text)
+                let text = (encoder.decode(&ids, false)).map_err(|e| invalid(param, e))?;
+                (ids, text)
             }
-            Prompt::Tokens(ids) => (ids.clone(), String::new()),
+            Prompt::Tokens(ids) => (ids, String::new()),
         };
         prepared.prompts.push((ids, text));
     }

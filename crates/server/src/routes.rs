@@ -86,7 +86,7 @@ pub fn router(app: Arc<App>) -> Router {
 /// queued. Only rendered and tokenized (`oxgen::prepare::render`) unless `whole`.
 pub(super) async fn prepare(
     loaded: &Loaded,
-    request: PrepareRequest,
+    mut request: PrepareRequest,
     whole: bool,
 ) -> Result<Prepared, ApiError> {
     let encoder = loaded.encoder.clone();
@@ -96,7 +96,7 @@ pub(super) async fn prepare(
             let grammars = grammars.as_ref().map_err(String::as_str);
             oxgen::prepare::prepare(&encoder, grammars, request)
         }
-        false => oxgen::prepare::render(&encoder, &request),
+        false => oxgen::prepare::render(&encoder, &mut request),
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
