@@ -83,8 +83,10 @@ impl Lowered {
 /// own on `pool`, weights are packed and let go. QMoE experts wait for the weight budget
 /// (`Lowered::Experts(None)`).
 pub(crate) fn lower(graph: &mut Graph, pool: &Arc<ThreadPool>, exact: bool) -> Vec<Lowered> {
-    let packed = prepack_weights(graph, exact);
-    let tiles = prepack_f32(graph);
+    // Packing removes initializers, never nodes: one index of readers serves both passes.
+    let index = Index::new(graph);
+    let packed = prepack_weights(graph, &index, exact);
+    let tiles = prepack_f32(graph, &index);
     let mut lowered = Vec::with_capacity(graph.nodes.len());
     for ((node, packed), tiles) in graph.nodes.iter_mut().zip(packed).zip(tiles) {
         let subgraphs: Vec<RefCell<NativeSession>> = (node.op.subgraphs_mut().into_iter())
@@ -124,12 +126,11 @@ fn nbits_parts(op: &Op) -> Vec<(&MatMulNBits, usize)> {
 /// are initializers ([`oxgen_kernels::nbits::PackedNBits`]), then lets go of the originals: an
 /// initializer only packed nodes read leaves the graph, and the file pages it was read from
 /// are handed back to the OS, so the weights are not resident twice.
-fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
+fn prepack_weights(graph: &mut Graph, index: &Index, exact: bool) -> Vec<Option<PackedNBits>> {
     let mut packed: Vec<Option<PackedNBits>> = vec![None; graph.nodes.len()];
     // A weight that another node reads too, or whose bytes another initializer holds (a tied
     // embedding's `GatherBlockQuantized` reads the output head's codes, often through a folded
     // `Reshape` view), keeps its pages: else every lookup would read them back from disk.
-    let index = Index::new(graph);
     let spans: Vec<(ValueId, Range<usize>)> = graph
         .initializers
         .iter()
@@ -211,8 +212,7 @@ fn prepack_weights(graph: &mut Graph, exact: bool) -> Vec<Option<PackedNBits>> {
 /// streams contiguous memory, then hands the file pages of the original back to the OS (the
 /// tensor stays in the graph, for its shape; it is read again only if something else reads
 /// it). Nothing where the CPU has no vector kernel to stream them.
-fn prepack_f32(graph: &Graph) -> Vec<Option<PackedF32>> {
-    let index = Index::new(graph);
+fn prepack_f32(graph: &Graph, index: &Index) -> Vec<Option<PackedF32>> {
     (graph.nodes.iter())
         .map(|node| {
             let id = (matches!(node.op, Op::MatMul) && km::f32_kernel_available())
