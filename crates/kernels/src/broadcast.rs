@@ -94,6 +94,25 @@ pub fn binary<A: Copy, B: Copy, O>(
         for (o, &y) in out.iter_mut().zip(b) {
             *o = f(x, y);
         }
+    } else if let Some(inner) = (a_shape == out_shape)
+        .then(|| repeats(b_shape, out_shape))
+        .flatten()
+    {
+        // A bias row, a mask row: `b` repeats every `inner` elements.
+        for (o, x) in out.chunks_exact_mut(inner).zip(a.chunks_exact(inner)) {
+            for ((o, &x), &y) in o.iter_mut().zip(x).zip(b) {
+                *o = f(x, y);
+            }
+        }
+    } else if let Some(inner) = (b_shape == out_shape)
+        .then(|| repeats(a_shape, out_shape))
+        .flatten()
+    {
+        for (o, y) in out.chunks_exact_mut(inner).zip(b.chunks_exact(inner)) {
+            for ((o, &x), &y) in o.iter_mut().zip(a).zip(y) {
+                *o = f(x, y);
+            }
+        }
     } else {
         let sa = broadcast_strides(a_shape, out_shape);
         let sb = broadcast_strides(b_shape, out_shape);
@@ -101,6 +120,18 @@ pub fn binary<A: Copy, B: Copy, O>(
             out[i] = f(a[ia], b[ib])
         });
     }
+}
+
+/// `Some(inner)` when `small`, right-aligned against `out_shape`, is ones and then exactly
+/// `out_shape`'s last dimensions (of `inner` elements, at least one): it repeats every
+/// `inner` elements of the output.
+fn repeats(small: &[usize], out_shape: &[usize]) -> Option<usize> {
+    let tail: &[usize] = {
+        let ones = small.iter().take_while(|&&d| d == 1).count();
+        &small[ones..]
+    };
+    let inner: usize = tail.iter().product();
+    (tail.len() <= out_shape.len() && out_shape.ends_with(tail) && inner > 0).then_some(inner)
 }
 
 /// `out[i] = f(c[i'], a[i''], b[i'''])` with broadcasting (for Where and Clip).
@@ -127,6 +158,40 @@ pub fn ternary<C: Copy, A: Copy, B: Copy, O>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeated_row_gives_what_the_general_path_gives() {
+        let out_shape = [2, 3, 4];
+        let a: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        for b_shape in [&[4][..], &[1, 1, 4], &[3, 4], &[1, 3, 4], &[1, 1, 1]] {
+            let n: usize = b_shape.iter().product();
+            let b: Vec<f32> = (0..n).map(|i| 100.0 * (i as f32 + 1.0)).collect();
+            let general = |x: &[f32], xs: &[usize], y: &[f32], ys: &[usize]| {
+                let (sx, sy) = (
+                    broadcast_strides(xs, &out_shape),
+                    broadcast_strides(ys, &out_shape),
+                );
+                let mut out = vec![0f32; 24];
+                for_each_offset(&out_shape, [&sx, &sy], |i, [ix, iy]| out[i] = x[ix] - y[iy]);
+                out
+            };
+            let mut out = vec![0f32; 24];
+            binary(&a, &out_shape, &b, b_shape, &mut out, &out_shape, |x, y| {
+                x - y
+            });
+            assert_eq!(out, general(&a, &out_shape, &b, b_shape), "{b_shape:?}");
+            binary(&b, b_shape, &a, &out_shape, &mut out, &out_shape, |x, y| {
+                x - y
+            });
+            assert_eq!(
+                out,
+                general(&b, b_shape, &a, &out_shape),
+                "{b_shape:?} first"
+            );
+        }
+        assert_eq!(repeats(&[3, 1], &[2, 3, 4]), None);
+        assert_eq!(repeats(&[1, 3, 4], &[2, 3, 4]), Some(12));
+    }
 
     #[test]
     fn shapes_broadcast_like_numpy() {

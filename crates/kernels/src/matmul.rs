@@ -3,7 +3,8 @@
 //!
 //! The reduction contract (DESIGN.md §6): every output element `C[i, j]` is one accumulator
 //! that adds `A[i, k]·B[k, j]` for `k = 0, 1, .., K-1` in order, in the element type's
-//! accumulator ([`Accum`]: f32 for f16/bf16), then rounds once. Tasks split output rows and
+//! accumulator ([`Accum`]: f32 for f16/bf16; each step a fused multiply-add in f32 and f64,
+//! as the CPU's FMA computes it), then rounds once. Tasks split output rows and
 //! columns, never K. So the result is bit-identical for any thread count, and row `i` of an
 //! M-row product equals the 1-row product of row `i` (decode row = prefill row).
 //!
@@ -280,7 +281,7 @@ fn row_part<T: Accum>(
             let av = av.widen();
             let b_row = &b[kk * n + j0..][..acc.len()];
             for (s, &bv) in acc.iter_mut().zip(b_row) {
-                *s = s.add(av.mul(bv.widen()));
+                *s = av.mul_add(bv.widen(), *s);
             }
         }
         for (j, (o, &s)) in out_tile.iter_mut().zip(acc.iter()).enumerate() {

@@ -1,7 +1,7 @@
-//! The f32 product of [`crate::matmul`] on AVX-512 or AVX2: its reference arithmetic (one
-//! accumulator per output, `acc + a·b` rounded after the product and after the sum, K in
-//! order from 0) with a vector's lanes on consecutive output columns, so every output keeps
-//! its own chain and the bits are the reference's. Four vectors of columns go together (four
+//! The f32 product of [`crate::matmul`] on AVX-512 or AVX2 with FMA: its reference
+//! arithmetic (one accumulator per output, `acc + a·b` fused into one rounding, K in order
+//! from 0) with a vector's lanes on consecutive output columns, so every output keeps its own
+//! chain and the bits are the reference's. Four vectors of columns go together (four
 //! independent chains per row), and up to four rows share each load of `B`.
 //!
 //! `B` is read as ONNX stores it (row-major `k × n`: a pass takes a vector's width of each
@@ -123,7 +123,7 @@ const MAX_COLS: usize = VECTORS * 16;
 
 /// Whether this CPU runs [`block`]'s vector kernel.
 pub(crate) fn available() -> bool {
-    cfg!(target_arch = "x86_64") && cpu::level() >= cpu::Level::Avx2
+    cfg!(target_arch = "x86_64") && cpu::features().avx2_fma()
 }
 
 /// The products of `a`'s `rows` rows (each `k` long, one after another) with columns `cols`
@@ -163,9 +163,11 @@ pub(crate) fn block(
     }
 }
 
-/// Column `j` of row `a`'s product, in the reference's order.
+/// Column `j` of row `a`'s product, in the reference's order. Inlined, so that inside the
+/// vector kernels `mul_add` is the FMA instruction rather than a call to libm's `fmaf`.
+#[inline(always)]
 fn dot(a: &[f32], b: Matrix, j: usize) -> f32 {
-    (a.iter().enumerate()).fold(0f32, |s, (kk, &x)| s + x * b.at(kk, j))
+    (a.iter().enumerate()).fold(0f32, |s, (kk, &x)| x.mul_add(b.at(kk, j), s))
 }
 
 /// # Safety
@@ -296,7 +298,7 @@ unsafe fn pass<V: F32Lanes, const R: usize, const C: usize>(
             for (r, acc) in acc.iter_mut().enumerate() {
                 let x = V::splat(*a.add(r * k + kk));
                 for (acc, &w) in acc.iter_mut().zip(&w) {
-                    *acc = V::mul_add(*acc, x, w);
+                    *acc = V::fma(*acc, x, w);
                 }
             }
         }

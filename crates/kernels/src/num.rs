@@ -15,6 +15,11 @@ pub trait Scalar:
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
+    /// `self · a + b`: rounded once for f32 and f64 (fused, as the matrix products
+    /// accumulate), the product then the sum for the others.
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        self.mul(a).add(b)
+    }
     /// Integer division by zero yields 0 rather than trapping.
     fn div(self, o: Self) -> Self;
     fn to_f64(self) -> f64;
@@ -74,6 +79,7 @@ macro_rules! native_float {
             fn add(self, o: Self) -> Self { self + o }
             fn sub(self, o: Self) -> Self { self - o }
             fn mul(self, o: Self) -> Self { self * o }
+            fn mul_add(self, a: Self, b: Self) -> Self { <$t>::mul_add(self, a, b) }
             fn div(self, o: Self) -> Self { self / o }
             fn to_f64(self) -> f64 { self as f64 }
             fn from_f64(v: f64) -> Self { v as $t }

@@ -45,7 +45,7 @@ const TAYLOR: [f64; 12] = [
 ];
 
 /// `e^t` for `EXP_FLOOR <= t <= 0` (NaN stays NaN).
-fn exp_nonpositive(t: f64) -> f64 {
+pub(crate) fn exp_nonpositive(t: f64) -> f64 {
     let k = (t * INV_LN2).round_ties_even();
     let r = (t - k * LN2_HI) - k * LN2_LO;
     let mut p = TAYLOR[0];
@@ -104,6 +104,60 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
+/// [`exp_nonpositive`] in four lanes, the same operations per lane.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn exp_avx2(t: __m256d) -> __m256d {
+    let one = _mm256_set1_pd(1.0);
+    let k = _mm256_round_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_pd(
+        t,
+        _mm256_set1_pd(INV_LN2),
+    ));
+    let r = _mm256_sub_pd(
+        _mm256_sub_pd(t, _mm256_mul_pd(k, _mm256_set1_pd(LN2_HI))),
+        _mm256_mul_pd(k, _mm256_set1_pd(LN2_LO)),
+    );
+    let mut p = _mm256_set1_pd(TAYLOR[0]);
+    for &c in &TAYLOR[1..] {
+        p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c));
+    }
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), one);
+    p = _mm256_add_pd(_mm256_mul_pd(p, r), one);
+    // 2^52 + 1023: adding it to an integral k in [-1023, 0] puts k + 1023 in the low bits.
+    let bias = _mm256_set1_pd(4_503_599_627_371_519.0);
+    let scale = _mm256_slli_epi64::<52>(_mm256_castpd_si256(_mm256_add_pd(k, bias)));
+    _mm256_mul_pd(p, _mm256_castsi256_pd(scale))
+}
+
+/// [`exp_nonpositive`] in eight lanes, the same operations per lane.
+///
+/// # Safety
+/// AVX-512 F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn exp_avx512(t: __m512d) -> __m512d {
+    let one = _mm512_set1_pd(1.0);
+    let k = _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_pd(t, _mm512_set1_pd(INV_LN2)),
+    );
+    let r = _mm512_sub_pd(
+        _mm512_sub_pd(t, _mm512_mul_pd(k, _mm512_set1_pd(LN2_HI))),
+        _mm512_mul_pd(k, _mm512_set1_pd(LN2_LO)),
+    );
+    let mut p = _mm512_set1_pd(TAYLOR[0]);
+    for &c in &TAYLOR[1..] {
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(c));
+    }
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
+    p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
+    let bias = _mm512_set1_pd(4_503_599_627_371_519.0);
+    let scale = _mm512_slli_epi64::<52>(_mm512_castpd_si512(_mm512_add_pd(k, bias)));
+    _mm512_mul_pd(p, _mm512_castsi512_pd(scale))
+}
+
 /// Four lanes at a time, each lane the reference's operations in the reference's order.
 ///
 /// # Safety
@@ -113,29 +167,12 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
 unsafe fn sigmoid_avx2(x: &[f32], out: &mut [f32]) {
     let sign_off = _mm256_set1_pd(f64::from_bits(!(1u64 << 63)));
     let (one, floor) = (_mm256_set1_pd(1.0), _mm256_set1_pd(EXP_FLOOR));
-    let (inv_ln2, hi, lo) = (
-        _mm256_set1_pd(INV_LN2),
-        _mm256_set1_pd(LN2_HI),
-        _mm256_set1_pd(LN2_LO),
-    );
-    // 2^52 + 1023: adding it to an integral k in [-1023, 0] puts k + 1023 in the low bits.
-    let bias = _mm256_set1_pd(4_503_599_627_371_519.0);
     for (xs, os) in x.chunks_exact(4).zip(out.chunks_exact_mut(4)) {
         // SAFETY: `xs` holds four f32.
         let v = _mm256_cvtps_pd(unsafe { _mm_loadu_ps(xs.as_ptr()) });
         let t = _mm256_sub_pd(_mm256_setzero_pd(), _mm256_and_pd(v, sign_off));
-        let k = _mm256_round_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_pd(t, inv_ln2),
-        );
-        let r = _mm256_sub_pd(_mm256_sub_pd(t, _mm256_mul_pd(k, hi)), _mm256_mul_pd(k, lo));
-        let mut p = _mm256_set1_pd(TAYLOR[0]);
-        for &c in &TAYLOR[1..] {
-            p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(c));
-        }
-        p = _mm256_add_pd(_mm256_mul_pd(p, r), one);
-        p = _mm256_add_pd(_mm256_mul_pd(p, r), one);
-        let scale = _mm256_slli_epi64::<52>(_mm256_castpd_si256(_mm256_add_pd(k, bias)));
-        let e = _mm256_mul_pd(p, _mm256_castsi256_pd(scale));
+        // SAFETY: AVX2 is available (this function's contract).
+        let e = unsafe { exp_avx2(t) };
         // t < floor → 0 (a NaN t compares false and keeps its NaN).
         let e = _mm256_andnot_pd(_mm256_cmp_pd::<_CMP_LT_OQ>(t, floor), e);
         // One division: the numerator is 1 for x >= 0, e^t below.
@@ -160,29 +197,13 @@ unsafe fn sigmoid_avx512(x: &[f32], out: &mut [f32]) {
         _mm512_set1_pd(EXP_FLOOR),
         _mm512_setzero_pd(),
     );
-    let (inv_ln2, hi, lo) = (
-        _mm512_set1_pd(INV_LN2),
-        _mm512_set1_pd(LN2_HI),
-        _mm512_set1_pd(LN2_LO),
-    );
-    let bias = _mm512_set1_pd(4_503_599_627_371_519.0);
     for (xs, os) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
         // SAFETY: `xs` holds eight f32.
         let v = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(xs.as_ptr()) });
         let abs = _mm512_castsi512_pd(_mm512_and_si512(_mm512_castpd_si512(v), sign_off));
         let t = _mm512_sub_pd(zero, abs);
-        let k = _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_pd(t, inv_ln2),
-        );
-        let r = _mm512_sub_pd(_mm512_sub_pd(t, _mm512_mul_pd(k, hi)), _mm512_mul_pd(k, lo));
-        let mut p = _mm512_set1_pd(TAYLOR[0]);
-        for &c in &TAYLOR[1..] {
-            p = _mm512_add_pd(_mm512_mul_pd(p, r), _mm512_set1_pd(c));
-        }
-        p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
-        p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
-        let scale = _mm512_slli_epi64::<52>(_mm512_castpd_si512(_mm512_add_pd(k, bias)));
-        let e = _mm512_mul_pd(p, _mm512_castsi512_pd(scale));
+        // SAFETY: AVX-512 F is available (this function's contract).
+        let e = unsafe { exp_avx512(t) };
         // t < floor → 0 (a NaN t compares false and keeps its NaN).
         let e = _mm512_maskz_mov_pd(!_mm512_cmp_pd_mask::<_CMP_LT_OQ>(t, floor), e);
         let num = _mm512_mask_blend_pd(_mm512_cmp_pd_mask::<_CMP_GE_OQ>(v, zero), e, one);

@@ -19,12 +19,14 @@ pub(crate) trait F32Lanes: Copy {
     unsafe fn add(self, x: Self) -> Self;
     /// `acc + x · w`, rounded after the product and after the sum (not fused).
     unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self;
+    /// `acc + x · w` rounded once (fused; the CPU must have FMA).
+    unsafe fn fma(acc: Self, x: Self, w: Self) -> Self;
 }
 
 /// `$vector` with intrinsics of prefix `$p` (`_mm256`, `_mm512`).
 #[cfg(target_arch = "x86_64")]
 macro_rules! f32_lanes {
-    ($vector:ty, $lanes:expr, $zero:ident, $splat:ident, $load:ident, $store:ident, $add:ident, $mul:ident) => {
+    ($vector:ty, $lanes:expr, $zero:ident, $splat:ident, $load:ident, $store:ident, $add:ident, $mul:ident, $fmadd:ident) => {
         impl F32Lanes for $vector {
             const LANES: usize = $lanes;
             #[inline(always)]
@@ -51,6 +53,10 @@ macro_rules! f32_lanes {
             unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self {
                 unsafe { $add(acc, $mul(x, w)) }
             }
+            #[inline(always)]
+            unsafe fn fma(acc: Self, x: Self, w: Self) -> Self {
+                unsafe { $fmadd(x, w, acc) }
+            }
         }
     };
 }
@@ -64,7 +70,8 @@ f32_lanes!(
     _mm256_loadu_ps,
     _mm256_storeu_ps,
     _mm256_add_ps,
-    _mm256_mul_ps
+    _mm256_mul_ps,
+    _mm256_fmadd_ps
 );
 #[cfg(target_arch = "x86_64")]
 f32_lanes!(
@@ -75,5 +82,6 @@ f32_lanes!(
     _mm512_loadu_ps,
     _mm512_storeu_ps,
     _mm512_add_ps,
-    _mm512_mul_ps
+    _mm512_mul_ps,
+    _mm512_fmadd_ps
 );

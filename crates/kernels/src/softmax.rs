@@ -7,7 +7,10 @@
 //! Reference: ONNX `Softmax`, `LogSoftmax`, `Hardmax` (opset 13) and onnxruntime's CPU kernels
 //! (`(x - max) - log(Σ exp(x - max))` for LogSoftmax).
 
+use std::any::TypeId;
+
 use crate::acc::{AccScalar, Accum, max_nan};
+use crate::attention::exp_shifted_sum;
 use crate::error::{KernelError, check_len};
 use crate::par::{par_chunks, parts_for};
 use crate::{Scalar, ThreadPool};
@@ -49,12 +52,54 @@ pub fn softmax<T: Accum>(
     par_chunks(pool, out, block * outer.div_ceil(parts), |first, part| {
         for (b, out_block) in part.chunks_mut(block).enumerate() {
             let x_block = &x[first + b * block..][..block];
+            if let (SoftmaxKind::Softmax, 1, Some(x_row), Some(out_row)) =
+                (kind, inner, as_f32(x_block), as_f32_mut(out_block))
+            {
+                softmax_row_f32(x_row, out_row);
+                continue;
+            }
             for i in 0..inner {
                 lane(kind, x_block, out_block, i, n, inner);
             }
         }
     });
     Ok(())
+}
+
+/// The softmax of one contiguous f32 row (attention scores, classifier logits) over the
+/// attention kernels' vectorized exponential: `e^(x - max)` and their sum in the order
+/// [`crate::attention`]'s rows use, then one division per element.
+fn softmax_row_f32(x: &[f32], out: &mut [f32]) {
+    let m = x.iter().fold(x[0], |m, &v| max_nan(m, v));
+    out.copy_from_slice(x);
+    if m.is_nan() || m == f32::INFINITY {
+        // NaN anywhere, or an infinite maximum: the reference's arithmetic says what results.
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = x[i] - m;
+        }
+        let e: Vec<f32> = out.iter().map(|t| t.exp()).collect();
+        let sum = e.iter().fold(0f32, |s, &v| s + v);
+        for (o, v) in out.iter_mut().zip(e) {
+            *o = v / sum;
+        }
+        return;
+    }
+    let sum = exp_shifted_sum(out, m);
+    for o in out.iter_mut() {
+        *o /= sum;
+    }
+}
+
+fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: `T` is f32 (same type id), so the slice's memory is `s.len()` f32 values.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
+fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`; the borrow is `s`'s.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
 }
 
 /// One lane: elements `j * inner + offset` of a block.
