@@ -12,6 +12,7 @@ use std::sync::Arc;
 use oxgen_graph::ops::MatMulNBits;
 use oxgen_graph::{Graph, Index, Op, ValueId};
 use oxgen_kernels::ThreadPool;
+use oxgen_kernels::integer::PackedI8;
 use oxgen_kernels::matmul::{self as km, PACKED_TILE, PackedF32};
 use oxgen_kernels::nbits::PackedNBits;
 use oxgen_tensor::Tensor;
@@ -28,6 +29,8 @@ pub enum Lowered {
     NBits(PackedNBits),
     /// A `MatMul`'s f32 `B` packed at load in column tiles.
     Tiles(PackedF32),
+    /// A `MatMulInteger`'s int8 `B` packed at load for the VNNI kernel.
+    Int8(PackedI8),
     /// A QMoE node: its experts repacked for their kernel once the session is told it has
     /// no weight budget ([`NativeSession::set_weight_budget`]); `None` before, or under a
     /// budget (which counts the files' experts, so it drops the copies).
@@ -51,6 +54,13 @@ impl Lowered {
     pub fn tiles(&self) -> Option<&PackedF32> {
         match self {
             Lowered::Tiles(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn int8(&self) -> Option<&PackedI8> {
+        match self {
+            Lowered::Int8(p) => Some(p),
             _ => None,
         }
     }
@@ -87,8 +97,9 @@ pub(crate) fn lower(graph: &mut Graph, pool: &Arc<ThreadPool>, exact: bool) -> V
     let index = Index::new(graph);
     let packed = prepack_weights(graph, &index, exact);
     let tiles = prepack_f32(graph, &index);
+    let int8 = prepack_i8(graph);
     let mut lowered = Vec::with_capacity(graph.nodes.len());
-    for ((node, packed), tiles) in graph.nodes.iter_mut().zip(packed).zip(tiles) {
+    for (((node, packed), tiles), int8) in graph.nodes.iter_mut().zip(packed).zip(tiles).zip(int8) {
         let subgraphs: Vec<RefCell<NativeSession>> = (node.op.subgraphs_mut().into_iter())
             .map(|sub| {
                 let sub = std::mem::take(&mut sub.graph);
@@ -98,6 +109,7 @@ pub(crate) fn lower(graph: &mut Graph, pool: &Arc<ThreadPool>, exact: bool) -> V
         lowered.push(match (packed, tiles) {
             (Some(p), _) => Lowered::NBits(p),
             (_, Some(t)) => Lowered::Tiles(t),
+            _ if int8.is_some() => Lowered::Int8(int8.expect("checked")),
             _ if !subgraphs.is_empty() => Lowered::Control(subgraphs),
             _ if matches!(node.op, Op::Moe(_)) => Lowered::Experts(None),
             _ => Lowered::Plain,
@@ -228,6 +240,26 @@ fn prepack_f32(graph: &Graph, index: &Index) -> Vec<Option<PackedF32>> {
             let packed = PackedF32::pack(b.as_slice::<f32>().ok()?, k, n).ok()?;
             page_out(b);
             Some(packed)
+        })
+        .collect()
+}
+
+/// Packs the int8 `B` of every `MatMulInteger` node whose `B` is a 2-D int8 initializer
+/// ([`PackedI8`]) where the CPU runs the VNNI kernel; the original stays (it is small, and
+/// a uint8 `A` is not known until the node runs).
+fn prepack_i8(graph: &Graph) -> Vec<Option<PackedI8>> {
+    (graph.nodes.iter())
+        .map(|node| {
+            let id = (matches!(node.op, Op::MatMulInteger) && PackedI8::available())
+                .then(|| node.inputs.get(1).copied().flatten())??;
+            let b = graph.initializers.get(&id)?;
+            let &[k, n] = b.dims() else {
+                return None;
+            };
+            if b.dtype() != oxgen_tensor::DType::I8 {
+                return None;
+            }
+            PackedI8::pack(b.as_slice::<i8>().ok()?, k, n).ok()
         })
         .collect()
 }

@@ -118,6 +118,17 @@ pub fn pool_of(threads: usize, leave_room: bool) -> ThreadPool {
 }
 
 impl NativeSession {
+    /// Loads the graph at `path`, optimizes it (the passes that need no language-model
+    /// contract) and plans it: the door for graphs that are not language models (encoders).
+    pub fn open(
+        path: &std::path::Path,
+        options: &ExecOptions,
+    ) -> Result<NativeSession, crate::OpenError> {
+        let graph = crate::open::load_graph(path)?;
+        let (graph, _) = crate::optimize(graph, None, &crate::PassOptions::default());
+        Ok(NativeSession::new(graph, options))
+    }
+
     pub fn new(graph: Graph, options: &ExecOptions) -> NativeSession {
         Self::with_pool(graph, Arc::new(pool_for(options.threads)), options.exact)
     }

@@ -125,7 +125,10 @@ pub fn run(
         Op::MatMulNBits(_)
         | Op::MatMulNBitsGroup(_)
         | Op::MatMulNBitsGlu(_)
-        | Op::GatherBlockQuantized(_) => quant::run(op, inputs, n_outputs, ctx),
+        | Op::GatherBlockQuantized(_)
+        | Op::Dequantize(_)
+        | Op::DynamicQuantize
+        | Op::MatMulInteger => quant::run(op, inputs, n_outputs, ctx),
         Op::GroupQueryAttention(_) => attention::run(op, inputs, donated, n_outputs, ctx),
         Op::Rotary(_) => rotary::run(op, inputs, ctx),
         Op::Moe(m) => moe::run(m, inputs, ctx).map(|t| smallvec![t]),

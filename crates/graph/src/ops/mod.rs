@@ -18,7 +18,7 @@ pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 pub use moe::{Moe, MoeActivation, MoeFormat, MoeInputs, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
 pub use nn::{Gemm, Norm, NormKind, SkipNorm};
-pub use quant::{GatherBlockQuantized, MatMulNBits};
+pub use quant::{Dequantize, GatherBlockQuantized, MatMulNBits};
 pub use reduce::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
 pub use shape::{Gather, ScatterND, ScatterReduction, Slice, Split, Squeeze};
 
@@ -90,6 +90,12 @@ pub enum Op {
     /// group's; one output, `silu(gate) * up`, with the bits of the ops it replaces.
     MatMulNBitsGlu([MatMulNBits; 2]),
     GatherBlockQuantized(GatherBlockQuantized),
+    /// ONNX DequantizeLinear.
+    Dequantize(Dequantize),
+    /// ONNX DynamicQuantizeLinear: uint8 codes, their scale and zero point.
+    DynamicQuantize,
+    /// ONNX MatMulInteger: int32 products of (u)int8 matrices less their zero points.
+    MatMulInteger,
     /// `g * sigmoid(g) * u` on float32 tensors of one shape, made by [`crate::passes::silu`]
     /// from the ops that spell it out (same bits).
     SiluMul,

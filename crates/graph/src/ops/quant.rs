@@ -1,9 +1,11 @@
-//! Block-quantized weight ops: com.microsoft::MatMulNBits and GatherBlockQuantized.
+//! Quantized ops: com.microsoft::MatMulNBits and GatherBlockQuantized (block-quantized
+//! weights), and the ONNX ops of onnxruntime's dynamic int8 exports (`quantize_dynamic`:
+//! `DynamicQuantizeLinear`, `MatMulInteger`, `DequantizeLinear`).
 //!
 //! Reference: onnxruntime `docs/ContribOperators.md` and the CPU kernels in
 //! `onnxruntime/contrib_ops/cpu/quantization/` (`matmul_nbits.cc`,
-//! `gather_block_quantized.cc`). The weight layouts are documented on the kernels
-//! (`oxgen_kernels::nbits`, `oxgen_kernels::quant`).
+//! `gather_block_quantized.cc`), the ONNX operator docs for the standard ones. The weight
+//! layouts are documented on the kernels (`oxgen_kernels::nbits`, `oxgen_kernels::quant`).
 
 use super::Op;
 use crate::{GraphError, NodeCtx, OpSpec};
@@ -155,8 +157,45 @@ fn gather_block_quantized(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     }))
 }
 
+/// ONNX DequantizeLinear: `y = (x - zero_point) · scale`, per tensor or per `axis`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dequantize {
+    pub axis: i64,
+}
+
+fn dequantize_linear(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    ctx.inputs(2, 3)?;
+    ctx.outputs(1)?;
+    let axis = ctx.int("axis", 1)?;
+    if ctx.int("block_size", 0)? != 0 {
+        return Err(ctx.attr_error(
+            "block_size",
+            "blocked dequantization is not supported; only per-tensor and per-axis scales",
+        ));
+    }
+    if ctx.has_attr("output_dtype") && ctx.int("output_dtype", 0)? != 0 {
+        return Err(ctx.attr_error("output_dtype", "only the scale's type is supported"));
+    }
+    Ok(Op::Dequantize(Dequantize { axis }))
+}
+
+fn dynamic_quantize_linear(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    ctx.inputs(1, 1)?;
+    ctx.outputs(3)?;
+    Ok(Op::DynamicQuantize)
+}
+
+fn matmul_integer(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    ctx.inputs(2, 4)?;
+    ctx.outputs(1)?;
+    Ok(Op::MatMulInteger)
+}
+
 pub(super) fn specs() -> Vec<OpSpec> {
     vec![
+        OpSpec::new("", "DequantizeLinear", 10, dequantize_linear),
+        OpSpec::new("", "DynamicQuantizeLinear", 11, dynamic_quantize_linear),
+        OpSpec::new("", "MatMulInteger", 10, matmul_integer),
         OpSpec::new("com.microsoft", "MatMulNBits", 1, matmul_nbits),
         OpSpec::new(
             "com.microsoft",
