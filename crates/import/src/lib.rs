@@ -33,8 +33,10 @@
 //! (`oxgen-gguf`) and writes ONNX (`oxgen-onnx`).
 
 pub mod arch;
+pub mod encoder;
 mod error;
 pub mod genai_graph;
+pub mod safetensors;
 pub mod tokenizer;
 pub mod weights;
 
@@ -43,9 +45,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use oxgen_gguf::GgufFile;
 
+pub use encoder::{EncoderArch, EncoderHead, EncoderSpec};
 pub use error::ImportError;
 use genai_graph::{ConfigTokens, DecoderSpec, Rope};
 pub use oxgen_gguf::Requantized;
+use safetensors::SafeTensors;
 
 /// `MatMulNBits` `accuracy_level` onnxruntime-genai's builder writes for int4 on CPU.
 pub const DEFAULT_ACCURACY_LEVEL: u8 = 4;
@@ -182,14 +186,7 @@ pub fn import_gguf(
         },
     );
 
-    let staging = Staging::new(out_dir)?;
-    progress(&Progress {
-        stage: Stage::Writing,
-        done: 0,
-        total: 1,
-        item: "model.onnx",
-    });
-    let producer = format!("oxgen-import {}", env!("CARGO_PKG_VERSION"));
+    let (staging, producer) = start_writing(out_dir, progress)?;
     genai_graph::write_model(&staging.dir, &producer, &spec, weights).map_err(|e| {
         ImportError::Write {
             dir: staging.dir.clone(),
@@ -215,6 +212,120 @@ pub fn import_gguf(
     })
 }
 
+/// What [`import_encoder`] imported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportedEncoder {
+    pub spec: EncoderSpec,
+    /// Bytes of all files written.
+    pub bytes: u64,
+    /// The package files copied beside the graph (tokenizer, pooling, configs).
+    pub copied: Vec<String>,
+}
+
+/// The files of a sentence-transformers (or transformers) folder an encoder package keeps
+/// beside its graph, when present.
+const ENCODER_FILES: [&str; 9] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "README.md",
+];
+
+/// Imports a Hugging Face encoder folder (`config.json`, `model.safetensors`,
+/// `tokenizer.json`, and sentence-transformers' `modules.json` and pooling folders when
+/// present) into a package folder `out_dir`: the graph [`encoder`] writes, and the folder's
+/// tokenizer and pooling files as they are.
+pub fn import_encoder(
+    src: &Path,
+    out_dir: &Path,
+    options: &ImportOptions,
+) -> Result<ImportedEncoder, ImportError> {
+    let no_progress = |_: &Progress| {};
+    let progress = options.progress.unwrap_or(&no_progress);
+    check_replaceable(out_dir, options.overwrite)?;
+    let config_path = src.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| ImportError::io(&config_path, "read", e))?;
+    let spec = EncoderSpec::from_config(&config_path, &text)?;
+    for needed in ["tokenizer.json", "model.safetensors"] {
+        if !src.join(needed).is_file() {
+            return Err(ImportError::Options(format!(
+                "{} has no {needed}; import a folder as transformers' save_pretrained (or \
+                 sentence-transformers' save) writes it",
+                src.display()
+            )));
+        }
+    }
+    let weights = SafeTensors::open(&src.join("model.safetensors"))?;
+
+    let (staging, producer) = start_writing(out_dir, progress)?;
+    encoder::write_model(&staging.dir, &producer, &spec, &weights)?;
+    let mut copied = Vec::new();
+    let mut copy = |rel: &str| -> Result<(), ImportError> {
+        let from = src.join(rel);
+        let to = staging.dir.join(rel);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| ImportError::io(parent, "create folder", e))?;
+        }
+        std::fs::copy(&from, &to).map_err(|e| ImportError::io(&from, "copy", e))?;
+        copied.push(rel.to_string());
+        Ok(())
+    };
+    for name in ENCODER_FILES {
+        if src.join(name).is_file() {
+            copy(name)?;
+        }
+    }
+    // sentence-transformers' module folders (`1_Pooling/config.json`, ...).
+    for module in encoder::module_paths(src)? {
+        if module.is_empty() {
+            continue;
+        }
+        let dir = src.join(&module);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue; // `2_Normalize` is listed without a folder: it has no files.
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_file() && name.ends_with(".json") {
+                copy(&format!("{module}/{name}"))?;
+            }
+        }
+    }
+    let bytes = folder_bytes(&staging.dir)?;
+    staging.commit(options.overwrite)?;
+    Ok(ImportedEncoder {
+        spec,
+        bytes,
+        copied,
+    })
+}
+
+/// The temporary folder the package is written into, once the graph is about to be written
+/// (reported), and the graph's producer name.
+fn start_writing(
+    out_dir: &Path,
+    progress: &dyn Fn(&Progress),
+) -> Result<(Staging, String), ImportError> {
+    let staging = Staging::new(out_dir)?;
+    progress(&Progress {
+        stage: Stage::Writing,
+        done: 0,
+        total: 1,
+        item: "model.onnx",
+    });
+    Ok((
+        staging,
+        format!("oxgen-import {}", env!("CARGO_PKG_VERSION")),
+    ))
+}
+
 fn folder_bytes(dir: &Path) -> Result<u64, ImportError> {
     let mut total = 0;
     let entries = std::fs::read_dir(dir).map_err(|e| ImportError::io(dir, "list", e))?;
@@ -223,7 +334,11 @@ fn folder_bytes(dir: &Path) -> Result<u64, ImportError> {
         let meta = entry
             .metadata()
             .map_err(|e| ImportError::io(&entry.path(), "stat", e))?;
-        total += meta.len();
+        total += if meta.is_dir() {
+            folder_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
     }
     Ok(total)
 }
@@ -241,11 +356,12 @@ fn check_replaceable(out_dir: &Path, overwrite: bool) -> Result<(), ImportError>
     }
     let is_package_or_empty = meta.is_dir()
         && (out_dir.join("genai_config.json").is_file()
+            || out_dir.join("model.onnx").is_file()
             || std::fs::read_dir(out_dir).is_ok_and(|mut d| d.next().is_none()));
     if !is_package_or_empty {
         return Err(ImportError::Options(format!(
-            "refusing to replace {}: it is not a package folder (no genai_config.json) nor \
-             empty; remove it yourself or choose another folder",
+            "refusing to replace {}: it is not a package folder (no genai_config.json or \
+             model.onnx) nor empty; remove it yourself or choose another folder",
             out_dir.display()
         )));
     }
