@@ -36,7 +36,13 @@ impl Tokenizer {
                     .unwrap_or_default();
                 err(format!("the tokenizers library could not read it ({what})"))
             })?;
-        let inner = parsed.map_err(|e| err(e.to_string()))?;
+        let mut inner = parsed.map_err(|e| err(e.to_string()))?;
+        // A tokenizer.json may pad or truncate every encoding (sentence-transformers' files
+        // pad to 128); lengths are oxgen's to decide, and a prompt is never cut silently.
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| err(e.to_string()))?;
         Ok(Tokenizer {
             inner,
             path: name.to_string(),
@@ -59,6 +65,24 @@ impl Tokenizer {
             .map_err(|e| self.err(e))?
             .get_ids()
             .to_vec())
+    }
+
+    /// Ids and token type ids of `first` (and `second`, as a pair), with the special tokens
+    /// the post-processor adds (`[CLS] first [SEP] second [SEP]` for BERT, type ids 0 then 1).
+    pub fn encode_typed(
+        &self,
+        first: &str,
+        second: Option<&str>,
+    ) -> Result<(Vec<u32>, Vec<u32>), GenerateError> {
+        let encoding = match second {
+            Some(second) => self.inner.encode((first, second), true),
+            None => self.inner.encode(first, true),
+        }
+        .map_err(|e| self.err(e))?;
+        Ok((
+            encoding.get_ids().to_vec(),
+            encoding.get_type_ids().to_vec(),
+        ))
     }
 
     /// Text of `ids`, special tokens included when `skip_special` is false.

@@ -42,6 +42,7 @@ mod backend;
 mod chat;
 mod context;
 mod defaults;
+pub mod embed;
 mod encoder;
 pub mod engine;
 mod package;
@@ -63,6 +64,9 @@ pub use backend::{AutoChoice, Backend, HAS_ORT, auto_choice};
 pub use chat::{CHAT_CTX_SIZE, Chat};
 pub use context::{ContextLimit, Sizing};
 pub use defaults::PackageDefaults;
+pub use embed::{
+    EmbedInput, EmbedOptions, EmbedTokenizer, EmbedTokens, Embedder, EncoderKind, Pooling,
+};
 pub use encoder::Encoder;
 pub use engine::{Engine, EngineError, EngineStatus, Event, Job, JobPrompt};
 pub use oxgen_exec::{ExpertCache, KvBudget};
