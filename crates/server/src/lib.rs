@@ -196,6 +196,16 @@ impl Config {
     }
 }
 
+/// What the HTTP side needs of a loaded encoder (an embedding model or a reranker).
+pub(crate) struct EncoderLoaded {
+    tokenizer: oxgen::EmbedTokenizer,
+    kind: oxgen::EncoderKind,
+    /// Values per embedding (a reranker's labels).
+    dim: usize,
+    backend: &'static str,
+    threads: usize,
+}
+
 /// What the HTTP side needs of the loaded model.
 pub(crate) struct Loaded {
     encoder: Encoder,
@@ -238,6 +248,10 @@ pub(crate) struct App {
     queue: Queue,
     phase: AtomicU8,
     loaded: OnceLock<Loaded>,
+    /// Set instead of `loaded` when the package is an encoder.
+    encoder: OnceLock<EncoderLoaded>,
+    /// The way into the encoder's thread.
+    embed_queue: oxgen::embed::EmbedQueue,
     failure: OnceLock<String>,
     /// Tells the engine to fail what is left and stop.
     abort: AtomicBool,
@@ -297,21 +311,50 @@ impl App {
     fn ready(&self) -> Result<&Loaded, ApiError> {
         match (self.phase(), self.loaded.get()) {
             (Phase::Ready, Some(loaded)) => Ok(loaded),
-            (Phase::Loading, _) | (Phase::Ready, None) => Err(ApiError::unavailable(
-                "loading",
-                "the model is still loading; retry shortly",
+            (Phase::Ready, None) if self.encoder.get().is_some() => Err(ApiError::invalid(
+                "model",
+                format!(
+                    "'{}' is an encoder: it serves /v1/embeddings and /v1/rerank, not \
+                     generation; serve a language model package for this endpoint",
+                    self.config.model_id
+                ),
             )),
-            (Phase::Draining, _) => Err(ApiError::unavailable(
-                "shutting_down",
-                "the server is shutting down",
+            _ => Err(self.not_ready()),
+        }
+    }
+
+    /// The loaded encoder, or why embedding requests cannot run now.
+    fn encoder_ready(&self) -> Result<&EncoderLoaded, ApiError> {
+        match (self.phase(), self.encoder.get()) {
+            (Phase::Ready, Some(encoder)) => Ok(encoder),
+            (Phase::Ready, None) if self.loaded.get().is_some() => Err(ApiError::invalid(
+                "model",
+                format!(
+                    "'{}' is a language model; embeddings and reranking need an encoder \
+                     package (`oxgen import` a sentence-transformers folder, then serve it)",
+                    self.config.model_id
+                ),
             )),
-            (Phase::Failed, _) => Err(ApiError::unavailable(
+            _ => Err(self.not_ready()),
+        }
+    }
+
+    /// Why no request can run in the current phase (loading, draining, failed).
+    fn not_ready(&self) -> ApiError {
+        match self.phase() {
+            Phase::Loading | Phase::Ready => {
+                ApiError::unavailable("loading", "the model is still loading; retry shortly")
+            }
+            Phase::Draining => {
+                ApiError::unavailable("shutting_down", "the server is shutting down")
+            }
+            Phase::Failed => ApiError::unavailable(
                 "engine_failed",
                 format!(
                     "the engine failed: {}",
                     self.failure.get().map_or("unknown", String::as_str)
                 ),
-            )),
+            ),
         }
     }
 
@@ -337,6 +380,46 @@ impl Drop for PanicGuard<'_> {
 
 /// Opens the model on the engine thread.
 pub type Open = Box<dyn FnOnce() -> Result<Model, String> + Send>;
+
+/// Opens an encoder package on the encoder's thread.
+pub type OpenEncoder = Box<dyn FnOnce() -> Result<oxgen::Embedder, String> + Send>;
+
+fn encoder_main(app: Arc<App>, jobs: Receiver<oxgen::embed::EmbedJob>, open: OpenEncoder) {
+    let _guard = PanicGuard(&app);
+    let started = Instant::now();
+    let mut embedder = match open() {
+        Ok(embedder) => embedder,
+        Err(e) => return app.fail(format!("loading the model: {e}")),
+    };
+    let kind = embedder.kind();
+    let _ = app.encoder.set(EncoderLoaded {
+        tokenizer: embedder.tokenizer().clone(),
+        kind,
+        dim: embedder.dim(),
+        backend: embedder.backend(),
+        threads: embedder.threads(),
+    });
+    app.mark_ready();
+    let what = match kind {
+        oxgen::EncoderKind::Embedding { pooling, normalize } => format!(
+            "embeddings of {} values ({} pooling{})",
+            embedder.dim(),
+            pooling.name(),
+            if normalize { ", normalized" } else { "" }
+        ),
+        oxgen::EncoderKind::Reranker { labels } => format!("a reranker ({labels} logits)"),
+    };
+    eprintln!(
+        "oxgen serve: encoder '{}' loaded in {:.2} s on {}: {what}, up to {} tokens",
+        app.config.model_id,
+        started.elapsed().as_secs_f64(),
+        embedder.backend(),
+        embedder.tokenizer().max_tokens()
+    );
+    oxgen::embed::serve(&mut embedder, &jobs, &app.metrics.embed, &|| {
+        app.abort.load(Ordering::Relaxed)
+    });
+}
 
 fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
     let _guard = PanicGuard(&app);
@@ -398,6 +481,24 @@ impl Server {
     /// Binds `addr` (port 0 picks a free one) and starts serving; the model loads in the
     /// background while `/health` answers 503.
     pub fn start(config: Config, addr: &str, open: Open) -> Result<Server, String> {
+        Server::start_with(config, addr, move |app, jobs, _| {
+            engine_main(app, jobs, open)
+        })
+    }
+
+    /// [`Server::start`] for an encoder package: `/v1/embeddings` and `/v1/rerank` run on it,
+    /// generation endpoints answer 400.
+    pub fn start_encoder(config: Config, addr: &str, open: OpenEncoder) -> Result<Server, String> {
+        Server::start_with(config, addr, move |app, _, jobs| {
+            encoder_main(app, jobs, open)
+        })
+    }
+
+    fn start_with(
+        config: Config,
+        addr: &str,
+        main: impl FnOnce(Arc<App>, Receiver<Job>, Receiver<oxgen::embed::EmbedJob>) + Send + 'static,
+    ) -> Result<Server, String> {
         let listener = std::net::TcpListener::bind(addr).map_err(|e| {
             format!("cannot listen on {addr}: {e} (is another server using the port? pick one with --port)")
         })?;
@@ -412,11 +513,16 @@ impl Server {
         let store = routes::Store::new(config.responses_store);
         let metrics = Metrics::default();
         let queue = Queue::new(jobs, metrics.engine.clone(), config.limits());
+        let (embed_jobs, embed_received) = std::sync::mpsc::channel();
+        let embed_queue =
+            oxgen::embed::EmbedQueue::new(embed_jobs, metrics.embed.clone(), config.max_queue);
         let app = Arc::new(App {
             config,
             queue,
             phase: AtomicU8::new(Phase::Loading as u8),
             loaded: OnceLock::new(),
+            encoder: OnceLock::new(),
+            embed_queue,
             failure: OnceLock::new(),
             abort: AtomicBool::new(false),
             stop: Notify::new(),
@@ -428,7 +534,7 @@ impl Server {
         let engine_app = app.clone();
         std::thread::Builder::new()
             .name("oxgen-engine".into())
-            .spawn(move || engine_main(engine_app, received, open))
+            .spawn(move || main(engine_app, received, embed_received))
             .map_err(|e| format!("starting the engine thread: {e}"))?;
         let http_app = app.clone();
         let http = std::thread::Builder::new()
@@ -578,7 +684,8 @@ const CONNECTION_GRACE: Duration = Duration::from_secs(5);
 /// large to add to a time: no limit).
 async fn settle(app: &App, within: Duration) {
     let deadline = Instant::now().checked_add(within);
-    while app.metrics.engine.live() > 0 && deadline.is_none_or(|d| Instant::now() < d) {
+    let live = || app.metrics.engine.live() + app.metrics.embed.live();
+    while live() > 0 && deadline.is_none_or(|d| Instant::now() < d) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -57,6 +57,8 @@ pub struct Metrics {
     pub latency: Arc<Latency>,
     /// What the engine reports: queued and running requests, KV, token counts.
     pub engine: Arc<oxgen::EngineStatus>,
+    /// What an encoder's thread reports: requests, sequences and tokens embedded.
+    pub embed: Arc<oxgen::embed::EmbedStatus>,
 }
 
 /// Token latencies, as the engine observes them.
@@ -87,6 +89,7 @@ impl Default for Metrics {
             requests: Mutex::default(),
             latency,
             engine,
+            embed: Arc::default(),
         }
     }
 }
@@ -125,6 +128,16 @@ impl Metrics {
                 "Tokens generated.",
                 self.engine.generated_tokens(),
             ),
+            (
+                "oxgen_embedded_sequences_total",
+                "Sequences an encoder ran (inputs embedded, query and document pairs scored).",
+                self.embed.sequences(),
+            ),
+            (
+                "oxgen_embedded_tokens_total",
+                "Tokens of the sequences an encoder ran.",
+                self.embed.tokens(),
+            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(
@@ -136,12 +149,12 @@ impl Metrics {
             (
                 "oxgen_queue_depth",
                 "Requests waiting to run.",
-                self.engine.queued(),
+                self.engine.queued() + self.embed.queued(),
             ),
             (
                 "oxgen_running_requests",
-                "Requests generating.",
-                self.engine.running(),
+                "Requests generating (or embedding).",
+                self.engine.running() + self.embed.running(),
             ),
             (
                 "oxgen_kv_sequences",

@@ -6,6 +6,7 @@
 //! `http`; the chat page in `webui`.
 
 mod anthropic;
+mod embeddings;
 mod http;
 mod ollama;
 mod openai;
@@ -60,6 +61,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/rerank", post(embeddings::rerank))
+        .route("/v2/rerank", post(embeddings::rerank))
+        .route("/rerank", post(embeddings::rerank))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/tokenize", post(tokenize))
@@ -385,6 +390,10 @@ fn batching(app: &App) -> &'static str {
             "requests join and leave at token boundaries; each sequence runs its own forward \
              (this backend does not fuse a batch)"
         }
+        None if app.encoder.get().is_some() => {
+            "each turn runs every waiting request's sequences, each at its own length (no \
+             padding)"
+        }
         None => "loading",
     }
 }
@@ -402,6 +411,11 @@ struct ModelCard<'a> {
 
 #[derive(Serialize)]
 struct ModelMeta {
+    /// `generate`, `embedding` or `rerank` (`null` while loading).
+    kind: Option<&'static str>,
+    /// Values per embedding, for an embedding model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dimensions: Option<usize>,
     backend: Option<&'static str>,
     threads: Option<usize>,
     context_length: Option<usize>,
@@ -425,6 +439,13 @@ struct KvCache {
 
 fn model_card(app: &App) -> ModelCard<'_> {
     let loaded = app.loaded.get();
+    let encoder = app.encoder.get();
+    let kind = match (loaded, encoder.map(|e| e.kind)) {
+        (Some(_), _) => Some("generate"),
+        (None, Some(oxgen::EncoderKind::Embedding { .. })) => Some("embedding"),
+        (None, Some(oxgen::EncoderKind::Reranker { .. })) => Some("rerank"),
+        (None, None) => None,
+    };
     ModelCard {
         id: &app.config.model_id,
         object: "model",
@@ -432,9 +453,14 @@ fn model_card(app: &App) -> ModelCard<'_> {
         owned_by: "oxgen",
         aliases: &app.config.aliases,
         meta: ModelMeta {
-            backend: loaded.map(|l| l.backend),
-            threads: loaded.map(|l| l.threads),
-            context_length: loaded.map(|l| l.limit.max()),
+            kind,
+            dimensions: encoder
+                .filter(|e| matches!(e.kind, oxgen::EncoderKind::Embedding { .. }))
+                .map(|e| e.dim),
+            backend: (loaded.map(|l| l.backend)).or(encoder.map(|e| e.backend)),
+            threads: (loaded.map(|l| l.threads)).or(encoder.map(|e| e.threads)),
+            context_length: (loaded.map(|l| l.limit.max()))
+                .or(encoder.map(|e| e.tokenizer.max_tokens())),
             max_batch: app.config.max_batch,
             max_tokens_limit: app.config.max_tokens_limit,
             batching: batching(app),
@@ -481,8 +507,8 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     let body = Health {
         status: state,
         requests: Live {
-            queued: engine.queued(),
-            running: engine.running(),
+            queued: engine.queued() + app.metrics.embed.queued(),
+            running: engine.running() + app.metrics.embed.running(),
             kv_sequences: engine.kv_sequences(),
         },
         error: app.failure.get().map(String::as_str),

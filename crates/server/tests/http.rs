@@ -386,7 +386,14 @@ fn bad_requests_get_their_status_and_the_server_keeps_serving() {
             413,
             None,
         ),
-        ("no such endpoint", "/v1/embeddings", b"{}".to_vec(), 404, None),
+        ("no such endpoint", "/v1/audio/speech", b"{}".to_vec(), 404, None),
+        (
+            "embeddings from a language model",
+            "/v1/embeddings",
+            json!({"input": "hi"}).to_string().into_bytes(),
+            400,
+            Some("model"),
+        ),
     ];
     for (what, path, body, status, param) in cases {
         let r = request(addr, "POST", path, &[], &body);
