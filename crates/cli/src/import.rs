@@ -1,6 +1,8 @@
 //! `oxgen import FILE.gguf OUT_DIR`: converts a GGUF model into an onnxruntime-genai-style
-//! package folder (`oxgen_import::import_gguf`). Progress goes to stderr, and only when
-//! stderr is a terminal; a one-line summary follows.
+//! package folder (`oxgen_import::import_gguf`); `oxgen import FOLDER OUT_DIR` converts a
+//! Hugging Face encoder folder (sentence-transformers' or transformers' safetensors, config
+//! and tokenizer) into an encoder package (`oxgen_import::import_encoder`). Progress goes to
+//! stderr, and only when stderr is a terminal; a one-line summary follows.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -13,7 +15,9 @@ use oxgen_import::{ImportOptions, Progress, Stage, import_gguf};
 #[derive(clap::Args)]
 pub struct Args {
     /// The GGUF file (llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3, smollm3,
-    /// gpt-oss; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4 experts, F16, BF16, F32 tensors).
+    /// gpt-oss; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4 experts, F16, BF16, F32 tensors),
+    /// or a Hugging Face encoder folder (BERT, RoBERTa, XLM-RoBERTa: `config.json`,
+    /// `model.safetensors`, `tokenizer.json`, sentence-transformers' pooling files).
     file: PathBuf,
     /// The package folder to create (written to a temporary sibling, then renamed).
     out_dir: PathBuf,
@@ -38,7 +42,39 @@ fn parse_accuracy_level(s: &str) -> Result<u8, String> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.file.is_dir() {
+        return import_folder(&args.file, &args.out_dir, args.force);
+    }
     import(&args.file, &args.out_dir, args.accuracy_level, args.force)
+}
+
+/// Imports a Hugging Face encoder folder into `out`, with a summary on stderr.
+pub fn import_folder(src: &Path, out: &Path, overwrite: bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let options = ImportOptions {
+        overwrite,
+        ..ImportOptions::default()
+    };
+    let imported = oxgen_import::import_encoder(src, out, &options)
+        .with_context(|| format!("importing {} into {}", src.display(), out.display()))?;
+    let s = &imported.spec;
+    let head = match s.head {
+        oxgen_import::EncoderHead::Features => "embeddings".to_string(),
+        oxgen_import::EncoderHead::Classifier { labels } => format!("{labels}-label classifier"),
+    };
+    eprintln!(
+        "imported a {:?} encoder ({head}; {} layers, hidden {}, {} heads, vocab {}) into {}: \
+         {:.1} MB in {:.2}s",
+        s.arch,
+        s.layers,
+        s.hidden,
+        s.heads,
+        s.vocab,
+        out.display(),
+        imported.bytes as f64 / 1e6,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// Imports `gguf` into `out`, with progress on a terminal and a summary on stderr.

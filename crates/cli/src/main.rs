@@ -6,6 +6,7 @@
 
 mod bench;
 mod chat;
+mod embed;
 mod fatal;
 mod generate;
 mod import;
@@ -40,6 +41,7 @@ enum Command {
     Run(chat::Args),
     /// Measure prefill and decode throughput, TTFT and peak memory.
     Bench(bench::Args),
+    Embed(embed::Args),
     /// Convert a GGUF model (llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3,
     /// smollm3) into an
     /// ONNX package folder.
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(&args),
         Command::Run(args) => chat::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Embed(args) => embed::run(&args),
         Command::Import(args) => import::run(&args),
         Command::Pull(args) => pull::run(&args),
         Command::Serve(args) => serve::run(&args),

@@ -117,7 +117,7 @@ impl BackendArgs {
 }
 
 /// A thread count (0: every core), up to the bound [`oxgen::check_threads`] checks.
-fn threads(s: &str) -> Result<usize, String> {
+pub fn threads(s: &str) -> Result<usize, String> {
     let n = (s.parse::<usize>())
         .map_err(|_| format!("'{s}' is not a thread count (0 uses every core)"))?;
     oxgen::check_threads(n)

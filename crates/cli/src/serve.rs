@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oxgen::{KvBudget, Model, ModelOptions, ToolFormat};
+use oxgen::{Embedder, KvBudget, Model, ModelOptions, ToolFormat};
 use oxgen_server::{
     CloseObjects, Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS,
     DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
     DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
 };
 
+use crate::embed::EncoderArgs;
 use crate::options::{BackendArgs, RunArgs, model_dir};
 
 #[derive(clap::Args)]
@@ -116,6 +117,9 @@ pub struct Args {
     backend: BackendArgs,
     #[command(flatten)]
     run: RunArgs,
+    /// For an encoder package (embeddings and reranking).
+    #[command(flatten)]
+    encoder: EncoderArgs,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -174,6 +178,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .as_deref()
             .map(|n| ToolFormat::from_name(n).expect("clap checked the name")),
     };
+    let addr = format!("{}:{}", args.host, args.port);
+    if oxgen::embed::is_encoder_package(&dir) {
+        let options = args.encoder.options(args.run.threads, &args.backend);
+        let open_dir = dir.clone();
+        let server = Server::start_encoder(
+            config,
+            &addr,
+            Box::new(move || {
+                let embedder = Embedder::open(&open_dir, &options).map_err(|e| e.to_string())?;
+                if let Some(note) = embedder.backend_note() {
+                    eprintln!("note: {note}");
+                }
+                Ok(embedder)
+            }),
+        )
+        .map_err(anyhow::Error::msg)?;
+        eprintln!(
+            "oxgen serve: listening on http://{} (encoder {})",
+            server.addr(),
+            dir.display()
+        );
+        return server.wait().map_err(anyhow::Error::msg);
+    }
     let options = ModelOptions {
         kv: match (args.kv_blocks, args.kv_memory) {
             (Some(blocks), _) => KvBudget::Blocks(blocks as usize),
@@ -183,7 +210,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         prefix_cache: !args.no_prefix_cache,
         ..args.run.model_options(&args.backend)
     };
-    let addr = format!("{}:{}", args.host, args.port);
     let open_dir = dir.clone();
     let server = Server::start(
         config,

@@ -664,3 +664,36 @@ fn a_thread_count_past_the_bound_is_a_usage_error() {
         );
     }
 }
+
+/// An encoder package served: the `openai` client's `embeddings.create` works unchanged
+/// (floats, base64, ids, dimensions), rerank orders documents, bad inputs are 400s naming
+/// the field; `/v1/models` and `/metrics` say what ran; SIGTERM exits 0.
+#[test]
+fn an_encoder_package_serves_embeddings_and_rerank() {
+    let model = oxgen_testkit::embed_model_dir();
+    let mut served = serve_at(&model, &[]);
+    let python = std::env::var_os("OXGEN_PYTHON").expect("OXGEN_PYTHON is not set");
+    let args = [
+        format!("http://{}/v1", served.addr),
+        "all-MiniLM-L6-v2".into(),
+    ];
+    run_script(python.into(), "embeddings_client.py", &args, &[]);
+    let card = common::get(served.addr, "/v1/models").json();
+    let meta = &card["data"][0]["meta"];
+    assert_eq!(
+        (meta["kind"].as_str(), meta["dimensions"].as_u64()),
+        (Some("embedding"), Some(384))
+    );
+    assert_eq!(meta["context_length"], 256);
+    let metrics = String::from_utf8(common::get(served.addr, "/metrics").body).unwrap();
+    let counter = |name: &str| -> u64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(
+        counter("oxgen_embedded_sequences_total ") >= 40,
+        "{metrics}"
+    );
+    assert!(counter("oxgen_embedded_tokens_total ") >= 400, "{metrics}");
+    assert_eq!(served.stop(Duration::from_secs(60)), Some(0));
+}

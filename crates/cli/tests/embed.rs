@@ -1,0 +1,355 @@
+//! Encoders: packages imported from Hugging Face folders run on both backends with the same
+//! results; an embedding does not depend on its batch or the thread count; inputs are
+//! refused with their index; and the real all-MiniLM-L6-v2 gives sentence-transformers'
+//! embeddings (recorded once, `crates/testkit/thirdparty/embeddings/make_reference.py`).
+
+use std::path::Path;
+use std::process::Command;
+
+use oxgen::embed::InputError;
+use oxgen::{Backend, EmbedInput, EmbedOptions, Embedder, EncoderKind, Pooling};
+use oxgen_import::EncoderArch;
+use oxgen_testkit::encoders::{EncoderFixture, write_package};
+
+fn open(dir: &Path, backend: Backend, threads: usize) -> Embedder {
+    let options = EmbedOptions {
+        threads,
+        backend,
+        ..EmbedOptions::default()
+    };
+    Embedder::open(dir, &options)
+        .unwrap_or_else(|e| panic!("{} on {backend:?}: {e}", dir.display()))
+}
+
+fn texts() -> Vec<String> {
+    [
+        "The quick brown fox jumps over the lazy dog.",
+        "a man eats food",
+        "How many people live in Berlin?",
+        "Paris is the capital of France, and Berlin the capital of Germany.",
+        "cats",
+        "the dog plays music in the city of paris and the horse jumps over the brown cat",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn inputs() -> Vec<EmbedInput> {
+    texts().into_iter().map(EmbedInput::Text).collect()
+}
+
+fn largest_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    (a.iter().flatten().zip(b.iter().flatten()))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn fixture(f: EncoderFixture) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_package(dir.path(), &dir.path().join("pkg"), &f);
+    dir
+}
+
+#[test]
+fn imported_encoders_give_onnxruntimes_results_on_the_native_backend() {
+    let cases = [
+        (EncoderArch::Bert, None, "mean"),
+        (EncoderArch::Bert, None, "cls"),
+        (EncoderArch::Roberta, None, "max"),
+        (EncoderArch::Bert, Some(1), "mean"),
+        (EncoderArch::Bert, Some(2), "mean"),
+        (EncoderArch::Roberta, Some(1), "mean"),
+    ];
+    for (arch, labels, pooling) in cases {
+        let what = format!("{arch:?} labels {labels:?} pooling {pooling}");
+        let dir = fixture(EncoderFixture {
+            arch,
+            labels,
+            pooling,
+            ..EncoderFixture::default()
+        });
+        let pkg = dir.path().join("pkg");
+        let mut native = open(&pkg, Backend::Native, 2);
+        let mut ort = open(&pkg, Backend::Ort, 2);
+        assert_eq!((native.backend(), ort.backend()), ("native", "ort"));
+        match labels {
+            None => {
+                assert_eq!(
+                    native.kind(),
+                    EncoderKind::Embedding {
+                        pooling: Pooling::parse(pooling).unwrap(),
+                        normalize: true
+                    },
+                    "{what}"
+                );
+                let a = native.embed(&inputs(), false).unwrap();
+                let b = ort.embed(&inputs(), false).unwrap();
+                assert_eq!(a[0].len(), 64);
+                let d = largest_difference(&a, &b);
+                assert!(d < 1e-5, "{what}: native and ort differ by {d}");
+                // Unit length, and not all the same vector.
+                assert!(
+                    a.iter()
+                        .all(|v| (v.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-5)
+                );
+                assert_ne!(a[0], a[1]);
+            }
+            Some(n) => {
+                assert_eq!(native.kind(), EncoderKind::Reranker { labels: n }, "{what}");
+                let query = "How many people live in Berlin?";
+                let a = native.rerank(query, &texts(), false).unwrap();
+                let b = ort.rerank(query, &texts(), false).unwrap();
+                let d = largest_difference(std::slice::from_ref(&a), &[b]);
+                assert!(d < 1e-5, "{what}: native and ort scores differ by {d}");
+                assert!(a.iter().all(|s| (0.0..=1.0).contains(s)), "{what}: {a:?}");
+                let spread =
+                    a.iter().cloned().fold(0f32, f32::max) - a.iter().cloned().fold(1f32, f32::min);
+                assert!(
+                    spread > 1e-3,
+                    "{what}: the documents all score alike: {a:?}"
+                );
+                // A cross-encoder embeds nothing.
+                assert!(native.embed(&inputs(), false).is_err());
+            }
+        }
+    }
+}
+
+#[test]
+fn an_embedding_does_not_depend_on_its_batch_or_the_thread_count() {
+    let dir = fixture(EncoderFixture::default());
+    let pkg = dir.path().join("pkg");
+    let batched = open(&pkg, Backend::Native, 2)
+        .embed(&inputs(), false)
+        .unwrap();
+    for threads in [1, 2, 3] {
+        let mut model = open(&pkg, Backend::Native, threads);
+        for (input, want) in inputs().iter().zip(&batched) {
+            let alone = model.embed(std::slice::from_ref(input), false).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&alone[0]), bits(want), "{threads} threads: {input:?}");
+        }
+    }
+}
+
+#[test]
+fn inputs_are_refused_with_their_index_or_cut_when_asked() {
+    let dir = fixture(EncoderFixture::default());
+    let mut model = open(&dir.path().join("pkg"), Backend::Native, 2);
+    let tokenizer = model.tokenizer().clone();
+    let max = tokenizer.max_tokens();
+    assert_eq!(max, 39, "sentence_bert_config.json's max_seq_length");
+    let long = "the quick brown fox ".repeat(20);
+    let refused = |input: EmbedInput| tokenizer.input(3, &input, false).unwrap_err();
+    assert!(matches!(
+        refused(EmbedInput::Text(long.clone())),
+        InputError::TooLong {
+            index: 3,
+            max: 39,
+            ..
+        }
+    ));
+    assert!(matches!(
+        refused(EmbedInput::Ids(vec![])),
+        InputError::Empty { index: 3 }
+    ));
+    assert!(matches!(
+        refused(EmbedInput::Ids(vec![2, 100_000])),
+        InputError::BadId {
+            index: 3,
+            id: 100_000,
+            ..
+        }
+    ));
+    // Truncated: the model's length, ending with [SEP] as transformers' truncation does.
+    let cut = tokenizer
+        .input(0, &EmbedInput::Text(long.clone()), true)
+        .unwrap();
+    assert_eq!(cut.ids.len(), max);
+    assert_eq!((cut.ids[0], *cut.ids.last().unwrap()), (2, 3));
+    let e = model.embed(
+        &[EmbedInput::Text("cat".into()), EmbedInput::Text(long)],
+        false,
+    );
+    assert!(
+        e.unwrap_err().to_string().contains("input 1 has"),
+        "the index is named"
+    );
+    // Token ids run as given: the same vector as the text they spell.
+    let ids = tokenizer
+        .input(0, &EmbedInput::Text("a man eats food".into()), false)
+        .unwrap()
+        .ids;
+    let by_ids = model.embed(&[EmbedInput::Ids(ids)], false).unwrap();
+    let by_text = model
+        .embed(&[EmbedInput::Text("a man eats food".into())], false)
+        .unwrap();
+    assert_eq!(by_ids, by_text);
+}
+
+#[test]
+fn oxgen_embed_prints_json_lines_from_arguments_or_stdin() {
+    let dir = fixture(EncoderFixture::default());
+    let pkg = dir.path().join("pkg");
+    let run = |args: &[&str], stdin: Option<&str>| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+            .arg("embed")
+            .arg(&pkg)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let from_args = run(&["a man eats food", "cats"], None);
+    let from_stdin = run(&[], Some("a man eats food\ncats\n"));
+    assert_eq!(from_args, from_stdin);
+    assert_eq!(from_args.len(), 2);
+    let want = open(&pkg, Backend::Native, 0)
+        .embed(&[EmbedInput::Text("a man eats food".into())], false)
+        .unwrap();
+    let got: Vec<f32> = serde_json::from_value(from_args[0]["embedding"].clone()).unwrap();
+    assert_eq!(
+        got, want[0],
+        "the printed values are the f32s, shortest round-trip"
+    );
+    let ranked = run(
+        &["--rerank", "berlin people", "people live in berlin", "cats"],
+        None,
+    );
+    let score = |i: usize| ranked[i]["relevance_score"].as_f64().unwrap();
+    assert_eq!(ranked.len(), 2);
+    assert!((-1.0..=1.0).contains(&score(0)) && score(0) != score(1));
+}
+
+/// sentence-transformers' embeddings of 100 sentences of 12 to 256 tokens, recorded once.
+struct Reference {
+    sentences: Vec<String>,
+    embeddings: Vec<Vec<f32>>,
+}
+
+fn reference() -> Reference {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testkit/thirdparty/embeddings/minilm_reference.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let dim = json["dim"].as_u64().unwrap() as usize;
+    let bytes = base64_decode(json["embeddings_f32_base64"].as_str().unwrap());
+    let values: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    Reference {
+        sentences: serde_json::from_value(json["sentences"].clone()).unwrap(),
+        embeddings: values.chunks(dim).map(<[f32]>::to_vec).collect(),
+    }
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let mut out = Vec::new();
+    for chunk in text.as_bytes().chunks(4) {
+        let n = chunk
+            .iter()
+            .take_while(|&&c| c != b'=')
+            .enumerate()
+            .fold(0u32, |n, (i, &c)| n | u32::from(value(c)) << (18 - 6 * i));
+        let len = chunk.iter().filter(|&&c| c != b'=').count() - 1;
+        out.extend_from_slice(&n.to_be_bytes()[1..1 + len]);
+    }
+    out
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+#[test]
+fn all_minilm_l6_v2_gives_sentence_transformers_embeddings_on_both_backends() {
+    let reference = reference();
+    assert_eq!(reference.sentences.len(), 100);
+    let dir = oxgen_testkit::embed_model_dir();
+    let inputs: Vec<EmbedInput> = (reference.sentences.iter().cloned())
+        .map(EmbedInput::Text)
+        .collect();
+    for backend in [Backend::Native, Backend::Ort] {
+        let mut model = open(&dir, backend, 2);
+        assert_eq!(model.dim(), 384);
+        assert_eq!(model.tokenizer().max_tokens(), 256);
+        let batched = model.embed(&inputs, false).unwrap();
+        let mut worst = 1f64;
+        for (i, (got, want)) in batched.iter().zip(&reference.embeddings).enumerate() {
+            let c = cosine(got, want);
+            worst = worst.min(c);
+            assert!(c >= 0.9999, "{backend:?}: sentence {i}: cosine {c}");
+        }
+        // Alone, each of a sample: the same bits as in the batch.
+        for i in (0..100).step_by(9) {
+            let alone = model.embed(&inputs[i..=i], false).unwrap();
+            assert_eq!(alone[0], batched[i], "{backend:?}: sentence {i} alone");
+        }
+        println!("{backend:?}: worst cosine {worst:.7} over 100 sentences");
+    }
+}
+
+/// A real cross-encoder (ms-marco-MiniLM-L-12-v2 as onnxruntime's dynamic int8 export:
+/// `DynamicQuantizeLinear`, `MatMulInteger`, `DequantizeLinear`) runs natively with
+/// onnxruntime's scores, and ranks the passage that answers first.
+#[test]
+fn the_int8_ms_marco_cross_encoder_runs_natively_with_onnxruntimes_scores() {
+    let dir = oxgen_testkit::rerank_model_dir();
+    let query = "How many people live in Berlin?";
+    let documents: Vec<String> = [
+        "Berlin has a population of 3,520,031 registered inhabitants in an area of 891.82 square kilometers.",
+        "New York City is famous for the Metropolitan Museum of Art.",
+        "The capital of France is Paris.",
+        "Berlin is well known for its museums.",
+        "In 2014, the city state Berlin had 37,368 live births (+6.6%), a record number since 1991.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut native = open(&dir, Backend::Native, 2);
+    let mut ort = open(&dir, Backend::Ort, 2);
+    assert_eq!(native.backend(), "native");
+    assert_eq!(native.kind(), EncoderKind::Reranker { labels: 1 });
+    let a = native.rerank(query, &documents, false).unwrap();
+    let b = ort.rerank(query, &documents, false).unwrap();
+    let d = largest_difference(std::slice::from_ref(&a), std::slice::from_ref(&b));
+    println!("native {a:?}\nort    {b:?}\nlargest difference {d:e}");
+    // onnxruntime fuses the graph (LayerNorm, and DynamicQuantizeLinear + MatMulInteger +
+    // scale into DynamicQuantizeMatMul), so its activations differ in the last bits, and an
+    // activation on a rounding boundary quantizes one code apart: measured 1.7e-5 here.
+    assert!(d < 1e-4, "native and onnxruntime scores differ by {d}");
+    let best = (0..a.len()).max_by(|&i, &j| a[i].total_cmp(&a[j])).unwrap();
+    assert_eq!(best, 0, "{a:?}");
+    assert!(a[0] > 0.9 && a[1] < 0.01 && a[2] < 0.01, "{a:?}");
+}
