@@ -5,10 +5,12 @@
 //! [`PyModel::cancel`] from another thread) stops it cleanly. Errors are `oxgen.Error`s:
 //! `ModelLoadError`, `InvalidArgument` (bad keywords, values, prompts, constraints) and
 //! `GenerationError`. Keywords are read in one place (`args.rs`), named like the CLI's
-//! flags; `generate_batch` runs on the facade's engine (`batch.rs`).
+//! flags; `generate_batch` runs on the facade's engine (`batch.rs`); encoder packages open
+//! as `Embedder`s (`embed.rs`).
 
 mod args;
 mod batch;
+mod embed;
 
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -45,6 +47,12 @@ create_exception!(_oxgen, GenerationError, Error, "Generation failed.");
 
 fn invalid(message: impl Into<String>) -> PyErr {
     InvalidArgument::new_err(message.into())
+}
+
+/// The `backend` keyword's value.
+fn backend_named(name: &str) -> PyResult<Backend> {
+    Backend::parse(name)
+        .ok_or_else(|| invalid(format!("backend '{name}': use native, ort or auto")))
 }
 
 /// The facade's error as the exception a caller can act on.
@@ -268,8 +276,7 @@ impl PyModel {
         expert_cache: &str,
         chat_template_kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyModel> {
-        let backend = Backend::parse(backend)
-            .ok_or_else(|| invalid(format!("backend '{backend}': use native, ort or auto")))?;
+        let backend = backend_named(backend)?;
         if max_batch == 0 {
             return Err(invalid("max_batch must be at least 1"));
         }
@@ -609,5 +616,7 @@ fn _oxgen(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TokenStream>()?;
     m.add_class::<Tokenizer>()?;
     m.add_class::<Chat>()?;
+    m.add_class::<embed::PyEmbedder>()?;
+    m.add_function(wrap_pyfunction!(embed::is_encoder, m)?)?;
     Ok(())
 }

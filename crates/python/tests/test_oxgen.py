@@ -1,6 +1,7 @@
 """The oxgen Python package against the real default model.
 
-Run by scripts/test.sh with OXGEN_DEFAULT_MODEL set (the imported SmolLM2-135M-Instruct) and
+Run by scripts/test.sh with OXGEN_DEFAULT_MODEL set (the imported SmolLM2-135M-Instruct),
+OXGEN_EMBED_MODEL (the imported all-MiniLM-L6-v2) and
 the wheel installed into its own venv, as `pytest crates/python/tests`.
 """
 
@@ -257,3 +258,49 @@ def test_an_int8_kv_cache_matches_the_cli(model):
         json.loads(want.stdout)["token_ids"]
     with pytest.raises(oxgen.InvalidArgument, match="f32, f16, bf16 or int8"):
         oxgen.Model(MODEL, kv_dtype="q4")
+
+
+EMBED_MODEL = os.environ["OXGEN_EMBED_MODEL"]
+REFERENCE = os.path.join(
+    os.path.dirname(__file__), "../../testkit/thirdparty/embeddings/minilm_reference.json"
+)
+
+
+def test_an_encoder_package_opens_as_an_embedder_giving_sentence_transformers_vectors():
+    import base64
+
+    embedder = oxgen.Model(EMBED_MODEL, threads=2)
+    assert isinstance(embedder, oxgen.Embedder)
+    assert (embedder.kind, embedder.dim, embedder.max_tokens) == ("embedding", 384, 256)
+    with open(REFERENCE) as f:
+        ref = json.load(f)
+    want = np.frombuffer(base64.b64decode(ref["embeddings_f32_base64"]), dtype="<f4")
+    want = want.reshape(-1, 384)[:20]
+    got = embedder.embed(ref["sentences"][:20])
+    assert got.shape == (20, 384) and got.dtype == np.float32
+    cosines = (got * want).sum(1) / np.linalg.norm(want, axis=1)
+    assert cosines.min() >= 0.9999, cosines.min()
+    # The same bits as the command's, and alone as in the batch.
+    out = subprocess.run(
+        [oxgen.cli(), "embed", EMBED_MODEL, ref["sentences"][3], "--threads", "2"],
+        check=True, stdout=subprocess.PIPE, text=True,
+    )
+    assert np.array_equal(np.array(json.loads(out.stdout)["embedding"], dtype=np.float32), got[3])
+    assert np.array_equal(embedder.embed(ref["sentences"][3])[0], got[3])
+
+
+def test_rerank_and_embedder_errors():
+    embedder = oxgen.Embedder(EMBED_MODEL, threads=2)
+    docs = ["I like pizza.", "Berlin has 3.5 million inhabitants.", "Paris is in France."]
+    assert embedder.tokenize("A man is eating food.") == [101, 1037, 2158, 2003, 5983, 2833, 1012, 102]
+    scores = embedder.rerank("How many people live in Berlin?", docs)
+    assert len(scores) == 3 and int(np.argmax(scores)) == 1
+    with pytest.raises(oxgen.InvalidArgument, match="more than the model's 256"):
+        embedder.embed(["fine", "word " * 400])
+    assert embedder.embed("word " * 400, truncate=True).shape == (1, 384)
+    with pytest.raises(oxgen.InvalidArgument, match="empty"):
+        embedder.embed([])
+    with pytest.raises(oxgen.InvalidArgument, match="outside the vocabulary"):
+        embedder.embed([[101, 10**6, 102]])
+    with pytest.raises(oxgen.InvalidArgument, match="pooling"):
+        oxgen.Embedder(EMBED_MODEL, pooling="median")

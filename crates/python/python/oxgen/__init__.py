@@ -6,7 +6,9 @@
     print(model.generate("Why is the sky blue?", max_new_tokens=48).text)
 
 `Model(path)` opens an onnxruntime-genai package, an optimum export or an imported GGUF
-folder. Generation releases the GIL, Ctrl-C cancels it, and errors are `oxgen.Error`s. The
+folder; for an encoder package (`oxgen pull embed`, or `oxgen import` of a
+sentence-transformers folder) it gives an `Embedder`, whose `embed(texts)` returns a NumPy
+array of shape `(len(texts), dim)` and `rerank(query, documents)` one score per document. Generation releases the GIL, Ctrl-C cancels it, and errors are `oxgen.Error`s. The
 wheel also installs the `oxgen` command (`oxgen serve`, `oxgen bench`, ...).
 """
 
@@ -19,6 +21,7 @@ import sysconfig
 from ._oxgen import (
     Chat,
     Completion,
+    Embedder,
     Error,
     GenerationError,
     InvalidArgument,
@@ -29,10 +32,12 @@ from ._oxgen import (
     __version__,
 )
 from ._oxgen import Model as _NativeModel
+from ._oxgen import is_encoder as _is_encoder
 
 __all__ = [
     "Chat",
     "Completion",
+    "Embedder",
     "Error",
     "GenerationError",
     "InvalidArgument",
@@ -71,9 +76,14 @@ def default_model() -> str:
 
 
 class Model(_NativeModel):
-    """A language model. `path` is a package folder; without it, the default model."""
+    """A language model. `path` is a package folder; without it, the default model. An
+    encoder package's folder gives an `Embedder` (its own keywords: backend, threads,
+    ort_lib, pooling, normalize, max_tokens)."""
 
     def __new__(cls, path=None, **options):
         if path is None:
             path = default_model()
-        return super().__new__(cls, os.fspath(path), **options)
+        path = os.fspath(path)
+        if _is_encoder(path):
+            return Embedder(path, **options)
+        return super().__new__(cls, path, **options)

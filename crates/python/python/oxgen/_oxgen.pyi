@@ -141,3 +141,40 @@ class Model:
     def kv_dtype(self) -> Literal["f32", "f16", "bf16", "int8"]: ...
     @property
     def path(self) -> str: ...
+
+class Embedder:
+    """An encoder package: a sentence encoder (`embed`) or a cross-encoder (`rerank`)."""
+
+    def __new__(
+        cls,
+        path: Union[str, PathLike[str]],
+        *,
+        backend: Literal["native", "ort", "auto"] = "auto",
+        threads: int = 0,
+        ort_lib: Optional[Union[str, PathLike[str]]] = None,
+        pooling: Optional[Literal["cls", "mean", "max", "last"]] = None,
+        normalize: Optional[bool] = None,
+        max_tokens: Optional[int] = None,
+    ) -> "Embedder": ...
+    def embed(
+        self,
+        texts: Union[str, Sequence[str], Sequence[int], Sequence[Sequence[int]]],
+        *,
+        truncate: bool = False,
+    ) -> npt.NDArray[np.float32]: ...
+    def rerank(
+        self, query: str, documents: Sequence[str], *, truncate: bool = False
+    ) -> list[float]: ...
+    def tokenize(self, text: str) -> list[int]: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def kind(self) -> Literal["embedding", "rerank"]: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+
+def is_encoder(path: Union[str, PathLike[str]]) -> bool: ...
