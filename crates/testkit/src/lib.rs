@@ -3,6 +3,8 @@
 //! - [`node_tests`]: runs one case of the official ONNX backend node tests (`model.onnx` plus
 //!   `test_data_set_*/{input,output}_N.pb`) on a [`oxgen_runtime::Session`] and compares the
 //!   outputs at the ONNX runner's tolerances.
+//! - [`encoders`]: small random-weight BERT and RoBERTa encoders and cross-encoders as
+//!   Hugging Face saves them, and the packages `oxgen import` makes of them.
 //! - [`fixtures`]: small random-weight language-model packages shaped like onnxruntime-genai's,
 //!   and [`Rng`], the one seeded generator the tests draw their data from.
 //! - [`spans`]: a language model run span by span on one sequence ([`run_spans`]), and what
@@ -11,13 +13,15 @@
 //!   `Concat`), for the graph passes and package detection.
 //! - [`compare`]: element-wise comparison with `rtol`/`atol` for every dtype.
 //! - [`ort_oracle`]: the same model through onnxruntime (Python wheel), for oracle tests.
-//! - [`default_model_dir`]: where the suite's imported default model is.
+//! - [`default_model_dir`]: where the suite's imported default model is; [`embed_model_dir`]
+//!   the sentence encoder's, [`rerank_model_dir`] the cross-encoder's.
 //! - [`log_softmax`]: a logits row's log-probabilities in float64, the independent
 //!   computation served log-probabilities are checked against.
 //!
 //! This crate is a dev-dependency only: no product crate may depend on it.
 
 pub mod compare;
+pub mod encoders;
 pub mod fixtures;
 pub mod node_tests;
 pub mod optimum;
@@ -46,6 +50,38 @@ pub fn default_model_dir() -> std::path::PathBuf {
         dir.display()
     );
     dir
+}
+
+/// The imported all-MiniLM-L6-v2 package (`oxgen pull embed`): `$OXGEN_EMBED_MODEL`, which
+/// `scripts/test.sh` sets. Panics saying how to get it when it is not set or holds no graph.
+pub fn embed_model_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("OXGEN_EMBED_MODEL").unwrap_or_else(|| {
+        panic!(
+            "OXGEN_EMBED_MODEL is not set: these tests need all-MiniLM-L6-v2. Run the whole \
+             suite with scripts/test.sh (it pulls and imports it), or run `oxgen pull embed` \
+             and set OXGEN_EMBED_MODEL to the folder it prints"
+        )
+    });
+    let dir = std::path::PathBuf::from(dir);
+    assert!(
+        dir.join("model.onnx").is_file(),
+        "OXGEN_EMBED_MODEL={} holds no model.onnx; run `oxgen pull embed`",
+        dir.display()
+    );
+    dir
+}
+
+/// The cross-encoder ms-marco-MiniLM-L-12-v2 in int8 (`oxgen pull rerank`):
+/// `$OXGEN_RERANK_MODEL`, which `scripts/test.sh` sets.
+pub fn rerank_model_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("OXGEN_RERANK_MODEL").unwrap_or_else(|| {
+        panic!(
+            "OXGEN_RERANK_MODEL is not set: these tests need ms-marco-MiniLM-L-12-v2. Run the \
+             whole suite with scripts/test.sh, or run `oxgen pull rerank` and set \
+             OXGEN_RERANK_MODEL to the folder it prints"
+        )
+    });
+    std::path::PathBuf::from(dir)
 }
 
 /// The log-softmax of a logits row, computed in float64 (max-shifted): what served
