@@ -347,9 +347,21 @@ fn the_int8_ms_marco_cross_encoder_runs_natively_with_onnxruntimes_scores() {
     println!("native {a:?}\nort    {b:?}\nlargest difference {d:e}");
     // onnxruntime fuses the graph (LayerNorm, and DynamicQuantizeLinear + MatMulInteger +
     // scale into DynamicQuantizeMatMul), so its activations differ in the last bits, and an
-    // activation on a rounding boundary quantizes one code apart: measured 1.7e-5 here.
-    assert!(d < 1e-4, "native and onnxruntime scores differ by {d}");
+    // activation on a rounding boundary quantizes one code apart: measured 1.7e-5 on a CPU
+    // with VNNI. Without VNNI its u8 x s8 kernel adds pairs of products in saturating 16-bit
+    // lanes (onnxruntime's quantization docs warn of it), so its scores are off: 5.0e-4
+    // measured on an AVX2-only AMD EPYC. oxgen's sums are exact integers on every ISA.
+    let bound = if cpu_has_vnni() { 1e-4 } else { 2e-3 };
+    assert!(d < bound, "native and onnxruntime scores differ by {d}");
     let best = (0..a.len()).max_by(|&i, &j| a[i].total_cmp(&a[j])).unwrap();
     assert_eq!(best, 0, "{a:?}");
     assert!(a[0] > 0.9 && a[1] < 0.01 && a[2] < 0.01, "{a:?}");
+}
+
+/// Whether the CPU has an 8-bit dot-product instruction (AVX-512 VNNI or AVX-VNNI).
+fn cpu_has_vnni() -> bool {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    (info.lines())
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "avx512_vnni" || f == "avx_vnni"))
 }
