@@ -95,7 +95,7 @@ fn io(v: &proto::ValueInfoProto) -> Io {
 }
 
 /// Bytes a tensor's data occupies, from its dims and dtype (0 when unknown).
-fn tensor_bytes(t: &proto::TensorProto) -> u64 {
+pub(crate) fn tensor_bytes(t: &proto::TensorProto) -> u64 {
     let numel = t.dims.iter().try_fold(1u64, |acc, &d| {
         u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
     });
@@ -189,7 +189,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
     })
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;
     let mut unit = 0;

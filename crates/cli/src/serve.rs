@@ -7,16 +7,39 @@ use oxgen::{Embedder, KvBudget, Model, ModelOptions, ToolFormat};
 use oxgen_server::{
     CloseObjects, Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS,
     DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
-    DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, Server,
+    DEFAULT_PREFILL_CHUNK, DEFAULT_REQUEST_TIMEOUT_SECS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, KeepAlive,
+    Server,
 };
 
 use crate::embed::EncoderArgs;
+use crate::models::{self, Folder};
 use crate::options::{BackendArgs, RunArgs, model_dir};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A package folder; without it the default model is used, pulled first if needed.
-    model: Option<String>,
+    /// Package folders or model names (oxgen list); without any (and without --models) the
+    /// default model is used, pulled first if needed. One is loaded at start and kept; with
+    /// several (or --models) each loads when a request first names it.
+    model: Vec<String>,
+    /// Serve every package in this folder, each under its folder's name, loaded when a
+    /// request names it (settings per model in DIR/oxgen.json).
+    #[arg(long, env = "OXGEN_MODELS", value_name = "DIR")]
+    models: Option<std::path::PathBuf>,
+    /// MiB the models in memory may hold together (weights and KV caches); the least
+    /// recently used idle model is unloaded to make room. Default with several models: 3/4
+    /// of the memory the process may use (its cgroup's limit, else the machine's).
+    #[arg(long, env = "OXGEN_MEMORY_BUDGET", value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    memory_budget: Option<u64>,
+    /// How long a model stays in memory after its last request, with several models: a
+    /// duration (30s, 5m, 1h), 0 (unload when idle) or -1 (until the budget needs the room).
+    /// A request's keep_alive overrides it for that model.
+    #[arg(long, env = "OXGEN_KEEP_ALIVE", default_value = "5m", value_parser = keep_alive,
+          allow_hyphen_values = true)]
+    keep_alive: KeepAlive,
+    /// Do not serve the admin endpoints (/admin/models: list, load, unload).
+    #[arg(long, env = "OXGEN_NO_ADMIN")]
+    no_admin: bool,
     /// Address to listen on.
     #[arg(long, env = "OXGEN_HOST", default_value = "127.0.0.1")]
     host: String,
@@ -122,9 +145,21 @@ pub struct Args {
     encoder: EncoderArgs,
 }
 
+fn keep_alive(s: &str) -> Result<KeepAlive, String> {
+    KeepAlive::parse(s)
+}
+
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let dir = model_dir(args.model.as_deref())?;
-    if !dir.exists() {
+    let dirs = (args.model.iter())
+        .map(|m| models::resolve(m))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let single = args.models.is_none() && dirs.len() <= 1;
+    let dir = match (single, dirs.first()) {
+        (true, None) => model_dir(None)?,
+        (_, Some(dir)) => dir.clone(),
+        (false, None) => std::path::PathBuf::new(),
+    };
+    if single && !dir.exists() {
         bail!(
             "{}: no such package folder (oxgen pull fetches the default model, oxgen import converts a GGUF)",
             dir.display()
@@ -177,8 +212,22 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .tool_parser
             .as_deref()
             .map(|n| ToolFormat::from_name(n).expect("clap checked the name")),
+        memory_budget: args.memory_budget.map(|mib| mib.saturating_mul(1 << 20)),
+        admin: !args.no_admin,
     };
     let addr = format!("{}:{}", args.host, args.port);
+    let lm_options = ModelOptions {
+        kv: match (args.kv_blocks, args.kv_memory) {
+            (Some(blocks), _) => KvBudget::Blocks(blocks as usize),
+            (None, Some(mib)) => KvBudget::Bytes((mib as usize).saturating_mul(1 << 20)),
+            (None, None) => KvBudget::Sequences(args.max_batch as usize),
+        },
+        prefix_cache: !args.no_prefix_cache,
+        ..args.run.model_options(&args.backend)
+    };
+    if !single {
+        return serve_many(args, config, &addr, dirs, lm_options);
+    }
     if oxgen::embed::is_encoder_package(&dir) {
         let options = args.encoder.options(args.run.threads, &args.backend);
         let open_dir = dir.clone();
@@ -201,15 +250,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
         return server.wait().map_err(anyhow::Error::msg);
     }
-    let options = ModelOptions {
-        kv: match (args.kv_blocks, args.kv_memory) {
-            (Some(blocks), _) => KvBudget::Blocks(blocks as usize),
-            (None, Some(mib)) => KvBudget::Bytes((mib as usize).saturating_mul(1 << 20)),
-            (None, None) => KvBudget::Sequences(args.max_batch as usize),
-        },
-        prefix_cache: !args.no_prefix_cache,
-        ..args.run.model_options(&args.backend)
-    };
+    let options = lm_options;
     let open_dir = dir.clone();
     let server = Server::start(
         config,
@@ -237,4 +278,85 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         dir.display()
     );
     server.wait().map_err(anyhow::Error::msg)
+}
+
+/// Several models: those named on the command line and every package in `--models`, each
+/// loaded when a request first names it, under the memory budget.
+fn serve_many(
+    args: &Args,
+    mut config: Config,
+    addr: &str,
+    dirs: Vec<std::path::PathBuf>,
+    options: ModelOptions,
+) -> anyhow::Result<()> {
+    if args.model_id.is_some() || !args.alias.is_empty() {
+        bail!(
+            "--model-id and --alias name the one model served; with several, each is served \
+             under its folder's name (aliases go in the models folder's {})",
+            models::SETTINGS_FILE
+        );
+    }
+    let budget = match config.memory_budget {
+        Some(bytes) => bytes,
+        None => default_memory_budget()
+            .context("cannot tell how much memory the process may use; give --memory-budget MIB")?,
+    };
+    config.memory_budget = Some(budget);
+    let folder = |dir: std::path::PathBuf| Folder {
+        dir,
+        options: options.clone(),
+        encoder: args.encoder.options(args.run.threads, &args.backend),
+        keep_alive: args.keep_alive,
+    };
+    let mut specs = Vec::new();
+    for dir in &dirs {
+        let name = (dir.canonicalize().unwrap_or_else(|_| dir.clone()))
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned());
+        let parent = dir.parent().unwrap_or(dir).to_path_buf();
+        if !models::is_package(dir) {
+            bail!("{}: not a package folder", dir.display());
+        }
+        specs.push(folder(parent).spec(name, dir.clone(), &Default::default())?);
+    }
+    let catalog = match &args.models {
+        Some(dir) => {
+            let catalog = folder(dir.clone());
+            // Read once now: a bad settings file or folder is an error at start.
+            use oxgen_server::Catalog;
+            let found = catalog.scan().map_err(anyhow::Error::msg)?;
+            eprintln!("oxgen serve: {} model(s) in {}", found.len(), dir.display());
+            Some(Box::new(catalog) as Box<dyn oxgen_server::Catalog>)
+        }
+        None => None,
+    };
+    let server = Server::start_models(config, addr, specs, catalog).map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "oxgen serve: listening on http://{} (models loaded on demand, memory budget {} MiB)",
+        server.addr(),
+        budget >> 20
+    );
+    server.wait().map_err(anyhow::Error::msg)
+}
+
+/// 3/4 of the memory this process may use: its cgroup's limit where one is set (a
+/// container's, a Kubernetes pod's), else the machine's.
+fn default_memory_budget() -> Option<u64> {
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .find_map(|s| s.trim().parse::<u64>().ok())
+    // cgroup v1 writes a huge number for "no limit".
+    .filter(|&b| b < (1 << 60));
+    let physical = || {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+        let kib: u64 = kib.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib * 1024)
+    };
+    let memory = cgroup.or_else(physical)?;
+    Some(memory / 4 * 3)
 }

@@ -361,7 +361,8 @@ fn the_int8_ms_marco_cross_encoder_runs_natively_with_onnxruntimes_scores() {
 /// Whether the CPU has an 8-bit dot-product instruction (AVX-512 VNNI or AVX-VNNI).
 fn cpu_has_vnni() -> bool {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    (info.lines())
-        .filter(|l| l.starts_with("flags"))
-        .any(|l| l.split_whitespace().any(|f| f == "avx512_vnni" || f == "avx_vnni"))
+    (info.lines()).filter(|l| l.starts_with("flags")).any(|l| {
+        l.split_whitespace()
+            .any(|f| f == "avx512_vnni" || f == "avx_vnni")
+    })
 }

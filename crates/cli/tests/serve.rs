@@ -63,11 +63,17 @@ fn serve(extra: &[&str]) -> Served {
 
 /// [`serve`] on the package in `model`.
 fn serve_at(model: &Path, extra: &[&str]) -> Served {
+    let mut args = vec![model.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    serve_with(&args)
+}
+
+/// `oxgen serve ARGS --port 0 --threads 2`, once it is ready.
+fn serve_with<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oxgen"))
         .arg("serve")
-        .arg(model)
+        .args(args)
         .args(["--port", "0", "--threads", "2"])
-        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -696,4 +702,321 @@ fn an_encoder_package_serves_embeddings_and_rerank() {
     );
     assert!(counter("oxgen_embedded_tokens_total ") >= 400, "{metrics}");
     assert_eq!(served.stop(Duration::from_secs(60)), Some(0));
+}
+
+/// A family fixture package (`crates/testkit/thirdparty/families/NAME`).
+fn family(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testkit/thirdparty/families")
+        .join(name)
+}
+
+/// Copies the package in `from` to `to`.
+fn copy_package(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+}
+
+/// A greedy chat reply's text from the model `model`.
+fn greedy(addr: SocketAddr, model: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Name three colors."}],
+        "max_tokens": 12, "temperature": 0,
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let reply = common::post(addr, "/v1/chat/completions", &body);
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    assert_eq!(reply.status, 200, "{model}: {text}");
+    reply.json()["choices"][0]["message"]["content"].clone()
+}
+
+/// Each model's `meta.state` in `/v1/models` (`unloaded`, `loading`, `loaded`, `failed`).
+fn states(addr: SocketAddr) -> std::collections::BTreeMap<String, String> {
+    let list = common::get(addr, "/v1/models").json();
+    (list["data"].as_array().unwrap().iter())
+        .map(|m| {
+            let state = m["meta"]["state"].as_str().unwrap().to_string();
+            (m["id"].as_str().unwrap().to_string(), state)
+        })
+        .collect()
+}
+
+/// A folder of three packages (the default model, the Qwen3 family fixture and
+/// all-MiniLM-L6-v2) served under a budget that holds two of them: each answers by name
+/// through the `openai` client; the third to load unloads the least recently used idle one;
+/// requests arriving during a load wait for it; greedy replies are the same from a fresh
+/// load, after an unload, and from a server of that model alone; a package that fails to
+/// load, or whose folder went away, answers clearly while the others serve; SIGTERM drains
+/// every model's requests.
+#[test]
+fn a_models_folder_serves_each_model_by_name_under_a_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = |from: &Path, name: &str| std::os::unix::fs::symlink(from, dir.path().join(name));
+    link(&common::default_model(), MODEL).unwrap();
+    link(&family("qwen3-int4"), "qwen3").unwrap();
+    link(&oxgen_testkit::embed_model_dir(), "minilm").unwrap();
+    link(&family("qwen3-int4"), "gone").unwrap();
+    copy_package(&family("qwen3-int4"), &dir.path().join("broken"));
+    std::fs::write(dir.path().join("broken/model.onnx"), b"not an onnx file").unwrap();
+    // The default model holds 144 MiB of weights and 8 MiB of KV, the fixture 8 MiB of KV,
+    // the encoder 87 MiB: a budget of 200 MiB holds the default model with one other.
+    let models = dir.path().to_str().unwrap();
+    let mut served = serve_with(&[
+        "--models",
+        models,
+        "--memory-budget",
+        "200",
+        "--kv-memory",
+        "8",
+        "--keep-alive",
+        "-1",
+    ]);
+    let addr = served.addr;
+    let all = states(addr);
+    assert_eq!(all.len(), 5, "{all:?}");
+    assert!(all.values().all(|s| s == "unloaded"), "{all:?}");
+    let fresh = greedy(addr, MODEL, json!({}));
+
+    let python = std::env::var_os("OXGEN_PYTHON").expect("OXGEN_PYTHON is not set");
+    let args = [
+        format!("http://{addr}/v1"),
+        MODEL.into(),
+        "qwen3".into(),
+        "minilm".into(),
+    ];
+    run_script(python.into(), "models_client.py", &args, &[]);
+    let after = states(addr);
+    assert_eq!(
+        (
+            after[MODEL].as_str(),
+            after["qwen3"].as_str(),
+            after["minilm"].as_str()
+        ),
+        ("unloaded", "loaded", "loaded"),
+        "the least recently used idle model makes room"
+    );
+    let metric = |series: &str| common::metric(addr, series);
+    assert_eq!(
+        metric(&format!("oxgen_model_unloads_total{{model=\"{MODEL}\"}}")),
+        1.0
+    );
+    // Two requests arrived while the fixture loaded: one load served both.
+    assert_eq!(metric("oxgen_model_loads_total{model=\"qwen3\"}"), 1.0);
+    assert_eq!(
+        metric("oxgen_model_requests_total{model=\"qwen3\",cache=\"miss\"}"),
+        2.0
+    );
+    assert!(metric("oxgen_models_resident_bytes") <= 200.0 * 1048576.0);
+    let card = common::get(addr, &format!("/v1/models/{MODEL}")).json();
+    assert!(
+        card["meta"]["load_seconds"].as_f64().unwrap() > 0.0,
+        "{card}"
+    );
+
+    // Loaded again after its unload: the same greedy reply.
+    assert_eq!(greedy(addr, MODEL, json!({})), fresh);
+
+    // A package that fails to load is a 503 naming it, the others keep serving.
+    let broken = common::post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"model": "broken", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    let error = broken.json()["error"].clone();
+    assert_eq!(
+        (broken.status, error["code"].as_str()),
+        (503, Some("model_load_failed"))
+    );
+    assert!(
+        error["message"].as_str().unwrap().contains("'broken'"),
+        "{error}"
+    );
+    assert_eq!(states(addr)["broken"], "failed");
+    greedy(addr, "qwen3", json!({}));
+
+    // A model whose folder went away while unloaded is a plain 404.
+    std::fs::remove_file(dir.path().join("gone")).unwrap();
+    let gone = common::post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"model": "gone", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(gone.status, 404, "{}", String::from_utf8_lossy(&gone.body));
+    assert_eq!(gone.json()["error"]["code"], "model_not_found");
+    assert!(!states(addr).contains_key("gone"));
+
+    // SIGTERM lets both models' streams finish.
+    let stream = |model: &str| {
+        let body = json!({
+            "model": model, "messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": 24, "temperature": 0, "ignore_eos": true, "stream": true,
+        });
+        let mut s = common::open(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.to_string().as_bytes(),
+        );
+        s.next_event().unwrap();
+        s
+    };
+    let streams = [stream(MODEL), stream("qwen3")];
+    let stopping = std::thread::spawn(move || served.stop(Duration::from_secs(60)));
+    for s in streams {
+        let events = s.finish().events();
+        assert_eq!(
+            events.last().map(String::as_str),
+            Some("[DONE]"),
+            "{events:?}"
+        );
+    }
+    assert_eq!(stopping.join().unwrap(), Some(0));
+
+    // The same reply from a server of that model alone.
+    let mut alone = serve(&["--kv-memory", "8"]);
+    assert_eq!(greedy(alone.addr, MODEL, json!({})), fresh);
+    assert_eq!(alone.stop(Duration::from_secs(60)), Some(0));
+}
+
+/// `keep_alive` as ollama has it (0: unload after the request; a duration: when it lapses;
+/// -1: never), the per-model settings file against the flags, the admin endpoints behind
+/// the API key (and gone with --no-admin), `oxgen list`, `oxgen rm` and a model by name.
+#[test]
+fn keep_alive_settings_admin_list_and_rm() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_package(&family("qwen3-int4"), &dir.path().join("qwen3"));
+    copy_package(&family("qwen3-int4"), &dir.path().join("plain"));
+    std::fs::write(
+        dir.path().join("oxgen.json"),
+        r#"{"models": {"qwen3": {"ctx_size": 64, "aliases": ["q"]}}}"#,
+    )
+    .unwrap();
+    let models = dir.path().to_str().unwrap();
+    let served = serve_with(&[
+        "--models",
+        models,
+        "--keep-alive",
+        "0",
+        "--ctx-size",
+        "128",
+        "--api-key",
+        "k",
+    ]);
+    let addr = served.addr;
+    let auth = [("Authorization", "Bearer k")];
+    let call = |method: &str, path: &str, body: Value| {
+        common::request(addr, method, path, &auth, body.to_string().as_bytes())
+    };
+    let chat = |model: &str, keep_alive: Value| {
+        let reply = call(
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 2, "keep_alive": keep_alive}),
+        );
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.header("x-oxgen-ignored-fields"), None);
+    };
+    let state = |model: &str| {
+        let card = call("GET", &format!("/v1/models/{model}"), Value::Null).json();
+        (card["meta"]["state"].as_str().unwrap().to_string(), card)
+    };
+    let wait = |model: &str, want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while state(model).0 != want {
+            assert!(Instant::now() < deadline, "{model} never got {want}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // The server's --keep-alive 0: unloaded once the request ends. By alias.
+    chat("q", Value::Null);
+    wait("qwen3", "unloaded");
+    // -1: kept.
+    chat("qwen3", json!(-1));
+    std::thread::sleep(Duration::from_millis(1500));
+    let (now, card) = state("qwen3");
+    assert_eq!(now, "loaded");
+    // oxgen.json's ctx_size beats the flag's, which the other model gets.
+    assert_eq!(card["meta"]["context_length"], 64, "{card}");
+    assert_eq!(card["meta"]["expires_at"], Value::Null);
+    // A duration: loaded until it lapses.
+    chat("plain", json!("2s"));
+    let (now, card) = state("plain");
+    assert_eq!(now, "loaded");
+    assert_eq!(card["meta"]["context_length"], 128, "{card}");
+    assert!(card["meta"]["expires_at"].as_u64().is_some(), "{card}");
+    wait("plain", "unloaded");
+
+    // The admin endpoints want the key.
+    let unauthorized = common::get(addr, "/admin/models");
+    assert_eq!(unauthorized.status, 401);
+    let listed = call("GET", "/admin/models", Value::Null).json();
+    assert_eq!(listed["models"].as_array().unwrap().len(), 2, "{listed}");
+    let loaded = call(
+        "POST",
+        "/admin/models/plain/load",
+        json!({"keep_alive": -1}),
+    );
+    assert_eq!(
+        loaded.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&loaded.body)
+    );
+    assert_eq!(state("plain").0, "loaded");
+    let ps = call("GET", "/api/ps", Value::Null).json();
+    let names: Vec<&str> = (ps["models"].as_array().unwrap().iter())
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["plain", "qwen3"], "{ps}");
+    assert!(ps["models"][0]["size"].as_u64().unwrap() > 0, "{ps}");
+    let unloaded = call("POST", "/admin/models/plain/unload", Value::Null);
+    assert_eq!(unloaded.status, 200);
+    assert_eq!(state("plain").0, "unloaded");
+    drop(served);
+    let locked = serve_with(&["--models", models, "--no-admin"]);
+    assert_eq!(common::get(locked.addr, "/admin/models").status, 404);
+    drop(locked);
+
+    // `oxgen list`, a model by name, `oxgen rm`.
+    let oxgen = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_oxgen"));
+        c.env("OXGEN_CACHE", dir.path().join("cache"))
+            .env("OXGEN_MODELS", dir.path());
+        c
+    };
+    let listed = succeed(oxgen().args(["list", "--json"]));
+    let rows: Vec<Value> = listed
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["plain", "qwen3"], "{listed}");
+    assert_eq!(rows[0]["kind"], "generate");
+    assert_eq!(rows[0]["family"], "qwen3");
+    assert!(
+        rows[0]["quantization"].as_str().unwrap().starts_with("q4/"),
+        "{listed}"
+    );
+    assert!(rows[0]["bytes"].as_u64().unwrap() > 100_000, "{listed}");
+    let generated =
+        succeed(oxgen().args(["generate", "plain", "hi", "--max-new-tokens", "2", "--json"]));
+    assert!(generated.contains("\"token_ids\""), "{generated}");
+    succeed(oxgen().args(["rm", "plain"]));
+    assert!(!dir.path().join("plain").exists());
+    let missing = oxgen().args(["rm", "plain"]).output().unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no model 'plain'"));
 }

@@ -116,6 +116,10 @@ struct Common {
     logit_bias: Option<BTreeMap<String, f64>>,
     #[allow(dead_code)]
     user: Option<String>,
+    /// How long the model stays in memory after this request (ollama's; read by the routes
+    /// before the body is parsed, when they pick the model).
+    #[allow(dead_code)]
+    keep_alive: Option<Value>,
     ignore_eos: Option<bool>,
     close_objects: Option<bool>,
     close_structured_output: Option<bool>,
@@ -707,7 +711,8 @@ mod tests {
         let names = fields::<Common>();
         assert_eq!(names.first(), Some(&"model"));
         assert_eq!(names.last(), Some(&"close_structured_output"));
-        assert_eq!(names.len(), 23, "{names:?}");
+        assert_eq!(names.len(), 24, "{names:?}");
         assert!(names.contains(&"logit_bias") && names.contains(&"stop_token_ids"));
+        assert!(names.contains(&"keep_alive"));
     }
 }

@@ -23,11 +23,11 @@
 mod api;
 mod error;
 mod metrics;
+mod models;
 mod routes;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,9 @@ use oxgen::{ContextLimit, Encoder, Grammars, Model, SamplingParams, ToolFormat};
 use tokio::sync::Notify;
 
 pub use error::ApiError;
+pub use models::{Catalog, KeepAlive, Load, ModelSpec, Opened};
+
+use models::{Entry, Lease, Models, Resident, Served};
 
 /// The endpoints whose bodies [`validate_request`] parses.
 pub const REQUEST_ENDPOINTS: [&str; 6] = [
@@ -70,7 +73,7 @@ pub fn validate_request(endpoint: &str, body: &[u8]) -> Result<(), ApiError> {
 }
 pub use metrics::Metrics;
 
-use oxgen::engine::{self, Job, Queue};
+use oxgen::engine::{self, Queue};
 
 /// How the server behaves; the CLI fills it from flags and `OXGEN_*` variables.
 #[derive(Debug, Clone)]
@@ -121,6 +124,11 @@ pub struct Config {
     /// Which JSON schemas get their objects closed (`additionalProperties: false` where they
     /// say nothing of it).
     pub close_objects: CloseObjects,
+    /// Bytes the resident models (weights and KV caches) may hold together; past it the
+    /// least recently used idle ones are unloaded. `None`: no bound.
+    pub memory_budget: Option<u64>,
+    /// Serve the admin endpoints (`/admin/models`: list, load, unload), behind the API key.
+    pub admin: bool,
 }
 
 /// Whose objects are closed ([`oxgen::close_objects`]): a request's `close_objects` field
@@ -156,6 +164,10 @@ pub const DEFAULT_RESPONSES_STORE: usize = 256;
 pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
 /// [`Config::header_timeout`]'s default, in seconds.
 pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 30;
+/// The longest a load waits for busy models to go idle and leave it room in the budget.
+const ROOM_WAIT: Duration = Duration::from_secs(60);
+/// How often idle models are checked against their keep-alive.
+const REAP_PERIOD: Duration = Duration::from_millis(100);
 /// [`Config::shutdown_timeout`]'s default, in seconds.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 
@@ -182,6 +194,8 @@ impl Config {
             responses_store: DEFAULT_RESPONSES_STORE,
             webui: true,
             close_objects: CloseObjects::default(),
+            memory_budget: None,
+            admin: true,
         }
     }
 
@@ -241,19 +255,14 @@ enum Phase {
     Failed = 3,
 }
 
-/// State shared by the HTTP handlers and the engine thread.
+/// State shared by the HTTP handlers and the models' threads.
 pub(crate) struct App {
     config: Config,
-    /// The way into the engine.
-    queue: Queue,
+    /// Every model served, and which are in memory.
+    models: Models,
     phase: AtomicU8,
-    loaded: OnceLock<Loaded>,
-    /// Set instead of `loaded` when the package is an encoder.
-    encoder: OnceLock<EncoderLoaded>,
-    /// The way into the encoder's thread.
-    embed_queue: oxgen::embed::EmbedQueue,
     failure: OnceLock<String>,
-    /// Tells the engine to fail what is left and stop.
+    /// Tells every model's thread to fail what is left and stop.
     abort: AtomicBool,
     /// Wakes the HTTP side to shut down (signal, `Server::shutdown`, failed load).
     stop: Notify,
@@ -299,7 +308,7 @@ impl App {
             });
     }
 
-    /// Records why the engine stopped, and stops the server.
+    /// Records why the server cannot go on, and stops it.
     fn fail(&self, reason: String) {
         eprintln!("oxgen serve: {reason}");
         let _ = self.failure.set(reason);
@@ -307,36 +316,42 @@ impl App {
         self.stop.notify_one();
     }
 
-    /// The loaded model, or why requests cannot run now.
-    fn ready(&self) -> Result<&Loaded, ApiError> {
-        match (self.phase(), self.loaded.get()) {
-            (Phase::Ready, Some(loaded)) => Ok(loaded),
-            (Phase::Ready, None) if self.encoder.get().is_some() => Err(ApiError::invalid(
-                "model",
-                format!(
-                    "'{}' is an encoder: it serves /v1/embeddings and /v1/rerank, not \
-                     generation; serve a language model package for this endpoint",
-                    self.config.model_id
-                ),
-            )),
+    /// Whether requests are taken now; why not when they are not.
+    fn accepting(&self) -> Result<(), ApiError> {
+        match self.phase() {
+            Phase::Ready => Ok(()),
             _ => Err(self.not_ready()),
         }
     }
 
-    /// The loaded encoder, or why embedding requests cannot run now.
-    fn encoder_ready(&self) -> Result<&EncoderLoaded, ApiError> {
-        match (self.phase(), self.encoder.get()) {
-            (Phase::Ready, Some(encoder)) => Ok(encoder),
-            (Phase::Ready, None) if self.loaded.get().is_some() => Err(ApiError::invalid(
-                "model",
-                format!(
-                    "'{}' is a language model; embeddings and reranking need an encoder \
-                     package (`oxgen import` a sentence-transformers folder, then serve it)",
-                    self.config.model_id
-                ),
-            )),
-            _ => Err(self.not_ready()),
-        }
+    /// A hold on the model `name` (the only one when `None` and there is one), loaded first
+    /// if it is not in memory.
+    async fn lease(self: &Arc<Self>, name: Option<&str>) -> Result<Lease, ApiError> {
+        self.accepting()?;
+        let name = match name {
+            Some(name) => name.to_string(),
+            None => self.models.default_name().ok_or_else(|| {
+                ApiError::invalid(
+                    "model",
+                    format!(
+                        "model is required: this server serves {}",
+                        quoted(&self.models.names())
+                    ),
+                )
+            })?,
+        };
+        let start = |entry: Arc<Entry>| self.spawn_model(entry);
+        self.models.acquire(&name, &start).await
+    }
+
+    /// Starts `entry`'s thread, which opens the model and serves it until it is unloaded.
+    fn spawn_model(self: &Arc<Self>, entry: Arc<Entry>) -> Result<(), String> {
+        let app = self.clone();
+        std::thread::Builder::new()
+            .name("oxgen-engine".into())
+            .spawn(move || model_main(&app, &entry))
+            .map(drop)
+            .map_err(|e| format!("starting the model's thread: {e}"))
     }
 
     /// Why no request can run in the current phase (loading, draining, failed).
@@ -358,48 +373,109 @@ impl App {
         }
     }
 
-    /// Names clients may use in `model`.
-    fn model_names(&self) -> Vec<String> {
-        std::iter::once(&self.config.model_id)
-            .chain(&self.config.aliases)
-            .cloned()
-            .collect()
+    /// A model's load failed: requests for it get the reason; a server of one model stops.
+    fn load_failed(&self, entry: &Entry, reason: String) {
+        entry.stats.failures.fetch_add(1, Ordering::Relaxed);
+        entry.settle(models::State::Failed {
+            reason: reason.clone(),
+            files: entry.files(),
+        });
+        match self.models.is_single() {
+            true => self.fail(format!("loading the model: {reason}")),
+            false => eprintln!(
+                "oxgen serve: model '{}' failed to load: {reason}",
+                entry.spec.name
+            ),
+        }
+    }
+
+    /// A loaded model becomes resident: counted, within the budget (or refused when it
+    /// cannot fit alone), its waiting requests woken.
+    fn resident(&self, entry: &Entry, resident: Resident) -> Option<Arc<Resident>> {
+        let stats = &entry.stats;
+        let micros = resident.load_time.as_micros() as u64;
+        stats.loads.fetch_add(1, Ordering::Relaxed);
+        stats.load_micros.fetch_add(micros, Ordering::Relaxed);
+        stats.last_load_micros.store(micros, Ordering::Relaxed);
+        stats.bytes.store(resident.bytes, Ordering::Relaxed);
+        if let Some(budget) = self.models.budget
+            && resident.bytes > budget
+        {
+            self.load_failed(
+                entry,
+                format!(
+                    "it holds {} MiB (weights and KV cache), more than the whole memory budget \
+                     of {} MiB (--memory-budget); raise the budget or shrink its context \
+                     (ctx_size)",
+                    models::mib(resident.bytes),
+                    models::mib(budget)
+                ),
+            );
+            return None;
+        }
+        let resident = Arc::new(resident);
+        entry.settle(models::State::Ready(resident.clone()));
+        // The estimate may have been short: idle models make room for what it holds.
+        self.models.evict_for(0, Some(&entry.spec.name));
+        self.mark_ready();
+        Some(resident)
     }
 }
 
-/// Fails the server (and so stops it) if the engine thread unwinds, loading or running.
-struct PanicGuard<'a>(&'a App);
+/// Names quoted and joined with "or".
+fn quoted(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|m| format!("'{m}'")).collect();
+    quoted.join(" or ")
+}
+
+/// Marks the model failed (and a server of one model stopped) if its thread unwinds,
+/// loading or running.
+struct PanicGuard<'a>(&'a App, &'a Entry);
 
 impl Drop for PanicGuard<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.fail("the engine thread panicked".into());
+            self.0
+                .load_failed(self.1, "the model's thread panicked".into());
         }
     }
 }
 
-/// Opens the model on the engine thread.
-pub type Open = Box<dyn FnOnce() -> Result<Model, String> + Send>;
+/// Opens the model on its thread (each time the server loads it).
+pub type Open = Box<dyn Fn() -> Result<Model, String> + Send + Sync>;
 
-/// Opens an encoder package on the encoder's thread.
-pub type OpenEncoder = Box<dyn FnOnce() -> Result<oxgen::Embedder, String> + Send>;
+/// Opens an encoder package on its thread (each time the server loads it).
+pub type OpenEncoder = Box<dyn Fn() -> Result<oxgen::Embedder, String> + Send + Sync>;
 
-fn encoder_main(app: Arc<App>, jobs: Receiver<oxgen::embed::EmbedJob>, open: OpenEncoder) {
-    let _guard = PanicGuard(&app);
+/// A model's thread: opens it, then serves it until it is unloaded or the server stops.
+fn model_main(app: &App, entry: &Entry) {
+    let _guard = PanicGuard(app, entry);
     let started = Instant::now();
-    let mut embedder = match open() {
-        Ok(embedder) => embedder,
-        Err(e) => return app.fail(format!("loading the model: {e}")),
-    };
+    let opened = (entry.spec.load)();
+    let load_time = started.elapsed();
+    match opened {
+        Err(e) => app.load_failed(entry, e),
+        Ok(Opened::Lm(model)) => serve_lm(app, entry, model, load_time),
+        Ok(Opened::Encoder(embedder)) => serve_encoder(app, entry, embedder, load_time),
+    }
+}
+
+fn serve_encoder(app: &App, entry: &Entry, mut embedder: oxgen::Embedder, load_time: Duration) {
     let kind = embedder.kind();
-    let _ = app.encoder.set(EncoderLoaded {
+    let (jobs, received) = std::sync::mpsc::channel();
+    let loaded = EncoderLoaded {
         tokenizer: embedder.tokenizer().clone(),
         kind,
         dim: embedder.dim(),
         backend: embedder.backend(),
         threads: embedder.threads(),
-    });
-    app.mark_ready();
+    };
+    let queue = oxgen::embed::EmbedQueue::new(jobs, entry.embed.clone(), app.config.max_queue);
+    let served = Served::Encoder { loaded, queue };
+    let resident = Resident::new(served, entry.spec.bytes, load_time, entry.spec.keep_alive);
+    let Some(resident) = app.resident(entry, resident) else {
+        return;
+    };
     let what = match kind {
         oxgen::EncoderKind::Embedding { pooling, normalize } => format!(
             "embeddings of {} values ({} pooling{})",
@@ -411,22 +487,20 @@ fn encoder_main(app: Arc<App>, jobs: Receiver<oxgen::embed::EmbedJob>, open: Ope
     };
     eprintln!(
         "oxgen serve: encoder '{}' loaded in {:.2} s on {}: {what}, up to {} tokens",
-        app.config.model_id,
-        started.elapsed().as_secs_f64(),
+        entry.spec.name,
+        load_time.as_secs_f64(),
         embedder.backend(),
         embedder.tokenizer().max_tokens()
     );
-    oxgen::embed::serve(&mut embedder, &jobs, &app.metrics.embed, &|| {
-        app.abort.load(Ordering::Relaxed)
+    // Only the entry holds the resident (and so the queue) from here: unloading drops it.
+    let abort = resident.abort.clone();
+    drop(resident);
+    oxgen::embed::serve(&mut embedder, &received, &entry.embed, &|| {
+        app.abort.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed)
     });
 }
 
-fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
-    let _guard = PanicGuard(&app);
-    let mut model = match open() {
-        Ok(model) => model,
-        Err(e) => return app.fail(format!("loading the model: {e}")),
-    };
+fn serve_lm(app: &App, entry: &Entry, mut model: Model, load_time: Duration) {
     let limit = model.context_limit();
     let started = Instant::now();
     let grammars = model.grammars().map_err(|e| e.to_string());
@@ -452,25 +526,41 @@ fn engine_main(app: Arc<App>, jobs: Receiver<Job>, open: Open) {
         bos_token: (model.config().bos_token_id).and_then(|id| model.tokenizer().id_to_token(id)),
     };
     let tool_format = loaded.tool_format.name();
-    let _ = app.loaded.set(loaded);
-    // The KV gauges are there from the first scrape that finds the server ready.
-    app.metrics.engine.publish(&model, 0);
-    // When a shutdown began during the load, the loop below sees `abort` soon.
-    app.mark_ready();
+    // What the budget counts: the weights' files and the KV pool (all of it: a busy model
+    // fills it).
+    let kv_positions = match model.kv_usage() {
+        Some(kv) => kv.total * kv.block_size,
+        None => limit.max() * app.config.max_batch,
+    };
+    let bytes = entry.spec.bytes + model.kv_bytes(kv_positions) as u64;
+    entry.engine.observe(app.metrics.latency.clone());
+    // The KV gauges are there from the first scrape that finds the model resident.
+    entry.engine.publish(&model, 0);
+    let (jobs, received) = std::sync::mpsc::channel();
+    let queue = Queue::new(jobs, entry.engine.clone(), app.config.limits());
+    let served = Served::Lm { loaded, queue };
+    let resident = Resident::new(served, bytes, load_time, entry.spec.keep_alive);
+    let Some(resident) = app.resident(entry, resident) else {
+        return;
+    };
     eprintln!(
         "oxgen serve: model '{}' loaded in {:.2} s (grammar token trie {trie_ms:.0} ms); \
-         ctx_size {}; tool calls: {tool_format}",
-        app.config.model_id,
+         ctx_size {}; {} MiB; tool calls: {tool_format}",
+        entry.spec.name,
         model.load_time().as_secs_f64(),
-        limit.max()
+        limit.max(),
+        models::mib(bytes)
     );
-    let mut engine = oxgen::Engine::new(app.config.limits(), app.metrics.engine.clone());
-    engine::run(&mut model, &jobs, &mut engine, &|| {
-        app.abort.load(Ordering::Relaxed)
+    // Only the entry holds the resident (and so the queue) from here: unloading drops it.
+    let abort = resident.abort.clone();
+    drop(resident);
+    let mut engine = oxgen::Engine::new(app.config.limits(), entry.engine.clone());
+    engine::run(&mut model, &received, &mut engine, &|| {
+        app.abort.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed)
     });
 }
 
-/// A running server: an HTTP thread and an engine thread.
+/// A running server: an HTTP thread, and a thread per model in memory.
 pub struct Server {
     addr: SocketAddr,
     app: Arc<App>,
@@ -478,26 +568,47 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `addr` (port 0 picks a free one) and starts serving; the model loads in the
-    /// background while `/health` answers 503.
+    /// Binds `addr` (port 0 picks a free one) and starts serving one language model, named
+    /// by [`Config::model_id`] and [`Config::aliases`]; it loads in the background while
+    /// `/health` answers 503, and stays loaded. A failed load stops the server.
     pub fn start(config: Config, addr: &str, open: Open) -> Result<Server, String> {
-        Server::start_with(config, addr, move |app, jobs, _| {
-            engine_main(app, jobs, open)
-        })
+        let load: Load = Arc::new(move || open().map(Opened::Lm));
+        Server::start_one(config, addr, load)
     }
 
     /// [`Server::start`] for an encoder package: `/v1/embeddings` and `/v1/rerank` run on it,
     /// generation endpoints answer 400.
     pub fn start_encoder(config: Config, addr: &str, open: OpenEncoder) -> Result<Server, String> {
-        Server::start_with(config, addr, move |app, _, jobs| {
-            encoder_main(app, jobs, open)
-        })
+        let load: Load = Arc::new(move || open().map(Opened::Encoder));
+        Server::start_one(config, addr, load)
     }
 
-    fn start_with(
+    fn start_one(config: Config, addr: &str, load: Load) -> Result<Server, String> {
+        let spec = ModelSpec {
+            name: config.model_id.clone(),
+            aliases: config.aliases.clone(),
+            dir: None,
+            bytes: 0,
+            keep_alive: KeepAlive::Forever,
+            load,
+        };
+        let server = Server::start_models(config, addr, vec![spec], None)?;
+        let app = server.app.clone();
+        let entry = app.models.entries().swap_remove(0);
+        entry.begin_load();
+        app.spawn_model(entry)?;
+        Ok(server)
+    }
+
+    /// Serves several models, each loaded when a request first names it and unloaded when
+    /// idle past its keep-alive or when [`Config::memory_budget`] needs its room: `models`
+    /// as given, and what `catalog` lists (read again when a request names a model not
+    /// known).
+    pub fn start_models(
         config: Config,
         addr: &str,
-        main: impl FnOnce(Arc<App>, Receiver<Job>, Receiver<oxgen::embed::EmbedJob>) + Send + 'static,
+        models: Vec<ModelSpec>,
+        catalog: Option<Box<dyn Catalog>>,
     ) -> Result<Server, String> {
         let listener = std::net::TcpListener::bind(addr).map_err(|e| {
             format!("cannot listen on {addr}: {e} (is another server using the port? pick one with --port)")
@@ -506,36 +617,34 @@ impl Server {
             .set_nonblocking(true)
             .map_err(|e| format!("{addr}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let (jobs, received) = std::sync::mpsc::channel();
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let store = routes::Store::new(config.responses_store);
-        let metrics = Metrics::default();
-        let queue = Queue::new(jobs, metrics.engine.clone(), config.limits());
-        let (embed_jobs, embed_received) = std::sync::mpsc::channel();
-        let embed_queue =
-            oxgen::embed::EmbedQueue::new(embed_jobs, metrics.embed.clone(), config.max_queue);
+        let single = catalog.is_none() && models.len() == 1;
+        let models = Models::new(
+            models,
+            catalog,
+            config.memory_budget,
+            config.request_timeout.unwrap_or(ROOM_WAIT).min(ROOM_WAIT),
+        );
         let app = Arc::new(App {
             config,
-            queue,
-            phase: AtomicU8::new(Phase::Loading as u8),
-            loaded: OnceLock::new(),
-            encoder: OnceLock::new(),
-            embed_queue,
+            models,
+            // One model given loads now (and the server is ready once it has); models loaded
+            // on demand leave the server ready at once.
+            phase: AtomicU8::new(match single {
+                true => Phase::Loading as u8,
+                false => Phase::Ready as u8,
+            }),
             failure: OnceLock::new(),
             abort: AtomicBool::new(false),
             stop: Notify::new(),
-            metrics,
+            metrics: Metrics::default(),
             started,
             ignored: Default::default(),
             responses: std::sync::Mutex::new(store),
         });
-        let engine_app = app.clone();
-        std::thread::Builder::new()
-            .name("oxgen-engine".into())
-            .spawn(move || main(engine_app, received, embed_received))
-            .map_err(|e| format!("starting the engine thread: {e}"))?;
         let http_app = app.clone();
         let http = std::thread::Builder::new()
             .name("oxgen-http".into())
@@ -583,6 +692,13 @@ fn serve_http(app: Arc<App>, listener: std::net::TcpListener) -> Result<(), Stri
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
         let router = routes::router(app.clone());
+        let reaper = app.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REAP_PERIOD).await;
+                reaper.models.reap();
+            }
+        });
         let shutdown = async {
             wait_for_stop(&app).await;
             drain(&app).await;
@@ -668,6 +784,7 @@ async fn drain(app: &App) {
     std::sync::atomic::fence(Ordering::SeqCst);
     settle(app, app.config.shutdown_timeout).await;
     app.abort.store(true, Ordering::Relaxed);
+    app.models.abort_all();
     // Let the engine answer what it still held.
     settle(app, ENGINE_STOP_GRACE).await;
 }
@@ -684,7 +801,7 @@ const CONNECTION_GRACE: Duration = Duration::from_secs(5);
 /// large to add to a time: no limit).
 async fn settle(app: &App, within: Duration) {
     let deadline = Instant::now().checked_add(within);
-    let live = || app.metrics.engine.live() + app.metrics.embed.live();
+    let live = || app.models.live();
     while live() > 0 && deadline.is_none_or(|d| Instant::now() < d) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -1,11 +1,15 @@
 //! What `/metrics` reports, in Prometheus' text format: the HTTP layer's counts and latency
-//! histograms, and what the engine reports of itself ([`oxgen::EngineStatus`], read here).
+//! histograms, what each model's engine reports of itself ([`oxgen::EngineStatus`], read
+//! here), summed over the models, and each model's loads, memory and cache counts labelled by
+//! model.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::models::{Entry, Listed, Models, Served};
 
 /// Latency buckets in seconds, shared by TTFT and inter-token latency.
 const BUCKETS: [f64; 14] = [
@@ -55,10 +59,6 @@ pub struct Metrics {
     /// Responses by (protocol, endpoint, status).
     requests: Mutex<BTreeMap<(&'static str, String, u16), u64>>,
     pub latency: Arc<Latency>,
-    /// What the engine reports: queued and running requests, KV, token counts.
-    pub engine: Arc<oxgen::EngineStatus>,
-    /// What an encoder's thread reports: requests, sequences and tokens embedded.
-    pub embed: Arc<oxgen::embed::EmbedStatus>,
 }
 
 /// Token latencies, as the engine observes them.
@@ -83,13 +83,9 @@ impl Default for Metrics {
             ttft: Histogram::new(),
             inter_token: Histogram::new(),
         });
-        let engine = Arc::new(oxgen::EngineStatus::default());
-        engine.observe(latency.clone());
         Metrics {
             requests: Mutex::default(),
             latency,
-            engine,
-            embed: Arc::default(),
         }
     }
 }
@@ -102,7 +98,9 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self, models: &Models) -> String {
+        let listed = models.list();
+        let sum = |f: &dyn Fn(&Entry) -> u64| listed.iter().map(|l| f(&l.entry)).sum::<u64>();
         let mut out = String::new();
         out.push_str(
             "# HELP oxgen_requests_total HTTP responses by protocol, endpoint and status.\n\
@@ -121,22 +119,22 @@ impl Metrics {
             (
                 "oxgen_prompt_tokens_total",
                 "Prompt tokens of admitted requests.",
-                self.engine.prompt_tokens(),
+                sum(&|e| e.engine.prompt_tokens()),
             ),
             (
                 "oxgen_generation_tokens_total",
                 "Tokens generated.",
-                self.engine.generated_tokens(),
+                sum(&|e| e.engine.generated_tokens()),
             ),
             (
                 "oxgen_embedded_sequences_total",
                 "Sequences an encoder ran (inputs embedded, query and document pairs scored).",
-                self.embed.sequences(),
+                sum(&|e| e.embed.sequences()),
             ),
             (
                 "oxgen_embedded_tokens_total",
                 "Tokens of the sequences an encoder ran.",
-                self.embed.tokens(),
+                sum(&|e| e.embed.tokens()),
             ),
         ];
         for (name, help, value) in counters {
@@ -149,17 +147,17 @@ impl Metrics {
             (
                 "oxgen_queue_depth",
                 "Requests waiting to run.",
-                self.engine.queued() + self.embed.queued(),
+                sum(&|e| (e.engine.queued() + e.embed.queued()) as u64),
             ),
             (
                 "oxgen_running_requests",
                 "Requests generating (or embedding).",
-                self.engine.running() + self.embed.running(),
+                sum(&|e| (e.engine.running() + e.embed.running()) as u64),
             ),
             (
                 "oxgen_kv_sequences",
                 "Sequences whose KV cache is held.",
-                self.engine.kv_sequences(),
+                sum(&|e| e.engine.kv_sequences() as u64),
             ),
         ];
         for (name, help, value) in gauges {
@@ -168,9 +166,17 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
             );
         }
-        let engine = self.engine.model();
-        render_engine(&mut out, &engine, self.engine.generated_tokens());
-        self.render_gateway(&mut out, engine.kv);
+        // The engine's own figures are a model's: reported unlabelled for the one language
+        // model in memory (a server of one model, as before); several report per model below.
+        let mut lms = (listed.iter()).filter(|l| {
+            (l.resident.as_ref()).is_some_and(|r| matches!(r.served, Served::Lm { .. }))
+        });
+        if let (Some(lm), None) = (lms.next(), lms.next()) {
+            let engine = lm.entry.engine.model();
+            render_engine(&mut out, &engine, lm.entry.engine.generated_tokens());
+            render_gateway(&mut out, &lm.entry.engine, engine.kv);
+        }
+        render_models(&mut out, models, &listed);
         self.latency.ttft.render(
             &mut out,
             "oxgen_time_to_first_token_seconds",
@@ -185,53 +191,164 @@ impl Metrics {
     }
 }
 
-impl Metrics {
-    /// The gauges the Kubernetes Gateway API Inference Extension's endpoint picker reads
-    /// (its model-server protocol: queued and running requests, KV-cache utilization as a
-    /// fraction, and the cache's block size and count as labels), under names its metric
-    /// flags can point at. `oxgen_queue_depth` and `oxgen_running_requests` carry the same
-    /// counts under oxgen's own names.
-    fn render_gateway(&self, out: &mut String, kv: Option<oxgen::KvUsage>) {
-        metric(
-            out,
-            "oxgen_num_requests_waiting",
+/// Each model's state, memory, loads and cache counts, labelled by model, and the budget.
+fn render_models(out: &mut String, models: &Models, listed: &[Listed]) {
+    metric(
+        out,
+        "oxgen_memory_budget_bytes",
+        "gauge",
+        "Bytes resident models may hold together (0: no bound).",
+        models.budget.unwrap_or(0),
+    );
+    metric(
+        out,
+        "oxgen_models_resident_bytes",
+        "gauge",
+        "Bytes the resident and loading models hold, as the budget counts them.",
+        models.used(),
+    );
+    type Value = dyn Fn(&Listed) -> u64;
+    let families: [(&str, &str, &str, &Value); 8] = [
+        (
+            "oxgen_model_loaded",
             "gauge",
-            "Requests queued for a slot (inference gateway: TotalQueuedRequests).",
-            self.engine.queued(),
-        );
-        metric(
-            out,
-            "oxgen_num_requests_running",
+            "1 while the model is in memory.",
+            &|l| u64::from(l.resident.is_some()),
+        ),
+        (
+            "oxgen_model_resident_bytes",
             "gauge",
-            "Requests generating (inference gateway: TotalRunningRequests).",
-            self.engine.running(),
-        );
-        // Reserved, not just written: a new request waits until what it needs fits beside
-        // the live sequences' reservations, so that is how full the cache is to a router.
-        let usage = kv.map_or(0.0, |kv| {
-            if kv.total == 0 {
-                0.0
-            } else {
-                kv.reserved.min(kv.total) as f64 / kv.total as f64
-            }
-        });
-        metric(
-            out,
-            "oxgen_kv_cache_usage_perc",
+            "Bytes the model holds in memory (weights and KV cache; 0 when unloaded).",
+            &|l| l.resident.as_ref().map_or(0, |r| r.bytes),
+        ),
+        (
+            "oxgen_model_loads_total",
+            "counter",
+            "Times the model was loaded.",
+            &|l| l.entry.stats.loads.load(Relaxed),
+        ),
+        (
+            "oxgen_model_load_failures_total",
+            "counter",
+            "Loads of the model that failed.",
+            &|l| l.entry.stats.failures.load(Relaxed),
+        ),
+        (
+            "oxgen_model_unloads_total",
+            "counter",
+            "Times the model was unloaded (idle past its keep_alive, for room, or asked).",
+            &|l| l.entry.stats.unloads.load(Relaxed),
+        ),
+        (
+            "oxgen_model_queue_depth",
             "gauge",
-            "Fraction of KV cache blocks reserved by live sequences, 0 to 1 (inference gateway: KVCacheUtilization).",
-            usage,
+            "The model's requests waiting to run.",
+            &|l| (l.entry.engine.queued() + l.entry.embed.queued()) as u64,
+        ),
+        (
+            "oxgen_model_running_requests",
+            "gauge",
+            "The model's requests running.",
+            &|l| (l.entry.engine.running() + l.entry.embed.running()) as u64,
+        ),
+        (
+            "oxgen_model_generation_tokens_total",
+            "counter",
+            "Tokens the model generated.",
+            &|l| l.entry.engine.generated_tokens(),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for l in listed {
+            let model = label(&l.entry.spec.name);
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(l));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP oxgen_model_load_seconds_total Time spent loading the model.\n\
+         # TYPE oxgen_model_load_seconds_total counter"
+    );
+    for l in listed {
+        let secs = l.entry.stats.load_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "oxgen_model_load_seconds_total{{model=\"{}\"}} {secs}",
+            label(&l.entry.spec.name)
         );
-        if let Some(kv) = kv {
+    }
+    let _ = writeln!(
+        out,
+        "# HELP oxgen_model_requests_total Requests by model and whether it was resident \
+         (hit) or had to be loaded first (miss).\n# TYPE oxgen_model_requests_total counter"
+    );
+    for l in listed {
+        let model = label(&l.entry.spec.name);
+        let stats = &l.entry.stats;
+        for (cache, n) in [("hit", &stats.hits), ("miss", &stats.misses)] {
             let _ = writeln!(
                 out,
-                "# HELP oxgen_cache_config_info KV cache layout as labels: positions per block, \
+                "oxgen_model_requests_total{{model=\"{model}\",cache=\"{cache}\"}} {}",
+                n.load(Relaxed)
+            );
+        }
+    }
+}
+
+/// A label value escaped as the text format wants.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The gauges the Kubernetes Gateway API Inference Extension's endpoint picker reads
+/// (its model-server protocol: queued and running requests, KV-cache utilization as a
+/// fraction, and the cache's block size and count as labels), under names its metric
+/// flags can point at. `oxgen_queue_depth` and `oxgen_running_requests` carry the same
+/// counts under oxgen's own names.
+fn render_gateway(out: &mut String, engine: &oxgen::EngineStatus, kv: Option<oxgen::KvUsage>) {
+    metric(
+        out,
+        "oxgen_num_requests_waiting",
+        "gauge",
+        "Requests queued for a slot (inference gateway: TotalQueuedRequests).",
+        engine.queued(),
+    );
+    metric(
+        out,
+        "oxgen_num_requests_running",
+        "gauge",
+        "Requests generating (inference gateway: TotalRunningRequests).",
+        engine.running(),
+    );
+    // Reserved, not just written: a new request waits until what it needs fits beside
+    // the live sequences' reservations, so that is how full the cache is to a router.
+    let usage = kv.map_or(0.0, |kv| {
+        if kv.total == 0 {
+            0.0
+        } else {
+            kv.reserved.min(kv.total) as f64 / kv.total as f64
+        }
+    });
+    metric(
+        out,
+        "oxgen_kv_cache_usage_perc",
+        "gauge",
+        "Fraction of KV cache blocks reserved by live sequences, 0 to 1 (inference gateway: KVCacheUtilization).",
+        usage,
+    );
+    if let Some(kv) = kv {
+        let _ = writeln!(
+            out,
+            "# HELP oxgen_cache_config_info KV cache layout as labels: positions per block, \
                  blocks in all (inference gateway: cache info).\n\
                  # TYPE oxgen_cache_config_info gauge\n\
                  oxgen_cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
-                kv.block_size, kv.total
-            );
-        }
+            kv.block_size, kv.total
+        );
     }
 }
 
@@ -457,7 +574,7 @@ mod tests {
         m.latency.ttft.observe(Duration::from_secs(100));
         m.count_request("openai", "/v1/chat/completions", 200);
         m.count_request("openai", "/v1/chat/completions", 200);
-        let text = m.render();
+        let text = m.render(&Models::new(Vec::new(), None, None, Duration::ZERO));
         for line in [
             "oxgen_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0",
             "oxgen_time_to_first_token_seconds_bucket{le=\"0.005\"} 1",

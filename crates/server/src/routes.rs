@@ -5,6 +5,7 @@
 //! `turn`); the tokenizer's endpoints in `tokens`, what every endpoint shares of HTTP in
 //! `http`; the chat page in `webui`.
 
+mod admin;
 mod anthropic;
 mod embeddings;
 mod http;
@@ -30,6 +31,7 @@ use oxgen::engine::{Event, Job, JobPrompt, Sink};
 use oxgen::prepare::Prepared;
 pub(super) use oxgen::prepare::Request as PrepareRequest;
 use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 use self::http::{MAX_IGNORED_NAME, Notes, body, cors, guard, reply};
@@ -38,12 +40,16 @@ pub(crate) use self::responses::Store;
 use self::tokens::{detokenize, tokenize, tokenizer_info};
 use crate::api::{self, Bounds};
 use crate::error::{ApiError, Protocol};
+use crate::models::{KeepAlive, Lease, Served};
 use crate::{App, CloseObjects, Loaded, Phase};
 
 pub fn router(app: Arc<App>) -> Router {
     let mut router = Router::new();
     if app.config.webui {
         router = webui::routes(router);
+    }
+    if app.config.admin {
+        router = admin::routes(router);
     }
     router
         .route("/v1/chat/completions", post(chat_completions))
@@ -118,19 +124,51 @@ impl App {
         }
     }
 
-    /// The served model a request names: 404 for another.
-    fn check_model(&self, model: &str) -> Result<(), ApiError> {
-        match self.model_names().iter().any(|m| m == model) {
-            true => Ok(()),
-            false => Err(ApiError::model_not_found(model, &self.model_names())),
+    /// The model a request's body names (its `model`, or Ollama's `name`; the only model
+    /// served when it names none), held for the request and loaded first if need be, with
+    /// the body's `keep_alive` applied to it.
+    async fn lease_for(self: &Arc<Self>, body: &[u8]) -> Result<Lease, ApiError> {
+        #[derive(serde::Deserialize, Default)]
+        struct Addressed {
+            model: Option<Value>,
+            name: Option<Value>,
+            keep_alive: Option<Value>,
         }
+        let addressed: Addressed = serde_json::from_slice(body).unwrap_or_default();
+        let name = match addressed.model.or(addressed.name) {
+            Some(Value::String(m)) => Some(m),
+            None | Some(Value::Null) => {
+                // With several models a body that is not an object says so first.
+                if self.models.default_name().is_none() {
+                    api::object(body)?;
+                }
+                None
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!("model is {other}; give a model's name as a string"),
+                ));
+            }
+        };
+        let keep_alive = (addressed.keep_alive.filter(|v| !v.is_null()))
+            .map(|v| KeepAlive::from_json(&v).map_err(|e| ApiError::invalid("keep_alive", e)))
+            .transpose()?;
+        let lease = self.lease(name.as_deref()).await?;
+        if let Some(keep_alive) = keep_alive {
+            lease.keep_alive(keep_alive);
+        }
+        Ok(lease)
     }
 
-    /// Tokenizes, sizes and queues a request.
-    async fn submit(&self, kind: Kind, mut req: api::Request) -> Result<Pending, ApiError> {
-        self.check_model(&req.model)?;
-        // Again: a shutdown may have begun while the body arrived.
-        let loaded = self.ready()?;
+    /// Tokenizes, sizes and queues a request on the model `lease` holds.
+    async fn submit(
+        &self,
+        lease: &Lease,
+        kind: Kind,
+        mut req: api::Request,
+    ) -> Result<Pending, ApiError> {
+        let (loaded, queue) = lease.lm()?;
         self.note_ignored(&req.ignored);
         self.close_objects(&mut req);
         let param = if kind == Kind::Chat {
@@ -215,10 +253,10 @@ impl App {
         if let Some(kv) = &loaded.kv {
             oxgen::engine::kv_need(req.n, &job_prompts, kv)?;
         }
-        let ticket = self.queue.reserve()?;
+        let ticket = queue.reserve()?;
         // Counted as queued (and fenced as `drain` is after it marks the phase) before this
         // last look: a drain that began meanwhile is seen here, or it sees this request.
-        self.ready()?;
+        self.accepting()?;
         let (events, receiver) = unbounded_channel();
         let arrived = Instant::now();
         ticket.send(Job {
@@ -332,15 +370,16 @@ async fn completions(State(app): State<Arc<App>>, request: Request) -> Response 
 
 async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
     let pending = async {
-        let loaded = app.ready()?;
+        app.accepting()?;
         let body = body(request, app.config.max_body, app.config.body_timeout).await?;
-        let bounds = app.bounds(loaded);
+        let lease = app.lease_for(&body).await?;
+        let bounds = app.bounds(lease.lm()?.0);
         let strict = app.config.strict_api;
         let req = match kind {
             Kind::Chat => api::chat(&body, &bounds, strict)?,
             Kind::Completion => api::completion(&body, &bounds, strict)?,
         };
-        app.submit(kind, req).await
+        app.submit(&lease, kind, req).await
     };
     match pending.await {
         Err(e) => e.into_response(),
@@ -360,45 +399,52 @@ async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
 #[derive(Serialize)]
 struct ModelList<'a> {
     object: &'static str,
-    data: [ModelCard<'a>; 1],
+    data: Vec<ModelCard<'a>>,
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
+    app.models.rescan();
+    let listed = app.models.list();
     axum::Json(ModelList {
         object: "list",
-        data: [model_card(&app)],
+        data: listed.iter().map(|l| model_card(&app, l)).collect(),
     })
     .into_response()
 }
 
 async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    if app.model_names().contains(&id) {
-        axum::Json(model_card(&app)).into_response()
-    } else {
-        ApiError::model_not_found(&id, &app.model_names()).into_response()
+    let entry = match app.models.find(&id) {
+        Ok(entry) => entry,
+        Err(e) => return e.into_response(),
+    };
+    let listed = app.models.list();
+    match listed.iter().find(|l| Arc::ptr_eq(&l.entry, &entry)) {
+        Some(l) => axum::Json(model_card(&app, l)).into_response(),
+        None => ApiError::model_not_found(&id, &app.models.names()).into_response(),
     }
 }
 
 /// How the engine batches on this backend.
-fn batching(app: &App) -> &'static str {
-    match app.loaded.get().map(|l| l.capabilities.fused_decode) {
-        Some(true) => {
+fn batching(served: Option<&Served>) -> &'static str {
+    match served {
+        Some(Served::Lm { loaded, .. }) if loaded.capabilities.fused_decode => {
             "continuous: each step runs every running sequence (decode tokens and prompt \
              chunks) in one forward over paged KV"
         }
-        Some(false) => {
+        Some(Served::Lm { .. }) => {
             "requests join and leave at token boundaries; each sequence runs its own forward \
              (this backend does not fuse a batch)"
         }
-        None if app.encoder.get().is_some() => {
+        Some(Served::Encoder { .. }) => {
             "each turn runs every waiting request's sequences, each at its own length (no \
              padding)"
         }
-        None => "loading",
+        None => "not loaded",
     }
 }
 
-/// The served model as `/v1/models` lists it, with how it runs (`null`s while it loads).
+/// A model as `/v1/models` lists it, with its state and, once loaded, how it runs (`null`s
+/// while it is not in memory).
 #[derive(Serialize)]
 struct ModelCard<'a> {
     id: &'a str,
@@ -411,7 +457,23 @@ struct ModelCard<'a> {
 
 #[derive(Serialize)]
 struct ModelMeta {
-    /// `generate`, `embedding` or `rerank` (`null` while loading).
+    /// `unloaded`, `loading`, `loaded` or `failed`.
+    state: &'static str,
+    loaded: bool,
+    /// Why its last load failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    /// Bytes it holds in memory (weights and KV cache), as the memory budget counts them.
+    resident_bytes: Option<u64>,
+    /// When it is unloaded if no request comes (Unix seconds; `null`: not by time).
+    expires_at: Option<u64>,
+    /// Seconds its last load took.
+    load_seconds: Option<f64>,
+    loads: u64,
+    /// Requests that found it resident, and that waited for it to load.
+    cache_hits: u64,
+    cache_misses: u64,
+    /// `generate`, `embedding` or `rerank` (`null` while not loaded).
     kind: Option<&'static str>,
     /// Values per embedding, for an embedding model.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -437,22 +499,42 @@ struct KvCache {
     prefix_cache: bool,
 }
 
-fn model_card(app: &App) -> ModelCard<'_> {
-    let loaded = app.loaded.get();
-    let encoder = app.encoder.get();
+fn model_card<'a>(app: &App, l: &'a crate::models::Listed) -> ModelCard<'a> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let served = l.resident.as_ref().map(|r| &r.served);
+    let (loaded, encoder) = match served {
+        Some(Served::Lm { loaded, .. }) => (Some(loaded), None),
+        Some(Served::Encoder { loaded, .. }) => (None, Some(loaded)),
+        None => (None, None),
+    };
     let kind = match (loaded, encoder.map(|e| e.kind)) {
         (Some(_), _) => Some("generate"),
         (None, Some(oxgen::EncoderKind::Embedding { .. })) => Some("embedding"),
         (None, Some(oxgen::EncoderKind::Reranker { .. })) => Some("rerank"),
         (None, None) => None,
     };
+    let stats = &l.entry.stats;
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
     ModelCard {
-        id: &app.config.model_id,
+        id: &l.entry.spec.name,
         object: "model",
         created: app.started,
         owned_by: "oxgen",
-        aliases: &app.config.aliases,
+        aliases: &l.entry.spec.aliases,
         meta: ModelMeta {
+            state: l.state,
+            loaded: l.resident.is_some(),
+            error: l.error.clone(),
+            resident_bytes: l.resident.as_ref().map(|r| r.bytes),
+            expires_at: l.resident.as_ref().and_then(|r| r.expires()).map(unix),
+            load_seconds: (stats.loads.load(Relaxed) > 0)
+                .then(|| stats.last_load_micros.load(Relaxed) as f64 / 1e6),
+            loads: stats.loads.load(Relaxed),
+            cache_hits: stats.hits.load(Relaxed),
+            cache_misses: stats.misses.load(Relaxed),
             kind,
             dimensions: encoder
                 .filter(|e| matches!(e.kind, oxgen::EncoderKind::Embedding { .. }))
@@ -463,7 +545,7 @@ fn model_card(app: &App) -> ModelCard<'_> {
                 .or(encoder.map(|e| e.tokenizer.max_tokens())),
             max_batch: app.config.max_batch,
             max_tokens_limit: app.config.max_tokens_limit,
-            batching: batching(app),
+            batching: batching(served),
             prefill_chunk: app.config.prefill_chunk,
             fused_decode: loaded.map(|l| l.capabilities.fused_decode),
             fused_prefill_with_past: loaded.map(|l| l.capabilities.fused_prefill_with_past),
@@ -497,7 +579,8 @@ struct Live {
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
-    let engine = &app.metrics.engine;
+    let entries = app.models.entries();
+    let sum = |f: &dyn Fn(&crate::models::Entry) -> usize| entries.iter().map(|e| f(e)).sum();
     let (status, state) = match app.phase() {
         Phase::Ready => (StatusCode::OK, "ok"),
         Phase::Loading => (StatusCode::SERVICE_UNAVAILABLE, "loading"),
@@ -507,9 +590,9 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     let body = Health {
         status: state,
         requests: Live {
-            queued: engine.queued() + app.metrics.embed.queued(),
-            running: engine.running() + app.metrics.embed.running(),
-            kv_sequences: engine.kv_sequences(),
+            queued: sum(&|e| e.engine.queued() + e.embed.queued()),
+            running: sum(&|e| e.engine.running() + e.embed.running()),
+            kv_sequences: sum(&|e| e.engine.kv_sequences()),
         },
         error: app.failure.get().map(String::as_str),
     };
@@ -519,7 +602,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(),
+        app.metrics.render(&app.models),
     )
         .into_response()
 }

@@ -493,12 +493,13 @@ fn health_is_503_while_loading_and_a_failed_load_stops_the_server() {
     let dir = fixture();
     let path = dir.path().to_path_buf();
     let (release, gate) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate);
     let server = oxgen_server::Server::start(
         config(),
         "127.0.0.1:0",
         Box::new(move || {
             // The load blocks until the test has seen the server answer while loading.
-            let _ = gate.recv();
+            let _ = gate.lock().unwrap().recv();
             oxgen::Model::open(&path, &Default::default()).map_err(|e| e.to_string())
         }),
     )

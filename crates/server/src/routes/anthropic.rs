@@ -303,11 +303,13 @@ impl Encode for Events {
 /// `POST /v1/messages`.
 pub(super) async fn messages(State(app): State<Arc<App>>, request: Request) -> Response {
     let started = async {
-        let loaded = app.ready()?;
+        app.accepting()?;
         let body = body(request, app.config.max_body, app.config.body_timeout).await?;
-        let m = api::messages(&body, &app.bounds(loaded), app.config.strict_api, false)?;
+        let lease = app.lease_for(&body).await?;
+        let bounds = app.bounds(lease.lm()?.0);
+        let m = api::messages(&body, &bounds, app.config.strict_api, false)?;
         let model = m.request.model.clone();
-        let pending = app.submit(Kind::Chat, m.request).await?;
+        let pending = app.submit(&lease, Kind::Chat, m.request).await?;
         Ok::<_, ApiError>((model, m.stop_sequences, pending))
     };
     let (model, stops, mut pending) = match started.await {
@@ -366,10 +368,11 @@ struct TokenCount {
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would render it.
 pub(super) async fn count_tokens(State(app): State<Arc<App>>, request: Request) -> Response {
     let counted = async {
-        let loaded = app.ready()?;
+        app.accepting()?;
         let body = body(request, app.config.max_body, app.config.body_timeout).await?;
+        let lease = app.lease_for(&body).await?;
+        let (loaded, _) = lease.lm()?;
         let mut m = api::messages(&body, &app.bounds(loaded), app.config.strict_api, true)?;
-        app.check_model(&m.request.model)?;
         let r = &mut m.request;
         let mut request = PrepareRequest::new(std::mem::take(&mut r.prompts), "messages");
         request.tools = r.tools.take().map(|t| t.with_format(loaded.tool_format));

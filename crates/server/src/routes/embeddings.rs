@@ -9,17 +9,17 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use oxgen::embed::{
-    EmbedInput, EmbedJob, EmbedOutput, EmbedSink, EmbedTokens, EmbedWork, InputError,
+    EmbedInput, EmbedJob, EmbedOutput, EmbedQueue, EmbedSink, EmbedTokens, EmbedWork, InputError,
 };
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
 use super::http::body;
-use super::tokens::check_model;
+use crate::App;
 use crate::api::{self, Unknown};
 use crate::error::{ApiError, Protocol};
-use crate::{App, EncoderLoaded};
+use crate::models::Lease;
 
 /// The most inputs (or documents) one request may hold (OpenAI's limit for embeddings).
 pub const MAX_INPUTS: usize = 2048;
@@ -30,7 +30,7 @@ pub const MAX_INPUTS: usize = 2048;
 /// (oxgen's, default false) cuts inputs longer than the model takes instead of refusing them.
 pub(super) async fn embeddings(State(app): State<Arc<App>>, request: Request) -> Response {
     let result = async {
-        let (loaded, map) = body_of(
+        let (lease, map) = body_of(
             &app,
             request,
             &[
@@ -40,9 +40,11 @@ pub(super) async fn embeddings(State(app): State<Arc<App>>, request: Request) ->
                 "dimensions",
                 "user",
                 "truncate",
+                "keep_alive",
             ],
         )
         .await?;
+        let (loaded, queue) = lease.encoder()?;
         let inputs = inputs(map.get("input"))?;
         let base64 = match map.get("encoding_format") {
             None | Some(Value::Null) => false,
@@ -75,7 +77,7 @@ pub(super) async fn embeddings(State(app): State<Arc<App>>, request: Request) ->
                 format!(
                     "'{}' is a reranker (a cross-encoder): it scores query and document pairs \
                      at /v1/rerank and embeds nothing",
-                    app.config.model_id
+                    lease.name
                 ),
             ));
         }
@@ -88,7 +90,8 @@ pub(super) async fn embeddings(State(app): State<Arc<App>>, request: Request) ->
         .await?
         .map_err(|e| refused("input", e))?;
         let used = token_count(&tokens);
-        let EmbedOutput::Embeddings(vectors) = run(&app, EmbedWork::Embed(tokens)).await? else {
+        let EmbedOutput::Embeddings(vectors) = run(&app, queue, EmbedWork::Embed(tokens)).await?
+        else {
             return Err(ApiError::internal(
                 "the encoder answered an embedding with scores",
             ));
@@ -114,7 +117,7 @@ pub(super) async fn embeddings(State(app): State<Arc<App>>, request: Request) ->
         Ok(EmbeddingList {
             object: "list",
             data,
-            model: &app.config.model_id,
+            model: lease.name.clone(),
             usage: Usage {
                 prompt_tokens: used,
                 total_tokens: used,
@@ -137,8 +140,10 @@ pub(super) async fn rerank(State(app): State<Arc<App>>, request: Request) -> Res
             "return_documents",
             "truncate",
             "max_chunks_per_doc",
+            "keep_alive",
         ];
-        let (loaded, map) = body_of(&app, request, &known).await?;
+        let (lease, map) = body_of(&app, request, &known).await?;
+        let (loaded, queue) = lease.encoder()?;
         let query = match map.get("query") {
             Some(Value::String(q)) if !q.is_empty() => q.clone(),
             Some(Value::String(_)) => return Err(ApiError::invalid("query", "query is empty")),
@@ -170,7 +175,7 @@ pub(super) async fn rerank(State(app): State<Arc<App>>, request: Request) -> Res
             .await?
             .map_err(|e| refused("documents", e))?;
         let used = token_count(&tokens);
-        let EmbedOutput::Scores(scores) = run(&app, EmbedWork::Rerank(tokens)).await? else {
+        let EmbedOutput::Scores(scores) = run(&app, queue, EmbedWork::Rerank(tokens)).await? else {
             return Err(ApiError::internal(
                 "the encoder answered a reranking with embeddings",
             ));
@@ -191,7 +196,7 @@ pub(super) async fn rerank(State(app): State<Arc<App>>, request: Request) -> Res
             .collect();
         Ok(Reranked {
             object: "list",
-            model: &app.config.model_id,
+            model: lease.name.clone(),
             results,
             usage: Usage {
                 prompt_tokens: used,
@@ -202,19 +207,18 @@ pub(super) async fn rerank(State(app): State<Arc<App>>, request: Request) -> Res
     json_reply(result.await)
 }
 
-/// The loaded encoder and the request's body as an object: its fields checked against
-/// `known` (unknown ones noted, or refused under `--strict-api`) and its `model` against
-/// the served one.
-async fn body_of<'a>(
-    app: &'a App,
+/// The model the request names, held for it, and the request's body as an object: its
+/// fields checked against `known` (unknown ones noted, or refused under `--strict-api`).
+async fn body_of(
+    app: &Arc<App>,
     request: Request,
     known: &[&str],
-) -> Result<(&'a EncoderLoaded, Map<String, Value>), ApiError> {
-    let loaded = app.encoder_ready()?;
-    let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
+) -> Result<(Lease, Map<String, Value>), ApiError> {
+    app.accepting()?;
+    let body = body(request, app.config.max_body, app.config.body_timeout).await?;
+    let map = api::object(&body)?;
     Unknown::new(app.config.strict_api).check(&map, "", &[known])?;
-    check_model(app, &map)?;
-    Ok((loaded, map))
+    Ok((app.lease_for(&body).await?, map))
 }
 
 /// The reply serialized straight from its struct (floats at their shortest f32 form, no
@@ -263,13 +267,13 @@ fn refused(field: &str, e: InputError) -> ApiError {
 }
 
 /// Queues `work` for the encoder's thread and waits for its answer.
-async fn run(app: &App, work: EmbedWork) -> Result<EmbedOutput, ApiError> {
+async fn run(app: &App, queue: &EmbedQueue, work: EmbedWork) -> Result<EmbedOutput, ApiError> {
     let (tx, rx) = oneshot::channel();
     let job = EmbedJob {
         work,
         sink: Box::new(Reply(tx)),
     };
-    if app.embed_queue.submit(job).is_err() {
+    if queue.submit(job).is_err() {
         return Err(match app.phase() {
             crate::Phase::Ready => ApiError::queue_full(app.config.max_queue),
             _ => ApiError::unavailable("shutting_down", "the server is shutting down"),
@@ -408,10 +412,10 @@ fn base64_f32(values: &[f32]) -> String {
 }
 
 #[derive(Serialize)]
-struct EmbeddingList<'a> {
+struct EmbeddingList {
     object: &'static str,
     data: Vec<Embedding>,
-    model: &'a str,
+    model: String,
     usage: Usage,
 }
 
@@ -436,9 +440,9 @@ struct Usage {
 }
 
 #[derive(Serialize)]
-struct Reranked<'a> {
+struct Reranked {
     object: &'static str,
-    model: &'a str,
+    model: String,
     results: Vec<Ranked>,
     usage: Usage,
 }

@@ -18,6 +18,7 @@ use super::http::body;
 use super::response::Kind;
 use super::turn::{Encode, Turn, frames};
 use crate::error::{ApiError, Protocol};
+use crate::models::{Listed, Served};
 use crate::{App, api};
 use oxgen::engine::Counts;
 
@@ -31,10 +32,8 @@ fn now() -> String {
 }
 
 /// A model name as Ollama clients send it, less the `:latest` tag they may add.
-fn served(app: &App, name: &str) -> Result<String, ApiError> {
-    let name = name.strip_suffix(":latest").unwrap_or(name);
-    app.check_model(name)?;
-    Ok(name.to_string())
+fn untagged(name: &str) -> String {
+    name.strip_suffix(":latest").unwrap_or(name).to_string()
 }
 
 /// `/api/chat` writes a `message`, `/api/generate` a `response`.
@@ -223,20 +222,21 @@ pub(super) async fn generate(State(app): State<Arc<App>>, request: Request) -> R
 
 async fn generate_with(app: Arc<App>, request: Request, endpoint: Endpoint) -> Response {
     let started = async {
-        let loaded = app.ready()?;
+        app.accepting()?;
         let body = body(request, app.config.max_body, app.config.body_timeout).await?;
-        let (bounds, strict) = (app.bounds(loaded), app.config.strict_api);
+        let lease = app.lease_for(&body).await?;
+        let (bounds, strict) = (app.bounds(lease.lm()?.0), app.config.strict_api);
         let mut req = match endpoint {
             Endpoint::Chat => api::ollama_chat(&body, &bounds, strict)?,
             Endpoint::Generate => api::ollama_generate(&body, &bounds, strict)?,
         };
-        req.model = served(&app, &req.model)?;
+        req.model = untagged(&req.model);
         let model = req.model.clone();
         let kind = match req.prompts.first() {
             Some(oxgen::Prompt::Text(_)) => Kind::Completion,
             _ => Kind::Chat,
         };
-        Ok::<_, ApiError>((model, app.submit(kind, req).await?))
+        Ok::<_, ApiError>((model, app.submit(&lease, kind, req).await?))
     };
     let (model, mut pending) = match started.await {
         Ok(started) => started,
@@ -304,13 +304,14 @@ struct Details {
     quantization_level: &'static str,
 }
 
-fn entry(app: &App) -> Entry<'_> {
+fn entry<'a>(app: &App, listed: &'a Listed) -> Entry<'a> {
     let modified = jiff::Timestamp::from_second(app.started as i64).unwrap_or_default();
+    let name = &listed.entry.spec.name;
     Entry {
-        name: &app.config.model_id,
-        model: &app.config.model_id,
+        name,
+        model: name,
         modified_at: modified.to_string(),
-        size: 0,
+        size: listed.entry.spec.bytes,
         digest: "",
         details: Details {
             parent_model: "",
@@ -328,36 +329,57 @@ struct Models<T> {
     models: Vec<T>,
 }
 
-/// `GET /api/tags`: the model served.
+/// `GET /api/tags`: every model served, loaded or not.
 pub(super) async fn tags(State(app): State<Arc<App>>) -> Response {
+    app.models.rescan();
+    let listed = app.models.list();
     axum::Json(Models {
-        models: vec![entry(&app)],
+        models: listed.iter().map(|l| entry(&app, l)).collect(),
     })
     .into_response()
 }
 
-/// The model as `/api/ps` lists it, resident.
+/// A model as `/api/ps` lists it, resident.
 #[derive(Serialize)]
 struct Resident<'a> {
     #[serde(flatten)]
     entry: Entry<'a>,
-    expires_at: &'static str,
+    /// When it is unloaded if no request comes (far in the future: kept).
+    expires_at: String,
     size_vram: u64,
     context_length: usize,
 }
 
-/// `GET /api/ps`: the model resident (the one served, once loaded).
+/// `GET /api/ps`: the models in memory, with what they hold (`size`: weights and KV cache)
+/// and when their keep-alive lapses.
 pub(super) async fn ps(State(app): State<Arc<App>>) -> Response {
-    let models = (app.loaded.get().into_iter())
-        .map(|loaded| Resident {
-            entry: entry(&app),
-            expires_at: "2318-01-01T00:00:00Z",
-            size_vram: 0,
-            context_length: loaded.limit.max(),
+    let listed = app.models.list();
+    let models = (listed.iter())
+        .filter_map(|l| {
+            let resident = l.resident.as_ref()?;
+            let context_length = match &resident.served {
+                Served::Lm { loaded, .. } => loaded.limit.max(),
+                Served::Encoder { loaded, .. } => loaded.tokenizer.max_tokens(),
+            };
+            let expires = resident.expires().map_or(KEPT.to_string(), |t| {
+                jiff::Timestamp::try_from(t).map_or(KEPT.to_string(), |t| t.to_string())
+            });
+            let mut entry = entry(&app, l);
+            entry.size = resident.bytes;
+            Some(Resident {
+                entry,
+                expires_at: expires,
+                size_vram: 0,
+                context_length,
+            })
         })
         .collect();
     axum::Json(Models { models }).into_response()
 }
+
+/// `expires_at` of a model kept until the budget needs its room (what ollama sends for
+/// `keep_alive: -1`).
+const KEPT: &str = "2318-01-01T00:00:00Z";
 
 #[derive(Serialize)]
 struct Version {
@@ -398,35 +420,39 @@ struct ModelInfo<'a> {
 /// capabilities.
 pub(super) async fn show(State(app): State<Arc<App>>, request: Request) -> Response {
     let shown = async {
-        let loaded = app.ready()?;
+        app.accepting()?;
         let body = body(request, app.config.max_body, app.config.body_timeout).await?;
-        let body = api::object(&body)?;
-        let name = (body
-            .get("model")
-            .or(body.get("name"))
-            .and_then(Value::as_str))
-        .ok_or_else(|| ApiError::invalid("model", "model is required: the model to show"))?;
-        served(&app, name)?;
+        let map = api::object(&body)?;
+        if !map.contains_key("model") && !map.contains_key("name") {
+            return Err(ApiError::invalid(
+                "model",
+                "model is required: the model to show",
+            ));
+        }
+        let lease = app.lease_for(&body).await?;
+        let (loaded, _) = lease.lm()?;
+        let listed = app.models.list();
+        let listed = (listed.into_iter())
+            .find(|l| l.entry.spec.name == lease.name)
+            .ok_or_else(|| ApiError::not_found("the model was unloaded meanwhile"))?;
         let template = loaded.encoder.template().map_or("", |t| t.source());
         let mut capabilities = vec!["completion", "tools"];
         if template.contains("</think>") || template.contains("<|channel|>") {
             capabilities.push("thinking");
         }
-        Ok::<_, ApiError>(Shown {
-            entry: entry(&app),
+        let shown = Shown {
+            entry: entry(&app, &listed),
             modelfile: "",
             parameters: "",
             template,
             model_info: ModelInfo {
                 architecture: "oxgen",
-                basename: &app.config.model_id,
+                basename: &listed.entry.spec.name,
                 context_length: loaded.limit.max(),
             },
             capabilities,
-        })
+        };
+        Ok::<_, ApiError>(axum::Json(shown).into_response())
     };
-    match shown.await {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => e.response(Protocol::Ollama),
-    }
+    shown.await.unwrap_or_else(|e| e.response(Protocol::Ollama))
 }

@@ -696,10 +696,10 @@ impl Encode for Events {
 /// `POST /v1/responses`.
 pub(super) async fn create(State(app): State<Arc<App>>, request: Request) -> Response {
     let started = async {
-        let loaded = app.ready()?;
+        app.accepting()?;
         let body = body(request, app.config.max_body, app.config.body_timeout).await?;
-        let r = api::responses(&body, &app.bounds(loaded), app.config.strict_api)?;
-        app.check_model(&r.request.model)?;
+        let lease = app.lease_for(&body).await?;
+        let r = api::responses(&body, &app.bounds(lease.lm()?.0), app.config.strict_api)?;
         let mut history = match &r.previous_response_id {
             Some(id) => app.stored(id, "previous_response_id")?.conversation,
             None => Vec::new(),
@@ -724,7 +724,7 @@ pub(super) async fn create(State(app): State<Arc<App>>, request: Request) -> Res
             history,
             app: app.clone(),
         };
-        let pending = app.submit(Kind::Chat, request).await?;
+        let pending = app.submit(&lease, Kind::Chat, request).await?;
         Ok::<(Meta, Pending), ApiError>((meta, pending))
     };
     let (meta, mut pending) = match started.await {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::response::Response;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -21,8 +21,11 @@ use oxgen::Prompt;
 /// them) → `{"tokens": [...], "count": n, "max_model_len": context}`.
 pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> Response {
     let result = async {
-        let loaded = app.ready()?;
-        let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
+        app.accepting()?;
+        let body = body(request, app.config.max_body, app.config.body_timeout).await?;
+        let map = api::object(&body)?;
+        let lease = app.lease_for(&body).await?;
+        let (loaded, _) = lease.lm()?;
         let mut unknown = Unknown::new(app.config.strict_api);
         unknown.check(
             &map,
@@ -39,7 +42,6 @@ pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> R
                 "continue_final_message",
             ]],
         )?;
-        check_model(&app, &map)?;
         let has = |k: &str| map.get(k).is_some_and(|v| !v.is_null());
         let ids = match (map.get("prompt"), has("messages")) {
             (Some(Value::String(text)), false) if !has("tools") && !has("chat_template_kwargs") => {
@@ -90,9 +92,17 @@ pub(super) async fn tokenize(State(app): State<Arc<App>>, request: Request) -> R
 /// `GET /tokenizer_info`: what a client needs to tokenize as the server does (vLLM's
 /// endpoint, lm-evaluation-harness's remote tokenizer): the special tokens, the chat
 /// template, the context.
-pub(super) async fn tokenizer_info(State(app): State<Arc<App>>) -> Response {
-    let result = app.ready().map(|loaded| {
-        to_value(TokenizerInfo {
+pub(super) async fn tokenizer_info(
+    State(app): State<Arc<App>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    // `?model=NAME` picks one of several models.
+    let model = (query.as_deref().unwrap_or_default().split('&'))
+        .find_map(|pair| pair.strip_prefix("model="));
+    let result = async {
+        let lease = app.lease(model).await?;
+        let (loaded, _) = lease.lm()?;
+        Ok(to_value(TokenizerInfo {
             tokenizer_class: "PreTrainedTokenizerFast",
             eos_token: loaded.eos_token.as_deref(),
             bos_token: loaded.bos_token.as_deref(),
@@ -100,18 +110,20 @@ pub(super) async fn tokenizer_info(State(app): State<Arc<App>>) -> Response {
             chat_template: loaded.encoder.template().map(|t| t.source()),
             model_max_length: loaded.limit.max(),
             vocab_size: loaded.vocab,
-        })
-    });
-    reply(result, Protocol::OpenAi)
+        }))
+    };
+    reply(result.await, Protocol::OpenAi)
 }
 
 /// `POST /detokenize`: `{"tokens": [ids]}` → `{"prompt": "text"}`.
 pub(super) async fn detokenize(State(app): State<Arc<App>>, request: Request) -> Response {
     let result = async {
-        let loaded = app.ready()?;
-        let map = api::object(&body(request, app.config.max_body, app.config.body_timeout).await?)?;
+        app.accepting()?;
+        let body = body(request, app.config.max_body, app.config.body_timeout).await?;
+        let map = api::object(&body)?;
         Unknown::new(app.config.strict_api).check(&map, "", &[&["model", "tokens"]])?;
-        check_model(&app, &map)?;
+        let lease = app.lease_for(&body).await?;
+        let (loaded, _) = lease.lm()?;
         #[derive(serde::Deserialize)]
         struct Tokens {
             tokens: Vec<u32>,
@@ -126,18 +138,6 @@ pub(super) async fn detokenize(State(app): State<Arc<App>>, request: Request) ->
         Ok(to_value(Detokenized { prompt: text }))
     };
     reply(result.await, Protocol::OpenAi)
-}
-
-/// An optional `model` must name the served model.
-pub(super) fn check_model(app: &App, map: &Map<String, Value>) -> Result<(), ApiError> {
-    match map.get("model") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(m)) if app.model_names().contains(m) => Ok(()),
-        Some(other) => {
-            let asked = other.as_str().map_or(other.to_string(), str::to_string);
-            Err(ApiError::model_not_found(&asked, &app.model_names()))
-        }
-    }
 }
 
 #[derive(Serialize)]

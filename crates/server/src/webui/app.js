@@ -396,7 +396,18 @@ async function refreshModel() {
       return;
     }
     const data = await res.json();
-    model = data.data[0];
+    // Several models: a picker over those that generate (encoders are for the API).
+    const models = data.data.filter((m) => !["embedding", "rerank"].includes((m.meta || {}).kind));
+    const pick = $("model-pick");
+    const wanted = pick.value || localStorage.getItem("oxgen.model");
+    model = models.find((m) => m.id === wanted) || models[0] || data.data[0];
+    pick.hidden = models.length < 2;
+    pick.replaceChildren(...models.map((m) => {
+      const option = document.createElement("option");
+      option.value = option.textContent = m.id;
+      return option;
+    }));
+    pick.value = model.id;
     const meta = model.meta || {};
     $("model-info").textContent = `${model.id} · ${meta.backend || "?"} · context ${meta.context_length || "?"}`;
     showError("");
@@ -426,6 +437,10 @@ function init() {
   loadState();
   for (const f of FIELDS) $(f).addEventListener("change", saveSettings);
   $("api-key").addEventListener("change", refreshModel);
+  $("model-pick").addEventListener("change", () => {
+    localStorage.setItem("oxgen.model", $("model-pick").value);
+    refreshModel();
+  });
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     send();
