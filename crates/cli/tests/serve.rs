@@ -959,6 +959,20 @@ fn keep_alive_settings_admin_list_and_rm() {
     assert!(card["meta"]["expires_at"].as_u64().is_some(), "{card}");
     wait("plain", "unloaded");
 
+    // Ollama's way: a request with nothing to generate loads; with keep_alive 0, unloads.
+    for (keep_alive, reason, after) in [
+        (Value::Null, "load", "loaded"),
+        (json!(0), "unload", "unloaded"),
+    ] {
+        let body = json!({"model": "plain:latest", "keep_alive": keep_alive});
+        let done = call("POST", "/api/generate", body).json();
+        assert_eq!(
+            (done["done"].as_bool(), done["done_reason"].as_str()),
+            (Some(true), Some(reason))
+        );
+        assert_eq!(state("plain").0, after);
+    }
+
     // The admin endpoints want the key.
     let unauthorized = common::get(addr, "/admin/models");
     assert_eq!(unauthorized.status, 401);
@@ -986,8 +1000,20 @@ fn keep_alive_settings_admin_list_and_rm() {
     assert_eq!(unloaded.status, 200);
     assert_eq!(state("plain").0, "unloaded");
     drop(served);
-    let locked = serve_with(&["--models", models, "--no-admin"]);
+    // Without admin endpoints; a budget no model fits is a 503 naming it.
+    let locked = serve_with(&["--models", models, "--no-admin", "--memory-budget", "1"]);
     assert_eq!(common::get(locked.addr, "/admin/models").status, 404);
+    let body = json!({"model": "qwen3", "messages": [{"role": "user", "content": "hi"}]});
+    let refused = common::post(locked.addr, "/v1/chat/completions", &body);
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(refused.status, 503, "{message}");
+    assert!(
+        message.contains("--memory-budget") && message.contains("1 MiB"),
+        "{message}"
+    );
     drop(locked);
 
     // `oxgen list`, a model by name, `oxgen rm`.

@@ -22,22 +22,25 @@
 
 mod api;
 mod error;
+mod keep_alive;
 mod metrics;
 mod models;
 mod routes;
+mod serving;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use oxgen::{ContextLimit, Encoder, Grammars, Model, SamplingParams, ToolFormat};
+use oxgen::{Model, SamplingParams, ToolFormat};
 use tokio::sync::Notify;
 
 pub use error::ApiError;
 pub use models::{Catalog, KeepAlive, Load, ModelSpec, Opened};
 
-use models::{Entry, Lease, Models, Resident, Served};
+use models::{Entry, Lease, Models};
+use serving::Loaded;
 
 /// The endpoints whose bodies [`validate_request`] parses.
 pub const REQUEST_ENDPOINTS: [&str; 6] = [
@@ -73,7 +76,7 @@ pub fn validate_request(endpoint: &str, body: &[u8]) -> Result<(), ApiError> {
 }
 pub use metrics::Metrics;
 
-use oxgen::engine::{self, Queue};
+use oxgen::engine;
 
 /// How the server behaves; the CLI fills it from flags and `OXGEN_*` variables.
 #[derive(Debug, Clone)]
@@ -210,42 +213,6 @@ impl Config {
     }
 }
 
-/// What the HTTP side needs of a loaded encoder (an embedding model or a reranker).
-pub(crate) struct EncoderLoaded {
-    tokenizer: oxgen::EmbedTokenizer,
-    kind: oxgen::EncoderKind,
-    /// Values per embedding (a reranker's labels).
-    dim: usize,
-    backend: &'static str,
-    threads: usize,
-}
-
-/// What the HTTP side needs of the loaded model.
-pub(crate) struct Loaded {
-    encoder: Encoder,
-    /// Positions a sequence may hold, and how requests are sized to fit.
-    limit: ContextLimit,
-    /// The grammar compiler (built at load), or why there is none.
-    grammars: Result<Arc<Grammars>, String>,
-    vocab: usize,
-    sampling: SamplingParams,
-    /// `native` or `ort`.
-    backend: &'static str,
-    /// Kernel threads, resolved.
-    threads: usize,
-    capabilities: oxgen::Capabilities,
-    /// The paged KV pool at load, when the backend pages KV.
-    kv: Option<oxgen::KvUsage>,
-    /// What the KV cache stores.
-    kv_dtype: oxgen::KvDtype,
-    prefix_cache: bool,
-    /// How this model writes tool calls.
-    tool_format: ToolFormat,
-    /// The end-of-sequence token (the first EOS id's text) and the beginning one, if any.
-    eos_token: Option<String>,
-    bos_token: Option<String>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum Phase {
@@ -344,16 +311,6 @@ impl App {
         self.models.acquire(&name, &start).await
     }
 
-    /// Starts `entry`'s thread, which opens the model and serves it until it is unloaded.
-    fn spawn_model(self: &Arc<Self>, entry: Arc<Entry>) -> Result<(), String> {
-        let app = self.clone();
-        std::thread::Builder::new()
-            .name("oxgen-engine".into())
-            .spawn(move || model_main(&app, &entry))
-            .map(drop)
-            .map_err(|e| format!("starting the model's thread: {e}"))
-    }
-
     /// Why no request can run in the current phase (loading, draining, failed).
     fn not_ready(&self) -> ApiError {
         match self.phase() {
@@ -372,54 +329,6 @@ impl App {
             ),
         }
     }
-
-    /// A model's load failed: requests for it get the reason; a server of one model stops.
-    fn load_failed(&self, entry: &Entry, reason: String) {
-        entry.stats.failures.fetch_add(1, Ordering::Relaxed);
-        entry.settle(models::State::Failed {
-            reason: reason.clone(),
-            files: entry.files(),
-        });
-        match self.models.is_single() {
-            true => self.fail(format!("loading the model: {reason}")),
-            false => eprintln!(
-                "oxgen serve: model '{}' failed to load: {reason}",
-                entry.spec.name
-            ),
-        }
-    }
-
-    /// A loaded model becomes resident: counted, within the budget (or refused when it
-    /// cannot fit alone), its waiting requests woken.
-    fn resident(&self, entry: &Entry, resident: Resident) -> Option<Arc<Resident>> {
-        let stats = &entry.stats;
-        let micros = resident.load_time.as_micros() as u64;
-        stats.loads.fetch_add(1, Ordering::Relaxed);
-        stats.load_micros.fetch_add(micros, Ordering::Relaxed);
-        stats.last_load_micros.store(micros, Ordering::Relaxed);
-        stats.bytes.store(resident.bytes, Ordering::Relaxed);
-        if let Some(budget) = self.models.budget
-            && resident.bytes > budget
-        {
-            self.load_failed(
-                entry,
-                format!(
-                    "it holds {} MiB (weights and KV cache), more than the whole memory budget \
-                     of {} MiB (--memory-budget); raise the budget or shrink its context \
-                     (ctx_size)",
-                    models::mib(resident.bytes),
-                    models::mib(budget)
-                ),
-            );
-            return None;
-        }
-        let resident = Arc::new(resident);
-        entry.settle(models::State::Ready(resident.clone()));
-        // The estimate may have been short: idle models make room for what it holds.
-        self.models.evict_for(0, Some(&entry.spec.name));
-        self.mark_ready();
-        Some(resident)
-    }
 }
 
 /// Names quoted and joined with "or".
@@ -428,137 +337,11 @@ fn quoted(names: &[String]) -> String {
     quoted.join(" or ")
 }
 
-/// Marks the model failed (and a server of one model stopped) if its thread unwinds,
-/// loading or running.
-struct PanicGuard<'a>(&'a App, &'a Entry);
-
-impl Drop for PanicGuard<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0
-                .load_failed(self.1, "the model's thread panicked".into());
-        }
-    }
-}
-
 /// Opens the model on its thread (each time the server loads it).
 pub type Open = Box<dyn Fn() -> Result<Model, String> + Send + Sync>;
 
 /// Opens an encoder package on its thread (each time the server loads it).
 pub type OpenEncoder = Box<dyn Fn() -> Result<oxgen::Embedder, String> + Send + Sync>;
-
-/// A model's thread: opens it, then serves it until it is unloaded or the server stops.
-fn model_main(app: &App, entry: &Entry) {
-    let _guard = PanicGuard(app, entry);
-    let started = Instant::now();
-    let opened = (entry.spec.load)();
-    let load_time = started.elapsed();
-    match opened {
-        Err(e) => app.load_failed(entry, e),
-        Ok(Opened::Lm(model)) => serve_lm(app, entry, model, load_time),
-        Ok(Opened::Encoder(embedder)) => serve_encoder(app, entry, embedder, load_time),
-    }
-}
-
-fn serve_encoder(app: &App, entry: &Entry, mut embedder: oxgen::Embedder, load_time: Duration) {
-    let kind = embedder.kind();
-    let (jobs, received) = std::sync::mpsc::channel();
-    let loaded = EncoderLoaded {
-        tokenizer: embedder.tokenizer().clone(),
-        kind,
-        dim: embedder.dim(),
-        backend: embedder.backend(),
-        threads: embedder.threads(),
-    };
-    let queue = oxgen::embed::EmbedQueue::new(jobs, entry.embed.clone(), app.config.max_queue);
-    let served = Served::Encoder { loaded, queue };
-    let resident = Resident::new(served, entry.spec.bytes, load_time, entry.spec.keep_alive);
-    let Some(resident) = app.resident(entry, resident) else {
-        return;
-    };
-    let what = match kind {
-        oxgen::EncoderKind::Embedding { pooling, normalize } => format!(
-            "embeddings of {} values ({} pooling{})",
-            embedder.dim(),
-            pooling.name(),
-            if normalize { ", normalized" } else { "" }
-        ),
-        oxgen::EncoderKind::Reranker { labels } => format!("a reranker ({labels} logits)"),
-    };
-    eprintln!(
-        "oxgen serve: encoder '{}' loaded in {:.2} s on {}: {what}, up to {} tokens",
-        entry.spec.name,
-        load_time.as_secs_f64(),
-        embedder.backend(),
-        embedder.tokenizer().max_tokens()
-    );
-    // Only the entry holds the resident (and so the queue) from here: unloading drops it.
-    let abort = resident.abort.clone();
-    drop(resident);
-    oxgen::embed::serve(&mut embedder, &received, &entry.embed, &|| {
-        app.abort.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed)
-    });
-}
-
-fn serve_lm(app: &App, entry: &Entry, mut model: Model, load_time: Duration) {
-    let limit = model.context_limit();
-    let started = Instant::now();
-    let grammars = model.grammars().map_err(|e| e.to_string());
-    let trie_ms = started.elapsed().as_secs_f64() * 1e3;
-    let loaded = Loaded {
-        grammars,
-        encoder: model.encoder().clone(),
-        limit,
-        vocab: model.tokenizer().vocab_size(),
-        sampling: model.default_options().sampling,
-        backend: model.backend(),
-        threads: model.threads(),
-        capabilities: model.capabilities(),
-        kv: model.kv_usage(),
-        kv_dtype: model.kv_dtype(),
-        prefix_cache: model.prefix_cache(),
-        tool_format: app
-            .config
-            .tool_parser
-            .unwrap_or_else(|| model.encoder().tool_format()),
-        eos_token: (model.config().eos_token_ids.first())
-            .and_then(|&id| model.tokenizer().id_to_token(id)),
-        bos_token: (model.config().bos_token_id).and_then(|id| model.tokenizer().id_to_token(id)),
-    };
-    let tool_format = loaded.tool_format.name();
-    // What the budget counts: the weights' files and the KV pool (all of it: a busy model
-    // fills it).
-    let kv_positions = match model.kv_usage() {
-        Some(kv) => kv.total * kv.block_size,
-        None => limit.max() * app.config.max_batch,
-    };
-    let bytes = entry.spec.bytes + model.kv_bytes(kv_positions) as u64;
-    entry.engine.observe(app.metrics.latency.clone());
-    // The KV gauges are there from the first scrape that finds the model resident.
-    entry.engine.publish(&model, 0);
-    let (jobs, received) = std::sync::mpsc::channel();
-    let queue = Queue::new(jobs, entry.engine.clone(), app.config.limits());
-    let served = Served::Lm { loaded, queue };
-    let resident = Resident::new(served, bytes, load_time, entry.spec.keep_alive);
-    let Some(resident) = app.resident(entry, resident) else {
-        return;
-    };
-    eprintln!(
-        "oxgen serve: model '{}' loaded in {:.2} s (grammar token trie {trie_ms:.0} ms); \
-         ctx_size {}; {} MiB; tool calls: {tool_format}",
-        entry.spec.name,
-        model.load_time().as_secs_f64(),
-        limit.max(),
-        models::mib(bytes)
-    );
-    // Only the entry holds the resident (and so the queue) from here: unloading drops it.
-    let abort = resident.abort.clone();
-    drop(resident);
-    let mut engine = oxgen::Engine::new(app.config.limits(), entry.engine.clone());
-    engine::run(&mut model, &received, &mut engine, &|| {
-        app.abort.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed)
-    });
-}
 
 /// A running server: an HTTP thread, and a thread per model in memory.
 pub struct Server {

@@ -3,7 +3,7 @@
 //! `/api/tags`, `/api/show`, `/api/ps`, `/api/version`; errors as `{"error": "..."}`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -18,7 +18,7 @@ use super::http::body;
 use super::response::Kind;
 use super::turn::{Encode, Turn, frames};
 use crate::error::{ApiError, Protocol};
-use crate::models::{Listed, Served};
+use crate::models::{KeepAlive, Listed, Served};
 use crate::{App, api};
 use oxgen::engine::Counts;
 
@@ -221,9 +221,19 @@ pub(super) async fn generate(State(app): State<Arc<App>>, request: Request) -> R
 }
 
 async fn generate_with(app: Arc<App>, request: Request, endpoint: Endpoint) -> Response {
-    let started = async {
+    let read = async {
         app.accepting()?;
-        let body = body(request, app.config.max_body, app.config.body_timeout).await?;
+        body(request, app.config.max_body, app.config.body_timeout).await
+    };
+    let body = match read.await {
+        Ok(body) => body,
+        Err(e) => return e.response(Protocol::Ollama),
+    };
+    if is_load_request(&body, endpoint) {
+        let done = load_or_unload(&app, &body, endpoint).await;
+        return done.unwrap_or_else(|e| e.response(Protocol::Ollama));
+    }
+    let started = async {
         let lease = app.lease_for(&body).await?;
         let (bounds, strict) = (app.bounds(lease.lm()?.0), app.config.strict_api);
         let mut req = match endpoint {
@@ -280,6 +290,74 @@ async fn generate_with(app: Arc<App>, request: Request, endpoint: Endpoint) -> R
     };
     notes.apply(&mut response);
     response
+}
+
+/// Whether a body is Ollama's way to load or unload a model: `/api/generate` with no prompt,
+/// `/api/chat` with no messages.
+fn is_load_request(body: &[u8], endpoint: Endpoint) -> bool {
+    let Ok(map) = api::object(body) else {
+        return false;
+    };
+    let empty = |key: &str| match map.get(key) {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(_) => false,
+    };
+    match endpoint {
+        Endpoint::Generate => empty("prompt") && empty("system"),
+        Endpoint::Chat => empty("messages"),
+    }
+}
+
+/// Loads the model a body names and answers at once (`done_reason: "load"`), or with
+/// `keep_alive: 0` unloads it (`"unload"`; once its requests end, if some run), as Ollama
+/// does for a request with nothing to generate.
+async fn load_or_unload(
+    app: &Arc<App>,
+    body: &[u8],
+    endpoint: Endpoint,
+) -> Result<Response, ApiError> {
+    let map = api::object(body)?;
+    let keep_alive = (map.get("keep_alive").filter(|v| !v.is_null()))
+        .map(|v| KeepAlive::from_json(v).map_err(|e| ApiError::invalid("keep_alive", e)))
+        .transpose()?;
+    let name = match map.get("model") {
+        Some(Value::String(m)) => untagged(m),
+        _ => return Err(ApiError::invalid("model", "model is required")),
+    };
+    let reason = match keep_alive == Some(KeepAlive::For(Duration::ZERO)) {
+        true => {
+            let entry = app.models.find(&name)?;
+            if entry.is_resident() {
+                // Its keep-alive becomes 0: unloaded now if idle, else once its requests end.
+                drop(app.lease_for(body).await?);
+                entry.unload("an Ollama request with keep_alive 0");
+            }
+            "unload"
+        }
+        false => {
+            drop(app.lease_for(body).await?);
+            "load"
+        }
+    };
+    let lines = Lines {
+        endpoint,
+        model: name,
+        content: String::new(),
+        thinking: String::new(),
+    };
+    let mut object = lines.object("", "", &[], true);
+    object.end = Some(End {
+        done_reason: reason,
+        total_duration: 0,
+        load_duration: 0,
+        prompt_eval_count: 0,
+        prompt_eval_duration: 0,
+        eval_count: 0,
+        eval_duration: 0,
+    });
+    Ok(axum::Json(object).into_response())
 }
 
 /// The model as `/api/tags`, `/api/show` and `/api/ps` list it (what Ollama reads from a
