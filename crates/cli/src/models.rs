@@ -193,6 +193,12 @@ impl Folder {
         };
         let bytes = package_bytes(&path);
         let dir = Some(path.clone());
+        // A language model's context as it will load: the package's, cut by ctx_size.
+        let ctx_size = settings.ctx_size.or(self.options.ctx_size);
+        let context = oxgen::PackageConfig::read(&path)
+            .ok()
+            .map(|c| ctx_size.map_or(c.context_length, |n| n.min(c.context_length)))
+            .filter(|_| !oxgen::embed::is_encoder_package(&path));
         let load: oxgen_server::Load = match oxgen::embed::is_encoder_package(&path) {
             true => {
                 let mut options = self.encoder.clone();
@@ -219,6 +225,7 @@ impl Folder {
             aliases: settings.aliases.clone(),
             dir,
             bytes,
+            context,
             keep_alive,
             load,
         })

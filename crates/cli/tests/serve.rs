@@ -946,6 +946,10 @@ fn keep_alive_settings_admin_list_and_rm() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
+    // Before any load, each model's context as it will load (oxgen.json's ctx_size beats the
+    // flag's).
+    let context = |model: &str| state(model).1["meta"]["context_length"].as_u64();
+    assert_eq!((context("qwen3"), context("plain")), (Some(64), Some(128)));
     // The server's --keep-alive 0: unloaded once the request ends. By alias.
     chat("q", Value::Null);
     wait("qwen3", "unloaded");

@@ -372,6 +372,7 @@ impl Server {
             aliases: config.aliases.clone(),
             dir: None,
             bytes: 0,
+            context: None,
             keep_alive: KeepAlive::Forever,
             load,
         };

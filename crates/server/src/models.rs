@@ -50,6 +50,9 @@ pub struct ModelSpec {
     /// Bytes it is expected to hold before it has loaded once (its files' sizes); after a
     /// load, what it held then (weights and KV pool) is used.
     pub bytes: u64,
+    /// Positions a sequence may hold, when known before it loads (what `/v1/models` says of
+    /// it while unloaded).
+    pub context: Option<usize>,
     /// How long it stays in memory once idle, unless a request says otherwise.
     pub keep_alive: KeepAlive,
     pub load: Load,

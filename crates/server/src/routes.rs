@@ -542,7 +542,8 @@ fn model_card<'a>(app: &App, l: &'a crate::models::Listed) -> ModelCard<'a> {
             backend: (loaded.map(|l| l.backend)).or(encoder.map(|e| e.backend)),
             threads: (loaded.map(|l| l.threads)).or(encoder.map(|e| e.threads)),
             context_length: (loaded.map(|l| l.limit.max()))
-                .or(encoder.map(|e| e.tokenizer.max_tokens())),
+                .or(encoder.map(|e| e.tokenizer.max_tokens()))
+                .or(l.entry.spec.context),
             max_batch: app.config.max_batch,
             max_tokens_limit: app.config.max_tokens_limit,
             batching: batching(served),
