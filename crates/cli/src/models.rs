@@ -128,12 +128,28 @@ impl ModelSettings {
 }
 
 fn backend_named(name: &str) -> anyhow::Result<oxgen::Backend> {
-    Ok(match name {
-        "native" => oxgen::Backend::Native,
-        "ort" => oxgen::Backend::Ort,
-        "auto" => oxgen::Backend::Auto,
-        other => bail!("backend '{other}' is not native, ort or auto"),
-    })
+    oxgen::Backend::parse(name)
+        .ok_or_else(|| anyhow::anyhow!("backend '{name}' is not native, ort or auto"))
+}
+
+/// Opens the language model at `path` as `oxgen serve` does, saying why when `auto` picked
+/// ONNX Runtime.
+pub fn open_lm(path: &Path, options: &ModelOptions) -> Result<Model, String> {
+    let model = Model::open(path, options).map_err(|e| e.to_string())?;
+    if let Some(note) = model.backend_note() {
+        eprintln!("note: {note}");
+    }
+    Ok(model)
+}
+
+/// Opens the encoder package at `path` as `oxgen serve` does, saying why when `auto` picked
+/// ONNX Runtime.
+pub fn open_encoder(path: &Path, options: &EmbedOptions) -> Result<Embedder, String> {
+    let embedder = Embedder::open(path, options).map_err(|e| e.to_string())?;
+    if let Some(note) = embedder.backend_note() {
+        eprintln!("note: {note}");
+    }
+    Ok(embedder)
 }
 
 /// Whether `dir` holds a package oxgen loads: a language model (onnxruntime-genai's or
@@ -203,21 +219,12 @@ impl Folder {
             true => {
                 let mut options = self.encoder.clone();
                 settings.apply_encoder(&mut options)?;
-                Arc::new(move || {
-                    let embedder = Embedder::open(&path, &options).map_err(|e| e.to_string())?;
-                    Ok(Opened::Encoder(embedder))
-                })
+                Arc::new(move || open_encoder(&path, &options).map(Opened::Encoder))
             }
             false => {
                 let mut options = self.options.clone();
                 settings.apply(&mut options, &self.dir)?;
-                Arc::new(move || {
-                    let model = Model::open(&path, &options).map_err(|e| e.to_string())?;
-                    if let Some(note) = model.backend_note() {
-                        eprintln!("note: {note}");
-                    }
-                    Ok(Opened::Lm(model))
-                })
+                Arc::new(move || open_lm(&path, &options).map(Opened::Lm))
             }
         };
         Ok(ModelSpec {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use oxgen::{Embedder, KvBudget, Model, ModelOptions, ToolFormat};
+use oxgen::{KvBudget, ModelOptions, ToolFormat};
 use oxgen_server::{
     CloseObjects, Config, DEFAULT_BODY_TIMEOUT_SECS, DEFAULT_HEADER_TIMEOUT_SECS,
     DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS_LIMIT,
@@ -234,13 +234,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let server = Server::start_encoder(
             config,
             &addr,
-            Box::new(move || {
-                let embedder = Embedder::open(&open_dir, &options).map_err(|e| e.to_string())?;
-                if let Some(note) = embedder.backend_note() {
-                    eprintln!("note: {note}");
-                }
-                Ok(embedder)
-            }),
+            Box::new(move || models::open_encoder(&open_dir, &options)),
         )
         .map_err(anyhow::Error::msg)?;
         eprintln!(
@@ -256,10 +250,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         config,
         &addr,
         Box::new(move || {
-            let model = Model::open(&open_dir, &options).map_err(|e| e.to_string())?;
-            if let Some(note) = model.backend_note() {
-                eprintln!("note: {note}");
-            }
+            let model = models::open_lm(&open_dir, &options)?;
             if let Some((mode, _)) = model.speculation() {
                 eprintln!(
                     "speculative decoding: {mode}, up to {} ids per step, in batches of up to \
