@@ -1,8 +1,10 @@
 //! `oxgen import FILE.gguf OUT_DIR`: converts a GGUF model into an onnxruntime-genai-style
 //! package folder (`oxgen_import::import_gguf`); `oxgen import FOLDER OUT_DIR` converts a
-//! Hugging Face encoder folder (sentence-transformers' or transformers' safetensors, config
-//! and tokenizer) into an encoder package (`oxgen_import::import_encoder`). Progress goes to
-//! stderr, and only when stderr is a terminal; a one-line summary follows.
+//! Hugging Face folder: a causal LM's checkpoint (`config.json`, safetensors, tokenizer) into a
+//! package at `--precision` (`oxgen_import::import_hf`), or an encoder (sentence-transformers'
+//! or transformers' safetensors, config and tokenizer) into an encoder package
+//! (`oxgen_import::import_encoder`). Progress goes to stderr, and only when stderr is a
+//! terminal; a one-line summary follows.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -10,14 +12,17 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use oxgen_import::{ImportOptions, Progress, Stage, import_gguf};
+use oxgen_import::{ImportOptions, Precision, Progress, Stage, import_gguf};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The GGUF file (llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3, smollm3,
     /// gpt-oss; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4 experts, F16, BF16, F32 tensors),
-    /// or a Hugging Face encoder folder (BERT, RoBERTa, XLM-RoBERTa: `config.json`,
-    /// `model.safetensors`, `tokenizer.json`, sentence-transformers' pooling files).
+    /// a Hugging Face causal-LM folder (Llama, Mistral, Qwen2/2.5, Qwen3, Granite,
+    /// Phi-3/3.5/4-mini, Gemma 2/3, SmolLM3, gpt-oss: `config.json`, `*.safetensors` (sharded or
+    /// not; F32, F16, BF16), `tokenizer.json`), or a Hugging Face encoder folder (BERT,
+    /// RoBERTa, XLM-RoBERTa: `config.json`, `model.safetensors`, `tokenizer.json`,
+    /// sentence-transformers' pooling files).
     file: PathBuf,
     /// The package folder to create (written to a temporary sibling, then renamed).
     out_dir: PathBuf,
@@ -29,6 +34,14 @@ pub struct Args {
     /// Replace OUT_DIR if it already holds a package.
     #[arg(long, env = "OXGEN_FORCE")]
     force: bool,
+    /// The weights' precision when importing a Hugging Face causal LM: int4 (MatMulNBits,
+    /// blocks of 32, as onnxruntime-genai's builder), int8, or fp32 (the checkpoint's values).
+    #[arg(long, value_parser = parse_precision)]
+    precision: Option<Precision>,
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    Precision::parse(s).ok_or_else(|| format!("'{s}' is not int4, int8 or fp32"))
 }
 
 fn parse_accuracy_level(s: &str) -> Result<u8, String> {
@@ -42,6 +55,25 @@ fn parse_accuracy_level(s: &str) -> Result<u8, String> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    let causal_lm = args.file.is_dir() && oxgen_import::hf::is_causal_lm(&args.file);
+    if let Some(p) = args.precision.filter(|_| !causal_lm) {
+        anyhow::bail!(
+            "--precision {} applies to a Hugging Face causal-LM folder; {} is a GGUF file \
+             (which keeps its own quantization) or an encoder folder",
+            p.name(),
+            args.file.display()
+        );
+    }
+    if causal_lm {
+        let precision = args.precision.unwrap_or_default();
+        return import_checkpoint(
+            &args.file,
+            &args.out_dir,
+            precision,
+            args.accuracy_level,
+            args.force,
+        );
+    }
     if args.file.is_dir() {
         return import_folder(&args.file, &args.out_dir, args.force);
     }
@@ -79,8 +111,47 @@ pub fn import_folder(src: &Path, out: &Path, overwrite: bool) -> anyhow::Result<
 
 /// Imports `gguf` into `out`, with progress on a terminal and a summary on stderr.
 pub fn import(gguf: &Path, out: &Path, accuracy_level: u8, overwrite: bool) -> anyhow::Result<()> {
+    let imported = with_progress(gguf, out, accuracy_level, overwrite, |options| {
+        import_gguf(gguf, out, options)
+    })?;
+    if let Some((name, worst)) =
+        (imported.requantized.iter()).max_by(|a, b| relative(&a.1).total_cmp(&relative(&b.1)))
+    {
+        eprintln!(
+            "requantized {} K-quant tensors to int8 blocks of 32: the largest change is {:.3}% \
+             of its tensor's largest weight ({name})",
+            imported.requantized.len(),
+            100.0 * relative(worst)
+        );
+    }
+    Ok(())
+}
+
+/// Imports the Hugging Face causal-LM folder `src` into `out` at `precision`, reported as
+/// [`import`] reports.
+pub fn import_checkpoint(
+    src: &Path,
+    out: &Path,
+    precision: Precision,
+    accuracy_level: u8,
+    overwrite: bool,
+) -> anyhow::Result<()> {
+    with_progress(src, out, accuracy_level, overwrite, |options| {
+        oxgen_import::import_hf(src, out, precision, options)
+    })?;
+    Ok(())
+}
+
+/// Runs `import` with a progress bar over the tensors on a terminal, then prints a summary.
+fn with_progress(
+    src: &Path,
+    out: &Path,
+    accuracy_level: u8,
+    overwrite: bool,
+    import: impl FnOnce(&ImportOptions) -> Result<oxgen_import::Imported, oxgen_import::ImportError>,
+) -> anyhow::Result<oxgen_import::Imported> {
     let start = Instant::now();
-    // A progress bar over the tensors on a terminal (indicatif draws nothing otherwise).
+    // indicatif draws nothing when stderr is not a terminal.
     let bar = ProgressBar::new(0);
     if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} tensors {msg} {elapsed}")
     {
@@ -103,10 +174,10 @@ pub fn import(gguf: &Path, out: &Path, accuracy_level: u8, overwrite: bool) -> a
             None
         },
     };
-    let result = import_gguf(gguf, out, &options);
+    let result = import(&options);
     bar.finish_and_clear();
     let imported =
-        result.with_context(|| format!("importing {} into {}", gguf.display(), out.display()))?;
+        result.with_context(|| format!("importing {} into {}", src.display(), out.display()))?;
     let s = &imported.spec;
     eprintln!(
         "imported {} ({} layers, hidden {}, {} heads / {} KV heads, vocab {}) into {}: {:.1} MB in {:.2}s",
@@ -120,17 +191,7 @@ pub fn import(gguf: &Path, out: &Path, accuracy_level: u8, overwrite: bool) -> a
         imported.bytes as f64 / 1e6,
         start.elapsed().as_secs_f64()
     );
-    if let Some((name, worst)) =
-        (imported.requantized.iter()).max_by(|a, b| relative(&a.1).total_cmp(&relative(&b.1)))
-    {
-        eprintln!(
-            "requantized {} K-quant tensors to int8 blocks of 32: the largest change is {:.3}% \
-             of its tensor's largest weight ({name})",
-            imported.requantized.len(),
-            100.0 * relative(worst)
-        );
-    }
-    Ok(())
+    Ok(imported)
 }
 
 /// A requantization's largest change relative to the tensor's largest weight.

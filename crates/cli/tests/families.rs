@@ -21,6 +21,12 @@
 //! gpt-oss: mixture of experts (`MoE` in fp32, `QMoE` in int4), attention sinks and windowed
 //! layers; like Gemma's, its ids must not depend on prompt chunks or the prefix cache.
 //!
+//! Each required family's Hugging Face checkpoint (`<name>-hf/`, rebuilt from its fp32
+//! package by `make_families.py --hf-from-packages`: sharded for Llama 3, transformers 4's
+//! config spelling for Phi-4-mini, MXFP4 experts for gpt-oss) must import with `oxgen import`
+//! to the builder's ids: at fp32 exactly, on both backends; at int4 with the builder's very
+//! quantized bytes (compared weight by weight), hence its ids by the rule above.
+//!
 //! Phi-3.5 / Phi-4-mini (LongRoPE): the prompt starts below `original_max_position_embeddings`
 //! and decoding crosses it, so the switch from the short to the long rotary caches is checked,
 //! alone and in a batch where the other sequence stays short (per-sequence choice).
@@ -28,7 +34,7 @@
 use std::path::PathBuf;
 
 use oxgen::{Backend, ExpertCache, GenerateOptions, Model, ModelOptions, Prompt, Sequence};
-use oxgen_import::{ImportOptions, import_gguf};
+use oxgen_import::{ImportOptions, Precision, import_gguf, import_hf};
 
 fn families_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/families")
@@ -295,28 +301,190 @@ fn a_gguf_of_the_same_checkpoint_imports_to_the_same_ids() {
         };
         let imported = import_gguf(&families_dir().join(gguf), &package, &options).unwrap();
         assert_eq!(imported.architecture, arch);
-        // gpt-oss's MXFP4 experts import as QMoE's fp4 form, which onnxruntime runs on CUDA only.
-        let backends: &[Backend] = if arch == "gpt-oss" {
-            &[Backend::Native]
-        } else {
-            &[Backend::Native, Backend::Ort]
-        };
-        for &backend in backends {
-            let options = ModelOptions {
-                threads: 2,
-                backend,
-                ..ModelOptions::default()
-            };
-            let mut model = Model::open(&package, &options).unwrap();
-            assert_eq!(
-                alone(&mut model, &case),
-                case.genai,
-                "{gguf} imported, {backend:?}"
-            );
-        }
+        assert_ids_on_both_backends(&package, &case, name, &format!("{gguf} imported"));
         checked += 1;
     }
     assert!(checked >= 10, "families.json names {checked} GGUFs");
+}
+
+#[test]
+fn a_hugging_face_checkpoint_imports_to_the_builders_ids_and_bytes() {
+    let mut checked = Vec::new();
+    for case in cases().into_iter().filter(|c| c.package.ends_with("-fp32")) {
+        let name = case.package.trim_end_matches("-fp32");
+        let hf = families_dir().join(format!("{name}-hf"));
+        if !hf.is_dir() {
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let fp32 = dir.path().join("fp32");
+        let exact = ImportOptions {
+            accuracy_level: 0,
+            ..ImportOptions::default()
+        };
+        import_hf(&hf, &fp32, Precision::Fp32, &exact).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_ids_on_both_backends(&fp32, &case, name, &format!("{name}-hf fp32"));
+
+        // int4 at the builder's accuracy level: the builder's bytes, so its ids.
+        let int4 = dir.path().join("int4");
+        import_hf(&hf, &int4, Precision::Int4, &ImportOptions::default()).unwrap();
+        let builder = families_dir().join(format!("{name}-int4"));
+        let same = same_quantized_weights(&int4, &builder, name);
+        let case = cases()
+            .into_iter()
+            .find(|c| c.package == format!("{name}-int4"))
+            .unwrap();
+        let mut model = Model::open(
+            &int4,
+            &ModelOptions {
+                threads: 2,
+                ..ModelOptions::default()
+            },
+        )
+        .unwrap();
+        let got = alone(&mut model, &case);
+        if name == "gpt-oss" {
+            // The quantizers differ on the experts by design: the import keeps the
+            // checkpoint's MXFP4 (exact), the builder requantizes it to int4 blocks; every
+            // other weight is the builder's (above). So the ids are compared teacher-forced,
+            // with how far the logits moved.
+            let mut theirs = open(&case, Backend::Native);
+            let agree = teacher_forced_agreement(&mut model, &case);
+            let (max_abs, spread) = logit_error(&mut model, &mut theirs, &case);
+            let n = case.genai.len();
+            println!(
+                "gpt-oss-hf int4 vs the builder's int4: teacher-forced top-1 {agree}/{n}, logits \
+                 differ by at most {max_abs:.3} (the logits span {spread:.3})"
+            );
+            assert!(
+                agree * 10 >= 9 * n && max_abs < 0.1 * spread,
+                "{agree}/{n}, {max_abs}"
+            );
+            checked.push(format!(
+                "{name} ({same} non-expert weights equal the builder's)"
+            ));
+            continue;
+        }
+        check(&mut model, &case, &got, &format!("imported from {name}-hf"));
+        checked.push(format!(
+            "{name} ({same} MatMulNBits weights equal the builder's)"
+        ));
+    }
+    println!("checked: {checked:?}");
+    assert!(
+        checked.len() >= 11,
+        "only {checked:?} have Hugging Face folders"
+    );
+}
+
+/// Asserts `package` gives the case's ids alone on the native backend and, unless it is
+/// gpt-oss's (MXFP4 experts as QMoE fp4, which onnxruntime runs on CUDA only), on ort.
+fn assert_ids_on_both_backends(package: &std::path::Path, case: &Case, family: &str, what: &str) {
+    let backends: &[Backend] = if family == "gpt-oss" {
+        &[Backend::Native]
+    } else {
+        &[Backend::Native, Backend::Ort]
+    };
+    for &backend in backends {
+        let options = ModelOptions {
+            threads: 2,
+            backend,
+            ..ModelOptions::default()
+        };
+        let mut model = Model::open(package, &options).unwrap();
+        assert_eq!(alone(&mut model, case), case.genai, "{what}, {backend:?}");
+    }
+}
+
+/// Feeds the prompt and the case's ids to both models; returns the largest difference of
+/// their logits at any step and the largest spread (max - min) of a logit row.
+fn logit_error(a: &mut Model, b: &mut Model, case: &Case) -> (f32, f32) {
+    let len = case.prompt.len() + case.genai.len();
+    let (mut sa, mut sb) = (a.scorer(len).unwrap(), b.scorer(len).unwrap());
+    let (mut max_abs, mut spread) = (0f32, 0f32);
+    let mut feed = |ids: &[u32]| {
+        sa.feed(ids).unwrap();
+        sb.feed(ids).unwrap();
+        let (ra, rb) = (sa.row(ids.len() - 1), sb.row(ids.len() - 1));
+        for (x, y) in ra.iter().zip(rb) {
+            max_abs = max_abs.max((x - y).abs());
+        }
+        let (lo, hi) = ra
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+        spread = spread.max(hi - lo);
+    };
+    feed(&case.prompt);
+    for &id in &case.genai {
+        feed(&[id]);
+    }
+    (max_abs, spread)
+}
+
+/// Asserts every `MatMulNBits` weight of the imported int4 `package` equals the builder's
+/// (`builder`, its Q, K and V packed in one product: our q, k and v rows in order) in codes
+/// and scales; returns how many were compared. gpt-oss's experts are left out: the import
+/// keeps the checkpoint's MXFP4, the builder requantizes them to int4.
+fn same_quantized_weights(
+    package: &std::path::Path,
+    builder: &std::path::Path,
+    name: &str,
+) -> usize {
+    let load = |dir: &std::path::Path| {
+        let model = oxgen_onnx::Model::load(dir.join("model.onnx")).unwrap();
+        (model.graph().initializer.iter())
+            .map(|t| (t.name.clone().unwrap_or_default(), model.tensor(t).unwrap()))
+            .collect::<std::collections::HashMap<String, oxgen_tensor::Tensor>>()
+    };
+    let (ours, theirs) = (load(package), load(builder));
+    let bytes = |names: &[String], suffix: &str| -> Vec<u8> {
+        names
+            .iter()
+            .flat_map(|n| ours[&format!("{n}.{suffix}")].as_bytes().to_vec())
+            .collect()
+    };
+    let mut pairs: Vec<(Vec<String>, String)> =
+        vec![(vec!["lm_head".into()], "lm_head.MatMul.weight".into())];
+    let layers = (0..)
+        .take_while(|l| ours.contains_key(&format!("layers.{l}.o.qweight")))
+        .count();
+    for l in 0..layers {
+        let (o, b) = (format!("layers.{l}"), format!("model.layers.{l}"));
+        pairs.push((
+            ["q", "k", "v"].map(|p| format!("{o}.{p}")).to_vec(),
+            format!("{b}.attn.qkv_proj.MatMul.weight"),
+        ));
+        pairs.push((
+            vec![format!("{o}.o")],
+            format!("{b}.attn.o_proj.MatMul.weight"),
+        ));
+        if name == "gpt-oss" {
+            pairs.push((
+                vec![format!("{o}.router")],
+                format!("{b}.moe.router.MatMul.weight"),
+            ));
+            continue;
+        }
+        for p in ["gate", "up", "down"] {
+            pairs.push((
+                vec![format!("{o}.{p}")],
+                format!("{b}.mlp.{p}_proj.MatMul.weight"),
+            ));
+        }
+    }
+    for (ours_names, theirs_name) in &pairs {
+        assert_eq!(
+            bytes(ours_names, "qweight"),
+            theirs[&format!("{theirs_name}_Q4")].as_bytes(),
+            "{name}: {ours_names:?} codes"
+        );
+        assert_eq!(
+            bytes(ours_names, "scales"),
+            theirs[&format!("{theirs_name}_scales")].as_bytes(),
+            "{name}: {ours_names:?} scales"
+        );
+    }
+    pairs.len()
 }
 
 /// gpt-oss's GGUF imported at the default accuracy level: its MXFP4 experts take int8

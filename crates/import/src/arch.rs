@@ -107,13 +107,13 @@ impl Arch {
 
 /// Limits far above any real model, so a corrupt count fails here rather than as a huge
 /// allocation later.
-const MAX_LAYERS: usize = 4096;
-const MAX_WIDTH: usize = 1 << 20;
-const MAX_HEADS: usize = 4096;
+pub(crate) const MAX_LAYERS: usize = 4096;
+pub(crate) const MAX_WIDTH: usize = 1 << 20;
+pub(crate) const MAX_HEADS: usize = 4096;
 /// Experts per layer (llama.cpp allows 512).
-const MAX_EXPERTS: usize = 512;
+pub(crate) const MAX_EXPERTS: usize = 512;
 /// Positions the rotary caches are written for: 1M positions of a 128-wide head take 512 MiB.
-const MAX_CONTEXT: usize = 1 << 20;
+pub(crate) const MAX_CONTEXT: usize = 1 << 20;
 
 /// The numbers of a model, checked.
 #[derive(Debug, Clone, PartialEq)]

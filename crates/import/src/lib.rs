@@ -36,6 +36,8 @@ pub mod arch;
 pub mod encoder;
 mod error;
 pub mod genai_graph;
+pub mod hf;
+mod quantize;
 pub mod safetensors;
 pub mod tokenizer;
 pub mod weights;
@@ -53,6 +55,47 @@ use safetensors::SafeTensors;
 
 /// `MatMulNBits` `accuracy_level` onnxruntime-genai's builder writes for int4 on CPU.
 pub const DEFAULT_ACCURACY_LEVEL: u8 = 4;
+
+/// The weights' precision of a package imported from a Hugging Face checkpoint
+/// ([`import_hf`]); GGUF imports keep the file's own quantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// `MatMulNBits` of 4 bits, blocks of 32, symmetric (onnxruntime-genai's `-p int4`).
+    #[default]
+    Int4,
+    /// `MatMulNBits` of 8 bits, blocks of 32, symmetric.
+    Int8,
+    /// f32 `MatMul` weights, exactly the checkpoint's values.
+    Fp32,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 3] = [Precision::Int4, Precision::Int8, Precision::Fp32];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Int4 => "int4",
+            Precision::Int8 => "int8",
+            Precision::Fp32 => "fp32",
+        }
+    }
+
+    /// `int4`, `int8` or `fp32`.
+    pub fn parse(s: &str) -> Option<Precision> {
+        Precision::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// Imports the Hugging Face causal-LM folder `src` into a package folder `out_dir` (see
+/// [`hf`]).
+pub fn import_hf(
+    src: &Path,
+    out_dir: &Path,
+    precision: Precision,
+    options: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    hf::import(src, out_dir, precision, options)
+}
 
 /// How to import.
 #[derive(Clone, Copy)]
@@ -104,6 +147,62 @@ pub struct Progress<'a> {
     pub item: &'a str,
 }
 
+/// The graph's spec from checked numbers, with the rotary frequency divisors and LongRoPE's
+/// short and long factors when the model has them.
+fn decoder_spec(
+    hp: &arch::HParams,
+    vocab: usize,
+    freq_factors: Option<Vec<f32>>,
+    long_factors: Option<[Vec<f32>; 2]>,
+    rotary_layers: Vec<bool>,
+    accuracy_level: u8,
+) -> DecoderSpec {
+    let long =
+        hp.long_rope
+            .zip(long_factors)
+            .map(|(l, [short, long])| genai_graph::LongRopeCaches {
+                original_context: l.original_context,
+                short_factors: short,
+                long_factors: long,
+                attn_factor: l.attn_factor,
+            });
+    DecoderSpec {
+        layers: hp.layers,
+        hidden: hp.hidden,
+        heads: hp.heads,
+        kv_heads: hp.kv_heads,
+        head_size: hp.head_size,
+        intermediate: hp.intermediate,
+        vocab,
+        context: hp.context,
+        rope: Rope {
+            base: hp.rope_base,
+            dim: (hp.rotary_dim < hp.head_size).then_some(hp.rotary_dim),
+            freq_factors,
+            linear_scale: hp.rope_linear_scale,
+            long,
+            yarn: hp.yarn,
+        },
+        rms_eps: hp.rms_eps,
+        accuracy_level: i64::from(accuracy_level),
+        sliding_window: hp.sliding_window,
+        multipliers: hp.multipliers,
+        windowed_layers: hp.windowed.clone(),
+        gemma: hp.gemma.clone(),
+        rotary_layers,
+        experts: hp.experts,
+    }
+}
+
+fn check_accuracy_level(level: u8) -> Result<(), ImportError> {
+    if level > 4 {
+        return Err(ImportError::Options(format!(
+            "accuracy_level {level} is not one of 0 (f32), 1 (f32), 2 (f16), 3 (bf16), 4 (int8)"
+        )));
+    }
+    Ok(())
+}
+
 /// What was imported.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Imported {
@@ -122,12 +221,7 @@ pub fn import_gguf(
     out_dir: &Path,
     options: &ImportOptions,
 ) -> Result<Imported, ImportError> {
-    if options.accuracy_level > 4 {
-        return Err(ImportError::Options(format!(
-            "accuracy_level {} is not one of 0 (f32), 1 (f32), 2 (f16), 3 (bf16), 4 (int8)",
-            options.accuracy_level
-        )));
-    }
+    check_accuracy_level(options.accuracy_level)?;
     let no_progress = |_: &Progress| {};
     let progress = options.progress.unwrap_or(&no_progress);
     check_replaceable(out_dir, options.overwrite)?;
@@ -141,41 +235,15 @@ pub fn import_gguf(
         long_rope_factors,
         requantized,
     } = weights::read(&file, &hp, tok.vocab, progress)?;
-    let long = hp
-        .long_rope
-        .zip(long_rope_factors)
-        .map(|(l, [short, long])| genai_graph::LongRopeCaches {
-            original_context: l.original_context,
-            short_factors: short,
-            long_factors: long,
-            attn_factor: l.attn_factor,
-        });
-    let spec = DecoderSpec {
-        layers: hp.layers,
-        hidden: hp.hidden,
-        heads: hp.heads,
-        kv_heads: hp.kv_heads,
-        head_size: hp.head_size,
-        intermediate: hp.intermediate,
-        vocab: tok.vocab,
-        context: hp.context,
-        rope: Rope {
-            base: hp.rope_base,
-            dim: (hp.rotary_dim < hp.head_size).then_some(hp.rotary_dim),
-            freq_factors,
-            linear_scale: hp.rope_linear_scale,
-            long,
-            yarn: hp.yarn,
-        },
-        rms_eps: hp.rms_eps,
-        accuracy_level: i64::from(options.accuracy_level),
-        sliding_window: hp.sliding_window,
-        multipliers: hp.multipliers,
-        windowed_layers: hp.windowed.clone(),
-        gemma: hp.gemma.clone(),
-        rotary_layers: (0..hp.layers).map(|l| hp.arch.rotates(l)).collect(),
-        experts: hp.experts,
-    };
+    let rotary_layers = (0..hp.layers).map(|l| hp.arch.rotates(l)).collect();
+    let spec = decoder_spec(
+        &hp,
+        tok.vocab,
+        freq_factors,
+        long_rope_factors,
+        rotary_layers,
+        options.accuracy_level,
+    );
     let config = genai_graph::genai_config(
         &spec,
         hp.arch.model_type(),

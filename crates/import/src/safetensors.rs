@@ -3,6 +3,10 @@
 //! `shape` and `data_offsets` (relative to the end of the header), then the data. Every
 //! offset is checked against the file and against the shape's byte count before a tensor is
 //! handed out, and floating tensors come out as f32 whatever they were stored as.
+//!
+//! A file is memory-mapped, not read: a checkpoint of several gigabytes is converted one
+//! tensor at a time. [`Checkpoint`] is a folder's weights, one file or the shards a
+//! `model.safetensors.index.json` names.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,18 +28,46 @@ struct Entry {
     end: usize,
 }
 
-/// A safetensors file read into memory, its header checked.
+/// A safetensors file, mapped, its header checked.
 pub struct SafeTensors {
     path: PathBuf,
-    data: Vec<u8>,
+    data: Bytes,
     start: usize,
     entries: BTreeMap<String, Entry>,
 }
 
+/// A file's bytes: mapped, or empty (an empty file cannot be mapped).
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Empty,
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Empty => &[],
+        }
+    }
+}
+
 impl SafeTensors {
-    /// Reads and checks `path`.
+    /// Maps and checks `path`. The file must not change while it is open.
     pub fn open(path: &Path) -> Result<SafeTensors, ImportError> {
-        let data = std::fs::read(path).map_err(|e| ImportError::io(path, "read", e))?;
+        let io = |action, e| ImportError::io(path, action, e);
+        let file = std::fs::File::open(path).map_err(|e| io("open", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io("read metadata of", e))?
+            .len();
+        let data = if len == 0 {
+            Bytes::Empty
+        } else {
+            // SAFETY: the map is read-only and owned here; the checkpoint must not be modified
+            // while it is imported (as for GGUF files).
+            Bytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io("memory-map", e))?)
+        };
         let bad = |problem: String| ImportError::Tensor {
             file: path.to_path_buf(),
             tensor: "(header)".into(),
@@ -101,9 +133,19 @@ impl SafeTensors {
         self.entries.contains_key(name)
     }
 
-    /// Tensor `name` as f32 (F32, F16 and BF16 are accepted), its shape checked to be
-    /// `expected`.
-    pub fn f32(&self, name: &str, expected: &[usize]) -> Result<Tensor, ImportError> {
+    /// The tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// Tensor `name`'s stored dtype (`F32`, `BF16`, `U8`, ...) and shape.
+    pub fn info(&self, name: &str) -> Result<(&str, &[usize]), ImportError> {
+        let entry = self.entry(name)?;
+        Ok((&entry.dtype, &entry.shape))
+    }
+
+    /// Tensor `name`'s entry, its shape checked to be `expected`, and its bytes.
+    fn checked(&self, name: &str, expected: &[usize]) -> Result<(&Entry, &[u8]), ImportError> {
         let entry = self.entry(name)?;
         if entry.shape != expected {
             return Err(self.problem(
@@ -115,7 +157,33 @@ impl SafeTensors {
                 ),
             ));
         }
-        let bytes = &self.data[self.start + entry.begin..self.start + entry.end];
+        Ok((
+            entry,
+            &self.data[self.start + entry.begin..self.start + entry.end],
+        ))
+    }
+
+    /// Tensor `name`'s bytes, stored as `U8` with shape `expected` (packed codes, scales).
+    pub fn u8(&self, name: &str, expected: &[usize]) -> Result<&[u8], ImportError> {
+        let (entry, bytes) = self.checked(name, expected)?;
+        let numel: usize = expected.iter().product();
+        if entry.dtype != "U8" || bytes.len() != numel {
+            return Err(self.problem(
+                name,
+                format!(
+                    "is {} in {} bytes, but {numel} U8 values are needed",
+                    entry.dtype,
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Tensor `name` as f32 (F32, F16 and BF16 are accepted), its shape checked to be
+    /// `expected`.
+    pub fn f32(&self, name: &str, expected: &[usize]) -> Result<Tensor, ImportError> {
+        let (entry, bytes) = self.checked(name, expected)?;
         let (width, convert): (usize, fn(&[u8]) -> f32) = match entry.dtype.as_str() {
             "F32" => (4, |b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
             "F16" => (2, |b| {
@@ -177,6 +245,98 @@ impl SafeTensors {
             tensor: name.to_string(),
             problem,
         }
+    }
+}
+
+/// A Hugging Face folder's weights: `model.safetensors`, or the shards its
+/// `model.safetensors.index.json` maps each tensor to.
+pub struct Checkpoint {
+    files: Vec<SafeTensors>,
+    /// Tensor name -> index into `files`.
+    index: BTreeMap<String, usize>,
+}
+
+/// The index of a sharded checkpoint.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+impl Checkpoint {
+    /// Opens the weights of the folder `dir`.
+    pub fn open(dir: &Path) -> Result<Checkpoint, ImportError> {
+        let index_path = dir.join(INDEX_FILE);
+        let names: Vec<String> = if index_path.is_file() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|e| ImportError::io(&index_path, "read", e))?;
+            let bad = |problem: String| ImportError::Metadata {
+                file: index_path.clone(),
+                key: "weight_map".into(),
+                problem,
+            };
+            let index: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| bad(format!("the file is not JSON ({e})")))?;
+            let map = index
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| bad("is missing or not an object of tensor -> file".into()))?;
+            let mut files: Vec<String> = Vec::new();
+            for (tensor, file) in map {
+                let file = file
+                    .as_str()
+                    .filter(|f| !f.contains('/') && !f.contains('\\') && *f != "..")
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "'{tensor}' maps to {file}, not a file name in the folder"
+                        ))
+                    })?;
+                if !files.iter().any(|f| f == file) {
+                    files.push(file.to_string());
+                }
+            }
+            files.sort();
+            files
+        } else {
+            vec!["model.safetensors".to_string()]
+        };
+        let mut checkpoint = Checkpoint {
+            files: Vec::new(),
+            index: BTreeMap::new(),
+        };
+        for name in names {
+            let path = dir.join(&name);
+            if !path.is_file() {
+                return Err(ImportError::Options(format!(
+                    "{} has no {name}{}; download the whole checkpoint",
+                    dir.display(),
+                    if index_path.is_file() {
+                        format!(" (named by {INDEX_FILE})")
+                    } else {
+                        format!(" (nor {INDEX_FILE})")
+                    }
+                )));
+            }
+            let file = SafeTensors::open(&path)?;
+            for tensor in file.names() {
+                checkpoint
+                    .index
+                    .insert(tensor.to_string(), checkpoint.files.len());
+            }
+            checkpoint.files.push(file);
+        }
+        Ok(checkpoint)
+    }
+
+    /// The tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
+    /// Whether the checkpoint holds `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The file holding `name` (the first file, to say it is missing, when none does).
+    pub fn file(&self, name: &str) -> &SafeTensors {
+        &self.files[self.index.get(name).copied().unwrap_or(0)]
     }
 }
 

@@ -6,6 +6,10 @@
 //! them from the memory map in place. Files are written under temporary names in the target
 //! folder and renamed into place, data file first, so a failed or interrupted save leaves no
 //! half-written model behind (DESIGN.md §5.5).
+//!
+//! A builder can also stream its large initializers into that file as they are added
+//! ([`ModelBuilder::stream_external_data`]), so a multi-gigabyte model is written holding only
+//! its graph in memory, never all of its weights.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -55,15 +59,54 @@ impl From<&str> for Dim {
 }
 
 /// Builds a single-graph ONNX model.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ModelBuilder {
     producer: String,
     opsets: Vec<(String, i64)>,
     inputs: Vec<ValueInfoProto>,
     outputs: Vec<ValueInfoProto>,
-    initializers: Vec<(String, Tensor)>,
+    initializers: Vec<(String, Initializer)>,
     nodes: Vec<NodeProto>,
     metadata: Vec<(String, String)>,
+    /// Where large initializers go as they are added, once streaming.
+    external: Option<std::sync::Mutex<ExternalData>>,
+}
+
+/// An initializer: its data held until the model is saved, or already written to the
+/// external data file (only the proto's header, which points at it, is held).
+#[derive(Debug)]
+enum Initializer {
+    Held(Tensor),
+    Written(Box<TensorProto>),
+}
+
+/// `<model file name>.data`, being written under a temporary name as initializers arrive.
+#[derive(Debug)]
+struct ExternalData {
+    file: TempFile,
+    out: std::io::BufWriter<std::fs::File>,
+    /// The data file's name, as each initializer's `location` gives it.
+    name: String,
+    model_path: PathBuf,
+    offset: usize,
+    threshold: usize,
+    /// The first write that failed; [`ModelBuilder::save`] reports it.
+    error: Option<std::io::Error>,
+}
+
+impl ExternalData {
+    /// Appends `tensor` (aligned) and returns its header pointing at the bytes.
+    fn append(&mut self, name: &str, tensor: &Tensor) -> TensorProto {
+        let pad = self.offset.next_multiple_of(EXTERNAL_ALIGN) - self.offset;
+        let offset = self.offset + pad;
+        if self.error.is_none() {
+            let written = (self.out.write_all(&[0u8; EXTERNAL_ALIGN][..pad]))
+                .and_then(|()| self.out.write_all(tensor.as_bytes()));
+            self.error = written.err();
+        }
+        self.offset = offset + tensor.nbytes();
+        external_header(name, tensor, &self.name, offset)
+    }
 }
 
 impl ModelBuilder {
@@ -77,7 +120,34 @@ impl ModelBuilder {
             initializers: Vec::new(),
             nodes: Vec::new(),
             metadata: Vec::new(),
+            external: None,
         }
+    }
+
+    /// From now on, writes every initializer of at least `threshold` bytes into
+    /// `<model_path file name>.data` as it is added (aligned as [`save`](Self::save) aligns
+    /// them) and keeps only its header, so memory holds the graph, not the weights. The data
+    /// file is written under a temporary name; [`save`](Self::save), which must then be given
+    /// `model_path`, renames it into place, and dropping the builder unsaved removes it.
+    pub fn stream_external_data(
+        &mut self,
+        model_path: &Path,
+        threshold: usize,
+    ) -> Result<&mut Self, OnnxError> {
+        let name = format!("{}.data", file_name(model_path)?);
+        let file = TempFile::new(&model_path.with_file_name(&name));
+        let out =
+            std::fs::File::create(&file.tmp).map_err(|e| OnnxError::io(&file.tmp, "create", e))?;
+        self.external = Some(std::sync::Mutex::new(ExternalData {
+            file,
+            out: std::io::BufWriter::new(out),
+            name,
+            model_path: model_path.to_path_buf(),
+            offset: 0,
+            threshold,
+            error: None,
+        }));
+        Ok(self)
     }
 
     /// Imports `domain` at `version` (`""` and `"ai.onnx"` are the default domain); a second
@@ -104,9 +174,20 @@ impl ModelBuilder {
         self
     }
 
-    /// Adds an initializer.
+    /// Adds an initializer (written out at once when streaming and it is large enough).
     pub fn initializer(&mut self, name: &str, tensor: Tensor) -> &mut Self {
-        self.initializers.push((name.to_string(), tensor));
+        let init = match &mut self.external {
+            Some(ext) => {
+                let ext = ext.get_mut().unwrap_or_else(|e| e.into_inner());
+                if tensor.nbytes() >= ext.threshold {
+                    Initializer::Written(Box::new(ext.append(name, &tensor)))
+                } else {
+                    Initializer::Held(tensor)
+                }
+            }
+            None => Initializer::Held(tensor),
+        };
+        self.initializers.push((name.to_string(), init));
         self
     }
 
@@ -175,15 +256,13 @@ impl ModelBuilder {
         let initializer = self
             .initializers
             .iter()
-            .map(|(name, t)| {
-                if external(t) {
-                    TensorProto {
-                        raw_data: None,
-                        ..tensor_header(name, t)
-                    }
-                } else {
-                    tensor_to_proto(name, t)
-                }
+            .map(|(name, init)| match init {
+                Initializer::Written(header) => (**header).clone(),
+                Initializer::Held(t) if external(t) => TensorProto {
+                    raw_data: None,
+                    ..tensor_header(name, t)
+                },
+                Initializer::Held(t) => tensor_to_proto(name, t),
             })
             .collect();
         ModelProto {
@@ -215,24 +294,20 @@ impl ModelBuilder {
     /// [`EXTERNAL_ALIGN`]); with `None`, everything is inline. Files are written to temporary
     /// paths and renamed, so nothing half-written is left on failure.
     pub fn save(&self, path: &Path, external_threshold: Option<usize>) -> Result<(), OnnxError> {
+        if let Some(ext) = &self.external {
+            return self.save_streamed(path, ext);
+        }
         let is_external = |t: &Tensor| external_threshold.is_some_and(|n| t.nbytes() >= n);
         let mut proto = self.assemble(is_external);
-        let file_name = path
-            .file_name()
-            .ok_or_else(|| {
-                let e = std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "the path has no file name",
-                );
-                OnnxError::io(path, "write", e)
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let data_name = format!("{file_name}.data");
+        let data_name = format!("{}.data", file_name(path)?);
         let data_path = path.with_file_name(&data_name);
 
         let mut data_tmp = None;
-        if self.initializers.iter().any(|(_, t)| is_external(t)) {
+        let held = self.initializers.iter().filter_map(|(_, init)| match init {
+            Initializer::Held(t) => Some(t),
+            Initializer::Written(_) => None,
+        });
+        if held.clone().any(is_external) {
             let graph = proto
                 .graph
                 .as_mut()
@@ -240,7 +315,7 @@ impl ModelBuilder {
             let tmp = TempFile::new(&data_path);
             tmp.write(|w| {
                 let mut offset = 0usize;
-                for ((_, t), p) in self.initializers.iter().zip(graph.initializer.iter_mut()) {
+                for (t, p) in held.zip(graph.initializer.iter_mut()) {
                     if !is_external(t) {
                         continue;
                     }
@@ -248,18 +323,8 @@ impl ModelBuilder {
                     w.write_all(&[0u8; EXTERNAL_ALIGN][..pad])?;
                     offset += pad;
                     w.write_all(t.as_bytes())?;
-                    p.data_location = Some(DataLocation::External as i32);
-                    p.external_data = [
-                        ("location", data_name.clone()),
-                        ("offset", offset.to_string()),
-                        ("length", t.nbytes().to_string()),
-                    ]
-                    .into_iter()
-                    .map(|(k, v)| StringStringEntryProto {
-                        key: Some(k.into()),
-                        value: Some(v),
-                    })
-                    .collect();
+                    let name = p.name.clone().unwrap_or_default();
+                    *p = external_header(&name, t, &data_name, offset);
                     offset += t.nbytes();
                 }
                 Ok(())
@@ -273,6 +338,70 @@ impl ModelBuilder {
             tmp.commit()?;
         }
         model_tmp.commit()
+    }
+
+    /// [`save`](Self::save) for a builder that streamed its data: the data file is finished
+    /// (flushed, synced) and both files renamed into place.
+    fn save_streamed(
+        &self,
+        path: &Path,
+        ext: &std::sync::Mutex<ExternalData>,
+    ) -> Result<(), OnnxError> {
+        let mut ext = ext.lock().unwrap_or_else(|e| e.into_inner());
+        if ext.model_path != path {
+            let e = std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the external data was streamed for {}, not this path",
+                    ext.model_path.display()
+                ),
+            );
+            return Err(OnnxError::io(path, "write", e));
+        }
+        let tmp = ext.file.tmp.clone();
+        let io_err = |e| OnnxError::io(&tmp, "write", e);
+        if let Some(e) = ext.error.take() {
+            return Err(io_err(e));
+        }
+        ext.out.flush().map_err(io_err)?;
+        ext.out.get_ref().sync_all().map_err(io_err)?;
+        let proto = self.assemble(|_| false);
+        let model_tmp = TempFile::new(path);
+        model_tmp.write(|w| w.write_all(&proto.encode_to_vec()))?;
+        ext.file.rename()?;
+        model_tmp.commit()
+    }
+}
+
+/// `path`'s file name, or an error saying it has none.
+fn file_name(path: &Path) -> Result<String, OnnxError> {
+    let name = path.file_name().ok_or_else(|| {
+        let e = std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the path has no file name",
+        );
+        OnnxError::io(path, "write", e)
+    })?;
+    Ok(name.to_string_lossy().into_owned())
+}
+
+/// The header of `tensor` stored in external file `location` at `offset`.
+fn external_header(name: &str, tensor: &Tensor, location: &str, offset: usize) -> TensorProto {
+    TensorProto {
+        raw_data: None,
+        data_location: Some(DataLocation::External as i32),
+        external_data: [
+            ("location", location.to_string()),
+            ("offset", offset.to_string()),
+            ("length", tensor.nbytes().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| StringStringEntryProto {
+            key: Some(k.into()),
+            value: Some(v),
+        })
+        .collect(),
+        ..tensor_header(name, tensor)
     }
 }
 
@@ -332,6 +461,7 @@ fn value_info(name: &str, dtype: DType, dims: &[Dim]) -> ValueInfoProto {
 
 /// A file being written under a temporary name next to its target; removed on drop unless
 /// committed (renamed onto the target).
+#[derive(Debug)]
 struct TempFile {
     tmp: PathBuf,
     target: PathBuf,
@@ -371,9 +501,16 @@ impl TempFile {
     }
 
     fn commit(mut self) -> Result<(), OnnxError> {
-        std::fs::rename(&self.tmp, &self.target)
-            .map_err(|e| OnnxError::io(&self.target, "rename a temporary file onto", e))?;
-        self.committed = true;
+        self.rename()
+    }
+
+    /// Renames the file onto its target (at most once; a later drop leaves it).
+    fn rename(&mut self) -> Result<(), OnnxError> {
+        if !self.committed {
+            std::fs::rename(&self.tmp, &self.target)
+                .map_err(|e| OnnxError::io(&self.target, "rename a temporary file onto", e))?;
+            self.committed = true;
+        }
         Ok(())
     }
 }

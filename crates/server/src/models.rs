@@ -28,6 +28,8 @@ pub use crate::keep_alive::KeepAlive;
 use crate::serving::{EncoderLoaded, Loaded};
 
 /// A model opened, ready to serve.
+// One per model load: the variant size is irrelevant.
+#[allow(clippy::large_enum_variant)]
 pub enum Opened {
     /// A language model: generation endpoints.
     Lm(Model),
@@ -137,6 +139,8 @@ pub(crate) struct Resident {
 const FRESH_GRACE: Duration = Duration::from_secs(5);
 
 /// What a resident model serves through.
+// One per resident model: the variant size is irrelevant.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Served {
     Lm {
         loaded: Loaded,
@@ -297,8 +301,9 @@ impl Models {
         };
         let mut entries = lock(&self.entries);
         entries.retain(|e| {
-            let gone = !specs.iter().any(|s| s.name == e.spec.name);
-            !(gone && !e.is_resident())
+            // A model no longer listed goes once nothing holds it.
+            let listed = specs.iter().any(|s| s.name == e.spec.name);
+            listed || e.is_resident()
         });
         for spec in specs {
             if !entries.iter().any(|e| e.spec.name == spec.name) {

@@ -24,6 +24,11 @@ Rerun (from the repository root; torch is several GB, so CI does not do this):
 (numpy, onnx and gguf suffice; no torch): Phi-4-mini's was added so, after its checkpoint was
 gone.
 
+`--hf-from-packages` writes families/<name>-hf/ for every family in HF_FOLDERS: the Hugging
+Face checkpoint rebuilt from the committed fp32 package (numpy, onnx and gguf; no torch), as
+`save_pretrained` lays it out (`config.json`, `generation_config.json`, `model.safetensors`,
+the tokenizer files), which `oxgen import` must turn back into the package's ids.
+
 It rewrites families/<name>-<precision>/ and families/families.json, and for the families whose
 llama.cpp architecture oxgen imports, families/<name>.gguf (F32, the same checkpoint as
 llama.cpp's converter lays it out); the checkpoints and the builder's raw output stay in the
@@ -515,6 +520,176 @@ class PackageCheckpoint:
         return self._state
 
 
+# The families whose checkpoints `--hf-from-packages` rebuilds (those `oxgen import` of a
+# Hugging Face folder must read), with the transformers model_type of each.
+HF_FOLDERS = {
+    "llama3": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+    "granite": "granite", "phi3-longrope": "phi3", "phi4-mini": "phi3", "gemma2": "gemma2",
+    "gemma3": "gemma3_text", "smollm3": "smollm3", "gpt-oss": "gpt_oss",
+}
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of float32 and uint8 numpy arrays (the format's header, then the
+    data in order), as the `safetensors` package writes it."""
+    import numpy as np
+
+    header, offset = {}, 0
+    for name, a in tensors.items():
+        dtype = {np.dtype(np.float32): "F32", np.dtype(np.uint8): "U8"}[a.dtype]
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for a in tensors.values():
+            f.write(np.ascontiguousarray(a).tobytes())
+
+
+def hf_from_package(name):
+    """families/<name>-hf/: the checkpoint the fp32 package was exported from. The builder
+    stores each projection transposed (`MatMul` weights), Q, K and V packed in one, zero biases
+    left out, Gemma's norms with their 1 added, the head as the embedding when tied; gpt-oss's
+    experts come from its GGUF, which holds the checkpoint's MXFP4 blocks as they were."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    _, model_cls, kwargs, *_ = FAMILIES[name]
+    cfg = dict(COMMON, **kwargs)
+    model = onnx.load(os.path.join(OUT, f"{name}-fp32", "model.onnx"))
+    t = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    gemma = name.startswith("gemma")
+    norm = (lambda w: (w - 1).astype(np.float32)) if gemma else (lambda w: w)
+    layers, h = cfg["num_hidden_layers"], cfg["hidden_size"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q_out, kv_out = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    sd = {}
+    if cfg["tie_word_embeddings"]:
+        sd["model.embed_tokens.weight"] = t["lm_head.MatMul.weight"].T
+    else:
+        sd["model.embed_tokens.weight"] = t["model.embed_tokens.weight"]
+        sd["lm_head.weight"] = t["lm_head.MatMul.weight"].T
+    for l in range(layers):
+        p, a = f"model.layers.{l}", f"model.layers.{l}.attn"
+        sd[f"{p}.input_layernorm.weight"] = norm(t[f"{p}.input_layernorm.weight"])
+        qkv = t[f"{a}.qkv_proj.MatMul.weight"].T
+        if name.startswith("phi"):
+            sd[f"{p}.self_attn.qkv_proj.weight"] = qkv
+        else:
+            for proj, rows in zip("qkv", np.split(qkv, [q_out, q_out + kv_out])):
+                sd[f"{p}.self_attn.{proj}_proj.weight"] = rows
+                if name in ("qwen2", "gpt-oss"):  # biased projections, zero here
+                    sd[f"{p}.self_attn.{proj}_proj.bias"] = np.zeros(rows.shape[0], np.float32)
+        for which in ("q_norm", "k_norm"):
+            if f"{a}.{which}.layernorm.weight" in t:
+                sd[f"{p}.self_attn.{which}.weight"] = norm(t[f"{a}.{which}.layernorm.weight"])
+        sd[f"{p}.self_attn.o_proj.weight"] = t[f"{a}.o_proj.MatMul.weight"].T
+        if f"{a}.o_proj.Add.bias" in t:
+            sd[f"{p}.self_attn.o_proj.bias"] = t[f"{a}.o_proj.Add.bias"]
+        if f"{a}.sinks" in t:
+            sd[f"{p}.self_attn.sinks"] = t[f"{a}.sinks"]
+        for n in ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            if f"{p}.{n}.weight" in t:
+                sd[f"{p}.{n}.weight"] = norm(t[f"{p}.{n}.weight"])
+        if name == "gpt-oss":
+            sd[f"{p}.mlp.router.weight"] = t[f"{p}.moe.router.MatMul.weight"].T
+            sd[f"{p}.mlp.router.bias"] = t[f"{p}.moe.router.Add.bias"]
+            continue
+        gate, up = t[f"{p}.mlp.gate_proj.MatMul.weight"].T, t[f"{p}.mlp.up_proj.MatMul.weight"].T
+        if name.startswith("phi"):
+            sd[f"{p}.mlp.gate_up_proj.weight"] = np.concatenate([gate, up])
+        else:
+            sd[f"{p}.mlp.gate_proj.weight"], sd[f"{p}.mlp.up_proj.weight"] = gate, up
+        sd[f"{p}.mlp.down_proj.weight"] = t[f"{p}.mlp.down_proj.MatMul.weight"].T
+    sd["model.norm.weight"] = norm(t[f"model.layers.{layers}.final_norm_layernorm.weight"])
+    if name == "gpt-oss":
+        sd.update(gpt_oss_experts_from_gguf(layers))
+    sd = {k: np.ascontiguousarray(v, dtype=v.dtype) for k, v in sorted(sd.items())}
+
+    dest = os.path.join(OUT, f"{name}-hf")
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    os.makedirs(dest)
+    config = dict(cfg, architectures=[model_cls], model_type=HF_FOLDERS[name], torch_dtype="float32")
+    config.pop("initializer_range")
+    if name == "gemma3":  # transformers 5's defaults for Gemma 3, one base per layer type
+        config["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    if name == "phi4-mini":  # transformers 4's spelling, which the importer reads too
+        rope = dict(config.pop("rope_parameters"))
+        config["rope_theta"] = rope.pop("rope_theta")
+        config["partial_rotary_factor"] = rope.pop("partial_rotary_factor")
+        config["rope_scaling"] = rope
+    with open(os.path.join(dest, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    with open(os.path.join(dest, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": EOS,
+                   "do_sample": False, "max_length": 256}, f, indent=2)
+        f.write("\n")
+    if name == "llama3":  # sharded, as large checkpoints are
+        names = list(sd)
+        shards = [names[: len(names) // 2], names[len(names) // 2:]]
+        weight_map = {}
+        for i, part in enumerate(shards):
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            write_safetensors(os.path.join(dest, file), {k: sd[k] for k in part})
+            weight_map.update({k: file for k in part})
+        with open(os.path.join(dest, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": sum(v.nbytes for v in sd.values())},
+                       "weight_map": weight_map}, f, indent=2)
+            f.write("\n")
+    else:
+        write_safetensors(os.path.join(dest, "model.safetensors"), sd)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(os.path.join(OUT, f"{name}-fp32", f), os.path.join(dest, f))
+    print(f"{dest}: {sum(os.path.getsize(os.path.join(dest, f)) for f in os.listdir(dest))} bytes")
+
+
+def gpt_oss_experts_from_gguf(layers):
+    """gpt-oss's experts as its checkpoint stores them, from the family's GGUF (the inverse of
+    `write_gpt_oss_experts`): `*_blocks` [E, rows, K/32, 16] with element 2i in byte i's low
+    nibble, `*_scales` [E, rows, K/32], gate and up rows interleaved, biases likewise."""
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(os.path.join(OUT, "gpt-oss.gguf"))
+    tensors = {t.name: t for t in r.tensors}
+
+    def blocks(name):
+        t = tensors[name]
+        raw = np.asarray(t.data, dtype=np.uint8)
+        e, rows = int(t.shape[2]), int(t.shape[1])
+        raw = raw.reshape(e, rows, -1, 17)
+        scales, qs = raw[..., 0], raw[..., 1:]
+        codes = np.empty(qs.shape[:-1] + (32,), np.uint8)
+        codes[..., :16], codes[..., 16:] = qs & 0x0F, qs >> 4
+        return codes[..., 0::2] | (codes[..., 1::2] << 4), scales
+
+    def interleave(a, b):
+        out = np.empty((a.shape[0], 2 * a.shape[1]) + a.shape[2:], a.dtype)
+        out[:, 0::2], out[:, 1::2] = a, b
+        return out
+
+    sd = {}
+    for l in range(layers):
+        p, g = f"model.layers.{l}.mlp.experts", f"blk.{l}"
+        (gb, gs), (ub, us) = blocks(f"{g}.ffn_gate_exps.weight"), blocks(f"{g}.ffn_up_exps.weight")
+        db, ds = blocks(f"{g}.ffn_down_exps.weight")
+        bias = lambda n: np.asarray(tensors[n].data, dtype=np.float32)
+        sd[f"{p}.gate_up_proj_blocks"] = interleave(gb, ub)
+        sd[f"{p}.gate_up_proj_scales"] = interleave(gs, us)
+        sd[f"{p}.gate_up_proj_bias"] = interleave(bias(f"{g}.ffn_gate_exps.bias"), bias(f"{g}.ffn_up_exps.bias"))
+        sd[f"{p}.down_proj_blocks"], sd[f"{p}.down_proj_scales"] = db, ds
+        sd[f"{p}.down_proj_bias"] = bias(f"{g}.ffn_down_exps.bias")
+    return sd
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default="/tmp/oxgen-families")
@@ -523,7 +698,14 @@ def main():
                         help="only write NAME's GGUF, its checkpoint rebuilt from the committed "
                              "fp32 package (numpy, onnx and gguf; no torch), and name it in "
                              "families.json")
+    parser.add_argument("--hf-from-packages", action="store_true",
+                        help="only write each HF_FOLDERS family's Hugging Face folder, rebuilt "
+                             "from its committed fp32 package (numpy, onnx and gguf; no torch)")
     args = parser.parse_args()
+    if args.hf_from_packages:
+        for name in HF_FOLDERS:
+            hf_from_package(name)
+        return
     if args.gguf_from_package:
         name = args.gguf_from_package
         write_gguf(name, PackageCheckpoint(name), os.path.join(OUT, f"{name}-fp32"))

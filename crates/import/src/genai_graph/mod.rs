@@ -37,8 +37,8 @@ use oxgen_onnx::writer::{Dim, ModelBuilder, attr};
 use oxgen_tensor::{DType, Tensor};
 
 pub use spec::{
-    ConfigTokens, DecoderSpec, DecoderWeights, Embedding, ExpertWeights, LayerWeights, Linear,
-    LongRopeCaches, Mlp, Mxfp4Experts, NBitsLinear, Rope, ShapeMismatch,
+    ConfigTokens, DecoderSpec, DecoderWeights, Embedding, EndWeights, ExpertWeights, LayerWeights,
+    Linear, LongRopeCaches, Mlp, Mxfp4Experts, NBitsLinear, Rope, ShapeMismatch,
 };
 
 /// Initializers of at least this many bytes go to `model.onnx.data`.
@@ -367,9 +367,56 @@ pub fn write_model(
     weights: DecoderWeights,
 ) -> Result<(), WriteError> {
     weights.check(spec)?;
-    build(producer, spec, weights)
-        .save(&dir.join("model.onnx"), Some(EXTERNAL_THRESHOLD))
-        .map_err(|e| WriteError::Save(Box::new(e)))
+    let DecoderWeights {
+        embedding,
+        layers,
+        final_norm,
+        head,
+    } = weights;
+    let ends = EndWeights {
+        embedding,
+        final_norm,
+        head,
+    };
+    let mut layers = layers.into_iter();
+    write_model_streamed(dir, producer, spec, ends, |_| {
+        layers.next().ok_or_else(|| {
+            WriteError::Shape(ShapeMismatch {
+                name: "layers".into(),
+                found: vec![],
+                expected: vec![spec.layers],
+            })
+        })
+    })
+}
+
+/// [`write_model`] taking layer `l`'s weights from `layer(l)` only when the graph reaches
+/// it, and writing each weight into `model.onnx.data` as soon as it is added: memory holds
+/// the graph and one layer's weights, not the model's.
+pub fn write_model_streamed<E: From<WriteError>>(
+    dir: &Path,
+    producer: &str,
+    spec: &DecoderSpec,
+    ends: EndWeights,
+    layer: impl FnMut(usize) -> Result<LayerWeights, E>,
+) -> Result<(), E> {
+    ends.check(spec).map_err(WriteError::from)?;
+    if spec.layers == 0 {
+        return Err(WriteError::Shape(ShapeMismatch {
+            name: "layers".into(),
+            found: vec![0],
+            expected: vec![1],
+        })
+        .into());
+    }
+    let path = dir.join("model.onnx");
+    let save = |e| WriteError::Save(Box::new(e));
+    let mut b = ModelBuilder::new(producer);
+    b.stream_external_data(&path, EXTERNAL_THRESHOLD)
+        .map_err(save)?;
+    build(b, spec, ends, layer)?
+        .save(&path, Some(EXTERNAL_THRESHOLD))
+        .map_err(|e| save(e).into())
 }
 
 /// Why [`write_model`] failed.
@@ -381,13 +428,15 @@ pub enum WriteError {
     Save(Box<OnnxError>),
 }
 
-/// The model, built in memory (weights already checked).
-pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> ModelBuilder {
+/// The model's graph added to `b`, each layer's weights taken from `layer` and checked.
+fn build<E: From<WriteError>>(
+    b: ModelBuilder,
+    spec: &DecoderSpec,
+    ends: EndWeights,
+    mut layer: impl FnMut(usize) -> Result<LayerWeights, E>,
+) -> Result<ModelBuilder, E> {
     let (hd, vocab) = (spec.head_size, spec.vocab);
-    let mut g = Writer {
-        b: ModelBuilder::new(producer),
-        spec,
-    };
+    let mut g = Writer { b, spec };
     g.b.opset("", 21).opset("com.microsoft", 1);
     let batch = Dim::Symbolic("batch_size".into());
     g.b.input(
@@ -484,12 +533,11 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
 
     g.rope_caches();
 
-    let DecoderWeights {
+    let EndWeights {
         embedding,
-        layers,
         final_norm,
         head,
-    } = weights;
+    } = ends;
     // The head's tensors sit next to the embedding's (a tied pair shares its source bytes).
     let head_shape = LinearShape::of(&head);
     match embedding {
@@ -547,7 +595,9 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         residual = g.scaled("embeddings", "embedding_scale");
     }
     let mut pending: Option<String> = None;
-    for (l, w) in layers.into_iter().enumerate() {
+    for l in 0..spec.layers {
+        let w = layer(l)?;
+        w.check(spec, l).map_err(WriteError::from)?;
         let p = format!("layers.{l}");
         let normed = format!("{p}.input_norm");
         match pending.take() {
@@ -657,7 +707,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
         }
         pending = Some(mlp_out);
     }
-    let last = pending.expect("DecoderWeights::check requires at least one layer");
+    let last = pending.expect("write_model_streamed requires at least one layer");
     g.skip_norm(
         "final_norm",
         final_norm,
@@ -705,7 +755,7 @@ pub fn build(producer: &str, spec: &DecoderSpec, weights: DecoderWeights) -> Mod
     } else {
         g.linear_node("lm_head", &head_shape, "final_norm", "logits");
     }
-    g.b
+    Ok(g.b)
 }
 
 /// `genai_config.json` for a package written by [`write_model`]; `model_type` is

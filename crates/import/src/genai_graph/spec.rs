@@ -208,6 +208,15 @@ pub struct DecoderWeights {
     pub head: Linear,
 }
 
+/// The weights of a decoder outside its layers (which [`super::write_model_streamed`] takes
+/// one at a time).
+#[derive(Debug, Clone)]
+pub struct EndWeights {
+    pub embedding: Embedding,
+    pub final_norm: Tensor,
+    pub head: Linear,
+}
+
 /// Token ids for `genai_config.json`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigTokens {
@@ -285,15 +294,6 @@ impl DecoderWeights {
     /// Checks every weight's shape against `spec` (the layouts inside `MatMulNBits` weights
     /// are the producer's contract; their `k` and `n` are checked here).
     pub fn check(&self, spec: &DecoderSpec) -> Result<(), ShapeMismatch> {
-        let (h, q, kv, ff) = (
-            spec.hidden,
-            spec.heads * spec.head_size,
-            spec.kv_heads * spec.head_size,
-            spec.intermediate,
-        );
-        if let Embedding::Float(t) = &self.embedding {
-            check("embed.weight", t, &[spec.vocab, h])?;
-        }
         if self.layers.len() != spec.layers || spec.layers == 0 {
             return Err(ShapeMismatch {
                 name: "layers".into(),
@@ -302,45 +302,76 @@ impl DecoderWeights {
             });
         }
         for (l, w) in self.layers.iter().enumerate() {
-            let p = format!("layers.{l}");
-            check(&format!("{p}.input_norm"), &w.input_norm, &[h])?;
-            if let Some([qn, kn]) = &w.qk_norm {
-                check(&format!("{p}.q_norm"), qn, &[spec.head_size])?;
-                check(&format!("{p}.k_norm"), kn, &[spec.head_size])?;
-            }
-            if let Some([an, mn]) = &w.out_norms {
-                check(&format!("{p}.attn_out_norm"), an, &[h])?;
-                check(&format!("{p}.mlp_out_norm"), mn, &[h])?;
-            }
-            check_linear(&format!("{p}.q"), &w.q, h, q)?;
-            check_linear(&format!("{p}.k"), &w.k, h, kv)?;
-            check_linear(&format!("{p}.v"), &w.v, h, kv)?;
-            check_linear(&format!("{p}.o"), &w.o, q, h)?;
-            check(&format!("{p}.post_norm"), &w.post_norm, &[h])?;
-            if let Some(t) = &w.sinks {
-                check(&format!("{p}.sinks"), t, &[spec.heads])?;
-            }
-            match (&w.mlp, spec.experts) {
-                (Mlp::Dense { gate, up, down }, None) => {
-                    check_linear(&format!("{p}.gate"), gate, h, ff)?;
-                    check_linear(&format!("{p}.up"), up, h, ff)?;
-                    check_linear(&format!("{p}.down"), down, ff, h)?;
-                }
-                (Mlp::Experts(x), Some(e)) => {
-                    check_linear(&format!("{p}.router"), &x.router, h, e.count)?;
-                    check_experts(&format!("{p}.gate_up"), &x.gate_up, e.count, 2 * ff, h)?;
-                    check_experts(&format!("{p}.down"), &x.down, e.count, h, ff)?;
-                }
-                (_, experts) => {
-                    return Err(ShapeMismatch {
-                        name: format!("{p}.mlp"),
-                        found: vec![usize::from(matches!(w.mlp, Mlp::Experts(_)))],
-                        expected: vec![usize::from(experts.is_some())],
-                    });
-                }
-            }
+            w.check(spec, l)?;
         }
-        check("final_norm", &self.final_norm, &[h])?;
-        check_linear("lm_head", &self.head, h, spec.vocab)
+        check_ends(spec, &self.embedding, &self.final_norm, &self.head)
+    }
+}
+
+impl EndWeights {
+    /// Checks the embedding, final norm and head against `spec`.
+    pub fn check(&self, spec: &DecoderSpec) -> Result<(), ShapeMismatch> {
+        check_ends(spec, &self.embedding, &self.final_norm, &self.head)
+    }
+}
+
+fn check_ends(
+    spec: &DecoderSpec,
+    embedding: &Embedding,
+    final_norm: &Tensor,
+    head: &Linear,
+) -> Result<(), ShapeMismatch> {
+    if let Embedding::Float(t) = embedding {
+        check("embed.weight", t, &[spec.vocab, spec.hidden])?;
+    }
+    check("final_norm", final_norm, &[spec.hidden])?;
+    check_linear("lm_head", head, spec.hidden, spec.vocab)
+}
+
+impl LayerWeights {
+    /// Checks layer `l`'s weights against `spec`.
+    pub fn check(&self, spec: &DecoderSpec, l: usize) -> Result<(), ShapeMismatch> {
+        let (h, q, kv, ff) = (
+            spec.hidden,
+            spec.heads * spec.head_size,
+            spec.kv_heads * spec.head_size,
+            spec.intermediate,
+        );
+        let w = self;
+        let p = format!("layers.{l}");
+        check(&format!("{p}.input_norm"), &w.input_norm, &[h])?;
+        if let Some([qn, kn]) = &w.qk_norm {
+            check(&format!("{p}.q_norm"), qn, &[spec.head_size])?;
+            check(&format!("{p}.k_norm"), kn, &[spec.head_size])?;
+        }
+        if let Some([an, mn]) = &w.out_norms {
+            check(&format!("{p}.attn_out_norm"), an, &[h])?;
+            check(&format!("{p}.mlp_out_norm"), mn, &[h])?;
+        }
+        check_linear(&format!("{p}.q"), &w.q, h, q)?;
+        check_linear(&format!("{p}.k"), &w.k, h, kv)?;
+        check_linear(&format!("{p}.v"), &w.v, h, kv)?;
+        check_linear(&format!("{p}.o"), &w.o, q, h)?;
+        check(&format!("{p}.post_norm"), &w.post_norm, &[h])?;
+        if let Some(t) = &w.sinks {
+            check(&format!("{p}.sinks"), t, &[spec.heads])?;
+        }
+        match (&w.mlp, spec.experts) {
+            (Mlp::Dense { gate, up, down }, None) => {
+                check_linear(&format!("{p}.gate"), gate, h, ff)?;
+                check_linear(&format!("{p}.up"), up, h, ff)?;
+                check_linear(&format!("{p}.down"), down, ff, h)
+            }
+            (Mlp::Experts(x), Some(e)) => {
+                check_linear(&format!("{p}.router"), &x.router, h, e.count)?;
+                check_experts(&format!("{p}.gate_up"), &x.gate_up, e.count, 2 * ff, h)?;
+                check_experts(&format!("{p}.down"), &x.down, e.count, h, ff)
+            }
+            (_, experts) => Err(ShapeMismatch {
+                name: format!("{p}.mlp"),
+                found: vec![usize::from(matches!(w.mlp, Mlp::Experts(_)))],
+                expected: vec![usize::from(experts.is_some())],
+            }),
+        }
     }
 }

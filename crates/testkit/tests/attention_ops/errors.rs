@@ -222,8 +222,8 @@ fn rotary_positions_past_the_caches_are_errors() {
             "{err}"
         );
     }
-    let mut b2 = b.clone();
-    b2.node(
+    // The same model with a second, packed-batching node.
+    b.node(
         "RotaryEmbedding",
         "com.microsoft",
         "rope2",
@@ -231,7 +231,7 @@ fn rotary_positions_past_the_caches_are_errors() {
         &["y2"],
         vec![attr::int("is_packed_batching", 1)],
     );
-    b2.save(&path, None).unwrap();
+    b.save(&path, None).unwrap();
     let err = load_error(&path);
     assert!(
         err.contains("rope2") && err.contains("is_packed_batching"),
