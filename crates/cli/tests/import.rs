@@ -1,5 +1,6 @@
-//! `oxgen import` on a tiny synthetic GGUF (written by oxgen-import's gguf-py test script):
-//! the package it writes, its exit codes and one-line errors, flags from the environment.
+//! `oxgen import` on a tiny synthetic GGUF (written by oxgen-import's gguf-py test script)
+//! and on the family fixtures' Hugging Face checkpoints: the package it writes, its exit codes
+//! and one-line errors, flags from the environment.
 //!
 //! Needs `OXGEN_PYTHON` (a Python with gguf 0.19.0 and numpy; `scripts/test.sh` sets it).
 
@@ -193,5 +194,212 @@ with zipfile.ZipFile(path, "w") as z:
     assert!(
         !cache.path().join("models").exists(),
         "a model folder was made"
+    );
+}
+
+/// A copy of the family checkpoint `name` (`crates/testkit/thirdparty/families/<name>-hf`) in
+/// `dir`, its `config.json` passed through `edit`.
+fn checkpoint(dir: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testkit/thirdparty/families")
+        .join(format!("{name}-hf"));
+    let to = dir.join(name);
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    let config = to.join("config.json");
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    edit(&mut value);
+    std::fs::write(&config, value.to_string()).unwrap();
+    to
+}
+
+/// Rewrites the single-file checkpoint in `dir` through `edit` (name, shape, values).
+fn rewrite_weights(
+    dir: &Path,
+    edit: impl Fn(&str, Vec<usize>, Vec<f32>) -> Option<(String, Vec<usize>, Vec<f32>)>,
+) {
+    let path = dir.join("model.safetensors");
+    let file = oxgen_import::safetensors::SafeTensors::open(&path).unwrap();
+    let mut tensors = Vec::new();
+    for name in file.names() {
+        let shape = file.info(name).unwrap().1.to_vec();
+        let values = file
+            .f32(name, &shape)
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap()
+            .to_vec();
+        tensors.extend(edit(name, shape, values));
+    }
+    drop(file);
+    let refs: Vec<(&str, &[usize], &[f32])> = (tensors.iter())
+        .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+        .collect();
+    oxgen_import::safetensors::write_f32(&path, &refs).unwrap();
+}
+
+/// `oxgen import` of a Hugging Face checkpoint: one command to a package `generate` runs;
+/// `--precision` for anything else is refused.
+#[test]
+fn a_hugging_face_checkpoint_imports_in_one_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint(dir.path(), "qwen3", |_| {});
+    let pkg = dir.path().join("pkg");
+    let (h, p) = (hf.to_str().unwrap(), pkg.to_str().unwrap());
+    let o = oxgen(&["import", h, p, "--precision", "int8"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("imported qwen3 (2 layers"),
+        "{}",
+        stderr(&o)
+    );
+    let note: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pkg.join("oxgen_import.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (note["precision"].as_str(), note["architecture"].as_str()),
+        (Some("int8"), Some("Qwen3ForCausalLM"))
+    );
+    let o = oxgen(
+        &["generate", p, "the cat", "--raw", "--max-new-tokens", "3"],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let gguf = synthetic_gguf(dir.path());
+    let o = oxgen(
+        &[
+            "import",
+            gguf.to_str().unwrap(),
+            dir.path().join("g").to_str().unwrap(),
+            "--precision",
+            "fp32",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--precision fp32 applies to a Hugging Face"),
+        "{}",
+        stderr(&o)
+    );
+    let o = oxgen(
+        &[
+            "import",
+            h,
+            dir.path().join("x").to_str().unwrap(),
+            "--precision",
+            "int3",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// Bad checkpoints: one error line naming the file and the key or tensor, exit 1, and
+/// nothing written beside the source (no package, no staging folder).
+#[test]
+fn bad_hugging_face_checkpoints_fail_with_one_line_naming_the_problem() {
+    let expect = |hf: &Path, needles: &[&str]| {
+        let out = tempfile::tempdir().unwrap();
+        let o = oxgen(
+            &[
+                "import",
+                hf.to_str().unwrap(),
+                out.path().join("pkg").to_str().unwrap(),
+            ],
+            &[],
+        );
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{e}");
+        assert!(
+            e.starts_with("error: ") && e.trim_end().lines().count() == 1,
+            "{e}"
+        );
+        for needle in needles {
+            assert!(e.contains(needle), "error lacks {needle:?}: {e}");
+        }
+        let left: Vec<_> = std::fs::read_dir(out.path()).unwrap().collect();
+        assert!(left.is_empty(), "a failed import left {left:?}");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+
+    let hf = checkpoint(&d.join("arch"), "qwen2", |c| {
+        c["architectures"] = serde_json::json!(["MambaForCausalLM"])
+    });
+    expect(
+        &hf,
+        &[
+            "config.json",
+            "MambaForCausalLM",
+            "Qwen2ForCausalLM, Qwen3ForCausalLM",
+        ],
+    );
+    let hf = checkpoint(&d.join("type"), "qwen2", |c| {
+        c["num_attention_heads"] = "4".into()
+    });
+    expect(&hf, &["config.json", "'num_attention_heads'", "\"4\""]);
+    let hf = checkpoint(&d.join("rope"), "qwen2", |c| {
+        c["rope_parameters"]["rope_type"] = "dynamic".into()
+    });
+    expect(&hf, &["config.json", "rope type 'dynamic'"]);
+
+    let hf = checkpoint(&d.join("missing"), "qwen2", |_| {});
+    rewrite_weights(&hf, |n, s, v| {
+        (n != "model.layers.1.mlp.up_proj.weight").then(|| (n.to_string(), s, v))
+    });
+    expect(
+        &hf,
+        &[
+            "model.safetensors",
+            "'model.layers.1.mlp.up_proj.weight' is missing",
+        ],
+    );
+    let hf = checkpoint(&d.join("shape"), "qwen2", |_| {});
+    rewrite_weights(&hf, |n, s, v| {
+        let cut = n == "model.layers.0.self_attn.k_proj.weight";
+        Some((
+            n.to_string(),
+            if cut { vec![16, 64] } else { s },
+            if cut { v[..16 * 64].to_vec() } else { v },
+        ))
+    });
+    expect(
+        &hf,
+        &[
+            "'model.layers.0.self_attn.k_proj.weight' has shape [16, 64]",
+            "[32, 64]",
+        ],
+    );
+    // A layer the config does not count: found once the graph is half written.
+    let hf = checkpoint(&d.join("extra"), "qwen2", |c| {
+        c["num_hidden_layers"] = 1.into()
+    });
+    expect(
+        &hf,
+        &[
+            "'model.layers.1.",
+            "is not part of the Qwen2ForCausalLM graph",
+        ],
+    );
+
+    let hf = checkpoint(&d.join("truncated"), "qwen2", |_| {});
+    let file = hf.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    expect(&hf, &["model.safetensors", "truncated or corrupt"]);
+    let hf = checkpoint(&d.join("shard"), "llama3", |_| {});
+    std::fs::remove_file(hf.join("model-00002-of-00002.safetensors")).unwrap();
+    expect(
+        &hf,
+        &[
+            "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json",
+        ],
     );
 }

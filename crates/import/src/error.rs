@@ -91,6 +91,10 @@ pub enum ImportError {
         source: std::io::Error,
     },
 
+    /// The source folder lacks a file the import needs.
+    #[error("{}: {problem}", dir.display())]
+    Folder { dir: PathBuf, problem: String },
+
     /// Writing the ONNX model failed.
     #[error("writing the model into {}: {source}", dir.display())]
     Write {

@@ -291,6 +291,9 @@ impl Checkpoint {
                     files.push(file.to_string());
                 }
             }
+            if files.is_empty() {
+                return Err(bad("names no tensors".into()));
+            }
             files.sort();
             files
         } else {
@@ -303,15 +306,17 @@ impl Checkpoint {
         for name in names {
             let path = dir.join(&name);
             if !path.is_file() {
-                return Err(ImportError::Options(format!(
-                    "{} has no {name}{}; download the whole checkpoint",
-                    dir.display(),
-                    if index_path.is_file() {
-                        format!(" (named by {INDEX_FILE})")
-                    } else {
-                        format!(" (nor {INDEX_FILE})")
-                    }
-                )));
+                return Err(ImportError::Folder {
+                    dir: dir.to_path_buf(),
+                    problem: format!(
+                        "{name} is missing{}; download the whole checkpoint",
+                        if index_path.is_file() {
+                            format!(" (named by {INDEX_FILE})")
+                        } else {
+                            format!(", and there is no {INDEX_FILE} naming shards")
+                        }
+                    ),
+                });
             }
             let file = SafeTensors::open(&path)?;
             for tensor in file.names() {

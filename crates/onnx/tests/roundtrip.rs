@@ -187,6 +187,52 @@ fn threshold_splits_small_and_large_initializers() {
     assert!(dir.path().join("m.onnx.data").is_file());
 }
 
+/// Streaming writes the same files as holding everything until `save`, byte for byte; a
+/// streaming builder dropped unsaved leaves nothing, and one saved elsewhere is refused.
+#[test]
+fn streamed_initializers_give_the_files_a_held_save_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let fill = |b: &mut ModelBuilder| {
+        for d in DType::ALL {
+            b.initializer(d.name(), sample(d));
+        }
+        b.initializer("small", Tensor::from_slice([2], &[1.0f32, 2.0]).unwrap());
+        b.node("Identity", "", "n", &["small"], &["y"], vec![]);
+    };
+    let (held, streamed) = (dir.path().join("held"), dir.path().join("streamed"));
+    for d in [&held, &streamed] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let mut b = ModelBuilder::new("t");
+    fill(&mut b);
+    b.save(&held.join("m.onnx"), Some(16)).unwrap();
+    let mut b = ModelBuilder::new("t");
+    b.stream_external_data(&streamed.join("m.onnx"), 16)
+        .unwrap();
+    fill(&mut b);
+    // The data is written under a temporary name until the save renames it.
+    assert!(!streamed.join("m.onnx.data").exists());
+    b.save(&streamed.join("m.onnx"), Some(16)).unwrap();
+    for f in ["m.onnx", "m.onnx.data"] {
+        assert_eq!(
+            std::fs::read(held.join(f)).unwrap(),
+            std::fs::read(streamed.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    no_temp_files_left(&streamed);
+
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let mut b = ModelBuilder::new("t");
+    b.stream_external_data(&other.join("m.onnx"), 16).unwrap();
+    fill(&mut b);
+    let e = b.save(&other.join("n.onnx"), None).unwrap_err().to_string();
+    assert!(e.contains("streamed for"), "{e}");
+    drop(b);
+    assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0, "files left");
+}
+
 #[test]
 fn tensor_files_round_trip() {
     let dir = tempfile::tempdir().unwrap();

@@ -74,11 +74,12 @@ pub fn import(
         .map_err(|e| ImportError::io(&config_path, "read", e))?;
     let cfg = config::read(&config_path, &text)?;
     if !src.join("tokenizer.json").is_file() {
-        return Err(ImportError::Options(format!(
-            "{} has no tokenizer.json; save the tokenizer with transformers (a fast \
-             tokenizer writes it) beside the weights",
-            src.display()
-        )));
+        return Err(ImportError::Folder {
+            dir: src.to_path_buf(),
+            problem: "tokenizer.json is missing; save the tokenizer with transformers (a \
+                      fast tokenizer writes it) beside the weights"
+                .into(),
+        });
     }
     let generation = read_generation_config(src)?;
     let ck = Checkpoint::open(src)?;
