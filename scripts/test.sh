@@ -16,6 +16,8 @@
 #   - the wheels of kubernetes-validate, check-jsonschema and bfcl-eval, downloaded (not
 #     installed): the real-world JSON schemas of the structured-output corpus test;
 #   - the default model, pulled and imported by `oxgen pull` (the golden tests run it), and
+#     as a Hugging Face checkpoint written from its GGUF (what `oxgen import` of a checkpoint
+#     is tested on), and
 #     the sentence encoder all-MiniLM-L6-v2 by `oxgen pull embed` and the int8 cross-encoder
 #     ms-marco-MiniLM-L-12-v2 by `oxgen pull rerank` (the embedding and reranking tests);
 # then runs the conformance suite and every crate's tests, builds the Python wheel (maturin,
@@ -85,6 +87,13 @@ OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \
 export OXGEN_DEFAULT_MODEL="$CACHE/oxgen/models/SmolLM2-135M-Instruct"
 # Its GGUF, which the interoperability test imports itself with accuracy_level 0.
 export OXGEN_DEFAULT_GGUF="$CACHE/oxgen/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The default model as the Hugging Face checkpoint a user downloads (BF16 safetensors
+# dequantized from its GGUF with gguf-py and numpy, no torch; config.json written last), which
+# the test of `oxgen import` of a checkpoint imports and asks the README's question.
+export OXGEN_DEFAULT_HF="$CACHE/SmolLM2-135M-Instruct-hf"
+[ -f "$OXGEN_DEFAULT_HF/config.json" ] ||
+    "$OXGEN_PYTHON" crates/testkit/thirdparty/hf_from_gguf.py \
+        "$OXGEN_DEFAULT_GGUF" "$OXGEN_DEFAULT_MODEL" "$OXGEN_DEFAULT_HF"
 # The sentence encoder all-MiniLM-L6-v2 (`oxgen pull embed`), which the embedding tests
 # compare with sentence-transformers' recorded embeddings.
 OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \

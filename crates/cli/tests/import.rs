@@ -403,3 +403,34 @@ fn bad_hugging_face_checkpoints_fail_with_one_line_naming_the_problem() {
         ],
     );
 }
+
+/// The default model as the Hugging Face checkpoint a user downloads (`$OXGEN_DEFAULT_HF`,
+/// BF16, written from its GGUF by `scripts/test.sh`): imported at int8 it answers the README's
+/// question as the GGUF package does (Rayleigh scattering, greedy); at the default int4, whose
+/// blocks requantize weights that were 4-bit already, it still answers on topic.
+#[test]
+fn the_default_models_checkpoint_imports_and_answers_the_readme_question() {
+    let hf = std::env::var("OXGEN_DEFAULT_HF").unwrap_or_else(|_| {
+        panic!("OXGEN_DEFAULT_HF is not set: scripts/test.sh writes the default model's checkpoint there")
+    });
+    let dir = tempfile::tempdir().unwrap();
+    for (precision, expected) in [("int8", "Rayleigh scattering"), ("int4", "sky")] {
+        let pkg = dir.path().join(precision);
+        let p = pkg.to_str().unwrap();
+        let o = oxgen(&["import", &hf, p, "--precision", precision], &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = oxgen(
+            &[
+                "generate",
+                p,
+                "Why is the sky blue?",
+                "--max-new-tokens",
+                "40",
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        let answer = String::from_utf8_lossy(&o.stdout);
+        assert!(answer.contains(expected), "{precision}: {answer}");
+    }
+}

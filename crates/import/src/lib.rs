@@ -80,6 +80,15 @@ impl Precision {
         }
     }
 
+    /// The `MatMulNBits` bits of a quantized precision.
+    pub fn bits(self) -> Option<u32> {
+        match self {
+            Precision::Int4 => Some(4),
+            Precision::Int8 => Some(8),
+            Precision::Fp32 => None,
+        }
+    }
+
     /// `int4`, `int8` or `fp32`.
     pub fn parse(s: &str) -> Option<Precision> {
         Precision::ALL.into_iter().find(|p| p.name() == s)

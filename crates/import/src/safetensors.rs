@@ -163,6 +163,20 @@ impl SafeTensors {
         ))
     }
 
+    /// Drops tensor `name`'s pages from memory (they are read again from the file if used
+    /// again): the import touches each tensor once, so the process holds a tensor or a
+    /// layer at a time, not every page of the checkpoint it has read.
+    pub fn release(&self, name: &str) {
+        if let (Bytes::Mapped(map), Some(entry)) = (&self.data, self.entries.get(name)) {
+            let (start, len) = (self.start + entry.begin, entry.end - entry.begin);
+            // SAFETY: the map is a read-only view of the file; dropping its pages only makes
+            // the next read fault them in from the file again.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
+            };
+        }
+    }
+
     /// Tensor `name`'s bytes, stored as `U8` with shape `expected` (packed codes, scales).
     pub fn u8(&self, name: &str, expected: &[usize]) -> Result<&[u8], ImportError> {
         let (entry, bytes) = self.checked(name, expected)?;
@@ -212,8 +226,13 @@ impl SafeTensors {
                 ),
             ));
         }
-        let values: Vec<f32> = bytes.chunks_exact(width).map(convert).collect();
-        Ok(Tensor::from_slice(expected, &values).expect("the shape matches the values"))
+        // Decoded straight into the tensor: a large table is held once, not twice.
+        let mut t = Tensor::zeros(oxgen_tensor::DType::F32, expected).expect("a checked shape");
+        let out = t.as_mut_slice::<f32>().expect("f32");
+        for (v, b) in out.iter_mut().zip(bytes.chunks_exact(width)) {
+            *v = convert(b);
+        }
+        Ok(t)
     }
 
     /// Tensor `name` as f32, transposed from the stored `[out, in]` (torch's `Linear`) to the

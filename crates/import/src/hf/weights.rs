@@ -75,10 +75,13 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// Tensor `name` as f32 of shape `dims`.
+    /// Tensor `name` as f32 of shape `dims` (a copy: its mapped pages are released).
     fn f32(&mut self, name: &str, dims: &[usize]) -> Result<Tensor, ImportError> {
         self.mark(name)?;
-        self.ck.file(name).f32(name, dims)
+        let file = self.ck.file(name);
+        let t = file.f32(name, dims)?;
+        file.release(name);
+        Ok(t)
     }
 
     /// A norm's weight `[len]`; Gemma's `(1 + w)` with the 1 added.
@@ -130,35 +133,10 @@ impl<'a> Reader<'a> {
     /// An f32 `[n, k]` weight at the import's precision: `MatMulNBits` blocks for int4 and
     /// int8, as it is for fp32.
     fn convert(&self, weight: Tensor, bias: Option<Tensor>) -> Linear {
-        let bits = match self.precision {
-            Precision::Int4 => 4,
-            Precision::Int8 => 8,
-            Precision::Fp32 => return Linear::Float { weight, bias },
-        };
-        let (n, k) = (weight.dims()[0], weight.dims()[1]);
-        let q = quantize::symmetric(
-            weight.as_slice::<f32>().unwrap_or(&[]),
-            n,
-            k,
-            bits,
-            BLOCK_SIZE,
-        );
-        let block_bytes = BLOCK_SIZE * bits as usize / 8;
-        Linear::NBits(NBitsLinear {
-            k,
-            n,
-            bits,
-            block_size: BLOCK_SIZE,
-            b: Tensor::from_buf(
-                DType::U8,
-                &[n, q.blocks, block_bytes][..],
-                AlignedBuf::from_bytes(&q.codes),
-            )
-            .expect("sizes match"),
-            scales: Tensor::from_slice([n, q.blocks], &q.scales).expect("sizes match"),
-            zero_points: None,
-            bias,
-        })
+        match self.precision.bits() {
+            Some(bits) => Linear::NBits(nbits(weight, bias, bits)),
+            None => Linear::Float { weight, bias },
+        }
     }
 
     /// Splits an f32 `[n, k]` weight (and bias) into row ranges of `parts` rows.
@@ -195,21 +173,32 @@ impl<'a> Reader<'a> {
                 head,
             });
         }
-        let head = self.convert(table.clone(), None);
-        let embedding = match &head {
-            Linear::NBits(w) if h.is_multiple_of(BLOCK_SIZE) => Embedding::BlockQuantized {
-                data: Tensor::from_buf(
-                    DType::U8,
-                    &[vocab, h * w.bits as usize / 8][..],
-                    AlignedBuf::from_bytes(w.b.as_bytes()),
-                )
-                .expect("sizes match"),
-                scales: w.scales.clone(),
-                bits: w.bits,
-                block_size: w.block_size,
-            },
-            _ => Embedding::Float(table),
+        let bits = self
+            .precision
+            .bits()
+            .filter(|_| h.is_multiple_of(BLOCK_SIZE));
+        let Some(bits) = bits else {
+            let head = self.convert(table.clone(), None);
+            return Ok(EndWeights {
+                embedding: Embedding::Float(table),
+                final_norm,
+                head,
+            });
         };
+        // Quantized in place: the embedding gathers from the head's blocks.
+        let w = nbits(table, None, bits);
+        let embedding = Embedding::BlockQuantized {
+            data: Tensor::from_buf(
+                DType::U8,
+                &[vocab, h * bits as usize / 8][..],
+                AlignedBuf::from_bytes(w.b.as_bytes()),
+            )
+            .expect("sizes match"),
+            scales: w.scales.clone(),
+            bits,
+            block_size: w.block_size,
+        };
+        let head = Linear::NBits(w);
         Ok(EndWeights {
             embedding,
             final_norm,
@@ -331,6 +320,8 @@ impl<'a> Reader<'a> {
                 .file(&scales_name)
                 .u8(&scales_name, &[count, rows, k / 32])?;
             let ggml = ggml_mxfp4(blocks, scales);
+            self.ck.file(&blocks_name).release(&blocks_name);
+            self.ck.file(&scales_name).release(&scales_name);
             let q = repack::mxfp4_to_qmoe(&[&ggml], count, rows, k);
             let bias = self.f32(&format!("{prefix}_bias"), &[count, rows])?;
             Ok(Mxfp4Experts {
@@ -380,6 +371,26 @@ impl<'a> Reader<'a> {
                 ),
             }),
         }
+    }
+}
+
+/// An f32 `[n, k]` weight as `MatMulNBits` blocks of `bits` (see [`quantize`]).
+fn nbits(weight: Tensor, bias: Option<Tensor>, bits: u32) -> NBitsLinear {
+    let (n, k) = (weight.dims()[0], weight.dims()[1]);
+    let values = weight.as_slice::<f32>().unwrap_or(&[]);
+    let q = quantize::symmetric(values, n, k, bits, BLOCK_SIZE);
+    let block_bytes = BLOCK_SIZE * bits as usize / 8;
+    let codes = AlignedBuf::from_bytes(&q.codes);
+    NBitsLinear {
+        k,
+        n,
+        bits,
+        block_size: BLOCK_SIZE,
+        b: Tensor::from_buf(DType::U8, &[n, q.blocks, block_bytes][..], codes)
+            .expect("sizes match"),
+        scales: Tensor::from_slice([n, q.blocks], &q.scales).expect("sizes match"),
+        zero_points: None,
+        bias,
     }
 }
 
