@@ -23,7 +23,7 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(onnx_model gguf_file tokenizer_json chat_template request_json grammar)
+    targets=(onnx_model gguf_file tokenizer_json chat_template request_json grammar hf_checkpoint)
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -565,6 +565,44 @@ fn build<E: From<WriteError>>(
                 gbq,
             );
         }
+        Embedding::HeadBlocks => {
+            let LinearShape::NBits {
+                bits, block_size, ..
+            } = head_shape
+            else {
+                return Err(WriteError::Shape(ShapeMismatch {
+                    name: "lm_head (an f32 head has no blocks to gather from)".into(),
+                    found: vec![],
+                    expected: vec![],
+                })
+                .into());
+            };
+            g.linear_initializers("lm_head", head);
+            let shape = Tensor::from_slice([2], &[vocab as i64, -1]).expect("two dims");
+            g.b.initializer("embed.shape", shape);
+            g.node(
+                "Reshape",
+                "",
+                "embed.qweight",
+                &["lm_head.qweight", "embed.shape"],
+                &["embed.qweight"],
+                vec![],
+            );
+            let gbq = vec![
+                attr::int("bits", i64::from(bits)),
+                attr::int("block_size", block_size as i64),
+                attr::int("gather_axis", 0),
+                attr::int("quantize_axis", 1),
+            ];
+            g.node(
+                "GatherBlockQuantized",
+                "com.microsoft",
+                "embed",
+                &["embed.qweight", "input_ids", "lm_head.scales"],
+                &["embeddings"],
+                gbq,
+            );
+        }
         Embedding::Float(table) => {
             g.b.initializer("embed.weight", table);
             g.linear_initializers("lm_head", head);

@@ -140,6 +140,10 @@ pub enum Embedding {
     },
     /// A plain `Gather` over an f32 `[vocab, hidden]` table.
     Float(Tensor),
+    /// `GatherBlockQuantized` over the tied head's own `MatMulNBits` blocks, stored once as
+    /// the builder stores them: the head's codes `[vocab, blocks, block_size · bits / 8]` read
+    /// as `[vocab, hidden · bits / 8]` through a `Reshape`, and its scales `[vocab, blocks]`.
+    HeadBlocks,
 }
 
 /// One decoder layer's weights; norms are f32 `[hidden]`.
@@ -321,8 +325,26 @@ fn check_ends(
     final_norm: &Tensor,
     head: &Linear,
 ) -> Result<(), ShapeMismatch> {
-    if let Embedding::Float(t) = embedding {
-        check("embed.weight", t, &[spec.vocab, spec.hidden])?;
+    match (embedding, head) {
+        (Embedding::Float(t), _) => check("embed.weight", t, &[spec.vocab, spec.hidden])?,
+        (Embedding::HeadBlocks, Linear::NBits(w)) => {
+            let blocks = spec.hidden / w.block_size.max(1);
+            if blocks * w.block_size != spec.hidden || w.scales.dims() != [spec.vocab, blocks] {
+                return Err(ShapeMismatch {
+                    name: "lm_head.scales (the embedding gathers from them)".into(),
+                    found: w.scales.dims().to_vec(),
+                    expected: vec![spec.vocab, blocks],
+                });
+            }
+        }
+        (Embedding::HeadBlocks, Linear::Float { weight, .. }) => {
+            return Err(ShapeMismatch {
+                name: "lm_head (an f32 head has no blocks to gather from)".into(),
+                found: weight.dims().to_vec(),
+                expected: vec![],
+            });
+        }
+        (Embedding::BlockQuantized { .. }, _) => {}
     }
     check("final_norm", final_norm, &[spec.hidden])?;
     check_linear("lm_head", head, spec.hidden, spec.vocab)

@@ -185,20 +185,9 @@ impl<'a> Reader<'a> {
                 head,
             });
         };
-        // Quantized in place: the embedding gathers from the head's blocks.
-        let w = nbits(table, None, bits);
-        let embedding = Embedding::BlockQuantized {
-            data: Tensor::from_buf(
-                DType::U8,
-                &[vocab, h * bits as usize / 8][..],
-                AlignedBuf::from_bytes(w.b.as_bytes()),
-            )
-            .expect("sizes match"),
-            scales: w.scales.clone(),
-            bits,
-            block_size: w.block_size,
-        };
-        let head = Linear::NBits(w);
+        // Quantized in place, stored once: the embedding gathers from the head's blocks.
+        let head = Linear::NBits(nbits(table, None, bits));
+        let embedding = Embedding::HeadBlocks;
         Ok(EndWeights {
             embedding,
             final_norm,
