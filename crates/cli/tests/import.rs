@@ -103,36 +103,46 @@ fn a_file_that_is_not_gguf_fails_with_one_line() {
     assert!(!out.exists());
 }
 
-/// A disk that fills up mid-import: the import fails with one line naming the file and the
-/// cause, and leaves nothing behind, neither the package nor its staging folder. The full disk
-/// is a 4 MiB tmpfs mounted in a private mount namespace (`unshare`, as an unprivileged user
-/// mapped to root), and the package the default GGUF makes is about 150 MB.
+/// A disk that fills up mid-import, of the default model's GGUF and of its Hugging Face
+/// checkpoint: the import fails with one line naming the file and the cause, and leaves nothing
+/// behind, neither the package nor its staging folder. The full disk is a 4 MiB tmpfs mounted
+/// in a private mount namespace (`unshare`, as an unprivileged user mapped to root), and the
+/// packages are about 150 MB and 90 MB.
 #[test]
 fn a_full_disk_fails_the_import_and_leaves_nothing_behind() {
-    let gguf = std::env::var("OXGEN_DEFAULT_GGUF").unwrap_or_else(|_| {
-        panic!("OXGEN_DEFAULT_GGUF is not set: scripts/test.sh sets it to the default model's GGUF")
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let script = r#"mount -t tmpfs -o size=4m tmpfs "$0" || exit 90
+    let source = |var: &str| {
+        std::env::var(var).unwrap_or_else(|_| {
+            panic!(
+                "{var} is not set: scripts/test.sh sets it to the default model's GGUF / checkpoint"
+            )
+        })
+    };
+    for model in [source("OXGEN_DEFAULT_GGUF"), source("OXGEN_DEFAULT_HF")] {
+        let dir = tempfile::tempdir().unwrap();
+        let script = r#"mount -t tmpfs -o size=4m tmpfs "$0" || exit 90
 "$1" import "$2" "$0/pkg"
 echo "exit=$?" >&2
 echo "left: $(ls -A "$0")" >&2"#;
-    let o = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--mount", "sh", "-c", script])
-        .arg(dir.path())
-        .arg(env!("CARGO_BIN_EXE_oxgen"))
-        .arg(&gguf)
-        .output()
-        .expect("unshare (util-linux) runs");
-    let err = stderr(&o);
-    assert!(o.status.success(), "the tmpfs could not be mounted: {err}");
-    assert!(err.contains("exit=1"), "{err}");
-    let error = err.lines().find(|l| l.starts_with("error:")).unwrap_or("");
-    assert!(
-        error.contains("No space left on device") && error.contains("model.onnx.data"),
-        "{err}"
-    );
-    assert!(err.contains("left: \n") || err.ends_with("left: "), "{err}");
+        let o = Command::new("unshare")
+            .args(["--user", "--map-root-user", "--mount", "sh", "-c", script])
+            .arg(dir.path())
+            .arg(env!("CARGO_BIN_EXE_oxgen"))
+            .arg(&model)
+            .output()
+            .expect("unshare (util-linux) runs");
+        let err = stderr(&o);
+        assert!(o.status.success(), "the tmpfs could not be mounted: {err}");
+        assert!(err.contains("exit=1"), "{model}: {err}");
+        let error = err.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+        assert!(
+            error.contains("No space left on device") && error.contains("model.onnx.data"),
+            "{model}: {err}"
+        );
+        assert!(
+            err.contains("left: \n") || err.ends_with("left: "),
+            "{model}: {err}"
+        );
+    }
 }
 
 /// `oxgen pull` whose download is not the model it pins: real pip, pointed at a local folder
