@@ -19,7 +19,7 @@ pub struct Args {
     /// The GGUF file (llama, mistral, qwen2, qwen3, granite, phi3, gemma2, gemma3, smollm3,
     /// gpt-oss; Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4 experts, F16, BF16, F32 tensors),
     /// a Hugging Face causal-LM folder (Llama, Mistral, Qwen2/2.5, Qwen3, Granite,
-    /// Phi-3/3.5/4-mini, Gemma 2/3, SmolLM3, gpt-oss: `config.json`, `*.safetensors` (sharded or
+    /// Phi-3/3.5/4-mini, Gemma 2/3, SmolLM3, gpt-oss, ERNIE 4.5: `config.json`, `*.safetensors` (sharded or
     /// not; F32, F16, BF16), `tokenizer.json`), or a Hugging Face encoder folder (BERT,
     /// RoBERTa, XLM-RoBERTa: `config.json`, `model.safetensors`, `tokenizer.json`,
     /// sentence-transformers' pooling files).

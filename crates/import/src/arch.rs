@@ -38,9 +38,13 @@ pub enum Arch {
     /// gpt-oss: biased projections, attention sinks (`attn_sinks`), windowed and global
     /// layers alternating, YaRN rotary, and a mixture of MXFP4 experts ([`ExpertParams`]).
     GptOss,
+    /// ERNIE 4.5 (dense): Llama's layout rotating interleaved pairs `(2i, 2i + 1)`. Imported
+    /// from Hugging Face checkpoints only (not in [`Arch::ALL`], the GGUF architectures).
+    Ernie45,
 }
 
 impl Arch {
+    /// The architectures GGUF files import from (`general.architecture`).
     pub const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Mistral,
@@ -75,7 +79,14 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::SmolLM3 => "smollm3",
             Arch::GptOss => "gpt-oss",
+            Arch::Ernie45 => "ernie4_5",
         }
+    }
+
+    /// Whether rotary pairs interleaved dimensions `(2i, 2i + 1)` rather than Hugging Face's
+    /// halves `(i, i + d / 2)`.
+    pub fn rotary_interleaved(self) -> bool {
+        matches!(self, Arch::Ernie45)
     }
 
     /// Whether layer `l` rotates its queries and keys.

@@ -191,6 +191,7 @@ fn decoder_spec(
             linear_scale: hp.rope_linear_scale,
             long,
             yarn: hp.yarn,
+            interleaved: hp.arch.rotary_interleaved(),
         },
         rms_eps: hp.rms_eps,
         accuracy_level: i64::from(accuracy_level),

@@ -525,7 +525,7 @@ class PackageCheckpoint:
 HF_FOLDERS = {
     "llama3": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
     "granite": "granite", "phi3-longrope": "phi3", "phi4-mini": "phi3", "gemma2": "gemma2",
-    "gemma3": "gemma3_text", "smollm3": "smollm3", "gpt-oss": "gpt_oss",
+    "gemma3": "gemma3_text", "smollm3": "smollm3", "gpt-oss": "gpt_oss", "ernie4_5": "ernie4_5",
 }
 
 

@@ -8,7 +8,8 @@
 //! per layer:
 //!   SimplifiedLayerNormalization (layer 0) | SkipSimplifiedLayerNormalization (later layers)
 //!   -> q / k / v projections [-> RMSNorm per Q and K head]
-//!   -> GroupQueryAttention (rotary inside unless the layer has none, rotary_interleaved = 0,
+//!   -> GroupQueryAttention (rotary inside unless the layer has none, halves rotated unless
+//!      the spec interleaves (ERNIE 4.5),
 //!      window and softcap when set, KV in past_key_values.N.* / present.N.*, shared buffers)
 //!   -> o projection [· residual scale] [-> RMSNorm] -> SkipSimplifiedLayerNormalization
 //!   -> gate / up projections -> SiLU (Sigmoid, Mul) or GELU (tanh) * up -> down projection
@@ -686,7 +687,7 @@ fn build<E: From<WriteError>>(
         let mut gqa = vec![
             attr::int("num_heads", spec.heads as i64),
             attr::int("kv_num_heads", spec.kv_heads as i64),
-            attr::int("rotary_interleaved", 0),
+            attr::int("rotary_interleaved", i64::from(spec.rope.interleaved)),
             attr::int("local_window_size", window),
         ];
         let rotates = spec.rotary_layers.get(l).copied().unwrap_or(true);

@@ -54,6 +54,8 @@ pub struct Rope {
     pub long: Option<LongRopeCaches>,
     /// YaRN: frequencies blended by [`crate::arch::Yarn`], caches scaled.
     pub yarn: Option<crate::arch::Yarn>,
+    /// Rotate interleaved pairs `(2i, 2i + 1)` (`rotary_interleaved = 1`) instead of halves.
+    pub interleaved: bool,
 }
 
 /// LongRoPE's caches as onnxruntime-genai's builder writes them: `If` the mask's length
@@ -77,6 +79,7 @@ impl Rope {
             linear_scale: 1.0,
             long: None,
             yarn: None,
+            interleaved: false,
         }
     }
 }

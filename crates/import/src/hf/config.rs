@@ -20,7 +20,7 @@ use crate::arch::{
 };
 
 /// The `architectures` entries imported, and what each maps to.
-pub const ARCHITECTURES: [(&str, Arch); 10] = [
+pub const ARCHITECTURES: [(&str, Arch); 11] = [
     ("LlamaForCausalLM", Arch::Llama),
     ("MistralForCausalLM", Arch::Mistral),
     ("Qwen2ForCausalLM", Arch::Qwen2),
@@ -31,6 +31,7 @@ pub const ARCHITECTURES: [(&str, Arch); 10] = [
     ("Gemma3ForCausalLM", Arch::Gemma3),
     ("SmolLM3ForCausalLM", Arch::SmolLM3),
     ("GptOssForCausalLM", Arch::GptOss),
+    ("Ernie4_5ForCausalLM", Arch::Ernie45),
 ];
 
 /// What `config.json` says about the model.
@@ -614,7 +615,9 @@ fn windows(
         ));
     }
     let window = match arch {
-        Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 | Arch::Llama | Arch::Granite => None,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 | Arch::Llama | Arch::Granite | Arch::Ernie45 => {
+            None
+        }
         _ => c.count("sliding_window", usize::MAX)?,
     };
     let types = match c.get("layer_types") {

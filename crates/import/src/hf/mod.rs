@@ -93,18 +93,15 @@ pub fn import(
         cfg.rotary_layers.clone(),
         options.accuracy_level,
     );
-    let tokens = ConfigTokens {
-        bos: generation.bos.or(cfg.bos),
-        eos: if generation.eos.is_empty() {
-            cfg.eos.clone()
-        } else {
-            generation.eos.clone()
-        },
-        pad: generation.pad.or(cfg.pad),
+    let eos = if generation.eos.is_empty() {
+        cfg.eos.clone()
+    } else {
+        generation.eos.clone()
     };
     let tokens = ConfigTokens {
-        pad: tokens.pad.or(tokens.eos.first().copied()),
-        ..tokens
+        bos: generation.bos.or(cfg.bos),
+        pad: generation.pad.or(cfg.pad).or(eos.first().copied()),
+        eos,
     };
     let genai = with_search_defaults(
         &genai_graph::genai_config(&spec, hp.arch.model_type(), &tokens),
