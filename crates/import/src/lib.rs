@@ -280,14 +280,7 @@ pub fn import_gguf(
         let path = staging.dir.join(name);
         std::fs::write(&path, text).map_err(|e| ImportError::io(&path, "write", e))?;
     }
-    let bytes = folder_bytes(&staging.dir)?;
-    staging.commit(options.overwrite)?;
-    Ok(Imported {
-        architecture: hp.arch.name(),
-        spec,
-        bytes,
-        requantized,
-    })
+    staging.finish(options.overwrite, hp.arch.name(), spec, requantized)
 }
 
 /// What [`import_encoder`] imported.
@@ -484,6 +477,24 @@ impl Staging {
             dir,
             dest: dest.to_path_buf(),
             committed: false,
+        })
+    }
+
+    /// Renames the decoder package into place ([`Staging::commit`]) and reports it.
+    fn finish(
+        self,
+        overwrite: bool,
+        architecture: &'static str,
+        spec: DecoderSpec,
+        requantized: Vec<(String, Requantized)>,
+    ) -> Result<Imported, ImportError> {
+        let bytes = folder_bytes(&self.dir)?;
+        self.commit(overwrite)?;
+        Ok(Imported {
+            architecture,
+            spec,
+            bytes,
+            requantized,
         })
     }
 

@@ -149,6 +149,24 @@ impl Writer<'_> {
         }
     }
 
+    /// The embedding as `GatherBlockQuantized` over `[data, scales]` (rows along axis 0).
+    fn gather_block_quantized(&mut self, [data, scales]: [&str; 2], bits: u32, block_size: usize) {
+        let attrs = vec![
+            attr::int("bits", i64::from(bits)),
+            attr::int("block_size", block_size as i64),
+            attr::int("gather_axis", 0),
+            attr::int("quantize_axis", 1),
+        ];
+        self.node(
+            "GatherBlockQuantized",
+            "com.microsoft",
+            "embed",
+            &[data, "input_ids", scales],
+            &["embeddings"],
+            attrs,
+        );
+    }
+
     /// A projection: initializers, then its node.
     fn linear(&mut self, name: &str, w: Linear, input: &str, output: &str) {
         let shape = LinearShape::of(&w);
@@ -551,20 +569,7 @@ fn build<E: From<WriteError>>(
             g.b.initializer("embed.qweight", data)
                 .initializer("embed.scales", scales);
             g.linear_initializers("lm_head", head);
-            let gbq = vec![
-                attr::int("bits", i64::from(bits)),
-                attr::int("block_size", block_size as i64),
-                attr::int("gather_axis", 0),
-                attr::int("quantize_axis", 1),
-            ];
-            g.node(
-                "GatherBlockQuantized",
-                "com.microsoft",
-                "embed",
-                &["embed.qweight", "input_ids", "embed.scales"],
-                &["embeddings"],
-                gbq,
-            );
+            g.gather_block_quantized(["embed.qweight", "embed.scales"], bits, block_size);
         }
         Embedding::HeadBlocks => {
             let LinearShape::NBits {
@@ -589,20 +594,7 @@ fn build<E: From<WriteError>>(
                 &["embed.qweight"],
                 vec![],
             );
-            let gbq = vec![
-                attr::int("bits", i64::from(bits)),
-                attr::int("block_size", block_size as i64),
-                attr::int("gather_axis", 0),
-                attr::int("quantize_axis", 1),
-            ];
-            g.node(
-                "GatherBlockQuantized",
-                "com.microsoft",
-                "embed",
-                &["embed.qweight", "input_ids", "lm_head.scales"],
-                &["embeddings"],
-                gbq,
-            );
+            g.gather_block_quantized(["embed.qweight", "lm_head.scales"], bits, block_size);
         }
         Embedding::Float(table) => {
             g.b.initializer("embed.weight", table);

@@ -15,9 +15,7 @@ use serde_json::Value;
 
 use crate::genai_graph::{self, ConfigTokens, WriteError};
 use crate::safetensors::Checkpoint;
-use crate::{
-    ImportError, ImportOptions, Imported, Precision, Progress, Staging, folder_bytes, start_writing,
-};
+use crate::{ImportError, ImportOptions, Imported, Precision, Progress, Staging, start_writing};
 pub use weights::BLOCK_SIZE;
 
 /// The tokenizer and generation files a package keeps from the folder, when present
@@ -130,14 +128,7 @@ pub fn import(
     }
     reader.check_all_used()?;
     write_package_files(src, &staging, &genai, &cfg.class, precision, options)?;
-    let bytes = folder_bytes(&staging.dir)?;
-    staging.commit(options.overwrite)?;
-    Ok(Imported {
-        architecture: hp.arch.name(),
-        spec,
-        bytes,
-        requantized: Vec::new(),
-    })
+    staging.finish(options.overwrite, hp.arch.name(), spec, Vec::new())
 }
 
 /// `genai_config.json`, the copied tokenizer files and the import note, into the staging
