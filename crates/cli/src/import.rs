@@ -35,20 +35,14 @@ pub struct Args {
     #[arg(long, env = "OXGEN_FORCE")]
     force: bool,
     /// The weights' precision when importing a Hugging Face causal LM: int4 (MatMulNBits,
-    /// blocks of 32, as onnxruntime-genai's builder), int8, or fp32 (the checkpoint's values).
+    /// blocks of 32, as onnxruntime-genai's builder), int8, fp16 (f16 throughout, as the
+    /// builder's fp16 packages), or fp32 (the checkpoint's values).
     #[arg(long, value_parser = parse_precision)]
     precision: Option<Precision>,
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
-    match Precision::parse(s) {
-        Some(p) => Ok(p),
-        None if s == "fp16" => Err("fp16 is not written yet (onnxruntime-genai's fp16 CPU \
-             package computes in f16 throughout, which this writer does not); use int8 (a \
-             quarter of fp32's size) or fp32"
-            .into()),
-        None => Err(format!("'{s}' is not int4, int8 or fp32")),
-    }
+    Precision::parse(s).ok_or_else(|| format!("'{s}' is not int4, int8, fp16 or fp32"))
 }
 
 fn parse_accuracy_level(s: &str) -> Result<u8, String> {

@@ -25,7 +25,8 @@
 //! package by `make_families.py --hf-from-packages`: sharded for Llama 3, transformers 4's
 //! config spelling for Phi-4-mini, MXFP4 experts for gpt-oss) must import with `oxgen import`
 //! to the builder's ids: at fp32 exactly, on both backends; at int4 with the builder's very
-//! quantized bytes (compared weight by weight), hence its ids by the rule above.
+//! quantized bytes (compared weight by weight), hence its ids by the rule above; at fp16 (f16
+//! throughout) agreeing with the fp32 ids on at least 90% of the steps teacher-forced.
 //!
 //! Phi-3.5 / Phi-4-mini (LongRoPE): the prompt starts below `original_max_position_embeddings`
 //! and decoding crosses it, so the switch from the short to the long rotary caches is checked,
@@ -324,6 +325,28 @@ fn a_hugging_face_checkpoint_imports_to_the_builders_ids_and_bytes() {
         };
         import_hf(&hf, &fp32, Precision::Fp32, &exact).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_ids_on_both_backends(&fp32, &case, name, &format!("{name}-hf fp32"));
+
+        // fp16 throughout (the builder's `-p fp16` layout; no such package is committed):
+        // the fp32 ids teacher-forced, on both backends.
+        if name != "gpt-oss" {
+            let fp16 = dir.path().join("fp16");
+            import_hf(&hf, &fp16, Precision::Fp16, &exact).unwrap();
+            for backend in [Backend::Native, Backend::Ort] {
+                let options = ModelOptions {
+                    threads: 2,
+                    backend,
+                    ..ModelOptions::default()
+                };
+                let mut model = Model::open(&fp16, &options).unwrap();
+                let agree = teacher_forced_agreement(&mut model, &case);
+                let n = case.genai.len();
+                println!("{name}-hf fp16 {backend:?}: teacher-forced top-1 {agree}/{n}");
+                assert!(
+                    agree * 10 >= 9 * n,
+                    "{name}-hf fp16 {backend:?}: {agree}/{n}"
+                );
+            }
+        }
 
         // int4 at the builder's accuracy level: the builder's bytes, so its ids.
         let int4 = dir.path().join("int4");

@@ -9,12 +9,14 @@ use std::cell::{RefCell, RefMut};
 use std::ops::Range;
 use std::sync::Arc;
 
+use half::slice::HalfFloatSliceExt;
 use oxgen_graph::ops::MatMulNBits;
 use oxgen_graph::{Graph, Index, Op, ValueId};
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::integer::PackedI8;
 use oxgen_kernels::matmul::{self as km, PACKED_TILE, PackedF32};
 use oxgen_kernels::nbits::PackedNBits;
+use oxgen_tensor::DType;
 use oxgen_tensor::Tensor;
 
 use crate::NativeSession;
@@ -219,11 +221,13 @@ fn prepack_weights(graph: &mut Graph, index: &Index, exact: bool) -> Vec<Option<
     packed
 }
 
-/// Packs the f32 `B` of every `MatMul` node whose `B` is a 2-D f32 initializer mapped from the
+/// Packs the `B` of every `MatMul` node whose `B` is a 2-D f32 initializer mapped from the
 /// model file and read by that node alone into column tiles ([`PackedF32`]), so a product
 /// streams contiguous memory, then hands the file pages of the original back to the OS (the
 /// tensor stays in the graph, for its shape; it is read again only if something else reads
-/// it). Nothing where the CPU has no vector kernel to stream them.
+/// it). An f16 or bf16 `B` (an fp16 package) is widened to f32 tiles the same way: the CPU
+/// has no f16 arithmetic, and the f32 kernel is the fast one (memory holds f32 weights).
+/// Nothing where the CPU has no vector kernel to stream them.
 fn prepack_f32(graph: &Graph, index: &Index) -> Vec<Option<PackedF32>> {
     (graph.nodes.iter())
         .map(|node| {
@@ -234,10 +238,27 @@ fn prepack_f32(graph: &Graph, index: &Index) -> Vec<Option<PackedF32>> {
                 return None;
             };
             let sole = index.sole_reader(id).is_some();
-            if b.dtype() != oxgen_tensor::DType::F32 || !b.is_shared() || !sole || n < PACKED_TILE {
+            if !b.is_shared() || !sole || n < PACKED_TILE {
                 return None;
             }
-            let packed = PackedF32::pack(b.as_slice::<f32>().ok()?, k, n).ok()?;
+            let widened = |convert: &dyn Fn(&mut [f32])| {
+                let mut w = vec![0f32; k * n];
+                convert(&mut w);
+                w
+            };
+            let values: std::borrow::Cow<[f32]> = match b.dtype() {
+                DType::F32 => b.as_slice::<f32>().ok()?.into(),
+                DType::F16 => {
+                    let b = b.as_slice::<half::f16>().ok()?;
+                    widened(&|w| b.convert_to_f32_slice(w)).into()
+                }
+                DType::BF16 => {
+                    let b = b.as_slice::<half::bf16>().ok()?;
+                    widened(&|w| b.convert_to_f32_slice(w)).into()
+                }
+                _ => return None,
+            };
+            let packed = PackedF32::pack(&values, k, n).ok()?;
             page_out(b);
             Some(packed)
         })

@@ -65,17 +65,26 @@ pub enum Precision {
     Int4,
     /// `MatMulNBits` of 8 bits, blocks of 32, symmetric.
     Int8,
+    /// f16 weights, activations, KV cache and logits throughout (onnxruntime-genai's `-p
+    /// fp16`): `MatMul` weights rounded to f16.
+    Fp16,
     /// f32 `MatMul` weights, exactly the checkpoint's values.
     Fp32,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 3] = [Precision::Int4, Precision::Int8, Precision::Fp32];
+    pub const ALL: [Precision; 4] = [
+        Precision::Int4,
+        Precision::Int8,
+        Precision::Fp16,
+        Precision::Fp32,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Precision::Int4 => "int4",
             Precision::Int8 => "int8",
+            Precision::Fp16 => "fp16",
             Precision::Fp32 => "fp32",
         }
     }
@@ -85,11 +94,11 @@ impl Precision {
         match self {
             Precision::Int4 => Some(4),
             Precision::Int8 => Some(8),
-            Precision::Fp32 => None,
+            Precision::Fp16 | Precision::Fp32 => None,
         }
     }
 
-    /// `int4`, `int8` or `fp32`.
+    /// `int4`, `int8`, `fp16` or `fp32`.
     pub fn parse(s: &str) -> Option<Precision> {
         Precision::ALL.into_iter().find(|p| p.name() == s)
     }
@@ -201,6 +210,7 @@ fn decoder_spec(
         gemma: hp.gemma.clone(),
         rotary_layers,
         experts: hp.experts,
+        io: oxgen_tensor::DType::F32,
     }
 }
 

@@ -170,6 +170,7 @@ pub fn decoder_spec(cfg: &FixtureConfig) -> DecoderSpec {
         gemma: None,
         rotary_layers: Vec::new(),
         experts: None,
+        io: oxgen_tensor::DType::F32,
     }
 }
 

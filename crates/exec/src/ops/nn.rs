@@ -74,27 +74,68 @@ fn batch_offsets(
     (ao, bo)
 }
 
+/// An f16 or bf16 `A` against f32 tiles widened from its `B` at load: `A` widened, the
+/// product accumulated in f32 and rounded once (as the generic path accumulates), through
+/// arena buffers.
+fn matmul_packed_half<T: Element>(
+    a: &Tensor,
+    rows: usize,
+    tiles: &km::PackedF32,
+    dims: Small<usize>,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError>
+where
+    [T]: half::slice::HalfFloatSliceExt,
+{
+    use half::slice::HalfFloatSliceExt;
+    let (k, n) = tiles.dims();
+    let mut a32 = ctx.alloc(DType::F32, [rows * k])?;
+    a.as_slice::<T>()?
+        .convert_to_f32_slice(a32.as_mut_slice::<f32>()?);
+    let mut out32 = ctx.alloc(DType::F32, [rows * n])?;
+    let product = km::matmul_packed_f32(
+        a32.as_slice::<f32>()?,
+        rows,
+        tiles,
+        out32.as_mut_slice::<f32>()?,
+        ctx.pool,
+    );
+    let mut out = ctx.alloc(a.dtype(), dims)?;
+    out.as_mut_slice::<T>()?
+        .convert_from_f32_slice(out32.as_slice::<f32>()?);
+    ctx.arena.recycle(a32);
+    ctx.arena.recycle(out32);
+    product?;
+    Ok(out)
+}
+
 fn matmul(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     same_dtype(a, b, "input B")?;
     if let Some(tiles) = ctx.lowered.tiles()
-        && a.dtype() == DType::F32
         && let Some((&k, batch)) = a.dims().split_last()
         && b.dims() == [tiles.dims().0, tiles.dims().1]
         && k == tiles.dims().0
     {
-        // B packed at load: every row of A against it, the same bits as below.
+        // B packed at load: every row of A against it, the same bits as below for f32.
         let n = tiles.dims().1;
         let dims: Small<usize> = batch.iter().copied().chain([n]).collect();
-        let mut out = ctx.alloc(DType::F32, dims)?;
         let rows = batch.iter().product();
-        km::matmul_packed_f32(
-            a.as_slice::<f32>()?,
-            rows,
-            tiles,
-            out.as_mut_slice::<f32>()?,
-            ctx.pool,
-        )?;
-        return Ok(out);
+        match a.dtype() {
+            DType::F32 => {
+                let mut out = ctx.alloc(DType::F32, dims)?;
+                km::matmul_packed_f32(
+                    a.as_slice::<f32>()?,
+                    rows,
+                    tiles,
+                    out.as_mut_slice::<f32>()?,
+                    ctx.pool,
+                )?;
+                return Ok(out);
+            }
+            DType::F16 => return matmul_packed_half::<half::f16>(a, rows, tiles, dims, ctx),
+            DType::BF16 => return matmul_packed_half::<half::bf16>(a, rows, tiles, dims, ctx),
+            _ => {}
+        }
     }
     let (ad, bd) = (a.dims(), b.dims());
     if ad.is_empty() || bd.is_empty() {

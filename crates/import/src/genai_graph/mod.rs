@@ -67,21 +67,19 @@ impl Writer<'_> {
     fn linear_initializers(&mut self, name: &str, w: Linear) {
         match w {
             Linear::NBits(w) => {
-                self.b
-                    .initializer(&format!("{name}.qweight"), w.b)
-                    .initializer(&format!("{name}.scales"), w.scales);
+                self.init(&format!("{name}.qweight"), w.b);
+                self.init(&format!("{name}.scales"), w.scales);
                 if let Some(z) = w.zero_points {
-                    self.b.initializer(&format!("{name}.qzeros"), z);
+                    self.init(&format!("{name}.qzeros"), z);
                 }
                 if let Some(bias) = w.bias {
-                    self.b.initializer(&format!("{name}.bias"), bias);
+                    self.init(&format!("{name}.bias"), bias);
                 }
             }
             Linear::Float { weight, bias } => {
-                self.b
-                    .initializer(&format!("{name}.weight"), transpose(&weight));
+                self.init(&format!("{name}.weight"), transpose(&weight));
                 if let Some(bias) = bias {
-                    self.b.initializer(&format!("{name}.bias"), bias);
+                    self.init(&format!("{name}.bias"), bias);
                 }
             }
         }
@@ -175,8 +173,17 @@ impl Writer<'_> {
     }
 
     fn norm_weight(&mut self, name: &str, w: Tensor) -> String {
-        self.b.initializer(name, w);
+        self.init(name, w);
         name.to_string()
+    }
+
+    /// Adds initializer `name`; a float one in the graph's float type ([`DecoderSpec::io`]).
+    fn init(&mut self, name: &str, t: Tensor) {
+        let t = match (t.dtype(), self.spec.io) {
+            (DType::F32, DType::F16) => to_f16(&t),
+            _ => t,
+        };
+        self.b.initializer(name, t);
     }
 
     /// RMSNorm over each head of `x` (`[batch, seq, heads * head_size]`), as onnxruntime-genai's
@@ -190,9 +197,8 @@ impl Writer<'_> {
             format!("{x}_norm.join_shape"),
         );
         let shape = |dims: [i64; 3]| Tensor::from_slice([3], &dims).expect("three dims");
-        self.b
-            .initializer(&split, shape([0, -1, hd as i64]))
-            .initializer(&back, shape([0, -1, (heads * hd) as i64]));
+        self.init(&split, shape([0, -1, hd as i64]));
+        self.init(&back, shape([0, -1, (heads * hd) as i64]));
         let (heads_in, normed, out) = (
             format!("{x}_norm.heads"),
             format!("{x}_norm.normed"),
@@ -289,7 +295,7 @@ impl Writer<'_> {
         );
         self.linear(&router, w.router, x, &router);
         let dims = Tensor::from_slice([2], &[-1i64, e.count as i64]).expect("two dims");
-        self.b.initializer(&shape, dims);
+        self.init(&shape, dims);
         self.node(
             "Reshape",
             "",
@@ -303,10 +309,9 @@ impl Writer<'_> {
         };
         let (fc1, fc2) = (names("gate_up"), names("down"));
         for (names, t) in [(&fc1, w.gate_up), (&fc2, w.down)] {
-            self.b
-                .initializer(&names[0], t.codes)
-                .initializer(&names[1], t.scales)
-                .initializer(&names[2], t.bias);
+            self.init(&names[0], t.codes);
+            self.init(&names[1], t.scales);
+            self.init(&names[2], t.bias);
         }
         let out = format!("{p}.moe");
         let inputs = [
@@ -363,6 +368,14 @@ impl LinearShape {
             },
         }
     }
+}
+
+/// An f32 tensor as f16 (rounded to nearest, ties to even, as torch's `.half()`).
+pub(super) fn to_f16(t: &Tensor) -> Tensor {
+    let values: Vec<half::f16> = (t.as_slice::<f32>().unwrap_or(&[]).iter())
+        .map(|&v| half::f16::from_f32(v))
+        .collect();
+    Tensor::from_slice(t.dims(), &values).expect("the same shape")
 }
 
 /// `[n, k]` f32 -> `[k, n]`.
@@ -479,27 +492,27 @@ fn build<E: From<WriteError>>(
     for l in 0..spec.layers {
         for kind in ["key", "value"] {
             let dims = kv_dims("past_sequence_length");
-            g.b.input(&format!("past_key_values.{l}.{kind}"), DType::F32, &dims);
+            g.b.input(&format!("past_key_values.{l}.{kind}"), spec.io, &dims);
         }
     }
     g.b.output(
         "logits",
-        DType::F32,
+        spec.io,
         &[batch.clone(), "sequence_length".into(), Dim::Fixed(vocab)],
     );
     for l in 0..spec.layers {
         for kind in ["key", "value"] {
             let dims = kv_dims("total_sequence_length");
-            g.b.output(&format!("present.{l}.{kind}"), DType::F32, &dims);
+            g.b.output(&format!("present.{l}.{kind}"), spec.io, &dims);
         }
     }
 
     // seqlens_k = sum(attention_mask, 1) - 1 (int32); total_sequence_length = shape(mask)[1].
-    g.b.initializer("one_i64", Tensor::scalar(1i64))
-        .initializer(
-            "axes_1",
-            Tensor::from_slice([1], &[1i64]).expect("one axis"),
-        );
+    g.init("one_i64", Tensor::scalar(1i64));
+    g.init(
+        "axes_1",
+        Tensor::from_slice([1], &[1i64]).expect("one axis"),
+    );
     g.node(
         "ReduceSum",
         "",
@@ -566,8 +579,8 @@ fn build<E: From<WriteError>>(
             bits,
             block_size,
         } => {
-            g.b.initializer("embed.qweight", data)
-                .initializer("embed.scales", scales);
+            g.init("embed.qweight", data);
+            g.init("embed.scales", scales);
             g.linear_initializers("lm_head", head);
             g.gather_block_quantized(["embed.qweight", "embed.scales"], bits, block_size);
         }
@@ -585,7 +598,7 @@ fn build<E: From<WriteError>>(
             };
             g.linear_initializers("lm_head", head);
             let shape = Tensor::from_slice([2], &[vocab as i64, -1]).expect("two dims");
-            g.b.initializer("embed.shape", shape);
+            g.init("embed.shape", shape);
             g.node(
                 "Reshape",
                 "",
@@ -597,7 +610,7 @@ fn build<E: From<WriteError>>(
             g.gather_block_quantized(["embed.qweight", "lm_head.scales"], bits, block_size);
         }
         Embedding::Float(table) => {
-            g.b.initializer("embed.weight", table);
+            g.init("embed.weight", table);
             g.linear_initializers("lm_head", head);
             g.node(
                 "Gather",
@@ -618,7 +631,7 @@ fn build<E: From<WriteError>>(
         ("logit_scale", mult.logit),
     ] {
         if value != 1.0 {
-            g.b.initializer(name, Tensor::scalar(value));
+            g.init(name, Tensor::scalar(value));
         }
     }
     let mut residual = "embeddings".to_string();
@@ -691,7 +704,7 @@ fn build<E: From<WriteError>>(
         }
         let sinks = format!("{p}.sinks");
         if let Some(t) = w.sinks {
-            g.b.initializer(&sinks, t);
+            g.init(&sinks, t);
             inputs.resize(11, "");
             inputs.push(&sinks);
         }
@@ -758,7 +771,7 @@ fn build<E: From<WriteError>>(
     } else if let Some(cap) = softcap {
         // `cap · tanh(logits / cap)`.
         g.linear_node("lm_head", &head_shape, "final_norm", "logits_uncapped");
-        g.b.initializer("final_softcap", Tensor::scalar(cap));
+        g.init("final_softcap", Tensor::scalar(cap));
         g.node(
             "Div",
             "",

@@ -75,14 +75,12 @@ impl Writer<'_> {
         // YaRN scales the caches (so queries and keys) by its attention factor.
         let scale = spec.rope.yarn.map_or(1.0, |y| 0.1 * y.factor.ln() + 1.0);
         let (cos, sin) = rotary_caches(spec, spec.rope.base, spec.context, factors, scale);
-        self.b
-            .initializer("cos_cache", cos)
-            .initializer("sin_cache", sin);
+        self.init("cos_cache", cos);
+        self.init("sin_cache", sin);
         if let Some(base) = spec.gemma.as_ref().and_then(|g| g.local_rope_base) {
             let (cos, sin) = rotary_caches(spec, base, spec.context, factors, 1.0);
-            self.b
-                .initializer("cos_cache_local", cos)
-                .initializer("sin_cache_local", sin);
+            self.init("cos_cache_local", cos);
+            self.init("sin_cache_local", sin);
         }
     }
 
@@ -97,6 +95,10 @@ impl Writer<'_> {
             let mut b = ModelBuilder::new("oxgen-import");
             for (out, t) in [(format!("{name}_cos"), cos), (format!("{name}_sin"), sin)] {
                 let dims = [Dim::Fixed(rows), Dim::Fixed(t.dims()[1])];
+                let t = match spec.io {
+                    DType::F16 => super::to_f16(&t),
+                    _ => t,
+                };
                 b.node(
                     "Constant",
                     "",
@@ -105,13 +107,13 @@ impl Writer<'_> {
                     &[&out],
                     vec![attr::tensor("value", &t)],
                 );
-                b.output(&out, DType::F32, &dims);
+                b.output(&out, spec.io, &dims);
             }
             b.subgraph(name)
         };
         let then_branch = branch("long_rope", spec.context, &long.long_factors);
         let else_branch = branch("short_rope", long.original_context, &long.short_factors);
-        self.b.initializer(
+        self.init(
             "original_context",
             Tensor::scalar(long.original_context as i64),
         );

@@ -36,6 +36,9 @@ pub struct DecoderSpec {
     pub rotary_layers: Vec<bool>,
     /// A mixture of experts in every layer's MLP ([`Mlp::Experts`]).
     pub experts: Option<crate::arch::ExpertParams>,
+    /// The activations', KV cache's, logits' and float weights' type: `F32`, or `F16` as
+    /// onnxruntime-genai's fp16 packages (weights are given in f32 and rounded when written).
+    pub io: DType,
 }
 
 /// Rotary frequencies: `θ_i = base^(-2i / dim) / factors[i] / linear_scale`, over the first

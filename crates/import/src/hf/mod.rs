@@ -83,7 +83,7 @@ pub fn import(
     let ck = Checkpoint::open(src)?;
     let hp = &cfg.hp;
     let tied = cfg.tied.unwrap_or(!ck.contains("lm_head.weight"));
-    let spec = crate::decoder_spec(
+    let mut spec = crate::decoder_spec(
         hp,
         cfg.vocab,
         cfg.freq_factors.clone(),
@@ -91,6 +91,18 @@ pub fn import(
         cfg.rotary_layers.clone(),
         options.accuracy_level,
     );
+    if precision == Precision::Fp16 {
+        if hp.experts.is_some() {
+            return Err(ImportError::Unsupported {
+                file: config_path,
+                what: "--precision fp16 for a mixture of experts".into(),
+                hint: "its MXFP4 experts run with f32 activations; import it at int4 (the \
+                       experts stay MXFP4) or fp32"
+                    .into(),
+            });
+        }
+        spec.io = oxgen_tensor::DType::F16;
+    }
     let eos = if generation.eos.is_empty() {
         cfg.eos.clone()
     } else {
@@ -161,7 +173,7 @@ fn write_package_files(
         "accuracy_level": options.accuracy_level,
     });
     let mut note = note;
-    if precision != Precision::Fp32 {
+    if precision.bits().is_some() {
         note["block_size"] = BLOCK_SIZE.into();
         note["quantizer"] =
             "symmetric round-to-nearest, as onnxruntime's MatMulNBits quantizer".into();
