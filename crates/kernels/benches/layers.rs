@@ -31,9 +31,11 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterio
 mod common;
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::attention::kv::{CacheElem, Cached};
-use oxgen_kernels::attention::paged::{PagedLayout, Segment, paged_attention, paged_scratch_len};
-use oxgen_kernels::attention::{GqaShape, Rows, ScoreMod, attention, scratch_len};
-use oxgen_kernels::norm::{Residual, rms_norm, skip_rms_norm};
+use oxgen_kernels::attention::paged::{
+    PagedBatch, PagedLayout, Segment, paged_attention, paged_scratch_len,
+};
+use oxgen_kernels::attention::{GqaInputs, GqaShape, Rows, ScoreMod, attention, scratch_len};
+use oxgen_kernels::norm::{NormRows, Residual, rms_norm, skip_rms_norm};
 use oxgen_kernels::rotary::{HeadsShape, Positions, Rope, rotary};
 use oxgen_kernels::sigmoid::silu_mul;
 use oxgen_kernels::softmax::{SoftmaxKind, softmax};
@@ -99,11 +101,13 @@ fn bench_attention(
                 attention(
                     &shape,
                     &score,
-                    black_box(&rows),
-                    &k,
-                    &v,
-                    &[start],
-                    &[capacity],
+                    GqaInputs {
+                        q: *black_box(&rows),
+                        k: &k,
+                        v: &v,
+                        start: &[start],
+                        kv_len: &[capacity],
+                    },
                     &mut out,
                     &mut scratch,
                     pool,
@@ -229,20 +233,24 @@ fn bench_paged<C: CacheElem>(
                 layer = (layer + 1) % layers;
                 let (k, v) = &pools_of[layer];
                 paged_attention(
-                    heads,
-                    &layout,
+                    PagedBatch {
+                        heads,
+                        layout: &layout,
+                        segments: &segments,
+                        tables: &tables,
+                    },
                     &score,
                     black_box(&rows),
-                    Cached {
-                        values: &k.0,
-                        scales: &k.1,
-                    },
-                    Cached {
-                        values: &v.0,
-                        scales: &v.1,
-                    },
-                    &segments,
-                    &tables,
+                    (
+                        Cached {
+                            values: &k.0,
+                            scales: &k.1,
+                        },
+                        Cached {
+                            values: &v.0,
+                            scales: &v.1,
+                        },
+                    ),
                     &mut out,
                     &mut scratch,
                     pool,
@@ -297,8 +305,18 @@ fn rmsnorm(c: &mut Criterion) {
             g.throughput(Throughput::Bytes(2 * n as u64 * F32));
             g.bench_function(format!("{rows}x{HIDDEN}/threads={t}"), |b| {
                 b.iter(|| {
-                    rms_norm(black_box(&x), &gamma, rows, HIDDEN, 1e-5, &mut out, pool)
-                        .expect("shapes match")
+                    rms_norm(
+                        NormRows {
+                            x: black_box(&x),
+                            rows,
+                            n: HIDDEN,
+                            epsilon: 1e-5,
+                        },
+                        &gamma,
+                        &mut out,
+                        pool,
+                    )
+                    .expect("shapes match")
                 })
             });
             // Reads x and the skip, writes the normalized row and the sum.
@@ -306,15 +324,17 @@ fn rmsnorm(c: &mut Criterion) {
             g.bench_function(format!("skip/{rows}x{HIDDEN}/threads={t}"), |b| {
                 b.iter(|| {
                     skip_rms_norm(
-                        black_box(&x),
+                        NormRows {
+                            x: black_box(&x),
+                            rows,
+                            n: HIDDEN,
+                            epsilon: 1e-5,
+                        },
                         Residual {
                             skip: &skip,
                             bias: None,
                         },
                         &gamma,
-                        rows,
-                        HIDDEN,
-                        1e-5,
                         &mut out,
                         Some(&mut sum),
                         None,

@@ -54,22 +54,19 @@ pub fn matmul<T: Accum>(
     n: usize,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    matmul_batched(a, b, c, &[0], &[0], m, k, n, pool)
+    matmul_batched(a, b, c, &[0], &[0], (m, k, n), pool)
 }
 
 /// A batch of products sharing one shape: `c[t] = a[a_offsets[t]..]·b[b_offsets[t]..]`, each
 /// operand row-major (m, k) and (k, n), with `c` holding the `(m, n)` results one after another.
 /// Offsets let broadcast batches reuse one operand without copying it.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_batched<T: Accum>(
     a: &[T],
     b: &[T],
     c: &mut [T],
     a_offsets: &[usize],
     b_offsets: &[usize],
-    m: usize,
-    k: usize,
-    n: usize,
+    (m, k, n): (usize, usize, usize),
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
     product(
@@ -87,16 +84,12 @@ pub fn matmul_batched<T: Accum>(
 /// Gemm: `c = alpha·(a·b) + beta·bias` for row-major `a` (m, k), `b` (k, n), `c` (m, n). The
 /// bias is skipped (not read) when absent or when `beta` is 0. Scaling happens in the
 /// accumulator type, before the single rounding.
-#[allow(clippy::too_many_arguments)]
 pub fn gemm<T: Accum>(
     a: &[T],
     b: &[T],
     c: &mut [T],
-    m: usize,
-    k: usize,
-    n: usize,
-    alpha: f64,
-    beta: f64,
+    (m, k, n): (usize, usize, usize),
+    (alpha, beta): (f64, f64),
     bias: Option<Bias<'_, T>>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
@@ -350,7 +343,7 @@ mod tests {
                     row_stride: 0,
                     col_stride: 1,
                 };
-                gemm(&a, &b, &mut got, m, k, n, 0.5, 2.0, Some(bias), &pool).unwrap();
+                gemm(&a, &b, &mut got, (m, k, n), (0.5, 2.0), Some(bias), &pool).unwrap();
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     let expect = 0.5 * w + 2.0 * bias.data[i % n];
                     assert_eq!(g.to_bits(), expect.to_bits(), "gemm {m}x{k}x{n} [{i}]");
@@ -475,7 +468,7 @@ mod tests {
         let a = [1f32, 2.0, 3.0, 4.0];
         let b = [1f32, 0.0, 0.0, 10.0];
         let mut c = [0f32; 4];
-        matmul_batched(&a, &b, &mut c, &[0, 2], &[0, 0], 1, 2, 2, &pool).unwrap();
+        matmul_batched(&a, &b, &mut c, &[0, 2], &[0, 0], (1, 2, 2), &pool).unwrap();
         assert_eq!(c, [1.0, 20.0, 3.0, 40.0]);
     }
 
@@ -490,11 +483,8 @@ mod tests {
             &a,
             &b,
             &mut c,
-            2,
-            2,
-            2,
-            2.0,
-            0.5,
+            (2, 2, 2),
+            (2.0, 0.5),
             Some(Bias {
                 data: &bias,
                 row_stride: 0,
@@ -510,11 +500,8 @@ mod tests {
             &a,
             &b,
             &mut c,
-            2,
-            2,
-            2,
-            1.0,
-            0.0,
+            (2, 2, 2),
+            (1.0, 0.0),
             Some(Bias {
                 data: &nan,
                 row_stride: 0,
@@ -539,9 +526,7 @@ mod tests {
                 &mut c,
                 &[0, 3],
                 &[0, 0],
-                1,
-                2,
-                2,
+                (1, 2, 2),
                 &pool
             )
             .is_err()
@@ -556,11 +541,8 @@ mod tests {
                 &[1f32; 4],
                 &[1f32; 4],
                 &mut c,
-                2,
-                2,
-                2,
-                1.0,
-                1.0,
+                (2, 2, 2),
+                (1.0, 1.0),
                 Some(short),
                 &pool
             )

@@ -23,6 +23,23 @@ const ROW_WORK: usize = 16;
 
 /// Rows whose statistics a skip norm sums together (independent chains that overlap).
 const ROW_GROUP: usize = 4;
+/// What a normalization reads: `rows` rows of `n` values of `x`, normalized with `epsilon`.
+#[derive(Clone, Copy)]
+pub struct NormRows<'a, T> {
+    pub x: &'a [T],
+    pub rows: usize,
+    pub n: usize,
+    pub epsilon: f32,
+}
+
+/// A normalization's elementwise affine step: `* scale (+ bias)`, `n` values each (`gamma`
+/// and `beta` in the skip ops' names).
+#[derive(Clone, Copy)]
+pub struct Affine<'a, T> {
+    pub scale: &'a [T],
+    pub bias: Option<&'a [T]>,
+}
+
 /// Per-row outputs of LayerNormalization: the mean and `1 / sqrt(variance + epsilon)`, one
 /// value per row each.
 pub struct LayerNormStats<'a, A> {
@@ -103,18 +120,20 @@ fn layer_apply_of<T: Accum>(
 
 /// LayerNormalization of each row of `x` (`rows × n`): `(x - mean) / sqrt(var + epsilon) *
 /// scale + bias`, with `scale` and `bias` of `n` elements. Fills `stats` when given.
-#[allow(clippy::too_many_arguments)]
 pub fn layer_norm<T: Accum>(
-    x: &[T],
-    scale: &[T],
-    bias: Option<&[T]>,
-    rows: usize,
-    n: usize,
-    epsilon: f32,
+    input: NormRows<'_, T>,
+    affine: Affine<'_, T>,
     out: &mut [T],
     stats: Option<LayerNormStats<'_, T::Acc>>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    let NormRows {
+        x,
+        rows,
+        n,
+        epsilon,
+    } = input;
+    let Affine { scale, bias } = affine;
     check_rows(
         (x, out),
         ("scale", scale),
@@ -187,32 +206,30 @@ fn inv_of_squares<A: AccScalar>(squares: A, count: A, eps: A) -> A {
 
 /// RMSNormalization of each row of `x` (`rows × n`): `x / sqrt(mean(x²) + epsilon) * scale`,
 /// with `scale` of `n` elements.
-#[allow(clippy::too_many_arguments)]
 pub fn rms_norm<T: Accum>(
-    x: &[T],
+    input: NormRows<'_, T>,
     scale: &[T],
-    rows: usize,
-    n: usize,
-    epsilon: f32,
     out: &mut [T],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    rms_norm_stats(x, scale, rows, n, epsilon, out, None, pool)
+    rms_norm_stats(input, scale, out, None, pool)
 }
 
 /// [`rms_norm`] that also stores each row's `1 / sqrt(mean(x²) + epsilon)` in `inv_rms`
 /// (`rows` values) when given — SimplifiedLayerNormalization's `inv_std_var`.
-#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_stats<T: Accum>(
-    x: &[T],
+    input: NormRows<'_, T>,
     scale: &[T],
-    rows: usize,
-    n: usize,
-    epsilon: f32,
     out: &mut [T],
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    let NormRows {
+        x,
+        rows,
+        n,
+        epsilon,
+    } = input;
     let total = check_rows((x, out), ("scale", scale), None, rows, n)?;
     let eps = <T::Acc as Scalar>::from_f64(epsilon as f64);
     let count = <T::Acc as Scalar>::from_f64(n as f64);
@@ -275,20 +292,25 @@ fn check_residual<T>(
 /// `v` rounded to `T` (the residual stream for the next layer) and `stats` with each row's
 /// mean and `1 / sqrt(var + epsilon)` when given. Rows are split between tasks, never one
 /// row, so the bits do not depend on the thread count.
-#[allow(clippy::too_many_arguments)]
 pub fn skip_layer_norm<T: Accum>(
-    x: &[T],
+    input: NormRows<'_, T>,
     residual: Residual<'_, T>,
-    gamma: &[T],
-    beta: Option<&[T]>,
-    rows: usize,
-    n: usize,
-    epsilon: f32,
+    affine: Affine<'_, T>,
     out: &mut [T],
     sum: Option<&mut [T]>,
     stats: Option<LayerNormStats<'_, T::Acc>>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    let NormRows {
+        x,
+        rows,
+        n,
+        epsilon,
+    } = input;
+    let Affine {
+        scale: gamma,
+        bias: beta,
+    } = affine;
     let total = check_rows(
         (x, out),
         ("gamma", gamma),
@@ -354,19 +376,21 @@ pub fn skip_layer_norm<T: Accum>(
 /// sqrt(mean(v²) + epsilon) * gamma`. Fills `sum` with `v` rounded to `T` (the residual
 /// stream for the next layer) and `inv_rms` with each row's `1 / sqrt(mean(v²) + epsilon)`
 /// when given. The normalization uses the unrounded `v`, as onnxruntime's CPU kernel does.
-#[allow(clippy::too_many_arguments)]
 pub fn skip_rms_norm<T: Accum>(
-    x: &[T],
+    input: NormRows<'_, T>,
     residual: Residual<'_, T>,
     gamma: &[T],
-    rows: usize,
-    n: usize,
-    epsilon: f32,
     out: &mut [T],
     sum: Option<&mut [T]>,
     inv_rms_out: Option<&mut [T::Acc]>,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    let NormRows {
+        x,
+        rows,
+        n,
+        epsilon,
+    } = input;
     let total = check_rows((x, out), ("gamma", gamma), None, rows, n)?;
     check_residual(&residual, total, n)?;
     let Residual { skip, bias } = residual;
@@ -493,12 +517,16 @@ mod tests {
         let mut out = [0f32; 6];
         let (mut mean, mut inv) = ([0f32; 2], [0f32; 2]);
         layer_norm(
-            &x,
-            &scale,
-            Some(&bias),
-            2,
-            3,
-            0.0,
+            NormRows {
+                x: &x,
+                rows: 2,
+                n: 3,
+                epsilon: 0.0,
+            },
+            Affine {
+                scale: &scale,
+                bias: Some(&bias),
+            },
             &mut out,
             Some(LayerNormStats {
                 mean: &mut mean,
@@ -519,7 +547,22 @@ mod tests {
             "{out:?}"
         );
         let mut again = [0f32; 6];
-        layer_norm(&x, &scale, Some(&bias), 2, 3, 0.0, &mut again, None, &pool).unwrap();
+        layer_norm(
+            NormRows {
+                x: &x,
+                rows: 2,
+                n: 3,
+                epsilon: 0.0,
+            },
+            Affine {
+                scale: &scale,
+                bias: Some(&bias),
+            },
+            &mut again,
+            None,
+            &pool,
+        )
+        .unwrap();
         assert_eq!(out, again, "stats or not, the outputs agree");
     }
 
@@ -529,7 +572,18 @@ mod tests {
         let x = [f16::from_f32(-3.0); 4];
         let scale = [f16::from_f32(2.0); 4];
         let mut out = [f16::ZERO; 4];
-        rms_norm(&x, &scale, 1, 4, 0.0, &mut out, &pool).unwrap();
+        rms_norm(
+            NormRows {
+                x: &x,
+                rows: 1,
+                n: 4,
+                epsilon: 0.0,
+            },
+            &scale,
+            &mut out,
+            &pool,
+        )
+        .unwrap();
         assert!(out.iter().all(|v| v.to_f32() == -2.0));
     }
 
@@ -542,24 +596,32 @@ mod tests {
         let scale = vec![1.5f32; n];
         let (mut a, mut b, mut one) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; n]);
         layer_norm(
-            &x,
-            &scale,
-            None,
-            rows,
-            n,
-            1e-5,
+            NormRows {
+                x: &x,
+                rows,
+                n,
+                epsilon: 1e-5,
+            },
+            Affine {
+                scale: &scale,
+                bias: None,
+            },
             &mut a,
             None,
             &ThreadPool::new(1),
         )
         .unwrap();
         layer_norm(
-            &x,
-            &scale,
-            None,
-            rows,
-            n,
-            1e-5,
+            NormRows {
+                x: &x,
+                rows,
+                n,
+                epsilon: 1e-5,
+            },
+            Affine {
+                scale: &scale,
+                bias: None,
+            },
             &mut b,
             None,
             &ThreadPool::new(3),
@@ -567,12 +629,16 @@ mod tests {
         .unwrap();
         assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
         layer_norm(
-            &x[5 * n..6 * n],
-            &scale,
-            None,
-            1,
-            n,
-            1e-5,
+            NormRows {
+                x: &x[5 * n..6 * n],
+                rows: 1,
+                n,
+                epsilon: 1e-5,
+            },
+            Affine {
+                scale: &scale,
+                bias: None,
+            },
             &mut one,
             None,
             &ThreadPool::new(1),
@@ -590,11 +656,13 @@ mod tests {
         let mut out = [0f32; 4];
         assert!(
             rms_norm(
-                &[1f32; 4],
+                NormRows {
+                    x: &[1f32; 4],
+                    rows: 2,
+                    n: 2,
+                    epsilon: 1e-5
+                },
                 &[1f32; 3],
-                2,
-                2,
-                1e-5,
                 &mut out,
                 &ThreadPool::new(1)
             )
@@ -608,11 +676,34 @@ mod tests {
         let mut out = [0f32; 6];
         let mut inv = [0f32; 2];
         let pool = ThreadPool::new(1);
-        rms_norm_stats(&x, &[1.0; 3], 2, 3, 0.0, &mut out, Some(&mut inv), &pool).unwrap();
+        rms_norm_stats(
+            NormRows {
+                x: &x,
+                rows: 2,
+                n: 3,
+                epsilon: 0.0,
+            },
+            &[1.0; 3],
+            &mut out,
+            Some(&mut inv),
+            &pool,
+        )
+        .unwrap();
         assert_eq!(inv[0], 1.0 / (25f32 / 3.0).sqrt());
         assert_eq!(inv[1], 1.0 / (2f32 / 3.0).sqrt());
         let mut plain = [0f32; 6];
-        rms_norm(&x, &[1.0; 3], 2, 3, 0.0, &mut plain, &pool).unwrap();
+        rms_norm(
+            NormRows {
+                x: &x,
+                rows: 2,
+                n: 3,
+                epsilon: 0.0,
+            },
+            &[1.0; 3],
+            &mut plain,
+            &pool,
+        )
+        .unwrap();
         assert_eq!(out, plain);
     }
 
@@ -624,15 +715,17 @@ mod tests {
         let (skip, bias, gamma) = ([1f32, 0.0], [1f32, 2.0], [2f32, 0.5]);
         let (mut out, mut sum, mut inv) = ([0f32; 4], [0f32; 4], [0f32; 2]);
         skip_rms_norm(
-            &x,
+            NormRows {
+                x: &x,
+                rows: 2,
+                n: 2,
+                epsilon: 0.0,
+            },
             Residual {
                 skip: &skip,
                 bias: Some(&bias),
             },
             &gamma,
-            2,
-            2,
-            0.0,
             &mut out,
             Some(&mut sum),
             Some(&mut inv),
@@ -645,15 +738,17 @@ mod tests {
         assert_eq!(out[..2], [3.0 * inv0 * 2.0, 4.0 * inv0 * 0.5]);
         let mut alone = [0f32; 4];
         skip_rms_norm(
-            &x,
+            NormRows {
+                x: &x,
+                rows: 2,
+                n: 2,
+                epsilon: 0.0,
+            },
             Residual {
                 skip: &skip,
                 bias: Some(&bias),
             },
             &gamma,
-            2,
-            2,
-            0.0,
             &mut alone,
             None,
             None,
@@ -680,12 +775,14 @@ mod tests {
             let skip =
                 &skip[(first_row * n) % skip.len()..][..if rows == 1 { n } else { skip.len() }];
             skip_rms_norm(
-                x,
+                NormRows {
+                    x,
+                    rows,
+                    n,
+                    epsilon: 1e-6,
+                },
                 Residual { skip, bias: None },
                 &gamma,
-                rows,
-                n,
-                1e-6,
                 &mut out,
                 Some(&mut sum),
                 None,
@@ -711,7 +808,18 @@ mod tests {
         };
         let pool = ThreadPool::new(1);
         let err = skip_rms_norm(
-            &[1f32; 6], res, &[1.0; 2], 3, 2, 1e-5, &mut out, None, None, &pool,
+            NormRows {
+                x: &[1f32; 6],
+                rows: 3,
+                n: 2,
+                epsilon: 1e-5,
+            },
+            res,
+            &[1.0; 2],
+            &mut out,
+            None,
+            None,
+            &pool,
         );
         assert!(err.is_err());
     }

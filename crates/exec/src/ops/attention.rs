@@ -549,11 +549,13 @@ fn gqa<T: Accum<Acc = f32> + Element + CacheElem>(
     ka::attention(
         &p.shape,
         &score,
-        &q_rows,
-        pk.as_slice::<T>()?,
-        pv.as_slice::<T>()?,
-        &p.start,
-        &p.kv_len,
+        ka::GqaInputs {
+            q: q_rows,
+            k: pk.as_slice::<T>()?,
+            v: pv.as_slice::<T>()?,
+            start: &p.start,
+            kv_len: &p.kv_len,
+        },
         by_head.as_mut_slice::<T>()?,
         scratch.as_mut_slice::<f32>()?,
         ctx.pool,
@@ -645,15 +647,16 @@ fn gqa_paged<T: Accum<Acc = f32> + Element + CacheElem>(
         ($c:ty) => {{
             let (mem, k_at, v_at) = paged.store.layer_views::<$c>(paged.layer)?;
             kp::paged_step(
-                heads,
-                &layout,
+                kp::PagedBatch {
+                    heads,
+                    layout: &layout,
+                    segments,
+                    tables,
+                },
                 &score,
                 &rows,
                 &new,
-                mem,
-                (k_at, v_at),
-                segments,
-                tables,
+                (mem, k_at, v_at),
                 rotated.as_mut_slice::<T>()?,
                 out.as_mut_slice::<T>()?,
                 scratch.as_mut_slice::<f32>()?,

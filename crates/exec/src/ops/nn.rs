@@ -179,7 +179,7 @@ fn matmul(a: &Tensor, b: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     }
     let mut out = ctx.alloc(a.dtype(), out_dims)?;
     let (ao, bo) = batch_offsets(a_batch, b_batch, &batch, m * k, k * n);
-    dispatch!(a.dtype(), T => km::matmul_batched(a.as_slice::<T>()?, b.as_slice::<T>()?, out.as_mut_slice::<T>()?, &ao, &bo, m, k, n, ctx.pool).map_err(OpError::from);
+    dispatch!(a.dtype(), T => km::matmul_batched(a.as_slice::<T>()?, b.as_slice::<T>()?, out.as_mut_slice::<T>()?, &ao, &bo, (m, k, n), ctx.pool).map_err(OpError::from);
         [F32, F64, F16, BF16, I32, I64, U32, U64])?;
     Ok(out)
 }
@@ -269,7 +269,7 @@ fn gemm(g: &Gemm, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor,
                 (Some(c), Some((row_stride, col_stride))) => Some(Bias { data: c.as_slice::<T>()?, row_stride, col_stride }),
                 _ => None,
             };
-            km::gemm(a_src.as_slice::<T>()?, b_src.as_slice::<T>()?, out.as_mut_slice::<T>()?, m, k, n, alpha, beta, bias, ctx.pool).map_err(OpError::from)
+            km::gemm(a_src.as_slice::<T>()?, b_src.as_slice::<T>()?, out.as_mut_slice::<T>()?, (m, k, n), (alpha, beta), bias, ctx.pool).map_err(OpError::from)
         }; [F32, F64, F16, BF16, I32, I64, U32, U64])?;
         Ok(out)
     })();
@@ -339,11 +339,13 @@ where
             .then(|| ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice()))
             .transpose()?;
         kn::rms_norm_stats(
-            x.as_slice::<T>()?,
+            kn::NormRows {
+                x: x.as_slice::<T>()?,
+                rows,
+                n,
+                epsilon: nm.epsilon,
+            },
             &scale,
-            rows,
-            n,
-            nm.epsilon,
             y.as_mut_slice::<T>()?,
             inv.as_mut()
                 .map(|t| t.as_mut_slice::<T::Acc>())
@@ -362,12 +364,16 @@ where
     };
     if n_outputs <= 1 {
         kn::layer_norm(
-            x.as_slice::<T>()?,
-            &scale,
-            bias.as_deref(),
-            rows,
-            n,
-            nm.epsilon,
+            kn::NormRows {
+                x: x.as_slice::<T>()?,
+                rows,
+                n,
+                epsilon: nm.epsilon,
+            },
+            kn::Affine {
+                scale: &scale,
+                bias: bias.as_deref(),
+            },
             y.as_mut_slice::<T>()?,
             None,
             ctx.pool,
@@ -382,12 +388,16 @@ where
         inv_std_dev: inv.as_mut_slice::<T::Acc>()?,
     };
     kn::layer_norm(
-        x.as_slice::<T>()?,
-        &scale,
-        bias.as_deref(),
-        rows,
-        n,
-        nm.epsilon,
+        kn::NormRows {
+            x: x.as_slice::<T>()?,
+            rows,
+            n,
+            epsilon: nm.epsilon,
+        },
+        kn::Affine {
+            scale: &scale,
+            bias: bias.as_deref(),
+        },
         y.as_mut_slice::<T>()?,
         Some(stats),
         ctx.pool,
@@ -495,13 +505,17 @@ where
             _ => None,
         };
         kn::skip_layer_norm(
-            x.as_slice::<T>()?,
+            kn::NormRows {
+                x: x.as_slice::<T>()?,
+                rows,
+                n,
+                epsilon: sn.epsilon,
+            },
             residual,
-            gamma.as_slice::<T>()?,
-            beta.map(|b| b.as_slice::<T>()).transpose()?,
-            rows,
-            n,
-            sn.epsilon,
+            kn::Affine {
+                scale: gamma.as_slice::<T>()?,
+                bias: beta.map(|b| b.as_slice::<T>()).transpose()?,
+            },
             y.as_mut_slice::<T>()?,
             sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
             stats,
@@ -515,21 +529,24 @@ where
         mean.as_mut_slice::<T::Acc>()?
             .fill(<T::Acc as oxgen_kernels::Scalar>::ZERO);
     }
+    // An inv_std_var nobody reads (a decoder layer's usual case) costs a pass over the rows;
+    // its tensor is returned unfilled.
+    let inv_rms = (inv.as_mut())
+        .filter(|_| ctx.wants(2))
+        .map(|t| t.as_mut_slice::<T::Acc>())
+        .transpose()?;
     kn::skip_rms_norm(
-        x.as_slice::<T>()?,
+        kn::NormRows {
+            x: x.as_slice::<T>()?,
+            rows,
+            n,
+            epsilon: sn.epsilon,
+        },
         residual,
         gamma.as_slice::<T>()?,
-        rows,
-        n,
-        sn.epsilon,
         y.as_mut_slice::<T>()?,
         sum.as_mut().map(|t| t.as_mut_slice::<T>()).transpose()?,
-        // An inv_std_var nobody reads (a decoder layer's usual case) costs a pass over the
-        // rows; its tensor is returned unfilled.
-        inv.as_mut()
-            .filter(|_| ctx.wants(2))
-            .map(|t| t.as_mut_slice::<T::Acc>())
-            .transpose()?,
+        inv_rms,
         ctx.pool,
     )
     .map_err(OpError::from)?;

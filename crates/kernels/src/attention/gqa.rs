@@ -49,60 +49,59 @@ pub fn scratch_len(shape: &GqaShape, pool: &ThreadPool) -> usize {
     parts(shape, pool) * row_scratch_len(group_len(shape.heads, shape.kv_heads), shape.head_size)
 }
 
-/// Attention of every query row of `q` over the caches `k`, `v`; writes `out` laid out
-/// `(batch, heads, seq, head_size)`. `start[b]` is the absolute position of entry `b`'s
-/// first query row and `kv_len[b]` its number of valid cache positions (see the module doc).
-#[allow(clippy::too_many_arguments)]
+/// What attention reads: the query rows, the key and value caches (laid out as
+/// [`GqaShape::cache_len`] says), and per batch entry `start[b]`, the absolute position of its
+/// first query row, and `kv_len[b]`, its number of valid cache positions (see the module doc).
+#[derive(Clone, Copy)]
+pub struct GqaInputs<'a, T> {
+    pub q: Rows<'a, T>,
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub start: &'a [usize],
+    pub kv_len: &'a [usize],
+}
+
+/// Attention of every query row over the caches ([`GqaInputs`]); writes `out` laid out
+/// `(batch, heads, seq, head_size)`.
 pub fn attention<T: Accum<Acc = f32> + CacheElem>(
     shape: &GqaShape,
     score: &ScoreMod,
-    q: &Rows<T>,
-    k: &[T],
-    v: &[T],
-    start: &[usize],
-    kv_len: &[usize],
+    inputs: GqaInputs<'_, T>,
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    attention_with(
-        shape, score, q, k, v, start, kv_len, out, scratch, pool, true,
-    )
+    attention_with(shape, score, inputs, out, scratch, pool, true)
 }
 
 /// [`attention`] on the scalar reference alone (no AVX2): the oracle of the fast rows.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_reference<T: Accum<Acc = f32> + CacheElem>(
     shape: &GqaShape,
     score: &ScoreMod,
-    q: &Rows<T>,
-    k: &[T],
-    v: &[T],
-    start: &[usize],
-    kv_len: &[usize],
+    inputs: GqaInputs<'_, T>,
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    attention_with(
-        shape, score, q, k, v, start, kv_len, out, scratch, pool, false,
-    )
+    attention_with(shape, score, inputs, out, scratch, pool, false)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn attention_with<T: Accum<Acc = f32> + CacheElem>(
     shape: &GqaShape,
     score: &ScoreMod,
-    q: &Rows<T>,
-    k: &[T],
-    v: &[T],
-    start: &[usize],
-    kv_len: &[usize],
+    inputs: GqaInputs<'_, T>,
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
     simd: bool,
 ) -> Result<(), KernelError> {
+    let GqaInputs {
+        q,
+        k,
+        v,
+        start,
+        kv_len,
+    } = inputs;
     shape.check()?;
     let GqaShape {
         batch,

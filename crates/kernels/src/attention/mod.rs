@@ -29,5 +29,5 @@ mod shape;
 
 pub use cache::{append_kv, copy_prefix, rotate_query};
 pub(crate) use exp::{exp_shifted_sum, lane_tree};
-pub use gqa::{attention, attention_reference, heads_to_rows, scratch_len};
+pub use gqa::{GqaInputs, attention, attention_reference, heads_to_rows, scratch_len};
 pub use shape::{GqaShape, Rows, ScoreMod};

@@ -109,6 +109,16 @@ impl Segment {
     }
 }
 
+/// A step's rows over the paged cache: `heads` query heads per row, the pool's `layout`, and
+/// each sequence's `segments` of rows with their block `tables`.
+#[derive(Clone, Copy)]
+pub struct PagedBatch<'a> {
+    pub heads: usize,
+    pub layout: &'a PagedLayout,
+    pub segments: &'a [Segment],
+    pub tables: &'a [u32],
+}
+
 /// Segments of at most this many rows (decode rows, speculative verification) prefetch the
 /// blocks they read; longer ones (prefill chunks) leave it to the cache.
 const PREFETCH_ROWS: usize = 8;
@@ -361,26 +371,21 @@ pub fn paged_scratch_len(
 /// Attention of every row of `q` over its segment's cached keys, causally (the row at
 /// position `p` sees positions `..=p`, and only the `window` last of them when set), written
 /// to `out` laid out `(tokens, heads * head_size)`.
-#[allow(clippy::too_many_arguments)]
 pub fn paged_attention<T: Accum<Acc = f32>, C: CacheElem>(
-    heads: usize,
-    layout: &PagedLayout,
+    batch: PagedBatch<'_>,
     score: &ScoreMod,
     q: &Rows<T>,
-    k: Cached<C>,
-    v: Cached<C>,
-    segments: &[Segment],
-    tables: &[u32],
+    (k, v): (Cached<C>, Cached<C>),
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
     for (x, what) in [(k, "key pool"), (v, "value pool")] {
-        check_pool(layout, x.values.len(), what)?;
-        x.check(layout.head_size)?;
+        check_pool(batch.layout, x.values.len(), what)?;
+        x.check(batch.layout.head_size)?;
     }
     Split::run(
-        (heads, layout, score, q, segments, tables),
+        (batch, score, q),
         (out, scratch, pool),
         Prelude::NONE,
         |split, part, target, scratch| split.attend(part, q, k, v, target, scratch),
@@ -416,18 +421,20 @@ enum Target<'o, T> {
 
 impl<'a> Split<'a> {
     /// `None` when there is nothing to compute.
-    #[allow(clippy::too_many_arguments)]
     fn new<T>(
-        heads: usize,
-        layout: &PagedLayout,
+        batch: PagedBatch<'a>,
         score: &'a ScoreMod<'a>,
         q: &Rows<T>,
-        segments: &'a [Segment],
-        tables: &'a [u32],
         out: &[T],
         scratch: &[f32],
         pool: &ThreadPool,
     ) -> Result<Option<Split<'a>>, KernelError> {
+        let PagedBatch {
+            heads,
+            layout,
+            segments,
+            tables,
+        } = batch;
         let (kv_heads, hs) = (layout.kv_heads, layout.head_size);
         if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(KernelError::Shape(format!(
@@ -475,22 +482,12 @@ impl<'a> Split<'a> {
     /// tiles' results into `out` after.
     #[allow(clippy::type_complexity)]
     fn run<T: Accum<Acc = f32>>(
-        (heads, layout, score, q, segments, tables): (
-            usize,
-            &PagedLayout,
-            &'a ScoreMod<'a>,
-            &Rows<T>,
-            &'a [Segment],
-            &'a [u32],
-        ),
+        (batch, score, q): (PagedBatch<'a>, &'a ScoreMod<'a>, &Rows<T>),
         (out, scratch, pool): (&mut [T], &mut [f32], &ThreadPool),
         prelude: Prelude<'_>,
         attend: impl Fn(&Split<'a>, usize, Target<'_, T>, &mut [f32]) + Sync,
     ) -> Result<(), KernelError> {
-        let Some(split) = Split::new(
-            heads, layout, score, q, segments, tables, out, scratch, pool,
-        )?
-        else {
+        let Some(split) = Split::new(batch, score, q, out, scratch, pool)? else {
             return Ok(());
         };
         let Plan {
@@ -521,7 +518,7 @@ impl<'a> Split<'a> {
                 attend(&split, part, Target::Slots(&slot_values), scratch);
             });
         }
-        split.fold_slots(slot_values, out, &mut rest[..layout.head_size]);
+        split.fold_slots(slot_values, out, &mut rest[..split.layout.head_size]);
         Ok(())
     }
 
@@ -686,20 +683,22 @@ pub struct NewKv<'a, T> {
 /// region left in both cores' caches).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
-    heads: usize,
-    layout: &PagedLayout,
+    batch: PagedBatch<'_>,
     score: &ScoreMod,
     q: &Rows<T>,
     new: &NewKv<T>,
-    store: KvMem<C>,
-    (k_at, v_at): (usize, usize),
-    segments: &[Segment],
-    tables: &[u32],
+    (store, k_at, v_at): (KvMem<C>, usize, usize),
     rotated: &mut [T],
     out: &mut [T],
     scratch: &mut [f32],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    let PagedBatch {
+        heads,
+        layout,
+        segments,
+        tables,
+    } = batch;
     let (kv_heads, hs) = (layout.kv_heads, layout.head_size);
     let tokens = segments.last().map_or(0, |s| s.rows.end);
     check_segments(layout, segments, tables, tokens)?;
@@ -746,7 +745,7 @@ pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
         }
     };
     Split::run(
-        (heads, layout, score, q, segments, tables),
+        (batch, score, q),
         (out, scratch, pool),
         Prelude {
             tasks: tokens.div_ceil(per_call.max(1)),

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::attention::group::{KV_TILE, attend_group_pieces, row_scratch_len};
-use crate::attention::{GqaShape, attention, scratch_len};
+use crate::attention::{GqaInputs, GqaShape, attention, scratch_len};
 
 /// An unscaled pool's memory.
 fn plain<C: CacheElem>(values: &mut [C]) -> KvMem<'_, C> {
@@ -80,11 +80,13 @@ fn check(len: usize, new: usize, bs: usize, hs: usize, window: Option<usize>, th
     attention(
         &shape,
         &score,
-        &rows,
-        &keys,
-        &vals,
-        &[len - new],
-        &[len],
+        GqaInputs {
+            q: rows,
+            k: &keys,
+            v: &vals,
+            start: &[len - new],
+            kv_len: &[len],
+        },
         &mut want,
         &mut scratch,
         &pool,
@@ -130,14 +132,15 @@ fn check(len: usize, new: usize, bs: usize, hs: usize, window: Option<usize>, th
         offset: 0,
     };
     paged_attention(
-        heads,
-        &layout,
+        PagedBatch {
+            heads,
+            layout: &layout,
+            segments: &segments,
+            tables: &tables,
+        },
         &score,
         &rows,
-        Cached::plain(&kp),
-        Cached::plain(&vp),
-        &segments,
-        &tables,
+        (Cached::plain(&kp), Cached::plain(&vp)),
         &mut got,
         &mut scratch,
         &pool,
@@ -221,14 +224,15 @@ fn batched_rows_equal_rows_alone_at_any_thread_count() {
             offset: 0,
         };
         paged_attention(
-            heads,
-            layout,
+            PagedBatch {
+                heads,
+                layout,
+                segments,
+                tables: &tables,
+            },
             &score,
             &rows,
-            Cached::plain(k),
-            Cached::plain(v),
-            segments,
-            &tables,
+            (Cached::plain(k), Cached::plain(v)),
             &mut out,
             &mut scratch,
             &pool,
@@ -314,14 +318,15 @@ fn tiles_equal_prefill<C: CacheElem>() {
         };
         let (kc, vc) = (k.cached(), v.cached());
         paged_attention(
-            heads,
-            &layout,
+            PagedBatch {
+                heads,
+                layout: &layout,
+                segments,
+                tables: &table,
+            },
             score,
             &rows,
-            kc,
-            vc,
-            segments,
-            &table,
+            (kc, vc),
             &mut out,
             &mut scratch,
             &pool,
@@ -464,14 +469,15 @@ fn a_fused_step_equals_append_rotate_attend() {
         let mut scratch = vec![0f32; scratch_len];
         let (k, v) = (&store[k_at..], &store[v_at..]);
         paged_attention(
-            heads,
-            &layout,
+            PagedBatch {
+                heads,
+                layout: &layout,
+                segments: &segments,
+                tables: &tables,
+            },
             &score,
             &query,
-            Cached::plain(k),
-            Cached::plain(v),
-            &segments,
-            &tables,
+            (Cached::plain(k), Cached::plain(v)),
             &mut want,
             &mut scratch,
             &pool,
@@ -487,15 +493,16 @@ fn a_fused_step_equals_append_rotate_attend() {
             rope,
         };
         paged_step(
-            heads,
-            &layout,
+            PagedBatch {
+                heads,
+                layout: &layout,
+                segments: &segments,
+                tables: &tables,
+            },
             &score,
             &qrows,
             &new,
-            plain(&mut fused),
-            (k_at, v_at),
-            &segments,
-            &tables,
+            (plain(&mut fused), k_at, v_at),
             &mut rotated2,
             &mut got,
             &mut scratch,
@@ -521,15 +528,16 @@ fn a_fused_step_equals_append_rotate_attend() {
     );
     let mut step = |at: (usize, usize), tables: &[u32]| {
         paged_step(
-            heads,
-            &layout,
+            PagedBatch {
+                heads,
+                layout: &layout,
+                segments: &segments,
+                tables,
+            },
             &score,
             &qrows,
             &new,
-            plain(&mut store),
-            at,
-            &segments,
-            tables,
+            (plain(&mut store), at.0, at.1),
             &mut rot,
             &mut out,
             &mut scratch,
@@ -717,15 +725,16 @@ fn run_in_steps<C: CacheElem>(qkv: &[f32], cuts: &[usize], threads: usize) -> (P
         let mut out = vec![0f32; tokens * heads * hs];
         let mut scratch = vec![0f32; paged_scratch_len(&layout, heads, &segments, &pool)];
         paged_step(
-            heads,
-            &layout,
+            PagedBatch {
+                heads,
+                layout: &layout,
+                segments: &segments,
+                tables: &tables,
+            },
             &score,
             &at(0),
             &new,
-            store.mem(),
-            (0, dense.block_len()),
-            &segments,
-            &tables,
+            (store.mem(), 0, dense.block_len()),
             &mut rotated,
             &mut out,
             &mut scratch,
