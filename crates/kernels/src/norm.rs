@@ -509,6 +509,15 @@ mod tests {
 
     use super::*;
 
+    fn rows_of<T>(x: &[T], rows: usize, n: usize, epsilon: f32) -> NormRows<'_, T> {
+        NormRows {
+            x,
+            rows,
+            n,
+            epsilon,
+        }
+    }
+
     #[test]
     fn layer_norm_matches_the_formula_and_reports_stats() {
         let pool = ThreadPool::new(1);
@@ -517,12 +526,7 @@ mod tests {
         let mut out = [0f32; 6];
         let (mut mean, mut inv) = ([0f32; 2], [0f32; 2]);
         layer_norm(
-            NormRows {
-                x: &x,
-                rows: 2,
-                n: 3,
-                epsilon: 0.0,
-            },
+            rows_of(&x, 2, 3, 0.0),
             Affine {
                 scale: &scale,
                 bias: Some(&bias),
@@ -548,12 +552,7 @@ mod tests {
         );
         let mut again = [0f32; 6];
         layer_norm(
-            NormRows {
-                x: &x,
-                rows: 2,
-                n: 3,
-                epsilon: 0.0,
-            },
+            rows_of(&x, 2, 3, 0.0),
             Affine {
                 scale: &scale,
                 bias: Some(&bias),
@@ -572,18 +571,7 @@ mod tests {
         let x = [f16::from_f32(-3.0); 4];
         let scale = [f16::from_f32(2.0); 4];
         let mut out = [f16::ZERO; 4];
-        rms_norm(
-            NormRows {
-                x: &x,
-                rows: 1,
-                n: 4,
-                epsilon: 0.0,
-            },
-            &scale,
-            &mut out,
-            &pool,
-        )
-        .unwrap();
+        rms_norm(rows_of(&x, 1, 4, 0.0), &scale, &mut out, &pool).unwrap();
         assert!(out.iter().all(|v| v.to_f32() == -2.0));
     }
 
@@ -596,12 +584,7 @@ mod tests {
         let scale = vec![1.5f32; n];
         let (mut a, mut b, mut one) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; n]);
         layer_norm(
-            NormRows {
-                x: &x,
-                rows,
-                n,
-                epsilon: 1e-5,
-            },
+            rows_of(&x, rows, n, 1e-5),
             Affine {
                 scale: &scale,
                 bias: None,
@@ -612,12 +595,7 @@ mod tests {
         )
         .unwrap();
         layer_norm(
-            NormRows {
-                x: &x,
-                rows,
-                n,
-                epsilon: 1e-5,
-            },
+            rows_of(&x, rows, n, 1e-5),
             Affine {
                 scale: &scale,
                 bias: None,
@@ -629,12 +607,7 @@ mod tests {
         .unwrap();
         assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
         layer_norm(
-            NormRows {
-                x: &x[5 * n..6 * n],
-                rows: 1,
-                n,
-                epsilon: 1e-5,
-            },
+            rows_of(&x[5 * n..6 * n], 1, n, 1e-5),
             Affine {
                 scale: &scale,
                 bias: None,
@@ -656,12 +629,7 @@ mod tests {
         let mut out = [0f32; 4];
         assert!(
             rms_norm(
-                NormRows {
-                    x: &[1f32; 4],
-                    rows: 2,
-                    n: 2,
-                    epsilon: 1e-5
-                },
+                rows_of(&[1f32; 4], 2, 2, 1e-5),
                 &[1f32; 3],
                 &mut out,
                 &ThreadPool::new(1)
@@ -677,12 +645,7 @@ mod tests {
         let mut inv = [0f32; 2];
         let pool = ThreadPool::new(1);
         rms_norm_stats(
-            NormRows {
-                x: &x,
-                rows: 2,
-                n: 3,
-                epsilon: 0.0,
-            },
+            rows_of(&x, 2, 3, 0.0),
             &[1.0; 3],
             &mut out,
             Some(&mut inv),
@@ -692,18 +655,7 @@ mod tests {
         assert_eq!(inv[0], 1.0 / (25f32 / 3.0).sqrt());
         assert_eq!(inv[1], 1.0 / (2f32 / 3.0).sqrt());
         let mut plain = [0f32; 6];
-        rms_norm(
-            NormRows {
-                x: &x,
-                rows: 2,
-                n: 3,
-                epsilon: 0.0,
-            },
-            &[1.0; 3],
-            &mut plain,
-            &pool,
-        )
-        .unwrap();
+        rms_norm(rows_of(&x, 2, 3, 0.0), &[1.0; 3], &mut plain, &pool).unwrap();
         assert_eq!(out, plain);
     }
 
@@ -715,12 +667,7 @@ mod tests {
         let (skip, bias, gamma) = ([1f32, 0.0], [1f32, 2.0], [2f32, 0.5]);
         let (mut out, mut sum, mut inv) = ([0f32; 4], [0f32; 4], [0f32; 2]);
         skip_rms_norm(
-            NormRows {
-                x: &x,
-                rows: 2,
-                n: 2,
-                epsilon: 0.0,
-            },
+            rows_of(&x, 2, 2, 0.0),
             Residual {
                 skip: &skip,
                 bias: Some(&bias),
@@ -738,12 +685,7 @@ mod tests {
         assert_eq!(out[..2], [3.0 * inv0 * 2.0, 4.0 * inv0 * 0.5]);
         let mut alone = [0f32; 4];
         skip_rms_norm(
-            NormRows {
-                x: &x,
-                rows: 2,
-                n: 2,
-                epsilon: 0.0,
-            },
+            rows_of(&x, 2, 2, 0.0),
             Residual {
                 skip: &skip,
                 bias: Some(&bias),
@@ -775,12 +717,7 @@ mod tests {
             let skip =
                 &skip[(first_row * n) % skip.len()..][..if rows == 1 { n } else { skip.len() }];
             skip_rms_norm(
-                NormRows {
-                    x,
-                    rows,
-                    n,
-                    epsilon: 1e-6,
-                },
+                rows_of(x, rows, n, 1e-6),
                 Residual { skip, bias: None },
                 &gamma,
                 &mut out,
@@ -808,12 +745,7 @@ mod tests {
         };
         let pool = ThreadPool::new(1);
         let err = skip_rms_norm(
-            NormRows {
-                x: &[1f32; 6],
-                rows: 3,
-                n: 2,
-                epsilon: 1e-5,
-            },
+            rows_of(&[1f32; 6], 3, 2, 1e-5),
             res,
             &[1.0; 2],
             &mut out,

@@ -326,6 +326,12 @@ where
     let scale_t = input(inputs, 1)?;
     same_dtype(x, scale_t, "Scale")?;
     let scale = expand_param::<T>(scale_t, norm_dims, "Scale")?;
+    let rows_in = kn::NormRows {
+        x: x.as_slice::<T>()?,
+        rows,
+        n,
+        epsilon: nm.epsilon,
+    };
     let mut y = ctx.alloc(x.dtype(), x.shape().clone())?;
     // Mean / InvStdDev / inv_std_var keep the normalized axes as 1s, in the statistics type.
     let stat_dims: Small<usize> = dims
@@ -339,12 +345,7 @@ where
             .then(|| ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice()))
             .transpose()?;
         kn::rms_norm_stats(
-            kn::NormRows {
-                x: x.as_slice::<T>()?,
-                rows,
-                n,
-                epsilon: nm.epsilon,
-            },
+            rows_in,
             &scale,
             y.as_mut_slice::<T>()?,
             inv.as_mut()
@@ -362,23 +363,13 @@ where
         }
         None => None,
     };
+    let affine = kn::Affine {
+        scale: &scale,
+        bias: bias.as_deref(),
+    };
     if n_outputs <= 1 {
-        kn::layer_norm(
-            kn::NormRows {
-                x: x.as_slice::<T>()?,
-                rows,
-                n,
-                epsilon: nm.epsilon,
-            },
-            kn::Affine {
-                scale: &scale,
-                bias: bias.as_deref(),
-            },
-            y.as_mut_slice::<T>()?,
-            None,
-            ctx.pool,
-        )
-        .map_err(OpError::from)?;
+        kn::layer_norm(rows_in, affine, y.as_mut_slice::<T>()?, None, ctx.pool)
+            .map_err(OpError::from)?;
         return Ok(smallvec![y]);
     }
     let mut mean = ctx.alloc(T::Acc::DTYPE, stat_dims.as_slice())?;
@@ -388,16 +379,8 @@ where
         inv_std_dev: inv.as_mut_slice::<T::Acc>()?,
     };
     kn::layer_norm(
-        kn::NormRows {
-            x: x.as_slice::<T>()?,
-            rows,
-            n,
-            epsilon: nm.epsilon,
-        },
-        kn::Affine {
-            scale: &scale,
-            bias: bias.as_deref(),
-        },
+        rows_in,
+        affine,
         y.as_mut_slice::<T>()?,
         Some(stats),
         ctx.pool,

@@ -510,36 +510,16 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
                 let mut scratch = vec![0f32; scratch_len(&shape, &pool)];
                 let n = seq * heads * head_size;
                 let (mut fast, mut reference) = (vec![f32::NAN; n], vec![f32::NAN; n]);
-                attention(
-                    &shape,
-                    &score,
-                    GqaInputs {
-                        q: rows,
-                        k: &k,
-                        v: &v,
-                        start: &start,
-                        kv_len: &kv_len,
-                    },
-                    &mut fast,
-                    &mut scratch,
-                    &pool,
-                )
-                .unwrap();
-                attention_reference(
-                    &shape,
-                    &score,
-                    GqaInputs {
-                        q: rows,
-                        k: &k,
-                        v: &v,
-                        start: &start,
-                        kv_len: &kv_len,
-                    },
-                    &mut reference,
-                    &mut scratch,
-                    &pool,
-                )
-                .unwrap();
+                let inputs = GqaInputs {
+                    q: rows,
+                    k: &k,
+                    v: &v,
+                    start: &start,
+                    kv_len: &kv_len,
+                };
+                attention(&shape, &score, inputs, &mut fast, &mut scratch, &pool).unwrap();
+                attention_reference(&shape, &score, inputs, &mut reference, &mut scratch, &pool)
+                    .unwrap();
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&fast),
