@@ -309,7 +309,7 @@ pub struct Read {
 
 /// The first `parts[0]` output features of a fused projection, the next `parts[1]`, ...:
 /// a feature is a whole row of every tensor (blocks, scales, zero points), so rows move intact.
-fn split_rows<const P: usize>(w: Linear, parts: [usize; P]) -> [Linear; P] {
+pub(crate) fn split_rows<const P: usize>(w: Linear, parts: [usize; P]) -> [Linear; P] {
     let (_, n) = w.dims();
     debug_assert_eq!(parts.iter().sum::<usize>(), n, "the parts cover every row");
     let rows = |t: &Tensor, from: usize, count: usize| {

@@ -22,6 +22,7 @@ use crate::genai_graph::{
     Embedding, EndWeights, ExpertWeights, LayerWeights, Linear, Mlp, Mxfp4Experts, NBitsLinear,
 };
 use crate::safetensors::Checkpoint;
+use crate::weights::split_rows;
 use crate::{ImportError, Precision, Progress, Stage, quantize};
 
 /// `MatMulNBits` block size, the builder's.
@@ -139,25 +140,6 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Splits an f32 `[n, k]` weight (and bias) into row ranges of `parts` rows.
-    fn split<const P: usize>(
-        weight: &Tensor,
-        bias: Option<&Tensor>,
-        parts: [usize; P],
-    ) -> [(Tensor, Option<Tensor>); P] {
-        let k = weight.dims()[1];
-        let w = weight.as_slice::<f32>().unwrap_or(&[]);
-        let b = bias.and_then(|b| b.as_slice::<f32>().ok());
-        let mut from = 0;
-        parts.map(|rows| {
-            let part =
-                Tensor::from_slice([rows, k], &w[from * k..(from + rows) * k]).expect("rows");
-            let bias = b.map(|b| Tensor::from_slice([rows], &b[from..from + rows]).expect("rows"));
-            from += rows;
-            (part, bias)
-        })
-    }
-
     /// The embedding, final norm and head. A tied int4/int8 head is quantized once and the
     /// embedding gathers from the same blocks (`GatherBlockQuantized`), as the builder
     /// writes it; an untied quantized model keeps an f32 embedding, as the builder does.
@@ -205,13 +187,11 @@ impl<'a> Reader<'a> {
         let p = format!("model.layers.{l}");
         let input_norm = self.norm(&format!("{p}.input_layernorm.weight"), h)?;
         let (q, k, v) = if arch.fused_projections() {
-            let (w, b) = self.weight(&format!("{p}.self_attn.qkv_proj"), q_out + 2 * kv_out, h)?;
-            let [q, k, v] = Self::split(&w, b.as_ref(), [q_out, kv_out, kv_out]);
-            (
-                self.convert(q.0, q.1),
-                self.convert(k.0, k.1),
-                self.convert(v.0, v.1),
-            )
+            // Rows convert alike alone or fused (blocks run along a row), so the fused
+            // projection is converted once and split as GGUF's are.
+            let qkv = self.linear(&format!("{p}.self_attn.qkv_proj"), q_out + 2 * kv_out, h)?;
+            let [q, k, v] = split_rows(qkv, [q_out, kv_out, kv_out]);
+            (q, k, v)
         } else {
             (
                 self.linear(&format!("{p}.self_attn.q_proj"), q_out, h)?,
@@ -250,11 +230,11 @@ impl<'a> Reader<'a> {
         let mlp = match experts {
             Some(e) => Mlp::Experts(self.experts(&p, e.count)?),
             None if arch.fused_projections() => {
-                let (w, b) = self.weight(&format!("{p}.mlp.gate_up_proj"), 2 * ff, h)?;
-                let [gate, up] = Self::split(&w, b.as_ref(), [ff, ff]);
+                let gate_up = self.linear(&format!("{p}.mlp.gate_up_proj"), 2 * ff, h)?;
+                let [gate, up] = split_rows(gate_up, [ff, ff]);
                 Mlp::Dense {
-                    gate: self.convert(gate.0, gate.1),
-                    up: self.convert(up.0, up.1),
+                    gate,
+                    up,
                     down: self.linear(&format!("{p}.mlp.down_proj"), h, ff)?,
                 }
             }
