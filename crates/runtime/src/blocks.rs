@@ -19,6 +19,10 @@
 //!   copies); writing into a cached block this sequence alone holds unregisters it.
 //! - **Eviction.** A cached block nobody holds stays cached until the free list runs dry;
 //!   then the least recently released one is reused.
+//! - **Keys that outlive the pool.** A block's key chains its tokens onto its parent's key
+//!   ([`chain_key`]), not onto the parent's block number, so the key names the whole token
+//!   prefix: the disk tier ([`crate::DiskCache`]) files blocks under it, and a pool filled
+//!   from disk ([`BlockPool::extend_prefix`]) registers them as if it had computed them.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -38,9 +42,13 @@ pub struct KvUsage {
     pub cached: usize,
     /// Blocks reserved by live sequences (at least `used`).
     pub reserved: usize,
-    /// Full prompt blocks that could have come from the prefix cache, and those that did.
+    /// Full prompt blocks that could have come from the prefix cache, and those that did
+    /// from this pool and from the disk tier.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    pub prefix_disk_hits: u64,
+    /// Cached blocks reused for other contents.
+    pub evictions: u64,
 }
 
 impl KvUsage {
@@ -70,6 +78,14 @@ pub struct BlockTable {
     registered: usize,
 }
 
+impl BlockTable {
+    /// Leading blocks registered in (or matched from) the prefix cache: after
+    /// [`BlockPool::register_full`], the blocks past the count before it are newly settled.
+    pub fn registered(&self) -> usize {
+        self.registered
+    }
+}
+
 /// A block copy the backend must make before the next forward: `src`'s contents into `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockCopy {
@@ -97,18 +113,28 @@ pub struct BlockPool {
     used: usize,
     queries: u64,
     hits: u64,
+    disk_hits: u64,
+    evictions: u64,
     copies: Vec<BlockCopy>,
 }
 
-/// The cache key of a block of `tokens` after the block `parent` (FNV-1a over both).
-fn block_key(parent: u32, tokens: &[u32]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in std::iter::once(parent).chain(tokens.iter().copied()) {
+/// The key of the first block of a sequence's chain.
+pub const CHAIN_ROOT: u64 = 0x6f78_6765_6e6b_7631;
+
+/// The cache key of a block of `tokens` after a block keyed `parent` ([`CHAIN_ROOT`] for the
+/// first): FNV-1a over both, then a final mix, so a key names the whole token prefix up to
+/// the block's end. Matches still compare tokens; the key only finds candidates.
+pub fn chain_key(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ parent;
+    for v in tokens {
         for b in v.to_le_bytes() {
             h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
-    h
+    // splitmix64's finalizer: FNV's high bits mix poorly, and keys name files.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 impl BlockPool {
@@ -138,6 +164,8 @@ impl BlockPool {
             used: 0,
             queries: 0,
             hits: 0,
+            disk_hits: 0,
+            evictions: 0,
             copies: Vec::new(),
         })
     }
@@ -155,6 +183,8 @@ impl BlockPool {
             reserved: self.reserved,
             prefix_queries: self.queries,
             prefix_hits: self.hits,
+            prefix_disk_hits: self.disk_hits,
+            evictions: self.evictions,
         }
     }
 
@@ -230,6 +260,7 @@ impl BlockPool {
                     .pop_first()
                     .expect("reservations leave a free or idle block for every held one");
                 self.unregister(b);
+                self.evictions += 1;
                 b
             }
         };
@@ -246,9 +277,17 @@ impl BlockPool {
         }
     }
 
+    /// The key of the chain ending at `parent` (a registered block, or [`NONE`]).
+    fn key_of(&self, parent: u32) -> u64 {
+        match parent {
+            NONE => CHAIN_ROOT,
+            b => self.key[b as usize].expect("a cached block's parent is registered"),
+        }
+    }
+
     /// The block caching `tokens` after `parent`, if any.
     fn lookup(&self, parent: u32, tokens: &[u32]) -> Option<u32> {
-        let b = *self.by_key.get(&block_key(parent, tokens))?;
+        let b = *self.by_key.get(&chain_key(self.key_of(parent), tokens))?;
         let i = b as usize;
         let bs = self.block_size;
         (self.parent[i] == parent && self.tokens[i * bs..(i + 1) * bs] == *tokens).then_some(b)
@@ -259,22 +298,70 @@ impl BlockPool {
     pub fn attach_prefix(&mut self, table: &mut BlockTable, prompt: &[u32], limit: usize) -> usize {
         let bs = self.block_size;
         let whole = (prompt.len().min(limit) / bs).min(table.reserved);
-        let mut parent = NONE;
         // Every block that could have been cached counts as asked for, the ones past the
         // first miss too (they miss as well): hits / queries is the share of cacheable
         // prompt blocks that were not prefilled.
         self.queries += whole as u64;
-        for chunk in prompt.chunks_exact(bs).take(whole) {
-            let Some(b) = self.lookup(parent, chunk) else {
+        self.attach_cached(table, prompt, whole);
+        table.blocks.len() * bs
+    }
+
+    /// Appends to `table` (all registered) the cached blocks that go on its prefix of
+    /// `prompt`, up to `whole` blocks.
+    fn attach_cached(&mut self, table: &mut BlockTable, prompt: &[u32], whole: usize) {
+        let bs = self.block_size;
+        while table.registered == table.blocks.len() && table.blocks.len() < whole {
+            let i = table.blocks.len();
+            let parent = table.blocks.last().copied().unwrap_or(NONE);
+            let Some(b) = self.lookup(parent, &prompt[i * bs..(i + 1) * bs]) else {
                 break;
             };
             self.hits += 1;
             self.hold(b);
             table.blocks.push(b);
-            parent = b;
+            table.registered += 1;
         }
-        table.registered = table.blocks.len();
-        table.blocks.len() * bs
+    }
+
+    /// After [`BlockPool::attach_prefix`], the key and end of the next whole block of
+    /// `prompt` (at most `limit` positions) that another tier (the disk) could supply, when
+    /// `table` can take one: look it up there, then hand it over with
+    /// [`BlockPool::adopt_prefix`]. Blocks this pool caches are attached first.
+    pub fn next_prefix(
+        &mut self,
+        table: &mut BlockTable,
+        prompt: &[u32],
+        limit: usize,
+    ) -> Option<(u64, usize)> {
+        let bs = self.block_size;
+        let whole = (prompt.len().min(limit) / bs).min(table.reserved);
+        // Blocks this pool still holds after one the other tier supplied.
+        self.attach_cached(table, prompt, whole);
+        let i = table.blocks.len();
+        if table.registered != i || i >= whole {
+            return None;
+        }
+        let parent = table.blocks.last().copied().unwrap_or(NONE);
+        Some((
+            chain_key(self.key_of(parent), &prompt[i * bs..(i + 1) * bs]),
+            (i + 1) * bs,
+        ))
+    }
+
+    /// Appends to `table` a block for the prefix [`BlockPool::next_prefix`] named, registered
+    /// as if computed; the caller fills it (from the other tier) before the next step.
+    pub fn adopt_prefix(&mut self, table: &mut BlockTable, prompt: &[u32]) -> u32 {
+        let end = (table.blocks.len() + 1) * self.block_size;
+        let b = self.take_block();
+        self.disk_hits += 1;
+        table.blocks.push(b);
+        self.register_full(table, &prompt[..end]);
+        b
+    }
+
+    /// The cache key of registered block `b` (see [`chain_key`]).
+    pub fn key(&self, b: u32) -> Option<u64> {
+        self.key.get(b as usize).copied().flatten()
     }
 
     /// Makes positions `pos..end` of `table` writable: new blocks past its end, a private copy
@@ -339,6 +426,10 @@ impl BlockPool {
             let b = table.blocks[i];
             let parent = if i == 0 { NONE } else { table.blocks[i - 1] };
             let tokens = &ids[i * bs..(i + 1) * bs];
+            if parent != NONE && self.key[parent as usize].is_none() {
+                // Its parent was rewritten: the chain is broken, nothing past it is cached.
+                break;
+            }
             if self.key[b as usize].is_none() {
                 match self.lookup(parent, tokens) {
                     // The same contents after the same blocks are cached already: this
@@ -352,7 +443,7 @@ impl BlockPool {
                     }
                     Some(_) => {}
                     None => {
-                        let k = block_key(parent, tokens);
+                        let k = chain_key(self.key_of(parent), tokens);
                         // A different block already under this key (a hash collision) keeps it.
                         if let std::collections::hash_map::Entry::Vacant(e) = self.by_key.entry(k) {
                             e.insert(b);
@@ -530,5 +621,37 @@ mod tests {
         assert!(pool.prepare_write(&mut a, 2, 3).is_err(), "a gap");
         assert!(pool.prepare_write(&mut a, 1, 1).is_err(), "empty");
         assert!(BlockPool::new(0, 2).is_err());
+    }
+
+    #[test]
+    fn keys_name_token_prefixes_so_another_pool_can_adopt_blocks_by_them() {
+        let prompt = ids(10, 3);
+        let mut first = BlockPool::new(8, 4).unwrap();
+        let mut t = first.reserve(10).unwrap();
+        write(&mut first, &mut t, &prompt, 0);
+        let keys: Vec<u64> = t.blocks[..2]
+            .iter()
+            .map(|&b| first.key(b).unwrap())
+            .collect();
+        assert_eq!(keys[0], chain_key(CHAIN_ROOT, &prompt[..4]));
+        assert_eq!(keys[1], chain_key(keys[0], &prompt[4..8]));
+
+        // A fresh pool (a restart) finds nothing in memory and adopts both blocks by key.
+        let mut second = BlockPool::new(8, 4).unwrap();
+        let mut u = second.reserve(10).unwrap();
+        assert_eq!(second.attach_prefix(&mut u, &prompt, 9), 0);
+        let mut adopted = Vec::new();
+        while let Some((key, end)) = second.next_prefix(&mut u, &prompt, 9) {
+            assert_eq!(key, keys[adopted.len()]);
+            assert_eq!(end, 4 * (adopted.len() + 1));
+            adopted.push(second.adopt_prefix(&mut u, &prompt));
+        }
+        assert_eq!(u.blocks, adopted);
+        assert_eq!(second.usage().prefix_disk_hits, 2);
+        second.release(u);
+        // Adopted blocks are cached like computed ones.
+        let mut v = second.reserve(10).unwrap();
+        assert_eq!(second.attach_prefix(&mut v, &prompt, 9), 8);
+        assert_eq!(second.usage().prefix_hits, 2);
     }
 }

@@ -9,10 +9,12 @@
 //! This crate must never depend on a backend, parse model files or run kernels.
 
 mod blocks;
+mod disk;
 mod kv_dtype;
 mod lm;
 
-pub use blocks::{BlockCopy, BlockPool, BlockTable, KvUsage};
+pub use blocks::{BlockCopy, BlockPool, BlockTable, CHAIN_ROOT, KvUsage, chain_key};
+pub use disk::{BlockFormat, DiskCache, DiskStats};
 pub use kv_dtype::KvDtype;
 
 pub use lm::{
