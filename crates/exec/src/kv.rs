@@ -144,26 +144,52 @@ impl KvStore {
         Ok((mem, k, k + self.layout.block_len()))
     }
 
-    /// Copies block `src` into block `dst` (every layer's keys and values, and their scales).
-    pub fn copy_block(&mut self, src: u32, dst: u32) {
-        let elem = self.kv.dtype().bits() / 8;
-        let value_block = self.layout.block_stride * elem;
-        let scale_block = self.layout.block_stride / self.layout.head_size * 4;
+    /// The store as bytes: values, then scales; and the byte ranges of one block in each.
+    fn block_bytes_of(&mut self, b: u32) -> (&mut [u8], [std::ops::Range<usize>; 2]) {
+        let value_block = self.layout.block_stride * (self.kv.dtype().bits() / 8);
+        let scale_block = match self.kv {
+            KvDtype::Int8 => self.layout.block_stride / self.layout.head_size * 4,
+            _ => 0,
+        };
         // SAFETY: a `u64` buffer viewed as its bytes.
         let bytes = unsafe {
             std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<u8>(), self.mem.len() * 8)
         };
-        let (values, scales) = bytes.split_at_mut(self.scales_at * 8);
-        let (src, dst) = (src as usize, dst as usize);
-        values.copy_within(
-            src * value_block..(src + 1) * value_block,
-            dst * value_block,
-        );
-        if self.kv == KvDtype::Int8 {
-            scales.copy_within(
-                src * scale_block..(src + 1) * scale_block,
-                dst * scale_block,
-            );
+        let (b, scales) = (b as usize, self.scales_at * 8);
+        let ranges = [
+            b * value_block..(b + 1) * value_block,
+            scales + b * scale_block..scales + (b + 1) * scale_block,
+        ];
+        (bytes, ranges)
+    }
+
+    /// Copies block `src` into block `dst` (every layer's keys and values, and their scales).
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let (_, to) = self.block_bytes_of(dst);
+        let (bytes, from) = self.block_bytes_of(src);
+        for (from, to) in from.into_iter().zip(to) {
+            bytes.copy_within(from, to.start);
+        }
+    }
+
+    /// Block `b`'s bytes ([`KvStore::block_bytes`] of them: values, then scales) into `out`.
+    pub fn read_block(&mut self, b: u32, out: &mut [u8]) {
+        let (bytes, ranges) = self.block_bytes_of(b);
+        let mut at = 0;
+        for r in ranges {
+            out[at..at + r.len()].copy_from_slice(&bytes[r.clone()]);
+            at += r.len();
+        }
+    }
+
+    /// Fills block `b` from bytes [`KvStore::read_block`] gave.
+    pub fn write_block(&mut self, b: u32, from: &[u8]) {
+        let (bytes, ranges) = self.block_bytes_of(b);
+        let mut at = 0;
+        for r in ranges {
+            let n = r.len();
+            bytes[r].copy_from_slice(&from[at..at + n]);
+            at += n;
         }
     }
 }
@@ -240,6 +266,32 @@ mod tests {
             mem.scales[3 * stride / hs + 1] == 1.5,
             "the scales were copied, not zeros"
         );
+    }
+
+    /// A block read out and written into another block reads back the same, scales too.
+    #[test]
+    fn a_block_read_out_fills_another_block_with_the_same_bytes() {
+        let mut store = KvStore::new(KvDtype::Int8, PagedLayout::dense(3, 2, 2, 8), 2).unwrap();
+        {
+            let (mem, _, _) = store.layer_views::<i8>(1).unwrap();
+            mem.values
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = (i % 101) as i8);
+            mem.scales
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = i as f32);
+        }
+        let mut one = vec![0; store.block_bytes()];
+        store.read_block(1, &mut one);
+        assert!(one.iter().any(|&b| b != 0));
+        store.write_block(2, &one);
+        let mut two = vec![0; store.block_bytes()];
+        store.read_block(2, &mut two);
+        assert_eq!(one, two);
+        store.read_block(0, &mut two);
+        assert_ne!(one, two, "blocks 0 and 1 hold different bytes");
     }
 
     #[test]

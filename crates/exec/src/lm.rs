@@ -221,8 +221,7 @@ impl LanguageModel for NativeLm {
         };
         let mut table = p.pool.reserve(ctx_size)?;
         let cached = if p.prefix_cache {
-            p.pool
-                .attach_prefix(&mut table, prompt, prompt.len().saturating_sub(1))
+            p.attach_prefix(&mut table, prompt, prompt.len().saturating_sub(1))
         } else {
             0
         };
@@ -262,6 +261,11 @@ impl LanguageModel for NativeLm {
 
     fn kv_usage(&self) -> Option<KvUsage> {
         self.paged.as_ref().map(|p| p.pool.usage())
+    }
+
+    fn kv_disk(&self) -> Option<oxgen_runtime::DiskStats> {
+        let disk = self.paged.as_ref()?.disk.as_ref()?;
+        Some(disk.stats())
     }
 
     fn kv_dtype(&self) -> KvDtype {

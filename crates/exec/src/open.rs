@@ -51,6 +51,9 @@ pub struct NativeOptions {
     /// Keep full KV blocks for later sequences with the same prefix. Off, a finished
     /// sequence's blocks are reused first (their memory is already committed).
     pub prefix_cache: bool,
+    /// A second tier of the prefix cache on disk (with `prefix_cache`): every settled block
+    /// is written there, and a prompt's prefix missing from the pool is read back from it.
+    pub disk_cache: Option<oxgen_runtime::DiskTier>,
     /// Run the graph passes (off keeps the graph as loaded, for comparisons).
     pub optimize: bool,
     /// Keep only the first this many layers and the output head (a self-speculative draft).
@@ -77,6 +80,7 @@ impl Default for NativeOptions {
             ctx_size: None,
             kv: KvBudget::default(),
             prefix_cache: false,
+            disk_cache: None,
             optimize: true,
             layers: None,
             pool: None,

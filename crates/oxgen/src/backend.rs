@@ -106,6 +106,8 @@ pub(crate) struct Open<'a> {
     /// The thread pool a native model shares with its speculative draft (`None`: one of
     /// its own, of `threads`).
     pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
+    /// The prefix cache's disk tier, with the model's identity.
+    pub disk: Option<oxgen_runtime::DiskTier>,
 }
 
 /// Opens the model on the backend `open.backend` asks for; the note says why `auto` chose
@@ -161,7 +163,8 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         context_length: Some(o.config.context_length),
         ctx_size: o.ctx_size,
         kv: asked.kv,
-        prefix_cache: asked.prefix_cache,
+        prefix_cache: asked.prefix_cache || o.disk.is_some(),
+        disk_cache: o.disk.clone(),
         optimize: true,
         layers,
         pool: Some(o.pool.clone().unwrap_or_else(|| {
@@ -179,6 +182,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
 pub(crate) fn open_layers(o: &Open, layers: usize) -> Result<Box<dyn LanguageModel>, Error> {
     let options = NativeOptions {
         prefix_cache: false,
+        disk_cache: None,
         ..native_options(o, Some(layers))
     };
     Ok(Box::new(NativeLm::open(o.model_path, &options)?))

@@ -42,6 +42,18 @@ const STALE_TMP: Duration = Duration::from_secs(60);
 /// The least time between two scans of the directory when the budget is crossed.
 const RESCAN_EVERY: Duration = Duration::from_secs(5);
 
+/// Where a model's disk tier lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskTier {
+    /// The folder, shared by every model (each has a folder of its own in it).
+    pub dir: PathBuf,
+    /// The most bytes of blocks this model keeps there.
+    pub budget: u64,
+    /// The model's name there: made of its graph and weights, so that no other model or
+    /// version reads its blocks.
+    pub identity: String,
+}
+
 /// What a block holds, so files of another layout are never read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockFormat {
@@ -222,24 +234,20 @@ impl Header {
 }
 
 impl DiskCache {
-    /// The tier for blocks of `format` of the model `identity` (a name made of the model's
-    /// graph and weights) under `root`, kept under `budget` bytes. The directory is created
-    /// when missing; one that cannot be created or written is a read-only tier (one
-    /// warning). Indexing the files already there happens on the writer thread.
-    pub fn open(
-        root: &Path,
-        identity: &str,
-        format: BlockFormat,
-        budget: u64,
-    ) -> Result<DiskCache, RuntimeError> {
+    /// The tier `tier` for blocks of `format`. The directory is created when missing; one
+    /// that cannot be created or written is a read-only tier (one warning). Indexing the
+    /// files already there happens on the writer thread.
+    pub fn open(tier: &DiskTier, format: BlockFormat) -> Result<DiskCache, RuntimeError> {
+        let (identity, budget) = (&tier.identity, tier.budget);
         if identity.is_empty() || !identity.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(RuntimeError::Backend(
                 format!("a disk cache's model identity is a file name, not '{identity}'").into(),
             ));
         }
-        let dir = root
-            .join(identity)
-            .join(format!("{}-{}", format.kv.name(), format.block_size));
+        let dir =
+            (tier.dir)
+                .join(identity)
+                .join(format!("{}-{}", format.kv.name(), format.block_size));
         let shared = Arc::new(Shared {
             dir,
             writable: AtomicBool::new(true),
@@ -644,6 +652,15 @@ mod tests {
         block_bytes: 64,
     };
 
+    fn open_at(root: &Path, identity: &str, format: BlockFormat, budget: u64) -> DiskCache {
+        let tier = DiskTier {
+            dir: root.to_path_buf(),
+            budget,
+            identity: identity.into(),
+        };
+        DiskCache::open(&tier, format).unwrap()
+    }
+
     fn payload(seed: u8) -> Vec<u8> {
         (0..64u8)
             .map(|i| i.wrapping_mul(31).wrapping_add(seed))
@@ -660,13 +677,13 @@ mod tests {
     fn reopen(cache: DiskCache, root: &Path) -> DiskCache {
         let budget = cache.budget;
         drop(cache);
-        DiskCache::open(root, "model", FORMAT, budget).unwrap()
+        open_at(root, "model", FORMAT, budget)
     }
 
     #[test]
     fn a_block_comes_back_whole_after_a_restart() {
         let root = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(root.path(), "model", FORMAT, 1 << 20).unwrap();
+        let cache = open_at(root.path(), "model", FORMAT, 1 << 20);
         assert!(put(&cache, 7, &[1, 2, 3, 4], 9));
         let mut cache = reopen(cache, root.path());
         assert_eq!(cache.load(7, &[1, 2, 3, 4]), Some(&payload(9)[..]));
@@ -683,7 +700,7 @@ mod tests {
     #[test]
     fn truncated_and_altered_files_are_refused_and_removed() {
         let root = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(root.path(), "model", FORMAT, 1 << 20).unwrap();
+        let cache = open_at(root.path(), "model", FORMAT, 1 << 20);
         for key in 1..=3 {
             assert!(put(&cache, key, &[key as u32; 4], 1));
         }
@@ -712,7 +729,7 @@ mod tests {
     fn the_budget_evicts_the_least_recently_used_and_unmarked_first() {
         let root = tempfile::tempdir().unwrap();
         let file = (HEADER + 16 + 64) as u64;
-        let cache = DiskCache::open(root.path(), "model", FORMAT, 3 * file).unwrap();
+        let cache = open_at(root.path(), "model", FORMAT, 3 * file);
         assert!(cache.store(1, &[1; 4], true, |o| o.fill(1)));
         assert!(put(&cache, 2, &[2; 4], 2));
         assert!(put(&cache, 3, &[3; 4], 3));
@@ -733,18 +750,28 @@ mod tests {
     #[test]
     fn another_model_or_layout_never_reads_these_files() {
         let root = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(root.path(), "model", FORMAT, 1 << 20).unwrap();
+        let cache = open_at(root.path(), "model", FORMAT, 1 << 20);
         assert!(put(&cache, 7, &[1, 2, 3, 4], 9));
         drop(cache);
-        let mut other = DiskCache::open(root.path(), "other", FORMAT, 1 << 20).unwrap();
+        let mut other = open_at(root.path(), "other", FORMAT, 1 << 20);
         assert!(other.load(7, &[1, 2, 3, 4]).is_none());
         let int8 = BlockFormat {
             kv: KvDtype::Int8,
             ..FORMAT
         };
-        let mut other = DiskCache::open(root.path(), "model", int8, 1 << 20).unwrap();
+        let mut other = open_at(root.path(), "model", int8, 1 << 20);
         assert!(other.load(7, &[1, 2, 3, 4]).is_none());
-        assert!(DiskCache::open(root.path(), "../x", FORMAT, 1).is_err());
+        assert!(
+            DiskCache::open(
+                &DiskTier {
+                    dir: root.path().into(),
+                    budget: 1,
+                    identity: "../x".into()
+                },
+                FORMAT
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -754,7 +781,7 @@ mod tests {
             .map(|_| {
                 let root = root.path().to_path_buf();
                 std::thread::spawn(move || {
-                    let cache = DiskCache::open(&root, "model", FORMAT, 1 << 20).unwrap();
+                    let cache = open_at(&root, "model", FORMAT, 1 << 20);
                     for key in 0..50u64 {
                         put(&cache, key, &[key as u32; 4], key as u8);
                     }
@@ -764,7 +791,7 @@ mod tests {
         for w in writers {
             w.join().unwrap();
         }
-        let mut cache = DiskCache::open(root.path(), "model", FORMAT, 1 << 20).unwrap();
+        let mut cache = open_at(root.path(), "model", FORMAT, 1 << 20);
         for key in 0..50u64 {
             assert_eq!(
                 cache.load(key, &[key as u32; 4]),
@@ -788,9 +815,9 @@ mod tests {
     #[test]
     fn a_folder_that_cannot_be_written_turns_writes_off_and_keeps_reading() {
         let root = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(root.path(), "model", FORMAT, 1 << 20).unwrap();
+        let cache = open_at(root.path(), "model", FORMAT, 1 << 20);
         assert!(put(&cache, 1, &[1; 4], 1));
-        let mut cache = reopen(cache, root.path());
+        let cache = reopen(cache, root.path());
         // The folder turns into a file: every write fails (as a full or read-only disk's do).
         let dir = cache.dir().to_path_buf();
         let moved = root.path().join("moved");
@@ -815,7 +842,7 @@ mod tests {
         drop(cache);
         fs::remove_file(&dir).unwrap();
         fs::rename(&moved, &dir).unwrap();
-        let mut cache = DiskCache::open(root.path(), "model", FORMAT, 1 << 20).unwrap();
+        let mut cache = open_at(root.path(), "model", FORMAT, 1 << 20);
         assert!(cache.load(1, &[1; 4]).is_some());
         assert!(cache.stats().writable);
     }

@@ -14,7 +14,7 @@ mod kv_dtype;
 mod lm;
 
 pub use blocks::{BlockCopy, BlockPool, BlockTable, CHAIN_ROOT, KvUsage, chain_key};
-pub use disk::{BlockFormat, DiskCache, DiskStats};
+pub use disk::{BlockFormat, DiskCache, DiskStats, DiskTier};
 pub use kv_dtype::KvDtype;
 
 pub use lm::{

@@ -488,6 +488,10 @@ pub trait LanguageModel: Send {
         let _ = prompt;
         Ok((self.add_sequence(ctx_size)?, 0))
     }
+    /// What the prefix cache's disk tier did, when there is one.
+    fn kv_disk(&self) -> Option<crate::DiskStats> {
+        None
+    }
     /// How full the paged KV pool is, for a backend that pages its KV.
     fn kv_usage(&self) -> Option<KvUsage> {
         None

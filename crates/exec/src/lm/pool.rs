@@ -2,7 +2,7 @@
 //! the machine's memory, and the buffers a step reuses.
 
 use oxgen_kernels::attention::paged::{PagedLayout, Segment};
-use oxgen_runtime::{BlockPool, LmContract, RuntimeError};
+use oxgen_runtime::{BlockFormat, BlockPool, BlockTable, DiskCache, LmContract, RuntimeError};
 use oxgen_tensor::Tensor;
 
 use super::fresh_kv;
@@ -13,6 +13,8 @@ use crate::open::{DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvBudget, NativeOptions};
 pub(super) struct Paged {
     pub(super) pool: BlockPool,
     pub(super) prefix_cache: bool,
+    /// The prefix cache's disk tier, when asked for.
+    pub(super) disk: Option<DiskCache>,
     pub(super) store: KvStore,
     /// Per layer: the empty past tensors fed to the graph (attention reads the pool).
     pub(super) empty: Vec<[Option<Tensor>; 2]>,
@@ -38,15 +40,69 @@ impl Paged {
             KvBudget::Blocks(n) => n,
             KvBudget::Bytes(bytes) => (bytes / c.kv_bytes(kv, KV_BLOCK_SIZE).max(1)).max(1),
         };
+        let store = KvStore::new(kv, block_layout(blocks), c.layers.len())?;
+        let format = BlockFormat {
+            kv,
+            block_size: KV_BLOCK_SIZE,
+            block_bytes: store.block_bytes(),
+        };
+        let disk = match &options.disk_cache {
+            Some(tier) if options.prefix_cache => Some(DiskCache::open(tier, format)?),
+            _ => None,
+        };
         Ok(Paged {
             pool: BlockPool::new(blocks, KV_BLOCK_SIZE)?,
             prefix_cache: options.prefix_cache,
-            store: KvStore::new(kv, block_layout(blocks), c.layers.len())?,
+            disk,
+            store,
             empty: fresh_kv(c, false, 0)?,
             segments: Vec::new(),
             tables: Vec::new(),
             rows: Vec::new(),
         })
+    }
+}
+
+impl Paged {
+    /// Attaches `prompt`'s longest cached prefix (at most `limit` positions) to `table`:
+    /// blocks the pool caches, then blocks the disk tier holds, read into fresh blocks.
+    /// Returns the positions attached.
+    pub(super) fn attach_prefix(
+        &mut self,
+        table: &mut BlockTable,
+        prompt: &[u32],
+        limit: usize,
+    ) -> usize {
+        let cached = self.pool.attach_prefix(table, prompt, limit);
+        let Some(disk) = &mut self.disk else {
+            return cached;
+        };
+        while let Some((key, end)) = self.pool.next_prefix(table, prompt, limit) {
+            let Some(bytes) = disk.load(key, &prompt[..end]) else {
+                break;
+            };
+            let b = self.pool.adopt_prefix(table, prompt);
+            self.store.write_block(b, bytes);
+        }
+        table.blocks.len() * KV_BLOCK_SIZE
+    }
+
+    /// Registers the blocks of `table` that `ids` fills in the prefix cache, and queues the
+    /// newly settled ones for the disk tier.
+    pub(super) fn settle(&mut self, table: &mut BlockTable, ids: &[u32]) {
+        let before = table.registered();
+        self.pool.register_full(table, ids);
+        let Some(disk) = &self.disk else {
+            return;
+        };
+        for i in before..table.registered() {
+            let b = table.blocks[i];
+            if let Some(key) = self.pool.key(b) {
+                let prefix = &ids[..(i + 1) * KV_BLOCK_SIZE];
+                let store = &mut self.store;
+                disk.store(key, prefix, false, |out| store.read_block(b, out));
+            }
+        }
     }
 }
 

@@ -128,7 +128,7 @@ impl NativeLm {
                 ids.extend_from_slice(step.tokens);
                 if p.prefix_cache {
                     let settled = ids.len() - step.proposed.min(step.tokens.len());
-                    p.pool.register_full(table, &ids[..settled]);
+                    p.settle(table, &ids[..settled]);
                 }
             }
         }
