@@ -27,6 +27,18 @@ pub struct RunArgs {
     /// 0.27x an f32 cache's memory at head size 64). Default: the model's KV dtype.
     #[arg(long, env = "OXGEN_KV_DTYPE", value_parser = clap::value_parser!(oxgen::KvDtype))]
     pub kv_dtype: Option<oxgen::KvDtype>,
+    /// A folder for the prefix cache's second tier: full KV blocks are written there (under
+    /// the model's identity) and read back when a prompt starts with them, after they left
+    /// memory or after a restart, instead of being prefilled again. Turns the prefix cache
+    /// on (native backend, paged models).
+    #[arg(long, env = "OXGEN_KV_DISK_CACHE", value_name = "DIR")]
+    pub kv_disk_cache: Option<PathBuf>,
+    /// MiB of KV blocks --kv-disk-cache keeps per model; past it the least recently used
+    /// are removed.
+    #[arg(long, env = "OXGEN_KV_DISK_BUDGET", value_name = "MIB",
+          default_value_t = oxgen::DEFAULT_KV_DISK_BUDGET >> 20,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub kv_disk_budget: u64,
     /// MiB of mixture-of-experts weights that may stay resident: experts are read from the
     /// model files as needed and the least recently used dropped past this (default: no
     /// bound). Outputs do not change with it.
@@ -67,6 +79,8 @@ impl RunArgs {
             backend: backend.backend(),
             ort_lib: backend.ort_lib.clone(),
             kv_dtype: self.kv_dtype,
+            kv_disk_cache: self.kv_disk_cache.clone(),
+            kv_disk_budget: self.kv_disk_budget.saturating_mul(1 << 20),
             weight_budget: self.weight_budget.map(|mib| mib.saturating_mul(1 << 20)),
             expert_cache: self.expert_cache,
             chat_template: self.chat_template.clone(),

@@ -81,7 +81,7 @@ pub struct Args {
     #[arg(long, env = "OXGEN_KV_MEMORY", value_parser = clap::value_parser!(u64).range(1..))]
     kv_memory: Option<u64>,
     /// Do not keep prompt blocks for later requests with the same prefix.
-    #[arg(long, env = "OXGEN_NO_PREFIX_CACHE")]
+    #[arg(long, env = "OXGEN_NO_PREFIX_CACHE", conflicts_with = "kv_disk_cache")]
     no_prefix_cache: bool,
     /// The most tokens a request may ask for, and what it gets when it asks for none (always
     /// capped by the context left after the prompt).

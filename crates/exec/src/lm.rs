@@ -263,6 +263,14 @@ impl LanguageModel for NativeLm {
         self.paged.as_ref().map(|p| p.pool.usage())
     }
 
+    fn keep_prefix(&mut self, seq: SeqId) {
+        if let (Some(slot), Some(p)) = (self.seqs.get_mut(seq), &mut self.paged)
+            && let SeqKv::Paged { table, .. } = &mut slot.kv
+        {
+            p.pool.keep(table);
+        }
+    }
+
     fn kv_disk(&self) -> Option<oxgen_runtime::DiskStats> {
         let disk = self.paged.as_ref()?.disk.as_ref()?;
         Some(disk.stats())

@@ -236,6 +236,10 @@ pub struct GenerateOptions {
     /// on a model opened without one, up to `spec_tokens` (default
     /// [`DEFAULT_SPEC_TOKENS`]) per step. The output is unchanged.
     pub prediction: Vec<u32>,
+    /// Keep this prompt's prefix in the prefix cache longer: its blocks leave memory (and
+    /// the disk tier) after every unmarked one (Anthropic's `cache_control`, OpenAI's
+    /// `prompt_cache_key`).
+    pub keep_prefix: bool,
 }
 
 impl Default for GenerateOptions {
@@ -258,6 +262,7 @@ impl Default for GenerateOptions {
             keep_special: false,
             spec_tokens: None,
             prediction: Vec::new(),
+            keep_prefix: false,
         }
     }
 }

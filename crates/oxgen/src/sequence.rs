@@ -245,6 +245,9 @@ impl Model {
             Some(_) => (self.lm.add_sequence(positions)?, 0),
             None => self.lm.start_sequence(positions, ids)?,
         };
+        if options.keep_prefix {
+            self.lm.keep_prefix(seq);
+        }
         let decoding = match Decoding::new(ids, cached, positions, self.decode_options(options)) {
             Ok(d) => d,
             Err(e) => {

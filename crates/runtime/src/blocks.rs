@@ -18,7 +18,8 @@
 //!   another sequence also holds copies it first ([`BlockPool::prepare_write`] lists the
 //!   copies); writing into a cached block this sequence alone holds unregisters it.
 //! - **Eviction.** A cached block nobody holds stays cached until the free list runs dry;
-//!   then the least recently released one is reused.
+//!   then the least recently released one is reused. Blocks of a sequence marked to be kept
+//!   ([`BlockPool::keep`]: a prompt the client asked to cache) go after every unmarked one.
 //! - **Keys that outlive the pool.** A block's key chains its tokens onto its parent's key
 //!   ([`chain_key`]), not onto the parent's block number, so the key names the whole token
 //!   prefix: the disk tier ([`crate::DiskCache`]) files blocks under it, and a pool filled
@@ -76,9 +77,16 @@ pub struct BlockTable {
     reserved: usize,
     /// Leading blocks registered in (or matched from) the prefix cache.
     registered: usize,
+    /// Its cached blocks are evicted after unmarked ones.
+    keep: bool,
 }
 
 impl BlockTable {
+    /// Whether its cached blocks are marked to be kept ([`BlockPool::keep`]).
+    pub fn kept(&self) -> bool {
+        self.keep
+    }
+
     /// Leading blocks registered in (or matched from) the prefix cache: after
     /// [`BlockPool::register_full`], the blocks past the count before it are newly settled.
     pub fn registered(&self) -> usize {
@@ -100,8 +108,11 @@ pub struct BlockPool {
     refs: Vec<u32>,
     /// Unheld, uncached blocks; the next one handed out is the last.
     free: Vec<u32>,
-    /// Cached blocks nobody holds, by release order (oldest first), and each one's key there.
+    /// Cached blocks nobody holds, by release order (oldest first), and each one's key there;
+    /// marked blocks apart, evicted once no unmarked one is left.
     idle: BTreeMap<u64, u32>,
+    idle_kept: BTreeMap<u64, u32>,
+    kept: Vec<bool>,
     idle_key: Vec<u64>,
     tick: u64,
     /// Per block: its cache key when registered, its parent block and its tokens.
@@ -154,6 +165,8 @@ impl BlockPool {
             refs: vec![0; blocks],
             free: (0..blocks as u32).rev().collect(),
             idle: BTreeMap::new(),
+            idle_kept: BTreeMap::new(),
+            kept: vec![false; blocks],
             idle_key: vec![0; blocks],
             tick: 0,
             key: vec![None; blocks],
@@ -211,6 +224,7 @@ impl BlockPool {
             blocks: Vec::with_capacity(need),
             reserved: need,
             registered: 0,
+            keep: false,
         })
     }
 
@@ -231,8 +245,9 @@ impl BlockPool {
         self.used -= 1;
         if self.key[i].is_some() {
             self.tick += 1;
-            self.idle.insert(self.tick, b);
-            self.idle_key[i] = self.tick;
+            let at = self.tick;
+            self.idle_mut(b).insert(at, b);
+            self.idle_key[i] = at;
         } else {
             self.free.push(b);
         }
@@ -244,20 +259,29 @@ impl BlockPool {
         if self.refs[i] == 0 {
             self.used += 1;
             if self.key[i].is_some() {
-                self.idle.remove(&self.idle_key[i]);
+                let at = self.idle_key[i];
+                self.idle_mut(b).remove(&at);
             }
         }
         self.refs[i] += 1;
     }
 
-    /// A block for new contents: a free one, else the longest-idle cached one.
+    /// The idle cached blocks `b` is among when nobody holds it.
+    fn idle_mut(&mut self, b: u32) -> &mut BTreeMap<u64, u32> {
+        match self.kept[b as usize] {
+            true => &mut self.idle_kept,
+            false => &mut self.idle,
+        }
+    }
+
+    /// A block for new contents: a free one, else the longest-idle cached one (unmarked
+    /// first).
     fn take_block(&mut self) -> u32 {
         let b = match self.free.pop() {
             Some(b) => b,
             None => {
-                let (_, b) = self
-                    .idle
-                    .pop_first()
+                let (_, b) = (self.idle.pop_first())
+                    .or_else(|| self.idle_kept.pop_first())
                     .expect("reservations leave a free or idle block for every held one");
                 self.unregister(b);
                 self.evictions += 1;
@@ -270,6 +294,7 @@ impl BlockPool {
     }
 
     fn unregister(&mut self, b: u32) {
+        self.kept[b as usize] = false;
         if let Some(k) = self.key[b as usize].take()
             && self.by_key.get(&k) == Some(&b)
         {
@@ -359,6 +384,18 @@ impl BlockPool {
         b
     }
 
+    /// Marks `table`'s cached blocks, and those it caches from now on, to be evicted after
+    /// every unmarked one (a prefix a client asked to keep).
+    pub fn keep(&mut self, table: &mut BlockTable) {
+        table.keep = true;
+        for &b in &table.blocks[..table.registered] {
+            if self.key[b as usize].is_some() {
+                // Held by `table`, so in neither idle list: the mark moves nothing.
+                self.kept[b as usize] = true;
+            }
+        }
+    }
+
     /// The cache key of registered block `b` (see [`chain_key`]).
     pub fn key(&self, b: u32) -> Option<u64> {
         self.key.get(b as usize).copied().flatten()
@@ -438,6 +475,7 @@ impl BlockPool {
                     // holds the prefix once and the blocks after it keep matching.
                     Some(c) if self.refs[b as usize] == 1 => {
                         self.hold(c);
+                        self.kept[c as usize] |= table.keep;
                         table.blocks[i] = c;
                         self.unref(b);
                     }
@@ -449,6 +487,7 @@ impl BlockPool {
                             e.insert(b);
                             let j = b as usize;
                             self.key[j] = Some(k);
+                            self.kept[j] = table.keep;
                             self.parent[j] = parent;
                             self.tokens[j * bs..(j + 1) * bs].copy_from_slice(tokens);
                         }
@@ -653,5 +692,27 @@ mod tests {
         let mut v = second.reserve(10).unwrap();
         assert_eq!(second.attach_prefix(&mut v, &prompt, 9), 8);
         assert_eq!(second.usage().prefix_hits, 2);
+    }
+
+    #[test]
+    fn kept_blocks_are_evicted_after_every_unmarked_one() {
+        let mut pool = BlockPool::new(4, 4).unwrap();
+        let (kept, other) = (ids(8, 1), ids(8, 2));
+        let mut a = pool.reserve(8).unwrap();
+        pool.keep(&mut a);
+        write(&mut pool, &mut a, &kept, 0);
+        pool.release(a);
+        let mut b = pool.reserve(8).unwrap();
+        write(&mut pool, &mut b, &other, 0);
+        pool.release(b);
+        // Released after the kept blocks, the unmarked ones still go first.
+        let mut c = pool.reserve(8).unwrap();
+        write(&mut pool, &mut c, &ids(8, 3), 0);
+        pool.release(c);
+        let mut t = pool.reserve(9).unwrap();
+        assert_eq!(pool.attach_prefix(&mut t, &kept, 8), 8, "kept survived");
+        pool.release(t);
+        let mut t = pool.reserve(9).unwrap();
+        assert_eq!(pool.attach_prefix(&mut t, &other, 8), 0, "unmarked evicted");
     }
 }

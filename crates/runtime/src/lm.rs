@@ -488,6 +488,11 @@ pub trait LanguageModel: Send {
         let _ = prompt;
         Ok((self.add_sequence(ctx_size)?, 0))
     }
+    /// Marks `seq`'s prefix-cache blocks to be evicted after unmarked ones (a prompt the
+    /// client asked to keep). By default there is no prefix cache to mark.
+    fn keep_prefix(&mut self, seq: SeqId) {
+        let _ = seq;
+    }
     /// What the prefix cache's disk tier did, when there is one.
     fn kv_disk(&self) -> Option<crate::DiskStats> {
         None

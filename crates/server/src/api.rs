@@ -121,6 +121,8 @@ struct Common {
     #[allow(dead_code)]
     keep_alive: Option<Value>,
     ignore_eos: Option<bool>,
+    /// OpenAI's cache routing key: here, a prompt to keep in the prefix cache longer.
+    prompt_cache_key: Option<String>,
     close_objects: Option<bool>,
     close_structured_output: Option<bool>,
 }
@@ -523,6 +525,7 @@ impl Common {
                 keep_special: self.skip_special_tokens == Some(false),
                 spec_tokens: None,
                 prediction: Vec::new(),
+                keep_prefix: self.prompt_cache_key.is_some(),
             },
             max_tokens,
             n,

@@ -517,11 +517,97 @@ fn render_engine(out: &mut String, e: &oxgen::engine::ModelStats, generated: u64
     );
     metric(
         out,
+        "oxgen_prefix_cache_disk_hits_total",
+        "counter",
+        "Prompt blocks read back from the disk tier (not prefilled).",
+        kv.prefix_disk_hits,
+    );
+    metric(
+        out,
         "oxgen_prefix_cache_hit_rate",
         "gauge",
-        "Share of cacheable prompt blocks found in the prefix cache, since start.",
-        ratio(kv.prefix_hits, kv.prefix_queries),
+        "Share of cacheable prompt blocks found in the prefix cache (memory or disk), since \
+         start.",
+        ratio(kv.prefix_hits + kv.prefix_disk_hits, kv.prefix_queries),
     );
+    metric(
+        out,
+        "oxgen_kv_evictions_total",
+        "counter",
+        "Cached KV blocks reused for other contents (left memory).",
+        kv.evictions,
+    );
+    let Some(d) = e.disk else { return };
+    for (name, kind, help, value) in [
+        (
+            "oxgen_kv_disk_writes_total",
+            "counter",
+            "KV blocks written to the disk tier.",
+            d.writes,
+        ),
+        (
+            "oxgen_kv_disk_written_bytes_total",
+            "counter",
+            "Bytes written to the disk tier.",
+            d.written_bytes,
+        ),
+        (
+            "oxgen_kv_disk_read_bytes_total",
+            "counter",
+            "Bytes read back from the disk tier.",
+            d.read_bytes,
+        ),
+        (
+            "oxgen_kv_disk_misses_total",
+            "counter",
+            "Prompt blocks looked for on disk and not found.",
+            d.misses,
+        ),
+        (
+            "oxgen_kv_disk_evictions_total",
+            "counter",
+            "Files removed to stay under --kv-disk-budget.",
+            d.evictions,
+        ),
+        (
+            "oxgen_kv_disk_rejected_total",
+            "counter",
+            "Files removed because they failed the check (truncated, altered).",
+            d.rejected,
+        ),
+        (
+            "oxgen_kv_disk_dropped_total",
+            "counter",
+            "Blocks not written because the writer was behind.",
+            d.dropped,
+        ),
+        (
+            "oxgen_kv_disk_files",
+            "gauge",
+            "Files the disk tier holds.",
+            d.files,
+        ),
+        (
+            "oxgen_kv_disk_bytes",
+            "gauge",
+            "Bytes the disk tier holds.",
+            d.bytes,
+        ),
+        (
+            "oxgen_kv_disk_budget_bytes",
+            "gauge",
+            "The disk tier's budget.",
+            d.budget,
+        ),
+        (
+            "oxgen_kv_disk_writable",
+            "gauge",
+            "1 while the disk tier can write (0 after a write failed).",
+            u64::from(d.writable),
+        ),
+    ] {
+        metric(out, name, kind, help, value);
+    }
 }
 
 fn render_speculation(out: &mut String, spec: &oxgen::SpecStats) {

@@ -508,3 +508,66 @@ fn a_step_that_fails_for_one_request_fails_only_that_one() {
     );
     server.shutdown().unwrap();
 }
+
+/// The prefix cache's disk tier across a restart: the second server reads the prompt's
+/// blocks back instead of prefilling them (`cached_tokens`, the disk metrics), and answers
+/// with the same text; Anthropic's usage splits the prompt into read, written and the rest.
+#[test]
+fn a_restarted_server_reads_a_prompt_back_from_its_disk_cache() {
+    let disk = tempfile::tempdir().unwrap();
+    let options = || ModelOptions {
+        threads: 2,
+        kv: KvBudget::Sequences(2),
+        prefix_cache: true,
+        kv_disk_cache: Some(disk.path().to_path_buf()),
+        ..ModelOptions::default()
+    };
+    let prompt = "Describe the water cycle: evaporation, condensation, rain. ".repeat(6);
+    let mut body = chat(&prompt, 12);
+    body["prompt_cache_key"] = json!("water");
+    let server = start_with(&default_model(), options(), Config::new(MODEL));
+    let cold = post(server.addr(), "/v1/chat/completions", &body).json();
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let writes = metric(server.addr(), "oxgen_kv_disk_writes_total");
+    assert!(writes >= 6.0, "{writes} blocks written");
+    server.shutdown().unwrap();
+
+    let server = start_with(&default_model(), options(), Config::new(MODEL));
+    let addr = server.addr();
+    let warm = post(addr, "/v1/chat/completions", &body).json();
+    let text = |v: &Value| v["choices"][0]["message"]["content"].clone();
+    assert_eq!(text(&warm), text(&cold));
+    let prompt_tokens = warm["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        cached,
+        prompt_tokens / 16 * 16,
+        "every whole block from disk"
+    );
+    assert_eq!(
+        metric(addr, "oxgen_prefix_cache_disk_hits_total"),
+        (cached / 16) as f64
+    );
+    assert!(metric(addr, "oxgen_kv_disk_read_bytes_total") > 0.0);
+    assert_eq!(metric(addr, "oxgen_kv_disk_writable"), 1.0);
+
+    // Anthropic's split of a prompt marked to be cached, on a prompt new to the cache.
+    let messages = json!({
+        "model": MODEL,
+        "max_tokens": 4,
+        "system": [{"type": "text", "text": "You summarize. ".repeat(20),
+                    "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "Summarize the tides."}],
+    });
+    let first = post(addr, "/v1/messages", &messages).json();
+    let u = &first["usage"];
+    assert_eq!(u["cache_read_input_tokens"], 0);
+    let written = u["cache_creation_input_tokens"].as_u64().unwrap();
+    assert!(written >= 32, "{u}");
+    let again = post(addr, "/v1/messages", &messages).json();
+    assert_eq!(again["usage"]["cache_read_input_tokens"], written);
+    assert_eq!(again["usage"]["cache_creation_input_tokens"], 0);
+    server.shutdown().unwrap();
+}

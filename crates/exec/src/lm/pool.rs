@@ -95,12 +95,13 @@ impl Paged {
         let Some(disk) = &self.disk else {
             return;
         };
+        let kept = table.kept();
         for i in before..table.registered() {
             let b = table.blocks[i];
             if let Some(key) = self.pool.key(b) {
                 let prefix = &ids[..(i + 1) * KV_BLOCK_SIZE];
                 let store = &mut self.store;
-                disk.store(key, prefix, false, |out| store.read_block(b, out));
+                disk.store(key, prefix, kept, |out| store.read_block(b, out));
             }
         }
     }

@@ -68,6 +68,15 @@ pub struct Messages {
     pub stop_sequences: Vec<String>,
 }
 
+/// Whether `v` holds a `cache_control` field at any depth.
+fn has_cache_control(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.contains_key("cache_control") || m.values().any(has_cache_control),
+        Value::Array(a) => a.iter().any(has_cache_control),
+        _ => false,
+    }
+}
+
 /// `POST /v1/messages` (with `counting`, `/v1/messages/count_tokens`, which takes no
 /// `max_tokens`); unknown fields are ignored unless `strict`.
 pub fn messages(
@@ -190,6 +199,12 @@ pub fn messages(
             ));
         }
     }
+    // A `cache_control` breakpoint anywhere (system, messages, tools) asks for the prompt
+    // to stay cached: its prefix blocks are kept longer (the whole prompt's, not only the
+    // part before the breakpoint).
+    request.options.keep_prefix = ["system", "messages", "tools"]
+        .iter()
+        .any(|k| value.get(*k).is_some_and(has_cache_control));
     request.ignored = unknown.names;
     Ok(Messages {
         request,

@@ -30,7 +30,6 @@ const RESPONSES_FIELDS: &[&str] = &[
     "truncation",
     "include",
     "service_tier",
-    "prompt_cache_key",
     "safety_identifier",
 ];
 
@@ -38,6 +37,7 @@ const RESPONSES_FIELDS: &[&str] = &[
 /// too).
 const SAMPLING: &[&str] = &[
     "model",
+    "prompt_cache_key",
     "temperature",
     "top_p",
     "top_k",

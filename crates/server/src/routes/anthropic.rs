@@ -95,9 +95,10 @@ struct StopDelta {
     stop_sequence: Option<String>,
 }
 
-/// The tokens of a message: the prompt's not served by the prefix cache, the generated, and
-/// the cache's (none written: blocks are cached as they fill). A stream's first message
-/// counts its prompt alone.
+/// The tokens of a message: the prompt's neither read from nor written to the prefix cache,
+/// the generated, and the cache's (every whole block of a prompt is cached as it fills, so
+/// what is written is the prompt's whole blocks past what was read). A stream's first
+/// message counts its prompt alone.
 #[derive(Serialize)]
 struct Usage {
     input_tokens: usize,
@@ -111,9 +112,9 @@ struct Usage {
 impl Usage {
     fn of(counts: Counts) -> Usage {
         Usage {
-            input_tokens: counts.prompt_tokens - counts.cached_tokens,
+            input_tokens: counts.prompt_tokens - counts.cached_tokens - counts.cache_written_tokens,
             output_tokens: counts.completion_tokens,
-            cache_creation_input_tokens: Some(0),
+            cache_creation_input_tokens: Some(counts.cache_written_tokens),
             cache_read_input_tokens: Some(counts.cached_tokens),
         }
     }

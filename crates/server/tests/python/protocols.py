@@ -141,7 +141,11 @@ def check_anthropic():
     assert final.stop_reason == m.stop_reason
 
     counted = client.messages.count_tokens(model=MODEL, messages=asked)
-    used = m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+    used = (
+        m.usage.input_tokens
+        + (m.usage.cache_read_input_tokens or 0)
+        + (m.usage.cache_creation_input_tokens or 0)
+    )
     assert counted.input_tokens == used, (counted, m.usage)
 
     # tool_use then tool_result, with the call required (tool_choice any).
