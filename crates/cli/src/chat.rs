@@ -43,6 +43,9 @@ const HELP: &str = "\
                       frequency_penalty, presence_penalty, seed, greedy on|off, max_new_tokens,
                       json on|off (answers are JSON objects)
 /stats                figures of the last reply
+/save NAME            save the conversation with its KV (NAME: a name kept in
+                      $XDG_STATE_HOME/oxgen/sessions, or a path)
+/load NAME            resume a saved conversation without prefilling it again
 End a line with \\ to continue it; wrap a block in \"\"\" to type several lines.
 Ctrl-C stops a reply; a second Ctrl-C quits.";
 
@@ -50,10 +53,31 @@ fn history_path(args: &Args) -> Option<PathBuf> {
     if let Some(p) = &args.history {
         return Some(p.clone());
     }
+    Some(state_dir()?.join("history"))
+}
+
+/// oxgen's state folder: $XDG_STATE_HOME/oxgen, else ~/.local/state/oxgen.
+fn state_dir() -> Option<PathBuf> {
     let state = std::env::var_os("XDG_STATE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
-    Some(state.join("oxgen/history"))
+    Some(state.join("oxgen"))
+}
+
+/// Where `/save NAME` writes: NAME itself when it names a path (it has a `/` or ends in
+/// `.session`), else `NAME.session` in the state folder's `sessions`.
+fn session_path(name: &str) -> anyhow::Result<PathBuf> {
+    if name.is_empty() {
+        anyhow::bail!("give the session a name: /save NAME, /load NAME");
+    }
+    if name.contains('/') || name.ends_with(".session") {
+        return Ok(PathBuf::from(name));
+    }
+    let dir = state_dir()
+        .context("no $XDG_STATE_HOME or $HOME to keep sessions in; give a path")?
+        .join("sessions");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir.join(format!("{name}.session")))
 }
 
 /// The REPL's state between turns.
@@ -117,6 +141,39 @@ impl Session {
                 }
                 None => eprintln!("no reply yet"),
             },
+            "/save" => {
+                let saved = session_path(rest).and_then(|path| {
+                    let positions = self.chat.save(&mut self.model, &path)?;
+                    Ok((path, positions))
+                });
+                match saved {
+                    Ok((path, 0)) => eprintln!(
+                        "saved to {} (the messages alone: this model's KV cannot be saved)",
+                        path.display()
+                    ),
+                    Ok((path, n)) => {
+                        eprintln!("saved to {} with {n} positions of KV", path.display())
+                    }
+                    Err(e) => eprintln!("/save: {e:#}"),
+                }
+            }
+            "/load" => {
+                let loaded =
+                    session_path(rest).and_then(|path| Ok(Chat::load(&mut self.model, &path)?));
+                match loaded {
+                    Ok(resumed) => {
+                        self.chat = resumed.chat;
+                        let turns = self.chat.messages().len();
+                        match (resumed.kv_positions, resumed.note) {
+                            (n, None) => eprintln!(
+                                "resumed {turns} messages with {n} positions of KV (no prefill)"
+                            ),
+                            (_, Some(note)) => eprintln!("resumed {turns} messages; {note}"),
+                        }
+                    }
+                    Err(e) => eprintln!("/load: {e:#}"),
+                }
+            }
             _ => eprintln!("unknown command {cmd}; /help lists them"),
         }
         Flow::Continue

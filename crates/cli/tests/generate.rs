@@ -296,6 +296,45 @@ fn run_with_piped_stdin_answers_each_line() {
     assert!(stderr.contains("temperature = 0"), "{stderr}");
 }
 
+/// `/save` then `/load` in another process: the conversation resumes with its KV, and the
+/// next reply is the one the unsaved conversation gives.
+#[test]
+fn run_saves_a_conversation_and_another_run_resumes_it() {
+    let dir = package();
+    let session = dir.path().join("cats.session");
+    let chat = |input: String| {
+        let mut child = oxgen()
+            .args(["run", path(dir.path()), "--max-new-tokens", "4"])
+            .args(["--ignore-eos", "--temperature", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+    };
+    let (whole, _) = chat("the cat\nthe dog\n".into());
+    let (_, saved) = chat(format!("the cat\n/save {}\n", session.display()));
+    assert!(saved.contains("positions of KV"), "{saved}");
+    let (resumed, stderr) = chat(format!("/load {}\nthe dog\n", session.display()));
+    assert!(stderr.contains("resumed 2 messages with"), "{stderr}");
+    assert_eq!(resumed.lines().last(), whole.lines().last());
+    let (_, stderr) = chat("/load nowhere/at-all.session\n".into());
+    assert!(
+        stderr.contains("/load: ") && stderr.contains("at-all.session"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn run_under_a_terminal_chats_with_commands_and_stats() {
     use expectrl::{Eof, Session};

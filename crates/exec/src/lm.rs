@@ -263,6 +263,79 @@ impl LanguageModel for NativeLm {
         self.paged.as_ref().map(|p| p.pool.usage())
     }
 
+    fn save_kv(
+        &mut self,
+        seq: SeqId,
+        out: &mut dyn std::io::Write,
+    ) -> Result<oxgen_runtime::BlockFormat, RuntimeError> {
+        let (Some(p), Some(slot)) = (&mut self.paged, self.seqs.get(seq)) else {
+            return Err(backend_error(format!(
+                "sequence {} has no paged KV to save (the graph's KV is not paged, or the \
+                 sequence is gone)",
+                seq.0
+            )));
+        };
+        let SeqKv::Paged { table, .. } = &slot.kv else {
+            unreachable!("a paged model holds paged sequences")
+        };
+        let mut block = vec![0; p.format.block_bytes];
+        for &b in &table.blocks[..slot.len.div_ceil(p.format.block_size)] {
+            p.store.read_block(b, &mut block);
+            out.write_all(&block)
+                .map_err(|e| RuntimeError::Backend(Box::new(e)))?;
+        }
+        Ok(p.format)
+    }
+
+    fn load_kv(
+        &mut self,
+        ctx_size: usize,
+        ids: &[u32],
+        format: &oxgen_runtime::BlockFormat,
+        input: &mut dyn std::io::Read,
+    ) -> Result<SeqId, RuntimeError> {
+        check_context(ctx_size)?;
+        let Some(p) = &mut self.paged else {
+            return Err(backend_error(
+                "this graph's KV is not paged; a saved KV cannot be loaded into it".into(),
+            ));
+        };
+        if *format != p.format || ids.is_empty() || ids.len() > ctx_size {
+            return Err(backend_error(format!(
+                "the saved KV ({} positions of {format:?}) does not fit this model's cache \
+                 ({:?}, {ctx_size} positions)",
+                ids.len(),
+                p.format
+            )));
+        }
+        let mut table = p.pool.reserve(ctx_size)?;
+        let mut block = vec![0; format.block_bytes];
+        let filled = p
+            .pool
+            .prepare_write(&mut table, 0, ids.len())
+            .and_then(|()| {
+                for &b in &table.blocks {
+                    input
+                        .read_exact(&mut block)
+                        .map_err(|e| RuntimeError::Backend(Box::new(e)))?;
+                    p.store.write_block(b, &block);
+                }
+                Ok(())
+            });
+        if let Err(e) = filled {
+            p.pool.release(table);
+            return Err(e);
+        }
+        if p.prefix_cache {
+            p.settle(&mut table, ids);
+        }
+        let mut held = Vec::with_capacity(ctx_size);
+        held.extend_from_slice(ids);
+        let seq = self.seqs.add(ctx_size, SeqKv::Paged { table, ids: held });
+        self.seqs.get_mut(seq).expect("just added").len = ids.len();
+        Ok(seq)
+    }
+
     fn keep_prefix(&mut self, seq: SeqId) {
         if let (Some(slot), Some(p)) = (self.seqs.get_mut(seq), &mut self.paged)
             && let SeqKv::Paged { table, .. } = &mut slot.kv

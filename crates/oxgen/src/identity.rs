@@ -16,15 +16,15 @@ use sha2::{Digest, Sha256};
 use crate::Error;
 
 /// Hex of the first 16 bytes of SHA-256 over the graph at `model_path` and its external
-/// data, remembered under `memo_dir` (created when missing; a folder that cannot be written
-/// only costs the hash next time).
-pub fn model_identity(model_path: &Path, memo_dir: &Path) -> Result<String, Error> {
+/// data, remembered under `memo_dir` when given (created when missing; a folder that cannot
+/// be written only costs the hash next time).
+pub fn model_identity(model_path: &Path, memo_dir: Option<&Path>) -> Result<String, Error> {
     let fail = |what: &str, e: &dyn std::fmt::Display| Error::Package {
         path: model_path.display().to_string(),
         reason: format!("cannot {what} to name its cache: {e}"),
     };
-    let memo = memo_dir.join(format!("{:016x}", files_stamp(model_path)));
-    if let Ok(id) = fs::read_to_string(&memo)
+    let memo = memo_dir.map(|d| d.join(format!("{:016x}", files_stamp(model_path))));
+    if let Some(id) = memo.as_ref().and_then(|m| fs::read_to_string(m).ok())
         && id.len() == 32
         && id.bytes().all(|b| b.is_ascii_hexdigit())
     {
@@ -55,12 +55,14 @@ pub fn model_identity(model_path: &Path, memo_dir: &Path) -> Result<String, Erro
         .map(|b| format!("{b:02x}"))
         .collect();
     // Written whole or not at all (a temporary file renamed); a failure only costs time.
-    let tmp = memo.with_extension(format!("{}.tmp", std::process::id()));
-    let saved = fs::create_dir_all(memo_dir)
-        .and_then(|()| fs::write(&tmp, &id))
-        .and_then(|()| fs::rename(&tmp, &memo));
-    if saved.is_err() {
-        let _ = fs::remove_file(&tmp);
+    if let (Some(memo), Some(dir)) = (memo, memo_dir) {
+        let tmp = memo.with_extension(format!("{}.tmp", std::process::id()));
+        let saved = fs::create_dir_all(dir)
+            .and_then(|()| fs::write(&tmp, &id))
+            .and_then(|()| fs::rename(&tmp, &memo));
+        if saved.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
     }
     Ok(id)
 }
@@ -118,24 +120,27 @@ mod tests {
             .save(&path, Some(0))
             .unwrap();
         assert!(model.join("model.onnx.data").exists());
-        let first = model_identity(&path, &memo).unwrap();
+        let identity = |p: &Path| model_identity(p, Some(&memo)).unwrap();
+        let first = identity(&path);
         assert_eq!(first.len(), 32);
         assert_eq!(fs::read_dir(&memo).unwrap().count(), 1, "remembered");
-        assert_eq!(model_identity(&path, &memo).unwrap(), first);
+        assert_eq!(identity(&path), first);
+        assert_eq!(
+            model_identity(&path, None).unwrap(),
+            first,
+            "the same unremembered"
+        );
         // The same bytes elsewhere are the same model.
         let copy = dir.path().join("copy");
         fs::create_dir(&copy).unwrap();
         for f in ["model.onnx", "model.onnx.data"] {
             fs::copy(model.join(f), copy.join(f)).unwrap();
         }
-        assert_eq!(
-            model_identity(&copy.join("model.onnx"), &memo).unwrap(),
-            first
-        );
+        assert_eq!(identity(&copy.join("model.onnx")), first);
         // Other weights (the graph file unchanged) are another model.
         weights(vec![1.0, 2.0, 3.0, 5.0])
             .save(&path, Some(0))
             .unwrap();
-        assert_ne!(model_identity(&path, &memo).unwrap(), first);
+        assert_ne!(identity(&path), first);
     }
 }

@@ -62,7 +62,7 @@ use oxgen_generate::Tokenizer;
 use oxgen_runtime::{LanguageModel, SeqId};
 
 pub use backend::{AutoChoice, Backend, HAS_ORT, auto_choice};
-pub use chat::{CHAT_CTX_SIZE, Chat};
+pub use chat::{CHAT_CTX_SIZE, Chat, Resumed};
 pub use context::{ContextLimit, Sizing};
 pub use defaults::PackageDefaults;
 pub use embed::{
@@ -317,6 +317,9 @@ pub struct Model {
     /// Logits of the last step of [`Model::advance`].
     scratch: oxgen_runtime::StepLogits,
     dir: PathBuf,
+    model_path: PathBuf,
+    /// SHA-256 of the graph and weights, made on first use (the disk tier's, when it has one).
+    identity: std::sync::OnceLock<String>,
     load_time: std::time::Duration,
 }
 
@@ -376,10 +379,14 @@ impl Model {
             Some(dir) => Some(oxgen_runtime::DiskTier {
                 dir: dir.clone(),
                 budget: options.kv_disk_budget,
-                identity: identity::model_identity(&model_path, &dir.join("identities"))?,
+                identity: identity::model_identity(&model_path, Some(&dir.join("identities")))?,
             }),
             None => None,
         };
+        let identity = std::sync::OnceLock::new();
+        if let Some(d) = &disk {
+            let _ = identity.set(d.identity.clone());
+        }
         let open = backend::Open {
             model_path: &model_path,
             config: &config,
@@ -412,6 +419,8 @@ impl Model {
             spec,
             scratch: Default::default(),
             dir,
+            model_path,
+            identity,
             load_time: start.elapsed(),
         })
     }
@@ -462,6 +471,17 @@ impl Model {
     /// The package folder.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The model's identity: the first 16 bytes of SHA-256 over its graph and weight files,
+    /// in hex. What outlives the process (the disk tier, saved sessions) is filed under it,
+    /// so that no other model or version reads it. Hashed on first use.
+    pub fn identity(&self) -> Result<&str, Error> {
+        if let Some(id) = self.identity.get() {
+            return Ok(id);
+        }
+        let id = identity::model_identity(&self.model_path, None)?;
+        Ok(self.identity.get_or_init(|| id))
     }
 
     /// How long [`Model::open`] took.
@@ -650,6 +670,39 @@ impl Model {
         if let Some(c) = self.cached.take() {
             self.lm_remove(c.seq);
         }
+    }
+
+    /// Writes the KV kept from the last generation to `out` (see [`Chat::save`]): the ids
+    /// it holds, its size and layout; `None` when nothing is kept.
+    pub(crate) fn save_kept(
+        &mut self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Option<(Vec<u32>, usize, oxgen_runtime::BlockFormat)>, Error> {
+        let Some(c) = &self.cached else {
+            return Ok(None);
+        };
+        let format = self.lm.save_kv(c.seq, out)?;
+        Ok(Some((c.ids.clone(), c.ctx_size, format)))
+    }
+
+    /// Keeps, as if the last generation had left it, a sequence of `ctx_size` positions
+    /// holding `ids`' KV read from `input` in `format`.
+    pub(crate) fn load_kept(
+        &mut self,
+        ids: &[u32],
+        ctx_size: usize,
+        format: &oxgen_runtime::BlockFormat,
+        input: &mut dyn std::io::Read,
+    ) -> Result<(), Error> {
+        self.drop_cache();
+        let ctx_size = ctx_size.min(self.limit.max());
+        let seq = self.lm.load_kv(ctx_size, ids, format, input)?;
+        self.cached = Some(CachedSeq {
+            seq,
+            ids: ids.to_vec(),
+            ctx_size,
+        });
+        Ok(())
     }
 
     /// Forgets the KV kept from the last generation.

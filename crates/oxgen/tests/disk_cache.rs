@@ -1,6 +1,7 @@
 //! The prefix cache's disk tier on the default model: a prompt's KV read back from disk
 //! (after its blocks left the pool, or after a restart) gives the same greedy text as a
-//! cold run, for f32 and int8 caches; an altered file is never used.
+//! cold run, for f32 and int8 caches; an altered file is never used. A saved chat resumes
+//! with its KV.
 //!
 //! The model comes from `$OXGEN_DEFAULT_MODEL` (set by `scripts/test.sh`).
 
@@ -128,4 +129,67 @@ fn an_altered_cache_file_is_ignored_and_its_prefix_recomputed() {
     let out = generate(&mut model, &first);
     assert_eq!(out.text, cold.text);
     assert_eq!(out.usage.prefix_reused, cold.usage.prompt_tokens / 16 * 16);
+}
+
+/// A saved conversation resumes with its KV: the next turn prefills only what it adds and
+/// answers as the unsaved conversation does; an altered file is refused; a model whose KV
+/// is laid out otherwise resumes the messages alone and says why.
+#[test]
+fn a_saved_chat_resumes_without_a_prefill() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rivers.session");
+    let options = GenerateOptions {
+        max_new_tokens: 12,
+        ..GenerateOptions::default()
+    };
+    // A chat keeps a sequence of a fixed size, as `oxgen run` does.
+    let open = |kv_dtype| {
+        let options = ModelOptions {
+            threads: 2,
+            kv_dtype,
+            ctx_size: Some(512),
+            ..ModelOptions::default()
+        };
+        Model::open(default_model_dir(), &options).unwrap()
+    };
+    let mut model = open(None);
+    let mut chat = oxgen::Chat::new(Some("You answer briefly."));
+    chat.send(&mut model, "Name three rivers.", &options, |_| {})
+        .unwrap();
+    let saved = chat.save(&mut model, &file).unwrap();
+    assert!(saved > 20, "{saved} positions of KV saved");
+    let next = chat
+        .send(&mut model, "Which is the longest?", &options, |_| {})
+        .unwrap();
+
+    assert_eq!(next.usage.prefix_reused, saved);
+
+    let mut fresh = open(None);
+    let resumed = oxgen::Chat::load(&mut fresh, &file).unwrap();
+    assert_eq!((resumed.kv_positions, resumed.note), (saved, None));
+    let mut chat = resumed.chat;
+    assert_eq!(chat.messages().len(), 2);
+    let again = chat
+        .send(&mut fresh, "Which is the longest?", &options, |_| {})
+        .unwrap();
+    assert_eq!(again.text, next.text);
+    assert_eq!(
+        again.usage.prefix_reused, saved,
+        "the conversation was not prefilled"
+    );
+
+    // Another layout (an int8 cache) takes the messages alone.
+    let mut int8 = open(Some(KvDtype::Int8));
+    let resumed = oxgen::Chat::load(&mut int8, &file).unwrap();
+    assert_eq!(resumed.kv_positions, 0);
+    assert!(resumed.note.unwrap().contains("does not fit"));
+
+    // One altered byte of KV: refused.
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let err = oxgen::Chat::load(&mut fresh, &file)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("checksum"), "{err}");
 }

@@ -488,6 +488,43 @@ pub trait LanguageModel: Send {
         let _ = prompt;
         Ok((self.add_sequence(ctx_size)?, 0))
     }
+    /// Writes the KV `seq` holds to `out`, block by block ([`crate::BlockFormat`]'s
+    /// `block_bytes` each, the last block whole), and says how it is laid out; a saved
+    /// session. By default a backend cannot (its KV is not paged).
+    fn save_kv(
+        &mut self,
+        seq: SeqId,
+        out: &mut dyn std::io::Write,
+    ) -> Result<crate::BlockFormat, RuntimeError> {
+        let _ = (seq, out);
+        Err(RuntimeError::Backend(
+            format!(
+                "the {} backend cannot save a sequence's KV (only paged KV on the native \
+                 backend can)",
+                self.backend()
+            )
+            .into(),
+        ))
+    }
+    /// A sequence of `ctx_size` positions holding the KV of `ids` that
+    /// [`LanguageModel::save_kv`] wrote in `format`, read from `input`.
+    fn load_kv(
+        &mut self,
+        ctx_size: usize,
+        ids: &[u32],
+        format: &crate::BlockFormat,
+        input: &mut dyn std::io::Read,
+    ) -> Result<SeqId, RuntimeError> {
+        let _ = (ctx_size, ids, format, input);
+        Err(RuntimeError::Backend(
+            format!(
+                "the {} backend cannot load a saved sequence's KV (only paged KV on the \
+                 native backend can)",
+                self.backend()
+            )
+            .into(),
+        ))
+    }
     /// Marks `seq`'s prefix-cache blocks to be evicted after unmarked ones (a prompt the
     /// client asked to keep). By default there is no prefix cache to mark.
     fn keep_prefix(&mut self, seq: SeqId) {

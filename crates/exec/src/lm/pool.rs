@@ -15,6 +15,8 @@ pub(super) struct Paged {
     pub(super) prefix_cache: bool,
     /// The prefix cache's disk tier, when asked for.
     pub(super) disk: Option<DiskCache>,
+    /// How a block's bytes are laid out (the disk tier's and saved sessions' files).
+    pub(super) format: BlockFormat,
     pub(super) store: KvStore,
     /// Per layer: the empty past tensors fed to the graph (attention reads the pool).
     pub(super) empty: Vec<[Option<Tensor>; 2]>,
@@ -54,6 +56,7 @@ impl Paged {
             pool: BlockPool::new(blocks, KV_BLOCK_SIZE)?,
             prefix_cache: options.prefix_cache,
             disk,
+            format,
             store,
             empty: fresh_kv(c, false, 0)?,
             segments: Vec::new(),
