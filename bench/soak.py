@@ -13,7 +13,12 @@ Exits 1 when a request was lost, KV leaked, RSS grew past --max-rss-growth-mb or
 descriptors grew past --max-fd-growth.
 
     bench/soak.py [--oxgen target/release/oxgen] [--model PKG] [--seconds 600] [--clients 16]
-                  [--threads 2] [--seed 1] [--kv-memory 256]
+                  [--threads 2] [--seed 1] [--kv-memory 256] [--kv-disk-cache DIR]
+                  [--kv-disk-budget MIB]
+
+With --kv-disk-cache the prefix cache's disk tier is on: at the end the folder must hold no
+more than the budget, no temporary file may be left once the server has stopped, and no
+file may have failed its check (a torn or corrupt write).
 
 It starts `oxgen serve MODEL --port 0` itself (the default model without --model) with
 --max-batch 8 --max-queue 8 --kv-memory 256 (--kv-memory: a pool small enough to be touched
@@ -71,6 +76,9 @@ def serve(args):
            # A pool small enough to be touched whole during warm-up, so RSS growth after it
            # is what leaks, not KV pages first written.
            "--kv-memory", str(args.kv_memory)]
+    if args.kv_disk_cache:
+        cmd += ["--kv-disk-cache", args.kv_disk_cache, "--kv-disk-budget",
+                str(args.kv_disk_budget)]
     if args.model:
         cmd.insert(2, args.model)
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -238,6 +246,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kv-memory", type=int, default=256, help="the server's KV pool, MiB")
+    ap.add_argument("--kv-disk-cache", help="the disk tier's folder (off without it)")
+    ap.add_argument("--kv-disk-budget", type=int, default=16, help="its budget, MiB")
     ap.add_argument("--max-rss-growth-mb", type=float, default=64)
     ap.add_argument("--max-fd-growth", type=int, default=16)
     args = ap.parse_args()
@@ -295,6 +305,14 @@ def main():
             print(f"soak: LOST {what}")
         failed = (stats.lost or used != 0 or reserved != 0 or live["queued"] or live["running"]
                   or rss_growth_mb > args.max_rss_growth_mb or fd_growth > args.max_fd_growth)
+        disk = None
+        if args.kv_disk_cache:
+            disk = {k: metric(metrics, f"oxgen_kv_disk_{k}") for k in
+                    ("writes_total", "bytes", "evictions_total", "rejected_total",
+                     "dropped_total", "writable")}
+            disk["hits"] = metric(metrics, "oxgen_prefix_cache_disk_hits_total")
+            print("soak: disk tier " + ", ".join(f"{k} {v:.0f}" for k, v in disk.items()))
+            failed = failed or disk["rejected_total"] or not disk["writable"]
         return 1 if failed else 0
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -302,6 +320,30 @@ def main():
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if args.kv_disk_cache:
+            failed_disk = disk_left(args)
+            if failed_disk:
+                print(f"soak: disk tier: {failed_disk}")
+                sys.exit(1)
+
+
+def disk_left(args):
+    """What is wrong with the disk tier's folder once the server has stopped: more than the
+    budget held, or temporary files left."""
+    total, tmp = 0, []
+    for root, _, files in os.walk(args.kv_disk_cache):
+        for f in files:
+            path = os.path.join(root, f)
+            if f.endswith(".tmp"):
+                tmp.append(path)
+            elif f.endswith(".kvb"):
+                total += os.path.getsize(path)
+    print(f"soak: disk tier holds {total / 2**20:.1f} MiB in its folder")
+    if tmp:
+        return f"{len(tmp)} temporary files left: {tmp[:3]}"
+    if total > args.kv_disk_budget * 2**20:
+        return f"{total} bytes held, over the {args.kv_disk_budget} MiB budget"
+    return None
 
 
 if __name__ == "__main__":

@@ -132,9 +132,14 @@ python3 -m venv "$WHEEL_VENV"
 "$WHEEL_VENV/bin/python" -m pytest -q crates/python/tests
 
 # Soak: a minute of churn (disconnects, bursts, shared prefixes) against the test build's
-# server; nothing may be lost or leaked (bench/soak.py runs it for 10 minutes by default).
+# server with the prefix cache's disk tier on (a 16 MiB budget, so files are evicted);
+# nothing may be lost or leaked, in memory or on disk (bench/soak.py runs it for 10 minutes
+# by default).
+SOAK_KV=$(mktemp -d)
 "$OXGEN_PYTHON" bench/soak.py --oxgen target/debug/oxgen --model "$OXGEN_DEFAULT_MODEL" \
-    --seconds 60 --kv-memory 96 --max-rss-growth-mb 96
+    --seconds 60 --kv-memory 96 --max-rss-growth-mb 96 --kv-disk-cache "$SOAK_KV" \
+    --kv-disk-budget 16
+rm -rf "$SOAK_KV"
 
 # Every fuzz target, briefly, from the committed seeds (cargo-fuzz and the instrumented build
 # are part of this budget).

@@ -396,7 +396,15 @@ impl Model {
             pool,
             disk,
         };
-        let (lm, backend_note) = backend::open(&open)?;
+        let (lm, mut backend_note) = backend::open(&open)?;
+        if open.disk.is_some() && lm.kv_usage().is_none() {
+            let off = "its KV is not paged on this backend, so the prefix cache and its disk \
+                       tier (kv_disk_cache) are off";
+            backend_note = Some(match backend_note {
+                Some(note) => format!("{note}; {off}"),
+                None => off.into(),
+            });
+        }
         config.check_contract(lm.contract())?;
         let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
         let template = ChatTemplate::open(&dir, options.chat_template.as_deref())?
@@ -463,7 +471,7 @@ impl Model {
         self.lm.capabilities()
     }
 
-    /// Why the `auto` backend chose ONNX Runtime, when it did.
+    /// Why the `auto` backend chose ONNX Runtime, when it did, and what that turned off.
     pub fn backend_note(&self) -> Option<&str> {
         self.backend_note.as_deref()
     }

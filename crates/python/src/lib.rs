@@ -257,7 +257,8 @@ impl PyModel {
                         chat_template = None, max_batch = 8, ort_lib = None, speculative = None,
                         spec_tokens = oxgen::DEFAULT_SPEC_TOKENS, kv_dtype = None,
                         weight_budget_mib = None, expert_cache = "frequency",
-                        chat_template_kwargs = None))]
+                        chat_template_kwargs = None, kv_disk_cache = None,
+                        kv_disk_budget_mib = oxgen::DEFAULT_KV_DISK_BUDGET >> 20))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -275,6 +276,8 @@ impl PyModel {
         weight_budget_mib: Option<u64>,
         expert_cache: &str,
         chat_template_kwargs: Option<&Bound<'_, PyDict>>,
+        kv_disk_cache: Option<PathBuf>,
+        kv_disk_budget_mib: u64,
     ) -> PyResult<PyModel> {
         let backend = backend_named(backend)?;
         if max_batch == 0 {
@@ -304,6 +307,8 @@ impl PyModel {
             weight_budget: weight_budget_mib.map(|mib| mib.saturating_mul(1 << 20)),
             expert_cache: expert_cache.parse().map_err(invalid)?,
             prefix_cache: true,
+            kv_disk_cache,
+            kv_disk_budget: kv_disk_budget_mib.saturating_mul(1 << 20),
             chat_template,
             chat_template_kwargs: template_kwargs(chat_template_kwargs)?,
             speculative,

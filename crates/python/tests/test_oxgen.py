@@ -85,6 +85,17 @@ def test_chat_reuses_the_kv_of_earlier_turns(model):
     assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
 
 
+def test_a_prompt_comes_back_from_the_disk_cache_in_another_model(tmp_path):
+    prompt = [{"role": "user", "content": "Tell me about rivers and seas. " * 12}]
+    first = oxgen.Model(MODEL, threads=2, kv_disk_cache=tmp_path, kv_disk_budget_mib=64)
+    cold = first.generate(prompt, max_new_tokens=8, temperature=0)
+    del first
+    again = oxgen.Model(MODEL, threads=2, kv_disk_cache=str(tmp_path))
+    warm = again.generate(prompt, max_new_tokens=8, temperature=0)
+    assert warm.text == cold.text
+    assert warm.usage["prefix_reused"] >= 64, warm.usage
+
+
 def test_the_batch_gives_each_prompts_own_ids(model):
     prompts = ["The capital of France is", "1, 2, 3,", [{"role": "user", "content": "Hi!"}]]
     alone = [model.generate(p, max_new_tokens=10, temperature=0).token_ids for p in prompts]

@@ -37,6 +37,8 @@ const HEADER: usize = 8 + 8 + 4 + 4 + 8 + 8;
 const FLAG_KEPT: u32 = 1;
 /// Bytes of block images waiting for the writer; past this, blocks are not written.
 const MAX_IN_FLIGHT: usize = 64 << 20;
+/// Written images kept for reuse; more are freed (a burst's buffers do not stay resident).
+const MAX_SPARE: usize = 8;
 /// A temporary file older than this was left by a writer that died.
 const STALE_TMP: Duration = Duration::from_secs(60);
 /// The least time between two scans of the directory when the budget is crossed.
@@ -493,7 +495,9 @@ impl Writer {
                     let mut spare = self.shared.spare.lock().expect("no panics while held");
                     spare.pending.remove(&key);
                     spare.in_flight -= len;
-                    spare.buffers.push(image);
+                    if spare.buffers.len() < MAX_SPARE {
+                        spare.buffers.push(image);
+                    }
                 }
                 Job::Touch(key) => self.touch(key),
                 Job::Flush(done) => {
