@@ -714,8 +714,8 @@ mod tests {
         let names = fields::<Common>();
         assert_eq!(names.first(), Some(&"model"));
         assert_eq!(names.last(), Some(&"close_structured_output"));
-        assert_eq!(names.len(), 24, "{names:?}");
+        assert_eq!(names.len(), 25, "{names:?}");
         assert!(names.contains(&"logit_bias") && names.contains(&"stop_token_ids"));
-        assert!(names.contains(&"keep_alive"));
+        assert!(names.contains(&"keep_alive") && names.contains(&"prompt_cache_key"));
     }
 }

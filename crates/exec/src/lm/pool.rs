@@ -64,9 +64,7 @@ impl Paged {
             rows: Vec::new(),
         })
     }
-}
 
-impl Paged {
     /// Attaches `prompt`'s longest cached prefix (at most `limit` positions) to `table`:
     /// blocks the pool caches, then blocks the disk tier holds, read into fresh blocks.
     /// Returns the positions attached.
