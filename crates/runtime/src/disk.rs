@@ -710,6 +710,8 @@ mod tests {
         }
         let dir = cache.dir().to_path_buf();
         let mut cache = reopen(cache, root.path());
+        // The folder indexed before the files are damaged (not a race with the scan).
+        cache.flush();
         let path = |key: u64| dir.join(file_name(key));
         let bytes = fs::read(path(1)).unwrap();
         fs::write(path(1), &bytes[..bytes.len() - 3]).unwrap();
