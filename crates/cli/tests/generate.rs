@@ -29,6 +29,17 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
     )
 }
 
+/// Runs `cmd` with `input` on its stdin; its exit status, stdout and stderr.
+fn with_stdin(cmd: &mut Command, input: &[u8]) -> std::process::Output {
+    let mut child = (cmd.stdin(Stdio::piped()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn package() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     write_package(dir.path(), &FixtureConfig::default()).unwrap();
@@ -72,22 +83,13 @@ fn generate_json_has_every_field() {
 #[test]
 fn generate_reads_the_prompt_from_stdin_and_flags_from_the_environment() {
     let dir = package();
-    let mut child = oxgen()
-        .args(["generate", path(dir.path()), "-", "--json", "--raw"])
-        .env("OXGEN_MAX_NEW_TOKENS", "3")
-        .env("OXGEN_IGNORE_EOS", "true")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"the dog and the cat")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = with_stdin(
+        oxgen()
+            .args(["generate", path(dir.path()), "-", "--json", "--raw"])
+            .env("OXGEN_MAX_NEW_TOKENS", "3")
+            .env("OXGEN_IGNORE_EOS", "true"),
+        b"the dog and the cat",
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -269,26 +271,16 @@ fn kv_dtype_sets_what_the_cache_stores() {
 #[test]
 fn run_with_piped_stdin_answers_each_line() {
     let dir = package();
-    let mut child = oxgen()
-        .args([
+    let out = with_stdin(
+        oxgen().args([
             "run",
             path(dir.path()),
             "--max-new-tokens",
             "4",
             "--ignore-eos",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"the cat\n/set temperature 0\n\nthe dog\n/exit\nnever sent\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+        ]),
+        b"the cat\n/set temperature 0\n\nthe dog\n/exit\nnever sent\n",
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -303,21 +295,12 @@ fn run_saves_a_conversation_and_another_run_resumes_it() {
     let dir = package();
     let session = dir.path().join("cats.session");
     let chat = |input: String| {
-        let mut child = oxgen()
-            .args(["run", path(dir.path()), "--max-new-tokens", "4"])
-            .args(["--ignore-eos", "--temperature", "0"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = with_stdin(
+            oxgen()
+                .args(["run", path(dir.path()), "--max-new-tokens", "4"])
+                .args(["--ignore-eos", "--temperature", "0"]),
+            input.as_bytes(),
+        );
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{stderr}");
         (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
