@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::identity::hex;
 use crate::{ChatMessage, Error, GenerateOptions, KvDtype, Model, Output, Prompt};
 
 const MAGIC: &[u8] = b"oxgen-session 1\n";
@@ -309,8 +310,4 @@ impl<R: Read> Read for Hashing<R> {
         self.bytes += n as u64;
         Ok(n)
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

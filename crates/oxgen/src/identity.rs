@@ -50,10 +50,7 @@ pub fn model_identity(model_path: &Path, memo_dir: Option<&Path>) -> Result<Stri
             sha.update(&buf[..n]);
         }
     }
-    let id: String = sha.finalize()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let id = hex(&sha.finalize()[..16]);
     // Written whole or not at all (a temporary file renamed); a failure only costs time.
     if let (Some(memo), Some(dir)) = (memo, memo_dir) {
         let tmp = memo.with_extension(format!("{}.tmp", std::process::id()));
@@ -65,6 +62,11 @@ pub fn model_identity(model_path: &Path, memo_dir: Option<&Path>) -> Result<Stri
         }
     }
     Ok(id)
+}
+
+/// Bytes as lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A hash of the names, sizes and modification times of the files beside `model_path` (the

@@ -341,6 +341,11 @@ impl DiskCache {
             spare.buffers.pop().unwrap_or_default()
         };
         image.clear();
+        // Images grow by a block's ids as a sequence goes on: room for a few more blocks, so
+        // a reused buffer is not reallocated for every block.
+        if image.capacity() < len {
+            image.reserve(len + len / 4);
+        }
         image.resize(len, 0);
         let (header, body) = image.split_at_mut(HEADER);
         let (tokens, payload) = body.split_at_mut(4 * prefix.len());
