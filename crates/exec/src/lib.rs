@@ -19,6 +19,7 @@ mod arena;
 mod error;
 mod kv;
 mod lm;
+pub mod lora;
 mod lower;
 mod open;
 pub mod ops;

@@ -27,19 +27,23 @@
 mod pool;
 mod step;
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 use oxgen_graph::{Graph, Index, KvLayout, decides_from_inputs};
 use oxgen_runtime::{
-    Batch, BlockTable, Capabilities, KvDtype, KvUsage, LanguageModel, LmContract, OpTime,
-    RuntimeError, SeqId, SeqTable, Session, StepCounters, StepLogits, check_context,
+    Adapter, AdapterId, Batch, BlockTable, Capabilities, KvDtype, KvUsage, LanguageModel,
+    LmContract, OpTime, RuntimeError, SeqId, SeqTable, Session, StepCounters, StepLogits,
+    check_context,
 };
 use oxgen_tensor::Tensor;
 
 use self::pool::Paged;
 use self::step::{IoIndex, fresh_kv};
 use crate::NativeSession;
+use crate::lora::{Loaded, Sites};
 use crate::open::{NativeOptions, OpenError, io_specs, keep_first_layers, load_graph};
 
 /// One sequence's KV.
@@ -65,6 +69,11 @@ pub struct NativeLm {
     /// Inputs and outputs of a run, in declared order; reused so a step allocates nothing.
     in_slots: Vec<Option<Tensor>>,
     out_slots: Vec<Option<Tensor>>,
+    /// LoRA adapters: where the graph's projections are (`None`: the model was opened
+    /// without room for adapters), the adapters held by id, and each sequence's.
+    sites: Option<Sites>,
+    adapters: Vec<Option<Arc<Loaded>>>,
+    seq_adapters: HashMap<SeqId, Arc<Loaded>>,
 }
 
 fn backend_error(msg: String) -> RuntimeError {
@@ -97,6 +106,7 @@ impl NativeLm {
         let contract = LmContract::from_io(&inputs, &outputs, &options.kv_names)?;
         let passes = PassOptions {
             enabled: options.optimize,
+            keep_projections: options.adapters,
             context_length: options.context_length,
         };
         let (graph, report) = crate::optimize(graph, Some(&contract), &passes);
@@ -113,6 +123,8 @@ impl NativeLm {
             .map(|l| [l.past_key.as_str(), l.past_value.as_str()])
             .collect();
         let layout = index.kv_layout(graph, &past);
+        let kv_width = contract.kv_heads * contract.head_size;
+        let sites = (options.adapters).then(|| Sites::new(graph, kv_width, logits_node));
         let shared_kv = layout.in_place();
         let layer_of_node = match layout {
             KvLayout::Paged { layer_of_node } => Some(layer_of_node),
@@ -147,6 +159,9 @@ impl NativeLm {
             paged,
             counters: StepCounters::default(),
             io,
+            sites,
+            adapters: Vec::new(),
+            seq_adapters: HashMap::new(),
         })
     }
 
@@ -168,6 +183,14 @@ impl NativeLm {
     /// Whether KV is paged and a batch runs as one forward.
     pub fn paged(&self) -> bool {
         self.paged.is_some()
+    }
+
+    /// Adapter `id`, when held.
+    fn adapter(&self, id: AdapterId) -> Result<&Arc<Loaded>, RuntimeError> {
+        self.adapters
+            .get(id.0 as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| backend_error(format!("no LoRA adapter {} is loaded", id.0)))
     }
 
     fn count(&mut self, forwards: u64, tokens: usize) {
@@ -206,20 +229,32 @@ impl LanguageModel for NativeLm {
     }
 
     fn add_sequence(&mut self, ctx_size: usize) -> Result<SeqId, RuntimeError> {
-        self.start_sequence(ctx_size, &[]).map(|(seq, _)| seq)
+        self.start_sequence(ctx_size, &[], None).map(|(seq, _)| seq)
     }
 
     fn start_sequence(
         &mut self,
         ctx_size: usize,
         prompt: &[u32],
+        adapter: Option<AdapterId>,
     ) -> Result<(SeqId, usize), RuntimeError> {
         check_context(ctx_size)?;
+        let adapter = match adapter {
+            None => None,
+            Some(id) => Some(self.adapter(id)?.clone()),
+        };
         let Some(p) = &mut self.paged else {
             let kv = fresh_kv(&self.contract, self.shared_kv, ctx_size)?;
-            return Ok((self.seqs.add(ctx_size, SeqKv::Dense(kv)), 0));
+            let seq = self.seqs.add(ctx_size, SeqKv::Dense(kv));
+            if let Some(a) = adapter {
+                self.seq_adapters.insert(seq, a);
+            }
+            return Ok((seq, 0));
         };
         let mut table = p.pool.reserve(ctx_size)?;
+        if let Some(a) = &adapter {
+            table.set_root(a.key);
+        }
         let cached = if p.prefix_cache {
             p.attach_prefix(&mut table, prompt, prompt.len().saturating_sub(1))
         } else {
@@ -229,10 +264,40 @@ impl LanguageModel for NativeLm {
         ids.extend_from_slice(&prompt[..cached]);
         let seq = self.seqs.add(ctx_size, SeqKv::Paged { table, ids });
         self.seqs.get_mut(seq).expect("just added").len = cached;
+        if let Some(a) = adapter {
+            self.seq_adapters.insert(seq, a);
+        }
         Ok((seq, cached))
     }
 
+    fn load_adapter(&mut self, adapter: Adapter) -> Result<AdapterId, RuntimeError> {
+        let Some(sites) = &self.sites else {
+            return Err(backend_error(
+                "this model was opened without room for LoRA adapters (its gate and up \
+                 projections are fused); open it with adapters allowed (--lora or --max-loras)"
+                    .into(),
+            ));
+        };
+        let loaded = Arc::new(sites.place(adapter)?);
+        let id = match self.adapters.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.adapters.push(None);
+                self.adapters.len() - 1
+            }
+        };
+        self.adapters[id] = Some(loaded);
+        Ok(AdapterId(id as u32))
+    }
+
+    fn unload_adapter(&mut self, adapter: AdapterId) {
+        if let Some(slot) = self.adapters.get_mut(adapter.0 as usize) {
+            *slot = None;
+        }
+    }
+
     fn remove_sequence(&mut self, seq: SeqId) {
+        self.seq_adapters.remove(&seq);
         if let Some(slot) = self.seqs.take(seq)
             && let (SeqKv::Paged { table, .. }, Some(p)) = (slot.kv, &mut self.paged)
         {

@@ -56,6 +56,10 @@ pub struct NativeOptions {
     pub disk_cache: Option<oxgen_runtime::DiskTier>,
     /// Run the graph passes (off keeps the graph as loaded, for comparisons).
     pub optimize: bool,
+    /// The model may run LoRA adapters ([`oxgen_runtime::LanguageModel::load_adapter`]): its
+    /// projections keep outputs of their own for the adapters to add to (gate and up are
+    /// not fused with the SiLU between them, a little slower).
+    pub adapters: bool,
     /// Keep only the first this many layers and the output head (a self-speculative draft).
     pub layers: Option<usize>,
     /// A thread pool to share with another model (a speculative draft and its target run
@@ -82,6 +86,7 @@ impl Default for NativeOptions {
             prefix_cache: false,
             disk_cache: None,
             optimize: true,
+            adapters: false,
             layers: None,
             pool: None,
             kv_dtype: None,

@@ -12,6 +12,7 @@ use oxgen_runtime::{IoSpec, OpTime, RuntimeError, Session, Tensors};
 use oxgen_tensor::Tensor;
 
 use crate::kv::PagedStep;
+use crate::lora::LoraRows;
 use crate::lower::{self, Lowered};
 use crate::ops::{self, OpCounters, OpCtx, WeightUse};
 use crate::residency::{ExpertCache, Residency};
@@ -87,6 +88,8 @@ pub struct NativeSession {
     /// [`NativeSession::set_rows_only`]).
     row_node: Option<usize>,
     rows: Vec<usize>,
+    /// The LoRA adapters of a run's rows.
+    lora: LoraRows,
     /// What reading weights cost over every run so far (bytes the plan's unpacked matrices
     /// were read for, and what ops counted themselves), and which experts stay resident.
     weights: WeightUse,
@@ -155,6 +158,7 @@ impl NativeSession {
             profile: None,
             row_node: None,
             rows: Vec::new(),
+            lora: LoraRows::default(),
             weights: WeightUse {
                 counters: OpCounters::default(),
                 residency: Residency::new(None, ExpertCache::default()),
@@ -315,6 +319,11 @@ impl NativeSession {
         self.rows.extend_from_slice(rows);
     }
 
+    /// The LoRA adapters of the next runs' rows (empty: none).
+    pub fn lora_rows(&mut self) -> &mut LoraRows {
+        &mut self.lora
+    }
+
     /// Bytes of weight matrices read over every run so far, as measured: a repacked
     /// `MatMulNBits` counts the columns its kernel streamed (its whole packed size per pass
     /// over them), every other `MatMulNBits`, `MatMul` and `Gemm` weight initializer its
@@ -437,7 +446,7 @@ impl NativeSession {
                 }),
                 weights: &mut self.weights,
             };
-            let produced = ops::run(
+            let mut produced = ops::run(
                 &node.op,
                 &inputs,
                 &mut donated,
@@ -448,6 +457,13 @@ impl NativeSession {
                 node: Box::new(node.node_ref()),
                 source,
             })?;
+            if !self.lora.is_empty() {
+                let x = inputs.first().copied().flatten();
+                (self.lora.apply(i, x, &mut produced)).map_err(|source| ExecError::Node {
+                    node: Box::new(node.node_ref()),
+                    source,
+                })?;
+            }
             drop(inputs);
             if let Some(row) = last_row {
                 self.arena.recycle(row);

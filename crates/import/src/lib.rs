@@ -37,6 +37,7 @@ pub mod encoder;
 mod error;
 pub mod genai_graph;
 pub mod hf;
+pub mod lora;
 mod quantize;
 pub mod safetensors;
 pub mod tokenizer;
@@ -50,6 +51,7 @@ use oxgen_gguf::GgufFile;
 pub use encoder::{EncoderArch, EncoderHead, EncoderSpec};
 pub use error::ImportError;
 use genai_graph::{ConfigTokens, DecoderSpec, Rope};
+pub use lora::read_adapter;
 pub use oxgen_gguf::Requantized;
 use safetensors::SafeTensors;
 

@@ -166,6 +166,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         prefix_cache: asked.prefix_cache || o.disk.is_some(),
         disk_cache: o.disk.clone(),
         optimize: true,
+        adapters: layers.is_none() && crate::max_adapters(asked) > 0,
         layers,
         pool: Some(o.pool.clone().unwrap_or_else(|| {
             let leave_room = asked.threads == 0;

@@ -38,6 +38,7 @@
 //! the graph and the config files, never from its name. This crate is the only one that
 //! picks a backend.
 
+mod adapters;
 mod backend;
 mod chat;
 mod context;
@@ -61,6 +62,7 @@ use std::time::Instant;
 use oxgen_generate::Tokenizer;
 use oxgen_runtime::{LanguageModel, SeqId};
 
+pub use adapters::{AdapterInfo, max_adapters};
 pub use backend::{AutoChoice, Backend, HAS_ORT, auto_choice};
 pub use chat::{CHAT_CTX_SIZE, Chat, Resumed};
 pub use context::{ContextLimit, Sizing};
@@ -98,6 +100,15 @@ pub enum Error {
     Runtime(#[from] oxgen_runtime::RuntimeError),
     #[error(transparent)]
     Generate(#[from] oxgen_generate::GenerateError),
+    /// A LoRA adapter could not be loaded (the reason names the file or module).
+    #[error("LoRA adapter '{name}': {reason}")]
+    Adapter { name: String, reason: String },
+    /// A generation named an adapter that is not loaded.
+    #[error(
+        "no LoRA adapter named '{name}' is loaded ({}); load it with --lora NAME=PATH",
+        if loaded.is_empty() { "none is".to_string() } else { format!("loaded: {}", loaded.join(", ")) }
+    )]
+    UnknownAdapter { name: String, loaded: Vec<String> },
 }
 
 /// The disk tier's budget where none is given: 8 GiB (the 1.5B model's 4,000-token prompt
@@ -157,6 +168,13 @@ pub struct ModelOptions {
     /// The most ids a step proposes, unless a generation asks for fewer
     /// ([`GenerateOptions::spec_tokens`]); at most [`MAX_SPEC_TOKENS`].
     pub spec_tokens: usize,
+    /// LoRA adapters loaded at open, by name: a PEFT folder (`adapter_config.json` and
+    /// `adapter_model.safetensors`) or an `.onnx_adapter` file (native backend).
+    pub lora: Vec<(String, PathBuf)>,
+    /// The most adapters held at once, loaded at open or later ([`Model::load_adapter`]); at
+    /// least `lora`'s count. With none, the model runs no adapters and fuses its gate and up
+    /// projections with the SiLU between them (a little faster).
+    pub max_loras: usize,
 }
 
 impl Default for ModelOptions {
@@ -178,6 +196,8 @@ impl Default for ModelOptions {
             chat_template_kwargs: serde_json::Map::new(),
             speculative: None,
             spec_tokens: DEFAULT_SPEC_TOKENS,
+            lora: Vec::new(),
+            max_loras: 0,
         }
     }
 }
@@ -240,6 +260,9 @@ pub struct GenerateOptions {
     /// the disk tier) after every unmarked one (Anthropic's `cache_control`, OpenAI's
     /// `prompt_cache_key`).
     pub keep_prefix: bool,
+    /// The LoRA adapter to generate under, by the name it was loaded with (`None`: the base
+    /// model).
+    pub adapter: Option<String>,
 }
 
 impl Default for GenerateOptions {
@@ -263,6 +286,7 @@ impl Default for GenerateOptions {
             spec_tokens: None,
             prediction: Vec::new(),
             keep_prefix: false,
+            adapter: None,
         }
     }
 }
@@ -294,6 +318,8 @@ struct CachedSeq {
     /// The ids whose KV the sequence holds.
     ids: Vec<u32>,
     ctx_size: usize,
+    /// The adapter it ran under.
+    adapter: Option<oxgen_runtime::AdapterId>,
 }
 
 /// A loaded model with its tokenizer, chat template and generation defaults.
@@ -321,6 +347,7 @@ pub struct Model {
     /// SHA-256 of the graph and weights, made on first use (the disk tier's, when it has one).
     identity: std::sync::OnceLock<String>,
     load_time: std::time::Duration,
+    adapters: adapters::Adapters,
 }
 
 /// Hands heap memory that loading freed back to the OS. Parsing the tokenizer's JSON (3.5 MB
@@ -413,7 +440,7 @@ impl Model {
         let defaults = PackageDefaults::read(&dir)?;
         release_freed_heap();
         let spec = speculative::open(options, &open, lm.as_ref(), &tokenizer)?;
-        Ok(Model {
+        let mut model = Model {
             lm,
             backend_note,
             encoder: Encoder::new(tokenizer, template),
@@ -430,7 +457,33 @@ impl Model {
             model_path,
             identity,
             load_time: start.elapsed(),
-        })
+            adapters: adapters::Adapters::new(max_adapters(options)),
+        };
+        for (name, path) in &options.lora {
+            model.load_adapter(name, path)?;
+        }
+        model.load_time = start.elapsed();
+        Ok(model)
+    }
+
+    /// Loads the LoRA adapter at `path` (a PEFT folder or an `.onnx_adapter` file) as `name`,
+    /// for generations that name it ([`GenerateOptions::adapter`]). Refused with a message
+    /// naming the module when the adapter does not fit this model.
+    pub fn load_adapter(&mut self, name: &str, path: &Path) -> Result<AdapterInfo, Error> {
+        self.adapters.load(self.lm.as_mut(), name, path)
+    }
+
+    /// Drops adapter `name`; generations running under it finish under it.
+    pub fn unload_adapter(&mut self, name: &str) -> Result<(), Error> {
+        if self.cached.as_ref().is_some_and(|c| c.adapter.is_some()) {
+            self.drop_cache();
+        }
+        self.adapters.unload(self.lm.as_mut(), name)
+    }
+
+    /// The adapters loaded, by name.
+    pub fn adapters(&self) -> Vec<AdapterInfo> {
+        self.adapters.list()
     }
 
     /// The backend's model, for a draft (its tokenizer and template are let go).
@@ -589,7 +642,8 @@ impl Model {
         let sizing = self.limit.size(ids.len(), options.max_new_tokens)?;
         // The sequence is kept for the next prompt: a fixed ctx_size lets later turns fit.
         let ctx_size = self.limit.ctx_size().unwrap_or(sizing.positions);
-        let (seq, reused) = self.sequence_for(&ids, ctx_size)?;
+        let adapter = self.adapters.id(options.adapter.as_deref())?;
+        let (seq, reused) = self.sequence_for(&ids, ctx_size, adapter)?;
         let decode = self.decode_options(options);
         let decoding = match oxgen_generate::Decoding::new(&ids, reused, ctx_size, decode) {
             Ok(d) => d,
@@ -599,7 +653,8 @@ impl Model {
             }
         };
         let spec_tokens = self.spec_tokens(options);
-        let seq = Sequence::new(seq, decoding, reused, ctx_size, spec_tokens, None);
+        let mut seq = Sequence::new(seq, decoding, reused, ctx_size, spec_tokens, None);
+        seq.adapter = adapter;
         Ok(Stream::new(self, seq, options.cancel.clone(), start))
     }
 
@@ -651,19 +706,23 @@ impl Model {
     }
 
     /// A sequence holding `ids`' longest cached prefix, and that prefix's length.
-    fn sequence_for(&mut self, ids: &[u32], ctx_size: usize) -> Result<(SeqId, usize), Error> {
+    fn sequence_for(
+        &mut self,
+        ids: &[u32],
+        ctx_size: usize,
+        adapter: Option<oxgen_runtime::AdapterId>,
+    ) -> Result<(SeqId, usize), Error> {
         if let Some(c) = self.cached.take() {
             let shared = c.ids.iter().zip(ids).take_while(|(a, b)| a == b).count();
             // Sharing nothing, a prefix cache may still hold the prompt's start.
-            if c.ctx_size >= ctx_size && (shared > 0 || !self.prefix_cache) {
+            let fits = c.ctx_size >= ctx_size && c.adapter == adapter;
+            if fits && (shared > 0 || !self.prefix_cache) {
                 return Ok((c.seq, shared));
             }
             self.lm_remove(c.seq);
         }
-        if self.prefix_cache {
-            return Ok(self.lm.start_sequence(ctx_size, ids)?);
-        }
-        Ok((self.lm.add_sequence(ctx_size)?, 0))
+        let cacheable = if self.prefix_cache { ids } else { &[] };
+        Ok(self.lm.start_sequence(ctx_size, cacheable, adapter)?)
     }
 
     /// Frees a sequence's KV, and its draft's.
@@ -709,6 +768,7 @@ impl Model {
             seq,
             ids: ids.to_vec(),
             ctx_size,
+            adapter: None,
         });
         Ok(())
     }

@@ -30,6 +30,8 @@ pub struct Sequence {
     pub(crate) verify: Vec<u32>,
     /// The output predicted for it ([`GenerateOptions::prediction`]), which proposes its ids.
     pub(crate) prediction: Option<Prediction>,
+    /// The LoRA adapter it runs under.
+    pub(crate) adapter: Option<oxgen_runtime::AdapterId>,
 }
 
 /// A predicted output as a proposer: while the generated ids follow the prediction from its
@@ -90,6 +92,7 @@ impl Sequence {
             adaptive: Adaptive::new(spec_tokens),
             verify: Vec::with_capacity(spec_tokens + 1),
             prediction: None,
+            adapter: None,
         }
     }
 
@@ -241,10 +244,10 @@ impl Model {
             .positions;
         // Checked before any KV is reserved.
         Decoding::new(ids, 0, positions, self.decode_options(options))?;
-        let (seq, cached) = match prompt_top {
-            Some(_) => (self.lm.add_sequence(positions)?, 0),
-            None => self.lm.start_sequence(positions, ids)?,
-        };
+        let adapter = self.adapters.id(options.adapter.as_deref())?;
+        // A scored prompt computes every position's logits: nothing comes from the cache.
+        let cacheable = if prompt_top.is_some() { &[][..] } else { ids };
+        let (seq, cached) = self.lm.start_sequence(positions, cacheable, adapter)?;
         if options.keep_prefix {
             self.lm.keep_prefix(seq);
         }
@@ -260,6 +263,7 @@ impl Model {
             spec_tokens = options.spec_tokens.unwrap_or(DEFAULT_SPEC_TOKENS);
         }
         let mut s = Sequence::new(seq, decoding, cached, positions, spec_tokens, top_logprobs);
+        s.adapter = adapter;
         s.prompt_top = prompt_top;
         if !options.prediction.is_empty() {
             s.prediction = Some(Prediction::new(&options.prediction, options.max_new_tokens));

@@ -206,6 +206,7 @@ impl Drop for Stream<'_> {
             seq: self.seq.seq,
             ids: self.seq.decoding.ids()[..fed].to_vec(),
             ctx_size: self.seq.positions,
+            adapter: self.seq.adapter,
         });
     }
 }

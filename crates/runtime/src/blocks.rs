@@ -79,12 +79,26 @@ pub struct BlockTable {
     registered: usize,
     /// Its cached blocks are evicted after unmarked ones.
     keep: bool,
+    /// The key its chain starts from ([`CHAIN_ROOT`], or an adapter's: see
+    /// [`BlockTable::set_root`]).
+    root: u64,
 }
 
 impl BlockTable {
     /// Whether its cached blocks are marked to be kept ([`BlockPool::keep`]).
     pub fn kept(&self) -> bool {
         self.keep
+    }
+
+    /// Starts its chain of keys from `root` instead of [`CHAIN_ROOT`], before any block is
+    /// attached: blocks cached under one root never serve a table under another (a LoRA
+    /// adapter's sequences and the base model's compute different KV for the same tokens).
+    pub fn set_root(&mut self, root: u64) {
+        debug_assert!(
+            self.blocks.is_empty(),
+            "the root is set before blocks are attached"
+        );
+        self.root = root;
     }
 
     /// Leading blocks registered in (or matched from) the prefix cache: after
@@ -225,6 +239,7 @@ impl BlockPool {
             reserved: need,
             registered: 0,
             keep: false,
+            root: CHAIN_ROOT,
         })
     }
 
@@ -302,17 +317,19 @@ impl BlockPool {
         }
     }
 
-    /// The key of the chain ending at `parent` (a registered block, or [`NONE`]).
-    fn key_of(&self, parent: u32) -> u64 {
+    /// The key of the chain ending at `parent` (a registered block, or [`NONE`]: `root`).
+    fn key_of(&self, root: u64, parent: u32) -> u64 {
         match parent {
-            NONE => CHAIN_ROOT,
+            NONE => root,
             b => self.key[b as usize].expect("a cached block's parent is registered"),
         }
     }
 
     /// The block caching `tokens` after `parent`, if any.
-    fn lookup(&self, parent: u32, tokens: &[u32]) -> Option<u32> {
-        let b = *self.by_key.get(&chain_key(self.key_of(parent), tokens))?;
+    fn lookup(&self, root: u64, parent: u32, tokens: &[u32]) -> Option<u32> {
+        let b = *self
+            .by_key
+            .get(&chain_key(self.key_of(root, parent), tokens))?;
         let i = b as usize;
         let bs = self.block_size;
         (self.parent[i] == parent && self.tokens[i * bs..(i + 1) * bs] == *tokens).then_some(b)
@@ -338,7 +355,7 @@ impl BlockPool {
         while table.registered == table.blocks.len() && table.blocks.len() < whole {
             let i = table.blocks.len();
             let parent = table.blocks.last().copied().unwrap_or(NONE);
-            let Some(b) = self.lookup(parent, &prompt[i * bs..(i + 1) * bs]) else {
+            let Some(b) = self.lookup(table.root, parent, &prompt[i * bs..(i + 1) * bs]) else {
                 break;
             };
             self.hits += 1;
@@ -368,7 +385,10 @@ impl BlockPool {
         }
         let parent = table.blocks.last().copied().unwrap_or(NONE);
         Some((
-            chain_key(self.key_of(parent), &prompt[i * bs..(i + 1) * bs]),
+            chain_key(
+                self.key_of(table.root, parent),
+                &prompt[i * bs..(i + 1) * bs],
+            ),
             (i + 1) * bs,
         ))
     }
@@ -468,7 +488,7 @@ impl BlockPool {
                 break;
             }
             if self.key[b as usize].is_none() {
-                match self.lookup(parent, tokens) {
+                match self.lookup(table.root, parent, tokens) {
                     // The same contents after the same blocks are cached already: this
                     // sequence computed them again (a repeated request's answer, past its
                     // prompt). It shares the cached block and lets its own go, so the cache
@@ -481,7 +501,7 @@ impl BlockPool {
                     }
                     Some(_) => {}
                     None => {
-                        let k = chain_key(self.key_of(parent), tokens);
+                        let k = chain_key(self.key_of(table.root, parent), tokens);
                         // A different block already under this key (a hash collision) keeps it.
                         if let std::collections::hash_map::Entry::Vacant(e) = self.by_key.entry(k) {
                             e.insert(b);
@@ -577,6 +597,27 @@ mod tests {
         pool.release(a);
         pool.release(b);
         assert_eq!(pool.usage().used, 0);
+    }
+
+    /// Blocks cached under one root (a LoRA adapter's) serve tables under that root only.
+    #[test]
+    fn blocks_cached_under_one_root_serve_only_that_root() {
+        let mut pool = BlockPool::new(16, 4).unwrap();
+        let prompt = ids(9, 0);
+        let mut base = pool.reserve(16).unwrap();
+        write(&mut pool, &mut base, &prompt, 0);
+        let mut adapted = pool.reserve(16).unwrap();
+        adapted.set_root(chain_key(CHAIN_ROOT, &[7]));
+        assert_eq!(pool.attach_prefix(&mut adapted, &prompt, 8), 0);
+        write(&mut pool, &mut adapted, &prompt, 0);
+        assert_ne!(adapted.blocks[..2], base.blocks[..2]);
+        let mut again = pool.reserve(16).unwrap();
+        again.set_root(chain_key(CHAIN_ROOT, &[7]));
+        assert_eq!(pool.attach_prefix(&mut again, &prompt, 8), 8);
+        assert_eq!(again.blocks, adapted.blocks[..2]);
+        let mut plain = pool.reserve(16).unwrap();
+        assert_eq!(pool.attach_prefix(&mut plain, &prompt, 8), 8);
+        assert_eq!(plain.blocks, base.blocks[..2]);
     }
 
     /// A repeated request: its prompt attaches the cached blocks, and the blocks its answer

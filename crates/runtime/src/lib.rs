@@ -12,10 +12,12 @@ mod blocks;
 mod disk;
 mod kv_dtype;
 mod lm;
+mod lora;
 
 pub use blocks::{BlockCopy, BlockPool, BlockTable, CHAIN_ROOT, KvUsage, chain_key};
 pub use disk::{BlockFormat, DiskCache, DiskStats, DiskTier};
 pub use kv_dtype::KvDtype;
+pub use lora::{Adapter, AdapterId, LoraModule};
 
 pub use lm::{
     Batch, Capabilities, ExpertResidency, KvNames, KvTemplates, LanguageModel, LmContract,

@@ -480,13 +480,30 @@ pub trait LanguageModel: Send {
     /// Adds a sequence for `prompt` and fills what it can of its KV from a prefix cache;
     /// returns the sequence and the prompt positions already filled (a prefix of at most
     /// `prompt.len() - 1`, so the last prompt id is always fed). By default nothing is cached.
+    ///
+    /// With `adapter`, the sequence runs under that LoRA adapter
+    /// ([`LanguageModel::load_adapter`]), and only blocks cached under it serve its prefix.
     fn start_sequence(
         &mut self,
         ctx_size: usize,
         prompt: &[u32],
+        adapter: Option<crate::AdapterId>,
     ) -> Result<(SeqId, usize), RuntimeError> {
         let _ = prompt;
+        if adapter.is_some() {
+            return Err(no_adapters(self.backend()));
+        }
         Ok((self.add_sequence(ctx_size)?, 0))
+    }
+    /// Holds a LoRA adapter for sequences to run under; the adapter's modules must all name
+    /// projections of this model, with their shapes. By default a backend runs none.
+    fn load_adapter(&mut self, adapter: crate::Adapter) -> Result<crate::AdapterId, RuntimeError> {
+        let _ = adapter;
+        Err(no_adapters(self.backend()))
+    }
+    /// Drops an adapter: sequences running under it keep it until they are removed.
+    fn unload_adapter(&mut self, adapter: crate::AdapterId) {
+        let _ = adapter;
     }
     /// Writes the KV `seq` holds to `out`, block by block ([`crate::BlockFormat`]'s
     /// `block_bytes` each, the last block whole), and says how it is laid out; a saved
@@ -556,6 +573,16 @@ pub trait LanguageModel: Send {
     fn op_times(&self) -> Vec<OpTime> {
         Vec::new()
     }
+}
+
+fn no_adapters(backend: &str) -> RuntimeError {
+    RuntimeError::Backend(
+        format!(
+            "the {backend} backend runs no LoRA adapters; open the model with the native \
+             backend (--backend native)"
+        )
+        .into(),
+    )
 }
 
 /// Work done by a backend's steps since it was loaded.

@@ -326,7 +326,7 @@ fn proposed_tokens_fill_no_prefix_cache_block() {
     let mut lm = NativeLm::open(&model, &options).unwrap();
     let bs = oxgen_exec::KV_BLOCK_SIZE;
     let ids = tokens(11, 3 * bs);
-    let (seq, _) = lm.start_sequence(4 * bs, &ids).unwrap();
+    let (seq, _) = lm.start_sequence(4 * bs, &ids, None).unwrap();
     let mut out = StepLogits::default();
     let mut step = |lm: &mut NativeLm, tokens: &[u32], pos: usize, proposed: usize| {
         let steps = [SeqStep {
@@ -356,6 +356,6 @@ fn proposed_tokens_fill_no_prefix_cache_block() {
         "three full blocks of settled ids"
     );
     // A sequence asking for the rejected ids reuses the settled first block only.
-    let (_, cached) = lm.start_sequence(4 * bs, &ids).unwrap();
+    let (_, cached) = lm.start_sequence(4 * bs, &ids, None).unwrap();
     assert_eq!(cached, bs);
 }

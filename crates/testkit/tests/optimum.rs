@@ -49,7 +49,7 @@ fn unoptimized(model: &Path) -> NativeLm {
         model,
         &PassOptions {
             enabled: false,
-            context_length: None,
+            ..Default::default()
         },
     )
 }
@@ -60,6 +60,7 @@ fn optimized(model: &Path, cfg: &FixtureConfig) -> NativeLm {
         &PassOptions {
             enabled: true,
             context_length: Some(cfg.context),
+            ..Default::default()
         },
     )
 }

@@ -29,6 +29,7 @@ fn passes(context_length: Option<usize>) -> PassOptions {
     PassOptions {
         enabled: true,
         context_length,
+        ..Default::default()
     }
 }
 

@@ -52,6 +52,13 @@ impl NativeLm {
             }
             row += n;
         }
+        let lora = session.lora_rows();
+        lora.clear();
+        for (step, segment) in batch.steps.iter().zip(&p.segments) {
+            if let Some(a) = self.seq_adapters.get(&step.seq) {
+                lora.push(segment.rows.clone(), a);
+            }
+        }
         for copy in p.pool.take_copies() {
             p.store.copy_block(copy.src, copy.dst);
         }
@@ -176,6 +183,11 @@ impl NativeLm {
         }
         // A prompt chunk that wants the last token's logits computes only that row of the
         // output head.
+        let lora = self.session.lora_rows();
+        lora.clear();
+        if let Some(a) = self.seq_adapters.get(&step.seq) {
+            lora.push(0..n, a);
+        }
         let last_row = !matches!(step.logits, LogitsWanted::All) && n > 1;
         self.session
             .set_rows_only(self.logits_node.filter(|_| last_row), &[n - 1]);

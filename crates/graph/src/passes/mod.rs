@@ -44,6 +44,7 @@ pub mod fold;
 pub mod group;
 pub mod layers;
 pub mod longrope;
+pub mod lora;
 pub mod norm;
 pub mod rotary;
 pub mod shapes;
@@ -87,6 +88,9 @@ pub struct LmInputs {
 pub struct Options {
     /// Run the passes at all (off keeps the graph as loaded, for comparisons).
     pub enabled: bool,
+    /// Keep every projection's output a value of its own (LoRA adapters add to them): no
+    /// gate and up projections fused with the SiLU between them.
+    pub keep_projections: bool,
     /// Positions the rotary caches cover: the model's context length (`config.json`'s
     /// `max_position_embeddings`). `None` leaves rotary embeddings spelled out, since a cache
     /// needs a size; positions past it would fail at run time.
@@ -97,6 +101,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             enabled: true,
+            keep_projections: false,
             context_length: None,
         }
     }
@@ -121,6 +126,8 @@ pub struct Report {
     pub silu_muls: usize,
     /// `SiluMul`s fused with their gate and up projections into `MatMulNBitsGlu`.
     pub glus: usize,
+    /// Empty LoRA branches (zero-rank defaults of a graph that takes adapters) removed.
+    pub lora_branches: usize,
     /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
     pub skipped: Vec<String>,
 }
@@ -139,6 +146,7 @@ pub fn optimize(
         ..Report::default()
     };
     if options.enabled {
+        report.lora_branches = lora::strip_empty_lora(graph);
         report.folded += fold::run(graph, eval);
         report.rms_norms = norm::fuse_rms_norm(graph);
         report.skip_norms = norm::fuse_skip_norm(graph);
@@ -154,7 +162,9 @@ pub fn optimize(
         report.folded += fold::run(graph, eval);
         report.matmul_groups = group::group_matmul_nbits(graph);
         report.silu_muls = silu::fuse_silu_mul(graph);
-        report.glus = silu::fuse_glu(graph);
+        if !options.keep_projections {
+            report.glus = silu::fuse_glu(graph);
+        }
     }
     report.nodes_after = graph.nodes.len();
     report
