@@ -147,6 +147,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         max_new_tokens: gen_len,
         ignore_eos: !args.eos,
         constraint,
+        adapter: args.run.adapter(),
         ..GenerateOptions::default()
     };
     if args.batch > 1 {
@@ -338,8 +339,17 @@ fn run_batch(
             model.set_profiling(args.profile);
         }
         model.reset();
+        // Sequences spread over the --lora adapters, in turn.
         let mut seqs = (0..n)
-            .map(|_| model.start(ids, options, None))
+            .map(|s| {
+                let adapter = (args.run.lora.get(s % args.run.lora.len().max(1)))
+                    .map(|(name, _)| name.clone());
+                let options = GenerateOptions {
+                    adapter,
+                    ..options.clone()
+                };
+                model.start(ids, &options, None)
+            })
             .collect::<Result<Vec<Sequence>, _>>()?;
         let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
         let started = Instant::now();
@@ -393,6 +403,7 @@ fn run_batch(
         "threads": model.threads(),
         "kv_dtype": model.kv_dtype().name(),
         "batch": n,
+        "adapters": args.run.lora.len(),
         "prompt_len": ids.len(),
         "gen_len": options.max_new_tokens,
         "runs": args.runs,
@@ -410,8 +421,9 @@ fn run_batch(
         let median = |k: &str| report[k]["median"].as_f64().unwrap_or_default();
         writeln!(
             stdout,
-            "{}\nbatch {n}, prompt {} tokens, {} generated, {} runs after {} warm-up",
+            "{}\nbatch {n} over {} LoRA adapters, prompt {} tokens, {} generated, {} runs after {} warm-up",
             model.dir().display(),
+            args.run.lora.len(),
             ids.len(),
             options.max_new_tokens,
             args.runs,

@@ -122,7 +122,8 @@ impl Session {
                     (sample.options(&self.model, self.seed)).map_err(|e| e.to_string())
                 });
                 match set {
-                    Ok(options) => {
+                    Ok(mut options) => {
+                        options.adapter = self.options.adapter.take();
                         (self.sample, self.options) = (sample, options);
                         eprintln!("{name} = {}", value.trim());
                     }
@@ -206,7 +207,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = model_dir(args.model.as_deref())?;
     let model = open_model(&dir, &args.run, &args.backend, Some(oxgen::CHAT_CTX_SIZE))?;
     let seed = oxgen::fresh_seed();
-    let options = args.sample.options(&model, seed)?;
+    let mut options = args.sample.options(&model, seed)?;
+    options.adapter = args.run.adapter();
     let mut session = Session {
         model,
         chat: Chat::new(args.system.as_deref()),

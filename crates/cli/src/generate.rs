@@ -71,7 +71,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         messages.push(("user", prompt.as_str()));
         Prompt::chat(&messages)
     };
-    let options = args.sample.options(&model, oxgen::fresh_seed())?;
+    let mut options = args.sample.options(&model, oxgen::fresh_seed())?;
+    options.adapter = args.run.adapter();
     let stream = !args.json && !args.no_stream;
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;

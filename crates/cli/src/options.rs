@@ -67,9 +67,25 @@ pub struct RunArgs {
     #[arg(long, env = "OXGEN_SPEC_TOKENS", default_value_t = oxgen::DEFAULT_SPEC_TOKENS,
           value_parser = spec_tokens)]
     pub spec_tokens: usize,
+    /// A LoRA adapter to load, as NAME=PATH: a PEFT folder (adapter_config.json and
+    /// adapter_model.safetensors) or an .onnx_adapter file; repeatable (native backend).
+    /// generate, run and bench run under the last one given (bench --batch spreads its
+    /// sequences over all of them); serve lists each as a model of its own.
+    #[arg(long = "lora", value_name = "NAME=PATH", value_parser = lora)]
+    pub lora: Vec<(String, PathBuf)>,
+    /// The most LoRA adapters held at once (at least --lora's count; serve loads more
+    /// through /v1/load_lora_adapter up to it). With none, gate and up projections are
+    /// fused with the SiLU between them, a little faster.
+    #[arg(long, env = "OXGEN_MAX_LORAS", default_value_t = 0)]
+    pub max_loras: usize,
 }
 
 impl RunArgs {
+    /// The adapter generate, run and bench run under: the last --lora.
+    pub fn adapter(&self) -> Option<String> {
+        self.lora.last().map(|(name, _)| name.clone())
+    }
+
     /// The model options these flags and `backend` give.
     pub fn model_options(&self, backend: &BackendArgs) -> ModelOptions {
         ModelOptions {
@@ -87,6 +103,8 @@ impl RunArgs {
             chat_template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
             speculative: self.speculative.clone(),
             spec_tokens: self.spec_tokens,
+            lora: self.lora.clone(),
+            max_loras: self.max_loras,
             ..ModelOptions::default()
         }
     }
@@ -97,6 +115,18 @@ fn json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, St
         Ok(serde_json::Value::Object(map)) => Ok(map),
         Ok(_) => Err("give a JSON object, e.g. '{\"enable_thinking\": false}'".into()),
         Err(e) => Err(format!("not valid JSON: {e}")),
+    }
+}
+
+fn lora(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!(
+            "'{s}' is not NAME=PATH (a name for the adapter, then its PEFT folder or \
+             .onnx_adapter file)"
+        )),
     }
 }
 

@@ -110,6 +110,11 @@ impl Adapters {
         .transpose()
     }
 
+    /// The most it holds at once.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
     pub(crate) fn list(&self) -> Vec<AdapterInfo> {
         self.by_name
             .values()

@@ -42,6 +42,16 @@ pub struct Job {
     pub events: Box<dyn Sink>,
 }
 
+/// Work run on a model between an engine's steps (loading or dropping a LoRA adapter), on
+/// the engine's thread, which owns the model.
+pub type Task = Box<dyn FnOnce(&mut Model) + Send>;
+
+/// What an engine's channel carries.
+pub enum Work {
+    Job(Job),
+    Task(Task),
+}
+
 /// One prompt of a [`Job`].
 pub struct JobPrompt {
     pub ids: Vec<u32>,
@@ -257,7 +267,7 @@ impl EngineStatus {
 /// The way in: requests are checked, counted as queued and sent to the engine.
 #[derive(Clone)]
 pub struct Queue {
-    jobs: Sender<Job>,
+    jobs: Sender<Work>,
     status: Arc<EngineStatus>,
     limits: Limits,
 }
@@ -271,7 +281,7 @@ pub struct Ticket<'a> {
 
 impl Queue {
     /// A queue in front of an engine that reads `jobs` and reports to `status`.
-    pub fn new(jobs: Sender<Job>, status: Arc<EngineStatus>, limits: Limits) -> Queue {
+    pub fn new(jobs: Sender<Work>, status: Arc<EngineStatus>, limits: Limits) -> Queue {
         Queue {
             jobs,
             status,
@@ -281,6 +291,11 @@ impl Queue {
 
     pub fn status(&self) -> &Arc<EngineStatus> {
         &self.status
+    }
+
+    /// Runs `task` on the model between steps; `false` when the engine has stopped.
+    pub fn run(&self, task: Task) -> bool {
+        self.jobs.send(Work::Task(task)).is_ok()
     }
 
     /// Takes a place in the queue: the running set's free slots plus
@@ -308,7 +323,7 @@ impl Queue {
 impl Ticket<'_> {
     /// Hands `job` to the engine.
     pub fn send(mut self, job: Job) -> Result<(), EngineError> {
-        self.sent = self.queue.jobs.send(job).is_ok();
+        self.sent = self.queue.jobs.send(Work::Job(job)).is_ok();
         match self.sent {
             true => Ok(()),
             false => Err(EngineError::Stopped),
@@ -670,7 +685,11 @@ fn fits(job: &Job, busy: usize, model: &Model, limits: &Limits) -> Result<bool, 
 
 /// Runs requests from `jobs` on `model` until every sender is gone or `stop` returns true;
 /// then fails whatever is left with [`EngineError::ShuttingDown`].
-pub fn run(model: &mut Model, jobs: &Receiver<Job>, engine: &mut Engine, stop: &dyn Fn() -> bool) {
+pub fn run(model: &mut Model, jobs: &Receiver<Work>, engine: &mut Engine, stop: &dyn Fn() -> bool) {
+    let take = |work: Work, engine: &mut Engine, model: &mut Model| match work {
+        Work::Job(job) => engine.push(job),
+        Work::Task(task) => task(model),
+    };
     loop {
         if stop() {
             break;
@@ -678,14 +697,14 @@ pub fn run(model: &mut Model, jobs: &Receiver<Job>, engine: &mut Engine, stop: &
         if engine.idle() {
             // Idle: wait for work, waking now and then to see `stop`.
             match jobs.recv_timeout(Duration::from_millis(100)) {
-                Ok(job) => engine.push(job),
+                Ok(work) => take(work, engine, model),
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        jobs.try_iter().for_each(|job| engine.push(job));
+        jobs.try_iter().for_each(|work| take(work, engine, model));
         engine.turn(model);
     }
-    jobs.try_iter().for_each(|job| engine.push(job));
+    jobs.try_iter().for_each(|work| take(work, engine, model));
     engine.fail_all(model, &EngineError::ShuttingDown);
 }

@@ -486,6 +486,11 @@ impl Model {
         self.adapters.list()
     }
 
+    /// The most adapters it holds at once ([`ModelOptions::max_loras`]).
+    pub fn max_adapters(&self) -> usize {
+        self.adapters.max()
+    }
+
     /// The backend's model, for a draft (its tokenizer and template are let go).
     pub(crate) fn into_lm(self) -> Box<dyn LanguageModel> {
         self.lm

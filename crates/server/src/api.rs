@@ -526,6 +526,7 @@ impl Common {
                 spec_tokens: None,
                 prediction: Vec::new(),
                 keep_prefix: self.prompt_cache_key.is_some(),
+                adapter: None,
             },
             max_tokens,
             n,

@@ -20,6 +20,7 @@
 //! # Ok::<(), String>(())
 //! ```
 
+mod adapters;
 mod api;
 mod error;
 mod keep_alive;
@@ -240,6 +241,8 @@ pub(crate) struct App {
     ignored: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Responses API objects kept (`--responses-store`).
     responses: std::sync::Mutex<routes::Store>,
+    /// LoRA adapters served, by name.
+    adapters: adapters::Adapters,
 }
 
 impl App {
@@ -295,9 +298,14 @@ impl App {
     /// if it is not in memory.
     async fn lease(self: &Arc<Self>, name: Option<&str>) -> Result<Lease, ApiError> {
         self.accepting()?;
-        let name = match name {
-            Some(name) => name.to_string(),
-            None => self.models.default_name().ok_or_else(|| {
+        // A LoRA adapter's name: its base model, under the adapter.
+        let adapter = name
+            .filter(|n| self.models.find(n).is_err())
+            .and_then(|n| Some((n, self.adapters.get(n)?.base)));
+        let name = match (adapter.as_ref(), name) {
+            (Some((_, base)), _) => base.clone(),
+            (None, Some(name)) => name.to_string(),
+            (None, None) => self.models.default_name().ok_or_else(|| {
                 ApiError::invalid(
                     "model",
                     format!(
@@ -308,7 +316,9 @@ impl App {
             })?,
         };
         let start = |entry: Arc<Entry>| self.spawn_model(entry);
-        self.models.acquire(&name, &start).await
+        let mut lease = self.models.acquire(&name, &start).await?;
+        lease.adapter = adapter.map(|(n, _)| self.adapters.begin(n));
+        Ok(lease)
     }
 
     /// Why no request can run in the current phase (loading, draining, failed).
@@ -428,6 +438,7 @@ impl Server {
             started,
             ignored: Default::default(),
             responses: std::sync::Mutex::new(store),
+            adapters: adapters::Adapters::default(),
         });
         let http_app = app.clone();
         let http = std::thread::Builder::new()

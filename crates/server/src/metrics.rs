@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::adapters::Adapters;
 use crate::models::{Entry, Listed, Models, Served};
 
 /// Latency buckets in seconds, shared by TTFT and inter-token latency.
@@ -98,7 +99,7 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    pub(crate) fn render(&self, models: &Models) -> String {
+    pub(crate) fn render(&self, models: &Models, adapters: &Adapters) -> String {
         let listed = models.list();
         let sum = |f: &dyn Fn(&Entry) -> u64| listed.iter().map(|l| f(&l.entry)).sum::<u64>();
         let mut out = String::new();
@@ -177,6 +178,7 @@ impl Metrics {
             render_gateway(&mut out, &lm.entry.engine, engine.kv);
         }
         render_models(&mut out, models, &listed);
+        render_lora(&mut out, &listed, adapters);
         self.latency.ttft.render(
             &mut out,
             "oxgen_time_to_first_token_seconds",
@@ -294,6 +296,35 @@ fn render_models(out: &mut String, models: &Models, listed: &[Listed]) {
             );
         }
     }
+}
+
+/// The inference gateway's LoRA info metric (vLLM's `lora_requests_info`): adapters with
+/// requests in flight as `running_lora_adapters`, and the most adapters a resident model
+/// holds as `max_lora`; its value is the time of the scrape, as vLLM's is. Left out when
+/// no resident model runs adapters.
+fn render_lora(out: &mut String, listed: &[Listed], adapters: &Adapters) {
+    let max_lora = (listed.iter().filter_map(|l| l.resident.as_ref()))
+        .filter_map(|r| match &r.served {
+            Served::Lm { loaded, .. } => Some(loaded.max_loras),
+            Served::Encoder { .. } => None,
+        })
+        .max()
+        .unwrap_or(0);
+    if max_lora == 0 {
+        return;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let _ = writeln!(
+        out,
+        "# HELP oxgen_lora_requests_info LoRA adapters with requests in flight and the most \
+         held at once, as labels (inference gateway: LoRA info).\n\
+         # TYPE oxgen_lora_requests_info gauge\n\
+         oxgen_lora_requests_info{{running_lora_adapters=\"{}\",waiting_lora_adapters=\"\",\
+         max_lora=\"{max_lora}\"}} {now}",
+        label(&adapters.busy().join(","))
+    );
 }
 
 /// A label value escaped as the text format wants.
@@ -660,7 +691,10 @@ mod tests {
         m.latency.ttft.observe(Duration::from_secs(100));
         m.count_request("openai", "/v1/chat/completions", 200);
         m.count_request("openai", "/v1/chat/completions", 200);
-        let text = m.render(&Models::new(Vec::new(), None, None, Duration::ZERO));
+        let text = m.render(
+            &Models::new(Vec::new(), None, None, Duration::ZERO),
+            &Adapters::default(),
+        );
         for line in [
             "oxgen_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0",
             "oxgen_time_to_first_token_seconds_bucket{le=\"0.005\"} 1",

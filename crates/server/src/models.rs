@@ -186,6 +186,8 @@ pub(crate) struct Lease {
     resident: Arc<Resident>,
     /// The model's own id (a request may have named an alias).
     pub name: String,
+    /// The LoRA adapter the request named, when it named one instead of the model.
+    pub adapter: Option<crate::adapters::InFlight>,
 }
 
 impl Lease {
@@ -197,6 +199,7 @@ impl Lease {
         Lease {
             resident,
             name: name.to_string(),
+            adapter: None,
         }
     }
 

@@ -9,6 +9,7 @@ mod admin;
 mod anthropic;
 mod embeddings;
 mod http;
+mod lora;
 mod ollama;
 mod openai;
 mod response;
@@ -50,6 +51,7 @@ pub fn router(app: Arc<App>) -> Router {
     }
     if app.config.admin {
         router = admin::routes(router);
+        router = lora::routes(router);
     }
     router
         .route("/v1/chat/completions", post(chat_completions))
@@ -169,6 +171,7 @@ impl App {
         mut req: api::Request,
     ) -> Result<Pending, ApiError> {
         let (loaded, queue) = lease.lm()?;
+        req.options.adapter = lease.adapter.as_ref().map(|a| a.name.clone());
         self.note_ignored(&req.ignored);
         self.close_objects(&mut req);
         let param = if kind == Kind::Chat {
@@ -399,15 +402,67 @@ async fn complete(app: Arc<App>, request: Request, kind: Kind) -> Response {
 #[derive(Serialize)]
 struct ModelList<'a> {
     object: &'static str,
-    data: Vec<ModelCard<'a>>,
+    data: Vec<Card<'a>>,
+}
+
+/// A model, or a LoRA adapter over one.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Card<'a> {
+    Model(ModelCard<'a>),
+    Adapter(AdapterCard),
+}
+
+/// A LoRA adapter as `/v1/models` lists it (as vLLM does: its base model as `parent`, its
+/// files as `root`).
+#[derive(Serialize)]
+struct AdapterCard {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    parent: String,
+    root: String,
+    meta: AdapterMeta,
+}
+
+#[derive(Serialize)]
+struct AdapterMeta {
+    kind: &'static str,
+    /// Its largest rank, projections adapted and bytes held (`null` until its base model
+    /// has loaded it).
+    rank: Option<usize>,
+    modules: Option<usize>,
+    resident_bytes: Option<usize>,
+}
+
+fn adapter_card(app: &App, name: &str, lora: &crate::adapters::Lora) -> AdapterCard {
+    let info = lora.info.as_ref();
+    AdapterCard {
+        id: name.to_string(),
+        object: "model",
+        created: app.started,
+        owned_by: "oxgen",
+        parent: lora.base.clone(),
+        root: lora.path.display().to_string(),
+        meta: AdapterMeta {
+            kind: "lora",
+            rank: info.map(|i| i.rank),
+            modules: info.map(|i| i.modules),
+            resident_bytes: info.map(|i| i.bytes),
+        },
+    }
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
     app.models.rescan();
     let listed = app.models.list();
+    let adapters = app.adapters.list();
+    let models = listed.iter().map(|l| Card::Model(model_card(&app, l)));
+    let adapters = (adapters.iter()).map(|(name, l)| Card::Adapter(adapter_card(&app, name, l)));
     axum::Json(ModelList {
         object: "list",
-        data: listed.iter().map(|l| model_card(&app, l)).collect(),
+        data: models.chain(adapters).collect(),
     })
     .into_response()
 }
@@ -415,7 +470,10 @@ async fn models(State(app): State<Arc<App>>) -> Response {
 async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     let entry = match app.models.find(&id) {
         Ok(entry) => entry,
-        Err(e) => return e.into_response(),
+        Err(e) => match app.adapters.get(&id) {
+            Some(lora) => return axum::Json(adapter_card(&app, &id, &lora)).into_response(),
+            None => return e.into_response(),
+        },
     };
     let listed = app.models.list();
     match listed.iter().find(|l| Arc::ptr_eq(&l.entry, &entry)) {
@@ -603,7 +661,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        app.metrics.render(&app.models),
+        app.metrics.render(&app.models, &app.adapters),
     )
         .into_response()
 }

@@ -10,6 +10,7 @@ use oxgen::engine::{self, Queue};
 use oxgen::{ContextLimit, Encoder, Grammars, Model, SamplingParams, ToolFormat};
 
 use crate::App;
+use crate::adapters::Lora;
 use crate::models::{self, Entry, Opened, Resident, Served};
 
 /// What the HTTP side needs of a loaded encoder (an embedding model or a reranker).
@@ -46,6 +47,8 @@ pub(crate) struct Loaded {
     /// The end-of-sequence token (the first EOS id's text) and the beginning one, if any.
     pub(crate) eos_token: Option<String>,
     pub(crate) bos_token: Option<String>,
+    /// The most LoRA adapters it holds at once.
+    pub(crate) max_loras: usize,
 }
 
 impl App {
@@ -174,7 +177,31 @@ fn serve_encoder(app: &App, entry: &Entry, mut embedder: oxgen::Embedder, load_t
     });
 }
 
+/// Loads the adapters served over `entry` that `model` lacks (it was loaded anew, after
+/// adapters were added through the API), and records the ones it loaded with.
+fn sync_adapters(app: &App, entry: &Entry, model: &mut Model) {
+    let base = &entry.spec.name;
+    for (name, lora) in app.adapters.of_model(base) {
+        if model.adapters().iter().any(|a| a.name == name) {
+            continue;
+        }
+        if let Err(e) = model.load_adapter(&name, &lora.path) {
+            eprintln!("oxgen serve: model '{base}': {e}; the adapter is no longer served");
+            app.adapters.remove(&name);
+        }
+    }
+    for info in model.adapters() {
+        let lora = Lora {
+            base: base.clone(),
+            path: info.path.clone(),
+            info: Some(info.clone()),
+        };
+        app.adapters.insert(&info.name, lora);
+    }
+}
+
 fn serve_lm(app: &App, entry: &Entry, mut model: Model, load_time: Duration) {
+    sync_adapters(app, entry, &mut model);
     let limit = model.context_limit();
     let started = Instant::now();
     let grammars = model.grammars().map_err(|e| e.to_string());
@@ -198,6 +225,7 @@ fn serve_lm(app: &App, entry: &Entry, mut model: Model, load_time: Duration) {
         eos_token: (model.config().eos_token_ids.first())
             .and_then(|&id| model.tokenizer().id_to_token(id)),
         bos_token: (model.config().bos_token_id).and_then(|id| model.tokenizer().id_to_token(id)),
+        max_loras: model.max_adapters(),
     };
     let tool_format = loaded.tool_format.name();
     // What the budget counts: the weights' files and the KV pool (all of it: a busy model
