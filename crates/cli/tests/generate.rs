@@ -651,3 +651,72 @@ print(os.path.dirname(onnxruntime.__file__))
     );
     assert_eq!(json(&fallback)["token_ids"], json(&native)["token_ids"]);
 }
+
+/// `--lora NAME=PATH`: generate runs under the adapter (the ids the library gives under it,
+/// not the base's); bench --batch spreads its sequences over the adapters; a malformed flag
+/// or a file that is no adapter is a one-line error.
+#[test]
+fn lora_flags_run_generate_and_bench_under_adapters() {
+    let lora = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/lora");
+    let package = lora.join("llama3-lora-fp32");
+    let adapter = |name: &str, file: &str| format!("{name}={}", lora.join(file).display());
+    let generate = |extra: &[&str]| {
+        let mut cmd = oxgen();
+        cmd.args(["generate", path(&package), "--raw", "the cat sat", "--json"]);
+        cmd.args(["--max-new-tokens", "12", "--ignore-eos", "--threads", "1"]);
+        run(cmd.args(extra))
+    };
+    let ids = |stdout: &str| json(stdout)["token_ids"].clone();
+    let (code, stdout, stderr) = generate(&["--lora", &adapter("a", "a.onnx_adapter")]);
+    assert_eq!(code, 0, "{stderr}");
+    let options = oxgen::ModelOptions {
+        threads: 1,
+        lora: vec![("a".into(), lora.join("a-peft"))],
+        ..oxgen::ModelOptions::default()
+    };
+    let mut model = oxgen::Model::open(&package, &options).unwrap();
+    let mut want = oxgen::GenerateOptions {
+        max_new_tokens: 12,
+        ignore_eos: true,
+        adapter: Some("a".into()),
+        ..oxgen::GenerateOptions::default()
+    };
+    let prompt = oxgen::Prompt::Text("the cat sat".into());
+    let adapted = model.generate(&prompt, &want, |_| {}).unwrap().tokens;
+    assert_eq!(ids(&stdout), serde_json::json!(adapted));
+    want.adapter = None;
+    let base = model.generate(&prompt, &want, |_| {}).unwrap().tokens;
+    assert_ne!(adapted, base);
+
+    let (code, stdout, stderr) = run(oxgen().args([
+        "bench",
+        path(&package),
+        "--batch",
+        "2",
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "4",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        "--lora",
+        &adapter("a", "a.onnx_adapter"),
+        "--lora",
+        &adapter("b", "b-peft"),
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json(&stdout)["adapters"], 2);
+
+    let (code, _, stderr) = generate(&["--lora", "a"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("NAME=PATH"), "{stderr}");
+    let (code, _, stderr) = generate(&["--lora", &adapter("x", "lora.json")]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("LoRA adapter 'x'") && stderr.contains("TORT"),
+        "{stderr}"
+    );
+}

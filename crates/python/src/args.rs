@@ -14,6 +14,7 @@ use crate::{error, invalid};
 /// The sampling keywords `generate`, `stream`, `generate_batch` and `Chat.send` take.
 pub(crate) const KEYWORDS: &[&str] = &[
     "max_new_tokens",
+    "adapter",
     "temperature",
     "top_k",
     "top_p",
@@ -136,6 +137,7 @@ pub(crate) fn keywords(model: &Inner, kwargs: Option<&Bound<'_, PyDict>>) -> PyR
                 }
             }
             "ignore_eos" => o.ignore_eos = extract(&key, &v)?,
+            "adapter" => o.adapter = Some(extract(&key, &v)?),
             "json_schema" => one(Constraint::JsonSchema(schema(&v)?))?,
             "json_object" if extract::<bool>(&key, &v)? => one(Constraint::JsonObject)?,
             "json_object" => {}

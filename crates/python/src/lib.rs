@@ -65,8 +65,22 @@ fn error(e: oxgen::Error) -> PyErr {
             | GenerateError::Constraint(_)
             | GenerateError::Template(_),
         ) => invalid(e.to_string()),
+        oxgen::Error::Adapter { .. } | oxgen::Error::UnknownAdapter { .. } => {
+            invalid(e.to_string())
+        }
         _ => GenerationError::new_err(e.to_string()),
     }
+}
+
+/// An adapter as Python sees it.
+fn adapter_dict<'py>(py: Python<'py>, a: &oxgen::AdapterInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", &a.name)?;
+    d.set_item("path", a.path.display().to_string())?;
+    d.set_item("rank", a.rank)?;
+    d.set_item("modules", a.modules)?;
+    d.set_item("bytes", a.bytes)?;
+    Ok(d)
 }
 
 /// What a generation gave.
@@ -258,7 +272,8 @@ impl PyModel {
                         spec_tokens = oxgen::DEFAULT_SPEC_TOKENS, kv_dtype = None,
                         weight_budget_mib = None, expert_cache = "frequency",
                         chat_template_kwargs = None, kv_disk_cache = None,
-                        kv_disk_budget_mib = oxgen::DEFAULT_KV_DISK_BUDGET >> 20))]
+                        kv_disk_budget_mib = oxgen::DEFAULT_KV_DISK_BUDGET >> 20, lora = None,
+                        max_loras = 0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -278,6 +293,8 @@ impl PyModel {
         chat_template_kwargs: Option<&Bound<'_, PyDict>>,
         kv_disk_cache: Option<PathBuf>,
         kv_disk_budget_mib: u64,
+        lora: Option<std::collections::BTreeMap<String, PathBuf>>,
+        max_loras: usize,
     ) -> PyResult<PyModel> {
         let backend = backend_named(backend)?;
         if max_batch == 0 {
@@ -313,6 +330,8 @@ impl PyModel {
             chat_template_kwargs: template_kwargs(chat_template_kwargs)?,
             speculative,
             spec_tokens,
+            lora: lora.unwrap_or_default().into_iter().collect(),
+            max_loras,
         };
         let model = py
             .detach(|| Inner::open(&path, &options))
@@ -400,6 +419,33 @@ impl PyModel {
             .into_iter()
             .map(|o| Completion::new(py, o, ready.syntax))
             .collect()
+    }
+
+    /// Loads the LoRA adapter at `path` (a PEFT folder or an `.onnx_adapter` file) as `name`,
+    /// for generations given `adapter=name`; a dict describing it.
+    fn load_adapter<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        path: PathBuf,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut model = self.lock(py);
+        let model = &mut *model;
+        let info = py
+            .detach(|| model.load_adapter(name, &path))
+            .map_err(error)?;
+        adapter_dict(py, &info)
+    }
+
+    /// Drops adapter `name`.
+    fn unload_adapter(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        self.lock(py).unload_adapter(name).map_err(error)
+    }
+
+    /// The adapters loaded: a list of dicts (name, path, rank, modules, bytes).
+    fn adapters<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let adapters = self.lock(py).adapters();
+        adapters.iter().map(|a| adapter_dict(py, a)).collect()
     }
 
     /// The raw logits at every position of `token_ids`: a NumPy float32 array of shape

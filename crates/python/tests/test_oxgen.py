@@ -96,6 +96,28 @@ def test_a_prompt_comes_back_from_the_disk_cache_in_another_model(tmp_path):
     assert warm.usage["prefix_reused"] >= 64, warm.usage
 
 
+LORA = os.path.join(os.path.dirname(__file__), "../../testkit/thirdparty/lora")
+
+
+def test_lora_adapters_give_onnxruntime_genai_ids_alone_and_batched():
+    oracle = json.load(open(os.path.join(LORA, "lora.json")))
+    package = os.path.join(LORA, "llama3-lora-fp32")
+    model = oxgen.Model(package, threads=2, max_loras=2,
+                        lora={"a": os.path.join(LORA, "a.onnx_adapter")})
+    info = model.load_adapter("b", os.path.join(LORA, "b-peft"))
+    assert info["rank"] == 8 and [a["name"] for a in model.adapters()] == ["a", "b"]
+    want = oracle["genai"]["fp32"]
+    n = oracle["new_tokens"]
+    for adapter in ["a", "b", None]:
+        out = model.generate(oracle["prompt"], adapter=adapter, max_new_tokens=n,
+                             temperature=0, ignore_eos=True)
+        assert out.token_ids == want[adapter or "base"], adapter
+    with pytest.raises(ValueError, match="no LoRA adapter named 'c'"):
+        model.generate(oracle["prompt"], adapter="c", max_new_tokens=2)
+    model.unload_adapter("b")
+    assert [a["name"] for a in model.adapters()] == ["a"]
+
+
 def test_the_batch_gives_each_prompts_own_ids(model):
     prompts = ["The capital of France is", "1, 2, 3,", [{"role": "user", "content": "Hi!"}]]
     alone = [model.generate(p, max_new_tokens=10, temperature=0).token_ids for p in prompts]

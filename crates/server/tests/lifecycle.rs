@@ -571,3 +571,87 @@ fn a_restarted_server_reads_a_prompt_back_from_its_disk_cache() {
     assert_eq!(again["usage"]["cache_creation_input_tokens"], 0);
     server.shutdown().unwrap();
 }
+
+/// LoRA adapters served as models: one given at start, one loaded and unloaded through
+/// vLLM's endpoints; each answers with onnxruntime-genai's ids for it (the fixtures of
+/// `crates/testkit/thirdparty/lora/`), the base model with the base's; the resident bound,
+/// duplicate and unknown names; the gateway's LoRA metric.
+#[test]
+fn lora_adapters_are_served_by_name_and_loaded_at_run_time() {
+    let lora =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/lora");
+    let oracle: Value =
+        serde_json::from_str(&std::fs::read_to_string(lora.join("lora.json")).unwrap()).unwrap();
+    let options = ModelOptions {
+        threads: 2,
+        lora: vec![("a".into(), lora.join("a.onnx_adapter"))],
+        max_loras: 2,
+        ..ModelOptions::default()
+    };
+    let server = start_with(
+        &lora.join("llama3-lora-fp32"),
+        options,
+        Config::new("llama3"),
+    );
+    let addr = server.addr();
+    let listed = get(addr, "/v1/models").json();
+    let card = (listed["data"].as_array().unwrap().iter())
+        .find(|m| m["id"] == "a")
+        .unwrap_or_else(|| panic!("no adapter in {listed}"));
+    assert_eq!(card["parent"], "llama3");
+    assert_eq!(card["meta"]["rank"], 4);
+    let text_of =
+        |ids: &Value| post(addr, "/detokenize", &json!({"tokens": ids})).json()["prompt"].clone();
+    let complete = |model: &str| {
+        let body = json!({"model": model, "prompt": oracle["prompt"], "max_tokens": 24,
+                          "temperature": 0, "ignore_eos": true});
+        post(addr, "/v1/completions", &body)
+    };
+    let text = |r: common::Reply| r.json()["choices"][0]["text"].clone();
+    let genai = &oracle["genai"]["fp32"];
+    assert_eq!(text(complete("a")), text_of(&genai["a"]));
+    assert_eq!(text(complete("llama3")), text_of(&genai["base"]));
+
+    let load = |name: &str, path: &std::path::Path| {
+        let body = json!({"lora_name": name, "lora_path": path});
+        post(addr, "/v1/load_lora_adapter", &body)
+    };
+    let b = lora.join("b.onnx_adapter");
+    let loaded = load("b", &b);
+    assert_eq!(
+        loaded.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&loaded.body)
+    );
+    assert_eq!(text(complete("b")), text_of(&genai["b"]));
+    let again = load("b", &b);
+    assert_eq!(again.status, 400);
+    assert!(
+        again.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already")
+    );
+    let full = load("c", &b);
+    assert_eq!(full.status, 400);
+    assert!(
+        full.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-loras")
+    );
+    let series = "oxgen_lora_requests_info{running_lora_adapters=\"\",\
+                  waiting_lora_adapters=\"\",max_lora=\"2\"}";
+    assert!(metric(addr, series) > 0.0);
+
+    let unload = |name: &str| post(addr, "/v1/unload_lora_adapter", &json!({"lora_name": name}));
+    assert_eq!(unload("b").status, 200);
+    assert_eq!(complete("b").status, 404);
+    assert_eq!(unload("b").status, 404);
+    // A file that is no adapter is refused, and what is served stays served.
+    let foreign = load("c", &lora.join("../families/llama3-int4/model.onnx"));
+    assert_eq!(foreign.status, 400);
+    assert_eq!(text(complete("a")), text_of(&genai["a"]));
+    server.shutdown().unwrap();
+}
