@@ -16,6 +16,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use oxgen_graph::{Graph, Op};
+use oxgen_kernels::ThreadPool;
+use oxgen_kernels::matmul::matmul;
 use oxgen_runtime::{Adapter, RuntimeError};
 use oxgen_tensor::{Dim, Tensor};
 
@@ -197,6 +199,13 @@ pub struct Loaded {
     pub nbytes: usize,
 }
 
+impl Loaded {
+    /// Its products on node `node`'s outputs.
+    fn deltas(&self, node: usize) -> &[Delta] {
+        self.by_node.get(node).map_or(&[], Vec::as_slice)
+    }
+}
+
 /// One product: `(x A) B` added to columns `cols` of output `output`.
 struct Delta {
     output: usize,
@@ -206,37 +215,24 @@ struct Delta {
     b: Vec<f32>,
 }
 
-impl Delta {
-    /// Adds `(x A) B` to `y`'s columns for each row of `rows`, `t` holding `rank` floats.
-    fn add(&self, x: &[f32], y: &mut [f32], rows: Range<usize>, t: &mut [f32]) {
-        let k = self.a.len() / self.rank.max(1);
-        let n = y.len() / (x.len() / k.max(1)).max(1);
-        let width = self.cols.len();
-        for r in rows {
-            t.fill(0.0);
-            for (xi, a) in x[r * k..(r + 1) * k]
-                .iter()
-                .zip(self.a.chunks_exact(self.rank))
-            {
-                for (t, a) in t.iter_mut().zip(a) {
-                    *t += xi * a;
-                }
-            }
-            let out = &mut y[r * n + self.cols.start..r * n + self.cols.end];
-            for (tj, b) in t.iter().zip(self.b.chunks_exact(width)) {
-                for (o, b) in out.iter_mut().zip(b) {
-                    *o += tj * b;
-                }
-            }
-        }
-    }
-}
-
-/// The adapters of a run's rows (rows under none are left out); reused run after run.
+/// The adapters of a run's rows (rows under none are left out); reused run after run, with
+/// the buffers the products are computed in.
 #[derive(Default)]
 pub struct LoraRows {
     spans: Vec<(Range<usize>, Arc<Loaded>)>,
-    scratch: Vec<f32>,
+    /// One adapter's rows of the input, gathered.
+    x: Vec<f32>,
+    /// `x A`, then `(x A) B`.
+    t: Vec<f32>,
+    d: Vec<f32>,
+}
+
+/// `buf` holding at least `len` floats, its first `len`.
+fn room(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
 }
 
 impl LoraRows {
@@ -253,41 +249,78 @@ impl LoraRows {
         self.spans.is_empty()
     }
 
-    /// Adds the products node `node`'s adapters hold for its outputs, `x` being its input.
+    /// Adds the products node `node`'s adapters hold for its outputs, `x` being its input:
+    /// per adapter, its rows gathered, `d = (x A) B` computed by the kernels' f32 product
+    /// (each row's sums in order, whatever the other rows: the same bits alone or batched),
+    /// then added to the projection's output, as an `Add` after the product would.
     pub fn apply(
         &mut self,
         node: usize,
         x: Option<&Tensor>,
         outputs: &mut [Tensor],
+        pool: &ThreadPool,
     ) -> Result<(), OpError> {
-        for (rows, adapter) in &self.spans {
-            for d in adapter.by_node.get(node).map_or(&[][..], Vec::as_slice) {
-                let (Some(x), Some(y)) = (x, outputs.get_mut(d.output)) else {
-                    return Err(OpError::value(
-                        "a LoRA product's projection has no input or output",
-                    ));
-                };
-                let xs = x.as_slice::<f32>().map_err(|_| {
-                    OpError::value("LoRA adapters need float32 activations; this projection reads another type")
+        for first in 0..self.spans.len() {
+            let adapter = &self.spans[first].1;
+            let seen = (self.spans[..first].iter()).any(|(_, a)| Arc::ptr_eq(a, adapter));
+            if seen || adapter.deltas(node).is_empty() {
+                continue;
+            }
+            let Some(x) = x else {
+                return Err(OpError::value("a LoRA product's projection has no input"));
+            };
+            let xs = x.as_slice::<f32>().map_err(|_| {
+                OpError::value(
+                    "LoRA adapters need float32 activations; this projection reads another type",
+                )
+            })?;
+            let k = x.dims().last().copied().unwrap_or(0);
+            let have = xs.len() / k.max(1);
+            // This adapter's rows, gathered in order.
+            let mine = || (self.spans[first..].iter()).filter(|(_, a)| Arc::ptr_eq(a, adapter));
+            let m: usize = mine().map(|(r, _)| r.len()).sum();
+            if mine().any(|(r, _)| r.end > have) {
+                return Err(OpError::shape(format!(
+                    "a LoRA product's rows do not fit its projection's input {}",
+                    x.shape()
+                )));
+            }
+            let gathered = room(&mut self.x, m * k);
+            let mut at = 0;
+            for (rows, _) in mine() {
+                let len = rows.len() * k;
+                gathered[at..at + len].copy_from_slice(&xs[rows.start * k..rows.end * k]);
+                at += len;
+            }
+            for d in adapter.deltas(node) {
+                let y = outputs.get_mut(d.output).ok_or_else(|| {
+                    OpError::value("a LoRA product's projection has no such output")
                 })?;
-                let k = d.a.len() / d.rank.max(1);
-                let y_width = y.dims().last().copied().unwrap_or(0);
-                let have = xs.len() / k.max(1);
-                if xs.len() % k.max(1) != 0 || rows.end > have || d.cols.end > y_width {
+                let n = y.dims().last().copied().unwrap_or(0);
+                let width = d.cols.len();
+                if d.a.len() != k * d.rank || d.cols.end > n || y.numel() != have * n {
                     return Err(OpError::shape(format!(
-                        "a LoRA product over rows {rows:?} of {k} features does not fit its \
-                         projection's input {} and output {}",
+                        "a LoRA product of {} by {width} does not fit its projection's input {} \
+                         and output {}",
+                        d.a.len() / d.rank.max(1),
                         x.shape(),
                         y.shape()
                     )));
                 }
+                let t = room(&mut self.t, m * d.rank);
+                matmul(&self.x[..m * k], &d.a, t, m, k, d.rank, pool)?;
+                let out = room(&mut self.d, m * width);
+                matmul(&self.t[..m * d.rank], &d.b, out, m, d.rank, width, pool)?;
                 let ys = y.as_mut_slice::<f32>().map_err(|_| {
                     OpError::value("LoRA adapters need a float32 projection output")
                 })?;
-                if self.scratch.len() < d.rank {
-                    self.scratch.resize(d.rank, 0.0);
+                let mut rows = mine().flat_map(|(r, _)| r.clone());
+                for (row, added) in (&mut rows).zip(self.d.chunks_exact(width).take(m)) {
+                    let start = row * n + d.cols.start;
+                    for (y, v) in ys[start..start + width].iter_mut().zip(added) {
+                        *y += v;
+                    }
                 }
-                d.add(xs, ys, rows.clone(), &mut self.scratch[..d.rank]);
             }
         }
         Ok(())
@@ -327,19 +360,36 @@ mod tests {
     }
 
     #[test]
-    fn a_product_adds_to_its_rows_and_columns_only() {
-        // k = 2, rank 1, 2 of the 3 output columns; rows 1..2 of 2.
-        let d = Delta {
+    fn products_add_to_their_adapters_rows_and_columns_only() {
+        // k = 2, rank 1, columns 1..3 of 3; rows 0 and 2 of 3 under the adapter.
+        let mut by_node: Vec<Vec<Delta>> = vec![Vec::new(), Vec::new()];
+        by_node[1].push(Delta {
             output: 0,
             cols: 1..3,
             rank: 1,
             a: vec![1.0, 2.0],
             b: vec![10.0, 100.0],
-        };
-        let x = [1.0, 1.0, 3.0, 4.0];
-        let mut y = [0.5; 6];
-        d.add(&x, &mut y, 1..2, &mut [0.0]);
-        // Row 1: x A = 3 + 8 = 11.
-        assert_eq!(y, [0.5, 0.5, 0.5, 0.5, 110.5, 1100.5]);
+        });
+        let adapter = Arc::new(Loaded {
+            key: 7,
+            by_node,
+            nbytes: 16,
+        });
+        let mut rows = LoraRows::default();
+        rows.push(0..1, &adapter);
+        rows.push(2..3, &adapter);
+        let x = Tensor::from_slice([1, 3, 2], &[1.0f32, 1.0, 5.0, 5.0, 3.0, 4.0]).unwrap();
+        let mut y = [Tensor::from_slice([1, 3, 3], &[0.5f32; 9]).unwrap()];
+        let pool = ThreadPool::new(1);
+        rows.apply(0, Some(&x), &mut y, &pool).unwrap();
+        assert_eq!(
+            y[0].as_slice::<f32>().unwrap(),
+            &[0.5; 9],
+            "node 0 has no products"
+        );
+        rows.apply(1, Some(&x), &mut y, &pool).unwrap();
+        // Row 0: x A = 1 + 2 = 3; row 2: 3 + 8 = 11.
+        let want = [0.5, 30.5, 300.5, 0.5, 0.5, 0.5, 0.5, 110.5, 1100.5];
+        assert_eq!(y[0].as_slice::<f32>().unwrap(), &want);
     }
 }

@@ -459,9 +459,11 @@ impl NativeSession {
             })?;
             if !self.lora.is_empty() {
                 let x = inputs.first().copied().flatten();
-                (self.lora.apply(i, x, &mut produced)).map_err(|source| ExecError::Node {
-                    node: Box::new(node.node_ref()),
-                    source,
+                (self.lora.apply(i, x, &mut produced, &self.pool)).map_err(|source| {
+                    ExecError::Node {
+                        node: Box::new(node.node_ref()),
+                        source,
+                    }
                 })?;
             }
             drop(inputs);
