@@ -54,6 +54,12 @@ pub struct ModelSettings {
     chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// `--max-tokens` of an encoder.
     max_tokens: Option<usize>,
+    /// `--lora`: LoRA adapters by name, each a PEFT folder or an `.onnx_adapter` file
+    /// (relative to the models folder); requests name them in `model`.
+    #[serde(default)]
+    lora: BTreeMap<String, PathBuf>,
+    /// `--max-loras`.
+    max_loras: Option<usize>,
 }
 
 impl SettingsFile {
@@ -109,6 +115,14 @@ impl ModelSettings {
         }
         if let Some(kwargs) = &self.chat_template_kwargs {
             options.chat_template_kwargs.extend(kwargs.clone());
+        }
+        if !self.lora.is_empty() {
+            options.lora = (self.lora.iter())
+                .map(|(name, path)| (name.clone(), dir.join(path)))
+                .collect();
+        }
+        if let Some(n) = self.max_loras {
+            options.max_loras = n;
         }
         Ok(())
     }
@@ -215,6 +229,7 @@ impl Folder {
             .ok()
             .map(|c| ctx_size.map_or(c.context_length, |n| n.min(c.context_length)))
             .filter(|_| !oxgen::embed::is_encoder_package(&path));
+        let mut lora = Vec::new();
         let load: oxgen_server::Load = match oxgen::embed::is_encoder_package(&path) {
             true => {
                 let mut options = self.encoder.clone();
@@ -224,6 +239,7 @@ impl Folder {
             false => {
                 let mut options = self.options.clone();
                 settings.apply(&mut options, &self.dir)?;
+                lora = options.lora.clone();
                 Arc::new(move || open_lm(&path, &options).map(Opened::Lm))
             }
         };
@@ -234,6 +250,7 @@ impl Folder {
             bytes,
             context,
             keep_alive,
+            lora,
             load,
         })
     }

@@ -280,6 +280,13 @@ fn serve_many(
     dirs: Vec<std::path::PathBuf>,
     options: ModelOptions,
 ) -> anyhow::Result<()> {
+    if !args.run.lora.is_empty() {
+        bail!(
+            "--lora adapts the one model served; with several, give each model's adapters in \
+             the models folder's {} (\"lora\": {{\"NAME\": \"PATH\"}})",
+            models::SETTINGS_FILE
+        );
+    }
     if args.model_id.is_some() || !args.alias.is_empty() {
         bail!(
             "--model-id and --alias name the one model served; with several, each is served \

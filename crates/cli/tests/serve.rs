@@ -1056,3 +1056,84 @@ fn keep_alive_settings_admin_list_and_rm() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no model 'plain'"));
 }
+
+/// LoRA adapters in a models folder: one given in `oxgen.json` (listed with its parent
+/// before the model has loaded), one loaded through `/v1/load_lora_adapter`; after the base
+/// model is unloaded (keep_alive 0), a request naming the second loads the model with it
+/// again. Each answers with onnxruntime-genai's ids for it (`thirdparty/lora/lora.json`).
+/// `--lora` with several models is refused.
+#[test]
+fn lora_adapters_in_a_models_folder_survive_the_base_models_unload() {
+    let lora = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/lora");
+    let oracle: Value =
+        serde_json::from_str(&std::fs::read_to_string(lora.join("lora.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    copy_package(&lora.join("llama3-lora-fp32"), &dir.path().join("llama3"));
+    std::fs::copy(
+        lora.join("a.onnx_adapter"),
+        dir.path().join("a.onnx_adapter"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("oxgen.json"),
+        r#"{"models": {"llama3": {"lora": {"a": "a.onnx_adapter"}, "max_loras": 2}}}"#,
+    )
+    .unwrap();
+    let models = dir.path().to_str().unwrap();
+    let served = serve_with(&["--models", models, "--keep-alive", "0"]);
+    let addr = served.addr;
+    let card = common::get(addr, "/v1/models/a").json();
+    assert_eq!(
+        (card["parent"].as_str(), card["meta"]["rank"].as_u64()),
+        (Some("llama3"), None)
+    );
+    let text_of = |ids: &Value| {
+        let body = json!({"model": "llama3", "tokens": ids});
+        common::post(addr, "/detokenize", &body).json()["prompt"].clone()
+    };
+    let complete = |model: &str| {
+        let body = json!({"model": model, "prompt": oracle["prompt"], "max_tokens": 24,
+                          "temperature": 0, "ignore_eos": true});
+        let reply = common::post(addr, "/v1/completions", &body);
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        reply.json()["choices"][0]["text"].clone()
+    };
+    let genai = &oracle["genai"]["fp32"];
+    assert_eq!(complete("a"), text_of(&genai["a"]));
+    let unloaded = || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while common::get(addr, "/v1/models/llama3").json()["meta"]["state"] != "unloaded" {
+            assert!(Instant::now() < deadline, "the base model never unloaded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    unloaded();
+    let body = json!({"lora_name": "b", "lora_path": lora.join("b.onnx_adapter")});
+    let reply = common::post(addr, "/v1/load_lora_adapter", &body);
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    unloaded();
+    assert_eq!(complete("b"), text_of(&genai["b"]));
+    assert_eq!(common::get(addr, "/v1/models/b").json()["meta"]["rank"], 8);
+    drop(served);
+
+    let refused = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+        .args(["serve", "--models", models, "--lora"])
+        .arg(format!("x={}", lora.join("a.onnx_adapter").display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("oxgen.json"),
+        "{stderr}"
+    );
+}

@@ -33,11 +33,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Adapters {
-    /// Adapter `name`, when served.
-    pub fn get(&self, name: &str) -> Option<Lora> {
-        lock(&self.by_name).get(name).cloned()
-    }
-
     pub fn insert(&self, name: &str, lora: Lora) {
         lock(&self.by_name).insert(name.to_string(), lora);
     }

@@ -301,7 +301,7 @@ impl App {
         // A LoRA adapter's name: its base model, under the adapter.
         let adapter = name
             .filter(|n| self.models.find(n).is_err())
-            .and_then(|n| Some((n, self.adapters.get(n)?.base)));
+            .and_then(|n| Some((n, self.adapter(n)?.base)));
         let name = match (adapter.as_ref(), name) {
             (Some((_, base)), _) => base.clone(),
             (None, Some(name)) => name.to_string(),
@@ -319,6 +319,32 @@ impl App {
         let mut lease = self.models.acquire(&name, &start).await?;
         lease.adapter = adapter.map(|(n, _)| self.adapters.begin(n));
         Ok(lease)
+    }
+
+    /// The LoRA adapters served, by name: those loaded, and those a model loads with that has
+    /// not loaded yet (a model unloaded, or not yet asked for, loads them with it).
+    fn adapters_served(&self) -> Vec<(String, adapters::Lora)> {
+        let mut served = self.adapters.list();
+        for e in self.models.entries() {
+            for (name, path) in &e.spec.lora {
+                if !served.iter().any(|(n, _)| n == name) {
+                    let lora = adapters::Lora {
+                        base: e.spec.name.clone(),
+                        path: path.clone(),
+                        info: None,
+                    };
+                    served.push((name.clone(), lora));
+                }
+            }
+        }
+        served
+    }
+
+    /// LoRA adapter `name`, when served.
+    fn adapter(&self, name: &str) -> Option<adapters::Lora> {
+        (self.adapters_served().into_iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l)
     }
 
     /// Why no request can run in the current phase (loading, draining, failed).
@@ -384,6 +410,7 @@ impl Server {
             bytes: 0,
             context: None,
             keep_alive: KeepAlive::Forever,
+            lora: Vec::new(),
             load,
         };
         let server = Server::start_models(config, addr, vec![spec], None)?;

@@ -57,6 +57,8 @@ pub struct ModelSpec {
     pub context: Option<usize>,
     /// How long it stays in memory once idle, unless a request says otherwise.
     pub keep_alive: KeepAlive,
+    /// The LoRA adapters it loads with, by name (served as models of their own).
+    pub lora: Vec<(String, PathBuf)>,
     pub load: Load,
 }
 

@@ -457,7 +457,7 @@ fn adapter_card(app: &App, name: &str, lora: &crate::adapters::Lora) -> AdapterC
 async fn models(State(app): State<Arc<App>>) -> Response {
     app.models.rescan();
     let listed = app.models.list();
-    let adapters = app.adapters.list();
+    let adapters = app.adapters_served();
     let models = listed.iter().map(|l| Card::Model(model_card(&app, l)));
     let adapters = (adapters.iter()).map(|(name, l)| Card::Adapter(adapter_card(&app, name, l)));
     axum::Json(ModelList {
@@ -470,7 +470,7 @@ async fn models(State(app): State<Arc<App>>) -> Response {
 async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
     let entry = match app.models.find(&id) {
         Ok(entry) => entry,
-        Err(e) => match app.adapters.get(&id) {
+        Err(e) => match app.adapter(&id) {
             Some(lora) => return axum::Json(adapter_card(&app, &id, &lora)).into_response(),
             None => return e.into_response(),
         },

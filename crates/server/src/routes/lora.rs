@@ -63,7 +63,7 @@ async fn load(State(app): State<Arc<App>>, request: Request) -> Response {
                 format!("a model is named '{name}'; give the adapter another name"),
             ));
         }
-        if app.adapters.get(&name).is_some() {
+        if app.adapter(&name).is_some() {
             return Err(ApiError::invalid(
                 "lora_name",
                 format!("the LoRA adapter '{name}' has already been loaded; unload it first"),
