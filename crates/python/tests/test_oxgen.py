@@ -112,7 +112,7 @@ def test_lora_adapters_give_onnxruntime_genai_ids_alone_and_batched():
         out = model.generate(oracle["prompt"], adapter=adapter, max_new_tokens=n,
                              temperature=0, ignore_eos=True)
         assert out.token_ids == want[adapter or "base"], adapter
-    with pytest.raises(ValueError, match="no LoRA adapter named 'c'"):
+    with pytest.raises(oxgen.InvalidArgument, match="no LoRA adapter named 'c'"):
         model.generate(oracle["prompt"], adapter="c", max_new_tokens=2)
     model.unload_adapter("b")
     assert [a["name"] for a in model.adapters()] == ["a"]

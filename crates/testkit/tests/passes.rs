@@ -116,6 +116,62 @@ fn constant_subgraphs_fold_unless_they_would_grow_the_model() {
     assert_eq!(max_diff(&before[0], &after[0]), 0.0);
 }
 
+/// A LoRA-input graph's branch over zero-rank defaults (`Add(x W, (x A) B)`, A `[4, 0]`, B
+/// `[0, 3]`) goes, its readers reading the projection; one over a real rank stays.
+#[test]
+fn empty_lora_branches_are_removed_and_real_ones_kept() {
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    b.input("x", DType::F32, &[Dim::from("n"), Dim::Fixed(4)]);
+    b.initializer("w", random(&[4, 3], 1));
+    b.initializer("a0", Tensor::zeros(DType::F32, [4, 0]).unwrap());
+    b.initializer("b0", Tensor::zeros(DType::F32, [0, 3]).unwrap());
+    b.initializer("a1", random(&[4, 1], 2));
+    b.initializer("b1", random(&[1, 3], 3));
+    b.node("MatMul", "", "proj", &["x", "w"], &["y"], vec![]);
+    for k in ["0", "1"] {
+        let (a, bb) = (format!("a{k}"), format!("b{k}"));
+        let (t, d, out) = (format!("t{k}"), format!("d{k}"), format!("out{k}"));
+        b.node(
+            "MatMul",
+            "",
+            &format!("lora_A{k}"),
+            &["x", &a],
+            &[&t],
+            vec![],
+        );
+        b.node(
+            "MatMul",
+            "",
+            &format!("lora_B{k}"),
+            &[&t, &bb],
+            &[&d],
+            vec![],
+        );
+        b.node("Add", "", &format!("add{k}"), &["y", &d], &[&out], vec![]);
+        b.node(
+            "Relu",
+            "",
+            &format!("relu{k}"),
+            &[&out],
+            &[&format!("r{k}")],
+            vec![],
+        );
+        b.output(&format!("r{k}"), DType::F32, &[]);
+    }
+    let g = graph(&b);
+    let x = random(&[2, 4], 4);
+    let before = run(g.clone(), &[("x", x.clone())]);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(report.lora_branches, 1);
+    assert_eq!(
+        op_types(&g),
+        ["MatMul", "Relu", "MatMul", "MatMul", "Add", "Relu"]
+    );
+    let after = run(g, &[("x", x)]);
+    assert_same_bits(&before, &after, "empty LoRA branch");
+}
+
 /// What the rotary test graph may get wrong.
 #[derive(Clone, Copy, PartialEq)]
 enum RotaryVariant {

@@ -6,6 +6,8 @@
 //! grown by `Concat(past, new)`, which allocates and copies the whole cache every token. The
 //! passes, in order:
 //!
+//! 0. [`lora`]: a LoRA-input graph's empty branches (`Add(x W, (x A) B)` over zero-rank
+//!    default `A` and `B`) → the projection alone; the backend applies adapters itself.
 //! 1. [`fold`]: constants, and shape arithmetic whose dimensions are known statically
 //!    ([`shapes`] infers dimensions symbolically, so `Shape(x)[3]` folds when `x`'s last
 //!    dimension is fixed even though its sequence length is not).
