@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use oxgen_graph::{Graph, Op};
 use oxgen_kernels::ThreadPool;
@@ -217,14 +217,36 @@ struct Delta {
 
 /// The adapters of a run's rows (rows under none are left out); reused run after run, with
 /// the buffers the products are computed in.
-#[derive(Default)]
 pub struct LoraRows {
     spans: Vec<(Range<usize>, Arc<Loaded>)>,
-    /// One adapter's rows of the input, gathered.
+    /// Each adapter's rows of the input, gathered one adapter after another.
     x: Vec<f32>,
-    /// `x A`, then `(x A) B`.
-    t: Vec<f32>,
-    d: Vec<f32>,
+    /// A node's products: the span that starts the adapter's rows, which of its products,
+    /// where its rows lie in `x`.
+    jobs: Vec<Job>,
+    /// Per product: `x A`, then `(x A) B`.
+    scratch: Vec<Mutex<(Vec<f32>, Vec<f32>)>>,
+    /// Runs a product inside a task of the node's pool (one thread: no nested regions).
+    inline: ThreadPool,
+}
+
+#[derive(Clone)]
+struct Job {
+    first: usize,
+    delta: usize,
+    rows: Range<usize>,
+}
+
+impl Default for LoraRows {
+    fn default() -> Self {
+        LoraRows {
+            spans: Vec::new(),
+            x: Vec::new(),
+            jobs: Vec::new(),
+            scratch: Vec::new(),
+            inline: ThreadPool::new(1),
+        }
+    }
 }
 
 /// `buf` holding at least `len` floats, its first `len`.
@@ -233,6 +255,10 @@ fn room(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
         buf.resize(len, 0.0);
     }
     &mut buf[..len]
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl LoraRows {
@@ -249,10 +275,19 @@ impl LoraRows {
         self.spans.is_empty()
     }
 
+    /// The spans under the adapter of span `first`, from it on.
+    fn group(&self, first: usize) -> impl Iterator<Item = &Range<usize>> {
+        let adapter = &self.spans[first].1;
+        (self.spans[first..].iter())
+            .filter(move |(_, a)| Arc::ptr_eq(a, adapter))
+            .map(|(r, _)| r)
+    }
+
     /// Adds the products node `node`'s adapters hold for its outputs, `x` being its input:
-    /// per adapter, its rows gathered, `d = (x A) B` computed by the kernels' f32 product
+    /// each adapter's rows gathered, `d = (x A) B` computed by the kernels' f32 product
     /// (each row's sums in order, whatever the other rows: the same bits alone or batched),
-    /// then added to the projection's output, as an `Add` after the product would.
+    /// then added to the projection's output, as an `Add` after the product would. Several
+    /// products (adapters, or a grouped node's parts) run on the pool's threads at once.
     pub fn apply(
         &mut self,
         node: usize,
@@ -260,66 +295,115 @@ impl LoraRows {
         outputs: &mut [Tensor],
         pool: &ThreadPool,
     ) -> Result<(), OpError> {
+        self.jobs.clear();
+        let mut gathered = 0;
         for first in 0..self.spans.len() {
             let adapter = &self.spans[first].1;
             let seen = (self.spans[..first].iter()).any(|(_, a)| Arc::ptr_eq(a, adapter));
             if seen || adapter.deltas(node).is_empty() {
                 continue;
             }
-            let Some(x) = x else {
-                return Err(OpError::value("a LoRA product's projection has no input"));
-            };
-            let xs = x.as_slice::<f32>().map_err(|_| {
-                OpError::value(
-                    "LoRA adapters need float32 activations; this projection reads another type",
-                )
-            })?;
-            let k = x.dims().last().copied().unwrap_or(0);
-            let have = xs.len() / k.max(1);
-            // This adapter's rows, gathered in order.
-            let mine = || (self.spans[first..].iter()).filter(|(_, a)| Arc::ptr_eq(a, adapter));
-            let m: usize = mine().map(|(r, _)| r.len()).sum();
-            if mine().any(|(r, _)| r.end > have) {
+            let m: usize = self.group(first).map(|r| r.len()).sum();
+            for delta in 0..adapter.deltas(node).len() {
+                let rows = gathered..gathered + m;
+                self.jobs.push(Job { first, delta, rows });
+            }
+            gathered += m;
+        }
+        if self.jobs.is_empty() {
+            return Ok(());
+        }
+        let Some(x) = x else {
+            return Err(OpError::value("a LoRA product's projection has no input"));
+        };
+        let xs = x.as_slice::<f32>().map_err(|_| {
+            OpError::value(
+                "LoRA adapters need float32 activations; this projection reads another type",
+            )
+        })?;
+        let k = x.dims().last().copied().unwrap_or(0);
+        let have = xs.len() / k.max(1);
+        for job in &self.jobs {
+            let d = &self.spans[job.first].1.deltas(node)[job.delta];
+            let y = outputs
+                .get(d.output)
+                .ok_or_else(|| OpError::value("a LoRA product's projection has no such output"))?;
+            let n = y.dims().last().copied().unwrap_or(0);
+            let rows_fit = self.group(job.first).all(|r| r.end <= have);
+            if !rows_fit || d.a.len() != k * d.rank || d.cols.end > n || y.numel() != have * n {
                 return Err(OpError::shape(format!(
-                    "a LoRA product's rows do not fit its projection's input {}",
-                    x.shape()
+                    "a LoRA product of {} by {} does not fit its projection's input {} and \
+                     output {}",
+                    d.a.len() / d.rank.max(1),
+                    d.cols.len(),
+                    x.shape(),
+                    y.shape()
                 )));
             }
-            let gathered = room(&mut self.x, m * k);
-            let mut at = 0;
-            for (rows, _) in mine() {
-                let len = rows.len() * k;
-                gathered[at..at + len].copy_from_slice(&xs[rows.start * k..rows.end * k]);
+        }
+        // Each adapter's rows, gathered once for all its products.
+        let mut x_rows = std::mem::take(&mut self.x);
+        let dst = room(&mut x_rows, gathered * k);
+        let mut at = 0;
+        for job in self.jobs.iter().filter(|j| j.delta == 0) {
+            for r in self.group(job.first) {
+                let len = r.len() * k;
+                dst[at..at + len].copy_from_slice(&xs[r.start * k..r.end * k]);
                 at += len;
             }
-            for d in adapter.deltas(node) {
-                let y = outputs.get_mut(d.output).ok_or_else(|| {
-                    OpError::value("a LoRA product's projection has no such output")
-                })?;
-                let n = y.dims().last().copied().unwrap_or(0);
-                let width = d.cols.len();
-                if d.a.len() != k * d.rank || d.cols.end > n || y.numel() != have * n {
-                    return Err(OpError::shape(format!(
-                        "a LoRA product of {} by {width} does not fit its projection's input {} \
-                         and output {}",
-                        d.a.len() / d.rank.max(1),
-                        x.shape(),
-                        y.shape()
-                    )));
-                }
-                let t = room(&mut self.t, m * d.rank);
-                matmul(&self.x[..m * k], &d.a, t, m, k, d.rank, pool)?;
-                let out = room(&mut self.d, m * width);
-                matmul(&self.t[..m * d.rank], &d.b, out, m, d.rank, width, pool)?;
-                let ys = y.as_mut_slice::<f32>().map_err(|_| {
-                    OpError::value("LoRA adapters need a float32 projection output")
-                })?;
-                let mut rows = mine().flat_map(|(r, _)| r.clone());
-                for (row, added) in (&mut rows).zip(self.d.chunks_exact(width).take(m)) {
-                    let start = row * n + d.cols.start;
-                    for (y, v) in ys[start..start + width].iter_mut().zip(added) {
-                        *y += v;
+        }
+        while self.scratch.len() < self.jobs.len() {
+            self.scratch.push(Mutex::default());
+        }
+        let product = |j: usize, pool: &ThreadPool| -> Result<(), OpError> {
+            let job = &self.jobs[j];
+            let d = &self.spans[job.first].1.deltas(node)[job.delta];
+            let m = job.rows.len();
+            let mut slot = lock(&self.scratch[j]);
+            let (t, out) = &mut *slot;
+            let xj = &x_rows[job.rows.start * k..job.rows.end * k];
+            matmul(xj, &d.a, room(t, m * d.rank), m, k, d.rank, pool)?;
+            let width = d.cols.len();
+            matmul(
+                &t[..m * d.rank],
+                &d.b,
+                room(out, m * width),
+                m,
+                d.rank,
+                width,
+                pool,
+            )?;
+            Ok(())
+        };
+        let result = match self.jobs.len() {
+            // One product: the kernel splits its rows over the pool.
+            1 => product(0, pool),
+            jobs => {
+                let failed = Mutex::new(Ok(()));
+                pool.run(jobs, &|j| {
+                    if let Err(e) = product(j, &self.inline) {
+                        *lock(&failed) = Err(e);
                     }
+                });
+                failed.into_inner().unwrap_or_else(|e| e.into_inner())
+            }
+        };
+        self.x = x_rows;
+        result?;
+        for (job, slot) in self.jobs.iter().zip(&self.scratch) {
+            let d = &self.spans[job.first].1.deltas(node)[job.delta];
+            let y = &mut outputs[d.output];
+            let n = y.dims().last().copied().unwrap_or(0);
+            let ys = y
+                .as_mut_slice::<f32>()
+                .map_err(|_| OpError::value("LoRA adapters need a float32 projection output"))?;
+            let slot = lock(slot);
+            let width = d.cols.len();
+            let rows = self.group(job.first).flat_map(Range::clone);
+            for (row, added) in rows.zip(slot.1.chunks_exact(width)) {
+                let start = row * n + d.cols.start;
+                for (y, v) in ys[start..start + width].iter_mut().zip(added) {
+                    *y += v;
                 }
             }
         }
