@@ -404,6 +404,7 @@ fn run_batch(
         "kv_dtype": model.kv_dtype().name(),
         "batch": n,
         "adapters": args.run.lora.len(),
+        "adapter_bytes": model.adapters().iter().map(|a| a.bytes).sum::<usize>(),
         "prompt_len": ids.len(),
         "gen_len": options.max_new_tokens,
         "runs": args.runs,
