@@ -1060,7 +1060,7 @@ fn keep_alive_settings_admin_list_and_rm() {
 /// LoRA adapters in a models folder: one given in `oxgen.json` (listed with its parent
 /// before the model has loaded), one loaded through `/v1/load_lora_adapter`; after the base
 /// model is unloaded (keep_alive 0), a request naming the second loads the model with it
-/// again. Each answers with onnxruntime-genai's ids for it (`thirdparty/lora/lora.json`).
+/// again, and the first, unloaded through the API, stays gone. Each answers with onnxruntime-genai's ids for it (`thirdparty/lora/lora.json`).
 /// `--lora` with several models is refused.
 #[test]
 fn lora_adapters_in_a_models_folder_survive_the_base_models_unload() {
@@ -1124,6 +1124,15 @@ fn lora_adapters_in_a_models_folder_survive_the_base_models_unload() {
     unloaded();
     assert_eq!(complete("b"), text_of(&genai["b"]));
     assert_eq!(common::get(addr, "/v1/models/b").json()["meta"]["rank"], 8);
+    // The adapter of oxgen.json unloaded through the API stays gone, the model's next load
+    // included; the one loaded through it stays served.
+    let body = json!({"lora_name": "a"});
+    assert_eq!(common::post(addr, "/v1/unload_lora_adapter", &body).status, 200);
+    unloaded();
+    assert_eq!(complete("b"), text_of(&genai["b"]));
+    assert_eq!(common::get(addr, "/v1/models/a").status, 404);
+    let body = json!({"model": "a", "prompt": "x", "max_tokens": 1});
+    assert_eq!(common::post(addr, "/v1/completions", &body).status, 404);
     drop(served);
 
     let refused = Command::new(env!("CARGO_BIN_EXE_oxgen"))

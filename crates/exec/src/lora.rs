@@ -37,6 +37,8 @@ struct Site {
 pub struct Sites {
     by_module: HashMap<String, Site>,
     nodes: usize,
+    /// The type a projection reads where it is not float32 (adapters add f32 products).
+    other_activations: Option<oxgen_tensor::DType>,
 }
 
 /// The Hugging Face modules a weight named `weight` computes, with their columns of the
@@ -94,10 +96,13 @@ impl Sites {
     /// output head, whose rows a step may cut down).
     pub fn new(graph: &Graph, kv: usize, head: Option<usize>) -> Sites {
         let mut by_module = HashMap::new();
+        let mut other_activations = None;
         for (node, n) in graph.nodes.iter().enumerate() {
             if Some(node) == head {
                 continue;
             }
+            let reads = n.inputs.first().copied().flatten();
+            let dtype = reads.and_then(|x| graph.values[x.0].dtype);
             // (output, weight input, k, n) per projection of the node.
             let parts: Vec<(usize, usize, usize, usize)> = match &n.op {
                 Op::MatMulNBits(m) => vec![(0, 1, m.k, m.n)],
@@ -121,6 +126,9 @@ impl Sites {
                 let Some(w) = n.inputs.get(w).copied().flatten() else {
                     continue;
                 };
+                if let Some(d) = dtype.filter(|&d| d != oxgen_tensor::DType::F32) {
+                    other_activations = Some(d);
+                }
                 for (module, cols) in projection_modules(&graph.values[w.0].name, cols, kv) {
                     let site = Site {
                         node,
@@ -135,6 +143,7 @@ impl Sites {
         Sites {
             by_module,
             nodes: graph.nodes.len(),
+            other_activations,
         }
     }
 
@@ -142,6 +151,12 @@ impl Sites {
     /// module this graph lacks or whose shape differs.
     pub fn place(&self, adapter: Adapter) -> Result<Loaded, RuntimeError> {
         let err = |msg: String| RuntimeError::Backend(msg.into());
+        if let Some(d) = self.other_activations {
+            return Err(err(format!(
+                "LoRA adapters need float32 activations; this model's projections read {d} \
+                 (import it at int4, int8 or fp32)"
+            )));
+        }
         let mut by_node: Vec<Vec<Delta>> = (0..self.nodes).map(|_| Vec::new()).collect();
         let (key, nbytes) = (adapter.key, adapter.nbytes());
         for m in adapter.modules {
@@ -299,8 +314,9 @@ impl LoraRows {
         let mut gathered = 0;
         for first in 0..self.spans.len() {
             let adapter = &self.spans[first].1;
-            let seen = (self.spans[..first].iter()).any(|(_, a)| Arc::ptr_eq(a, adapter));
-            if seen || adapter.deltas(node).is_empty() {
+            if adapter.deltas(node).is_empty()
+                || (self.spans[..first].iter()).any(|(_, a)| Arc::ptr_eq(a, adapter))
+            {
                 continue;
             }
             let m: usize = self.group(first).map(|r| r.len()).sum();

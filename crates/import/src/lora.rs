@@ -121,6 +121,9 @@ fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
+/// Characters that make a PEFT pattern a regular expression rather than a name.
+const REGEX_CHARS: &[char] = &['*', '+', '?', '[', ']', '(', ')', '{', '}', '|', '^', '$', '\\'];
+
 /// Whether PEFT's pattern `key` names `module` (the whole name, or its last dotted parts).
 fn pattern_names(key: &str, module: &str) -> bool {
     module == key || module.ends_with(&format!(".{key}"))
@@ -176,6 +179,15 @@ fn read_peft(dir: &Path) -> Result<Adapter, ImportError> {
                 .collect()
         })
         .unwrap_or_default();
+    if let Some((key, _)) = (alpha_pattern.iter()).find(|(k, _)| k.contains(REGEX_CHARS)) {
+        return Err(problem(
+            &config_path,
+            format!(
+                "alpha_pattern key '{key}' is a regular expression; only module names and \
+                 their dotted suffixes (q_proj, layers.0.self_attn.q_proj) are read"
+            ),
+        ));
+    }
     let weights_path = dir.join("adapter_model.safetensors");
     if !weights_path.is_file() {
         return Err(problem(
@@ -185,6 +197,8 @@ fn read_peft(dir: &Path) -> Result<Adapter, ImportError> {
         ));
     }
     let file = SafeTensors::open(&weights_path)?;
+    let file_len = std::fs::metadata(&weights_path).map_or(0, |m| m.len());
+    let mut values_read = 0u64;
     let mut halves: BTreeMap<String, [Option<(Vec<usize>, Vec<f32>)>; 2]> = BTreeMap::new();
     for name in file.names() {
         let Some(rest) = name.strip_prefix("base_model.model.") else {
@@ -214,6 +228,14 @@ fn read_peft(dir: &Path) -> Result<Adapter, ImportError> {
                 format!("tensor '{name}' has shape {dims:?}; a matrix is needed"),
             ));
         };
+        // Tensors may not overlap: what they decode to is bounded by the file.
+        values_read = values_read.saturating_add((rows as u64).saturating_mul(cols as u64));
+        if values_read.saturating_mul(2) > file_len {
+            return Err(problem(
+                &weights_path,
+                format!("tensor '{name}' overlaps others (more values than the file holds)"),
+            ));
+        }
         let t = file.f32(name, &dims)?;
         let values = t.as_slice::<f32>().expect("f32");
         // PEFT stores torch's `Linear` layout, [out, in]: A is [rank, in], B [out, rank].
@@ -358,11 +380,21 @@ fn read_onnx_adapter(path: &Path, bytes: &[u8]) -> Result<Adapter, ImportError> 
         .vector(params, 4)
         .ok_or_else(|| bad("its parameter list is out of bounds".into()))?;
     let mut halves: BTreeMap<String, [Option<(Vec<usize>, Vec<f32>)>; 2]> = BTreeMap::new();
+    // Parameters may share one data vector in a FlatBuffers file: what they decode to is
+    // bounded by the file, so a small file cannot ask for gigabytes.
+    let mut decoded = 0usize;
     for i in 0..n {
         let table = flat
             .deref(first + 4 * i)
             .ok_or_else(|| bad("a parameter is out of bounds".into()))?;
         let (name, dims, values) = parameter(&flat, table).map_err(bad)?;
+        decoded = decoded.saturating_add(values.len().saturating_mul(2));
+        if decoded > bytes.len() {
+            return Err(bad(format!(
+                "its parameters hold more values than the file has bytes (at '{name}'): \
+                 they share their data; the file is corrupt"
+            )));
+        }
         let (module, half) = if let Some(m) = name.strip_suffix(".lora_A.MatMul.weight") {
             (m, 0)
         } else if let Some(m) = name.strip_suffix(".lora_B.MatMul.weight") {

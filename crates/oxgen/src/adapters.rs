@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use oxgen_runtime::Adapter;
 use oxgen_runtime::{AdapterId, LanguageModel};
 
 use crate::{Error, ModelOptions};
@@ -20,6 +21,16 @@ pub struct AdapterInfo {
     pub modules: usize,
     /// Bytes its matrices hold in memory (f32).
     pub bytes: usize,
+}
+
+/// Reads the adapter at `path` (a PEFT folder or an `.onnx_adapter` file) to be loaded as
+/// `name` ([`crate::Model::add_adapter`]): the slow part of loading one, which a server does
+/// away from the model's thread.
+pub fn read_adapter(name: &str, path: &Path) -> Result<Adapter, Error> {
+    oxgen_import::read_adapter(path).map_err(|e| Error::Adapter {
+        name: name.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 /// The most adapters a model opened with `options` holds at once (0: it runs none, and its
@@ -49,6 +60,12 @@ impl Adapters {
         name: &str,
         path: &Path,
     ) -> Result<AdapterInfo, Error> {
+        self.check(name)?;
+        self.add(lm, name, path, read_adapter(name, path)?)
+    }
+
+    /// Whether an adapter may be added as `name` now.
+    fn check(&self, name: &str) -> Result<(), Error> {
         let refuse = |reason: String| Error::Adapter {
             name: name.to_string(),
             reason,
@@ -75,7 +92,22 @@ impl Adapters {
                 ),
             }));
         }
-        let adapter = oxgen_import::read_adapter(path).map_err(|e| refuse(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Has `lm` hold `adapter` (read from `path`) as `name`.
+    pub(crate) fn add(
+        &mut self,
+        lm: &mut dyn LanguageModel,
+        name: &str,
+        path: &Path,
+        adapter: Adapter,
+    ) -> Result<AdapterInfo, Error> {
+        self.check(name)?;
+        let refuse = |reason: String| Error::Adapter {
+            name: name.to_string(),
+            reason,
+        };
         let info = AdapterInfo {
             name: name.to_string(),
             path: path.to_path_buf(),

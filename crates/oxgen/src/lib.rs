@@ -62,7 +62,7 @@ use std::time::Instant;
 use oxgen_generate::Tokenizer;
 use oxgen_runtime::{LanguageModel, SeqId};
 
-pub use adapters::{AdapterInfo, max_adapters};
+pub use adapters::{Adapter, AdapterInfo, max_adapters, read_adapter};
 pub use backend::{AutoChoice, Backend, HAS_ORT, auto_choice};
 pub use chat::{CHAT_CTX_SIZE, Chat, Resumed};
 pub use context::{ContextLimit, Sizing};
@@ -473,6 +473,16 @@ impl Model {
         self.adapters.load(self.lm.as_mut(), name, path)
     }
 
+    /// [`Model::load_adapter`] of an adapter already read ([`read_adapter`]).
+    pub fn add_adapter(
+        &mut self,
+        name: &str,
+        path: &Path,
+        adapter: Adapter,
+    ) -> Result<AdapterInfo, Error> {
+        self.adapters.add(self.lm.as_mut(), name, path, adapter)
+    }
+
     /// Drops adapter `name`; generations running under it finish under it.
     pub fn unload_adapter(&mut self, name: &str) -> Result<(), Error> {
         if self.cached.as_ref().is_some_and(|c| c.adapter.is_some()) {
@@ -750,7 +760,9 @@ impl Model {
         &mut self,
         out: &mut dyn std::io::Write,
     ) -> Result<Option<(Vec<u32>, usize, oxgen_runtime::BlockFormat)>, Error> {
-        let Some(c) = &self.cached else {
+        // KV computed under an adapter is not saved: loaded into the base model it would
+        // continue (and be cached) as if the base had computed it. The messages still are.
+        let Some(c) = self.cached.as_ref().filter(|c| c.adapter.is_none()) else {
             return Ok(None);
         };
         let format = self.lm.save_kv(c.seq, out)?;

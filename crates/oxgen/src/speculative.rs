@@ -170,9 +170,12 @@ fn open_draft(
     tokenizer: &Tokenizer,
     vocab: usize,
 ) -> Result<DraftModel, Error> {
+    // The target's adapters are its own: the draft proposes as the base model does.
     let draft_options = ModelOptions {
         speculative: None,
         chat_template: None,
+        lora: Vec::new(),
+        max_loras: 0,
         ..options.clone()
     };
     let draft = Model::open_on(path, &draft_options, target.pool.clone())?;

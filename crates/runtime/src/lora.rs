@@ -1,5 +1,5 @@
 //! LoRA adapters as a backend takes them: low-rank products by the projection they apply to,
-//! `y = W x + B (A x)` with the adapter's scale already folded into `B`.
+//! `y = x W + (x A) B` with the adapter's scale already folded into `B`.
 //!
 //! A module is named as Hugging Face names it (`model.layers.3.self_attn.q_proj`,
 //! `model.layers.3.mlp.gate_proj`), whatever the file spelled (an `.onnx_adapter`'s graph

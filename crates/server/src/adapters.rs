@@ -7,7 +7,7 @@
 //! unloaded for room or idleness). Requests in flight per adapter are counted for the
 //! gateway's LoRA metric (`oxgen_lora_requests_info`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -25,6 +25,9 @@ pub(crate) struct Lora {
 #[derive(Default)]
 pub(crate) struct Adapters {
     by_name: Mutex<BTreeMap<String, Lora>>,
+    /// Adapters unloaded through the API: not served again (a model that lists them in its
+    /// settings loads without them) until loaded again.
+    removed: Mutex<BTreeSet<String>>,
     in_flight: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
@@ -34,11 +37,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Adapters {
     pub fn insert(&self, name: &str, lora: Lora) {
+        lock(&self.removed).remove(name);
         lock(&self.by_name).insert(name.to_string(), lora);
     }
 
-    pub fn remove(&self, name: &str) -> Option<Lora> {
-        lock(&self.by_name).remove(name)
+    /// Stops serving `name` (see `removed`).
+    pub fn remove(&self, name: &str) {
+        lock(&self.removed).insert(name.to_string());
+        lock(&self.by_name).remove(name);
+    }
+
+    /// Whether `name` was unloaded through the API.
+    pub fn is_removed(&self, name: &str) -> bool {
+        lock(&self.removed).contains(name)
     }
 
     /// Every adapter, by name.
@@ -78,6 +89,17 @@ impl Adapters {
 pub(crate) struct InFlight {
     pub name: String,
     counts: Arc<Mutex<BTreeMap<String, usize>>>,
+}
+
+impl Clone for InFlight {
+    /// Another hold on the same count (the job's, beside the request's lease).
+    fn clone(&self) -> InFlight {
+        *lock(&self.counts).entry(self.name.clone()).or_default() += 1;
+        InFlight {
+            name: self.name.clone(),
+            counts: self.counts.clone(),
+        }
+    }
 }
 
 impl Drop for InFlight {

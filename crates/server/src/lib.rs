@@ -327,7 +327,7 @@ impl App {
         let mut served = self.adapters.list();
         for e in self.models.entries() {
             for (name, path) in &e.spec.lora {
-                if !served.iter().any(|(n, _)| n == name) {
+                if !served.iter().any(|(n, _)| n == name) && !self.adapters.is_removed(name) {
                     let lora = adapters::Lora {
                         base: e.spec.name.clone(),
                         path: path.clone(),

@@ -274,7 +274,8 @@ impl App {
                 .config
                 .request_timeout
                 .and_then(|t| arrived.checked_add(t)),
-            events: Box::new(Events(events)),
+            // The adapter counts as in flight until the engine lets go of the job.
+            events: Box::new(Events(events, lease.adapter.clone())),
         })?;
         let prompt_count = prompts.len();
         Ok(Pending {
@@ -347,7 +348,7 @@ impl App {
 }
 
 /// A connection's end of a request's events; closed when the client leaves.
-struct Events(UnboundedSender<Event>);
+struct Events(UnboundedSender<Event>, Option<crate::adapters::InFlight>);
 
 impl Sink for Events {
     fn send(&self, event: Event) {

@@ -191,6 +191,11 @@ fn sync_adapters(app: &App, entry: &Entry, model: &mut Model) {
         }
     }
     for info in model.adapters() {
+        if app.adapters.is_removed(&info.name) {
+            // Its settings name it, but it was unloaded through the API.
+            let _ = model.unload_adapter(&info.name);
+            continue;
+        }
         let lora = Lora {
             base: base.clone(),
             path: info.path.clone(),

@@ -72,10 +72,16 @@ async fn load(State(app): State<Arc<App>>, request: Request) -> Response {
         let lease = app.lease(asked.base_model_name.as_deref()).await?;
         let (_, queue) = lease.lm()?;
         let path = PathBuf::from(asked.lora_path);
+        // Read here; only handing it to the model waits for the engine's thread.
+        let (task_name, task_path) = (name.clone(), path.clone());
+        let adapter = tokio::task::spawn_blocking(move || oxgen::read_adapter(&task_name, &task_path))
+            .await
+            .map_err(|e| ApiError::internal(format!("reading the adapter failed: {e}")))?
+            .map_err(|e| ApiError::invalid("lora_path", e.to_string()))?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (task_name, task_path) = (name.clone(), path.clone());
         let sent = queue.run(Box::new(move |model: &mut oxgen::Model| {
-            let _ = tx.send(model.load_adapter(&task_name, &task_path));
+            let _ = tx.send(model.add_adapter(&task_name, &task_path, adapter));
         }));
         let stopped = || ApiError::unavailable("model_unloaded", "the base model stopped");
         if !sent {
@@ -104,9 +110,10 @@ async fn unload(State(app): State<Arc<App>>, request: Request) -> Response {
     let unloaded = async {
         let asked: UnloadBody = parse(&app, request).await?;
         let name = asked.lora_name;
-        let lora = app.adapters.remove(&name).ok_or_else(|| {
+        let lora = app.adapter(&name).ok_or_else(|| {
             ApiError::not_found(format!("the LoRA adapter '{name}' cannot be found"))
         })?;
+        app.adapters.remove(&name);
         // A resident base model drops it now; one not in memory loads without it.
         if let Ok(entry) = app.models.find(&lora.base)
             && let ModelState::Ready(resident) = &*entry.lock()
