@@ -165,79 +165,52 @@ fn peft_adapters() -> Vec<(&'static str, PathBuf)> {
     ]
 }
 
+/// Asserts each of base, a and b on `package` (with `adapters`) gives `oracle`'s ids at
+/// `path` (`transformers_peft`, or `genai` then a precision).
+fn assert_ids(package: &Path, adapters: &[(&str, PathBuf)], path: &[&str]) {
+    let oracle = Oracle::read();
+    let mut model = open(package, adapters, false);
+    for adapter in ADAPTERS {
+        let want = oracle.ids(path, name(adapter));
+        let got = alone(&mut model, &oracle, adapter);
+        assert_eq!(got, want, "{} {path:?} {adapter:?}", package.display());
+    }
+}
+
 #[test]
 fn onnx_adapters_on_a_lora_package_give_onnxruntime_genai_ids() {
-    let oracle = Oracle::read();
-    let mut model = open(
-        &lora_dir().join("llama3-lora-fp32"),
-        &onnx_adapters(),
-        false,
-    );
-    for adapter in ADAPTERS {
-        let want = oracle.ids(&["genai", "fp32"], name(adapter));
-        assert_eq!(
-            alone(&mut model, &oracle, adapter),
-            want,
-            "fp32 {adapter:?}"
-        );
-    }
+    let package = lora_dir().join("llama3-lora-fp32");
+    assert_ids(&package, &onnx_adapters(), &["genai", "fp32"]);
 }
 
 #[test]
 fn onnx_adapters_on_an_int4_lora_package_give_onnxruntime_genai_ids() {
-    let oracle = Oracle::read();
-    let mut model = open(
-        &lora_dir().join("llama3-lora-int4"),
-        &onnx_adapters(),
-        false,
-    );
-    for adapter in ADAPTERS {
-        let want = oracle.ids(&["genai", "int4"], name(adapter));
-        assert_eq!(
-            alone(&mut model, &oracle, adapter),
-            want,
-            "int4 {adapter:?}"
-        );
-    }
+    let package = lora_dir().join("llama3-lora-int4");
+    assert_ids(&package, &onnx_adapters(), &["genai", "int4"]);
 }
 
 #[test]
 fn peft_folders_on_a_packed_builder_package_give_transformers_ids() {
-    let oracle = Oracle::read();
     let package = thirdparty().join("families/llama3-fp32");
-    let mut model = open(&package, &peft_adapters(), false);
-    for adapter in ADAPTERS {
-        let want = oracle.ids(&["transformers_peft"], name(adapter));
-        assert_eq!(alone(&mut model, &oracle, adapter), want, "{adapter:?}");
-    }
+    assert_ids(&package, &peft_adapters(), &["transformers_peft"]);
 }
 
 /// int4, Q, K and V packed, gate and up kept apart from their fused form: the builder's
 /// LoRA package quantized the same rows, so onnxruntime-genai's int4 ids.
 #[test]
 fn peft_folders_on_a_packed_int4_builder_package_give_onnxruntime_genai_ids() {
-    let oracle = Oracle::read();
     let package = thirdparty().join("families/llama3-int4");
-    let mut model = open(&package, &peft_adapters(), false);
-    for adapter in ADAPTERS {
-        let want = oracle.ids(&["genai", "int4"], name(adapter));
-        assert_eq!(alone(&mut model, &oracle, adapter), want, "{adapter:?}");
-    }
+    assert_ids(&package, &peft_adapters(), &["genai", "int4"]);
 }
 
 #[test]
 fn peft_folders_on_an_imported_package_give_transformers_ids() {
-    let oracle = Oracle::read();
     let out = tempfile::tempdir().unwrap();
     let package = out.path().join("llama3");
     let hf = thirdparty().join("families/llama3-hf");
     let (precision, options) = (oxgen_import::Precision::Fp32, Default::default());
     oxgen_import::import_hf(&hf, &package, precision, &options).unwrap();
-    let mut model = open(&package, &peft_adapters(), false);
-    for adapter in ADAPTERS {
-        let want = oracle.ids(&["transformers_peft"], name(adapter));
-        assert_eq!(alone(&mut model, &oracle, adapter), want, "{adapter:?}");
-    }
+    assert_ids(&package, &peft_adapters(), &["transformers_peft"]);
 }
 
 #[test]
