@@ -1127,7 +1127,10 @@ fn lora_adapters_in_a_models_folder_survive_the_base_models_unload() {
     // The adapter of oxgen.json unloaded through the API stays gone, the model's next load
     // included; the one loaded through it stays served.
     let body = json!({"lora_name": "a"});
-    assert_eq!(common::post(addr, "/v1/unload_lora_adapter", &body).status, 200);
+    assert_eq!(
+        common::post(addr, "/v1/unload_lora_adapter", &body).status,
+        200
+    );
     unloaded();
     assert_eq!(complete("b"), text_of(&genai["b"]));
     assert_eq!(common::get(addr, "/v1/models/a").status, 404);

@@ -122,7 +122,9 @@ fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 /// Characters that make a PEFT pattern a regular expression rather than a name.
-const REGEX_CHARS: &[char] = &['*', '+', '?', '[', ']', '(', ')', '{', '}', '|', '^', '$', '\\'];
+const REGEX_CHARS: &[char] = &[
+    '*', '+', '?', '[', ']', '(', ')', '{', '}', '|', '^', '$', '\\',
+];
 
 /// Whether PEFT's pattern `key` names `module` (the whole name, or its last dotted parts).
 fn pattern_names(key: &str, module: &str) -> bool {

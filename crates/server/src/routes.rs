@@ -275,7 +275,10 @@ impl App {
                 .request_timeout
                 .and_then(|t| arrived.checked_add(t)),
             // The adapter counts as in flight until the engine lets go of the job.
-            events: Box::new(Events(events, lease.adapter.clone())),
+            events: Box::new(Events {
+                tx: events,
+                _adapter: lease.adapter.clone(),
+            }),
         })?;
         let prompt_count = prompts.len();
         Ok(Pending {
@@ -348,15 +351,19 @@ impl App {
 }
 
 /// A connection's end of a request's events; closed when the client leaves.
-struct Events(UnboundedSender<Event>, Option<crate::adapters::InFlight>);
+/// A job's way back to its connection; it holds the job's adapter counted as in flight.
+struct Events {
+    tx: UnboundedSender<Event>,
+    _adapter: Option<crate::adapters::InFlight>,
+}
 
 impl Sink for Events {
     fn send(&self, event: Event) {
-        let _ = self.0.send(event);
+        let _ = self.tx.send(event);
     }
 
     fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed()
     }
 }
 

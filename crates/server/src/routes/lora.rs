@@ -74,10 +74,11 @@ async fn load(State(app): State<Arc<App>>, request: Request) -> Response {
         let path = PathBuf::from(asked.lora_path);
         // Read here; only handing it to the model waits for the engine's thread.
         let (task_name, task_path) = (name.clone(), path.clone());
-        let adapter = tokio::task::spawn_blocking(move || oxgen::read_adapter(&task_name, &task_path))
-            .await
-            .map_err(|e| ApiError::internal(format!("reading the adapter failed: {e}")))?
-            .map_err(|e| ApiError::invalid("lora_path", e.to_string()))?;
+        let adapter =
+            tokio::task::spawn_blocking(move || oxgen::read_adapter(&task_name, &task_path))
+                .await
+                .map_err(|e| ApiError::internal(format!("reading the adapter failed: {e}")))?
+                .map_err(|e| ApiError::invalid("lora_path", e.to_string()))?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (task_name, task_path) = (name.clone(), path.clone());
         let sent = queue.run(Box::new(move |model: &mut oxgen::Model| {
