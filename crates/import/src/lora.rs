@@ -58,10 +58,16 @@ fn digest(parts: &[&[u8]]) -> u64 {
     h ^ (h >> 31)
 }
 
+/// A matrix's dims and values.
+type Matrix = (Vec<usize>, Vec<f32>);
+
+/// Each module's `A` and `B` as read so far.
+type Halves = BTreeMap<String, [Option<Matrix>; 2]>;
+
 /// Pairs of `A` and `B` by module, checked: ranks agree, both present.
 fn pair(
     path: &Path,
-    halves: BTreeMap<String, [Option<(Vec<usize>, Vec<f32>)>; 2]>,
+    halves: Halves,
     scale: impl Fn(&str, usize) -> f32,
 ) -> Result<Vec<LoraModule>, ImportError> {
     let mut modules = Vec::with_capacity(halves.len());
@@ -201,7 +207,7 @@ fn read_peft(dir: &Path) -> Result<Adapter, ImportError> {
     let file = SafeTensors::open(&weights_path)?;
     let file_len = std::fs::metadata(&weights_path).map_or(0, |m| m.len());
     let mut values_read = 0u64;
-    let mut halves: BTreeMap<String, [Option<(Vec<usize>, Vec<f32>)>; 2]> = BTreeMap::new();
+    let mut halves = Halves::new();
     for name in file.names() {
         let Some(rest) = name.strip_prefix("base_model.model.") else {
             return Err(problem(
@@ -381,7 +387,7 @@ fn read_onnx_adapter(path: &Path, bytes: &[u8]) -> Result<Adapter, ImportError> 
     let (n, first) = flat
         .vector(params, 4)
         .ok_or_else(|| bad("its parameter list is out of bounds".into()))?;
-    let mut halves: BTreeMap<String, [Option<(Vec<usize>, Vec<f32>)>; 2]> = BTreeMap::new();
+    let mut halves = Halves::new();
     // Parameters may share one data vector in a FlatBuffers file: what they decode to is
     // bounded by the file, so a small file cannot ask for gigabytes.
     let mut decoded = 0usize;

@@ -46,7 +46,8 @@ pub struct Job {
 /// the engine's thread, which owns the model.
 pub type Task = Box<dyn FnOnce(&mut Model) + Send>;
 
-/// What an engine's channel carries.
+/// What an engine's channel carries (one per request: the variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum Work {
     Job(Job),
     Task(Task),
