@@ -264,6 +264,10 @@ impl Default for LoraRows {
     }
 }
 
+/// Rows a product computes at a time when it runs alone (a prompt's): its buffers stay this
+/// many rows of the projection's width.
+const ROW_TILE: usize = 256;
+
 /// `buf` holding at least `len` floats, its first `len`.
 fn room(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buf.len() < len {
@@ -371,56 +375,77 @@ impl LoraRows {
         while self.scratch.len() < self.jobs.len() {
             self.scratch.push(Mutex::default());
         }
-        let product = |j: usize, pool: &ThreadPool| -> Result<(), OpError> {
+        // Rows `tile` of product `j` into its slot.
+        let product = |j: usize, tile: Range<usize>, pool: &ThreadPool| -> Result<(), OpError> {
             let job = &self.jobs[j];
             let d = &self.spans[job.first].1.deltas(node)[job.delta];
-            let m = job.rows.len();
+            let m = tile.len();
             let mut slot = lock(&self.scratch[j]);
             let (t, out) = &mut *slot;
-            let xj = &x_rows[job.rows.start * k..job.rows.end * k];
+            let first = job.rows.start + tile.start;
+            let xj = &x_rows[first * k..(first + m) * k];
             matmul(xj, &d.a, room(t, m * d.rank), m, k, d.rank, pool)?;
             let width = d.cols.len();
-            matmul(
-                &t[..m * d.rank],
-                &d.b,
-                room(out, m * width),
-                m,
-                d.rank,
-                width,
-                pool,
-            )?;
+            let out = room(out, m * width);
+            matmul(&t[..m * d.rank], &d.b, out, m, d.rank, width, pool)?;
             Ok(())
         };
-        let result = match self.jobs.len() {
-            // One product: the kernel splits its rows over the pool.
-            1 => product(0, pool),
-            jobs => {
-                let failed = Mutex::new(Ok(()));
-                pool.run(jobs, &|j| {
-                    if let Err(e) = product(j, &self.inline) {
-                        *lock(&failed) = Err(e);
-                    }
-                });
-                failed.into_inner().unwrap_or_else(|e| e.into_inner())
-            }
+        let longest = self.jobs.iter().map(|j| j.rows.len()).max().unwrap_or(0);
+        let result = if self.jobs.len() > 1 && longest <= ROW_TILE {
+            // Decode-sized: the products at once, one per task, each inline.
+            let failed = Mutex::new(Ok(()));
+            pool.run(self.jobs.len(), &|j| {
+                let rows = 0..self.jobs[j].rows.len();
+                if let Err(e) = product(j, rows, &self.inline) {
+                    *lock(&failed) = Err(e);
+                }
+            });
+            let done = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+            done.and_then(|()| {
+                (0..self.jobs.len())
+                    .try_for_each(|j| self.add(node, j, 0..self.jobs[j].rows.len(), outputs))
+            })
+        } else {
+            // One product, or prompt-sized ones: each in tiles of rows split over the pool,
+            // added as they come (the buffers stay a tile's size).
+            (0..self.jobs.len()).try_for_each(|j| {
+                let m = self.jobs[j].rows.len();
+                (0..m).step_by(ROW_TILE).try_for_each(|start| {
+                    let tile = start..(start + ROW_TILE).min(m);
+                    product(j, tile.clone(), pool)?;
+                    self.add(node, j, tile, outputs)
+                })
+            })
         };
         self.x = x_rows;
-        result?;
-        for (job, slot) in self.jobs.iter().zip(&self.scratch) {
-            let d = &self.spans[job.first].1.deltas(node)[job.delta];
-            let y = &mut outputs[d.output];
-            let n = y.dims().last().copied().unwrap_or(0);
-            let ys = y
-                .as_mut_slice::<f32>()
-                .map_err(|_| OpError::value("LoRA adapters need a float32 projection output"))?;
-            let slot = lock(slot);
-            let width = d.cols.len();
-            let rows = self.group(job.first).flat_map(Range::clone);
-            for (row, added) in rows.zip(slot.1.chunks_exact(width)) {
-                let start = row * n + d.cols.start;
-                for (y, v) in ys[start..start + width].iter_mut().zip(added) {
-                    *y += v;
-                }
+        result
+    }
+
+    /// Adds rows `tile` of product `j` (in its slot) to their projection's output.
+    fn add(
+        &self,
+        node: usize,
+        j: usize,
+        tile: Range<usize>,
+        outputs: &mut [Tensor],
+    ) -> Result<(), OpError> {
+        let job = &self.jobs[j];
+        let d = &self.spans[job.first].1.deltas(node)[job.delta];
+        let y = &mut outputs[d.output];
+        let n = y.dims().last().copied().unwrap_or(0);
+        let ys = y
+            .as_mut_slice::<f32>()
+            .map_err(|_| OpError::value("LoRA adapters need a float32 projection output"))?;
+        let slot = lock(&self.scratch[j]);
+        let width = d.cols.len();
+        let rows = self
+            .group(job.first)
+            .flat_map(Range::clone)
+            .skip(tile.start);
+        for (row, added) in rows.zip(slot.1.chunks_exact(width).take(tile.len())) {
+            let start = row * n + d.cols.start;
+            for (y, v) in ys[start..start + width].iter_mut().zip(added) {
+                *y += v;
             }
         }
         Ok(())
@@ -457,6 +482,50 @@ mod tests {
         assert!(m("model.layers.0.attn.q_proj.lora_A.MatMul.weight").is_empty());
         assert!(m("embed.qweight").is_empty());
         assert!(m("lm_head.qweight").is_empty());
+    }
+
+    /// More rows than [`ROW_TILE`] under one adapter run in tiles; the same bits as each row
+    /// alone.
+    #[test]
+    fn products_in_row_tiles_equal_each_row_alone() {
+        let (k, rank, n, rows) = (5, 3, 4, ROW_TILE + 50);
+        let value = |i: usize| ((i * 37 % 17) as f32 - 8.0) / 7.0;
+        let mut by_node: Vec<Vec<Delta>> = vec![Vec::new()];
+        by_node[0].push(Delta {
+            output: 0,
+            cols: 1..4,
+            rank,
+            a: (0..k * rank).map(value).collect(),
+            b: (0..rank * 3).map(|i| value(i + 5)).collect(),
+        });
+        let adapter = Arc::new(Loaded {
+            key: 1,
+            by_node,
+            nbytes: 0,
+        });
+        let x: Vec<f32> = (0..rows * k).map(|i| value(i + 11)).collect();
+        let x = Tensor::from_slice([1, rows, k], &x).unwrap();
+        let pool = ThreadPool::new(2);
+        let run = |spans: &[Range<usize>]| {
+            let mut lora = LoraRows::default();
+            spans.iter().for_each(|r| lora.push(r.clone(), &adapter));
+            let mut y = [Tensor::from_slice([1, rows, n], &vec![0.25f32; rows * n]).unwrap()];
+            lora.apply(0, Some(&x), &mut y, &pool).unwrap();
+            y[0].as_slice::<f32>().unwrap().to_vec()
+        };
+        let tiled = run(&[0..rows]);
+        let mut alone = Vec::new();
+        for r in 0..rows {
+            alone.extend_from_slice(&run(&[r..r + 1])[r * n..(r + 1) * n]);
+        }
+        assert_eq!(tiled.len(), alone.len());
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&tiled), bits(&alone));
+        assert!(
+            tiled
+                .chunks_exact(n)
+                .all(|row| row[0] == 0.25 && row[1] != 0.25)
+        );
     }
 
     #[test]
