@@ -506,17 +506,17 @@ mod tests {
         let x: Vec<f32> = (0..rows * k).map(|i| value(i + 11)).collect();
         let x = Tensor::from_slice([1, rows, k], &x).unwrap();
         let pool = ThreadPool::new(2);
-        let run = |spans: &[Range<usize>]| {
+        let run = |span: Range<usize>| {
             let mut lora = LoraRows::default();
-            spans.iter().for_each(|r| lora.push(r.clone(), &adapter));
+            lora.push(span, &adapter);
             let mut y = [Tensor::from_slice([1, rows, n], &vec![0.25f32; rows * n]).unwrap()];
             lora.apply(0, Some(&x), &mut y, &pool).unwrap();
             y[0].as_slice::<f32>().unwrap().to_vec()
         };
-        let tiled = run(&[0..rows]);
+        let tiled = run(0..rows);
         let mut alone = Vec::new();
         for r in 0..rows {
-            alone.extend_from_slice(&run(&[r..r + 1])[r * n..(r + 1) * n]);
+            alone.extend_from_slice(&run(r..r + 1)[r * n..(r + 1) * n]);
         }
         assert_eq!(tiled.len(), alone.len());
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
