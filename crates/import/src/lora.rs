@@ -439,6 +439,44 @@ mod tests {
         assert!(err.to_string().contains("truncated"), "{err}");
     }
 
+    /// A PEFT folder of one module at rank 2 with `config`.
+    fn peft(dir: &Path, config: &str) -> std::path::PathBuf {
+        std::fs::write(dir.join("adapter_config.json"), config).unwrap();
+        let m = "base_model.model.model.layers.0.self_attn.q_proj";
+        let (a, b) = (format!("{m}.lora_A.weight"), format!("{m}.lora_B.weight"));
+        let (av, bv) = ([1.0f32; 8], [0.5f32; 6]);
+        let tensors: [(&str, &[usize], &[f32]); 2] = [(&a, &[2, 4], &av), (&b, &[3, 2], &bv)];
+        crate::safetensors::write_f32(&dir.join("adapter_model.safetensors"), &tensors).unwrap();
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn peft_folders_are_read_transposed_and_scaled_or_refused_with_the_reason() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = r#"{"peft_type": "LORA", "r": 2, "lora_alpha": 8,
+                         "alpha_pattern": {"q_proj": 2}}"#;
+        let adapter = read_adapter(&peft(tmp.path(), config)).unwrap();
+        let m = &adapter.modules[0];
+        assert_eq!(m.module, "model.layers.0.self_attn.q_proj");
+        assert_eq!((m.in_features, m.rank, m.out_features), (4, 2, 3));
+        // B [3, 2] of 0.5 → [2, 3], times alpha_pattern's 2 / r 2.
+        assert_eq!(m.b, vec![0.5; 6]);
+        let refused = [
+            (
+                r#"{"r": 2, "lora_alpha": 8, "alpha_pattern": {"q_.*": 2}}"#,
+                "regular expression",
+            ),
+            (r#"{"r": 2, "use_dora": true}"#, "DoRA"),
+            (r#"{"peft_type": "IA3"}"#, "only LoRA"),
+        ];
+        for (config, why) in refused {
+            let err = read_adapter(&peft(tmp.path(), config))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(why), "{config}: {err}");
+        }
+    }
+
     #[test]
     fn peft_patterns_name_whole_dotted_parts() {
         assert!(pattern_names("q_proj", "model.layers.0.self_attn.q_proj"));
