@@ -1091,17 +1091,16 @@ fn lora_adapters_in_a_models_folder_survive_the_base_models_unload() {
         let body = json!({"model": "llama3", "tokens": ids});
         common::post(addr, "/detokenize", &body).json()["prompt"].clone()
     };
+    let ok = |path: &str, body: &Value| {
+        let reply = common::post(addr, path, body);
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
+        assert_eq!(reply.status, 200, "{path}: {text}");
+        reply
+    };
     let complete = |model: &str| {
         let body = json!({"model": model, "prompt": oracle["prompt"], "max_tokens": 24,
                           "temperature": 0, "ignore_eos": true});
-        let reply = common::post(addr, "/v1/completions", &body);
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        reply.json()["choices"][0]["text"].clone()
+        ok("/v1/completions", &body).json()["choices"][0]["text"].clone()
     };
     let genai = &oracle["genai"]["fp32"];
     assert_eq!(complete("a"), text_of(&genai["a"]));
@@ -1114,23 +1113,13 @@ fn lora_adapters_in_a_models_folder_survive_the_base_models_unload() {
     };
     unloaded();
     let body = json!({"lora_name": "b", "lora_path": lora.join("b.onnx_adapter")});
-    let reply = common::post(addr, "/v1/load_lora_adapter", &body);
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
+    ok("/v1/load_lora_adapter", &body);
     unloaded();
     assert_eq!(complete("b"), text_of(&genai["b"]));
     assert_eq!(common::get(addr, "/v1/models/b").json()["meta"]["rank"], 8);
     // The adapter of oxgen.json unloaded through the API stays gone, the model's next load
     // included; the one loaded through it stays served.
-    let body = json!({"lora_name": "a"});
-    assert_eq!(
-        common::post(addr, "/v1/unload_lora_adapter", &body).status,
-        200
-    );
+    ok("/v1/unload_lora_adapter", &json!({"lora_name": "a"}));
     unloaded();
     assert_eq!(complete("b"), text_of(&genai["b"]));
     assert_eq!(common::get(addr, "/v1/models/a").status, 404);
