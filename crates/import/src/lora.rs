@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use half::{bf16, f16};
-use oxgen_runtime::{Adapter, LoraModule};
+use oxgen_runtime::{Adapter, LoraModule, content_key};
 
 use crate::ImportError;
 use crate::safetensors::SafeTensors;
@@ -41,21 +41,6 @@ fn problem(path: &Path, what: impl Into<String>) -> ImportError {
         dir: path.to_path_buf(),
         problem: what.into(),
     }
-}
-
-/// A key naming `bytes` (FNV-1a, then splitmix64's finalizer).
-fn digest(parts: &[&[u8]]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for part in parts {
-        for &b in *part {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
 }
 
 /// A matrix's dims and values.
@@ -114,17 +99,6 @@ fn pair(
         return Err(problem(path, "the adapter holds no LoRA matrices"));
     }
     Ok(modules)
-}
-
-/// A row-major `[rows, cols]` matrix transposed.
-fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0; m.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = m[r * cols + c];
-        }
-    }
-    t
 }
 
 /// Characters that make a PEFT pattern a regular expression rather than a name.
@@ -244,11 +218,11 @@ fn read_peft(dir: &Path) -> Result<Adapter, ImportError> {
                 format!("tensor '{name}' overlaps others (more values than the file holds)"),
             ));
         }
-        let t = file.f32(name, &dims)?;
-        let values = t.as_slice::<f32>().expect("f32");
         // PEFT stores torch's `Linear` layout, [out, in]: A is [rank, in], B [out, rank].
+        let t = file.linear(name, rows, cols)?;
+        let values = t.as_slice::<f32>().expect("f32").to_vec();
         let slot = &mut halves.entry(module.to_string()).or_default()[half];
-        *slot = Some((vec![cols, rows], transpose(values, rows, cols)));
+        *slot = Some((vec![cols, rows], values));
     }
     let scale = |module: &str, rank: usize| {
         let a = (alpha_pattern.iter())
@@ -257,12 +231,9 @@ fn read_peft(dir: &Path) -> Result<Adapter, ImportError> {
         let r = rank as f64;
         (if rslora { a / r.sqrt() } else { a / r }) as f32
     };
-    let modules = pair(&weights_path, halves, scale)?;
-    let data =
-        std::fs::read(&weights_path).map_err(|e| ImportError::io(&weights_path, "read", e))?;
     Ok(Adapter {
-        modules,
-        key: digest(&[&config_bytes, &data]),
+        modules: pair(&weights_path, halves, scale)?,
+        key: content_key(&[&config_bytes, file.file_bytes()]),
     })
 }
 
@@ -419,7 +390,7 @@ fn read_onnx_adapter(path: &Path, bytes: &[u8]) -> Result<Adapter, ImportError> 
     }
     Ok(Adapter {
         modules: pair(path, halves, |_, _| 1.0)?,
-        key: digest(&[bytes]),
+        key: content_key(&[bytes]),
     })
 }
 

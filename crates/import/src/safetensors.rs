@@ -123,6 +123,11 @@ impl SafeTensors {
         })
     }
 
+    /// The whole file's bytes (what names its contents).
+    pub fn file_bytes(&self) -> &[u8] {
+        &self.data
+    }
+
     /// The file's path, for messages.
     pub fn path(&self) -> &Path {
         &self.path

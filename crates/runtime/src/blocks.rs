@@ -149,14 +149,29 @@ pub const CHAIN_ROOT: u64 = 0x6f78_6765_6e6b_7631;
 /// The cache key of a block of `tokens` after a block keyed `parent` ([`CHAIN_ROOT`] for the
 /// first): FNV-1a over both, then a final mix, so a key names the whole token prefix up to
 /// the block's end. Matches still compare tokens; the key only finds candidates.
+///
+/// For the same tokens, different parents (or roots) always give different keys: each FNV
+/// step and the final mix are bijections of the state.
 pub fn chain_key(parent: u64, tokens: &[u32]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ parent;
-    for v in tokens {
-        for b in v.to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    // splitmix64's finalizer: FNV's high bits mix poorly, and keys name files.
+    let h = (tokens.iter()).fold(FNV_BASIS ^ parent, |h, v| fnv(h, &v.to_le_bytes()));
+    mix(h)
+}
+
+/// A key naming the contents `parts` (a LoRA adapter's files): [`chain_key`]'s hash over
+/// bytes.
+pub fn content_key(parts: &[&[u8]]) -> u64 {
+    mix(parts.iter().fold(FNV_BASIS, |h, p| fnv(h, p)))
+}
+
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a over `bytes` from state `h`.
+fn fnv(h: u64, bytes: &[u8]) -> u64 {
+    (bytes.iter()).fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// splitmix64's finalizer: FNV's high bits mix poorly, and keys name files.
+fn mix(mut h: u64) -> u64 {
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)

@@ -14,7 +14,7 @@ mod kv_dtype;
 mod lm;
 mod lora;
 
-pub use blocks::{BlockCopy, BlockPool, BlockTable, CHAIN_ROOT, KvUsage, chain_key};
+pub use blocks::{BlockCopy, BlockPool, BlockTable, CHAIN_ROOT, KvUsage, chain_key, content_key};
 pub use disk::{BlockFormat, DiskCache, DiskStats, DiskTier};
 pub use kv_dtype::KvDtype;
 pub use lora::{Adapter, AdapterId, LoraModule};
