@@ -285,20 +285,27 @@ impl LoraRows {
         self.spans.clear();
     }
 
-    /// Rows `rows` run under `adapter`.
+    /// Rows `rows` run under `adapter`. Spans are kept grouped by adapter (after the last
+    /// span of the same one), so each node finds an adapter's rows as one run of spans.
     pub fn push(&mut self, rows: Range<usize>, adapter: &Arc<Loaded>) {
-        self.spans.push((rows, adapter.clone()));
+        let same = |(_, a): &(Range<usize>, Arc<Loaded>)| Arc::ptr_eq(a, adapter);
+        let at = self
+            .spans
+            .iter()
+            .rposition(same)
+            .map_or(self.spans.len(), |i| i + 1);
+        self.spans.insert(at, (rows, adapter.clone()));
     }
 
     pub fn is_empty(&self) -> bool {
         self.spans.is_empty()
     }
 
-    /// The spans under the adapter of span `first`, from it on.
+    /// The spans under the adapter of span `first`, which starts its run.
     fn group(&self, first: usize) -> impl Iterator<Item = &Range<usize>> {
         let adapter = &self.spans[first].1;
         (self.spans[first..].iter())
-            .filter(move |(_, a)| Arc::ptr_eq(a, adapter))
+            .take_while(move |(_, a)| Arc::ptr_eq(a, adapter))
             .map(|(r, _)| r)
     }
 
@@ -318,9 +325,8 @@ impl LoraRows {
         let mut gathered = 0;
         for first in 0..self.spans.len() {
             let adapter = &self.spans[first].1;
-            if adapter.deltas(node).is_empty()
-                || (self.spans[..first].iter()).any(|(_, a)| Arc::ptr_eq(a, adapter))
-            {
+            let starts_run = first == 0 || !Arc::ptr_eq(&self.spans[first - 1].1, adapter);
+            if !starts_run || adapter.deltas(node).is_empty() {
                 continue;
             }
             let m: usize = self.group(first).map(|r| r.len()).sum();
