@@ -485,7 +485,9 @@ impl Model {
 
     /// Drops adapter `name`; generations running under it finish under it.
     pub fn unload_adapter(&mut self, name: &str) -> Result<(), Error> {
-        if self.cached.as_ref().is_some_and(|c| c.adapter.is_some()) {
+        // The kept sequence ran under it: its id may name another adapter later.
+        let id = self.adapters.id(Some(name))?;
+        if self.cached.as_ref().is_some_and(|c| c.adapter == id) {
             self.drop_cache();
         }
         self.adapters.unload(self.lm.as_mut(), name)

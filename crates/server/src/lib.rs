@@ -298,9 +298,10 @@ impl App {
     /// if it is not in memory.
     async fn lease(self: &Arc<Self>, name: Option<&str>) -> Result<Lease, ApiError> {
         self.accepting()?;
-        // A LoRA adapter's name: its base model, under the adapter.
+        // A LoRA adapter's name (no model known by it): its base model, under the adapter.
+        // Asked before a model by that name is searched for, which reads the catalog again.
         let adapter = name
-            .filter(|n| self.models.find(n).is_err())
+            .filter(|n| !self.models.knows(n))
             .and_then(|n| Some((n, self.adapter(n)?.base)));
         let name = match (adapter.as_ref(), name) {
             (Some((_, base)), _) => base.clone(),

@@ -336,6 +336,11 @@ impl Models {
         }
     }
 
+    /// Whether a model known now answers to `name` (the catalog is not read again).
+    pub fn knows(&self, name: &str) -> bool {
+        lock(&self.entries).iter().any(|e| e.spec.answers_to(name))
+    }
+
     /// The entry answering to `name`; the catalog is read again for a name not known.
     pub fn find(&self, name: &str) -> Result<Arc<Entry>, ApiError> {
         let known = || {

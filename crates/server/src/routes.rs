@@ -350,8 +350,8 @@ impl App {
     }
 }
 
-/// A connection's end of a request's events; closed when the client leaves.
-/// A job's way back to its connection; it holds the job's adapter counted as in flight.
+/// A connection's end of a request's events, closed when the client leaves; it holds the
+/// job's adapter counted as in flight.
 struct Events {
     tx: UnboundedSender<Event>,
     _adapter: Option<crate::adapters::InFlight>,
