@@ -454,3 +454,51 @@ proptest::proptest! {
         }
     }
 }
+
+/// The extreme integer sums: every 4-bit code 15 against activations that all quantize to
+/// +127 (or all to -127), so each chunk's eight pair sums reach their largest magnitude
+/// (8 · 2 · 15 · 127 = 30480, which the AVX2 kernel adds in i16 lanes). Every variant, packed
+/// and stored, gives the reference's bits.
+#[test]
+fn the_largest_4_bit_dot_products_are_exact() {
+    if capped_below_avx2() {
+        return;
+    }
+    let (n, k, m) = (16, 256, 8);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for block in [32, 64, 256] {
+        let layout = NBitsLayout::new(n, k, 4, block).unwrap();
+        let data = vec![0xFFu8; n * layout.k_blocks * layout.blob_size];
+        let scales = vec![0.01f32; n * layout.k_blocks];
+        let w = QuantWeights {
+            layout,
+            data: &data,
+            scales: &scales,
+            zero_points: ZeroPoints::Default,
+        };
+        for sign in [1.0f32, -1.0] {
+            let a = vec![sign * 3.0; m * k];
+            let mut want = vec![0f32; m * n];
+            matmul_nbits_int8_reference(&a, m, &w, None, &mut want, &pools[0]).unwrap();
+            // Σ (15 - 8) · 127 per column, times the scales: far from zero, one sign.
+            assert!(want.iter().all(|&v| v * sign > 50.0), "{want:?}");
+            let packed = PackedNBits::pack(&w)
+                .unwrap()
+                .expect("AVX2 runs this layout");
+            for (pool, isa) in every_pool_and_variant(&pools) {
+                let mut got = vec![f32::NAN; m * n];
+                matmul_packed(&a, m, &packed, None, &mut got, pool, isa).unwrap();
+                assert!(
+                    same_bits(&want, &got),
+                    "packed {isa:?} block {block} sign {sign}"
+                );
+                got.fill(f32::NAN);
+                matmul_nbits_int8_variant(&a, m, &w, None, &mut got, pool, isa).unwrap();
+                assert!(
+                    same_bits(&want, &got),
+                    "stored {isa:?} block {block} sign {sign}"
+                );
+            }
+        }
+    }
+}

@@ -140,9 +140,6 @@ macro_rules! packed_tile {
                             ($dot:expr, $w:expr, $r:expr, $g:expr) => {
                                 if $vnni {
                                     _mm256_dpbusd_avx_epi32($dot, $w, group!($r, $g))
-                                } else if BITS == 4 {
-                                    let pairs = _mm256_maddubs_epi16($w, group!($r, $g));
-                                    _mm256_add_epi32($dot, _mm256_madd_epi16(pairs, ones))
                                 } else {
                                     // 8-bit codes: recentred to signed, as in stored_avx2.
                                     let signed = _mm256_xor_si256($w, flip);
@@ -154,7 +151,27 @@ macro_rules! packed_tile {
                                 }
                             };
                         }
-                        if BITS == 4 {
+                        if BITS == 4 && !$vnni {
+                            // The chunk's eight pair sums per lane add up in i16: each is at
+                            // most 2·15·127 in magnitude, eight of them 30480 < 2^15, so the
+                            // sum is exact and one `vpmaddwd` per chunk (not per pair sum)
+                            // widens it. Halves the multiplies on CPUs with one port for them.
+                            let mut pairs = [_mm256_setzero_si256(); R];
+                            for i in 0..4 {
+                                let x = _mm256_loadu_si256(chunk.add(32 * i).cast());
+                                let lo = _mm256_and_si256(x, low);
+                                let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+                                for (r, sum) in pairs.iter_mut().enumerate() {
+                                    let l = _mm256_maddubs_epi16(lo, group!(r, 2 * i));
+                                    let h = _mm256_maddubs_epi16(hi, group!(r, 2 * i + 1));
+                                    *sum = _mm256_add_epi16(*sum, _mm256_add_epi16(l, h));
+                                }
+                            }
+                            for (dot, sum) in dots.iter_mut().zip(pairs) {
+                                *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(sum, ones));
+                            }
+                        } else if BITS == 4 {
+                            // AVX-VNNI: `vpdpbusd` adds each pair of four products itself.
                             for i in 0..4 {
                                 let x = _mm256_loadu_si256(chunk.add(32 * i).cast());
                                 let lo = _mm256_and_si256(x, low);
