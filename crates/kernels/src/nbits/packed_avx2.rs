@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use super::layout::TILE;
 use super::packed::{PackedNBits, PackedZp};
 use super::tile_io::{
-    Ahead, TileIo, ZP_CODES, ZP_DEFAULT, ZP_FLOAT, prefetch_block, prefetch_stats, tile_io, with_zp,
+    Ahead, TileIo, ZP_CODES, ZP_DEFAULT, ZP_FLOAT, prefetch_line, prefetch_stats, tile_io, with_zp,
 };
 use crate::int8::QuantizedRow;
 use crate::int8::Variant;
@@ -118,13 +118,18 @@ macro_rules! packed_tile {
             let flip = _mm256_set1_epi8(-128);
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); R];
+            // The same chunk `ahead.tiles` tiles on: its lines are asked for as the chunk is
+            // read, a constant two (4-bit) or four lines, no loop of its own.
+            let ahead_bytes = ahead.tiles * tile_bytes;
             for b in 0..kb {
-                if ahead.tiles > 0 {
-                    prefetch_block(w, t + ahead.tiles, b);
-                }
                 let mut dots = [_mm256_setzero_si256(); R];
                 for sub in 0..bs / 32 {
                     let chunk = data.wrapping_add((b * (bs / 32) + sub) * chunk_bytes);
+                    if ahead.tiles > 0 {
+                        for line in 0..chunk_bytes / 64 {
+                            prefetch_line(chunk.wrapping_add(ahead_bytes + 64 * line));
+                        }
+                    }
                     let at = b * bs + sub * 32;
                     // SAFETY: the chunk and the 32 activations of each row lie inside the
                     // buffers asserted above; unaligned loads.

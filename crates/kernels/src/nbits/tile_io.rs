@@ -96,6 +96,14 @@ pub(super) fn prefetch_block(w: &PackedNBits, tile: usize, b: usize) {
     crate::mem::prefetch_lines(w.data.as_ptr().wrapping_add(at), block_bytes);
 }
 
+/// Asks for the cache line at `at` (a prefetch never faults, so `at` may lie past the data).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn prefetch_line(at: *const u8) {
+    // SAFETY: a prefetch never faults, whatever the address.
+    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast()) };
+}
+
 /// Asks for the scales and zero points of blocks `blocks` of packed tiles `tiles` (a fifth
 /// of a Q4_1 import's bytes, in streams of their own): another 7-13% decode on a Zen 5. The
 /// single-row AVX-512 kernel asks block by block in its block loop instead; kernels of more
