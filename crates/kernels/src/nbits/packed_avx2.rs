@@ -127,7 +127,7 @@ macro_rules! packed_tile {
                     let chunk = data.wrapping_add((b * (bs / 32) + sub) * chunk_bytes);
                     if ahead.tiles > 0 {
                         for line in 0..chunk_bytes / 64 {
-                            prefetch_line(chunk.wrapping_add(ahead_bytes + 64 * line));
+                            prefetch_line(chunk.wrapping_add(ahead_bytes + 64 * line), ahead.once);
                         }
                     }
                     let at = b * bs + sub * 32;

@@ -168,7 +168,11 @@ fn run(
                 // of them in cache, where prefetching the statistics too costs more than
                 // it brings (prefill 6% slower).
                 w.count_streamed(cols.len());
-                row_block_tiles(rows, meta, w, bias, cols, outs, isa, first == 0);
+                let prefetch = Prefetch {
+                    stats: first == 0,
+                    once: m <= ONE_PASS,
+                };
+                row_block_tiles(rows, meta, w, bias, cols, outs, isa, prefetch);
             },
         );
     });
@@ -196,6 +200,19 @@ fn prefetch_distance(tile_bytes: usize) -> usize {
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_BYTES: usize = 8192;
 
+/// The most rows the 256-bit kernels take in one pass over a tile (`row_block_tiles`'s
+/// widest pass): a call of no more rows reads each weight once.
+const ONE_PASS: usize = 4;
+
+/// What a task's kernels prefetch besides the weights' codes: the scales and zero points too
+/// (`stats`, for the first row block), and whether the weights are read `once` (see
+/// [`Ahead::once`]).
+#[derive(Clone, Copy)]
+struct Prefetch {
+    stats: bool,
+    once: bool,
+}
+
 /// Columns of a gated MLP's output whose gated SiLUs are computed together.
 const GLU_WINDOW: usize = 64;
 
@@ -204,7 +221,7 @@ const GLU_WINDOW: usize = 64;
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
 /// many rows share the call. For a gate and up pair (`w.glu`), `cols` are output columns and
 /// each tile's gate and up sums become gated SiLUs there. The kernels prefetch the weights'
-/// codes a few tiles ahead, and with `stats` their scales and zero points too.
+/// codes a few tiles ahead, and with `prefetch.stats` their scales and zero points too.
 #[allow(clippy::too_many_arguments)]
 fn row_block_tiles(
     rows: &[QuantizedRow],
@@ -214,7 +231,7 @@ fn row_block_tiles(
     cols: Range<usize>,
     outs: &mut [&mut [f32]],
     isa: Variant,
-    stats: bool,
+    prefetch: Prefetch,
 ) {
     #[cfg(target_arch = "x86_64")]
     let mut j0 = cols.start;
@@ -252,7 +269,8 @@ fn row_block_tiles(
         // inside this part: past it they are another task's.
         let ahead = |last: usize, d: usize| Ahead {
             tiles: if last + d < end_tile { d } else { 0 },
-            stats,
+            stats: prefetch.stats,
+            once: prefetch.once,
         };
         // The rows in passes of `$n` (the first count that fits, in order) over the tile's
         // weights, each pass one kernel call that uses every weight load for its rows; `$store`
