@@ -111,7 +111,7 @@ macro_rules! packed_tile {
             }
             if ahead.tiles > 0 && ahead.stats {
                 let tile = t + ahead.tiles;
-                prefetch_stats(w, tile..tile + 1, 0..kb);
+                prefetch_stats(w, tile..tile + 1, 0..kb, ahead.once && R == 1);
             }
             let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
             let low = _mm256_set1_epi8(0x0F);

@@ -95,7 +95,7 @@ unsafe fn tile_pair_avx512<const BITS: u32, const R: usize, const ZP: u8>(
     let (first, last) = (t + ahead.tiles, t + ahead.tiles + 2);
     let stats_per_block = ahead.tiles > 0 && ahead.stats && R == 1;
     if ahead.tiles > 0 && ahead.stats && R > 1 {
-        prefetch_stats(w, first..last, 0..kb);
+        prefetch_stats(w, first..last, 0..kb, false);
     }
     let data = w.data.as_ptr().wrapping_add(t * tile_bytes);
     let low = _mm512_set1_epi8(0x0F);

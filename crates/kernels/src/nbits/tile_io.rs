@@ -123,10 +123,18 @@ pub(super) fn prefetch_line(at: *const u8, once: bool) {
 /// of a Q4_1 import's bytes, in streams of their own): another 7-13% decode on a Zen 5. The
 /// single-row AVX-512 kernel asks block by block in its block loop instead; kernels of more
 /// rows have no registers to spare for these pointers there (asking there cost prefill
-/// 6-8%) and call this once per tile, before its blocks.
+/// 6-8%) and call this once per tile, before its blocks. The single-row 256-bit kernel of a
+/// call that reads its weights `once` asks past the outer caches (default model decode
+/// +6-14% on a Zen 2; the same for kernels of more rows cost prefill 5-7% there, so they
+/// keep asking into L2).
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
-pub(super) fn prefetch_stats(w: &PackedNBits, tiles: Range<usize>, blocks: Range<usize>) {
+pub(super) fn prefetch_stats(
+    w: &PackedNBits,
+    tiles: Range<usize>,
+    blocks: Range<usize>,
+    once: bool,
+) {
     let kb = w.layout.k_blocks;
     for tile in tiles {
         let values = (tile * kb + blocks.start) * TILE..(tile * kb + blocks.end) * TILE;
@@ -141,7 +149,13 @@ pub(super) fn prefetch_stats(w: &PackedNBits, tiles: Range<usize>, blocks: Range
             // From the line holding the first byte to the one holding the last.
             let first = start as usize & !63;
             let lines = (start as usize + bytes).div_ceil(64) - first / 64;
-            crate::mem::prefetch_lines(first as *const u8, 64 * lines);
+            if once {
+                for line in 0..lines {
+                    prefetch_line((first + 64 * line) as *const u8, true);
+                }
+            } else {
+                crate::mem::prefetch_lines(first as *const u8, 64 * lines);
+            }
         }
     }
 }
