@@ -125,8 +125,7 @@ pub(super) fn prefetch_line(at: *const u8, once: bool) {
 /// rows have no registers to spare for these pointers there (asking there cost prefill
 /// 6-8%) and call this once per tile, before its blocks. The single-row 256-bit kernel of a
 /// call that reads its weights `once` asks past the outer caches (default model decode
-/// +6-14% on a Zen 2; the same for kernels of more rows cost prefill 5-7% there, so they
-/// keep asking into L2).
+/// +6-14% on a Zen 2); every other kernel asks into L2, as before.
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
 pub(super) fn prefetch_stats(
