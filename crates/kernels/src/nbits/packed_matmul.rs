@@ -12,9 +12,7 @@ use super::packed::PackedNBits;
 use super::packed_avx2::{tile, tile_glu};
 #[cfg(target_arch = "x86_64")]
 use super::packed_avx512::tile_pair;
-#[cfg(target_arch = "x86_64")]
-use super::tile_io::Ahead;
-use super::tile_io::{Meta, ROW_BLOCK};
+use super::tile_io::{Ahead, Meta, ROW_BLOCK};
 use crate::error::{KernelError, check_len, numel};
 use crate::int8::Variant;
 use crate::int8::{QuantizedRow, with_rows_and_meta};
@@ -168,7 +166,8 @@ fn run(
                 // of them in cache, where prefetching the statistics too costs more than
                 // it brings (prefill 6% slower).
                 w.count_streamed(cols.len());
-                let prefetch = Prefetch {
+                let prefetch = Ahead {
+                    tiles: 0,
                     stats: first == 0,
                     once: m <= ONE_PASS,
                 };
@@ -204,15 +203,6 @@ const PREFETCH_BYTES: usize = 8192;
 /// widest pass): a call of no more rows reads each weight once.
 const ONE_PASS: usize = 4;
 
-/// What a task's kernels prefetch besides the weights' codes: the scales and zero points too
-/// (`stats`, for the first row block), and whether the weights are read `once` (see
-/// [`Ahead::once`]).
-#[derive(Clone, Copy)]
-struct Prefetch {
-    stats: bool,
-    once: bool,
-}
-
 /// Columns of a gated MLP's output whose gated SiLUs are computed together.
 const GLU_WINDOW: usize = 64;
 
@@ -221,7 +211,8 @@ const GLU_WINDOW: usize = 64;
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
 /// many rows share the call. For a gate and up pair (`w.glu`), `cols` are output columns and
 /// each tile's gate and up sums become gated SiLUs there. The kernels prefetch the weights'
-/// codes a few tiles ahead, and with `prefetch.stats` their scales and zero points too.
+/// codes a few tiles ahead as `prefetch` says (its `tiles` set here), with `prefetch.stats`
+/// their scales and zero points too.
 #[allow(clippy::too_many_arguments)]
 fn row_block_tiles(
     rows: &[QuantizedRow],
@@ -231,7 +222,7 @@ fn row_block_tiles(
     cols: Range<usize>,
     outs: &mut [&mut [f32]],
     isa: Variant,
-    prefetch: Prefetch,
+    prefetch: Ahead,
 ) {
     #[cfg(target_arch = "x86_64")]
     let mut j0 = cols.start;
@@ -269,8 +260,7 @@ fn row_block_tiles(
         // inside this part: past it they are another task's.
         let ahead = |last: usize, d: usize| Ahead {
             tiles: if last + d < end_tile { d } else { 0 },
-            stats: prefetch.stats,
-            once: prefetch.once,
+            ..prefetch
         };
         // The rows in passes of `$n` (the first count that fits, in order) over the tile's
         // weights, each pass one kernel call that uses every weight load for its rows; `$store`
@@ -374,7 +364,7 @@ fn row_block_tiles(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, meta, w, bias, cols, outs, isa);
+        let _ = (rows, meta, w, bias, cols, outs, isa, prefetch);
         unreachable!("supported() is false off x86-64, so nothing is packed");
     }
 }

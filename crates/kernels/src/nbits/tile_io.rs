@@ -148,6 +148,8 @@ pub(super) fn prefetch_stats(
             // From the line holding the first byte to the one holding the last.
             let first = start as usize & !63;
             let lines = (start as usize + bytes).div_ceil(64) - first / 64;
+            // Into L2 through `prefetch_lines` as before: one loop for both hints cost
+            // prefill 5-7% on a Zen 2.
             if once {
                 for line in 0..lines {
                     prefetch_line((first + 64 * line) as *const u8, true);
