@@ -18,7 +18,7 @@ mod common;
 use common::values;
 use half::{bf16, f16};
 use oxgen_kernels::acc::Accum;
-use oxgen_kernels::reduce::{ReduceOp, reduce};
+use oxgen_kernels::reduce::{Lanes, ReduceOp, reduce};
 use oxgen_kernels::{ThreadPool, broadcast, gather, matmul};
 
 const THREADS: [usize; 2] = [1, 2];
@@ -109,7 +109,12 @@ fn reduce_mean_typed<T: Accum>(c: &mut Criterion, dtype: &str, pools: &[ThreadPo
                 format!("{dtype}/{rows}x{n}/threads={}", pool.threads()),
                 |bench| {
                     bench.iter(|| {
-                        reduce(ReduceOp::Mean, black_box(&x), rows, n, 1, &mut out, pool)
+                        let lanes = Lanes {
+                            outer: rows,
+                            n,
+                            inner: 1,
+                        };
+                        reduce(ReduceOp::Mean, black_box(&x), lanes, &mut out, pool)
                             .expect("shapes match")
                     })
                 },

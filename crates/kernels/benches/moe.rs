@@ -26,7 +26,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 mod common;
 use oxgen_kernels::ThreadPool;
 use oxgen_kernels::moe::{
-    Activation, ExpertMatrix, Experts, Projection, Routing, moe, route, scratch_len,
+    Activation, ExpertMatrix, Experts, Projection, Router, Routing, moe, route, scratch_len,
 };
 use oxgen_kernels::mxfp4::{Mxfp4Packed, Mxfp4Weights, matmul_mxfp4, matmul_mxfp4_int8};
 use oxgen_kernels::nbits::{
@@ -179,10 +179,13 @@ fn bench_experts(c: &mut Criterion) {
                 let mut run = || {
                     moe(
                         black_box(&x),
-                        tokens,
-                        &logits,
-                        None,
-                        (K, Routing::TopKSoftmax),
+                        Router {
+                            tokens,
+                            logits: &logits,
+                            given: None,
+                            k: K,
+                            routing: Routing::TopKSoftmax,
+                        },
                         &experts,
                         &mut out,
                         (&mut values, &mut indices),

@@ -134,15 +134,12 @@ fn repeats(small: &[usize], out_shape: &[usize]) -> Option<usize> {
     (tail.len() <= out_shape.len() && out_shape.ends_with(tail) && inner > 0).then_some(inner)
 }
 
-/// `out[i] = f(c[i'], a[i''], b[i'''])` with broadcasting (for Where and Clip).
-#[allow(clippy::too_many_arguments)]
+/// `out[i] = f(c[i'], a[i''], b[i'''])` with broadcasting (for Where and Clip); each input
+/// comes with its shape.
 pub fn ternary<C: Copy, A: Copy, B: Copy, O>(
-    c: &[C],
-    c_shape: &[usize],
-    a: &[A],
-    a_shape: &[usize],
-    b: &[B],
-    b_shape: &[usize],
+    (c, c_shape): (&[C], &[usize]),
+    (a, a_shape): (&[A], &[usize]),
+    (b, b_shape): (&[B], &[usize]),
     out: &mut [O],
     out_shape: &[usize],
     f: impl Fn(C, A, B) -> O,

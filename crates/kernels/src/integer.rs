@@ -60,7 +60,6 @@ fn round_even(x: f32) -> f32 {
 /// operands as stored: `a_zero` one value or one per row of `a`, `b_zero` one per column of
 /// `b` (a per-tensor zero point repeated). Sums wrap on overflow (possible only past
 /// `k = 33025`), as onnxruntime's int32 accumulators do. Rows are split over the pool.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_integer<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync>(
     a: &[A],
     a_zero: &[i32],

@@ -22,7 +22,7 @@ use crate::acc::Accum;
 use crate::error::{KernelError, check_len};
 use crate::matmul_f32::{self, Matrix};
 pub use crate::matmul_f32::{PACKED_TILE, PackedF32};
-use crate::par::{MAX_ROW_BLOCK, par_row_blocks_spans, par_row_parts, parts_for};
+use crate::par::{Grid, MAX_ROW_BLOCK, par_row_blocks_spans, par_row_parts, parts_for};
 use crate::pool::Prelude;
 use crate::{Scalar, ThreadPool};
 
@@ -73,8 +73,7 @@ pub fn matmul_batched<T: Accum>(
         a,
         b,
         c,
-        a_offsets,
-        b_offsets,
+        (a_offsets, b_offsets),
         (m, k, n),
         pool,
         |_, _, acc| T::narrow(acc),
@@ -103,7 +102,7 @@ pub fn gemm<T: Accum>(
         }
     };
     match bias.filter(|_| beta != 0.0) {
-        None => product(a, b, c, &[0], &[0], (m, k, n), pool, |_, _, acc| {
+        None => product(a, b, c, (&[0], &[0]), (m, k, n), pool, |_, _, acc| {
             T::narrow(scale(acc))
         }),
         Some(bias) => {
@@ -122,7 +121,7 @@ pub fn gemm<T: Accum>(
                     )));
                 }
             }
-            product(a, b, c, &[0], &[0], (m, k, n), pool, |i, j, acc| {
+            product(a, b, c, (&[0], &[0]), (m, k, n), pool, |i, j, acc| {
                 let add = bias.data[i * bias.row_stride + j * bias.col_stride].widen();
                 T::narrow(scale(acc).add(if beta == 1.0 { add } else { beta_acc.mul(add) }))
             })
@@ -132,13 +131,11 @@ pub fn gemm<T: Accum>(
 
 /// Shared driver: validates, splits output rows (or columns when rows are few) across the
 /// pool, and stores `epilogue(i, j, accumulator)` for each output element `(i, j)`.
-#[allow(clippy::too_many_arguments)]
 fn product<T: Accum>(
     a: &[T],
     b: &[T],
     c: &mut [T],
-    a_offsets: &[usize],
-    b_offsets: &[usize],
+    (a_offsets, b_offsets): (&[usize], &[usize]),
     (m, k, n): (usize, usize, usize),
     pool: &ThreadPool,
     epilogue: impl Fn(usize, usize, T::Acc) -> T + Sync,
@@ -249,9 +246,11 @@ fn vector_product<T: Accum>(
         Prelude::NONE,
         &mut [out],
         &spans,
-        tile,
-        rows_per_task,
-        col_parts,
+        Grid {
+            tile,
+            rows_per_task,
+            col_parts,
+        },
         task,
     );
 }

@@ -247,7 +247,6 @@ unsafe fn by_rows<V: F32Lanes>(
 /// As for [`pass`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn pass_rows<V: F32Lanes, const C: usize>(
     a: &[f32],
     rows: usize,

@@ -63,6 +63,17 @@ pub enum Routing {
     Given { normalize: bool },
 }
 
+/// What the router decided for `tokens` tokens: `logits` (and `given` weights) hold
+/// `tokens × experts` values, of which each token takes `k` routes by `routing`.
+#[derive(Debug, Clone, Copy)]
+pub struct Router<'a> {
+    pub tokens: usize,
+    pub logits: &'a [f32],
+    pub given: Option<&'a [f32]>,
+    pub k: usize,
+    pub routing: Routing,
+}
+
 /// The activation between an expert's two projections.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
@@ -628,21 +639,24 @@ pub fn scratch_len(tokens: usize, k: usize, experts: &Experts) -> (usize, usize)
 }
 
 /// `out` (`tokens × hidden`) = each token's routed experts on its row of `x`, weighed (see
-/// the module doc). `logits` (and `given`) hold `tokens × experts.count` values. Returns what
-/// the routing did; `computed(e)` is told each expert once it has run.
-#[allow(clippy::too_many_arguments)]
+/// the module doc). Returns what the routing did; `computed(e)` is told each expert once it
+/// has run.
 pub fn moe(
     x: &[f32],
-    tokens: usize,
-    logits: &[f32],
-    given: Option<&[f32]>,
-    (k, routing): (usize, Routing),
+    router: Router,
     experts: &Experts,
     out: &mut [f32],
     (values, indices): (&mut [f32], &mut [u32]),
     pool: &ThreadPool,
     computed: &mut dyn FnMut(usize),
 ) -> Result<MoeStats, KernelError> {
+    let Router {
+        tokens,
+        logits,
+        given,
+        k,
+        routing,
+    } = router;
     experts.check()?;
     let (hidden, inter) = experts.dims();
     let count = experts.count;

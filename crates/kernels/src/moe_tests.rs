@@ -225,10 +225,13 @@ fn run(
     let mut out = vec![f32::NAN; x.len()];
     let stats = moe(
         x,
-        tokens,
-        logits,
-        None,
-        (k, routing),
+        Router {
+            tokens,
+            logits,
+            given: None,
+            k,
+            routing,
+        },
         ex,
         &mut out,
         (&mut values, &mut indices),
@@ -486,10 +489,13 @@ fn bad_shapes_are_errors() {
     let mut call = |x: &[f32], logits: &[f32], k: usize, out: &mut [f32]| {
         moe(
             x,
-            1,
-            logits,
-            None,
-            (k, Routing::TopKSoftmax),
+            Router {
+                tokens: 1,
+                logits,
+                given: None,
+                k,
+                routing: Routing::TopKSoftmax,
+            },
             &ex,
             out,
             (&mut v, &mut i),
@@ -516,10 +522,13 @@ fn bad_shapes_are_errors() {
     assert!(
         moe(
             &[0.0; 4],
-            1,
-            &[0.0; 2],
-            None,
-            (1, Routing::TopKSoftmax),
+            Router {
+                tokens: 1,
+                logits: &[0.0; 2],
+                given: None,
+                k: 1,
+                routing: Routing::TopKSoftmax,
+            },
             &bad,
             &mut out,
             (&mut scratch.0, &mut scratch.1),

@@ -180,12 +180,14 @@ pub fn par_row_tiles<T: Send>(
     f: impl Fn(usize, Range<usize>, &mut [T]) + Sync,
 ) {
     let shared = Shared::new(out);
-    row_grid(
-        row_len,
+    let grid = Grid {
         tile,
-        shared.len / row_len.max(1),
         rows_per_task,
         col_parts,
+    };
+    row_grid(
+        (shared.len / row_len.max(1), row_len),
+        grid,
         pool,
         Prelude::NONE,
         |rows, cols| {
@@ -200,20 +202,30 @@ pub fn par_row_tiles<T: Send>(
     );
 }
 
-/// Splits `rows` rows of `row_len` columns into blocks of `rows_per_task` rows and
-/// `col_parts` column ranges of whole `tile`s, and runs `task(rows, cols)` for each pair on
-/// `pool`: the grid [`par_row_tiles`] and [`par_row_blocks_spans`] hand out.
-#[allow(clippy::too_many_arguments)]
+/// How rows of columns are cut into tasks: blocks of `rows_per_task` rows, each row cut into
+/// `col_parts` column ranges of whole `tile`s (the last tile of a row may be short).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    pub tile: usize,
+    pub rows_per_task: usize,
+    pub col_parts: usize,
+}
+
+/// Splits `rows` rows of `row_len` columns as `grid` says and runs `task(rows, cols)` for
+/// each (row block, column range) pair on `pool`: the grid [`par_row_tiles`] and
+/// [`par_row_blocks_spans`] hand out.
 fn row_grid(
-    row_len: usize,
-    tile: usize,
-    rows: usize,
-    rows_per_task: usize,
-    col_parts: usize,
+    (rows, row_len): (usize, usize),
+    grid: Grid,
     pool: &ThreadPool,
     prelude: Prelude<'_>,
     task: impl Fn(Range<usize>, Range<usize>) + Sync,
 ) {
+    let Grid {
+        tile,
+        rows_per_task,
+        col_parts,
+    } = grid;
     if row_len == 0 {
         return;
     }
@@ -234,24 +246,21 @@ fn row_grid(
 /// The most rows [`par_row_blocks_spans`] hands one task.
 pub const MAX_ROW_BLOCK: usize = 8;
 
-/// Like [`par_row_tiles`], handing each task its `rows_per_task` rows (at most
+/// Like [`par_row_tiles`], handing each task its `grid.rows_per_task` rows (at most
 /// [`MAX_ROW_BLOCK`]) of one column range at once, so a kernel can use what it loads for
 /// several rows; over several outputs side by side in one column space (one output is one
 /// span `0..row_len`). Output `p` holds the columns `spans[p]` (ascending, disjoint, each
-/// starting on a whole `tile`) as rows of `spans[p].len()` elements, all outputs with the
+/// starting on a whole `grid.tile`) as rows of `spans[p].len()` elements, all outputs with the
 /// same number of rows. The column ranges are cut as if the outputs were one, then at the
 /// outputs' edges: `f(first_row, p, cols, parts)` gets columns `cols` of the shared space,
 /// all inside `spans[p]`, with `parts[i]` their elements in row `first_row + i` of output
 /// `p`. `prelude` runs in the same region before every task (see [`Prelude`]).
-#[allow(clippy::too_many_arguments)]
 pub fn par_row_blocks_spans<T: Send>(
     pool: &ThreadPool,
     prelude: Prelude<'_>,
     outs: &mut [&mut [T]],
     spans: &[Range<usize>],
-    tile: usize,
-    rows_per_task: usize,
-    col_parts: usize,
+    grid: Grid,
     f: impl Fn(usize, usize, Range<usize>, &mut [&mut [T]]) + Sync,
 ) {
     assert!(
@@ -266,35 +275,29 @@ pub fn par_row_blocks_spans<T: Send>(
     };
     let rows = outs[0].len() / first_span.len().max(1);
     let shared: SmallVec<[Shared<T>; 4]> = outs.iter_mut().map(|o| Shared::new(o)).collect();
-    let per_task = rows_per_task.clamp(1, MAX_ROW_BLOCK);
+    let grid = Grid {
+        rows_per_task: grid.rows_per_task.clamp(1, MAX_ROW_BLOCK),
+        ..grid
+    };
     let row_len = spans.last().map_or(0, |s| s.end);
-    row_grid(
-        row_len,
-        tile,
-        rows,
-        per_task,
-        col_parts,
-        pool,
-        prelude,
-        |rows, cols| {
-            for (p, (span, out)) in spans.iter().zip(&shared).enumerate() {
-                let sub = cols.start.max(span.start)..cols.end.min(span.end);
-                if sub.is_empty() {
-                    continue;
-                }
-                let width = span.len();
-                let local = sub.start - span.start..sub.end - span.start;
-                let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
-                for (part, row) in parts.iter_mut().zip(rows.clone()) {
-                    let start = row * width;
-                    // SAFETY: (row, column range) pairs are unique across tasks and `chunk`
-                    // ranges of one row are disjoint; so are their cuts by the spans.
-                    *part = unsafe { out.range(start + local.start..start + local.end) };
-                }
-                f(rows.start, p, sub, &mut parts[..rows.len()]);
+    row_grid((rows, row_len), grid, pool, prelude, |rows, cols| {
+        for (p, (span, out)) in spans.iter().zip(&shared).enumerate() {
+            let sub = cols.start.max(span.start)..cols.end.min(span.end);
+            if sub.is_empty() {
+                continue;
             }
-        },
-    );
+            let width = span.len();
+            let local = sub.start - span.start..sub.end - span.start;
+            let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
+            for (part, row) in parts.iter_mut().zip(rows.clone()) {
+                let start = row * width;
+                // SAFETY: (row, column range) pairs are unique across tasks and `chunk`
+                // ranges of one row are disjoint; so are their cuts by the spans.
+                *part = unsafe { out.range(start + local.start..start + local.end) };
+            }
+            f(rows.start, p, sub, &mut parts[..rows.len()]);
+        }
+    });
 }
 
 #[cfg(test)]
@@ -349,9 +352,11 @@ mod tests {
             Prelude::NONE,
             &mut [&mut out[..]],
             &spans,
-            8,
-            4,
-            2,
+            Grid {
+                tile: 8,
+                rows_per_task: 4,
+                col_parts: 2,
+            },
             |first, _, cols, parts| {
                 assert!(parts.len() <= 4 && cols.start % 8 == 0);
                 for (i, part) in parts.iter_mut().enumerate() {
@@ -375,9 +380,11 @@ mod tests {
             Prelude::NONE,
             &mut views,
             &spans,
-            8,
-            2,
-            5,
+            Grid {
+                tile: 8,
+                rows_per_task: 2,
+                col_parts: 5,
+            },
             |first, p, cols, parts| {
                 assert!(cols.start >= spans[p].start && cols.end <= spans[p].end);
                 assert!(cols.start % 8 == 0, "{cols:?}");

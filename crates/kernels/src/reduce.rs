@@ -40,11 +40,23 @@ pub enum ReduceOp {
     LogSumExp,
 }
 
-fn numel3(outer: usize, n: usize, inner: usize) -> Result<usize, KernelError> {
-    outer
-        .checked_mul(n)
-        .and_then(|v| v.checked_mul(inner))
-        .ok_or_else(|| KernelError::Shape(format!("({outer}, {n}, {inner}) overflows")))
+/// A tensor viewed as `(outer, n, inner)`: `outer * inner` lanes of `n` elements each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lanes {
+    pub outer: usize,
+    pub n: usize,
+    pub inner: usize,
+}
+
+impl Lanes {
+    /// `outer * n * inner`, or an error when it overflows.
+    fn numel(self) -> Result<usize, KernelError> {
+        let Lanes { outer, n, inner } = self;
+        outer
+            .checked_mul(n)
+            .and_then(|v| v.checked_mul(inner))
+            .ok_or_else(|| KernelError::Shape(format!("({outer}, {n}, {inner}) overflows")))
+    }
 }
 
 /// Folds lane elements `x[start + j * stride]`, `j = 0..n`, in order.
@@ -122,13 +134,12 @@ fn reduce_lane<T: Accum>(op: ReduceOp, x: &[T], start: usize, stride: usize, n: 
 pub fn reduce<T: Accum>(
     op: ReduceOp,
     x: &[T],
-    outer: usize,
-    n: usize,
-    inner: usize,
+    lanes: Lanes,
     out: &mut [T],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    check_len("input", x.len(), numel3(outer, n, inner)?)?;
+    let Lanes { outer, n, inner } = lanes;
+    check_len("input", x.len(), lanes.numel()?)?;
     check_len("output", out.len(), outer * inner)?;
     if out.is_empty() {
         return Ok(());
@@ -146,18 +157,16 @@ pub fn reduce<T: Accum>(
 /// ArgMax (`max`) or ArgMin: `out[o * inner + i]` is the lane index of the first extreme
 /// (the last with `select_last`). A NaN counts as the extreme, as in NumPy. Lanes must not be
 /// empty.
-#[allow(clippy::too_many_arguments)]
 pub fn arg_reduce<T: Scalar>(
     x: &[T],
-    outer: usize,
-    n: usize,
-    inner: usize,
+    lanes: Lanes,
     max: bool,
     select_last: bool,
     out: &mut [i64],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    check_len("input", x.len(), numel3(outer, n, inner)?)?;
+    let Lanes { outer, n, inner } = lanes;
+    check_len("input", x.len(), lanes.numel()?)?;
     check_len("output", out.len(), outer * inner)?;
     if out.is_empty() {
         return Ok(());
@@ -195,18 +204,16 @@ pub fn arg_reduce<T: Scalar>(
 
 /// Cumulative sum along each lane into `out` (same shape as `x`). `exclusive` leaves out the
 /// element itself (the first output is 0); `reverse` runs from the end of the lane.
-#[allow(clippy::too_many_arguments)]
 pub fn cumsum<T: Accum>(
     x: &[T],
-    outer: usize,
-    n: usize,
-    inner: usize,
+    lanes: Lanes,
     exclusive: bool,
     reverse: bool,
     out: &mut [T],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    let total = numel3(outer, n, inner)?;
+    let Lanes { outer, n, inner } = lanes;
+    let total = lanes.numel()?;
     check_len("input", x.len(), total)?;
     check_len("output", out.len(), total)?;
     let block = n * inner;
@@ -246,25 +253,23 @@ fn total<T: Scalar>(a: T, b: T) -> Ordering {
 /// TopK: the `k` largest (or smallest) elements of each lane, sorted best first, ties broken
 /// by the lower index (as onnxruntime does). `values` and `indices` have shape
 /// `(outer, k, inner)`. Requires `k <= n`.
-#[allow(clippy::too_many_arguments)]
 pub fn top_k<T: Scalar>(
     x: &[T],
-    outer: usize,
-    n: usize,
-    inner: usize,
+    lanes: Lanes,
     k: usize,
     largest: bool,
     values: &mut [T],
     indices: &mut [i64],
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    check_len("input", x.len(), numel3(outer, n, inner)?)?;
+    let Lanes { outer, n, inner } = lanes;
+    check_len("input", x.len(), lanes.numel()?)?;
     if k > n {
         return Err(KernelError::Shape(format!(
             "k = {k} is larger than the axis ({n} elements)"
         )));
     }
-    let out_len = numel3(outer, k, inner)?;
+    let out_len = Lanes { outer, n: k, inner }.numel()?;
     check_len("values", values.len(), out_len)?;
     check_len("indices", indices.len(), out_len)?;
     if out_len == 0 {
@@ -322,9 +327,20 @@ mod tests {
 
     use super::*;
 
+    fn lanes(outer: usize, n: usize, inner: usize) -> Lanes {
+        Lanes { outer, n, inner }
+    }
+
     fn run(op: ReduceOp, x: &[f32], outer: usize, n: usize, inner: usize) -> Vec<f32> {
         let mut out = vec![f32::NAN; outer * inner];
-        reduce(op, x, outer, n, inner, &mut out, &ThreadPool::new(1)).unwrap();
+        reduce(
+            op,
+            x,
+            Lanes { outer, n, inner },
+            &mut out,
+            &ThreadPool::new(1),
+        )
+        .unwrap();
         out
     }
 
@@ -365,7 +381,14 @@ mod tests {
         // 2048 + 1 + 1 in f16 steps would lose both ones; the f32 accumulator keeps them.
         let x = [f16::from_f32(2048.0), f16::ONE, f16::ONE];
         let mut out = [f16::ZERO];
-        reduce(ReduceOp::Sum, &x, 1, 3, 1, &mut out, &ThreadPool::new(1)).unwrap();
+        reduce(
+            ReduceOp::Sum,
+            &x,
+            lanes(1, 3, 1),
+            &mut out,
+            &ThreadPool::new(1),
+        )
+        .unwrap();
         assert_eq!(out[0].to_f32(), 2050.0);
     }
 
@@ -379,9 +402,7 @@ mod tests {
             reduce(
                 ReduceOp::Mean,
                 &x,
-                outer,
-                n,
-                inner,
+                Lanes { outer, n, inner },
                 &mut a,
                 &ThreadPool::new(1),
             )
@@ -389,9 +410,7 @@ mod tests {
             reduce(
                 ReduceOp::Mean,
                 &x,
-                outer,
-                n,
-                inner,
+                Lanes { outer, n, inner },
                 &mut b,
                 &ThreadPool::new(3),
             )
@@ -405,13 +424,13 @@ mod tests {
         let pool = ThreadPool::new(1);
         let x = [2i32, 5, 5, 1, 1];
         let mut out = [0i64];
-        arg_reduce(&x, 1, 5, 1, true, false, &mut out, &pool).unwrap();
+        arg_reduce(&x, lanes(1, 5, 1), true, false, &mut out, &pool).unwrap();
         assert_eq!(out, [1]);
-        arg_reduce(&x, 1, 5, 1, true, true, &mut out, &pool).unwrap();
+        arg_reduce(&x, lanes(1, 5, 1), true, true, &mut out, &pool).unwrap();
         assert_eq!(out, [2]);
-        arg_reduce(&x, 1, 5, 1, false, true, &mut out, &pool).unwrap();
+        arg_reduce(&x, lanes(1, 5, 1), false, true, &mut out, &pool).unwrap();
         assert_eq!(out, [4]);
-        assert!(arg_reduce::<i32>(&[], 1, 0, 1, true, false, &mut out, &pool).is_err());
+        assert!(arg_reduce::<i32>(&[], lanes(1, 0, 1), true, false, &mut out, &pool).is_err());
     }
 
     #[test]
@@ -419,9 +438,9 @@ mod tests {
         let pool = ThreadPool::new(1);
         let x = [1f32, 2.0, 3.0, 4.0, 5.0, 6.0]; // (1, 3, 2)
         let mut out = [0f32; 6];
-        cumsum(&x, 1, 3, 2, false, false, &mut out, &pool).unwrap();
+        cumsum(&x, lanes(1, 3, 2), false, false, &mut out, &pool).unwrap();
         assert_eq!(out, [1.0, 2.0, 4.0, 6.0, 9.0, 12.0]);
-        cumsum(&x, 1, 3, 2, true, true, &mut out, &pool).unwrap();
+        cumsum(&x, lanes(1, 3, 2), true, true, &mut out, &pool).unwrap();
         assert_eq!(out, [8.0, 10.0, 5.0, 6.0, 0.0, 0.0]);
     }
 
@@ -430,11 +449,22 @@ mod tests {
         let pool = ThreadPool::new(1);
         let x = [3f32, 1.0, 3.0, f32::NAN, 2.0, 1.0];
         let (mut v, mut i) = ([0f32; 3], [0i64; 3]);
-        top_k(&x[..3], 1, 3, 1, 3, true, &mut v, &mut i, &pool).unwrap();
+        top_k(&x[..3], lanes(1, 3, 1), 3, true, &mut v, &mut i, &pool).unwrap();
         assert_eq!((v, i), ([3.0, 3.0, 1.0], [0, 2, 1]));
         let (mut v, mut i) = ([0f32; 2], [0i64; 2]);
-        top_k(&x[3..], 1, 3, 1, 2, false, &mut v, &mut i, &pool).unwrap();
+        top_k(&x[3..], lanes(1, 3, 1), 2, false, &mut v, &mut i, &pool).unwrap();
         assert_eq!((v, i), ([1.0, 2.0], [2, 1]));
-        assert!(top_k(&x, 1, 6, 1, 7, true, &mut [0f32; 7], &mut [0i64; 7], &pool).is_err());
+        assert!(
+            top_k(
+                &x,
+                lanes(1, 6, 1),
+                7,
+                true,
+                &mut [0f32; 7],
+                &mut [0i64; 7],
+                &pool
+            )
+            .is_err()
+        );
     }
 }

@@ -58,6 +58,7 @@ impl PyEmbedder {
     #[new]
     #[pyo3(signature = (path, *, backend = "auto", threads = 0, ort_lib = None, pooling = None,
                         normalize = None, max_tokens = None))]
+    // The parameters are Python's keyword arguments, named by the signature above.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

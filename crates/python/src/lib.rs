@@ -274,6 +274,7 @@ impl PyModel {
                         chat_template_kwargs = None, kv_disk_cache = None,
                         kv_disk_budget_mib = oxgen::DEFAULT_KV_DISK_BUDGET >> 20, lora = None,
                         max_loras = 0))]
+    // The parameters are Python's keyword arguments, named by the signature above.
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

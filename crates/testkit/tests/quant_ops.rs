@@ -607,16 +607,14 @@ fn simplified_layer_norm_matches_onnxruntime() {
     batch.run("SimplifiedLayerNormalization");
 }
 
-/// One skip-norm case: a node of `op` (`SkipSimplifiedLayerNormalization`, whose optional
+/// One skip-norm case, the `i`th: a node of `op` (`SkipSimplifiedLayerNormalization`, whose optional
 /// inputs are `bias`, or `SkipLayerNormalization`, whose are `beta, bias`) on random data,
 /// each optional input given or left out per `optional`, with `outputs` of its four outputs
 /// (2: the residual sum alone), every named output compared with onnxruntime.
-#[allow(clippy::too_many_arguments)]
 fn skip_norm_case(
     batch: &mut Batch,
     rng: &mut Rng,
-    op: &str,
-    i: usize,
+    (op, i): (&str, usize),
     (dims, skip_dims): (&[usize], &[usize]),
     optional: &[bool],
     outputs: usize,
@@ -710,8 +708,7 @@ fn skip_simplified_layer_norm_matches_onnxruntime() {
         skip_norm_case(
             &mut batch,
             &mut rng,
-            op,
-            i,
+            (op, i),
             (dims, skip_dims),
             &[bias],
             outputs,
@@ -743,8 +740,7 @@ fn skip_layer_norm_matches_onnxruntime() {
         skip_norm_case(
             &mut batch,
             &mut rng,
-            op,
-            i,
+            (op, i),
             (dims, skip_dims),
             &optional,
             outputs,

@@ -222,16 +222,13 @@ fn rope_tables<'a, T: Element>(
 }
 
 /// The new keys (`i` = 1) or values (`i` = 2) as rows: their own input, or their slice of
-/// the packed QKV rows `q`.
-#[allow(clippy::too_many_arguments)]
+/// the packed QKV rows `q` (`heads` query and `kv_heads` KV heads of `hs`).
 fn new_rows<'a, T: Element>(
     inputs: &[Option<&'a Tensor>],
     q: &'a [T],
     packed: bool,
     q_width: usize,
-    heads: usize,
-    kv_heads: usize,
-    hs: usize,
+    (heads, kv_heads, hs): (usize, usize, usize),
     i: usize,
 ) -> Result<Rows<'a, T>, OpError> {
     Ok(if packed {
@@ -516,7 +513,7 @@ fn gqa<T: Accum<Acc = f32> + Element + CacheElem>(
     };
     let q = input(inputs, 0)?.as_slice::<T>()?;
     let rope = rope_tables::<T>(g, inputs, p.rope_half)?;
-    let new_kv = |i: usize| new_rows(inputs, q, p.packed, p.q_width, heads, kv_heads, hs, i);
+    let new_kv = |i: usize| new_rows(inputs, q, p.packed, p.q_width, (heads, kv_heads, hs), i);
     let (k_new, v_new) = (new_kv(1)?, new_kv(2)?);
     ka::append_kv(
         &k_new,
@@ -623,7 +620,7 @@ fn gqa_paged<T: Accum<Acc = f32> + Element + CacheElem>(
     let q = x.as_slice::<T>()?;
     let half = rope_dims(g, inputs, x, hs)?.map(|d| d.half);
     let rope = rope_tables::<T>(g, inputs, half)?;
-    let new_kv = |i: usize| new_rows(inputs, q, packed, q_width, heads, kv_heads, hs, i);
+    let new_kv = |i: usize| new_rows(inputs, q, packed, q_width, (heads, kv_heads, hs), i);
     let (segments, tables) = (paged.segments, paged.tables);
     let new = kp::NewKv {
         keys: new_kv(1)?,
@@ -658,9 +655,11 @@ fn gqa_paged<T: Accum<Acc = f32> + Element + CacheElem>(
                 &new,
                 (mem, k_at, v_at),
                 rotated.as_mut_slice::<T>()?,
-                out.as_mut_slice::<T>()?,
-                scratch.as_mut_slice::<f32>()?,
-                ctx.pool,
+                (
+                    out.as_mut_slice::<T>()?,
+                    scratch.as_mut_slice::<f32>()?,
+                    ctx.pool,
+                ),
             )
         }};
     }

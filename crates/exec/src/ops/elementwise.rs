@@ -591,7 +591,7 @@ pub(super) fn where_(
     })?;
     let mut out = ctx.alloc(x.dtype(), shape.as_slice())?;
     dispatch_any!(x.dtype(), T => {
-        broadcast::ternary(cond.as_slice::<u8>()?, cond.dims(), x.as_slice::<T>()?, x.dims(), y.as_slice::<T>()?, y.dims(), out.as_mut_slice::<T>()?, &shape, |c, a, b| if c != 0 { a } else { b });
+        broadcast::ternary((cond.as_slice::<u8>()?, cond.dims()), (x.as_slice::<T>()?, x.dims()), (y.as_slice::<T>()?, y.dims()), out.as_mut_slice::<T>()?, &shape, |c, a, b| if c != 0 { a } else { b });
         Ok::<(), OpError>(())
     })?;
     Ok(out)

@@ -112,10 +112,13 @@ pub(super) fn run(
     let residency = &mut ctx.weights.residency;
     let stats = km::moe(
         x.as_slice::<f32>()?,
-        tokens,
-        logits.as_slice::<f32>()?,
-        given.map(|g| g.as_slice::<f32>()).transpose()?,
-        (op.k, routing),
+        km::Router {
+            tokens,
+            logits: logits.as_slice::<f32>()?,
+            given: given.map(|g| g.as_slice::<f32>()).transpose()?,
+            k: op.k,
+            routing,
+        },
         &experts,
         out.as_mut_slice::<f32>()?,
         (

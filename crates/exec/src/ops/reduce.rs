@@ -9,7 +9,7 @@
 use oxgen_graph::Op;
 use oxgen_graph::ops::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
 use oxgen_kernels::acc::Accum;
-use oxgen_kernels::reduce::{self as kr, ReduceOp};
+use oxgen_kernels::reduce::{self as kr, Lanes, ReduceOp};
 use oxgen_kernels::softmax::{self as ks, SoftmaxKind};
 use oxgen_tensor::{DType, Element, Tensor};
 
@@ -35,13 +35,13 @@ pub(super) fn run(
     }
 }
 
-/// `(outer, n, inner)` around axis `axis` of `dims`.
-pub(super) fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
-    (
-        dims[..axis].iter().product(),
-        dims[axis],
-        dims[axis + 1..].iter().product(),
-    )
+/// The lanes `(outer, n, inner)` around axis `axis` of `dims`.
+pub(super) fn split_at_axis(dims: &[usize], axis: usize) -> Lanes {
+    Lanes {
+        outer: dims[..axis].iter().product(),
+        n: dims[axis],
+        inner: dims[axis + 1..].iter().product(),
+    }
 }
 
 fn reduce_op(kind: ReduceKind) -> ReduceOp {
@@ -89,9 +89,7 @@ fn reduced_axes(
 /// adjacent), then lanes of `(outer, n, inner)`.
 struct Plan {
     perm: Option<Vec<usize>>,
-    outer: usize,
-    n: usize,
-    inner: usize,
+    lanes: Lanes,
 }
 
 fn plan(dims: &[usize], reduced: &[bool]) -> Plan {
@@ -109,18 +107,22 @@ fn plan(dims: &[usize], reduced: &[bool]) -> Plan {
     match reduced_groups {
         0 => Plan {
             perm: None,
-            outer: numel,
-            n: 1,
-            inner: 1,
+            lanes: Lanes {
+                outer: numel,
+                n: 1,
+                inner: 1,
+            },
         },
         1 => {
             let at = groups.iter().position(|(r, _)| *r).unwrap_or(0);
             let prod = |g: &[(bool, usize)]| g.iter().map(|(_, s)| s).product::<usize>();
             Plan {
                 perm: None,
-                outer: prod(&groups[..at]),
-                n: groups[at].1,
-                inner: prod(&groups[at + 1..]),
+                lanes: Lanes {
+                    outer: prod(&groups[..at]),
+                    n: groups[at].1,
+                    inner: prod(&groups[at + 1..]),
+                },
             }
         }
         _ => {
@@ -129,9 +131,7 @@ fn plan(dims: &[usize], reduced: &[bool]) -> Plan {
             let outer = kept.iter().map(|&i| dims[i]).product();
             Plan {
                 perm: Some(kept.into_iter().chain(red).collect()),
-                outer,
-                n,
-                inner: 1,
+                lanes: Lanes { outer, n, inner: 1 },
             }
         }
     }
@@ -163,9 +163,7 @@ fn reduce_typed<T: Accum + Element>(
     let result = kr::reduce(
         op,
         src.as_slice::<T>()?,
-        plan.outer,
-        plan.n,
-        plan.inner,
+        plan.lanes,
         out.as_mut_slice::<T>()?,
         ctx.pool,
     )
@@ -211,7 +209,8 @@ fn reduce(r: &Reduce, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Ten
 fn arg_reduce(a: &ArgReduce, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     let dims = x.dims();
     let axis = norm_axis(a.axis, dims.len())?;
-    let (outer, n, inner) = split_at_axis(dims, axis);
+    let lanes = split_at_axis(dims, axis);
+    let n = lanes.n;
     if n == 0 {
         return Err(OpError::shape(format!(
             "{} over axis {axis} of size 0 (input shape {}) has no answer",
@@ -234,7 +233,7 @@ fn arg_reduce(a: &ArgReduce, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpEr
         .collect();
     let mut out = ctx.alloc(DType::I64, out_dims)?;
     let (max, last) = (a.max, a.select_last_index);
-    dispatch_num!(x.dtype(), T => kr::arg_reduce(x.as_slice::<T>()?, outer, n, inner, max, last, out.as_mut_slice::<i64>()?, ctx.pool).map_err(OpError::from))?;
+    dispatch_num!(x.dtype(), T => kr::arg_reduce(x.as_slice::<T>()?, lanes, max, last, out.as_mut_slice::<i64>()?, ctx.pool).map_err(OpError::from))?;
     Ok(out)
 }
 
@@ -254,7 +253,8 @@ fn top_k(t: &TopK, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Output
     };
     let dims = x.dims();
     let axis = norm_axis(t.axis, dims.len())?;
-    let (outer, n, inner) = split_at_axis(dims, axis);
+    let lanes = split_at_axis(dims, axis);
+    let n = lanes.n;
     let k = usize::try_from(k).ok().filter(|&k| k <= n).ok_or_else(|| {
         OpError::value(format!(
             "K = {k} must be in 0..={n} (axis {axis} of input shape {})",
@@ -266,7 +266,7 @@ fn top_k(t: &TopK, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Output
     let mut values = ctx.alloc(x.dtype(), out_dims.as_slice())?;
     let mut indices = ctx.alloc(DType::I64, out_dims)?;
     let largest = t.largest;
-    dispatch_num!(x.dtype(), T => kr::top_k(x.as_slice::<T>()?, outer, n, inner, k, largest, values.as_mut_slice::<T>()?, indices.as_mut_slice::<i64>()?, ctx.pool).map_err(OpError::from))?;
+    dispatch_num!(x.dtype(), T => kr::top_k(x.as_slice::<T>()?, lanes, k, largest, values.as_mut_slice::<T>()?, indices.as_mut_slice::<i64>()?, ctx.pool).map_err(OpError::from))?;
     Ok(smallvec![values, indices])
 }
 
@@ -282,23 +282,23 @@ fn cumsum(c: &CumSum, x: &Tensor, axis: &Tensor, ctx: &mut OpCtx) -> Result<Tens
     };
     let dims = x.dims();
     let axis = norm_axis(axis, dims.len())?;
-    let (outer, n, inner) = split_at_axis(dims, axis);
+    let lanes = split_at_axis(dims, axis);
     let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
     let (exclusive, reverse) = (c.exclusive, c.reverse);
-    dispatch_num!(x.dtype(), T => kr::cumsum(x.as_slice::<T>()?, outer, n, inner, exclusive, reverse, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from))?;
+    dispatch_num!(x.dtype(), T => kr::cumsum(x.as_slice::<T>()?, lanes, exclusive, reverse, out.as_mut_slice::<T>()?, ctx.pool).map_err(OpError::from))?;
     Ok(out)
 }
 
 fn softmax(s: &Softmax, x: &Tensor, ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     let dims = x.dims();
     let axis = norm_axis(s.axis, dims.len())?;
-    let (outer, n, inner) = if s.flatten {
+    let Lanes { outer, n, inner } = if s.flatten {
         // Opset < 13: coerce to 2-D at `axis` and normalize each row.
-        (
-            dims[..axis].iter().product(),
-            dims[axis..].iter().product(),
-            1,
-        )
+        Lanes {
+            outer: dims[..axis].iter().product(),
+            n: dims[axis..].iter().product(),
+            inner: 1,
+        }
     } else {
         split_at_axis(dims, axis)
     };

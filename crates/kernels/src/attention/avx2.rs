@@ -106,7 +106,6 @@ unsafe fn hsum4(v: [__m256; 4], out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
 unsafe fn scores_block<const Q: usize, const K: usize>(
     qs: [&[f32]; Q],
     k: &[f32],
@@ -170,7 +169,6 @@ unsafe fn scores_block<const Q: usize, const K: usize>(
 /// As [`scores_block`]'s, for `Q = qs.len()`, and `max.len() == qs.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn scores_heads(
     qs: &[&[f32]],
     k: &[f32],
@@ -241,7 +239,6 @@ pub(super) unsafe fn scores_heads(
 /// As [`scores_block`]'s, with AVX-512 F and VL available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn scores_block_vl(
     qs: [&[f32]; 3],
     k: &[f32],

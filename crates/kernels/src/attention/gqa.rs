@@ -24,7 +24,7 @@
 //! (arXiv:2305.13245).
 
 use super::group::{
-    MAX_GROUP, attend_group_pieces, group_len, head_parts, kv_runs, row_scratch_len,
+    MAX_GROUP, RowKeys, attend_rows, group_len, head_parts, kv_runs, row_scratch_len,
 };
 use super::kv::{CacheElem, Cached};
 use super::shape::{GqaShape, Rows, ScoreMod};
@@ -179,16 +179,14 @@ fn attention_with<T: Accum<Acc = f32> + CacheElem>(
                         })
                     };
                     let sinks = score.sinks.map(|s| &s[n0..n0 + count]);
-                    attend_group_pieces(
-                        &qs,
-                        (lo, end - lo),
-                        pieces,
-                        (score, sinks),
-                        scratch,
-                        &mut outs,
-                        simd,
-                        false,
-                    );
+                    let row = RowKeys {
+                        qs: &qs,
+                        keys: &[end - lo],
+                        first: lo,
+                        score,
+                        sinks,
+                    };
+                    attend_rows(&row, pieces, scratch, &mut outs, simd, false);
                 }
             }
         },
@@ -196,7 +194,7 @@ fn attention_with<T: Accum<Acc = f32> + CacheElem>(
     Ok(())
 }
 
-/// Keys a contiguous cache hands [`attend_group_pieces`] at a time: 64 rows of 64 f32 keys are
+/// Keys a contiguous cache hands [`attend_rows`] at a time: 64 rows of 64 f32 keys are
 /// 16 KiB, so the group's later heads find them in the L1 cache.
 const KEY_TILE: usize = 64;
 

@@ -23,13 +23,10 @@ impl XorShift {
 }
 
 /// Runs [`attention`] with query rows `(batch, seq, heads * head_size)`.
-#[allow(clippy::too_many_arguments)]
 fn run(
     shape: &GqaShape,
     score: &ScoreMod,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
     start: &[usize],
     kv_len: &[usize],
     threads: usize,
@@ -61,13 +58,10 @@ fn run(
 }
 
 /// Straightforward f64 attention for one (batch, head, row).
-#[allow(clippy::too_many_arguments)]
 fn reference_row(
     shape: &GqaShape,
     score: &ScoreMod,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
     (b, n, s): (usize, usize, usize),
     start: usize,
     kv_len: usize,
@@ -137,12 +131,12 @@ fn matches_an_f64_reference_with_windows_softcap_sinks_and_groups() {
         let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
         // Entry 0 continues after 4 cached positions; entry 1 is a padded first prompt.
         let (start, kv_len) = ([4, 0], [9, 3]);
-        let out = run(&shape, &score, &q, &k, &v, &start, &kv_len, 1);
+        let out = run(&shape, &score, (&q, &k, &v), &start, &kv_len, 1);
         for b in 0..2 {
             for n in 0..heads {
                 for s in 0..5 {
                     let want =
-                        reference_row(&shape, &score, &q, &k, &v, (b, n, s), start[b], kv_len[b]);
+                        reference_row(&shape, &score, (&q, &k, &v), (b, n, s), start[b], kv_len[b]);
                     let got = &out[((b * heads + n) * 5 + s) * 16..][..16];
                     for (g, w) in got.iter().zip(&want) {
                         assert!(
@@ -187,10 +181,10 @@ fn rows_over_several_tiles_match_the_f64_reference() {
         };
         let q = rng.values(3 * 6 * 16);
         let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
-        let out = run(&shape, &score, &q, &k, &v, &[len - 3], &[len], 2);
+        let out = run(&shape, &score, (&q, &k, &v), &[len - 3], &[len], 2);
         for n in 0..6 {
             for s in 0..3 {
-                let want = reference_row(&shape, &score, &q, &k, &v, (0, n, s), len - 3, len);
+                let want = reference_row(&shape, &score, (&q, &k, &v), (0, n, s), len - 3, len);
                 let got = &out[(n * 3 + s) * 16..][..16];
                 for (g, w) in got.iter().zip(&want) {
                     assert!(
@@ -232,11 +226,11 @@ fn prefill_equals_decode_steps_bit_for_bit() {
             sinks: None,
         },
     ] {
-        let prefill = run(&shape, &score, &q, &k, &v, &[3], &[10], 1);
+        let prefill = run(&shape, &score, (&q, &k, &v), &[3], &[10], 1);
         let one = GqaShape { seq: 1, ..shape };
         for t in 0..7 {
             let row = &q[t * 4 * 64..][..4 * 64];
-            let step = run(&one, &score, row, &k, &v, &[3 + t], &[4 + t], 1);
+            let step = run(&one, &score, (row, &k, &v), &[3 + t], &[4 + t], 1);
             for n in 0..4 {
                 let a = &prefill[(n * 7 + t) * 64..][..64];
                 let b = &step[n * 64..][..64];
@@ -273,8 +267,8 @@ fn one_and_three_threads_agree_bit_for_bit() {
         parts(&shape, &ThreadPool::new(3)) > 1,
         "the case must actually run in parallel"
     );
-    let a = run(&shape, &score, &q, &k, &v, &[40, 10], &[56, 26], 1);
-    let b = run(&shape, &score, &q, &k, &v, &[40, 10], &[56, 26], 3);
+    let a = run(&shape, &score, (&q, &k, &v), &[40, 10], &[56, 26], 1);
+    let b = run(&shape, &score, (&q, &k, &v), &[40, 10], &[56, 26], 3);
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     assert!(a.iter().all(|x| x.is_finite()));
 }
@@ -411,9 +405,7 @@ fn halves_compute_in_f32() {
     let want = run(
         &shape,
         &score,
-        &wide(&q),
-        &wide(&k),
-        &wide(&v),
+        (&wide(&q), &wide(&k), &wide(&v)),
         &[0],
         &[3],
         1,
@@ -584,15 +576,13 @@ fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
         let want = run(
             &alone,
             &score,
-            &q,
-            &widen(&k),
-            &widen(&v),
+            (&q, &widen(&k), &widen(&v)),
             &start,
             &kv_len,
             1,
         );
         for threads in [1, 2, 3] {
-            let got = run(&shape, &score, &q, &k, &v, &start, &kv_len, threads);
+            let got = run(&shape, &score, (&q, &k, &v), &start, &kv_len, threads);
             assert!(
                 want.iter()
                     .zip(&got)

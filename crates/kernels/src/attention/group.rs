@@ -49,7 +49,7 @@ pub(crate) fn group_len(heads: usize, kv_heads: usize) -> usize {
     (heads / kv_heads.max(1)).clamp(1, MAX_GROUP)
 }
 
-/// Query heads that share a KV head and are computed together (see [`attend_group_pieces`]):
+/// Query heads that share a KV head and are computed together (see [`attend_rows`]):
 /// every group of the families oxgen runs (Qwen2.5-1.5B's 6, Qwen2.5-7B's 7, gpt-oss's 8), so
 /// each part reads its KV head's keys and values once per row. A longer group is taken in runs
 /// of this many heads, each reading them again.
@@ -84,45 +84,12 @@ pub(crate) fn kv_runs(
     })
 }
 
-/// Query rows `qs` (heads sharing one KV head; at most [`MAX_GROUP`]) over the `n` keys from
-/// absolute position `first`, whose pieces `pieces(range)` gives for any range of them in
-/// position order as `(k, v, rows)`: rows `rows` of the cached keys `k` and values `v` (a
-/// stretch of a contiguous cache, or a block of a paged one). Each head's arithmetic is the
-/// module doc's, whatever the pieces and however many heads share the call; the heads take
-/// each piece in turn while it is in cache. `scratch` holds [`row_scratch_len`]`(qs.len(),
-/// head_size)`; `outs[i]` receives head `i`'s row.
-///
-/// With `prefetch` (pieces scattered in memory, where the hardware prefetcher loses the
-/// stream at each piece), each piece's successor is fetched while the piece computes: the
-/// keys' pieces, then the values'.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_group_pieces<'a, T: Accum<Acc = f32>, C: CacheElem, I>(
-    qs: &[&[T]],
-    (first, n): (usize, usize),
-    pieces: impl Fn(Range<usize>) -> I,
-    (score, sinks): (&ScoreMod, Option<&[f32]>),
-    scratch: &mut [f32],
-    outs: &mut [&mut [T]],
-    simd: bool,
-    prefetch: bool,
-) where
-    I: Iterator<Item = Piece<'a, C>> + Clone,
-{
-    let rows = RowKeys {
-        qs,
-        keys: &[n],
-        first,
-        score,
-        sinks,
-    };
-    attend_rows(&rows, pieces, scratch, outs, simd, prefetch);
-}
-
 /// Query rows of one sequence that see the first keys of the same pieces: row `r`'s heads
 /// `qs[r * g..(r + 1) * g]` (`g = qs.len() / keys.len()`, sharing one KV head, at most
 /// [`MAX_GROUP`]) see the `keys[r]` keys from absolute position `first`. A prefill chunk's
 /// consecutive rows so take each piece of keys and values together while it is in cache;
-/// each row's arithmetic is what [`attend_group_pieces`] gives it alone.
+/// each row's arithmetic is what it gets alone (`keys: &[n]` with its own heads). A decode
+/// step is one row.
 pub(crate) struct RowKeys<'q, T> {
     pub qs: &'q [&'q [T]],
     pub keys: &'q [usize],
@@ -191,9 +158,17 @@ pub(crate) fn fold_tile(state: &mut Option<Partial>, a: &mut [f32], partial: Par
     *s = Partial { shift, sum };
 }
 
-/// [`attend_group_pieces`] for several rows ([`RowKeys`]), tile by tile ([`KV_TILE`]):
+/// Attention of query rows ([`RowKeys`]) over the keys whose pieces `pieces(range)` gives for
+/// any range of them in position order as `(k, v, rows)`: rows `rows` of the cached keys `k`
+/// and values `v` (a stretch of a contiguous cache, or a block of a paged one), tile by tile
+/// ([`KV_TILE`]). Each head's arithmetic is the module doc's, whatever the pieces and however
+/// many heads share the call; the heads take each piece in turn while it is in cache.
 /// `scratch` holds [`row_scratch_len`]`(qs.len(), head_size)`; `outs[i]` receives `qs[i]`'s
 /// row.
+///
+/// With `prefetch` (pieces scattered in memory, where the hardware prefetcher loses the
+/// stream at each piece), each piece's successor is fetched while the piece computes: the
+/// keys' pieces, then the values'.
 pub(crate) fn attend_rows<'a, T: Accum<Acc = f32>, C: CacheElem, I>(
     rows: &RowKeys<'_, T>,
     pieces: impl Fn(Range<usize>) -> I,
@@ -458,13 +433,9 @@ impl<T: Accum<Acc = f32>> RowKeys<'_, T> {
                         unsafe {
                             weighted_sum64_group(
                                 &mut acc[first * hs + c..],
-                                &scores[first * n + at..],
-                                n,
-                                seen,
                                 g,
-                                &v32[c..],
-                                hs,
-                                j0,
+                                (&scores[first * n + at..], n, seen),
+                                (&v32[c..], hs, j0),
                             )
                         };
                     }
@@ -682,16 +653,11 @@ fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
 /// AVX2 and FMA must be available, `hs >= 64`, `acc.len() >= (g - 1) * hs + 64`,
 /// `ps.len() >= (g - 1) * stride + len` and `v.len() >= (j0 + len - 1) * hs + 64`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn weighted_sum64_group(
     acc: &mut [f32],
-    ps: &[f32],
-    stride: usize,
-    len: usize,
     g: usize,
-    v: &[f32],
-    hs: usize,
-    j0: usize,
+    (ps, stride, len): (&[f32], usize, usize),
+    (v, hs, j0): (&[f32], usize, usize),
 ) {
     assert!(
         (1..=MAX_GROUP).contains(&g)

@@ -152,8 +152,7 @@ pub fn paged_append<T: Accum<Acc = f32>, C: CacheElem>(
             tables,
             rope,
             0..tokens,
-            &SharedMem::new(cache),
-            0,
+            (&SharedMem::new(cache), 0),
         )
     };
     Ok(())
@@ -210,7 +209,6 @@ fn token_at(segments: &[Segment], t: usize) -> (usize, &Segment) {
 ///
 /// # Safety
 /// No other live reference covers the cache rows these tokens write.
-#[allow(clippy::too_many_arguments)]
 unsafe fn append_rows<T: Accum<Acc = f32>, C: CacheElem>(
     src: &Rows<T>,
     layout: &PagedLayout,
@@ -218,8 +216,7 @@ unsafe fn append_rows<T: Accum<Acc = f32>, C: CacheElem>(
     tables: &[u32],
     rope: Option<&Rope<T>>,
     tokens: Range<usize>,
-    cache: &SharedMem<C>,
-    base: usize,
+    (cache, base): (&SharedMem<C>, usize),
 ) {
     let (bs, hs) = (layout.block_size, layout.head_size);
     let mut rotated = [T::ZERO; MAX_HEAD_SIZE];
@@ -681,7 +678,6 @@ pub struct NewKv<'a, T> {
 /// [`paged_attention`] does, over the cache and queries so written. The same bits as those
 /// three calls, without the serial writes between two regions (whose inputs the previous
 /// region left in both cores' caches).
-#[allow(clippy::too_many_arguments)]
 pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
     batch: PagedBatch<'_>,
     score: &ScoreMod,
@@ -689,9 +685,7 @@ pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
     new: &NewKv<T>,
     (store, k_at, v_at): (KvMem<C>, usize, usize),
     rotated: &mut [T],
-    out: &mut [T],
-    scratch: &mut [f32],
-    pool: &ThreadPool,
+    (out, scratch, pool): (&mut [T], &mut [f32], &ThreadPool),
 ) -> Result<(), KernelError> {
     let PagedBatch {
         heads,
@@ -735,8 +729,7 @@ pub fn paged_step<T: Accum<Acc = f32>, C: CacheElem>(
                     tables,
                     rope,
                     rows.clone(),
-                    &store,
-                    at,
+                    (&store, at),
                 );
             }
             if let Some(rope) = new.rope {

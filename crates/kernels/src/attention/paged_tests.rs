@@ -2,7 +2,7 @@
 //! sequences alone, a fused step against its three calls, bit for bit.
 
 use super::*;
-use crate::attention::group::{KV_TILE, attend_group_pieces, row_scratch_len};
+use crate::attention::group::{KV_TILE, RowKeys, attend_rows, row_scratch_len};
 use crate::attention::{GqaInputs, GqaShape, attention, scratch_len};
 
 /// An unscaled pool's memory.
@@ -504,9 +504,7 @@ fn a_fused_step_equals_append_rotate_attend() {
             &new,
             (plain(&mut fused), k_at, v_at),
             &mut rotated2,
-            &mut got,
-            &mut scratch,
-            &pool,
+            (&mut got, &mut scratch, &pool),
         )
         .unwrap();
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
@@ -539,9 +537,7 @@ fn a_fused_step_equals_append_rotate_attend() {
             &new,
             (plain(&mut store), at.0, at.1),
             &mut rot,
-            &mut out,
-            &mut scratch,
-            &pool,
+            (&mut out, &mut scratch, &pool),
         )
     };
     assert!(step((k_at, k_at + hs), &tables).is_err());
@@ -736,9 +732,7 @@ fn run_in_steps<C: CacheElem>(qkv: &[f32], cuts: &[usize], threads: usize) -> (P
             &new,
             (store.mem(), 0, dense.block_len()),
             &mut rotated,
-            &mut out,
-            &mut scratch,
-            &pool,
+            (&mut out, &mut scratch, &pool),
         )
         .unwrap();
         outs.extend(out[2 * heads * hs..].iter().map(|x| x.to_bits()));
@@ -857,19 +851,15 @@ fn simd_rows_equal_the_reference<C: CacheElem>() {
             let mut scratch = vec![0f32; row_scratch_len(g, hs)];
             let mut out = vec![0f32; g * hs];
             let mut outs: Vec<&mut [f32]> = out.chunks_mut(hs).collect();
-            attend_group_pieces(
-                &qs,
-                (0, n),
-                pieces,
-                (
-                    &score,
-                    (softcap > 0.0).then_some(&[1.5, -0.5, 0.0, 3.0, 0.25, -2.0, 0.75, 1.0][..g]),
-                ),
-                &mut scratch,
-                &mut outs,
-                simd,
-                true,
-            );
+            let row = RowKeys {
+                qs: &qs,
+                keys: &[n],
+                first: 0,
+                score: &score,
+                sinks: (softcap > 0.0)
+                    .then_some(&[1.5, -0.5, 0.0, 3.0, 0.25, -2.0, 0.75, 1.0][..g]),
+            };
+            attend_rows(&row, pieces, &mut scratch, &mut outs, simd, true);
             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         };
         assert_eq!(run(true), run(false), "{:?} hs {hs} group {g}", C::KIND);

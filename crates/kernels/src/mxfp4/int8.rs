@@ -34,7 +34,7 @@ use super::{tile_avx2::Avx2, tile_avx512::Avx512};
 use crate::ThreadPool;
 use crate::error::{KernelError, check_len, numel};
 use crate::int8::{QuantizedRow, Variant, with_rows};
-use crate::par::{MAX_ROW_BLOCK, par_row_blocks_spans, parts_for};
+use crate::par::{Grid, MAX_ROW_BLOCK, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 
 /// What the unsigned weights carry on top of `v`.
@@ -65,17 +65,15 @@ pub fn matmul_mxfp4_int8(
     if Variant::available().is_empty() {
         return matmul_mxfp4_int8_reference(a, m, w, bias, out, pool);
     }
-    matmul_mxfp4_int8_variant(a, m, w, packed, bias, out, pool, Variant::best())
+    matmul_mxfp4_int8_variant(a, m, (w, packed), bias, out, pool, Variant::best())
 }
 
 /// [`matmul_mxfp4_int8`] on one kernel variant (`isa` from [`Variant::available`]; AVX-VNNI runs
-/// the AVX2 kernel), to test each against the reference.
-#[allow(clippy::too_many_arguments)]
+/// the AVX2 kernel), to test each against the reference; `w` with its packed form, if any.
 pub fn matmul_mxfp4_int8_variant(
     a: &[f32],
     m: usize,
-    w: &Mxfp4Weights,
-    packed: Option<&Mxfp4Packed>,
+    (w, packed): (&Mxfp4Weights, Option<&Mxfp4Packed>),
     bias: Option<&[f32]>,
     out: &mut [f32],
     pool: &ThreadPool,
@@ -129,9 +127,11 @@ pub fn matmul_mxfp4_int8_variant(
             Prelude::NONE,
             &mut [out],
             &spans,
-            TILE_COLS,
-            rows_per_task,
-            col_parts,
+            Grid {
+                tile: TILE_COLS,
+                rows_per_task,
+                col_parts,
+            },
             task,
         );
     });
@@ -509,7 +509,7 @@ mod tests {
                     let pool = ThreadPool::new(threads);
                     for p in [None, Some(&packed)] {
                         let mut got = vec![f32::NAN; m * n];
-                        matmul_mxfp4_int8_variant(&a, m, &w, p, bias, &mut got, &pool, isa)
+                        matmul_mxfp4_int8_variant(&a, m, (&w, p), bias, &mut got, &pool, isa)
                             .unwrap();
                         let what = format!(
                             "{n}x{k}, {m} rows, {isa:?}, {threads} threads, packed {}",
@@ -523,8 +523,16 @@ mod tests {
                     let mut one = vec![0f32; n];
                     let a = &a[i * k..][..k];
                     let pool = ThreadPool::new(2);
-                    matmul_mxfp4_int8_variant(a, 1, &w, Some(&packed), bias, &mut one, &pool, isa)
-                        .unwrap();
+                    matmul_mxfp4_int8_variant(
+                        a,
+                        1,
+                        (&w, Some(&packed)),
+                        bias,
+                        &mut one,
+                        &pool,
+                        isa,
+                    )
+                    .unwrap();
                     assert_eq!(bits(&one), bits(&want[i * n..][..n]), "{n}x{k} row {i}");
                 }
             }
@@ -555,7 +563,7 @@ mod tests {
                 for p in [None, Some(&packed)] {
                     let mut got = vec![f32::NAN; m * n];
                     let pool = ThreadPool::new(2);
-                    matmul_mxfp4_int8_variant(&a, m, &w, p, None, &mut got, &pool, isa).unwrap();
+                    matmul_mxfp4_int8_variant(&a, m, (&w, p), None, &mut got, &pool, isa).unwrap();
                     assert_eq!(bits(&got), bits(&want), "{isa:?} sign {sign}");
                 }
             }
@@ -597,7 +605,7 @@ mod tests {
             for &variant in Variant::available() {
                 for p in [None, Some(&packed)] {
                     let mut got = vec![f32::NAN; m * n];
-                    matmul_mxfp4_int8_variant(&a, m, &w, p, bias, &mut got, &pool, variant)
+                    matmul_mxfp4_int8_variant(&a, m, (&w, p), bias, &mut got, &pool, variant)
                         .unwrap();
                     proptest::prop_assert_eq!(bits(&got), bits(&want));
                 }

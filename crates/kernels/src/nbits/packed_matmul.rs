@@ -16,7 +16,7 @@ use super::tile_io::{Ahead, Meta, ROW_BLOCK};
 use crate::error::{KernelError, check_len, numel};
 use crate::int8::Variant;
 use crate::int8::{QuantizedRow, with_rows_and_meta};
-use crate::par::{Shared, par_row_blocks_spans, parts_for};
+use crate::par::{Grid, Shared, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 use crate::{ThreadPool, sigmoid};
 
@@ -154,9 +154,11 @@ fn run(
             },
             outs,
             &w.spans,
-            unit,
-            ROW_BLOCK,
-            parts,
+            Grid {
+                tile: unit,
+                rows_per_task: ROW_BLOCK,
+                col_parts: parts,
+            },
             |first, _, cols, outs| {
                 // SAFETY: parts run after the prelude, which wrote every row, has finished.
                 let (rows, meta) = unsafe { (quantized.all(), stats.all()) };
@@ -171,7 +173,7 @@ fn run(
                     stats: first == 0,
                     once: m <= ONE_PASS,
                 };
-                row_block_tiles(rows, meta, w, bias, cols, outs, isa, prefetch);
+                row_block_tiles((rows, meta), w, bias, cols, outs, isa, prefetch);
             },
         );
     });
@@ -207,16 +209,14 @@ const ONE_PASS: usize = 4;
 const GLU_WINDOW: usize = 64;
 
 /// Columns `cols` (whole tiles, the last possibly short) of the output rows `outs` (one per
-/// row of `rows`): tile by tile, four rows per pass over the tile's weights, then one at a
+/// row of `rows`, quantized, with their blocks' `meta`): tile by tile, four rows per pass over the tile's weights, then one at a
 /// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
 /// many rows share the call. For a gate and up pair (`w.glu`), `cols` are output columns and
 /// each tile's gate and up sums become gated SiLUs there. The kernels prefetch the weights'
 /// codes a few tiles ahead as `prefetch` says (its `tiles` set here), with `prefetch.stats`
 /// their scales and zero points too.
-#[allow(clippy::too_many_arguments)]
 fn row_block_tiles(
-    rows: &[QuantizedRow],
-    meta: &[f32],
+    (rows, meta): (&[QuantizedRow], &[f32]),
     w: &PackedNBits,
     bias: Option<&[f32]>,
     cols: Range<usize>,

@@ -18,7 +18,7 @@ use super::stored_f32;
 use crate::ThreadPool;
 use crate::acc::Accum;
 use crate::error::KernelError;
-use crate::par::{MAX_ROW_BLOCK, par_row_blocks_spans, parts_for};
+use crate::par::{Grid, MAX_ROW_BLOCK, par_row_blocks_spans, parts_for};
 use crate::pool::Prelude;
 use crate::quant::{code, default_zero_point};
 
@@ -113,9 +113,11 @@ pub(super) fn vector_columns<B: stored_f32::Blocks>(
         Prelude::NONE,
         &mut [out],
         &spans,
-        stored_f32::COLS,
-        rows_per_task,
-        col_parts,
+        Grid {
+            tile: stored_f32::COLS,
+            rows_per_task,
+            col_parts,
+        },
         task,
     );
 }
