@@ -31,6 +31,7 @@ use oxgen_kernels::int8::Variant;
 use oxgen_kernels::nbits::{
     NBitsLayout, PackedNBits, QuantWeights, ZeroPoints, matmul_nbits_int8_reference, matmul_packed,
 };
+use oxgen_kernels::rng::Rng;
 
 /// (K, N) of the decode rows.
 const GEMV_SHAPES: [(usize, usize); 8] = [
@@ -63,13 +64,8 @@ struct Inputs {
 }
 
 fn inputs(layout: &NBitsLayout, m: usize, seed: u64) -> Inputs {
-    let mut s = seed;
-    let mut next = || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (s >> 33) as u32
-    };
+    let mut rng = Rng::new(seed);
+    let mut next = || (rng.next_u64() >> 33) as u32;
     let f16 = |v: f32| half::f16::from_f32(v).to_f32();
     let blocks = layout.n * layout.k_blocks;
     let scales: Vec<f32> = (0..blocks)

@@ -32,6 +32,7 @@ use oxgen_kernels::mxfp4::{Mxfp4Packed, Mxfp4Weights, matmul_mxfp4, matmul_mxfp4
 use oxgen_kernels::nbits::{
     NBitsLayout, QuantWeights, ZeroPoints, matmul_nbits_f32, matmul_nbits_int8,
 };
+use oxgen_kernels::rng::Rng;
 
 const HIDDEN: usize = 1024;
 const INTER: usize = 1024;
@@ -44,15 +45,7 @@ const SWIGLU: Activation = Activation::SwiGlu {
 };
 
 fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 32) as u8
-        })
-        .collect()
+    Rng::new(seed).bytes(len)
 }
 
 /// One projection's storage for every expert: 4-bit blocks of 32 or MXFP4.

@@ -42,6 +42,7 @@ pub mod par;
 pub mod pool;
 pub mod quant;
 pub mod reduce;
+pub mod rng;
 mod room;
 pub mod rotary;
 pub mod sigmoid;

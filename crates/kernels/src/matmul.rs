@@ -288,18 +288,11 @@ mod tests {
     use half::{bf16, f16};
 
     use super::*;
+    use crate::rng::Rng;
 
-    /// Deterministic values in [-1, 1) from a 64-bit LCG (Knuth's MMIX constants).
+    /// Deterministic values in [-1, 1).
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        Rng::new(seed).values(len, 1.0)
     }
 
     fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
@@ -367,6 +360,41 @@ mod tests {
                     "packed {m}x{k}x{n}, {threads} threads"
                 );
             }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 48,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Any shape, not only the ones above: the f32 kernel (where the CPU has one), with
+        /// `b` as it is and packed in column tiles, gives the reference loop's bits.
+        #[test]
+        fn any_f32_shape_gives_the_reference_bits(
+            m in 1usize..20,
+            k in 1usize..150,
+            n in 1usize..150,
+            threads in 1usize..4,
+            seed in proptest::num::u64::ANY,
+        ) {
+            let mut rng = Rng::new(seed);
+            let (a, b) = (rng.values(m * k, 1.0), rng.values(k * n, 1.0));
+            let mut want = vec![0f32; m * n];
+            for (a_row, out) in a.chunks_exact(k).zip(want.chunks_exact_mut(n)) {
+                row_part(a_row, &b, n, 0..n, out, |_, acc| acc);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let pool = ThreadPool::new(threads);
+            let mut got = vec![f32::NAN; m * n];
+            matmul(&a, &b, &mut got, m, k, n, &pool).unwrap();
+            proptest::prop_assert_eq!(bits(&got), bits(&want));
+            let packed = PackedF32::pack(&b, k, n).unwrap();
+            got.fill(f32::NAN);
+            matmul_packed_f32(&a, m, &packed, &mut got, &pool).unwrap();
+            proptest::prop_assert_eq!(bits(&got), bits(&want));
         }
     }
 

@@ -1,26 +1,6 @@
 use super::*;
 
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Values in [-1, 1).
-    fn values(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-            .collect()
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| (self.next() >> 32) as u8).collect()
-    }
-}
+use crate::rng::Rng;
 
 #[test]
 fn softmax_routing_ranks_by_probability_and_breaks_ties_by_the_higher_index() {
@@ -260,14 +240,14 @@ enum Stored {
 impl Stored {
     /// `quant`: `(bits, block, zero points)`, or bits 0 for MXFP4.
     fn new(
-        rng: &mut XorShift,
+        rng: &mut Rng,
         count: usize,
         n: usize,
         k: usize,
         quant: Option<(u32, usize, bool)>,
     ) -> Stored {
         match quant {
-            None => Stored::F32(rng.values(count * n * k).iter().map(|v| v * 0.5).collect()),
+            None => Stored::F32(rng.values(count * n * k, 0.5)),
             Some((0, _, _)) => Stored::Mxfp4 {
                 codes: rng.bytes(count * k * n / 2),
                 // 2^-7 ..= 2^-4.
@@ -283,11 +263,7 @@ impl Stored {
                 Stored::Quant {
                     layout,
                     data: rng.bytes(blocks * layout.blob_size),
-                    scales: rng
-                        .values(blocks)
-                        .iter()
-                        .map(|v| 0.02 + 0.02 * v.abs())
-                        .collect(),
+                    scales: rng.floats(blocks, 0.02, 0.04),
                     zero_points: zp.then(|| rng.bytes(count * n * layout.zp_row_bytes)),
                 }
             }
@@ -322,7 +298,7 @@ impl Stored {
 
 #[test]
 fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() {
-    let mut rng = XorShift(0x0123_4567_89ab_cdef);
+    let mut rng = Rng::new(0x0123_4567_89ab_cdef);
     let swiglu = Activation::SwiGlu {
         alpha: 1.702,
         beta: 1.0,
@@ -367,9 +343,12 @@ fn experts_match_an_f64_reference_and_a_token_gets_the_same_bits_in_any_batch() 
         let f = activation.fc1_factor();
         let w1 = Stored::new(&mut rng, count, inter * f, hidden, quant);
         let w2 = Stored::new(&mut rng, count, hidden, inter, quant);
-        let (b1, b2) = (rng.values(count * inter * f), rng.values(count * hidden));
-        let x = rng.values(tokens * hidden);
-        let logits: Vec<f32> = rng.values(tokens * count).iter().map(|v| 3.0 * v).collect();
+        let (b1, b2) = (
+            rng.values(count * inter * f, 1.0),
+            rng.values(count * hidden, 1.0),
+        );
+        let x = rng.values(tokens * hidden, 1.0);
+        let logits = rng.values(tokens * count, 3.0);
         let what = format!("{activation:?} {quant:?} k {k} {routing:?}");
         for int8 in [false, true] {
             if quant.is_none() && int8 {

@@ -216,6 +216,7 @@ unsafe fn sigmoid_avx512(x: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
 
     /// The sigmoid in f64 through libm, rounded once.
     fn libm(x: f32) -> f32 {
@@ -229,12 +230,9 @@ mod tests {
 
     fn samples() -> Vec<f32> {
         let mut v: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 * 3e-3).collect();
-        let mut s = 9u64;
+        let mut rng = Rng::new(9);
         for _ in 0..100_000 {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            v.push(f32::from_bits((s >> 32) as u32));
+            v.push(f32::from_bits((rng.next_u64() >> 32) as u32));
         }
         v.extend([
             0.0,

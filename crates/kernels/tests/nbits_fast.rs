@@ -12,23 +12,8 @@ use oxgen_kernels::nbits::{
     matmul_packed_parts,
 };
 use oxgen_kernels::quant::code;
+use oxgen_kernels::rng::Rng;
 use oxgen_kernels::sigmoid::silu_mul;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-
-    fn f32(&mut self) -> f32 {
-        (self.next() % 20001) as f32 / 10000.0 - 1.0
-    }
-}
 
 /// Every (pool, ISA) pair to run a fast kernel on.
 fn every_pool_and_variant(pools: &[ThreadPool]) -> impl Iterator<Item = (&ThreadPool, Variant)> {
@@ -84,7 +69,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
     if capped_below_avx2() {
         return;
     }
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     let mut cases = 0;
     for &(n, k) in &[
@@ -101,20 +86,20 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
         for (bits, block) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64)] {
             let layout = NBitsLayout::new(n, k, bits, block).unwrap();
             let data: Vec<u8> = (0..n * layout.k_blocks * layout.blob_size)
-                .map(|_| rng.next() as u8)
+                .map(|_| rng.next_u64() as u8)
                 .collect();
             let scales: Vec<f32> = (0..n * layout.k_blocks)
-                .map(|_| 0.001 + 0.02 * rng.f32().abs())
+                .map(|_| 0.001 + 0.02 * rng.uniform().abs())
                 .collect();
             let zp_packed: Vec<u8> = (0..n * layout.zp_row_bytes)
-                .map(|_| rng.next() as u8)
+                .map(|_| rng.next_u64() as u8)
                 .collect();
             let zp_float: Vec<f32> = (0..n * layout.k_blocks)
-                .map(|_| (1 << (bits - 1)) as f32 + 4.0 * rng.f32())
+                .map(|_| (1 << (bits - 1)) as f32 + 4.0 * rng.uniform())
                 .collect();
             // Every code the default (Q8_0 imports), which the packed layout drops.
             let zp_default = vec![if bits == 4 { 0x88u8 } else { 0x80 }; n * layout.zp_row_bytes];
-            let bias: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+            let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
             // Half the shapes get f16 scales and the zero points of a GGUF Q4_1 import,
             // `fl(-m / d)` of an f16 minimum `m`, whose offsets the packed layout stores as
             // f16 (two bytes a block each for scales and offsets).
@@ -124,7 +109,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
                 let scales: Vec<f32> = scales.iter().map(|&d| f16(d)).collect();
                 let zp = scales
                     .iter()
-                    .map(|&d| -f16(-0.02 * rng.f32().abs()) / d)
+                    .map(|&d| -f16(-0.02 * rng.uniform().abs()) / d)
                     .collect();
                 (scales, zp)
             } else {
@@ -132,7 +117,7 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
             };
             for m in [1, 2, 5, 7, 9] {
                 // Large and tiny activations, and an all-zero row.
-                let mut a: Vec<f32> = (0..m * k).map(|_| 5.0 * rng.f32()).collect();
+                let mut a: Vec<f32> = (0..m * k).map(|_| 5.0 * rng.uniform()).collect();
                 if m > 1 {
                     a[k..2 * k].fill(0.0);
                 }
@@ -216,16 +201,16 @@ fn fast_kernel_equals_the_reference_bit_for_bit() {
 fn matrix(rng: &mut Rng, layout: &NBitsLayout) -> (Vec<u8>, Vec<f32>, Vec<u8>, Vec<f32>) {
     let n = layout.n;
     let data = (0..n * layout.k_blocks * layout.blob_size)
-        .map(|_| rng.next() as u8)
+        .map(|_| rng.next_u64() as u8)
         .collect();
     let scales = (0..n * layout.k_blocks)
-        .map(|_| 0.001 + 0.02 * rng.f32().abs())
+        .map(|_| 0.001 + 0.02 * rng.uniform().abs())
         .collect();
     let zp_packed = (0..n * layout.zp_row_bytes)
-        .map(|_| rng.next() as u8)
+        .map(|_| rng.next_u64() as u8)
         .collect();
     let zp_float = (0..n * layout.k_blocks)
-        .map(|_| (1 << (layout.bits - 1)) as f32 + 4.0 * rng.f32())
+        .map(|_| (1 << (layout.bits - 1)) as f32 + 4.0 * rng.uniform())
         .collect();
     (data, scales, zp_packed, zp_float)
 }
@@ -235,7 +220,7 @@ fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
     if capped_below_avx2() {
         return;
     }
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     let pools = [ThreadPool::new(1), ThreadPool::new(3)];
     let (k, widths) = (160, [20, 8, 37]);
     for (bits, block) in [(4, 32), (4, 64), (8, 32)] {
@@ -266,7 +251,7 @@ fn matrices_packed_side_by_side_give_each_part_the_reference_bits() {
                 .expect("AVX2 runs this");
             assert_eq!(packed.spans().len(), 3);
             for m in [1, 4, 9] {
-                let a: Vec<f32> = (0..m * k).map(|_| 3.0 * rng.f32()).collect();
+                let a: Vec<f32> = (0..m * k).map(|_| 3.0 * rng.uniform()).collect();
                 let want: Vec<Vec<f32>> = parts
                     .iter()
                     .map(|w| {
@@ -335,7 +320,7 @@ fn gate_and_up_packed_in_turn_give_the_reference_gated_silu_bits() {
     if capped_below_avx2() {
         return;
     }
-    let mut rng = Rng(13);
+    let mut rng = Rng::new(13);
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let k = 96;
     // Widths around the 8-column tile and the 16-column AVX-512 pair.
@@ -350,7 +335,7 @@ fn gate_and_up_packed_in_turn_give_the_reference_gated_silu_bits() {
                     .expect("AVX2 runs this");
                 for m in [1, 2, 5, 9] {
                     // Activations wide enough that the sigmoid sees both signs and its tails.
-                    let a: Vec<f32> = (0..m * k).map(|_| 8.0 * rng.f32()).collect();
+                    let a: Vec<f32> = (0..m * k).map(|_| 8.0 * rng.uniform()).collect();
                     let product = |w: &QuantWeights<f32>| {
                         let mut out = vec![0f32; m * n];
                         matmul_nbits_int8_reference(&a, m, w, None, &mut out, &pools[0]).unwrap();
@@ -429,7 +414,7 @@ proptest::proptest! {
         }
         let bits = if wide { 8 } else { 4 };
         let layout = NBitsLayout::new(n, k, bits, 1 << block_log).unwrap();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let (data, scales, zp_packed, zp_float) = matrix(&mut rng, &layout);
         let zero_points = match zp_kind {
             0 => ZeroPoints::Default,
@@ -437,9 +422,9 @@ proptest::proptest! {
             _ => ZeroPoints::Float(&zp_float),
         };
         let w = QuantWeights { layout, data: &data, scales: &scales, zero_points };
-        let bias: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+        let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
         let bias = with_bias.then_some(&bias[..]);
-        let a: Vec<f32> = (0..m * k).map(|_| 5.0 * rng.f32()).collect();
+        let a: Vec<f32> = (0..m * k).map(|_| 5.0 * rng.uniform()).collect();
         let pools = [ThreadPool::new(1), ThreadPool::new(2)];
         let mut want = vec![0f32; m * n];
         matmul_nbits_int8_reference(&a, m, &w, bias, &mut want, &pools[0]).unwrap();

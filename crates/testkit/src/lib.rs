@@ -6,7 +6,8 @@
 //! - [`encoders`]: small random-weight BERT and RoBERTa encoders and cross-encoders as
 //!   Hugging Face saves them, and the packages `oxgen import` makes of them.
 //! - [`fixtures`]: small random-weight language-model packages shaped like onnxruntime-genai's,
-//!   and [`Rng`], the one seeded generator the tests draw their data from.
+//!   and [`Rng`] (`oxgen_kernels::rng`, re-exported), the one seeded generator the tests and
+//!   the kernels' own tests draw their data from.
 //! - [`spans`]: a language model run span by span on one sequence ([`run_spans`]), and what
 //!   the model tests compare on its rows ([`argmax`], bits, largest difference).
 //! - [`optimum`]: the same kind of model as optimum exports it (standard ops only, KV grown by

@@ -121,19 +121,13 @@ unsafe fn exp_shifted_avx2(xs: &mut [f32], max: f32) -> [f32; 8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
 
     #[test]
     fn softmax_exponentials_equal_the_reference_and_stay_near_libm() {
-        let mut rng = 3u64;
+        let mut rng = Rng::new(3);
         for len in [0, 1, 7, 8, 9, 31, 64, 200] {
-            let xs: Vec<f32> = (0..len)
-                .map(|_| {
-                    rng = rng
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((rng >> 40) as f32 / (1u64 << 24) as f32) * 120.0 - 100.0
-                })
-                .collect();
+            let xs = rng.floats(len, -100.0, 20.0);
             let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut fast = xs.clone();
             let sum = exp_shifted_sum(&mut fast, max);

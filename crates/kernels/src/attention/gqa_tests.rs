@@ -5,22 +5,8 @@ use half::f16;
 
 use super::*;
 use crate::attention::{append_kv, copy_prefix};
+use crate::rng::Rng;
 use crate::rotary::Rope;
-
-struct XorShift(u64);
-
-impl XorShift {
-    fn values(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 << 13;
-                self.0 ^= self.0 >> 7;
-                self.0 ^= self.0 << 17;
-                (self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-}
 
 /// Runs [`attention`] with query rows `(batch, seq, heads * head_size)`.
 fn run(
@@ -101,7 +87,7 @@ fn reference_row(
 
 #[test]
 fn matches_an_f64_reference_with_windows_softcap_sinks_and_groups() {
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     // Sinks around the scores' range: below, among and above them (the last rules the max).
     let sinks = [-3.0, 0.4, -0.2, 1.0, 0.1, 6.0];
     for (heads, kv_heads, window, softcap, sinks) in [
@@ -127,8 +113,11 @@ fn matches_an_f64_reference_with_windows_softcap_sinks_and_groups() {
             window,
             sinks,
         };
-        let q = rng.values(2 * 5 * heads * 16);
-        let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
+        let q = rng.values(2 * 5 * heads * 16, 1.0);
+        let (k, v) = (
+            rng.values(shape.cache_len(), 1.0),
+            rng.values(shape.cache_len(), 1.0),
+        );
         // Entry 0 continues after 4 cached positions; entry 1 is a padded first prompt.
         let (start, kv_len) = ([4, 0], [9, 3]);
         let out = run(&shape, &score, (&q, &k, &v), &start, &kv_len, 1);
@@ -155,7 +144,7 @@ fn matches_an_f64_reference_with_windows_softcap_sinks_and_groups() {
 #[test]
 fn rows_over_several_tiles_match_the_f64_reference() {
     use crate::attention::group::KV_TILE;
-    let mut rng = XorShift(0x51ed_270b);
+    let mut rng = Rng::new(0x51ed_270b);
     let sinks = [0.3, 9.0, -2.0, 0.0, 1.0, -0.5];
     let len = 2 * KV_TILE + 60;
     for (window, softcap, sinks) in [
@@ -179,8 +168,11 @@ fn rows_over_several_tiles_match_the_f64_reference() {
             window,
             sinks,
         };
-        let q = rng.values(3 * 6 * 16);
-        let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
+        let q = rng.values(3 * 6 * 16, 1.0);
+        let (k, v) = (
+            rng.values(shape.cache_len(), 1.0),
+            rng.values(shape.cache_len(), 1.0),
+        );
         let out = run(&shape, &score, (&q, &k, &v), &[len - 3], &[len], 2);
         for n in 0..6 {
             for s in 0..3 {
@@ -201,7 +193,7 @@ fn rows_over_several_tiles_match_the_f64_reference() {
 fn prefill_equals_decode_steps_bit_for_bit() {
     // 7 prompt tokens in one call vs 7 calls of one token with a growing past, over a cache
     // that already holds 3 earlier positions; with and without a window and softcap.
-    let mut rng = XorShift(42);
+    let mut rng = Rng::new(42);
     let shape = GqaShape {
         batch: 1,
         seq: 7,
@@ -210,8 +202,11 @@ fn prefill_equals_decode_steps_bit_for_bit() {
         head_size: 64,
         capacity: 16,
     };
-    let q = rng.values(7 * 4 * 64);
-    let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
+    let q = rng.values(7 * 4 * 64, 1.0);
+    let (k, v) = (
+        rng.values(shape.cache_len(), 1.0),
+        rng.values(shape.cache_len(), 1.0),
+    );
     for score in [
         ScoreMod {
             scale: 0.125,
@@ -245,7 +240,7 @@ fn prefill_equals_decode_steps_bit_for_bit() {
 
 #[test]
 fn one_and_three_threads_agree_bit_for_bit() {
-    let mut rng = XorShift(7);
+    let mut rng = Rng::new(7);
     // 2 * 6 heads of 16 rows x 64 positions x 32: enough work to split across threads.
     let shape = GqaShape {
         batch: 2,
@@ -261,8 +256,11 @@ fn one_and_three_threads_agree_bit_for_bit() {
         window: Some(20),
         sinks: None,
     };
-    let q = rng.values(2 * 16 * 6 * 32);
-    let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
+    let q = rng.values(2 * 16 * 6 * 32, 1.0);
+    let (k, v) = (
+        rng.values(shape.cache_len(), 1.0),
+        rng.values(shape.cache_len(), 1.0),
+    );
     assert!(
         parts(&shape, &ThreadPool::new(3)) > 1,
         "the case must actually run in parallel"
@@ -384,7 +382,7 @@ fn bad_arguments_are_errors_not_panics() {
 
 #[test]
 fn halves_compute_in_f32() {
-    let mut rng = XorShift(3);
+    let mut rng = Rng::new(3);
     let shape = GqaShape {
         batch: 1,
         seq: 3,
@@ -400,7 +398,11 @@ fn halves_compute_in_f32() {
         sinks: None,
     };
     let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
-    let (q, k, v) = (h(rng.values(3 * 32)), h(rng.values(48)), h(rng.values(48)));
+    let (q, k, v) = (
+        h(rng.values(3 * 32, 1.0)),
+        h(rng.values(48, 1.0)),
+        h(rng.values(48, 1.0)),
+    );
     let wide = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<_>>();
     let want = run(
         &shape,
@@ -444,7 +446,7 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
     // Key counts around the 4- and 8-key blocks, head sizes with and without the 8-wide path,
     // windows, softcap and sinks, prefill and decode rows, groups of 1 to 4 and 6 query heads
     // per KV head (the heads a score pass takes together, and the rest).
-    let mut rng = XorShift(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let mut cases = 0;
     for (head_size, (heads, kv_heads)) in [8, 12, 64, 128]
         .into_iter()
@@ -489,9 +491,9 @@ fn avx2_rows_equal_the_scalar_reference_bit_for_bit() {
                     head_size,
                     capacity: past + seq + 3,
                 };
-                let q = rng.values(seq * heads * head_size);
-                let k = rng.values(shape.cache_len());
-                let v = rng.values(shape.cache_len());
+                let q = rng.values(seq * heads * head_size, 1.0);
+                let k = rng.values(shape.cache_len(), 1.0);
+                let v = rng.values(shape.cache_len(), 1.0);
                 let (start, kv_len) = ([past], [past + seq]);
                 let pool = ThreadPool::new(2);
                 let rows = Rows {
@@ -532,7 +534,7 @@ const SINKS: [f32; 12] = [
 
 #[test]
 fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
-    let mut rng = XorShift(19);
+    let mut rng = Rng::new(19);
     // SmolLM2's 9 heads on 3 KV heads, Qwen2.5-1.5B's group of 6, groups of MAX_GROUP and
     // longer, and no sharing; head size 64 (the register-resident value sum) and 32; caches
     // longer than a key tile.
@@ -554,8 +556,11 @@ fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
             window: None,
             sinks: None,
         };
-        let q = rng.values(batch * seq * heads * head_size);
-        let (k, v) = (rng.values(shape.cache_len()), rng.values(shape.cache_len()));
+        let q = rng.values(batch * seq * heads * head_size, 1.0);
+        let (k, v) = (
+            rng.values(shape.cache_len(), 1.0),
+            rng.values(shape.cache_len(), 1.0),
+        );
         // The same caches with one KV head per query head: nothing shared.
         let alone = GqaShape {
             kv_heads: heads,
@@ -590,5 +595,63 @@ fn heads_sharing_a_kv_head_get_the_bits_they_get_alone() {
                 "heads {heads} kv heads {kv_heads} threads {threads}"
             );
         }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Any shape, not only the hand-picked ones above (batches, groups of any size, head
+    /// sizes on and off the vector paths, a window, a softcap, each row continuing its own
+    /// cache): every row matches the f64 reference, and three threads give one thread's bits.
+    #[test]
+    fn any_shape_matches_the_f64_reference(
+        batch in 1usize..4,
+        kv_heads in 1usize..3,
+        group in 1usize..10,
+        hs_at in 0usize..6,
+        seq in 1usize..6,
+        starts in proptest::collection::vec(0usize..40, 3),
+        window in proptest::option::of(1usize..30),
+        softcap in proptest::bool::ANY,
+        seed in proptest::num::u64::ANY,
+    ) {
+        let head_size = [8, 16, 24, 64, 80, 128][hs_at];
+        let heads = kv_heads * group;
+        let start = &starts[..batch];
+        let kv_len: Vec<usize> = start.iter().map(|s| s + seq).collect();
+        let shape = GqaShape {
+            batch,
+            seq,
+            heads,
+            kv_heads,
+            head_size,
+            capacity: kv_len.iter().copied().max().unwrap_or(0),
+        };
+        let score = ScoreMod {
+            scale: 1.0 / (head_size as f32).sqrt(),
+            softcap: if softcap { 2.0 } else { 0.0 },
+            window,
+            sinks: None,
+        };
+        let mut rng = Rng::new(seed);
+        let q = rng.values(batch * seq * heads * head_size, 1.0);
+        let (k, v) = (rng.values(shape.cache_len(), 1.0), rng.values(shape.cache_len(), 1.0));
+        let out = run(&shape, &score, (&q, &k, &v), start, &kv_len, 1);
+        for (b, n, s) in (0..batch).flat_map(|b| {
+            (0..heads).flat_map(move |n| (0..seq).map(move |s| (b, n, s)))
+        }) {
+            let want = reference_row(&shape, &score, (&q, &k, &v), (b, n, s), start[b], kv_len[b]);
+            let got = &out[((b * heads + n) * seq + s) * head_size..][..head_size];
+            for (g, w) in got.iter().zip(&want) {
+                proptest::prop_assert!((*g as f64 - w).abs() < 2e-5, "b{b} n{n} s{s}: {g} vs {w}");
+            }
+        }
+        let three = run(&shape, &score, (&q, &k, &v), start, &kv_len, 3);
+        proptest::prop_assert!(out.iter().zip(&three).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::attention::group::{KV_TILE, RowKeys, attend_rows, row_scratch_len};
 use crate::attention::{GqaInputs, GqaShape, attention, scratch_len};
+use crate::rng::Rng;
 
 /// An unscaled pool's memory.
 fn plain<C: CacheElem>(values: &mut [C]) -> KvMem<'_, C> {
@@ -15,15 +16,7 @@ fn plain<C: CacheElem>(values: &mut [C]) -> KvMem<'_, C> {
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x as f32 / u32::MAX as f32) * 2.0 - 1.0
-        })
-        .collect()
+    Rng::new(seed.into()).values(n, 1.0)
 }
 
 /// A batch of sequences `(positions before, new rows)` stacked row after row, each with

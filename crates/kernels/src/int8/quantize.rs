@@ -144,16 +144,12 @@ unsafe fn code8(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
 
     #[test]
     fn fast_quantization_equals_the_reference_bit_for_bit() {
-        let mut x = 0x2545_f491u32;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x
-        };
+        let mut rng = Rng::new(0x2545_f491);
+        let mut next = || rng.next_u64() as u32;
         for (k, block) in [
             (7usize, 32usize),
             (32, 32),

@@ -414,32 +414,32 @@ pub(super) const E8M0_NAN: i32 = 0x7FC0_0000;
 mod tests {
     use super::*;
     use crate::mxfp4::matmul_mxfp4;
-    use crate::mxfp4::tests::rng;
+    use crate::rng::Rng;
 
     /// Codes of every value; scales 2^-8 ..= 2^0, but columns 0-3 (where there are six or
     /// more) take only the edge bytes 0, 1, 254 and 255 (NaN).
     fn matrix(n: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
-        let mut next = rng(seed);
-        let codes = (0..k * n / 2).map(|_| next() as u8).collect();
+        let mut rng = Rng::new(seed);
+        let codes = rng.bytes(k * n / 2);
         let blocks = k / BLOCK;
         let scales = (0..n * blocks)
             .map(|i| match i / blocks {
                 col @ 0..4 if n >= 6 => [0, 1, 254, 255][col],
-                _ => 119 + (next() % 9) as u8,
+                _ => 119 + rng.below(9) as u8,
             })
             .collect();
         (codes, scales)
     }
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut next = rng(seed);
+        let mut rng = Rng::new(seed);
         (0..len)
             .map(|i| {
                 // A block of zeros now and then (scale 0).
                 if (i / BLOCK) % 7 == 3 {
                     0.0
                 } else {
-                    (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                    rng.uniform()
                 }
             })
             .collect()

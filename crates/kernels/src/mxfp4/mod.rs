@@ -301,32 +301,20 @@ unsafe fn tile_avx2<const V: usize>(x: &[f32], w: &Mxfp4Weights, c: usize, out: 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    pub(super) fn rng(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
+    use crate::rng::Rng;
 
     /// A random matrix: codes of every value, scales 2^-8 ..= 2^0 (plus 0 and 255 on request).
     fn matrix(n: usize, k: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
-        let mut next = rng(seed);
-        let codes = (0..k * n / 2).map(|_| next() as u8).collect();
+        let mut rng = Rng::new(seed);
+        let codes = rng.bytes(k * n / 2);
         let scales = (0..n * k / BLOCK)
-            .map(|_| 119 + (next() % 9) as u8)
+            .map(|_| 119 + rng.below(9) as u8)
             .collect();
         (codes, scales)
     }
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut next = rng(seed);
-        (0..len)
-            .map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-            .collect()
+        Rng::new(seed).values(len, 1.0)
     }
 
     #[test]

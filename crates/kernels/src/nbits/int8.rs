@@ -77,13 +77,7 @@ mod tests {
     use super::*;
     use crate::nbits::int8_reference::block_offset;
     use crate::nbits::layout::{NBitsLayout, ZeroPoints};
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::rng::Rng;
 
     struct Case {
         layout: NBitsLayout,
@@ -97,20 +91,12 @@ mod tests {
 
     fn case(m: usize, n: usize, k: usize, bits: u32, block: usize) -> Case {
         let layout = NBitsLayout::new(n, k, bits, block).unwrap();
-        let mut s = 11u64;
-        let data = (0..n * layout.k_blocks * layout.blob_size)
-            .map(|_| (lcg(&mut s).to_bits() >> 7) as u8)
-            .collect();
-        let scales = (0..n * layout.k_blocks)
-            .map(|_| 0.01 + 0.02 * lcg(&mut s).abs())
-            .collect();
-        let zp_packed = (0..n * layout.zp_row_bytes)
-            .map(|_| (lcg(&mut s).to_bits() >> 9) as u8)
-            .collect();
-        let zp_float = (0..n * layout.k_blocks)
-            .map(|_| 7.0 + lcg(&mut s))
-            .collect();
-        let a = (0..m * k).map(|_| 3.0 * lcg(&mut s)).collect();
+        let mut rng = Rng::new(11);
+        let data = rng.bytes(n * layout.k_blocks * layout.blob_size);
+        let scales = rng.floats(n * layout.k_blocks, 0.01, 0.03);
+        let zp_packed = rng.bytes(n * layout.zp_row_bytes);
+        let zp_float = rng.floats(n * layout.k_blocks, 6.0, 8.0);
+        let a = rng.values(m * k, 3.0);
         Case {
             layout,
             data,
@@ -160,12 +146,12 @@ mod tests {
 
     #[test]
     fn offsets_of_gguf_q4_1_zero_points_are_the_f16_minimums() {
-        let mut seed = 5u64;
+        let mut rng = Rng::new(5);
         let f16 = |x: f32| half::f16::from_f32(x).to_f32();
         let mut snapped = 0;
         for _ in 0..100_000 {
-            let d = f16(0.05 * lcg(&mut seed));
-            let m = f16(0.2 * lcg(&mut seed));
+            let d = f16(0.05 * rng.uniform());
+            let m = f16(0.2 * rng.uniform());
             if d == 0.0 {
                 continue;
             }

@@ -164,26 +164,7 @@ mod tests {
 
     use super::*;
     use crate::nbits::{Interleaved, NBitsLayout, matmul_interleaved_f32};
-
-    /// A tiny xorshift64 for reproducible test data.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
-        fn floats(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-            (0..n)
-                .map(|_| lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32)
-                .collect()
-        }
-    }
+    use crate::rng::Rng;
 
     /// Owned test weights for one zero-point kind.
     struct Case {
@@ -197,7 +178,7 @@ mod tests {
     impl Case {
         fn new(n: usize, k: usize, bits: u32, block_size: usize, seed: u64) -> Case {
             let layout = NBitsLayout::new(n, k, bits, block_size).unwrap();
-            let mut rng = Rng(seed);
+            let mut rng = Rng::new(seed);
             Case {
                 data: rng.bytes(n * layout.k_blocks * layout.blob_size),
                 scales: rng.floats(n * layout.k_blocks, 0.01, 0.1),
@@ -249,7 +230,7 @@ mod tests {
         for (bits, block_size, k) in [(4, 16, 40), (8, 32, 80), (2, 64, 64), (4, 128, 200)] {
             let (m, n) = (3, 5);
             let case = Case::new(n, k, bits, block_size, 7 + k as u64);
-            let a = Rng(99).floats(m * k, -1.0, 1.0);
+            let a = Rng::new(99).floats(m * k, -1.0, 1.0);
             for zp_kind in 0..3 {
                 let w = case.weights(zp_kind);
                 let l = case.layout;
@@ -306,8 +287,8 @@ mod tests {
         ] {
             let m = 3;
             let case = Case::new(n, k, bits, block_size, 21);
-            let a = Rng(6).floats(m * k, -2.0, 2.0);
-            let bias = Rng(12).floats(n, -1.0, 1.0);
+            let a = Rng::new(6).floats(m * k, -2.0, 2.0);
+            let bias = Rng::new(12).floats(n, -1.0, 1.0);
             for zp_kind in 0..3 {
                 let w = case.weights(zp_kind);
                 let mut want = vec![0f32; m * n];
@@ -347,8 +328,8 @@ mod tests {
         let (m, n) = (7, 61);
         for (bits, block_size, k) in [(4, 32, 80), (8, 16, 48), (4, 64, 256)] {
             let case = Case::new(n, k, bits, block_size, 3);
-            let a = Rng(5).floats(m * k, -2.0, 2.0);
-            let bias = Rng(11).floats(n, -1.0, 1.0);
+            let a = Rng::new(5).floats(m * k, -2.0, 2.0);
+            let bias = Rng::new(11).floats(n, -1.0, 1.0);
             for zp_kind in 0..3 {
                 let w = case.weights(zp_kind);
                 let mut one = vec![0f32; m * n];
@@ -374,7 +355,7 @@ mod tests {
     #[test]
     fn half_precision_accumulates_in_f32_and_rounds_once() {
         let case = Case::new(3, 48, 4, 16, 21);
-        let a32 = Rng(4).floats(2 * 48, -1.0, 1.0);
+        let a32 = Rng::new(4).floats(2 * 48, -1.0, 1.0);
         let a16: Vec<f16> = a32.iter().map(|&v| f16::from_f32(v)).collect();
         let s16: Vec<f16> = case.scales.iter().map(|&v| f16::from_f32(v)).collect();
         let w16 = QuantWeights {
