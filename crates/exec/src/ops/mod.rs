@@ -95,7 +95,8 @@ pub fn run(
         | Op::Where
         | Op::Clip(_)
         | Op::Cast(_)
-        | Op::SiluMul => elementwise::run(op, inputs, ctx).map(|t| smallvec![t]),
+        | Op::SiluMul
+        | Op::BiasGelu { .. } => elementwise::run(op, inputs, ctx).map(|t| smallvec![t]),
         Op::Identity => Ok(smallvec![owned_input(inputs, donated, 0)?]),
         Op::Constant(t) => Ok(smallvec![t.clone()]),
         Op::ConstantOfShape(_)
@@ -119,7 +120,7 @@ pub fn run(
         Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => {
             reduce::run(op, inputs, n_outputs, ctx)
         }
-        Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) => {
+        Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) | Op::EmbedNorm(_) => {
             nn::run(op, inputs, n_outputs, ctx)
         }
         Op::MatMulNBits(_)

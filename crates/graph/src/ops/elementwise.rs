@@ -1,5 +1,6 @@
 //! Element-wise ops: unary math, broadcasting binary arithmetic/comparison/logic, variadic
-//! Max/Min/Sum/Mean, Where, Clip and Cast.
+//! Max/Min/Sum/Mean, Where, Clip and Cast; onnxruntime's GELU ops (com.microsoft `Gelu`,
+//! `BiasGelu`, `FastGelu`).
 
 use oxgen_tensor::DType;
 
@@ -163,6 +164,14 @@ fn gelu(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     unary(ctx, UnaryOp::Gelu { tanh })
 }
 
+/// com.microsoft::BiasGelu (`bias` required, erf GELU) and FastGelu (`bias` optional, tanh
+/// GELU): the GELU of `x + bias`, `bias` one value per element of the last axis.
+fn bias_gelu(ctx: &mut NodeCtx, tanh: bool) -> Result<Op, GraphError> {
+    ctx.inputs(if tanh { 1 } else { 2 }, 2)?;
+    ctx.outputs(1)?;
+    Ok(Op::BiasGelu { tanh })
+}
+
 fn modulo(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     let fmod = ctx.bool("fmod", false)?;
     binary(ctx, BinaryOp::Mod { fmod })
@@ -281,6 +290,12 @@ pub(super) fn specs() -> Vec<OpSpec> {
     });
     specs.extend([
         OpSpec::new("", "Gelu", 20, gelu),
+        // onnxruntime's erf GELU, from before ONNX had one.
+        OpSpec::new("com.microsoft", "Gelu", 1, |ctx| {
+            unary(ctx, UnaryOp::Gelu { tanh: false })
+        }),
+        OpSpec::new("com.microsoft", "BiasGelu", 1, |ctx| bias_gelu(ctx, false)),
+        OpSpec::new("com.microsoft", "FastGelu", 1, |ctx| bias_gelu(ctx, true)),
         OpSpec::new("", "Mod", 10, modulo),
         OpSpec::new("", "BitShift", 11, bit_shift),
         OpSpec::new("", "Max", 8, |ctx| variadic(ctx, VariadicOp::Max)),

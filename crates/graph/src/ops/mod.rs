@@ -17,7 +17,7 @@ pub use attention::{GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rota
 pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 pub use moe::{Moe, MoeActivation, MoeFormat, MoeInputs, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
-pub use nn::{Gemm, Norm, NormKind, SkipNorm};
+pub use nn::{EmbedNorm, Gemm, Norm, NormKind, SkipNorm};
 pub use quant::{Dequantize, GatherBlockQuantized, MatMulNBits};
 pub use reduce::{ArgReduce, CumSum, Reduce, ReduceKind, Softmax, TopK};
 pub use shape::{Gather, ScatterND, ScatterReduction, Slice, Split, Squeeze};
@@ -81,6 +81,12 @@ pub enum Op {
     Norm(Norm),
     /// com.microsoft::SkipSimplifiedLayerNormalization (and its LayerNorm sibling).
     SkipNorm(SkipNorm),
+    /// com.microsoft::EmbedLayerNormalization.
+    EmbedNorm(EmbedNorm),
+    /// com.microsoft::BiasGelu (`tanh` false) and FastGelu (`tanh`): GELU of `x + bias`.
+    BiasGelu {
+        tanh: bool,
+    },
     MatMulNBits(MatMulNBits),
     /// `MatMulNBits` nodes that read one input, joined by [`crate::passes::group`]: inputs A,
     /// then B, scales and zero points (or none) per part; one output per part.

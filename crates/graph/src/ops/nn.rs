@@ -1,7 +1,8 @@
 //! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization,
 //! onnxruntime's SimplifiedLayerNormalization (default domain, the RMS norm of its LLM
 //! exports), com.microsoft::SkipSimplifiedLayerNormalization and
-//! com.microsoft::SkipLayerNormalization.
+//! com.microsoft::SkipLayerNormalization; com.microsoft::EmbedLayerNormalization (a BERT's
+//! embeddings and their LayerNorm).
 
 use super::Op;
 use crate::{GraphError, NodeCtx, OpSpec};
@@ -101,7 +102,45 @@ pub(super) fn specs() -> Vec<OpSpec> {
         OpSpec::new("com.microsoft", "SkipLayerNormalization", 1, |ctx| {
             skip_norm(ctx, NormKind::Layer)
         }),
+        OpSpec::new("com.microsoft", "EmbedLayerNormalization", 1, embed_norm),
     ]
+}
+
+/// com.microsoft::EmbedLayerNormalization: `output = LayerNorm(word[input_ids] +
+/// position[position_ids] + segment[segment_ids]) * gamma + beta` over the hidden axis.
+/// Inputs `input_ids, segment_ids?, word_embedding, position_embedding, segment_embedding?,
+/// gamma, beta, mask?, position_ids?` (ids int32; positions `0..seq` when `position_ids` is
+/// absent, which may also be `[1, seq]`); outputs `output, mask_index?, embedding_sum?`
+/// (`mask_index[b]`: the ones in row `b` of `mask`, or 0 without one; the sum: before the
+/// norm).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmbedNorm {
+    pub epsilon: f32,
+}
+
+fn embed_norm(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    // Inputs 1 and 4 (the segments) are optional inside the seven the schema lists.
+    ctx.inputs(1, 9)?;
+    if let Some(index) = [2, 3, 5, 6].into_iter().find(|&i| !ctx.has_input(i)) {
+        return Err(GraphError::MissingInput {
+            node: Box::new(ctx.node_ref().clone()),
+            index,
+        });
+    }
+    ctx.outputs(3)?;
+    let epsilon = ctx.float("epsilon", SKIP_NORM_EPSILON)?;
+    if !(epsilon >= 0.0 && epsilon.is_finite()) {
+        return Err(ctx.attr_error("epsilon", format!("must be finite and >= 0, got {epsilon}")));
+    }
+    // 1 (the default) computes `mask_index`; 0 leaves it out (its output is then unused).
+    ctx.ignore("mask_index_type");
+    if ctx.has_input(1) != ctx.has_input(4) {
+        return Err(ctx.invalid(
+            "segment_ids (input 1) and segment_embedding (input 4) come together: give both or \
+             neither",
+        ));
+    }
+    Ok(Op::EmbedNorm(EmbedNorm { epsilon }))
 }
 
 /// com.microsoft::SkipSimplifiedLayerNormalization (`kind` Rms) and SkipLayerNormalization

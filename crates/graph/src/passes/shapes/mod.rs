@@ -368,6 +368,22 @@ impl Facts {
             }
             Op::Norm(_) => vec![same, (t0, None, None), (t0, None, None)],
             Op::SkipNorm(_) => vec![same.clone(), (t0, None, None), (t0, None, None), same],
+            Op::BiasGelu { .. } => one(same),
+            Op::EmbedNorm(_) => {
+                // ids (batch, seq) and the word table (vocab, hidden) → (batch, seq, hidden).
+                let (tw, dw, _) = self.get(node, 2);
+                let ids = d0.filter(|d| d.len() == 2);
+                let dims = match (&ids, &dw) {
+                    (Some(ids), Some(w)) if w.len() == 2 => Some(vec![ids[0], ids[1], w[1]]),
+                    _ => None,
+                };
+                let batch = ids.map(|d| vec![d[0]]);
+                vec![
+                    (tw, dims.clone(), None),
+                    (Some(DType::I32), batch, None),
+                    (tw, dims, None),
+                ]
+            }
             Op::Shape { start, end } => {
                 let Some(dims) = d0 else {
                     return one((Some(DType::I64), None, None));
