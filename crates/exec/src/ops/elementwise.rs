@@ -1,7 +1,5 @@
 //! Element-wise ops: unary math, broadcasting binary ops, variadic Max/Min/Sum/Mean, Where,
-//! Clip and Cast; onnxruntime's BiasGelu and FastGelu (GELU of `x + bias`).
-//! Reference: onnxruntime `docs/ContribOperators.md` (BiasGelu, FastGelu) and
-//! `contrib_ops/cpu/bert/bias_gelu.cc`, `fast_gelu.cc`.
+//! Clip and Cast.
 
 use oxgen_graph::Op;
 use oxgen_graph::ops::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
@@ -20,7 +18,6 @@ pub(super) fn run(op: &Op, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Resul
         Op::Variadic(v) => variadic(*v, inputs, ctx),
         Op::Where => where_(input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?, ctx),
         Op::SiluMul => silu_mul(input(inputs, 0)?, input(inputs, 1)?, ctx),
-        Op::BiasGelu { tanh } => bias_gelu(*tanh, inputs, ctx),
         Op::Clip(c) => clip(c, inputs, ctx),
         Op::Cast(c) => cast(c, inputs, ctx),
         _ => unreachable!("ops::run routes only element-wise ops here"),
@@ -45,7 +42,7 @@ fn map<T: Element, O: Element>(
 const TRANSCENDENTAL_WORK: usize = 32;
 
 /// Elements per task when a float map is split.
-const FLOAT_MAP_CHUNK: usize = 512;
+pub(super) const FLOAT_MAP_CHUNK: usize = 512;
 
 fn float_map<T: Float + Element + Send + Sync>(
     x: &Tensor,
@@ -78,69 +75,7 @@ fn float_map<T: Float + Element + Send + Sync>(
     Ok(out)
 }
 
-/// GELU of `x + bias`, `bias` (one value per element of the last axis) added in the
-/// element type. The f32 erf form takes the vectorized erf a window at a time; the others
-/// (the tanh form, other float types) evaluate in f64. Each element's value does not depend
-/// on how the elements are split.
-fn bias_gelu(tanh: bool, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
-    let x = input(inputs, 0)?;
-    let bias = opt_input(inputs, 1);
-    let n = x.dims().last().copied().unwrap_or(1).max(1);
-    if let Some(b) = bias {
-        if b.dtype() != x.dtype() {
-            return Err(OpError::DType {
-                dtype: b.dtype(),
-                detail: format!(" for the bias: expected {} like the input", x.dtype()),
-            });
-        }
-        if b.dims() != [n] {
-            return Err(OpError::shape(format!(
-                "the bias has shape {:?}; expected [{n}], the input's last axis (input shape {:?})",
-                b.dims(),
-                x.dims()
-            )));
-        }
-    }
-    let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
-    if x.dtype() == DType::F32 && !tanh {
-        let (src, bias) = (
-            x.as_slice::<f32>()?,
-            bias.map(|b| b.as_slice::<f32>()).transpose()?,
-        );
-        let dst = out.as_mut_slice::<f32>()?;
-        par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, |start, part| {
-            let (mut scaled, mut erfs) = ([0f32; 64], [0f32; 64]);
-            for (w, window) in part.chunks_mut(64).enumerate() {
-                let first = start + w * 64;
-                for (j, o) in window.iter_mut().enumerate() {
-                    let at = first + j;
-                    *o = src[at] + bias.map_or(0.0, |b| b[at % n]);
-                    scaled[j] = *o * std::f32::consts::FRAC_1_SQRT_2;
-                }
-                let len = window.len();
-                erf::erf_slice(&scaled[..len], &mut erfs[..len]);
-                for (o, &e) in window.iter_mut().zip(&erfs[..len]) {
-                    *o = 0.5 * *o * (1.0 + e);
-                }
-            }
-        });
-        return Ok(out);
-    }
-    dispatch_float!(x.dtype(), T => {
-        let (src, bias) = (x.as_slice::<T>()?, bias.map(|b| b.as_slice::<T>()).transpose()?);
-        par::par_chunks(ctx.pool, out.as_mut_slice::<T>()?, FLOAT_MAP_CHUNK, |start, part| {
-            for (j, o) in part.iter_mut().enumerate() {
-                let at = start + j;
-                let v = bias.map_or(src[at], |b| src[at].add(b[at % n]));
-                *o = T::from_f64(gelu(v.to_f64(), tanh));
-            }
-        });
-        Ok::<(), OpError>(())
-    })?;
-    Ok(out)
-}
-
-fn gelu(x: f64, tanh: bool) -> f64 {
+pub(super) fn gelu(x: f64, tanh: bool) -> f64 {
     if tanh {
         let c = (2.0 / std::f64::consts::PI).sqrt();
         0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())

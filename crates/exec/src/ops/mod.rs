@@ -9,6 +9,7 @@ mod dispatch;
 mod attention;
 mod control;
 mod elementwise;
+mod encoder;
 pub mod moe;
 mod nn;
 pub(crate) mod quant;
@@ -95,8 +96,8 @@ pub fn run(
         | Op::Where
         | Op::Clip(_)
         | Op::Cast(_)
-        | Op::SiluMul
-        | Op::BiasGelu { .. } => elementwise::run(op, inputs, ctx).map(|t| smallvec![t]),
+        | Op::SiluMul => elementwise::run(op, inputs, ctx).map(|t| smallvec![t]),
+        Op::EmbedNorm(_) | Op::BiasGelu { .. } => encoder::run(op, inputs, n_outputs, ctx),
         Op::Identity => Ok(smallvec![owned_input(inputs, donated, 0)?]),
         Op::Constant(t) => Ok(smallvec![t.clone()]),
         Op::ConstantOfShape(_)
@@ -120,7 +121,7 @@ pub fn run(
         Op::CumSum(_) | Op::Reduce(_) | Op::ArgReduce(_) | Op::TopK(_) | Op::Softmax(_) => {
             reduce::run(op, inputs, n_outputs, ctx)
         }
-        Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) | Op::EmbedNorm(_) => {
+        Op::MatMul | Op::Gemm(_) | Op::Norm(_) | Op::SkipNorm(_) => {
             nn::run(op, inputs, n_outputs, ctx)
         }
         Op::MatMulNBits(_)

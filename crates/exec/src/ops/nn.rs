@@ -1,6 +1,6 @@
 //! Linear algebra and normalization: MatMul, Gemm, LayerNormalization, RMSNormalization,
-//! SimplifiedLayerNormalization, com.microsoft::SkipSimplifiedLayerNormalization (and its
-//! LayerNorm sibling) and com.microsoft::EmbedLayerNormalization.
+//! SimplifiedLayerNormalization and com.microsoft::SkipSimplifiedLayerNormalization (and its
+//! LayerNorm sibling).
 //!
 //! MatMul follows NumPy `matmul`: 1-D operands are promoted (a leading or trailing 1 that is
 //! dropped from the result) and batch dimensions broadcast; each batch is a row-major product
@@ -10,13 +10,12 @@
 //! SkipSimplifiedLayerNormalization normalizes over the last axis; its `skip` may be a suffix
 //! of the input's shape (onnxruntime accepts `[seq, hidden]` under `[batch, seq, hidden]`).
 //! Reference: ONNX `MatMul`, `Gemm`, `LayerNormalization`, `RMSNormalization` docs;
-//! onnxruntime `docs/ContribOperators.md`, `contrib_ops/cpu/skip_layer_norm.cc` and
-//! `contrib_ops/cpu/bert/embed_layer_norm.cc`.
+//! onnxruntime `docs/ContribOperators.md` and `contrib_ops/cpu/skip_layer_norm.cc`.
 
 use std::borrow::Cow;
 
 use oxgen_graph::Op;
-use oxgen_graph::ops::{EmbedNorm, Gemm, Norm, NormKind, SkipNorm};
+use oxgen_graph::ops::{Gemm, Norm, NormKind, SkipNorm};
 use oxgen_kernels::acc::Accum;
 use oxgen_kernels::broadcast::{self, broadcast_shape, broadcast_strides};
 use oxgen_kernels::matmul::{self as km, Bias};
@@ -40,7 +39,6 @@ pub(super) fn run(
         Op::Gemm(g) => gemm(g, inputs, ctx).map(|t| smallvec![t]),
         Op::Norm(n) => norm(n, inputs, n_outputs, ctx),
         Op::SkipNorm(s) => skip_norm(s, inputs, n_outputs, ctx),
-        Op::EmbedNorm(e) => embed_norm(e, inputs, n_outputs, ctx),
         _ => unreachable!("ops::run routes only MatMul, Gemm and norms here"),
     }
 }
@@ -537,159 +535,6 @@ where
     )
     .map_err(OpError::from)?;
     Ok([Some(y), mean, inv, sum].into_iter().flatten().collect())
-}
-
-/// An int32 input of `want` elements (ids, masks), named for errors.
-fn ids<'a>(t: &'a Tensor, what: &str, want: usize) -> Result<&'a [i32], OpError> {
-    if t.dtype() != DType::I32 {
-        return Err(OpError::DType {
-            dtype: t.dtype(),
-            detail: format!(" for {what}: EmbedLayerNormalization takes int32"),
-        });
-    }
-    let v = t.as_slice::<i32>()?;
-    if v.len() != want {
-        return Err(OpError::shape(format!(
-            "{what} has shape {:?}: expected {want} elements, one per token",
-            t.dims()
-        )));
-    }
-    Ok(v)
-}
-
-/// A table's row `id` (`hidden` wide), or an error naming the table and the token.
-fn table_row<'a>(
-    table: &'a [f32],
-    hidden: usize,
-    id: i64,
-    (what, token): (&str, usize),
-) -> Result<&'a [f32], OpError> {
-    let rows = table.len() / hidden.max(1);
-    usize::try_from(id)
-        .ok()
-        .filter(|&i| i < rows)
-        .map(|i| &table[i * hidden..][..hidden])
-        .ok_or_else(|| {
-            OpError::value(format!(
-                "token {token}: index {id} is outside the {what} table's {rows} rows"
-            ))
-        })
-}
-
-/// com.microsoft::EmbedLayerNormalization (float32, as onnxruntime's CPU kernel): each
-/// token's word, position and segment rows summed in that order, then the layer norm.
-fn embed_norm(
-    e: &EmbedNorm,
-    inputs: &[Option<&Tensor>],
-    n_outputs: usize,
-    ctx: &mut OpCtx,
-) -> Result<Outputs, OpError> {
-    let input_ids = input(inputs, 0)?;
-    let [batch, seq] = input_ids.dims() else {
-        return Err(OpError::shape(format!(
-            "input_ids has shape {:?}; expected (batch, sequence)",
-            input_ids.dims()
-        )));
-    };
-    let (batch, seq) = (*batch, *seq);
-    let tokens = batch * seq;
-    let word = input(inputs, 2)?;
-    let [_, hidden] = word.dims() else {
-        return Err(OpError::shape(format!(
-            "word_embedding has shape {:?}; expected (vocabulary, hidden)",
-            word.dims()
-        )));
-    };
-    let hidden = *hidden;
-    let table = |i: usize, what: &str| -> Result<&[f32], OpError> {
-        let t = input(inputs, i)?;
-        if t.dtype() != DType::F32 {
-            return Err(OpError::DType {
-                dtype: t.dtype(),
-                detail: format!(" for {what}: EmbedLayerNormalization runs on float32"),
-            });
-        }
-        if t.dims().last() != Some(&hidden) {
-            return Err(OpError::shape(format!(
-                "{what} has shape {:?}; its last axis must be the hidden size {hidden}",
-                t.dims()
-            )));
-        }
-        Ok(t.as_slice::<f32>()?)
-    };
-    let (words, positions) = (table(2, "word_embedding")?, table(3, "position_embedding")?);
-    let (gamma, beta) = (table(5, "gamma")?, table(6, "beta")?);
-    let segments = match (opt_input(inputs, 1), opt_input(inputs, 4)) {
-        (Some(s), Some(_)) => Some((
-            ids(s, "segment_ids", tokens)?,
-            table(4, "segment_embedding")?,
-        )),
-        _ => None,
-    };
-    let position_ids = match opt_input(inputs, 8) {
-        Some(p) if p.numel() == seq && batch > 1 => Some((ids(p, "position_ids", seq)?, seq)),
-        Some(p) => Some((ids(p, "position_ids", tokens)?, tokens)),
-        None => None,
-    };
-    let ids_ = ids(input_ids, "input_ids", tokens)?;
-    let mut sum = ctx.alloc(DType::F32, [batch, seq, hidden])?;
-    for (t, row) in sum
-        .as_mut_slice::<f32>()?
-        .chunks_mut(hidden.max(1))
-        .enumerate()
-    {
-        let w = table_row(words, hidden, ids_[t].into(), ("word_embedding", t))?;
-        let at = position_ids.map_or((t % seq.max(1)) as i64, |(p, len)| p[t % len].into());
-        let p = table_row(positions, hidden, at, ("position_embedding", t))?;
-        for ((o, &w), &p) in row.iter_mut().zip(w).zip(p) {
-            *o = w + p;
-        }
-        if let Some((segment_ids, segment)) = segments {
-            let s = table_row(
-                segment,
-                hidden,
-                segment_ids[t].into(),
-                ("segment_embedding", t),
-            )?;
-            for (o, &s) in row.iter_mut().zip(s) {
-                *o += s;
-            }
-        }
-    }
-    let mut out = ctx.alloc(DType::F32, [batch, seq, hidden])?;
-    let rows = kn::NormRows {
-        x: sum.as_slice::<f32>()?,
-        rows: tokens,
-        n: hidden,
-        epsilon: e.epsilon,
-    };
-    let affine = kn::Affine {
-        scale: gamma,
-        bias: Some(beta),
-    };
-    kn::layer_norm(rows, affine, out.as_mut_slice::<f32>()?, None, ctx.pool)
-        .map_err(OpError::from)?;
-    let mut outputs: Outputs = smallvec![out];
-    if n_outputs > 1 {
-        let mut mask_index = ctx.alloc(DType::I32, [batch])?;
-        let counts = mask_index.as_mut_slice::<i32>()?;
-        match opt_input(inputs, 7) {
-            Some(m) => {
-                let mask = ids(m, "mask", tokens)?;
-                for (c, row) in counts.iter_mut().zip(mask.chunks(seq.max(1))) {
-                    *c = row.iter().filter(|&&v| v == 1).count() as i32;
-                }
-            }
-            None => counts.fill(0),
-        }
-        outputs.push(mask_index);
-    }
-    if n_outputs > 2 {
-        outputs.push(sum);
-    } else {
-        ctx.arena.release(sum);
-    }
-    Ok(outputs)
 }
 
 fn skip_norm(

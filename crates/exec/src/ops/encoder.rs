@@ -1,0 +1,244 @@
+//! onnxruntime's fused BERT encoder ops, as its transformer optimizer writes them:
+//! com.microsoft::EmbedLayerNormalization (a token's word, position and segment rows summed,
+//! then the layer norm) and BiasGelu / FastGelu (GELU of `x + bias`).
+//! Reference: onnxruntime `docs/ContribOperators.md` and `contrib_ops/cpu/bert/`
+//! (`embed_layer_norm.cc`, `bias_gelu.cc`, `fast_gelu.cc`).
+
+use oxgen_graph::Op;
+use oxgen_graph::ops::EmbedNorm;
+use oxgen_kernels::norm as kn;
+use oxgen_kernels::{Scalar, erf, par};
+use oxgen_tensor::{DType, Tensor};
+use smallvec::smallvec;
+
+use super::elementwise::{FLOAT_MAP_CHUNK, gelu};
+use super::{OpCtx, Outputs, input, opt_input};
+use crate::OpError;
+
+pub(super) fn run(
+    op: &Op,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Outputs, OpError> {
+    match op {
+        Op::EmbedNorm(e) => embed_norm(e, inputs, n_outputs, ctx),
+        Op::BiasGelu { tanh } => bias_gelu(*tanh, inputs, ctx).map(|t| smallvec![t]),
+        _ => unreachable!("ops::run routes only the fused encoder ops here"),
+    }
+}
+
+/// GELU of `x + bias`, `bias` (one value per element of the last axis) added in the
+/// element type. The f32 erf form takes the vectorized erf a window at a time; the others
+/// (the tanh form, other float types) evaluate in f64. Each element's value does not depend
+/// on how the elements are split.
+fn bias_gelu(tanh: bool, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+    let x = input(inputs, 0)?;
+    let bias = opt_input(inputs, 1);
+    let n = x.dims().last().copied().unwrap_or(1).max(1);
+    if let Some(b) = bias {
+        if b.dtype() != x.dtype() {
+            return Err(OpError::DType {
+                dtype: b.dtype(),
+                detail: format!(" for the bias: expected {} like the input", x.dtype()),
+            });
+        }
+        if b.dims() != [n] {
+            return Err(OpError::shape(format!(
+                "the bias has shape {:?}; expected [{n}], the input's last axis (input shape {:?})",
+                b.dims(),
+                x.dims()
+            )));
+        }
+    }
+    let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
+    if x.dtype() == DType::F32 && !tanh {
+        let (src, bias) = (
+            x.as_slice::<f32>()?,
+            bias.map(|b| b.as_slice::<f32>()).transpose()?,
+        );
+        let dst = out.as_mut_slice::<f32>()?;
+        par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, |start, part| {
+            let (mut scaled, mut erfs) = ([0f32; 64], [0f32; 64]);
+            for (w, window) in part.chunks_mut(64).enumerate() {
+                let first = start + w * 64;
+                for (j, o) in window.iter_mut().enumerate() {
+                    let at = first + j;
+                    *o = src[at] + bias.map_or(0.0, |b| b[at % n]);
+                    scaled[j] = *o * std::f32::consts::FRAC_1_SQRT_2;
+                }
+                let len = window.len();
+                erf::erf_slice(&scaled[..len], &mut erfs[..len]);
+                for (o, &e) in window.iter_mut().zip(&erfs[..len]) {
+                    *o = 0.5 * *o * (1.0 + e);
+                }
+            }
+        });
+        return Ok(out);
+    }
+    dispatch_float!(x.dtype(), T => {
+        let (src, bias) = (x.as_slice::<T>()?, bias.map(|b| b.as_slice::<T>()).transpose()?);
+        par::par_chunks(ctx.pool, out.as_mut_slice::<T>()?, FLOAT_MAP_CHUNK, |start, part| {
+            for (j, o) in part.iter_mut().enumerate() {
+                let at = start + j;
+                let v = bias.map_or(src[at], |b| src[at].add(b[at % n]));
+                *o = T::from_f64(gelu(v.to_f64(), tanh));
+            }
+        });
+        Ok::<(), OpError>(())
+    })?;
+    Ok(out)
+}
+
+/// An int32 input of `want` elements (ids, masks), named for errors.
+fn ids<'a>(t: &'a Tensor, what: &str, want: usize) -> Result<&'a [i32], OpError> {
+    if t.dtype() != DType::I32 {
+        return Err(OpError::DType {
+            dtype: t.dtype(),
+            detail: format!(" for {what}: EmbedLayerNormalization takes int32"),
+        });
+    }
+    let v = t.as_slice::<i32>()?;
+    if v.len() != want {
+        return Err(OpError::shape(format!(
+            "{what} has shape {:?}: expected {want} elements, one per token",
+            t.dims()
+        )));
+    }
+    Ok(v)
+}
+
+/// A table's row `id` (`hidden` wide), or an error naming the table and the token.
+fn table_row<'a>(
+    table: &'a [f32],
+    hidden: usize,
+    id: i64,
+    (what, token): (&str, usize),
+) -> Result<&'a [f32], OpError> {
+    let rows = table.len() / hidden.max(1);
+    usize::try_from(id)
+        .ok()
+        .filter(|&i| i < rows)
+        .map(|i| &table[i * hidden..][..hidden])
+        .ok_or_else(|| {
+            OpError::value(format!(
+                "token {token}: index {id} is outside the {what} table's {rows} rows"
+            ))
+        })
+}
+
+/// com.microsoft::EmbedLayerNormalization (float32, as onnxruntime's CPU kernel): each
+/// token's word, position and segment rows summed in that order, then the layer norm.
+fn embed_norm(
+    e: &EmbedNorm,
+    inputs: &[Option<&Tensor>],
+    n_outputs: usize,
+    ctx: &mut OpCtx,
+) -> Result<Outputs, OpError> {
+    let input_ids = input(inputs, 0)?;
+    let [batch, seq] = input_ids.dims() else {
+        return Err(OpError::shape(format!(
+            "input_ids has shape {:?}; expected (batch, sequence)",
+            input_ids.dims()
+        )));
+    };
+    let (batch, seq) = (*batch, *seq);
+    let tokens = batch * seq;
+    let word = input(inputs, 2)?;
+    let [_, hidden] = word.dims() else {
+        return Err(OpError::shape(format!(
+            "word_embedding has shape {:?}; expected (vocabulary, hidden)",
+            word.dims()
+        )));
+    };
+    let hidden = *hidden;
+    let table = |i: usize, what: &str| -> Result<&[f32], OpError> {
+        let t = input(inputs, i)?;
+        if t.dtype() != DType::F32 {
+            return Err(OpError::DType {
+                dtype: t.dtype(),
+                detail: format!(" for {what}: EmbedLayerNormalization runs on float32"),
+            });
+        }
+        if t.dims().last() != Some(&hidden) {
+            return Err(OpError::shape(format!(
+                "{what} has shape {:?}; its last axis must be the hidden size {hidden}",
+                t.dims()
+            )));
+        }
+        Ok(t.as_slice::<f32>()?)
+    };
+    let (words, positions) = (table(2, "word_embedding")?, table(3, "position_embedding")?);
+    let (gamma, beta) = (table(5, "gamma")?, table(6, "beta")?);
+    let segments = match (opt_input(inputs, 1), opt_input(inputs, 4)) {
+        (Some(s), Some(_)) => Some((
+            ids(s, "segment_ids", tokens)?,
+            table(4, "segment_embedding")?,
+        )),
+        _ => None,
+    };
+    let position_ids = match opt_input(inputs, 8) {
+        Some(p) if p.numel() == seq && batch > 1 => Some((ids(p, "position_ids", seq)?, seq)),
+        Some(p) => Some((ids(p, "position_ids", tokens)?, tokens)),
+        None => None,
+    };
+    let ids_ = ids(input_ids, "input_ids", tokens)?;
+    let mut sum = ctx.alloc(DType::F32, [batch, seq, hidden])?;
+    for (t, row) in sum
+        .as_mut_slice::<f32>()?
+        .chunks_mut(hidden.max(1))
+        .enumerate()
+    {
+        let w = table_row(words, hidden, ids_[t].into(), ("word_embedding", t))?;
+        let at = position_ids.map_or((t % seq.max(1)) as i64, |(p, len)| p[t % len].into());
+        let p = table_row(positions, hidden, at, ("position_embedding", t))?;
+        for ((o, &w), &p) in row.iter_mut().zip(w).zip(p) {
+            *o = w + p;
+        }
+        if let Some((segment_ids, segment)) = segments {
+            let s = table_row(
+                segment,
+                hidden,
+                segment_ids[t].into(),
+                ("segment_embedding", t),
+            )?;
+            for (o, &s) in row.iter_mut().zip(s) {
+                *o += s;
+            }
+        }
+    }
+    let mut out = ctx.alloc(DType::F32, [batch, seq, hidden])?;
+    let rows = kn::NormRows {
+        x: sum.as_slice::<f32>()?,
+        rows: tokens,
+        n: hidden,
+        epsilon: e.epsilon,
+    };
+    let affine = kn::Affine {
+        scale: gamma,
+        bias: Some(beta),
+    };
+    kn::layer_norm(rows, affine, out.as_mut_slice::<f32>()?, None, ctx.pool)
+        .map_err(OpError::from)?;
+    let mut outputs: Outputs = smallvec![out];
+    if n_outputs > 1 {
+        let mut mask_index = ctx.alloc(DType::I32, [batch])?;
+        let counts = mask_index.as_mut_slice::<i32>()?;
+        match opt_input(inputs, 7) {
+            Some(m) => {
+                let mask = ids(m, "mask", tokens)?;
+                for (c, row) in counts.iter_mut().zip(mask.chunks(seq.max(1))) {
+                    *c = row.iter().filter(|&&v| v == 1).count() as i32;
+                }
+            }
+            None => counts.fill(0),
+        }
+        outputs.push(mask_index);
+    }
+    if n_outputs > 2 {
+        outputs.push(sum);
+    } else {
+        ctx.arena.release(sum);
+    }
+    Ok(outputs)
+}
