@@ -2,7 +2,7 @@
 //! com.microsoft::MatMulNBits, com.microsoft::GatherBlockQuantized,
 //! SimplifiedLayerNormalization, com.microsoft::SkipSimplifiedLayerNormalization and
 //! com.microsoft::SkipLayerNormalization, and a BERT encoder's fused ops (com.microsoft::
-//! EmbedLayerNormalization, BiasGelu, FastGelu, Gelu) over
+//! EmbedLayerNormalization, BiasGelu, FastGelu, Gelu, Attention) over
 //! their attribute and shape space, with seeded pseudo-random data. Needs `OXGEN_PYTHON`
 //! (see `scripts/test.sh`).
 //!
@@ -924,4 +924,126 @@ fn embed_layer_norm_matches_onnxruntime() {
         }
     }
     batch.run("EmbedLayerNormalization");
+}
+
+/// Attention as a BERT's fused self-attention: the mask forms (none, right-padded lengths,
+/// end and start positions, a raw (batch, keys) and (batch, queries, keys) mask), causal,
+/// Q, K and V of different widths, an attention bias, a custom scale and filter value.
+#[test]
+fn attention_matches_onnxruntime() {
+    let mut batch = Batch::new();
+    let mut rng = Rng::new(0x5eed_0009);
+    // (batch, seq, input hidden, heads, qkv widths, mask form, unidirectional, attention bias)
+    type Case = (
+        usize,
+        usize,
+        usize,
+        usize,
+        [usize; 3],
+        &'static str,
+        bool,
+        bool,
+    );
+    let cases: [Case; 7] = [
+        (2, 5, 32, 4, [32, 32, 32], "none", false, false),
+        (2, 6, 16, 2, [16, 16, 16], "keys", false, false),
+        (3, 4, 24, 3, [24, 24, 24], "lengths", true, false),
+        (2, 5, 16, 2, [16, 16, 16], "spans", false, false),
+        (2, 4, 16, 4, [16, 16, 24], "pairs", false, true),
+        (1, 7, 64, 2, [64, 64, 64], "keys", true, true),
+        (1, 1, 8, 1, [8, 8, 8], "lengths", false, false),
+    ];
+    for (i, &(b, s, hin, heads, [qw, kw, vw], mask, causal, with_bias)) in cases.iter().enumerate()
+    {
+        let name = |what: &str| format!("att_{what}{i}");
+        let width = qw + kw + vw;
+        batch.input(
+            &name("x"),
+            float_tensor(
+                &[b, s, hin],
+                &rng.floats(b * s * hin, -1.0, 1.0),
+                DType::F32,
+            ),
+        );
+        batch.init(
+            &name("w"),
+            float_tensor(
+                &[hin, width],
+                &rng.floats(hin * width, -0.5, 0.5),
+                DType::F32,
+            ),
+        );
+        batch.init(
+            &name("bias"),
+            float_tensor(&[width], &rng.floats(width, -0.2, 0.2), DType::F32),
+        );
+        let mut inputs = vec![name("x"), name("w"), name("bias"), String::new()];
+        let int = |dims: &[usize], values: Vec<i32>| Tensor::from_slice(dims, &values).unwrap();
+        // Each sequence b keeps its first s - b keys (at least one).
+        let keep = |seq: usize| s - (seq % s).min(s - 1);
+        let m = match mask {
+            "lengths" => Some(int(&[b], (0..b).map(|q| keep(q) as i32).collect())),
+            "spans" => Some(int(
+                &[2 * b],
+                (0..b)
+                    .map(|_| s as i32)
+                    .chain((0..b).map(|q| (s - keep(q)) as i32))
+                    .collect(),
+            )),
+            "keys" => Some(int(
+                &[b, s],
+                (0..b * s).map(|t| i32::from(t % s < keep(t / s))).collect(),
+            )),
+            "pairs" => Some(int(
+                &[b, s, s],
+                (0..b * s * s)
+                    .map(|t| i32::from((t + t / s) % 3 != 0 || t % s == 0))
+                    .collect(),
+            )),
+            _ => None,
+        };
+        if let Some(m) = m {
+            batch.input(&name("mask"), m);
+            inputs[3] = name("mask");
+        }
+        if with_bias {
+            inputs.push(String::new());
+            let planes = heads;
+            let v = rng.floats(planes * s * s, -1.0, 1.0);
+            batch.input(&name("ab"), float_tensor(&[1, heads, s, s], &v, DType::F32));
+            inputs.push(name("ab"));
+        }
+        while inputs.last().is_some_and(String::is_empty) {
+            inputs.pop();
+        }
+        let mut attrs = vec![attr::int("num_heads", heads as i64)];
+        if causal {
+            attrs.push(attr::int("unidirectional", 1));
+        }
+        if vw != qw {
+            attrs.push(attr::ints(
+                "qkv_hidden_sizes",
+                &[qw as i64, kw as i64, vw as i64],
+            ));
+        }
+        if i == 5 {
+            attrs.push(attr::float("scale", 0.3));
+            attrs.push(attr::float("mask_filter_value", -500.0));
+        }
+        let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        let y = name("y");
+        batch.builder.node(
+            "Attention",
+            "com.microsoft",
+            &name("node"),
+            &inputs,
+            &[&y],
+            attrs,
+        );
+        let label = format!(
+            "case {i}: {b}x{s}, {heads} heads, widths {qw}/{kw}/{vw}, mask {mask}, causal {causal}, bias {with_bias}"
+        );
+        batch.output(&y, DType::F32, &[b, s, vw], label, F32_MATMUL);
+    }
+    batch.run("Attention");
 }

@@ -1,11 +1,14 @@
 //! onnxruntime's fused BERT encoder ops, as its transformer optimizer writes them:
 //! com.microsoft::EmbedLayerNormalization (a token's word, position and segment rows summed,
-//! then the layer norm) and BiasGelu / FastGelu (GELU of `x + bias`).
+//! then the layer norm), BiasGelu / FastGelu (GELU of `x + bias`) and Attention (the fused
+//! self-attention, without a decoder's past).
 //! Reference: onnxruntime `docs/ContribOperators.md` and `contrib_ops/cpu/bert/`
-//! (`embed_layer_norm.cc`, `bias_gelu.cc`, `fast_gelu.cc`).
+//! (`embed_layer_norm.cc`, `bias_gelu.cc`, `fast_gelu.cc`, `attention.cc`,
+//! `attention_helper.h`).
 
 use oxgen_graph::Op;
-use oxgen_graph::ops::EmbedNorm;
+use oxgen_graph::ops::{Attention, EmbedNorm};
+use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm as kn;
 use oxgen_kernels::{Scalar, erf, par};
 use oxgen_tensor::{DType, Tensor};
@@ -24,6 +27,7 @@ pub(super) fn run(
     match op {
         Op::EmbedNorm(e) => embed_norm(e, inputs, n_outputs, ctx),
         Op::BiasGelu { tanh } => bias_gelu(*tanh, inputs, ctx).map(|t| smallvec![t]),
+        Op::Attention(a) => attention(a, inputs, ctx).map(|t| smallvec![t]),
         _ => unreachable!("ops::run routes only the fused encoder ops here"),
     }
 }
@@ -241,4 +245,209 @@ fn embed_norm(
         ctx.arena.release(sum);
     }
     Ok(outputs)
+}
+
+/// A float32 input, or an error naming it.
+fn f32s<'a>(t: &'a Tensor, what: &str) -> Result<&'a [f32], OpError> {
+    if t.dtype() != DType::F32 {
+        return Err(OpError::DType {
+            dtype: t.dtype(),
+            detail: format!(" for {what}: the native Attention runs on float32"),
+        });
+    }
+    Ok(t.as_slice::<f32>()?)
+}
+
+/// Which keys `mask_index` hides from which queries (`batch`, `seq` queries, as many keys).
+enum Mask<'a> {
+    None,
+    /// Right padding: sequence `b` has `len[b]` keys.
+    Lengths(&'a [i32]),
+    /// Left padding: keys `start[b]..end[b]` (`ends` then `starts`, `batch` each).
+    Spans(&'a [i32]),
+    /// A raw 0/1 mask per sequence and key, shared by its queries.
+    Keys(&'a [i32]),
+    /// A raw 0/1 mask per sequence, query and key.
+    Pairs(&'a [i32]),
+}
+
+impl Mask<'_> {
+    fn read(t: Option<&Tensor>, batch: usize, seq: usize) -> Result<Mask<'_>, OpError> {
+        let Some(t) = t else {
+            return Ok(Mask::None);
+        };
+        if t.dtype() != DType::I32 {
+            return Err(OpError::DType {
+                dtype: t.dtype(),
+                detail: " for mask_index: Attention takes int32".into(),
+            });
+        }
+        let v = t.as_slice::<i32>()?;
+        Ok(match t.dims() {
+            [n] if *n == batch => Mask::Lengths(v),
+            [n] if *n == 2 * batch => Mask::Spans(v),
+            [b, n] if *b == batch && *n == seq => Mask::Keys(v),
+            [b, s, n] if *b == batch && *s == seq && *n == seq => Mask::Pairs(v),
+            dims => {
+                return Err(OpError::shape(format!(
+                    "mask_index has shape {dims:?}; the native Attention takes ({batch}), \
+                     ({}), ({batch}, {seq}) or ({batch}, {seq}, {seq}) for {batch} sequences of \
+                     {seq}",
+                    2 * batch
+                )));
+            }
+        })
+    }
+
+    /// Whether query `i` of sequence `b` may not see key `j`.
+    fn hides(&self, b: usize, i: usize, j: usize, seq: usize) -> bool {
+        let j32 = j as i64;
+        match self {
+            Mask::None => false,
+            Mask::Lengths(len) => j32 >= i64::from(len[b]),
+            Mask::Spans(v) => j32 >= i64::from(v[b]) || j32 < i64::from(v[v.len() / 2 + b]),
+            Mask::Keys(m) => m[b * seq + j] == 0,
+            Mask::Pairs(m) => m[(b * seq + i) * seq + j] == 0,
+        }
+    }
+}
+
+/// com.microsoft::Attention (float32, no past): `input · weights + bias` as one product,
+/// then for each sequence and head `softmax(q·kᵀ · scale + attention_bias + mask) · v` with
+/// both products on the f32 matmul kernels. The mask adds `mask_filter_value` (not -inf) as
+/// onnxruntime does, so a query that sees no key averages them all as it does there.
+fn attention(
+    a: &Attention,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let [batch, seq, hidden_in] = *x.dims() else {
+        return Err(OpError::shape(format!(
+            "input has shape {:?}; expected (batch, sequence, hidden)",
+            x.dims()
+        )));
+    };
+    let [w_in, width] = *w.dims() else {
+        return Err(OpError::shape(format!(
+            "weights have shape {:?}; expected (input hidden, Q + K + V widths)",
+            w.dims()
+        )));
+    };
+    if w_in != hidden_in {
+        return Err(OpError::shape(format!(
+            "weights have {w_in} rows for an input of hidden size {hidden_in}"
+        )));
+    }
+    let heads = a.num_heads;
+    let [qw, kw, vw] = a.qkv_sizes.unwrap_or([width / 3; 3]);
+    if qw + kw + vw != width || qw % heads != 0 || vw % heads != 0 || qw == 0 {
+        return Err(OpError::shape(format!(
+            "weights of width {width} do not split into Q, K and V of {qw}, {kw} and {vw} \
+             columns, each a multiple of num_heads = {heads}"
+        )));
+    }
+    let (hd, vd) = (qw / heads, vw / heads);
+    let (xs, ws) = (f32s(x, "input")?, f32s(w, "weights")?);
+    let bias = opt_input(inputs, 2).map(|b| f32s(b, "bias")).transpose()?;
+    if let Some(b) = bias
+        && b.len() != width
+    {
+        return Err(OpError::shape(format!(
+            "bias has {} values for {width} projected columns",
+            b.len()
+        )));
+    }
+    let mask = Mask::read(opt_input(inputs, 3), batch, seq)?;
+    let extra = match opt_input(inputs, 5) {
+        None => None,
+        Some(t) => match *t.dims() {
+            [bb, nb, s, n]
+                if (bb == 1 || bb == batch) && (nb == 1 || nb == heads) && s == seq && n == seq =>
+            {
+                Some((f32s(t, "attention_bias")?, bb == batch, nb == heads))
+            }
+            _ => {
+                return Err(OpError::shape(format!(
+                    "attention_bias has shape {:?}; expected (1 or {batch}, 1 or {heads}, {seq}, \
+                     {seq})",
+                    t.dims()
+                )));
+            }
+        },
+    };
+    let tokens = batch * seq;
+    let mut qkv = ctx.alloc(DType::F32, [tokens, width])?;
+    let bias = bias.map(|data| Bias {
+        data,
+        row_stride: 0,
+        col_stride: 1,
+    });
+    km::gemm(
+        xs,
+        ws,
+        qkv.as_mut_slice::<f32>()?,
+        (tokens, hidden_in, width),
+        (1.0, 1.0),
+        bias,
+        ctx.pool,
+    )
+    .map_err(OpError::from)?;
+    let scale = a.scale.unwrap_or(1.0 / (hd as f32).sqrt());
+    let mut out = ctx.alloc(DType::F32, [batch, seq, vw])?;
+    // One head's operands and products, reused: q (seq, hd), kᵀ (hd, seq), v (seq, vd),
+    // the scores (seq, seq) and the head's output (seq, vd).
+    let mut work = ctx.alloc(DType::F32, [seq * (2 * hd + 2 * vd + seq)])?;
+    {
+        let all = qkv.as_slice::<f32>()?;
+        let dst = out.as_mut_slice::<f32>()?;
+        let buf = work.as_mut_slice::<f32>()?;
+        let (q, rest) = buf.split_at_mut(seq * hd);
+        let (kt, rest) = rest.split_at_mut(hd * seq);
+        let (v, rest) = rest.split_at_mut(seq * vd);
+        let (scores, o) = rest.split_at_mut(seq * seq);
+        for b in 0..batch {
+            for h in 0..heads {
+                for t in 0..seq {
+                    let row = &all[(b * seq + t) * width..][..width];
+                    q[t * hd..][..hd].copy_from_slice(&row[h * hd..][..hd]);
+                    for (d, &k) in row[qw + h * hd..][..hd].iter().enumerate() {
+                        kt[d * seq + t] = k;
+                    }
+                    v[t * vd..][..vd].copy_from_slice(&row[qw + kw + h * vd..][..vd]);
+                }
+                km::matmul(q, kt, scores, seq, hd, seq, ctx.pool).map_err(OpError::from)?;
+                for (i, row) in scores.chunks_mut(seq.max(1)).enumerate() {
+                    for (j, s) in row.iter_mut().enumerate() {
+                        *s *= scale;
+                        if let Some((ab, per_batch, per_head)) = extra {
+                            let (bi, hi) =
+                                (if per_batch { b } else { 0 }, if per_head { h } else { 0 });
+                            let plane = bi * if per_head { heads } else { 1 } + hi;
+                            *s += ab[(plane * seq + i) * seq + j];
+                        }
+                        if mask.hides(b, i, j, seq) || (a.unidirectional && j > i) {
+                            *s += a.mask_filter_value;
+                        }
+                    }
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for s in row.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    for s in row.iter_mut() {
+                        *s /= sum;
+                    }
+                }
+                km::matmul(scores, v, o, seq, seq, vd, ctx.pool).map_err(OpError::from)?;
+                for t in 0..seq {
+                    dst[(b * seq + t) * vw + h * vd..][..vd].copy_from_slice(&o[t * vd..][..vd]);
+                }
+            }
+        }
+    }
+    ctx.arena.release(work);
+    ctx.arena.release(qkv);
+    Ok(out)
 }

@@ -97,7 +97,9 @@ pub fn run(
         | Op::Clip(_)
         | Op::Cast(_)
         | Op::SiluMul => elementwise::run(op, inputs, ctx).map(|t| smallvec![t]),
-        Op::EmbedNorm(_) | Op::BiasGelu { .. } => encoder::run(op, inputs, n_outputs, ctx),
+        Op::EmbedNorm(_) | Op::BiasGelu { .. } | Op::Attention(_) => {
+            encoder::run(op, inputs, n_outputs, ctx)
+        }
         Op::Identity => Ok(smallvec![owned_input(inputs, donated, 0)?]),
         Op::Constant(t) => Ok(smallvec![t.clone()]),
         Op::ConstantOfShape(_)

@@ -1,5 +1,6 @@
-//! Attention ops: com.microsoft::GroupQueryAttention and RotaryEmbedding (com.microsoft and
-//! ONNX opset 23).
+//! Attention ops: com.microsoft::GroupQueryAttention, RotaryEmbedding (com.microsoft and
+//! ONNX opset 23) and com.microsoft::Attention (a BERT's fused self-attention, see
+//! [`Attention`]).
 //!
 //! What is fixed per node is validated here; everything that depends on input shapes (head
 //! size, cache lengths, positions) is checked by the executor at run time.
@@ -18,6 +19,87 @@
 
 use super::Op;
 use crate::{GraphError, NodeCtx, OpSpec};
+
+/// com.microsoft::Attention, the encoder form onnxruntime's transformer optimizer writes:
+/// `input · weights + bias` split into Q, K and V (`qkv_sizes`, else three equal thirds),
+/// `num_heads` heads, `softmax(q·k * scale + attention_bias + mask) · v`. The mask adds
+/// `mask_filter_value` where `mask_index` hides a key (a raw `(batch, total)` or `(batch,
+/// seq, total)` 0/1 mask, right-padded lengths `(batch)`, or end and start positions
+/// `(2 * batch)`) and, with `unidirectional`, after the query's own position. Inputs `past`
+/// and `past_sequence_length`, the `present` output, `do_rotary` and
+/// `past_present_share_buffer` (a decoder's cache) are refused at load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attention {
+    pub num_heads: usize,
+    /// The multiplier of `q · k`; `None`: `1 / sqrt(head_size)`.
+    pub scale: Option<f32>,
+    pub mask_filter_value: f32,
+    pub unidirectional: bool,
+    /// Q, K and V widths when they differ (`qkv_hidden_sizes`).
+    pub qkv_sizes: Option<[usize; 3]>,
+}
+
+fn attention(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    ctx.inputs(2, 6)?;
+    ctx.outputs(1)?;
+    if ctx.has_input(4) {
+        return Err(ctx.invalid(
+            "input 4 (past) is a decoder's KV cache, which the native Attention does not keep; \
+             run this graph with --backend ort",
+        ));
+    }
+    let num_heads = usize::try_from(ctx.int("num_heads", 0)?)
+        .ok()
+        .filter(|&h| h > 0)
+        .ok_or_else(|| ctx.attr_error("num_heads", "must be a positive count"))?;
+    let scale = ctx.float_opt("scale")?.filter(|&s| s != 0.0);
+    let mask_filter_value = ctx.float("mask_filter_value", -10000.0)?;
+    let unidirectional = ctx.bool("unidirectional", false)?;
+    for (attr, what) in [
+        ("do_rotary", "rotary embeddings inside Attention"),
+        (
+            "past_present_share_buffer",
+            "a shared past and present buffer",
+        ),
+    ] {
+        if ctx.bool(attr, false)? {
+            return Err(ctx.attr_error(attr, format!("{what} are not supported natively")));
+        }
+    }
+    ctx.ignore("rotary_embedding_dim");
+    let qkv_sizes = match ctx.ints_opt("qkv_hidden_sizes")? {
+        None => None,
+        Some(v) => {
+            let sizes: Option<Vec<usize>> = v
+                .iter()
+                .map(|&d| {
+                    usize::try_from(d)
+                        .ok()
+                        .filter(|&d| d > 0 && d % num_heads == 0)
+                })
+                .collect();
+            match sizes.as_deref() {
+                Some(&[q, k, v]) if q == k => Some([q, k, v]),
+                _ => {
+                    return Err(ctx.attr_error(
+                        "qkv_hidden_sizes",
+                        format!(
+                            "must be three positive multiples of num_heads ({num_heads}), Q's \
+                             equal to K's; got {v:?}"
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    Ok(Op::Attention(Attention {
+        num_heads,
+        scale,
+        mask_filter_value,
+        unidirectional,
+        qkv_sizes,
+    }))
+}
 
 /// com.microsoft::GroupQueryAttention attributes.
 #[derive(Debug, Clone, PartialEq)]
@@ -279,6 +361,7 @@ fn rotary(ctx: &mut NodeCtx, kind: RotaryKind) -> Result<Op, GraphError> {
 pub(super) fn specs() -> Vec<OpSpec> {
     vec![
         OpSpec::new("com.microsoft", "GroupQueryAttention", 1, gqa),
+        OpSpec::new("com.microsoft", "Attention", 1, attention),
         OpSpec::new("com.microsoft", "RotaryEmbedding", 1, |ctx| {
             rotary(ctx, RotaryKind::Contrib)
         }),

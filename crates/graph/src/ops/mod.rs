@@ -13,7 +13,9 @@ mod quant;
 mod reduce;
 mod shape;
 
-pub use attention::{GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind};
+pub use attention::{
+    Attention, GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind,
+};
 pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
 pub use moe::{Moe, MoeActivation, MoeFormat, MoeInputs, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
@@ -83,6 +85,8 @@ pub enum Op {
     SkipNorm(SkipNorm),
     /// com.microsoft::EmbedLayerNormalization.
     EmbedNorm(EmbedNorm),
+    /// com.microsoft::Attention (an encoder's fused self-attention).
+    Attention(Attention),
     /// com.microsoft::BiasGelu (`tanh` false) and FastGelu (`tanh`): GELU of `x + bias`.
     BiasGelu {
         tanh: bool,

@@ -209,9 +209,9 @@ const ONE_PASS: usize = 4;
 const GLU_WINDOW: usize = 64;
 
 /// Columns `cols` (whole tiles, the last possibly short) of the output rows `outs` (one per
-/// row of `rows`, quantized, with their blocks' `meta`): tile by tile, four rows per pass over the tile's weights, then one at a
-/// time. Each row's arithmetic is the single-row kernel's, so the bits do not depend on how
-/// many rows share the call. For a gate and up pair (`w.glu`), `cols` are output columns and
+/// row of `rows`, quantized, with their blocks' `meta`): tile by tile, four rows per pass
+/// over the tile's weights, then one at a time. Each row's arithmetic is the single-row
+/// kernel's, so the bits do not depend on how many rows share the call. For a gate and up pair (`w.glu`), `cols` are output columns and
 /// each tile's gate and up sums become gated SiLUs there. The kernels prefetch the weights'
 /// codes a few tiles ahead as `prefetch` says (its `tiles` set here), with `prefetch.stats`
 /// their scales and zero points too.

@@ -369,6 +369,20 @@ impl Facts {
             Op::Norm(_) => vec![same, (t0, None, None), (t0, None, None)],
             Op::SkipNorm(_) => vec![same.clone(), (t0, None, None), (t0, None, None), same],
             Op::BiasGelu { .. } => one(same),
+            Op::Attention(a) => {
+                // (batch, seq, in) → (batch, seq, V's width).
+                let (_, dw, _) = self.get(node, 1);
+                let width = match (a.qkv_sizes, dw.as_deref()) {
+                    (Some([_, _, v]), _) => Some(Sym::Known(v as i64)),
+                    (None, Some(&[_, Sym::Known(n)])) if n % 3 == 0 => Some(Sym::Known(n / 3)),
+                    _ => None,
+                };
+                let dims = match (d0.as_deref(), width) {
+                    (Some(&[b, s, _]), Some(w)) => Some(vec![b, s, w]),
+                    _ => None,
+                };
+                one((t0, dims, None))
+            }
             Op::EmbedNorm(_) => {
                 // ids (batch, seq) and the word table (vocab, hidden) → (batch, seq, hidden).
                 let (tw, dw, _) = self.get(node, 2);
