@@ -99,12 +99,12 @@ export OXGEN_DEFAULT_HF="$CACHE/SmolLM2-135M-Instruct-hf"
 OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \
     cargo run --locked -q --profile test -p oxgen-cli -- pull embed >/dev/null
 export OXGEN_EMBED_MODEL="$CACHE/oxgen/models/all-MiniLM-L6-v2"
-# The same encoder with onnxruntime's fused encoder ops, made by its transformer optimizer
-# (sympy, no torch; about 5 s once per cache), which a test runs natively.
-export OXGEN_EMBED_FUSED_MODEL="$CACHE/oxgen/models/all-MiniLM-L6-v2-fused"
+# The same encoder with onnxruntime's fused encoder ops (its transformer optimizer, sympy,
+# no torch; about 5 s once per version of the script), which a test runs natively.
+FUSE=crates/testkit/thirdparty/embeddings/fuse.py
+export OXGEN_EMBED_FUSED_MODEL="$CACHE/oxgen/models/all-MiniLM-L6-v2-fused-$(cksum <"$FUSE" | cut -d' ' -f1)"
 [ -f "$OXGEN_EMBED_FUSED_MODEL/model.onnx" ] ||
-    "$OXGEN_PYTHON" crates/testkit/thirdparty/embeddings/fuse.py \
-        "$OXGEN_EMBED_MODEL" "$OXGEN_EMBED_FUSED_MODEL" 12 384 >/dev/null
+    "$OXGEN_PYTHON" "$FUSE" "$OXGEN_EMBED_MODEL" "$OXGEN_EMBED_FUSED_MODEL" 12 384 >/dev/null
 # And a real cross-encoder, ms-marco-MiniLM-L-12-v2 as onnxruntime's int8 export (`oxgen pull
 # rerank`), which the reranking test runs natively against onnxruntime.
 OXGEN_CACHE="$CACHE/oxgen" PATH="$VENV/bin:$PATH" \

@@ -73,8 +73,8 @@ pub fn embed_model_dir() -> std::path::PathBuf {
 }
 
 /// all-MiniLM-L6-v2 with onnxruntime's fused encoder ops (`EmbedLayerNormalization`,
-/// `SkipLayerNormalization`, `BiasGelu`): `$OXGEN_EMBED_FUSED_MODEL`, which `scripts/test.sh`
-/// makes with `thirdparty/embeddings/fuse.py` and sets.
+/// `SkipLayerNormalization`, `BiasGelu`, `Attention`): `$OXGEN_EMBED_FUSED_MODEL`, which
+/// `scripts/test.sh` makes with `thirdparty/embeddings/fuse.py` and sets.
 pub fn fused_embed_model_dir() -> std::path::PathBuf {
     let dir = std::env::var_os("OXGEN_EMBED_FUSED_MODEL").unwrap_or_else(|| {
         panic!(
