@@ -29,7 +29,7 @@ pub enum Lowered {
     /// `MatMulNBits` weights (one matrix, a group side by side, or a gate and up pair)
     /// repacked at load for the int8 kernel.
     NBits(PackedNBits),
-    /// A `MatMul`'s f32 `B` packed at load in column tiles.
+    /// A `MatMul`'s f32 `B` (an `Attention`'s QKV weights) packed at load in column tiles.
     Tiles(PackedF32),
     /// A `MatMulInteger`'s int8 `B` packed at load for the VNNI kernel.
     Int8(PackedI8),
@@ -221,9 +221,9 @@ fn prepack_weights(graph: &mut Graph, index: &Index, exact: bool) -> Vec<Option<
     packed
 }
 
-/// Packs the `B` of every `MatMul` node whose `B` is a 2-D f32 initializer mapped from the
-/// model file and read by that node alone into column tiles ([`PackedF32`]), so a product
-/// streams contiguous memory, then hands the file pages of the original back to the OS (the
+/// Packs the `B` of every `MatMul` node (the QKV weights of every `Attention`) whose `B` is a
+/// 2-D f32 initializer mapped from the model file and read by that node alone into column
+/// tiles ([`PackedF32`]), so a product streams contiguous memory, then hands the file pages of the original back to the OS (the
 /// tensor stays in the graph, for its shape; it is read again only if something else reads
 /// it). An f16 or bf16 `B` (an fp16 package) is widened to f32 tiles the same way: the CPU
 /// has no f16 arithmetic, and the f32 kernel is the fast one (memory holds f32 weights).
@@ -231,8 +231,9 @@ fn prepack_weights(graph: &mut Graph, index: &Index, exact: bool) -> Vec<Option<
 fn prepack_f32(graph: &Graph, index: &Index) -> Vec<Option<PackedF32>> {
     (graph.nodes.iter())
         .map(|node| {
-            let id = (matches!(node.op, Op::MatMul) && km::f32_kernel_available())
-                .then(|| node.inputs.get(1).copied().flatten())??;
+            let id = (matches!(node.op, Op::MatMul | Op::Attention(_))
+                && km::f32_kernel_available())
+            .then(|| node.inputs.get(1).copied().flatten())??;
             let b = graph.initializers.get(&id)?;
             let &[k, n] = b.dims() else {
                 return None;

@@ -10,6 +10,7 @@ use oxgen_graph::Op;
 use oxgen_graph::ops::{Attention, EmbedNorm};
 use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm as kn;
+use oxgen_kernels::softmax::{self as ks, SoftmaxKind};
 use oxgen_kernels::{Scalar, erf, par};
 use oxgen_tensor::{DType, Tensor};
 use smallvec::smallvec;
@@ -378,46 +379,82 @@ fn attention(
     };
     let tokens = batch * seq;
     let mut qkv = ctx.alloc(DType::F32, [tokens, width])?;
-    let bias = bias.map(|data| Bias {
-        data,
-        row_stride: 0,
-        col_stride: 1,
-    });
-    km::gemm(
-        xs,
-        ws,
-        qkv.as_mut_slice::<f32>()?,
-        (tokens, hidden_in, width),
-        (1.0, 1.0),
-        bias,
-        ctx.pool,
-    )
-    .map_err(OpError::from)?;
-    let scale = a.scale.unwrap_or(1.0 / (hd as f32).sqrt());
-    let mut out = ctx.alloc(DType::F32, [batch, seq, vw])?;
-    // One head's operands and products, reused: q (seq, hd), kᵀ (hd, seq), v (seq, vd),
-    // the scores (seq, seq) and the head's output (seq, vd).
-    let mut work = ctx.alloc(DType::F32, [seq * (2 * hd + 2 * vd + seq)])?;
+    match ctx
+        .lowered
+        .tiles()
+        .filter(|t| t.dims() == (hidden_in, width))
     {
-        let all = qkv.as_slice::<f32>()?;
-        let dst = out.as_mut_slice::<f32>()?;
-        let buf = work.as_mut_slice::<f32>()?;
-        let (q, rest) = buf.split_at_mut(seq * hd);
-        let (kt, rest) = rest.split_at_mut(hd * seq);
-        let (v, rest) = rest.split_at_mut(seq * vd);
-        let (scores, o) = rest.split_at_mut(seq * seq);
-        for b in 0..batch {
-            for h in 0..heads {
+        // The weights packed at load: the product, then the bias.
+        Some(tiles) => {
+            let dst = qkv.as_mut_slice::<f32>()?;
+            km::matmul_packed_f32(xs, tokens, tiles, dst, ctx.pool)?;
+            if let Some(bias) = bias {
+                for row in dst.chunks_mut(width) {
+                    for (o, &b) in row.iter_mut().zip(bias) {
+                        *o += b;
+                    }
+                }
+            }
+        }
+        None => {
+            let bias = bias.map(|data| Bias {
+                data,
+                row_stride: 0,
+                col_stride: 1,
+            });
+            let dims = (tokens, hidden_in, width);
+            km::gemm(
+                xs,
+                ws,
+                qkv.as_mut_slice::<f32>()?,
+                dims,
+                (1.0, 1.0),
+                bias,
+                ctx.pool,
+            )
+            .map_err(OpError::from)?;
+        }
+    }
+    let scale = a.scale.unwrap_or(1.0 / (hd as f32).sqrt());
+    // Heads run in parallel, a share of the (sequence, head) pairs per task, each on the
+    // products of one thread: q (seq, hd), kᵀ (hd, seq), v (seq, vd) and the scores (seq,
+    // seq) and their softmax in the task's own scratch; its output rows (seq, vd) head-major in `heads_out`.
+    let pairs = batch * heads;
+    let tasks = (ctx.pool.threads() * 2).clamp(1, pairs.max(1));
+    let per_task = pairs.div_ceil(tasks);
+    let scratch = seq * (2 * hd + vd + 2 * seq);
+    let mut heads_out = ctx.alloc(DType::F32, [pairs * seq * vd])?;
+    let mut work = ctx.alloc(DType::F32, [tasks * scratch])?;
+    let all = qkv.as_slice::<f32>()?;
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    par::par_chunks2(
+        ctx.pool,
+        heads_out.as_mut_slice::<f32>()?,
+        per_task * seq * vd,
+        work.as_mut_slice::<f32>()?,
+        scratch,
+        |task, outs, buf| {
+            let one = oxgen_kernels::ThreadPool::new(1);
+            let (q, rest) = buf.split_at_mut(seq * hd);
+            let (kt, rest) = rest.split_at_mut(hd * seq);
+            let (v, rest) = rest.split_at_mut(seq * vd);
+            let (scores, probs) = rest.split_at_mut(seq * seq);
+            for (k, o) in outs.chunks_mut((seq * vd).max(1)).enumerate() {
+                let (b, h) = ((task * per_task + k) / heads, (task * per_task + k) % heads);
                 for t in 0..seq {
                     let row = &all[(b * seq + t) * width..][..width];
                     q[t * hd..][..hd].copy_from_slice(&row[h * hd..][..hd]);
-                    for (d, &k) in row[qw + h * hd..][..hd].iter().enumerate() {
-                        kt[d * seq + t] = k;
+                    for (d, &key) in row[qw + h * hd..][..hd].iter().enumerate() {
+                        kt[d * seq + t] = key;
                     }
                     v[t * vd..][..vd].copy_from_slice(&row[qw + kw + h * vd..][..vd]);
                 }
-                km::matmul(q, kt, scores, seq, hd, seq, ctx.pool).map_err(OpError::from)?;
+                if km::matmul(q, kt, scores, seq, hd, seq, &one).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
                 for (i, row) in scores.chunks_mut(seq.max(1)).enumerate() {
+                    // Scaled, biased and masked as onnxruntime adds them, before the softmax.
                     for (j, s) in row.iter_mut().enumerate() {
                         *s *= scale;
                         if let Some((ab, per_batch, per_head)) = extra {
@@ -430,23 +467,31 @@ fn attention(
                             *s += a.mask_filter_value;
                         }
                     }
-                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for s in row.iter_mut() {
-                        *s = (*s - max).exp();
-                        sum += *s;
-                    }
-                    for s in row.iter_mut() {
-                        *s /= sum;
-                    }
                 }
-                km::matmul(scores, v, o, seq, seq, vd, ctx.pool).map_err(OpError::from)?;
-                for t in 0..seq {
-                    dst[(b * seq + t) * vw + h * vd..][..vd].copy_from_slice(&o[t * vd..][..vd]);
+                let softmax = ks::softmax(SoftmaxKind::Softmax, scores, seq, seq, 1, probs, &one);
+                if softmax.is_err() || km::matmul(probs, v, o, seq, seq, vd, &one).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
                 }
+            }
+        },
+    );
+    if failed.into_inner() {
+        return Err(OpError::shape(
+            "an attention product's shapes did not match".to_string(),
+        ));
+    }
+    let mut out = ctx.alloc(DType::F32, [batch, seq, vw])?;
+    {
+        let (src, dst) = (heads_out.as_slice::<f32>()?, out.as_mut_slice::<f32>()?);
+        for (p, head) in src.chunks((seq * vd).max(1)).enumerate() {
+            let (b, h) = (p / heads, p % heads);
+            for (t, row) in head.chunks(vd.max(1)).enumerate() {
+                dst[(b * seq + t) * vw + h * vd..][..vd].copy_from_slice(row);
             }
         }
     }
+    ctx.arena.release(heads_out);
     ctx.arena.release(work);
     ctx.arena.release(qkv);
     Ok(out)
