@@ -771,6 +771,61 @@ fn skip_norm_with_too_many_inputs_fails_at_load_naming_the_node() {
     assert!(err.contains("final_norm") && err.contains("extra"), "{err}");
 }
 
+/// The encoder ops refuse at load, naming the node, what they cannot run: an
+/// EmbedLayerNormalization without its position table or with segment ids but no segment
+/// table, and an Attention with a decoder's past (which `--backend auto` then runs on ONNX
+/// Runtime).
+#[test]
+fn encoder_ops_refuse_what_they_cannot_run_at_load_naming_the_node() {
+    let embed = |inputs: &'static [&'static str]| {
+        load_error(|b| {
+            for n in ["ids", "seg", "word", "pos", "segtab", "gamma", "beta"] {
+                b.input(n, DType::F32, &fixed(&[2, 4]));
+            }
+            let outs = ["y", "mask_index"];
+            b.node(
+                "EmbedLayerNormalization",
+                "com.microsoft",
+                "embeddings",
+                inputs,
+                &outs,
+                vec![],
+            );
+            b.output("y", DType::F32, &fixed(&[1, 2, 4]));
+        })
+    };
+    let err = embed(&["ids", "", "word", "", "", "gamma", "beta"]);
+    assert!(
+        err.contains("embeddings") && err.contains("input 3"),
+        "{err}"
+    );
+    let err = embed(&["ids", "seg", "word", "pos", "", "gamma", "beta"]);
+    assert!(
+        err.contains("embeddings") && err.contains("segment_embedding"),
+        "{err}"
+    );
+    let err = load_error(|b| {
+        for n in ["x", "w", "bias", "mask", "past"] {
+            b.input(n, DType::F32, &fixed(&[1, 2, 4]));
+        }
+        let attrs = vec![attr::int("num_heads", 2)];
+        let inputs = ["x", "w", "bias", "mask", "past"];
+        b.node(
+            "Attention",
+            "com.microsoft",
+            "self_attention",
+            &inputs,
+            &["y"],
+            attrs,
+        );
+        b.output("y", DType::F32, &fixed(&[1, 2, 4]));
+    });
+    assert!(
+        err.contains("self_attention") && err.contains("past"),
+        "{err}"
+    );
+}
+
 /// BiasGelu (erf GELU of `x + bias`), FastGelu (tanh GELU, with and without its bias) and
 /// com.microsoft::Gelu, on rows short of and past the vector erf's window, in one model.
 #[test]
