@@ -86,13 +86,13 @@ impl ModelSettings {
     /// (a draft's relative path is read from there).
     pub fn apply(&self, options: &mut ModelOptions, dir: &Path) -> anyhow::Result<()> {
         if let Some(ctx) = self.ctx_size {
-            options.ctx_size = Some(ctx);
+            options.memory.ctx_size = Some(ctx);
         }
         if let Some(dtype) = &self.kv_dtype {
-            options.kv_dtype = Some(dtype.parse().map_err(anyhow::Error::msg)?);
+            options.memory.kv_dtype = Some(dtype.parse().map_err(anyhow::Error::msg)?);
         }
         if let Some(mib) = self.kv_memory {
-            options.kv = KvBudget::Bytes((mib as usize).saturating_mul(1 << 20));
+            options.memory.kv = KvBudget::Bytes((mib as usize).saturating_mul(1 << 20));
         }
         if let Some(threads) = self.threads {
             options.threads =
@@ -224,7 +224,7 @@ impl Folder {
         let bytes = package_bytes(&path);
         let dir = Some(path.clone());
         // A language model's context as it will load: the package's, cut by ctx_size.
-        let ctx_size = settings.ctx_size.or(self.options.ctx_size);
+        let ctx_size = settings.ctx_size.or(self.options.memory.ctx_size);
         let context = oxgen::PackageConfig::read(&path)
             .ok()
             .map(|c| ctx_size.map_or(c.context_length, |n| n.min(c.context_length)))

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use oxgen::{Constraint, GenerateOptions, Model, ModelOptions, Param, SamplingRequest};
+use oxgen::{
+    Constraint, GenerateOptions, MemoryOptions, Model, ModelOptions, Param, SamplingRequest,
+};
 
 /// How to load and run the model.
 #[derive(clap::Args, Clone)]
@@ -90,15 +92,18 @@ impl RunArgs {
     pub fn model_options(&self, backend: &BackendArgs) -> ModelOptions {
         ModelOptions {
             threads: self.threads,
-            ctx_size: self.ctx_size.map(|c| c as usize),
             exact: self.exact,
             backend: backend.backend(),
             ort_lib: backend.ort_lib.clone(),
-            kv_dtype: self.kv_dtype,
+            memory: MemoryOptions {
+                ctx_size: self.ctx_size.map(|c| c as usize),
+                kv_dtype: self.kv_dtype,
+                weight_budget: self.weight_budget.map(|mib| mib.saturating_mul(1 << 20)),
+                expert_cache: self.expert_cache,
+                ..MemoryOptions::default()
+            },
             kv_disk_cache: self.kv_disk_cache.clone(),
             kv_disk_budget: self.kv_disk_budget.saturating_mul(1 << 20),
-            weight_budget: self.weight_budget.map(|mib| mib.saturating_mul(1 << 20)),
-            expert_cache: self.expert_cache,
             chat_template: self.chat_template.clone(),
             chat_template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
             speculative: self.speculative.clone(),
@@ -368,7 +373,7 @@ pub fn open_model(
     default_ctx: Option<usize>,
 ) -> anyhow::Result<Model> {
     let mut options = run.model_options(backend);
-    options.ctx_size = options.ctx_size.or(default_ctx);
+    options.memory.ctx_size = options.memory.ctx_size.or(default_ctx);
     let model = with_spinner(format!("loading {}", dir.display()), || {
         Model::open(dir, &options)
     })

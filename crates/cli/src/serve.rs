@@ -216,15 +216,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         admin: !args.no_admin,
     };
     let addr = format!("{}:{}", args.host, args.port);
-    let lm_options = ModelOptions {
-        kv: match (args.kv_blocks, args.kv_memory) {
-            (Some(blocks), _) => KvBudget::Blocks(blocks as usize),
-            (None, Some(mib)) => KvBudget::Bytes((mib as usize).saturating_mul(1 << 20)),
-            (None, None) => KvBudget::Sequences(args.max_batch as usize),
-        },
-        prefix_cache: !args.no_prefix_cache,
-        ..args.run.model_options(&args.backend)
+    let mut lm_options = args.run.model_options(&args.backend);
+    lm_options.memory.kv = match (args.kv_blocks, args.kv_memory) {
+        (Some(blocks), _) => KvBudget::Blocks(blocks as usize),
+        (None, Some(mib)) => KvBudget::Bytes((mib as usize).saturating_mul(1 << 20)),
+        (None, None) => KvBudget::Sequences(args.max_batch as usize),
     };
+    lm_options.memory.prefix_cache = !args.no_prefix_cache;
     if !single {
         return serve_many(args, config, &addr, dirs, lm_options);
     }

@@ -208,7 +208,10 @@ fn windowed_families_do_not_depend_on_chunks_or_the_prefix_cache() {
         let options = ModelOptions {
             threads: 2,
             backend: Backend::Native,
-            prefix_cache: true,
+            memory: oxgen::MemoryOptions {
+                prefix_cache: true,
+                ..Default::default()
+            },
             ..ModelOptions::default()
         };
         let mut cached = Model::open(families_dir().join(&case.package), &options).unwrap();
@@ -536,7 +539,10 @@ fn imported_mxfp4_experts_take_int8_activations_packed_or_gathered() {
             let options = ModelOptions {
                 threads: 2,
                 backend: Backend::Native,
-                weight_budget,
+                memory: oxgen::MemoryOptions {
+                    weight_budget,
+                    ..Default::default()
+                },
                 ..ModelOptions::default()
             };
             let mut model = Model::open(&package, &options).unwrap();
@@ -620,7 +626,10 @@ fn the_weight_budget_changes_residency_not_ids() {
             let options = ModelOptions {
                 threads: 2,
                 backend: Backend::Native,
-                weight_budget: budget,
+                memory: oxgen::MemoryOptions {
+                    weight_budget: budget,
+                    ..Default::default()
+                },
                 ..ModelOptions::default()
             };
             let mut model = Model::open(families_dir().join(&case.package), &options).unwrap();
@@ -644,7 +653,10 @@ fn the_weight_budget_changes_residency_not_ids() {
         let half = {
             let options = ModelOptions {
                 threads: 2,
-                weight_budget: Some(1 << 30),
+                memory: oxgen::MemoryOptions {
+                    weight_budget: Some(1 << 30),
+                    ..Default::default()
+                },
                 ..ModelOptions::default()
             };
             let mut model = Model::open(families_dir().join(&case.package), &options).unwrap();
@@ -654,8 +666,11 @@ fn the_weight_budget_changes_residency_not_ids() {
         for expert_cache in [ExpertCache::Lru, ExpertCache::Frequency] {
             let options = ModelOptions {
                 threads: 2,
-                weight_budget: Some(half),
-                expert_cache,
+                memory: oxgen::MemoryOptions {
+                    weight_budget: Some(half),
+                    expert_cache,
+                    ..Default::default()
+                },
                 ..ModelOptions::default()
             };
             let mut model = Model::open(families_dir().join(&case.package), &options).unwrap();

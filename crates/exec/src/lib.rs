@@ -34,7 +34,10 @@ pub use error::{ExecError, OpError};
 pub use kv::{KvStore, PagedLayer, PagedStep};
 pub use lm::NativeLm;
 pub use lower::Lowered;
-pub use open::{DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvBudget, NativeOptions, OpenError, Unsupported};
+pub use open::{
+    DEFAULT_KV_BLOCKS, KV_BLOCK_SIZE, KvBudget, MemoryOptions, NativeOptions, OpenError,
+    Unsupported,
+};
 pub use optimize::{NativeEvaluator, optimize};
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 pub use oxgen_kernels::ThreadPool;

@@ -114,7 +114,7 @@ impl NativeLm {
             Some(pool) => NativeSession::with_pool(graph, pool.clone(), options.exec.exact),
             None => NativeSession::new(graph, &options.exec),
         };
-        session.set_weight_budget(options.weight_budget, options.expert_cache);
+        session.set_weight_budget(options.memory.weight_budget, options.memory.expert_cache);
         let io = IoIndex::new(&contract, session.inputs(), session.outputs())?;
         let graph = session.graph();
         let index = Index::new(graph);

@@ -21,7 +21,7 @@ pub const DEFAULT_KV_BLOCKS: usize = 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvBudget {
     /// Enough for this many sequences of the whole context length, or of
-    /// [`NativeOptions::ctx_size`] when set (and at least [`DEFAULT_KV_BLOCKS`]).
+    /// [`MemoryOptions::ctx_size`] when set (and at least [`DEFAULT_KV_BLOCKS`]).
     Sequences(usize),
     Blocks(usize),
     /// As many blocks as fit in this many bytes (at least one).
@@ -34,6 +34,37 @@ impl Default for KvBudget {
     }
 }
 
+/// How much memory a model may hold and in what form: its KV pool, what the pool stores,
+/// whether it keeps prefixes, and how many expert weights stay resident. The facade's
+/// `ModelOptions` holds the one a user asks for and passes it to the native backend with
+/// `ctx_size` clamped to the context length.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Positions each sequence's KV holds, at most the package's context length.
+    /// `None`: the prompt plus the new tokens of each request, capped by the context length.
+    /// [`KvBudget::Sequences`] counts sequences of this length when set (`--ctx-size`).
+    pub ctx_size: Option<usize>,
+    /// The size of the paged KV pool. Address space is reserved for all of it; memory is
+    /// committed as blocks are first written.
+    pub kv: KvBudget,
+    /// What the paged KV cache stores; `None`: the graph's KV dtype. `Int8` takes 0.27x the
+    /// memory of an f32 cache (head size 64) and reads that much less per decoded token at
+    /// long contexts; docs/PERFORMANCE.md has its accuracy. A graph whose KV is not paged
+    /// keeps its own dtype (another is refused at open).
+    pub kv_dtype: Option<KvDtype>,
+    /// Keep full KV blocks for later sequences that start with the same ids (a server's
+    /// shared system prompt is then prefilled once). Off, a finished sequence's blocks are
+    /// reused first (their memory is already committed).
+    pub prefix_cache: bool,
+    /// Bytes of mixture-of-experts weights that may stay resident: experts are read from the
+    /// model files where they lie, and past this the ones `expert_cache` picks are dropped
+    /// (`None`: no bound; see `crate::residency`). Outputs do not change with it.
+    pub weight_budget: Option<u64>,
+    /// Which resident experts the weight budget drops first: the least recently used, or
+    /// the least often used (docs/PERFORMANCE.md measures both).
+    pub expert_cache: crate::ExpertCache,
+}
+
 /// How the native backend opens a language model.
 #[derive(Debug, Clone)]
 pub struct NativeOptions {
@@ -43,16 +74,10 @@ pub struct NativeOptions {
     /// The package's context length: rotary caches are sized to it (`None` leaves rotary
     /// embeddings spelled out) and [`KvBudget::Sequences`] counts in it.
     pub context_length: Option<usize>,
-    /// The most positions a sequence will hold, when less than the context length:
-    /// [`KvBudget::Sequences`] counts in it (`--ctx-size`).
-    pub ctx_size: Option<usize>,
-    /// The paged KV pool's size.
-    pub kv: KvBudget,
-    /// Keep full KV blocks for later sequences with the same prefix. Off, a finished
-    /// sequence's blocks are reused first (their memory is already committed).
-    pub prefix_cache: bool,
-    /// A second tier of the prefix cache on disk (with `prefix_cache`): every settled block
-    /// is written there, and a prompt's prefix missing from the pool is read back from it.
+    /// The KV pool, its dtype and prefix cache, and the experts' weight budget.
+    pub memory: MemoryOptions,
+    /// A second tier of the prefix cache on disk (with `memory.prefix_cache`): every settled
+    /// block is written there, and a prompt's prefix missing from the pool is read back.
     pub disk_cache: Option<oxgen_runtime::DiskTier>,
     /// Run the graph passes (off keeps the graph as loaded, for comparisons).
     pub optimize: bool,
@@ -65,14 +90,6 @@ pub struct NativeOptions {
     /// A thread pool to share with another model (a speculative draft and its target run
     /// in turn on the same threads); `None`: a pool of its own of `exec.threads`.
     pub pool: Option<std::sync::Arc<oxgen_kernels::ThreadPool>>,
-    /// What the paged KV cache stores; `None`: the graph's KV dtype. A graph whose KV is not
-    /// paged keeps its own dtype (another is refused at open).
-    pub kv_dtype: Option<KvDtype>,
-    /// Bytes of mixture-of-experts weights that may stay resident (`None`: no bound); see
-    /// `crate::residency`.
-    pub weight_budget: Option<u64>,
-    /// Which resident experts the budget drops first.
-    pub expert_cache: crate::ExpertCache,
 }
 
 impl Default for NativeOptions {
@@ -81,17 +98,12 @@ impl Default for NativeOptions {
             exec: ExecOptions::default(),
             kv_names: KvTemplates::default(),
             context_length: None,
-            ctx_size: None,
-            kv: KvBudget::default(),
-            prefix_cache: false,
+            memory: MemoryOptions::default(),
             disk_cache: None,
             optimize: true,
             adapters: false,
             layers: None,
             pool: None,
-            kv_dtype: None,
-            weight_budget: None,
-            expert_cache: crate::ExpertCache::default(),
         }
     }
 }

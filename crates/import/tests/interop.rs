@@ -258,7 +258,10 @@ fn accuracy_level_0_package_gives_the_same_greedy_ids_in_oxgen_onnxruntime_and_g
     let mut model = Model::open(
         &package,
         &ModelOptions {
-            ctx_size: Some(CONTEXT),
+            memory: oxgen::MemoryOptions {
+                ctx_size: Some(CONTEXT),
+                ..Default::default()
+            },
             ..ModelOptions::default()
         },
     )

@@ -101,8 +101,9 @@ pub(crate) struct Open<'a> {
     pub options: &'a ModelOptions,
     /// Kernel threads, resolved ([`oxgen_runtime::resolve_threads`]).
     pub threads: usize,
-    /// The `--ctx-size` asked for, clamped to the context length.
-    pub ctx_size: Option<usize>,
+    /// The memory options asked for, resolved: `ctx_size` clamped to the context length,
+    /// the prefix cache on when a disk tier is given.
+    pub memory: oxgen_exec::MemoryOptions,
     /// The thread pool a native model shares with its speculative draft (`None`: one of
     /// its own, of `threads`).
     pub pool: Option<std::sync::Arc<oxgen_exec::ThreadPool>>,
@@ -114,7 +115,7 @@ pub(crate) struct Open<'a> {
 /// ONNX Runtime.
 pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>), Error> {
     let (lm, note) = open_any(o)?;
-    match o.options.kv_dtype {
+    match o.memory.kv_dtype {
         Some(kv) if lm.kv_dtype() != kv => Err(Error::Package {
             path: o.model_path.display().to_string(),
             reason: match lm.backend() {
@@ -161,9 +162,7 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
         },
         kv_names: o.config.kv.clone(),
         context_length: Some(o.config.context_length),
-        ctx_size: o.ctx_size,
-        kv: asked.kv,
-        prefix_cache: asked.prefix_cache || o.disk.is_some(),
+        memory: o.memory,
         disk_cache: o.disk.clone(),
         optimize: true,
         adapters: layers.is_none() && crate::max_adapters(asked) > 0,
@@ -172,20 +171,15 @@ fn native_options(o: &Open, layers: Option<usize>) -> NativeOptions {
             let leave_room = asked.threads == 0;
             std::sync::Arc::new(oxgen_exec::pool_of(o.threads, leave_room))
         })),
-        kv_dtype: asked.kv_dtype,
-        weight_budget: asked.weight_budget,
-        expert_cache: asked.expert_cache,
     }
 }
 
 /// The model's first `layers` layers and output head on the native backend: the draft of
 /// self-speculative decoding. Its KV pool is the target's size; it holds no prefix cache.
 pub(crate) fn open_layers(o: &Open, layers: usize) -> Result<Box<dyn LanguageModel>, Error> {
-    let options = NativeOptions {
-        prefix_cache: false,
-        disk_cache: None,
-        ..native_options(o, Some(layers))
-    };
+    let mut options = native_options(o, Some(layers));
+    options.memory.prefix_cache = false;
+    options.disk_cache = None;
     Ok(Box::new(NativeLm::open(o.model_path, &options)?))
 }
 

@@ -3,7 +3,7 @@
 
 use crate::{Error, GenerateError};
 
-/// The positions sequences may hold: [`crate::ModelOptions::ctx_size`] clamped to the
+/// The positions sequences may hold: [`crate::MemoryOptions::ctx_size`] clamped to the
 /// package's context length, or that context length. Copied to the threads that size
 /// requests (a server's HTTP side) so they decide as the model does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -72,7 +72,7 @@ pub use embed::{
 };
 pub use encoder::Encoder;
 pub use engine::{Engine, EngineError, EngineStatus, Event, Job, JobPrompt};
-pub use oxgen_exec::{ExpertCache, KvBudget};
+pub use oxgen_exec::{ExpertCache, KvBudget, MemoryOptions};
 pub use oxgen_generate::{
     ChatMessage, ChatTemplate, Constraint, FinishReason, GenerateError, Grammar, Grammars, Param,
     ReasoningBudget, Reply, ReplyDelta, ReplyParser, ReplySyntax, SamplingParams, SamplingRequest,
@@ -120,35 +120,16 @@ pub const DEFAULT_KV_DISK_BUDGET: u64 = 8 << 30;
 pub struct ModelOptions {
     /// Kernel threads; 0 uses every core, fewer while other processes hold some.
     pub threads: usize,
-    /// Positions each sequence's KV holds, at most the package's context length (a larger
-    /// value is clamped to it). `None`: the prompt plus `max_new_tokens` of each request,
-    /// capped by the package's context length. [`KvBudget::Sequences`] counts sequences of
-    /// this length when set.
-    pub ctx_size: Option<usize>,
     /// f32 activations whatever the model's `accuracy_level` allows (no int8 activations;
     /// native backend only).
     pub exact: bool,
     pub backend: Backend,
     /// ONNX Runtime's shared library (else `ORT_DYLIB_PATH`, else the Python wheel's).
     pub ort_lib: Option<PathBuf>,
-    /// The size of the native backend's paged KV pool. Address space is reserved for all of
-    /// it; memory is committed as blocks are first written.
-    pub kv: KvBudget,
-    /// What the KV cache stores (native backend, paged graphs); `None`: the graph's KV dtype.
-    /// `Int8` takes 0.27x the memory of an f32 cache (head size 64) and reads that much less
-    /// per decoded token at long contexts; docs/PERFORMANCE.md has its accuracy.
-    pub kv_dtype: Option<KvDtype>,
-    /// Bytes of mixture-of-experts weights that may stay resident (native backend): experts
-    /// are read from the model files where they lie, and past this the ones
-    /// [`ModelOptions::expert_cache`] picks are dropped (`None`: no bound). Outputs do not
-    /// change with it.
-    pub weight_budget: Option<u64>,
-    /// Which resident experts the weight budget drops first: the least recently used, or
-    /// the least often used (docs/PERFORMANCE.md measures both).
-    pub expert_cache: ExpertCache,
-    /// Keep full KV blocks for later sequences that start with the same ids (a server's
-    /// shared system prompt is then prefilled once).
-    pub prefix_cache: bool,
+    /// The KV pool (its size, dtype, prefix cache, the positions a sequence holds) and the
+    /// experts' weight budget; the native backend's. `ctx_size` larger than the package's
+    /// context length is clamped to it.
+    pub memory: MemoryOptions,
     /// A folder for the prefix cache's second tier (native backend, paged graphs; turns the
     /// prefix cache on): every full KV block is written there under the model's identity
     /// and its token prefix, and a prompt's prefix missing from memory is read back instead
@@ -181,15 +162,10 @@ impl Default for ModelOptions {
     fn default() -> Self {
         ModelOptions {
             threads: 0,
-            ctx_size: None,
             exact: false,
             backend: Backend::default(),
             ort_lib: None,
-            kv: KvBudget::default(),
-            kv_dtype: None,
-            weight_budget: None,
-            expert_cache: ExpertCache::default(),
-            prefix_cache: false,
+            memory: MemoryOptions::default(),
             kv_disk_cache: None,
             kv_disk_budget: DEFAULT_KV_DISK_BUDGET,
             chat_template: None,
@@ -401,7 +377,7 @@ impl Model {
             let shared = || Arc::new(oxgen_exec::pool_of(threads, leave_room));
             options.speculative.is_some().then(shared)
         });
-        let limit = ContextLimit::new(options.ctx_size, config.context_length);
+        let limit = ContextLimit::new(options.memory.ctx_size, config.context_length);
         let disk = match &options.kv_disk_cache {
             Some(dir) => Some(oxgen_runtime::DiskTier {
                 dir: dir.clone(),
@@ -419,7 +395,11 @@ impl Model {
             config: &config,
             options,
             threads,
-            ctx_size: limit.ctx_size(),
+            memory: MemoryOptions {
+                ctx_size: limit.ctx_size(),
+                prefix_cache: options.memory.prefix_cache || disk.is_some(),
+                ..options.memory
+            },
             pool,
             disk,
         };
@@ -440,6 +420,7 @@ impl Model {
         let defaults = PackageDefaults::read(&dir)?;
         release_freed_heap();
         let spec = speculative::open(options, &open, lm.as_ref(), &tokenizer)?;
+        let prefix_cache = open.memory.prefix_cache;
         let mut model = Model {
             lm,
             backend_note,
@@ -449,7 +430,7 @@ impl Model {
             limit,
             threads,
             grammars: std::sync::OnceLock::new(),
-            prefix_cache: options.prefix_cache || options.kv_disk_cache.is_some(),
+            prefix_cache,
             cached: None,
             spec,
             scratch: Default::default(),
@@ -587,7 +568,7 @@ impl Model {
         self.lm.contract().kv_bytes(self.lm.kv_dtype(), positions)
     }
 
-    /// What the KV cache stores (the graph's KV dtype unless [`ModelOptions::kv_dtype`]
+    /// What the KV cache stores (the graph's KV dtype unless [`MemoryOptions::kv_dtype`]
     /// chose another).
     pub fn kv_dtype(&self) -> KvDtype {
         self.lm.kv_dtype()

@@ -18,8 +18,11 @@ fn open(prefix_cache: bool) -> Model {
 fn open_with(prefix_cache: bool, kv_dtype: Option<KvDtype>) -> Model {
     let options = ModelOptions {
         threads: 2,
-        prefix_cache,
-        kv_dtype,
+        memory: oxgen::MemoryOptions {
+            prefix_cache,
+            kv_dtype,
+            ..Default::default()
+        },
         ..ModelOptions::default()
     };
     Model::open(default_model_dir(), &options).expect("opening the default model")

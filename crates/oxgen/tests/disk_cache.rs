@@ -13,8 +13,11 @@ use oxgen_testkit::default_model_dir;
 fn open(disk: Option<&Path>, kv_dtype: Option<KvDtype>, blocks: usize) -> Model {
     let options = ModelOptions {
         threads: 2,
-        kv_dtype,
-        kv: KvBudget::Blocks(blocks),
+        memory: oxgen::MemoryOptions {
+            kv_dtype,
+            kv: KvBudget::Blocks(blocks),
+            ..Default::default()
+        },
         kv_disk_cache: disk.map(Path::to_path_buf),
         ..ModelOptions::default()
     };
@@ -146,8 +149,11 @@ fn a_saved_chat_resumes_without_a_prefill() {
     let open = |kv_dtype| {
         let options = ModelOptions {
             threads: 2,
-            kv_dtype,
-            ctx_size: Some(512),
+            memory: oxgen::MemoryOptions {
+                kv_dtype,
+                ctx_size: Some(512),
+                ..Default::default()
+            },
             ..ModelOptions::default()
         };
         Model::open(default_model_dir(), &options).unwrap()

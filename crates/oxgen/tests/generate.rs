@@ -15,7 +15,10 @@ fn generates_the_same_greedy_tokens_as_stepping_by_hand() {
         dir.path(),
         &ModelOptions {
             threads: 1,
-            ctx_size: Some(64),
+            memory: oxgen::MemoryOptions {
+                ctx_size: Some(64),
+                ..Default::default()
+            },
             exact: false,
             ..ModelOptions::default()
         },
@@ -76,7 +79,10 @@ fn fixture_model(ctx_size: Option<usize>) -> (tempfile::TempDir, Model) {
         dir.path(),
         &ModelOptions {
             threads: 1,
-            ctx_size,
+            memory: oxgen::MemoryOptions {
+                ctx_size,
+                ..Default::default()
+            },
             exact: false,
             ..ModelOptions::default()
         },
@@ -94,8 +100,11 @@ fn the_kv_pool_counts_sequences_of_the_ctx_size() {
         write_package(dir.path(), &FixtureConfig::default()).unwrap();
         let options = ModelOptions {
             threads: 1,
-            ctx_size,
-            kv: KvBudget::Sequences(300),
+            memory: oxgen::MemoryOptions {
+                ctx_size,
+                kv: KvBudget::Sequences(300),
+                ..Default::default()
+            },
             ..ModelOptions::default()
         };
         let model = Model::open(dir.path(), &options).unwrap();

@@ -71,7 +71,10 @@ const CONTEXT: usize = 256;
 fn open_default_model() -> Model {
     let options = ModelOptions {
         threads: 0,
-        ctx_size: Some(CONTEXT),
+        memory: oxgen::MemoryOptions {
+            ctx_size: Some(CONTEXT),
+            ..Default::default()
+        },
         exact: true,
         ..ModelOptions::default()
     };

@@ -12,7 +12,10 @@ use oxgen_testkit::{argmax, default_model_dir};
 fn open(kv_dtype: Option<KvDtype>) -> Model {
     let options = ModelOptions {
         threads: 2,
-        kv_dtype,
+        memory: oxgen::MemoryOptions {
+            kv_dtype,
+            ..Default::default()
+        },
         ..ModelOptions::default()
     };
     Model::open(default_model_dir(), &options).expect("opening the default model")

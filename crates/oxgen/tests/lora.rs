@@ -64,7 +64,10 @@ fn open(package: &Path, lora: &[(&str, PathBuf)], prefix_cache: bool) -> Model {
             .iter()
             .map(|(n, p)| (n.to_string(), p.clone()))
             .collect(),
-        prefix_cache,
+        memory: oxgen::MemoryOptions {
+            prefix_cache,
+            ..Default::default()
+        },
         ..ModelOptions::default()
     };
     Model::open(package, &options).unwrap_or_else(|e| panic!("{}: {e}", package.display()))

@@ -269,7 +269,10 @@ fn an_optimum_export_opens_and_generates() {
         dir.path(),
         &ModelOptions {
             threads: 1,
-            ctx_size: Some(64),
+            memory: oxgen::MemoryOptions {
+                ctx_size: Some(64),
+                ..Default::default()
+            },
             exact: false,
             ..ModelOptions::default()
         },

@@ -18,7 +18,10 @@ fn open(dir: &std::path::Path, threads: usize, speculative: Option<Speculative>)
     let options = ModelOptions {
         threads,
         speculative,
-        prefix_cache: true,
+        memory: oxgen::MemoryOptions {
+            prefix_cache: true,
+            ..Default::default()
+        },
         ..ModelOptions::default()
     };
     Model::open(dir, &options).expect("opening the model")

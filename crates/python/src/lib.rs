@@ -20,7 +20,8 @@ use numpy::{PyArray1, PyArrayMethods};
 use oxgen::engine::Limits;
 use oxgen::{
     Backend, Cancel, Chat as Conversation, Encoder, GenerateError, GenerateOptions, KvBudget,
-    Model as Inner, ModelOptions, Output, Prompt, Reply, ReplySyntax, Sequence, fresh_seed,
+    MemoryOptions, Model as Inner, ModelOptions, Output, Prompt, Reply, ReplySyntax, Sequence,
+    fresh_seed,
 };
 
 use crate::args::{Ready, keywords, messages, prompt, template_kwargs};
@@ -315,16 +316,18 @@ impl PyModel {
             .transpose()?;
         let options = ModelOptions {
             threads,
-            // Fixed, so chat turns and repeated prompts reuse the KV before them.
-            ctx_size: ctx_size.or(Some(oxgen::CHAT_CTX_SIZE)),
             exact,
             backend,
             ort_lib,
-            kv: KvBudget::Sequences(max_batch),
-            kv_dtype,
-            weight_budget: weight_budget_mib.map(|mib| mib.saturating_mul(1 << 20)),
-            expert_cache: expert_cache.parse().map_err(invalid)?,
-            prefix_cache: true,
+            memory: MemoryOptions {
+                // Fixed, so chat turns and repeated prompts reuse the KV before them.
+                ctx_size: ctx_size.or(Some(oxgen::CHAT_CTX_SIZE)),
+                kv: KvBudget::Sequences(max_batch),
+                kv_dtype,
+                prefix_cache: true,
+                weight_budget: weight_budget_mib.map(|mib| mib.saturating_mul(1 << 20)),
+                expert_cache: expert_cache.parse().map_err(invalid)?,
+            },
             kv_disk_cache,
             kv_disk_budget: kv_disk_budget_mib.saturating_mul(1 << 20),
             chat_template,

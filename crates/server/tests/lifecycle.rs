@@ -271,7 +271,10 @@ fn requests_wait_for_kv_blocks_and_one_too_big_for_the_pool_is_refused() {
     config.max_batch = 4;
     let options = ModelOptions {
         threads: 2,
-        kv: KvBudget::Blocks(20),
+        memory: oxgen::MemoryOptions {
+            kv: KvBudget::Blocks(20),
+            ..Default::default()
+        },
         ..ModelOptions::default()
     };
     let server = start_with(&default_model(), options, config);
@@ -517,8 +520,11 @@ fn a_restarted_server_reads_a_prompt_back_from_its_disk_cache() {
     let disk = tempfile::tempdir().unwrap();
     let options = || ModelOptions {
         threads: 2,
-        kv: KvBudget::Sequences(2),
-        prefix_cache: true,
+        memory: oxgen::MemoryOptions {
+            kv: KvBudget::Sequences(2),
+            prefix_cache: true,
+            ..Default::default()
+        },
         kv_disk_cache: Some(disk.path().to_path_buf()),
         ..ModelOptions::default()
     };

@@ -12,8 +12,11 @@ use serde_json::{Value, json};
 fn options(speculative: Option<Speculative>) -> ModelOptions {
     ModelOptions {
         threads: 1,
-        kv: KvBudget::Sequences(8),
-        prefix_cache: true,
+        memory: oxgen::MemoryOptions {
+            kv: KvBudget::Sequences(8),
+            prefix_cache: true,
+            ..Default::default()
+        },
         speculative,
         ..ModelOptions::default()
     }

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use oxgen_exec::{ExecOptions, NativeLm, NativeOptions};
+use oxgen_exec::{ExecOptions, MemoryOptions, NativeLm, NativeOptions};
 use oxgen_runtime::{Batch, LanguageModel, LogitsWanted, SeqId, SeqStep, StepLogits};
 use oxgen_testkit::fixtures::{FixtureConfig, Rng, tokenizer::VOCAB_SIZE, write_package};
 use oxgen_testkit::spans::{argmax, bits, run_spans};
@@ -320,7 +320,10 @@ fn proposed_tokens_fill_no_prefix_cache_block() {
             threads: 1,
             ..Default::default()
         },
-        prefix_cache: true,
+        memory: MemoryOptions {
+            prefix_cache: true,
+            ..MemoryOptions::default()
+        },
         ..NativeOptions::default()
     };
     let mut lm = NativeLm::open(&model, &options).unwrap();

@@ -27,15 +27,15 @@ pub(super) struct Paged {
 }
 
 impl Paged {
-    /// The pool `options.kv` asks for.
+    /// The pool `options.memory.kv` asks for.
     pub(super) fn new(c: &LmContract, options: &NativeOptions) -> Result<Paged, RuntimeError> {
         let block_layout =
             |blocks| PagedLayout::dense(blocks, KV_BLOCK_SIZE, c.kv_heads, c.head_size);
-        let kv = options.kv_dtype.unwrap_or(c.graph_kv_dtype());
-        let blocks = match options.kv {
+        let kv = options.memory.kv_dtype.unwrap_or(c.graph_kv_dtype());
+        let blocks = match options.memory.kv {
             KvBudget::Sequences(n) => sequence_blocks(
                 n,
-                options.ctx_size.or(options.context_length),
+                options.memory.ctx_size.or(options.context_length),
                 c.kv_bytes(kv, KV_BLOCK_SIZE),
                 physical_memory(),
             ),
@@ -49,12 +49,12 @@ impl Paged {
             block_bytes: store.block_bytes(),
         };
         let disk = match &options.disk_cache {
-            Some(tier) if options.prefix_cache => Some(DiskCache::open(tier, format)?),
+            Some(tier) if options.memory.prefix_cache => Some(DiskCache::open(tier, format)?),
             _ => None,
         };
         Ok(Paged {
             pool: BlockPool::new(blocks, KV_BLOCK_SIZE)?,
-            prefix_cache: options.prefix_cache,
+            prefix_cache: options.memory.prefix_cache,
             disk,
             format,
             store,

@@ -20,8 +20,11 @@ use serde_json::Value;
 pub fn start(dir: &Path, threads: usize, config: Config) -> Server {
     let options = ModelOptions {
         threads,
-        kv: KvBudget::Sequences(config.max_batch),
-        prefix_cache: true,
+        memory: oxgen::MemoryOptions {
+            kv: KvBudget::Sequences(config.max_batch),
+            prefix_cache: true,
+            ..Default::default()
+        },
         ..Default::default()
     };
     start_with(dir, options, config)
