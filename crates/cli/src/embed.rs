@@ -1,5 +1,6 @@
 //! `oxgen embed MODEL [TEXT...]`: embeddings of each text (or of each line of stdin) as JSON
-//! lines, from an encoder package (`oxgen import` of a sentence-transformers folder); with
+//! lines, from an encoder package (`oxgen import` of a sentence-transformers folder) or a
+//! decoder package (from its final hidden states); with
 //! `--rerank QUERY`, each text's relevance to QUERY instead.
 
 use std::io::{BufRead, Write};
@@ -44,7 +45,8 @@ impl EncoderArgs {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The encoder package folder.
+    /// The encoder package folder, or a decoder package's (it embeds from its final hidden
+    /// states, last-token pooled unless --pooling says otherwise).
     model: PathBuf,
     /// Texts to embed; without any, each line of stdin is one.
     texts: Vec<String>,

@@ -143,6 +143,11 @@ pub struct Args {
     /// For an encoder package (embeddings and reranking).
     #[command(flatten)]
     encoder: EncoderArgs,
+    /// Serve a decoder package as an embedding model (/v1/embeddings, /v1/rerank by
+    /// cosine) from its final hidden states, last-token pooled unless --pooling says
+    /// otherwise, instead of as a chat model.
+    #[arg(long, env = "OXGEN_EMBEDDING")]
+    embedding: bool,
 }
 
 fn keep_alive(s: &str) -> Result<KeepAlive, String> {
@@ -224,9 +229,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     lm_options.memory.prefix_cache = !args.no_prefix_cache;
     if !single {
+        if args.embedding {
+            return Err(crate::options::Usage(
+                "--embedding serves one package; give one model (several models serve each \
+                 encoder package as an embedding model by itself)"
+                    .into(),
+            )
+            .into());
+        }
         return serve_many(args, config, &addr, dirs, lm_options);
     }
-    if oxgen::embed::is_encoder_package(&dir) {
+    if args.embedding || oxgen::embed::is_encoder_package(&dir) {
         let options = args.encoder.options(args.run.threads, &args.backend);
         let open_dir = dir.clone();
         let server = Server::start_encoder(

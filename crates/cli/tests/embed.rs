@@ -406,3 +406,104 @@ fn cpu_has_vnni() -> bool {
             .any(|f| f == "avx512_vnni" || f == "avx_vnni")
     })
 }
+
+/// A decoder package (the default model, onnxruntime-genai's int4 export) embeds from its
+/// final hidden states, cut from the graph natively: last-token pooled by default and mean
+/// pooled when asked, as ONNX Runtime computes them from the same graph with the head's
+/// input put out (`decoder_reference.py`). That copy, which puts out `hidden_states` as
+/// onnxruntime-genai's builder can, runs on both backends; ONNX Runtime refuses the graph
+/// without it, naming what to do.
+#[test]
+fn a_decoder_package_embeds_from_its_final_hidden_states() {
+    let package = oxgen_testkit::default_model_dir();
+    let mut native = open(&package, Backend::Native, 2);
+    assert_eq!(
+        native.kind(),
+        EncoderKind::Embedding {
+            pooling: Pooling::LastToken,
+            normalize: true
+        }
+    );
+    assert_eq!(native.dim(), 576);
+    let inputs = inputs();
+    let ids: Vec<Vec<u32>> = (inputs.iter().enumerate())
+        .map(|(i, input)| native.tokenizer().input(i, input, false).unwrap().ids)
+        .collect();
+    let work = tempfile::tempdir().unwrap();
+    let ids_path = work.path().join("ids.json");
+    std::fs::write(&ids_path, serde_json::to_string(&ids).unwrap()).unwrap();
+    let copy = work.path().join("with-hidden-states");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testkit/thirdparty/embeddings/decoder_reference.py");
+    let out = Command::new(oxgen_testkit::ort_oracle::python())
+        .arg(&script)
+        .args([&package, &copy, &ids_path])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vectors =
+        |key: &str| -> Vec<Vec<f32>> { serde_json::from_value(reference[key].clone()).unwrap() };
+    let check = |what: &str, got: &[Vec<f32>], want: &[Vec<f32>]| {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let c = cosine(g, w);
+            assert!(c >= 0.9999, "{what}: text {i}: cosine {c}");
+        }
+    };
+    check(
+        "native, last token",
+        &native.embed(&inputs, false).unwrap(),
+        &vectors("last"),
+    );
+    let mean = EmbedOptions {
+        threads: 2,
+        backend: Backend::Native,
+        pooling: Some(Pooling::Mean),
+        ..EmbedOptions::default()
+    };
+    let mut native_mean = Embedder::open(&package, &mean).unwrap();
+    check(
+        "native, mean",
+        &native_mean.embed(&inputs, false).unwrap(),
+        &vectors("mean"),
+    );
+    for backend in [Backend::Native, Backend::Ort] {
+        let got = open(&copy, backend, 2).embed(&inputs, false).unwrap();
+        check(
+            &format!("{backend:?}, hidden_states output"),
+            &got,
+            &vectors("last"),
+        );
+    }
+    let options = EmbedOptions {
+        backend: Backend::Ort,
+        ..EmbedOptions::default()
+    };
+    let refused = Embedder::open(&package, &options)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains("puts out no hidden_states") && refused.contains("native backend"),
+        "{refused}"
+    );
+    // The CLI embeds from the same package.
+    let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+        .args(["embed", "--threads", "2"])
+        .arg(&package)
+        .arg(&texts()[0])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cli: Vec<f32> = serde_json::from_value(line["embedding"].clone()).unwrap();
+    check("oxgen embed", &[cli], &vectors("last")[..1]);
+}

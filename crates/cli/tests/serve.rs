@@ -704,6 +704,40 @@ fn an_encoder_package_serves_embeddings_and_rerank() {
     assert_eq!(served.stop(Duration::from_secs(60)), Some(0));
 }
 
+/// `--embedding` serves a decoder package as an embedding model: `/v1/embeddings` answers
+/// with its final hidden states (576 values for the default model, mean pooled as asked,
+/// unit length), chat requests are refused with a 400.
+#[test]
+fn a_decoder_package_serves_embeddings_with_embedding() {
+    let mut served = serve(&["--embedding", "--pooling", "mean"]);
+    let reply = common::post(
+        served.addr,
+        "/v1/embeddings",
+        &json!({"input": ["A man is eating food.", "A dog runs."]}),
+    );
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let body = reply.json();
+    let data = body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    let first: Vec<f64> = serde_json::from_value(data[0]["embedding"].clone()).unwrap();
+    assert_eq!(first.len(), 576);
+    let norm = first.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+    assert_ne!(data[0]["embedding"], data[1]["embedding"]);
+    let chat = common::post(
+        served.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    );
+    assert_eq!(chat.status, 400);
+    assert_eq!(served.stop(Duration::from_secs(60)), Some(0));
+}
+
 /// A family fixture package (`crates/testkit/thirdparty/families/NAME`).
 fn family(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -39,6 +39,7 @@ pub use open::{
     Unsupported,
 };
 pub use optimize::{NativeEvaluator, optimize};
+pub use oxgen_graph::passes::layers::HIDDEN_STATES;
 pub use oxgen_graph::passes::{Options as PassOptions, Report as PassReport};
 pub use oxgen_kernels::ThreadPool;
 pub use oxgen_runtime::OpTime;

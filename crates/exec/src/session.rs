@@ -132,6 +132,30 @@ impl NativeSession {
         Ok(NativeSession::new(graph, options))
     }
 
+    /// Loads a decoder's graph cut at its final hidden states (the output head's input, see
+    /// [`oxgen_graph::passes::layers::keep_hidden_states`]) and plans it: the door for
+    /// embeddings from a language model. Returns the session, whose one output is
+    /// `hidden_states`, and the contract of the graph as loaded (its KV inputs, which a run
+    /// feeds empty).
+    pub fn open_hidden_states(
+        path: &std::path::Path,
+        kv: &oxgen_runtime::KvTemplates,
+        options: &ExecOptions,
+    ) -> Result<(NativeSession, oxgen_runtime::LmContract), crate::OpenError> {
+        let mut graph = crate::open::load_graph(path)?;
+        let refused = |source| crate::OpenError::Runtime {
+            path: path.display().to_string(),
+            source,
+        };
+        let (inputs, outputs) = crate::open::io_specs(&graph);
+        let contract =
+            oxgen_runtime::LmContract::from_io(&inputs, &outputs, kv).map_err(refused)?;
+        oxgen_graph::passes::layers::keep_hidden_states(&mut graph, &contract.logits)
+            .map_err(|e| refused(oxgen_runtime::RuntimeError::Contract(e)))?;
+        let (graph, _) = crate::optimize(graph, None, &crate::PassOptions::default());
+        Ok((NativeSession::new(graph, options), contract))
+    }
+
     pub fn new(graph: Graph, options: &ExecOptions) -> NativeSession {
         Self::with_pool(graph, Arc::new(pool_for(options.threads)), options.exact)
     }

@@ -1,5 +1,6 @@
-//! Keeps a decoder's first layers and its output head: the draft of self-speculative
-//! decoding (a layer-skip draft that shares the target's weights file).
+//! Cuts a decoder: its first layers and its output head (the draft of self-speculative
+//! decoding, a layer-skip draft that shares the target's weights file), or everything up to
+//! its final hidden states (an embedding model made of a decoder).
 //!
 //! Found by structure, not names. After the norm fusions every layer after the first begins
 //! with a skip norm (the residual add and the input norm), each layer has one more in the
@@ -9,8 +10,8 @@
 //! input norm reads (the residual stream after layer L − 1), drops the KV inputs and outputs
 //! of the later layers, and removes every node that no longer reaches an output.
 
-use crate::Graph;
 use crate::ops::Op;
+use crate::{Graph, Index, ValueId};
 
 use super::{edit, norm};
 
@@ -69,4 +70,69 @@ pub fn keep_first_layers(
         ));
     }
     Ok(())
+}
+
+/// The name [`keep_hidden_states`] gives the graph's one output.
+pub const HIDDEN_STATES: &str = "hidden_states";
+
+/// Makes the decoder's final hidden states (what its output head reads: the final norm's
+/// output) the graph's one output, named [`HIDDEN_STATES`], and removes the head and
+/// whatever only fed the other outputs; KV inputs stay (a run feeds them empty). A graph
+/// that already puts out `hidden_states` (onnxruntime-genai's builder with
+/// `include_hidden_states`) keeps just that. The head is found from `logits` back through
+/// casts, reshapes and element-wise ops with a constant operand (a bias, a final softcap) to
+/// the first product. Fails, naming the op met, for another layout.
+pub fn keep_hidden_states(graph: &mut Graph, logits: &str) -> Result<(), String> {
+    let named = |graph: &Graph, name: &str| {
+        (graph.outputs.iter().copied()).find(|v| graph.value(*v).name == name)
+    };
+    let hidden = match named(graph, HIDDEN_STATES) {
+        Some(v) => v,
+        None => {
+            let start = named(graph, logits).ok_or_else(|| {
+                format!("the graph has neither a '{HIDDEN_STATES}' nor a '{logits}' output")
+            })?;
+            let hidden = head_input(graph, start)?;
+            graph.values[hidden.0].name = HIDDEN_STATES.to_string();
+            hidden
+        }
+    };
+    graph.outputs = vec![hidden];
+    edit::remove_dead(graph);
+    Ok(())
+}
+
+/// The value the output head producing `v` reads.
+fn head_input(graph: &Graph, mut v: ValueId) -> Result<ValueId, String> {
+    let index = Index::new(graph);
+    let is_constant = |v: &Option<ValueId>| v.is_some_and(|v| edit::constant(graph, v).is_some());
+    loop {
+        let Some((_, node)) = index.node(graph, v) else {
+            return Err(format!(
+                "'{}' is not computed by an output head (it is an input or a constant)",
+                graph.value(v).name
+            ));
+        };
+        let first = node.inputs.first().copied().flatten();
+        v = match node.op_type.as_str() {
+            "MatMul" | "MatMulNBits" | "Gemm" | "MatMulInteger" | "MatMulNBitsGroup" => {
+                return first.ok_or_else(|| format!("node '{}' has no input", node.name));
+            }
+            "Cast" | "Reshape" | "Identity" | "Squeeze" | "Unsqueeze" | "Flatten" | "Tanh" => first,
+            "Add" | "Mul" | "Div" | "Sub" => match node.inputs.as_slice() {
+                [a, b] if is_constant(b) => *a,
+                [a, b] if is_constant(a) => *b,
+                _ => None,
+            },
+            _ => None,
+        }
+        .ok_or_else(|| {
+            format!(
+                "the output head's node '{}' ({}) is not a product, a cast, a reshape or an \
+                 element-wise op with a constant; export the model with hidden_states as an \
+                 output",
+                node.name, node.op_type
+            )
+        })?;
+    }
 }

@@ -14,6 +14,7 @@
 //! the encoder's thread through [`EmbedQueue`] (`queue.rs`).
 
 mod queue;
+mod session;
 
 pub use queue::{EmbedJob, EmbedOutput, EmbedQueue, EmbedSink, EmbedStatus, EmbedWork, serve};
 
@@ -22,10 +23,10 @@ use std::sync::Arc;
 
 use oxgen_generate::Tokenizer;
 use oxgen_runtime::Session;
-use oxgen_tensor::Tensor;
 use serde_json::Value;
 
-use crate::{Backend, Error};
+use crate::{Backend, Error, PackageConfig};
+pub use session::HIDDEN_STATES;
 
 /// How a sequence's token states become one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,13 +268,16 @@ impl EmbedTokenizer {
 pub struct Embedder {
     path: PathBuf,
     session: Box<dyn Session>,
+    feeds: session::Feeds,
     tokenizer: EmbedTokenizer,
     kind: EncoderKind,
     /// Values per embedding (or labels of a reranker).
     dim: usize,
-    /// The graph's output already pooled (`sentence_embedding`).
+    /// The output read: token states, a pooled embedding (`sentence_embedding`) or a
+    /// reranker's logits.
+    output: &'static str,
+    /// The output is already pooled.
     pooled: bool,
-    token_types: bool,
     threads: usize,
     note: Option<String>,
 }
@@ -336,6 +340,24 @@ pub fn is_encoder_package(dir: &Path) -> bool {
         .is_some_and(|t| ENCODER_TYPES.contains(&t))
 }
 
+/// The positions an encoder's graph holds (`max_position_embeddings` of its `config.json`,
+/// less RoBERTa's offset past the padding id), when the config says.
+fn encoder_positions(dir: &Path) -> Result<Option<usize>, Error> {
+    let config = read_json(&dir.join("config.json"))?.unwrap_or(Value::Null);
+    let positions = config
+        .get("max_position_embeddings")
+        .and_then(Value::as_u64)
+        .map(|n| n as usize);
+    let offset = match config.get("model_type").and_then(Value::as_str) {
+        Some("roberta" | "xlm-roberta" | "camembert") => config
+            .get("pad_token_id")
+            .and_then(Value::as_u64)
+            .map_or(2, |p| p as usize + 1),
+        _ => 0,
+    };
+    Ok(positions.map(|p| p.saturating_sub(offset)))
+}
+
 /// Reads sentence-transformers' pooling and normalization from the package's modules.
 fn package_pooling(dir: &Path) -> Result<Option<(Pooling, bool)>, Error> {
     let Some(modules) = read_json(&dir.join("modules.json"))? else {
@@ -376,32 +398,65 @@ fn package_pooling(dir: &Path) -> Result<Option<(Pooling, bool)>, Error> {
 }
 
 impl Embedder {
-    /// Opens the encoder package in `dir`.
+    /// Opens the encoder package in `dir`, or a decoder package (`genai_config.json`, or an
+    /// optimum export of a causal language model), which embeds from its final hidden
+    /// states: the last token's unless the package's modules or `options` say otherwise.
     pub fn open(dir: &Path, options: &EmbedOptions) -> Result<Embedder, Error> {
-        let graph = encoder_graph(dir).ok_or_else(|| {
-            package_error(
-                dir,
-                "holds no model.onnx (nor onnx/model.onnx); import a sentence-transformers \
-                 folder with `oxgen import FOLDER OUT`",
-            )
-        })?;
         let threads = oxgen_runtime::check_threads(options.threads)
             .map_err(|reason| package_error(dir, reason))?;
         let threads = oxgen_runtime::resolve_threads(threads);
-        let (session, note) = open_session(&graph, options, threads)?;
+        let decoder = match is_encoder_package(dir) {
+            true => None,
+            false if dir.join("genai_config.json").is_file() => Some(PackageConfig::read(dir)?),
+            false => PackageConfig::read(dir).ok(),
+        };
+        let (graph, opened, graph_max) = match &decoder {
+            Some(config) => {
+                let opened = session::open_decoder(dir, config, options, threads)?;
+                (
+                    dir.join(&config.model_file),
+                    opened,
+                    Some(config.context_length),
+                )
+            }
+            None => {
+                let graph = encoder_graph(dir).ok_or_else(|| {
+                    package_error(
+                        dir,
+                        "holds no model.onnx (nor onnx/model.onnx); import a \
+                         sentence-transformers folder with `oxgen import FOLDER OUT`",
+                    )
+                })?;
+                let opened = session::open_encoder(&graph, options, threads)?;
+                (graph, opened, encoder_positions(dir)?)
+            }
+        };
         let tokenizer = Arc::new(Tokenizer::from_file(&dir.join("tokenizer.json"))?);
 
+        let session = &opened.session;
         let outputs: Vec<&str> = session.outputs().iter().map(|o| o.name.as_str()).collect();
         let has = |name: &str| outputs.contains(&name);
-        let (kind, pooled) = if has("logits") && !has("last_hidden_state") {
-            (EncoderKind::Reranker { labels: 0 }, false)
-        } else if has("sentence_embedding") || has("last_hidden_state") || has("token_embeddings") {
-            let (pooling, normalize) = package_pooling(dir)?.unwrap_or((Pooling::Mean, true));
+        let states = ["last_hidden_state", "token_embeddings", HIDDEN_STATES]
+            .into_iter()
+            .find(|name| has(name));
+        let (kind, output) = if has("logits") && states.is_none() {
+            (EncoderKind::Reranker { labels: 0 }, "logits")
+        } else if has("sentence_embedding") || states.is_some() {
+            let fallback = match decoder {
+                Some(_) => (Pooling::LastToken, true),
+                None => (Pooling::Mean, true),
+            };
+            let (pooling, normalize) = package_pooling(dir)?.unwrap_or(fallback);
             let kind = EncoderKind::Embedding {
                 pooling: options.pooling.unwrap_or(pooling),
                 normalize: options.normalize.unwrap_or(normalize),
             };
-            (kind, has("sentence_embedding") && options.pooling.is_none())
+            match states {
+                Some(states) if !has("sentence_embedding") || options.pooling.is_some() => {
+                    (kind, states)
+                }
+                _ => (kind, "sentence_embedding"),
+            }
         } else {
             return Err(package_error(
                 &graph,
@@ -412,21 +467,6 @@ impl Embedder {
                 ),
             ));
         };
-        let token_types = session.inputs().iter().any(|i| i.name == "token_type_ids");
-
-        let config = read_json(&dir.join("config.json"))?.unwrap_or(Value::Null);
-        let positions = config
-            .get("max_position_embeddings")
-            .and_then(Value::as_u64)
-            .map(|n| n as usize);
-        let offset = match config.get("model_type").and_then(Value::as_str) {
-            Some("roberta" | "xlm-roberta" | "camembert") => config
-                .get("pad_token_id")
-                .and_then(Value::as_u64)
-                .map_or(2, |p| p as usize + 1),
-            _ => 0,
-        };
-        let graph_max = positions.map(|p| p.saturating_sub(offset));
         let package_max = read_json(&dir.join("sentence_bert_config.json"))?
             .and_then(|c| c.get("max_seq_length")?.as_u64())
             .map(|n| n as usize);
@@ -453,14 +493,15 @@ impl Embedder {
         };
         let mut embedder = Embedder {
             path: dir.to_path_buf(),
-            session,
+            session: opened.session,
+            feeds: opened.feeds,
             tokenizer,
             kind,
             dim: 0,
-            pooled,
-            token_types,
+            output,
+            pooled: output == "sentence_embedding",
             threads,
-            note,
+            note: opened.note,
         };
         // One run of a short input tells the width (and a reranker's labels), and checks
         // the graph runs at all.
@@ -574,33 +615,18 @@ impl Embedder {
     /// Runs one sequence: its pooled (and normalized) embedding, or a reranker's logits.
     fn run(&mut self, tokens: &EmbedTokens) -> Result<Vec<f32>, Error> {
         let n = tokens.ids.len();
-        let ids: Vec<i64> = tokens.ids.iter().map(|&i| i64::from(i)).collect();
-        let tensor =
-            |values: &[i64]| Tensor::from_slice([1, n].as_slice(), values).expect("[1, n]");
-        let mut feeds = vec![
-            ("input_ids".to_string(), tensor(&ids)),
-            ("attention_mask".to_string(), tensor(&vec![1; n])),
-        ];
-        if self.token_types {
-            let types: Vec<i64> = tokens.types.iter().map(|&t| i64::from(t)).collect();
-            feeds.push(("token_type_ids".to_string(), tensor(&types)));
-        }
+        let feeds = self.feeds.of(self.session.as_ref(), tokens)?;
         let outputs = self.session.run(feeds)?;
-        let wanted = match self.kind {
-            EncoderKind::Reranker { .. } => &["logits"][..],
-            EncoderKind::Embedding { .. } if self.pooled => &["sentence_embedding"][..],
-            EncoderKind::Embedding { .. } => &["last_hidden_state", "token_embeddings"][..],
-        };
         let (_, out) = outputs
             .iter()
-            .find(|(name, _)| wanted.contains(&name.as_str()))
+            .find(|(name, _)| name == self.output)
             .ok_or_else(|| {
-                package_error(&self.path, format!("the graph put out no {}", wanted[0]))
+                package_error(&self.path, format!("the graph put out no {}", self.output))
             })?;
         let values = out.as_slice::<f32>().map_err(|_| {
             package_error(
                 &self.path,
-                format!("{} is {}, not f32", wanted[0], out.dtype().name()),
+                format!("{} is {}, not f32", self.output, out.dtype().name()),
             )
         })?;
         match self.kind {
@@ -615,7 +641,7 @@ impl Embedder {
                             &self.path,
                             format!(
                                 "{} has shape {:?}, not [1, {n}, dim]",
-                                wanted[0],
+                                self.output,
                                 out.dims()
                             ),
                         ));
@@ -653,52 +679,4 @@ fn relevance(logits: &[f32], labels: usize) -> f32 {
             b / (a + b)
         }
     }
-}
-
-fn open_session(
-    graph: &Path,
-    options: &EmbedOptions,
-    threads: usize,
-) -> Result<(Box<dyn Session>, Option<String>), Error> {
-    let exec = oxgen_exec::ExecOptions {
-        threads,
-        exact: true,
-    };
-    if options.backend == Backend::Ort {
-        return Ok((open_ort(graph, options, threads)?, None));
-    }
-    match oxgen_exec::NativeSession::open(graph, &exec) {
-        Ok(session) => Ok((Box::new(session), None)),
-        Err(oxgen_exec::OpenError::Unsupported { unsupported, .. })
-            if options.backend == Backend::Auto && crate::HAS_ORT =>
-        {
-            let why = unsupported.to_string();
-            Ok((
-                open_ort(graph, options, threads)?,
-                Some(format!("{why}; running it on ONNX Runtime")),
-            ))
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-#[cfg(feature = "ort")]
-fn open_ort(
-    graph: &Path,
-    options: &EmbedOptions,
-    threads: usize,
-) -> Result<Box<dyn Session>, Error> {
-    oxgen_ort::OrtSession::open(graph, options.ort_lib.as_deref(), threads)
-        .map(|s| Box::new(s) as Box<dyn Session>)
-        .map_err(|e| package_error(graph, e.to_string()))
-}
-
-#[cfg(not(feature = "ort"))]
-fn open_ort(_: &Path, _: &EmbedOptions, _: usize) -> Result<Box<dyn Session>, Error> {
-    Err(Error::Package {
-        path: "--backend ort".into(),
-        reason: "this build has no ONNX Runtime backend; rebuild with the `ort` feature \
-                 (the oxgen CLI enables it)"
-            .into(),
-    })
 }
