@@ -251,7 +251,7 @@ fn reference() -> Reference {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let dim = json["dim"].as_u64().unwrap() as usize;
-    let bytes = base64_decode(json["embeddings_f32_base64"].as_str().unwrap());
+    let bytes = oxgen_testkit::base64_decode(json["embeddings_f32_base64"].as_str().unwrap());
     let values: Vec<f32> = bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
@@ -260,27 +260,6 @@ fn reference() -> Reference {
         sentences: serde_json::from_value(json["sentences"].clone()).unwrap(),
         embeddings: values.chunks(dim).map(<[f32]>::to_vec).collect(),
     }
-}
-
-fn base64_decode(text: &str) -> Vec<u8> {
-    let value = |c: u8| match c {
-        b'A'..=b'Z' => c - b'A',
-        b'a'..=b'z' => c - b'a' + 26,
-        b'0'..=b'9' => c - b'0' + 52,
-        b'+' => 62,
-        _ => 63,
-    };
-    let mut out = Vec::new();
-    for chunk in text.as_bytes().chunks(4) {
-        let n = chunk
-            .iter()
-            .take_while(|&&c| c != b'=')
-            .enumerate()
-            .fold(0u32, |n, (i, &c)| n | u32::from(value(c)) << (18 - 6 * i));
-        let len = chunk.iter().filter(|&&c| c != b'=').count() - 1;
-        out.extend_from_slice(&n.to_be_bytes()[1..1 + len]);
-    }
-    out
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -506,4 +485,45 @@ fn a_decoder_package_embeds_from_its_final_hidden_states() {
     let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let cli: Vec<f32> = serde_json::from_value(line["embedding"].clone()).unwrap();
     check("oxgen embed", &[cli], &vectors("last")[..1]);
+}
+
+/// An imported ModernBERT (the committed tiny checkpoint) embeds as its sentence-transformers
+/// modules say: the mean of transformers' token states, normalized.
+#[test]
+fn an_imported_modernbert_embeds_with_its_package_pooling() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/embeddings/modernbert");
+    let work = tempfile::tempdir().unwrap();
+    let package = work.path().join("modernbert");
+    oxgen_import::import_encoder(&fixture, &package, &Default::default()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
+            .unwrap();
+    let sequences: Vec<Vec<u32>> = serde_json::from_value(json["sequences"].clone()).unwrap();
+    let bytes =
+        oxgen_testkit::base64_decode(json["last_hidden_state_f32_base64"].as_str().unwrap());
+    let values: Vec<f32> = (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let inputs: Vec<EmbedInput> = sequences.iter().cloned().map(EmbedInput::Ids).collect();
+    for backend in [Backend::Native, Backend::Ort] {
+        let mut model = open(&package, backend, 2);
+        assert_eq!(
+            model.kind(),
+            EncoderKind::Embedding {
+                pooling: Pooling::Mean,
+                normalize: true
+            }
+        );
+        let got = model.embed(&inputs, false).unwrap();
+        let mut states = values.iter().copied();
+        for (ids, embedding) in sequences.iter().zip(&got) {
+            let rows: Vec<f32> = states.by_ref().take(ids.len() * 32).collect();
+            let mean: Vec<f32> = (0..32)
+                .map(|j| rows.chunks(32).map(|r| r[j]).sum::<f32>() / ids.len() as f32)
+                .collect();
+            let c = cosine(embedding, &mean);
+            assert!(c >= 0.9999, "{backend:?}: {} tokens: cosine {c}", ids.len());
+        }
+    }
 }

@@ -113,22 +113,26 @@ pub fn write_hf_folder(dir: &Path, f: &EncoderFixture) -> std::io::Result<()> {
     std::fs::create_dir_all(dir.join("1_Pooling"))?;
     let vocab = vocab().len();
     let (h, inter) = (f.hidden, f.intermediate);
+    assert!(
+        f.arch != EncoderArch::ModernBert,
+        "ModernBERT's fixture is committed (thirdparty/embeddings/modernbert), not generated"
+    );
     // RoBERTa's positions start after the padding id (1 there; 0 for BERT).
     let (pad, type_vocab) = match f.arch {
-        EncoderArch::Bert => (0, 2),
         EncoderArch::Roberta => (1, 1),
+        _ => (0, 2),
     };
     let (prefix, model_type) = match (f.arch, f.labels) {
-        (EncoderArch::Bert, None) => ("", "bert"),
-        (EncoderArch::Bert, Some(_)) => ("bert.", "bert"),
         (EncoderArch::Roberta, None) => ("", "roberta"),
         (EncoderArch::Roberta, Some(_)) => ("roberta.", "roberta"),
+        (_, None) => ("", "bert"),
+        (_, Some(_)) => ("bert.", "bert"),
     };
     let architecture = match (f.arch, f.labels) {
-        (EncoderArch::Bert, None) => "BertModel",
-        (EncoderArch::Bert, Some(_)) => "BertForSequenceClassification",
         (EncoderArch::Roberta, None) => "RobertaModel",
         (EncoderArch::Roberta, Some(_)) => "RobertaForSequenceClassification",
+        (_, None) => "BertModel",
+        (_, Some(_)) => "BertForSequenceClassification",
     };
     let mut config = json!({
         "architectures": [architecture], "model_type": model_type, "hidden_act": "gelu",
@@ -200,8 +204,8 @@ pub fn write_hf_folder(dir: &Path, f: &EncoderFixture) -> std::io::Result<()> {
     }
     if let Some(labels) = f.labels {
         let (dense, out) = match f.arch {
-            EncoderArch::Bert => (format!("{prefix}pooler.dense"), "classifier".to_string()),
             EncoderArch::Roberta => ("classifier.dense".into(), "classifier.out_proj".into()),
+            _ => (format!("{prefix}pooler.dense"), "classifier".to_string()),
         };
         w.linear(dense, h, h, scale);
         w.linear(out, labels, h, 3.0 * scale);

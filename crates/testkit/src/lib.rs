@@ -111,3 +111,25 @@ pub fn log_softmax(row: &[f32]) -> Vec<f64> {
     let log_z = max + sum.ln();
     row.iter().map(|&x| f64::from(x) - log_z).collect()
 }
+
+/// The bytes of standard base64 `text` (padding optional), as reference files store f32s.
+pub fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let mut out = Vec::new();
+    for chunk in text.as_bytes().chunks(4) {
+        let n = chunk
+            .iter()
+            .take_while(|&&c| c != b'=')
+            .enumerate()
+            .fold(0u32, |n, (i, &c)| n | u32::from(value(c)) << (18 - 6 * i));
+        let len = chunk.iter().filter(|&&c| c != b'=').count() - 1;
+        out.extend_from_slice(&n.to_be_bytes()[1..1 + len]);
+    }
+    out
+}

@@ -20,8 +20,11 @@
 //! ```
 //!
 //! RoBERTa's positions count only the non-padding tokens from `pad_token_id + 1` (a `CumSum`
-//! over `input_ids != pad`, as transformers computes them). Weights are transposed to
-//! `[in, out]` and stored as f32 whatever the file held.
+//! over `input_ids != pad`, as transformers computes them). ModernBERT, a rotary encoder,
+//! has a graph of its own ([`modernbert`]). Weights are transposed to `[in, out]` and stored
+//! as f32 whatever the file held.
+
+mod modernbert;
 
 use std::path::Path;
 
@@ -41,6 +44,26 @@ pub enum EncoderArch {
     Bert,
     /// RoBERTa / XLM-RoBERTa: positions from `pad_token_id + 1` over the non-padding tokens.
     Roberta,
+    /// ModernBERT: rotary positions, global attention every few layers and a sliding window
+    /// between, a GeGLU MLP ([`ModernSpec`]).
+    ModernBert,
+}
+
+/// What ModernBERT adds to an encoder's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModernSpec {
+    /// Per layer: whether it attends only within [`ModernSpec::window`] tokens each side
+    /// (else to every token).
+    pub local: Vec<bool>,
+    /// Tokens a local layer sees on each side (`local_attention / 2`).
+    pub window: usize,
+    /// Rotary bases of the global and the local layers.
+    pub global_theta: f64,
+    pub local_theta: f64,
+    /// Whether the layer norms, the attention projections and the MLP have biases.
+    pub norm_bias: bool,
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
 }
 
 /// What the graph puts out.
@@ -69,6 +92,8 @@ pub struct EncoderSpec {
     pub layer_norm_eps: f32,
     /// GELU by its tanh approximation (`gelu_new`, `gelu_pytorch_tanh`) instead of erf.
     pub gelu_tanh: bool,
+    /// ModernBERT's layout (with [`EncoderArch::ModernBert`]).
+    pub modern: Option<ModernSpec>,
 }
 
 impl EncoderSpec {
@@ -79,21 +104,11 @@ impl EncoderSpec {
             key: "(file)".into(),
             problem: format!("is not JSON ({e})"),
         })?;
-        let meta = |key: &str, problem: String| ImportError::Metadata {
-            file: path.to_path_buf(),
-            key: key.into(),
-            problem,
+        let keys = Keys {
+            path,
+            config: &config,
         };
-        let usize_of = |key: &str, lo: usize, hi: usize| -> Result<usize, ImportError> {
-            let v = config
-                .get(key)
-                .and_then(Value::as_u64)
-                .ok_or_else(|| meta(key, "is missing or not a non-negative integer".into()))?;
-            usize::try_from(v)
-                .ok()
-                .filter(|v| (lo..=hi).contains(v))
-                .ok_or_else(|| meta(key, format!("is {v}, outside {lo}..={hi}")))
-        };
+        let usize_of = |key: &str, lo: usize, hi: usize| keys.usize(key, lo, hi);
         let model_type = config
             .get("model_type")
             .and_then(Value::as_str)
@@ -101,11 +116,13 @@ impl EncoderSpec {
         let arch = match model_type {
             "bert" => EncoderArch::Bert,
             "roberta" | "xlm-roberta" | "camembert" => EncoderArch::Roberta,
+            "modernbert" => return modernbert::spec(&keys),
             other => {
                 return Err(ImportError::UnsupportedArchitecture {
                     file: path.to_path_buf(),
                     arch: other.to_string(),
-                    supported: "bert, roberta, xlm-roberta, camembert (encoders)".into(),
+                    supported: "bert, roberta, xlm-roberta, camembert, modernbert (encoders)"
+                        .into(),
                 });
             }
         };
@@ -135,15 +152,7 @@ impl EncoderSpec {
                 });
             }
         };
-        let classifies = config
-            .get("architectures")
-            .and_then(Value::as_array)
-            .is_some_and(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .any(|n| n.ends_with("ForSequenceClassification"))
-            });
-        let head = if classifies {
+        let head = if keys.classifies() {
             let labels = match config.get("id2label").and_then(Value::as_object) {
                 Some(map) => map.len(),
                 None => usize_of("num_labels", 1, 1 << 16)?,
@@ -152,21 +161,8 @@ impl EncoderSpec {
         } else {
             EncoderHead::Features
         };
-        let hidden = usize_of("hidden_size", 1, 1 << 16)?;
-        let heads = usize_of("num_attention_heads", 1, 1 << 10)?;
-        if hidden % heads != 0 {
-            return Err(meta(
-                "num_attention_heads",
-                format!("is {heads}, which does not divide hidden_size {hidden}"),
-            ));
-        }
-        let eps = config
-            .get("layer_norm_eps")
-            .and_then(Value::as_f64)
-            .unwrap_or(1e-12);
-        if !(eps > 0.0 && eps < 1.0) {
-            return Err(meta("layer_norm_eps", format!("is {eps}, outside (0, 1)")));
-        }
+        let (hidden, heads) = keys.heads()?;
+        let eps = keys.eps("layer_norm_eps", 1e-12)?;
         Ok(EncoderSpec {
             arch,
             head,
@@ -178,21 +174,103 @@ impl EncoderSpec {
             max_positions: usize_of("max_position_embeddings", 1, 1 << 20)?,
             type_vocab: usize_of("type_vocab_size", 0, 1 << 10).unwrap_or(0),
             pad: usize_of("pad_token_id", 0, 1 << 24).unwrap_or(0),
-            layer_norm_eps: eps as f32,
+            layer_norm_eps: eps,
             gelu_tanh,
+            modern: None,
         })
     }
 
     /// The tokens a sequence may hold: RoBERTa's positions start after the padding id.
     pub fn max_tokens(&self) -> usize {
         match self.arch {
-            EncoderArch::Bert => self.max_positions,
+            EncoderArch::Bert | EncoderArch::ModernBert => self.max_positions,
             EncoderArch::Roberta => self.max_positions.saturating_sub(self.pad + 1),
         }
     }
 
     fn takes_token_types(&self) -> bool {
         self.arch == EncoderArch::Bert && self.type_vocab > 1
+    }
+}
+
+/// `config.json`'s values, checked, with errors that name the file and the key.
+struct Keys<'a> {
+    path: &'a Path,
+    config: &'a Value,
+}
+
+impl Keys<'_> {
+    fn error(&self, key: &str, problem: String) -> ImportError {
+        ImportError::Metadata {
+            file: self.path.to_path_buf(),
+            key: key.into(),
+            problem,
+        }
+    }
+
+    fn usize(&self, key: &str, lo: usize, hi: usize) -> Result<usize, ImportError> {
+        let v = (self.config.get(key))
+            .and_then(Value::as_u64)
+            .ok_or_else(|| self.error(key, "is missing or not a non-negative integer".into()))?;
+        usize::try_from(v)
+            .ok()
+            .filter(|v| (lo..=hi).contains(v))
+            .ok_or_else(|| self.error(key, format!("is {v}, outside {lo}..={hi}")))
+    }
+
+    /// [`Keys::usize`], `default` when the key is absent.
+    fn usize_or(
+        &self,
+        key: &str,
+        default: usize,
+        lo: usize,
+        hi: usize,
+    ) -> Result<usize, ImportError> {
+        match self.config.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(_) => self.usize(key, lo, hi),
+        }
+    }
+
+    /// `hidden_size` and `num_attention_heads`, the second dividing the first.
+    fn heads(&self) -> Result<(usize, usize), ImportError> {
+        let hidden = self.usize("hidden_size", 1, 1 << 16)?;
+        let heads = self.usize("num_attention_heads", 1, 1 << 10)?;
+        if hidden % heads != 0 {
+            return Err(self.error(
+                "num_attention_heads",
+                format!("is {heads}, which does not divide hidden_size {hidden}"),
+            ));
+        }
+        Ok((hidden, heads))
+    }
+
+    /// A layer norm's epsilon in (0, 1), `default` when absent.
+    fn eps(&self, key: &str, default: f64) -> Result<f32, ImportError> {
+        let eps = (self.config.get(key))
+            .and_then(Value::as_f64)
+            .unwrap_or(default);
+        if !(eps > 0.0 && eps < 1.0) {
+            return Err(self.error(key, format!("is {eps}, outside (0, 1)")));
+        }
+        Ok(eps as f32)
+    }
+
+    fn bool(&self, key: &str, default: bool) -> bool {
+        (self.config.get(key))
+            .and_then(Value::as_bool)
+            .unwrap_or(default)
+    }
+
+    /// Whether `architectures` names a `...ForSequenceClassification` head.
+    fn classifies(&self) -> bool {
+        (self.config.get("architectures"))
+            .and_then(Value::as_array)
+            .is_some_and(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .any(|n| n.ends_with("ForSequenceClassification"))
+            })
     }
 }
 
@@ -235,9 +313,25 @@ impl Writer<'_> {
         in_dim: usize,
         out_dim: usize,
     ) -> Result<(), ImportError> {
+        self.product(name, input, output, [in_dim, out_dim], true)
+    }
+
+    /// `x · Wᵀ`, `+ b` when `bias`, for torch's `Linear` `{name}` of `[in, out]` features.
+    fn product(
+        &mut self,
+        name: &str,
+        input: &str,
+        output: &str,
+        [in_dim, out_dim]: [usize; 2],
+        bias: bool,
+    ) -> Result<(), ImportError> {
         let w_name = format!("{name}.weight");
         let w = self.st.linear(&w_name, out_dim, in_dim)?;
         self.b.initializer(&w_name, w);
+        if !bias {
+            self.node("MatMul", &[input, &w_name], output, vec![]);
+            return Ok(());
+        }
         let bias_name = format!("{name}.bias");
         let bias = self.st.f32(&bias_name, &[out_dim])?;
         self.b.initializer(&bias_name, bias);
@@ -248,12 +342,31 @@ impl Writer<'_> {
     }
 
     fn layer_norm(&mut self, name: &str, input: &str, output: &str) -> Result<(), ImportError> {
+        self.norm(name, input, output, true)
+    }
+
+    /// `LayerNormalization` of `{name}.weight` (and `{name}.bias` when `bias`).
+    fn norm(
+        &mut self,
+        name: &str,
+        input: &str,
+        output: &str,
+        bias: bool,
+    ) -> Result<(), ImportError> {
         let h = self.spec.hidden;
         let gamma = self.weight(&format!("{name}.weight"), &[h])?;
-        let beta = self.weight(&format!("{name}.bias"), &[h])?;
+        let beta = match bias {
+            true => self.weight(&format!("{name}.bias"), &[h])?,
+            false => String::new(),
+        };
+        let inputs: &[&str] = if bias {
+            &[input, &gamma, &beta]
+        } else {
+            &[input, &gamma]
+        };
         self.node(
             "LayerNormalization",
-            &[input, &gamma, &beta],
+            inputs,
             output,
             vec![
                 attr::int("axis", -1),
@@ -317,7 +430,8 @@ impl Writer<'_> {
         self.node("Gather", &[&words, "input_ids"], "emb.words", vec![]);
 
         let positions = match spec.arch {
-            EncoderArch::Bert => {
+            // ModernBERT has no position table (its graph is `modernbert`'s).
+            EncoderArch::Bert | EncoderArch::ModernBert => {
                 // Range(0, sequence) as a [1, s] row.
                 let shape = "emb.shape";
                 self.node("Shape", &["input_ids"], shape, vec![]);
@@ -513,7 +627,7 @@ impl Writer<'_> {
             vec![attr::int("axis", 1)],
         );
         let (dense, out) = match self.spec.arch {
-            EncoderArch::Bert => (
+            EncoderArch::Bert | EncoderArch::ModernBert => (
                 format!("{}pooler.dense", self.prefix),
                 "classifier".to_string(),
             ),
@@ -534,18 +648,23 @@ fn ints(values: &[i64]) -> Tensor {
 
 /// The prefix of the encoder's weights in `st`: `""` for a bare `BertModel`, else the
 /// model-type attribute a `...ForSequenceClassification` keeps it under.
-fn weight_prefix(st: &SafeTensors) -> Result<String, ImportError> {
+fn weight_prefix(st: &SafeTensors, arch: EncoderArch) -> Result<String, ImportError> {
+    let words = match arch {
+        EncoderArch::ModernBert => "embeddings.tok_embeddings.weight",
+        _ => "embeddings.word_embeddings.weight",
+    };
     for prefix in ["", "bert.", "roberta.", "model."] {
-        if st.contains(&format!("{prefix}embeddings.word_embeddings.weight")) {
+        if st.contains(&format!("{prefix}{words}")) {
             return Ok(prefix.to_string());
         }
     }
     Err(ImportError::Tensor {
         file: st.path().to_path_buf(),
-        tensor: "embeddings.word_embeddings.weight".into(),
-        problem: "is missing (also under bert., roberta. and model.); the file is not a \
-                  BERT-family encoder"
-            .into(),
+        tensor: words.into(),
+        problem: format!(
+            "is missing (also under bert., roberta. and model.); the file is not a {arch:?} \
+             encoder"
+        ),
     })
 }
 
@@ -558,7 +677,7 @@ pub fn build(
     let mut w = Writer {
         b: ModelBuilder::new(producer),
         st,
-        prefix: weight_prefix(st)?,
+        prefix: weight_prefix(st, spec.arch)?,
         spec,
         constants: 0,
     };
@@ -570,11 +689,17 @@ pub fn build(
     if spec.takes_token_types() {
         w.b.input("token_type_ids", DType::I64, &[batch.clone(), seq.clone()]);
     }
-    let mut x = w.embeddings()?;
-    w.mask();
-    for l in 0..spec.layers {
-        x = w.layer(l, &x)?;
-    }
+    let x = match &spec.modern {
+        Some(modern) => w.modernbert(modern)?,
+        None => {
+            let mut x = w.embeddings()?;
+            w.mask();
+            for l in 0..spec.layers {
+                x = w.layer(l, &x)?;
+            }
+            x
+        }
+    };
     match spec.head {
         EncoderHead::Features => {
             w.node("Identity", &[&x], "last_hidden_state", vec![]);
