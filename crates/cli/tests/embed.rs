@@ -1,7 +1,12 @@
 //! Encoders: packages imported from Hugging Face folders run on both backends with the same
 //! results; an embedding does not depend on its batch or the thread count; inputs are
-//! refused with their index; and the real all-MiniLM-L6-v2 gives sentence-transformers'
-//! embeddings (recorded once, `crates/testkit/thirdparty/embeddings/make_reference.py`).
+//! refused with their index; the real all-MiniLM-L6-v2 gives sentence-transformers'
+//! embeddings (recorded once, `crates/testkit/thirdparty/embeddings/make_reference.py`); an
+//! imported ModernBERT pools transformers' states; and a decoder package embeds from its
+//! final hidden states as ONNX Runtime computes them.
+
+#[allow(dead_code)] // run_python is for the other binaries that share it
+mod support;
 
 use std::path::Path;
 use std::process::Command;
@@ -414,17 +419,12 @@ fn a_decoder_package_embeds_from_its_final_hidden_states() {
     let copy = work.path().join("with-hidden-states");
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../testkit/thirdparty/embeddings/decoder_reference.py");
-    let out = Command::new(oxgen_testkit::ort_oracle::python())
-        .arg(&script)
-        .args([&package, &copy, &ids_path])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = support::stdout_of(
+        Command::new(support::python())
+            .arg(&script)
+            .args([&package, &copy, &ids_path]),
     );
-    let reference: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reference: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let vectors =
         |key: &str| -> Vec<Vec<f32>> { serde_json::from_value(reference[key].clone()).unwrap() };
     let check = |what: &str, got: &[Vec<f32>], want: &[Vec<f32>]| {
@@ -471,18 +471,13 @@ fn a_decoder_package_embeds_from_its_final_hidden_states() {
         "{refused}"
     );
     // The CLI embeds from the same package.
-    let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
-        .args(["embed", "--threads", "2"])
-        .arg(&package)
-        .arg(&texts()[0])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = support::stdout_of(
+        Command::new(env!("CARGO_BIN_EXE_oxgen"))
+            .args(["embed", "--threads", "2"])
+            .arg(&package)
+            .arg(&texts()[0]),
     );
-    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let cli: Vec<f32> = serde_json::from_value(line["embedding"].clone()).unwrap();
     check("oxgen embed", &[cli], &vectors("last")[..1]);
 }

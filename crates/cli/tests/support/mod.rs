@@ -15,16 +15,17 @@ pub fn python() -> PathBuf {
 
 /// Runs `script` (`python -c`) with `args`; fails the test on an error, else its stdout.
 pub fn run_python(script: &str, args: &[&OsStr]) -> String {
-    let out = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
+    let out = stdout_of(Command::new(python()).arg("-c").arg(script).args(args));
+    String::from_utf8(out).unwrap()
+}
+
+/// Runs `command`; its stdout, or a failed test showing its stderr.
+pub fn stdout_of(command: &mut Command) -> Vec<u8> {
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{command:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    out.stdout
 }

@@ -391,6 +391,42 @@ impl Writer<'_> {
         );
     }
 
+    /// `softmax({n}.scaled + mask) · values` with the heads merged back (`[b, s, hidden]`)
+    /// into `{n}.merged`.
+    fn attend(&mut self, n: &str, mask: &str, values: &str) {
+        self.node(
+            "Add",
+            &[&format!("{n}.scaled"), mask],
+            &format!("{n}.masked"),
+            vec![],
+        );
+        self.node(
+            "Softmax",
+            &[&format!("{n}.masked")],
+            &format!("{n}.probs"),
+            vec![attr::int("axis", -1)],
+        );
+        self.node(
+            "MatMul",
+            &[&format!("{n}.probs"), values],
+            &format!("{n}.context"),
+            vec![],
+        );
+        self.node(
+            "Transpose",
+            &[&format!("{n}.context")],
+            &format!("{n}.context_t"),
+            vec![attr::ints("perm", &[0, 2, 1, 3])],
+        );
+        let merged = self.constant(ints(&[0, 0, self.spec.hidden as i64]));
+        self.node(
+            "Reshape",
+            &[&format!("{n}.context_t"), &merged],
+            &format!("{n}.merged"),
+            vec![],
+        );
+    }
+
     fn gelu(&mut self, input: &str, output: &str) {
         let half = self.constant(Tensor::scalar(0.5f32));
         let one = self.constant(Tensor::scalar(1f32));
@@ -534,37 +570,7 @@ impl Writer<'_> {
         );
         let scale = self.constant(Tensor::scalar(((h / heads) as f32).sqrt()));
         self.node("Div", &[&scores, &scale], &format!("{n}.scaled"), vec![]);
-        self.node(
-            "Add",
-            &[&format!("{n}.scaled"), "mask.add"],
-            &format!("{n}.masked"),
-            vec![],
-        );
-        self.node(
-            "Softmax",
-            &[&format!("{n}.masked")],
-            &format!("{n}.probs"),
-            vec![attr::int("axis", -1)],
-        );
-        self.node(
-            "MatMul",
-            &[&format!("{n}.probs"), &format!("{n}.value.heads")],
-            &format!("{n}.context"),
-            vec![],
-        );
-        self.node(
-            "Transpose",
-            &[&format!("{n}.context")],
-            &format!("{n}.context_t"),
-            vec![attr::ints("perm", &[0, 2, 1, 3])],
-        );
-        let merged = self.constant(ints(&[0, 0, h as i64]));
-        self.node(
-            "Reshape",
-            &[&format!("{n}.context_t"), &merged],
-            &format!("{n}.merged"),
-            vec![],
-        );
+        self.attend(&n, "mask.add", &format!("{n}.value.heads"));
         self.linear(
             &format!("{p}.attention.output.dense"),
             &format!("{n}.merged"),

@@ -325,37 +325,7 @@ impl Writer<'_> {
             &format!("{n}.scaled"),
             vec![],
         );
-        self.node(
-            "Add",
-            &[&format!("{n}.scaled"), mask],
-            &format!("{n}.masked"),
-            vec![],
-        );
-        self.node(
-            "Softmax",
-            &[&format!("{n}.masked")],
-            &format!("{n}.probs"),
-            vec![attr::int("axis", -1)],
-        );
-        self.node(
-            "MatMul",
-            &[&format!("{n}.probs"), &format!("{n}.v")],
-            &format!("{n}.context"),
-            vec![],
-        );
-        self.node(
-            "Transpose",
-            &[&format!("{n}.context")],
-            &format!("{n}.context_t"),
-            vec![attr::ints("perm", &[0, 2, 1, 3])],
-        );
-        let merged = self.constant(ints(&[0, 0, h as i64]));
-        self.node(
-            "Reshape",
-            &[&format!("{n}.context_t"), &merged],
-            &format!("{n}.merged"),
-            vec![],
-        );
+        self.attend(&n, mask, &format!("{n}.v"));
         let attn = format!("{n}.attn_out");
         self.product(
             &format!("{p}.attn.Wo"),
