@@ -1,5 +1,6 @@
 //! `oxgen.Embedder`: an encoder package (a sentence encoder or a cross-encoder), what
-//! `oxgen.Model(path)` gives for one. Embeddings come back as one NumPy float32 array.
+//! `oxgen.Model(path)` gives for one, or a decoder package embedding from its final hidden
+//! states. Embeddings come back as one NumPy float32 array.
 
 use std::path::PathBuf;
 use std::sync::Mutex;

@@ -337,3 +337,20 @@ def test_rerank_and_embedder_errors():
         embedder.embed([[101, 10**6, 102]])
     with pytest.raises(oxgen.InvalidArgument, match="pooling"):
         oxgen.Embedder(EMBED_MODEL, pooling="median")
+
+
+def test_a_decoder_package_embeds_from_its_final_hidden_states():
+    embedder = oxgen.Embedder(MODEL, threads=2)
+    assert (embedder.kind, embedder.dim) == ("embedding", 576)
+    texts = ["A man is eating food.", "A dog runs in the park.", "A man eats."]
+    got = embedder.embed(texts)
+    assert got.shape == (3, 576)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    # The command's bits (last-token pooled), and mean pooling when asked.
+    out = subprocess.run(
+        [oxgen.cli(), "embed", MODEL, texts[1], "--threads", "2"],
+        check=True, stdout=subprocess.PIPE, text=True,
+    )
+    assert np.array_equal(np.array(json.loads(out.stdout)["embedding"], dtype=np.float32), got[1])
+    mean = oxgen.Embedder(MODEL, threads=2, pooling="mean").embed(texts)
+    assert not np.allclose(mean, got)
