@@ -163,16 +163,9 @@ fn streamed_text(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> String {
 }
 
 /// A deterministic pseudo-random sequence of `n` ids below `vocab`.
-fn lcg_ids(seed: u64, n: usize, vocab: u32) -> Vec<u32> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) % vocab as u64) as u32
-        })
-        .collect()
+fn random_ids(seed: u64, n: usize, vocab: u32) -> Vec<u32> {
+    let mut rng = oxgen_testkit::Rng::new(seed);
+    (0..n).map(|_| rng.below(u64::from(vocab)) as u32).collect()
 }
 
 const TEXTS: [&str; 6] = [
@@ -232,7 +225,7 @@ fn byte_level_stream_concatenates_to_the_whole_decode() {
     }
     // Arbitrary ids, invalid byte sequences and the special token included.
     for seed in 0..50 {
-        let ids = lcg_ids(seed, 40, 1 + 256 + BYTE_LEVEL_MERGES.len() as u32);
+        let ids = random_ids(seed, 40, 1 + 256 + BYTE_LEVEL_MERGES.len() as u32);
         for skip in [false, true] {
             assert_eq!(
                 streamed_text(&tok, &ids, skip),
@@ -320,7 +313,7 @@ fn byte_fallback_stream_concatenates_to_the_whole_decode() {
         let words = ["▁Hello", "▁", "▁w", "or", "ld", "!", "He", "</s>", "<s>"];
         for seed in 0..50 {
             let mut ids = Vec::new();
-            for (i, pick) in lcg_ids(seed, 20, 12).into_iter().enumerate() {
+            for (i, pick) in random_ids(seed, 20, 12).into_iter().enumerate() {
                 match words.get(pick as usize) {
                     Some(w) => ids.push(piece_id(&tok, w)),
                     None => {
