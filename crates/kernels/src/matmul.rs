@@ -22,7 +22,7 @@ use crate::acc::Accum;
 use crate::error::{KernelError, check_len};
 use crate::matmul_f32::{self, Matrix};
 pub use crate::matmul_f32::{PACKED_TILE, PackedF32};
-use crate::par::{Grid, MAX_ROW_BLOCK, par_row_blocks_spans, par_row_parts, parts_for};
+use crate::par::{Grid, par_row_blocks_spans, par_row_parts, parts_for};
 use crate::pool::Prelude;
 use crate::{Scalar, ThreadPool};
 
@@ -217,8 +217,8 @@ pub fn matmul_packed_f32(
 }
 
 /// One f32 product `out = epilogue(a · b)` (`a` is `m × k`) on [`matmul_f32::block`]: tasks
-/// take up to eight rows (sharing each load of `b`) and split the columns, in `b`'s tiles,
-/// for the parts the rows do not fill.
+/// take up to [`matmul_f32::CHUNK`] rows (sharing each block of `b` while it is in L1) and
+/// split the columns, in `b`'s tiles, for the parts the rows do not fill.
 fn vector_product<T: Accum>(
     a: &[f32],
     b: Matrix,
@@ -228,7 +228,7 @@ fn vector_product<T: Accum>(
     epilogue: &(impl Fn(usize, usize, T::Acc) -> T + Sync),
 ) {
     let n = out.len() / m;
-    let rows_per_task = m.min(MAX_ROW_BLOCK);
+    let rows_per_task = m.min(matmul_f32::CHUNK);
     let row_blocks = m.div_ceil(rows_per_task);
     let tile = b.tile();
     let col_parts = parts_for(pool, m * n.div_ceil(tile), k * tile).div_ceil(row_blocks);
@@ -237,8 +237,11 @@ fn vector_product<T: Accum>(
     let task = |first: usize, _: usize, cols: Range<usize>, outs: &mut [&mut [T]]| {
         let a = &a[first * k..][..outs.len() * k];
         let start = cols.start;
-        matmul_f32::block(a, outs.len(), k, b, cols, &mut |r, j, acc| {
-            outs[r][j - start] = epilogue(first + r, j, <T::Acc as Scalar>::from_f64(acc as f64));
+        matmul_f32::block(a, outs.len(), k, b, cols, &mut |r, j, values| {
+            let row = &mut outs[r][j - start..][..values.len()];
+            for (i, (out, &acc)) in row.iter_mut().zip(values).enumerate() {
+                *out = epilogue(first + r, j + i, <T::Acc as Scalar>::from_f64(acc as f64));
+            }
         });
     };
     par_row_blocks_spans(
@@ -371,10 +374,11 @@ mod tests {
         })]
 
         /// Any shape, not only the ones above: the f32 kernel (where the CPU has one), with
-        /// `b` as it is and packed in column tiles, gives the reference loop's bits.
+        /// `b` as it is and packed in column tiles, gives the reference loop's bits (rows
+        /// past one chunk of 32, inputs past one block of 64, columns past whole vectors).
         #[test]
         fn any_f32_shape_gives_the_reference_bits(
-            m in 1usize..20,
+            m in 1usize..80,
             k in 1usize..150,
             n in 1usize..150,
             threads in 1usize..4,

@@ -2,7 +2,10 @@
 //! arithmetic (one accumulator per output, `acc + a·b` fused into one rounding, K in order
 //! from 0) with a vector's lanes on consecutive output columns, so every output keeps its own
 //! chain and the bits are the reference's. Four vectors of columns go together (four
-//! independent chains per row), and up to four rows share each load of `B`.
+//! independent chains per row), up to four rows share each load of `B`, and the groups of
+//! four rows of a chunk of 32 take turns over each block of 64 of `B`'s rows while it is in
+//! L1 (their accumulators wait on the stack between blocks: each output's chain is
+//! unchanged). Columns short of a vector load one vector's first lanes (masked).
 //!
 //! `B` is read as ONNX stores it (row-major `k × n`: a pass takes a vector's width of each
 //! row, `n` apart) or from [`PackedF32`], the same matrix laid out at load in tiles of
@@ -118,6 +121,13 @@ impl Matrix<'_> {
 const VECTORS: usize = 4;
 /// Rows a pass takes.
 const ROWS: usize = 4;
+/// Rows whose accumulators a column pass keeps (on the stack) between blocks of `k`: the most
+/// rows a task of the product hands [`block`] (at most `par::MAX_TASK_ROWS`).
+pub(crate) const CHUNK: usize = 32;
+/// Inputs (rows of `B`) a pass runs before its accumulators go back to the stack: every row
+/// group of a chunk runs over one block of `B`'s rows (at most 64 × 64 values, 16 KiB) while
+/// it is in L1, rather than each group streaming all of the column's `k` rows from L2.
+const K_BLOCK: usize = 64;
 /// Columns a pass holds at most (four 512-bit vectors).
 const MAX_COLS: usize = VECTORS * 16;
 
@@ -127,7 +137,8 @@ pub(crate) fn available() -> bool {
 }
 
 /// The products of `a`'s `rows` rows (each `k` long, one after another) with columns `cols`
-/// of `b` (`k × n`): `store(r, j, acc)` for each row `r` and column `j`. `cols` starts on one
+/// of `b` (`k × n`): `store(r, j, values)` with the outputs of row `r` from column `j` on
+/// (up to a pass's width at a time). `cols` starts on one
 /// of `b`'s tiles ([`Matrix::tile`]). The vector kernel where [`available`], else the
 /// reference loop.
 pub(crate) fn block(
@@ -136,7 +147,7 @@ pub(crate) fn block(
     k: usize,
     b: Matrix,
     cols: Range<usize>,
-    store: &mut impl FnMut(usize, usize, f32),
+    store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     assert!(
         a.len() >= rows * k
@@ -158,13 +169,13 @@ pub(crate) fn block(
     }
     for j in cols {
         for r in 0..rows {
-            store(r, j, dot(&a[r * k..][..k], b, j));
+            store(r, j, &[dot(&a[r * k..][..k], b, j)]);
         }
     }
 }
 
-/// Column `j` of row `a`'s product, in the reference's order. Inlined, so that inside the
-/// vector kernels `mul_add` is the FMA instruction rather than a call to libm's `fmaf`.
+/// Column `j` of row `a`'s product, in the reference's order (where the CPU has no vector
+/// kernel).
 #[inline(always)]
 fn dot(a: &[f32], b: Matrix, j: usize) -> f32 {
     (a.iter().enumerate()).fold(0f32, |s, (kk, &x)| x.mul_add(b.at(kk, j), s))
@@ -180,7 +191,7 @@ unsafe fn block_avx512(
     k: usize,
     b: Matrix,
     cols: Range<usize>,
-    store: &mut impl FnMut(usize, usize, f32),
+    store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     // SAFETY: the caller's contract; AVX-512 is enabled here for the inlined body.
     unsafe { by_rows::<__m512>(a, rows, k, b, cols, store) }
@@ -196,14 +207,14 @@ unsafe fn block_avx2(
     k: usize,
     b: Matrix,
     cols: Range<usize>,
-    store: &mut impl FnMut(usize, usize, f32),
+    store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     // SAFETY: the caller's contract; AVX2 is enabled here for the inlined body.
     unsafe { by_rows::<__m256>(a, rows, k, b, cols, store) }
 }
 
-/// The rows four at a time, each group over the columns in passes of [`VECTORS`] vectors,
-/// then one vector, then the columns short of a vector one at a time.
+/// The rows in chunks of [`CHUNK`], each over the columns in passes of [`VECTORS`] vectors,
+/// then one vector, then the columns short of a vector as one vector's first lanes.
 ///
 /// # Safety
 /// The CPU runs `V`; the arguments as [`block`] asserts.
@@ -215,72 +226,100 @@ unsafe fn by_rows<V: F32Lanes>(
     k: usize,
     b: Matrix,
     cols: Range<usize>,
-    store: &mut impl FnMut(usize, usize, f32),
+    store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     let lanes = V::LANES;
     let wide = cols.start + (cols.len() / (VECTORS * lanes)) * VECTORS * lanes;
     let vectors_end = cols.start + (cols.len() / lanes) * lanes;
-    for r0 in (0..rows).step_by(ROWS) {
-        let here = (rows - r0).min(ROWS);
+    for r0 in (0..rows).step_by(CHUNK) {
+        let here = (rows - r0).min(CHUNK);
         let a = &a[r0 * k..(r0 + here) * k];
-        let mut put = |r: usize, j: usize, v: f32| store(r0 + r, j, v);
+        let mut put = |r: usize, j: usize, v: &[f32]| store(r0 + r, j, v);
         // SAFETY: the caller's contract; each pass's columns lie inside `cols`.
         unsafe {
             for j0 in (cols.start..wide).step_by(VECTORS * lanes) {
-                pass_rows::<V, VECTORS>(a, here, k, b.column(j0), j0, &mut put);
+                let width = VECTORS * lanes;
+                chunk_pass::<V, VECTORS, false>(a, here, k, b.column(j0), (j0, width), &mut put);
             }
             for j0 in (wide..vectors_end).step_by(lanes) {
-                pass_rows::<V, 1>(a, here, k, b.column(j0), j0, &mut put);
+                chunk_pass::<V, 1, false>(a, here, k, b.column(j0), (j0, lanes), &mut put);
             }
-        }
-        for j in vectors_end..cols.end {
-            for r in 0..here {
-                put(r, j, dot(&a[r * k..][..k], b, j));
+            if vectors_end < cols.end {
+                let width = cols.end - vectors_end;
+                let b = b.column(vectors_end);
+                chunk_pass::<V, 1, true>(a, here, k, b, (vectors_end, width), &mut put);
             }
         }
     }
 }
 
-/// [`pass`] for `rows` (1 to 4) rows.
+/// Columns `j0..j0 + width` (`C · LANES`, or fewer than `LANES` with `TAIL`: one vector's
+/// first lanes) of `rows` (at most [`CHUNK`]) rows: each block of
+/// [`K_BLOCK`] inputs runs over every group of [`ROWS`] rows in turn, the groups'
+/// accumulators kept here between blocks; then `store` of each output. Each output's chain
+/// is the reference's (its products added in order of `kk`, one rounding each).
 ///
 /// # Safety
-/// As for [`pass`].
+/// As for [`pass`], with `a` holding `rows` rows.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn pass_rows<V: F32Lanes, const C: usize>(
+unsafe fn chunk_pass<V: F32Lanes, const C: usize, const TAIL: bool>(
     a: &[f32],
     rows: usize,
     k: usize,
     b: (*const f32, usize),
-    j0: usize,
-    store: &mut impl FnMut(usize, usize, f32),
+    (j0, width): (usize, usize),
+    store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
-    // SAFETY: the caller's contract, for each arm.
+    let lanes = V::LANES;
+    let groups = rows.div_ceil(ROWS);
+    // SAFETY: the CPU runs `V` (the caller's contract); the passes as for `pass`.
     unsafe {
-        match rows {
-            1 => pass::<V, 1, C>(a, k, b, j0, store),
-            2 => pass::<V, 2, C>(a, k, b, j0, store),
-            3 => pass::<V, 3, C>(a, k, b, j0, store),
-            _ => pass::<V, 4, C>(a, k, b, j0, store),
+        let mut accs = [[[V::zero(); C]; ROWS]; CHUNK / ROWS];
+        for k0 in (0..k).step_by(K_BLOCK) {
+            let inputs = k0..(k0 + K_BLOCK).min(k);
+            for (g, acc) in accs[..groups].iter_mut().enumerate() {
+                let here = (rows - g * ROWS).min(ROWS);
+                let a = &a[g * ROWS * k..];
+                match here {
+                    1 => pass::<V, 1, C, TAIL>(a, k, b, inputs.clone(), width, acc),
+                    2 => pass::<V, 2, C, TAIL>(a, k, b, inputs.clone(), width, acc),
+                    3 => pass::<V, 3, C, TAIL>(a, k, b, inputs.clone(), width, acc),
+                    _ => pass::<V, 4, C, TAIL>(a, k, b, inputs.clone(), width, acc),
+                }
+            }
+        }
+        let mut out = [0f32; MAX_COLS];
+        for (g, acc) in accs[..groups].iter().enumerate() {
+            let here = (rows - g * ROWS).min(ROWS);
+            for (r, acc) in acc[..here].iter().enumerate() {
+                for (c, acc) in acc.iter().enumerate() {
+                    acc.store(out.as_mut_ptr().add(c * lanes));
+                }
+                store(g * ROWS + r, j0, &out[..width]);
+            }
         }
     }
 }
 
-/// Columns `j0..j0 + C · LANES` of `R` rows: per input `kk`, the `C` vectors of `b`'s row
-/// `kk` loaded once, each row's `a[r][kk]` times them added to its accumulators. `b` is
-/// where column `j0` of row 0 lies and the distance between rows ([`Matrix::column`]).
+/// Inputs `inputs` of `C` vectors of columns (with `TAIL`, one vector's first `width`, the
+/// other lanes zero) for `R` rows, added to `accs`' first `R` rows: per input `kk`, the `C`
+/// vectors of `b`'s row `kk` loaded once, each row's
+/// `a[r][kk]` times them added to its accumulators. `b` is where column `j0` of row 0 lies
+/// and the distance between rows ([`Matrix::column`]).
 ///
 /// # Safety
-/// The CPU runs `V`; `a` holds `R` rows of `k`; `b`'s `k` rows hold the `C · LANES` columns
-/// from its pointer on.
+/// The CPU runs `V`; `a` holds `R` rows of `k`; `b`'s rows `inputs` hold the `C · LANES`
+/// columns from its pointer on.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn pass<V: F32Lanes, const R: usize, const C: usize>(
+unsafe fn pass<V: F32Lanes, const R: usize, const C: usize, const TAIL: bool>(
     a: &[f32],
     k: usize,
     (b, stride): (*const f32, usize),
-    j0: usize,
-    store: &mut impl FnMut(usize, usize, f32),
+    inputs: Range<usize>,
+    width: usize,
+    accs: &mut [[V; C]; ROWS],
 ) {
     let lanes = V::LANES;
     let a = a.as_ptr();
@@ -288,11 +327,15 @@ unsafe fn pass<V: F32Lanes, const R: usize, const C: usize>(
     // pointer stays inside `a` (R rows of k) and `b` (row `kk < k`, the pass's columns).
     unsafe {
         let mut acc = [[V::zero(); C]; R];
-        for kk in 0..k {
+        acc.copy_from_slice(&accs[..R]);
+        for kk in inputs {
             let row = b.add(kk * stride);
             let mut w = [V::zero(); C];
             for (c, w) in w.iter_mut().enumerate() {
-                *w = V::load(row.add(c * lanes));
+                *w = match TAIL {
+                    true => V::load_first(row.add(c * lanes), width),
+                    false => V::load(row.add(c * lanes)),
+                };
             }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let x = V::splat(*a.add(r * k + kk));
@@ -301,14 +344,6 @@ unsafe fn pass<V: F32Lanes, const R: usize, const C: usize>(
                 }
             }
         }
-        let mut out = [0f32; MAX_COLS];
-        for (r, acc) in acc.iter().enumerate() {
-            for (c, acc) in acc.iter().enumerate() {
-                acc.store(out.as_mut_ptr().add(c * lanes));
-            }
-            for (i, &v) in out[..C * lanes].iter().enumerate() {
-                store(r, j0 + i, v);
-            }
-        }
+        accs[..R].copy_from_slice(&acc);
     }
 }

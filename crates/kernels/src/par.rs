@@ -243,11 +243,14 @@ fn row_grid(
     });
 }
 
-/// The most rows [`par_row_blocks_spans`] hands one task.
+/// The rows the quantized kernels' tasks take (their register blocks' rows).
 pub const MAX_ROW_BLOCK: usize = 8;
 
+/// The most rows [`par_row_blocks_spans`] hands one task (the f32 product's chunks).
+pub const MAX_TASK_ROWS: usize = 32;
+
 /// Like [`par_row_tiles`], handing each task its `grid.rows_per_task` rows (at most
-/// [`MAX_ROW_BLOCK`]) of one column range at once, so a kernel can use what it loads for
+/// [`MAX_TASK_ROWS`]) of one column range at once, so a kernel can use what it loads for
 /// several rows; over several outputs side by side in one column space (one output is one
 /// span `0..row_len`). Output `p` holds the columns `spans[p]` (ascending, disjoint, each
 /// starting on a whole `grid.tile`) as rows of `spans[p].len()` elements, all outputs with the
@@ -276,7 +279,7 @@ pub fn par_row_blocks_spans<T: Send>(
     let rows = outs[0].len() / first_span.len().max(1);
     let shared: SmallVec<[Shared<T>; 4]> = outs.iter_mut().map(|o| Shared::new(o)).collect();
     let grid = Grid {
-        rows_per_task: grid.rows_per_task.clamp(1, MAX_ROW_BLOCK),
+        rows_per_task: grid.rows_per_task.clamp(1, MAX_TASK_ROWS),
         ..grid
     };
     let row_len = spans.last().map_or(0, |s| s.end);
@@ -288,7 +291,7 @@ pub fn par_row_blocks_spans<T: Send>(
             }
             let width = span.len();
             let local = sub.start - span.start..sub.end - span.start;
-            let mut parts: [&mut [T]; MAX_ROW_BLOCK] = Default::default();
+            let mut parts: [&mut [T]; MAX_TASK_ROWS] = Default::default();
             for (part, row) in parts.iter_mut().zip(rows.clone()) {
                 let start = row * width;
                 // SAFETY: (row, column range) pairs are unique across tasks and `chunk`

@@ -15,6 +15,9 @@ pub(crate) trait F32Lanes: Copy {
     unsafe fn zero() -> Self;
     unsafe fn splat(x: f32) -> Self;
     unsafe fn load(p: *const f32) -> Self;
+    /// The first `n` (< `LANES`) values from `p`, the other lanes zero; nothing past them is
+    /// read.
+    unsafe fn load_first(p: *const f32, n: usize) -> Self;
     unsafe fn store(self, p: *mut f32);
     unsafe fn add(self, x: Self) -> Self;
     /// `acc + x · w`, rounded after the product and after the sum (not fused).
@@ -26,7 +29,7 @@ pub(crate) trait F32Lanes: Copy {
 /// `$vector` with intrinsics of prefix `$p` (`_mm256`, `_mm512`).
 #[cfg(target_arch = "x86_64")]
 macro_rules! f32_lanes {
-    ($vector:ty, $lanes:expr, $zero:ident, $splat:ident, $load:ident, $store:ident, $add:ident, $mul:ident, $fmadd:ident) => {
+    ($vector:ty, $lanes:expr, $zero:ident, $splat:ident, $load:ident, $load_first:ident, $store:ident, $add:ident, $mul:ident, $fmadd:ident) => {
         impl F32Lanes for $vector {
             const LANES: usize = $lanes;
             #[inline(always)]
@@ -40,6 +43,10 @@ macro_rules! f32_lanes {
             #[inline(always)]
             unsafe fn load(p: *const f32) -> Self {
                 unsafe { $load(p) }
+            }
+            #[inline(always)]
+            unsafe fn load_first(p: *const f32, n: usize) -> Self {
+                unsafe { $load_first(p, n) }
             }
             #[inline(always)]
             unsafe fn store(self, p: *mut f32) {
@@ -68,6 +75,7 @@ f32_lanes!(
     _mm256_setzero_ps,
     _mm256_set1_ps,
     _mm256_loadu_ps,
+    load_first_256,
     _mm256_storeu_ps,
     _mm256_add_ps,
     _mm256_mul_ps,
@@ -80,8 +88,31 @@ f32_lanes!(
     _mm512_setzero_ps,
     _mm512_set1_ps,
     _mm512_loadu_ps,
+    load_first_512,
     _mm512_storeu_ps,
     _mm512_add_ps,
     _mm512_mul_ps,
     _mm512_fmadd_ps
 );
+
+/// # Safety
+/// AVX2 is available; `p` holds `n` values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load_first_256(p: *const f32, n: usize) -> __m256 {
+    // SAFETY: the caller's contract; a masked load reads only the lanes below `n`.
+    unsafe {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lanes);
+        _mm256_maskload_ps(p, mask)
+    }
+}
+
+/// # Safety
+/// AVX-512 F is available; `p` holds `n` (< 16) values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load_first_512(p: *const f32, n: usize) -> __m512 {
+    // SAFETY: the caller's contract; a masked load reads only the lanes below `n`.
+    unsafe { _mm512_maskz_loadu_ps(((1u32 << n) - 1) as __mmask16, p) }
+}
