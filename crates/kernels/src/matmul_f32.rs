@@ -122,8 +122,8 @@ const VECTORS: usize = 4;
 /// Rows a pass takes.
 const ROWS: usize = 4;
 /// Rows whose accumulators a column pass keeps (on the stack) between blocks of `k`: the most
-/// rows a task of the product hands [`block`] (at most `par::MAX_TASK_ROWS`).
-pub(crate) const CHUNK: usize = 32;
+/// rows a task of the product hands [`block`].
+pub(crate) const CHUNK: usize = crate::par::MAX_TASK_ROWS;
 /// Inputs (rows of `B`) a pass runs before its accumulators go back to the stack: every row
 /// group of a chunk runs over one block of `B`'s rows (at most 64 × 64 values, 16 KiB) while
 /// it is in L1, rather than each group streaming all of the column's `k` rows from L2.

@@ -136,18 +136,32 @@ pub(crate) fn open(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>),
 }
 
 fn open_any(o: &Open) -> Result<(Box<dyn LanguageModel>, Option<String>), Error> {
-    let backend = o.options.backend;
+    native_or_ort(
+        o.options.backend,
+        || {
+            let lm = NativeLm::open(o.model_path, &native_options(o, None))?;
+            Ok(Box::new(lm) as Box<dyn LanguageModel>)
+        },
+        || open_ort(o),
+    )
+}
+
+/// What `native` opens, unless `backend` asks for ONNX Runtime or is `auto` and the graph
+/// needs what native lacks: then what `ort` opens, with a note saying why (language models
+/// and encoders alike).
+pub(crate) fn native_or_ort<T>(
+    backend: Backend,
+    native: impl FnOnce() -> Result<T, OpenError>,
+    ort: impl FnOnce() -> Result<T, Error>,
+) -> Result<(T, Option<String>), Error> {
     if backend == Backend::Ort {
-        return Ok((open_ort(o)?, None));
+        return Ok((ort()?, None));
     }
-    match NativeLm::open(o.model_path, &native_options(o, None)) {
-        Ok(lm) => Ok((Box::new(lm), None)),
+    match native() {
+        Ok(opened) => Ok((opened, None)),
         Err(OpenError::Unsupported { unsupported, .. }) if backend == Backend::Auto && HAS_ORT => {
             let why = unsupported.to_string();
-            Ok((
-                open_ort(o)?,
-                Some(format!("{why}; running it on ONNX Runtime")),
-            ))
+            Ok((ort()?, Some(format!("{why}; running it on ONNX Runtime"))))
         }
         Err(e) => Err(e.into()),
     }

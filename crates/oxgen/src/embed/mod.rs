@@ -615,7 +615,7 @@ impl Embedder {
     /// Runs one sequence: its pooled (and normalized) embedding, or a reranker's logits.
     fn run(&mut self, tokens: &EmbedTokens) -> Result<Vec<f32>, Error> {
         let n = tokens.ids.len();
-        let feeds = self.feeds.of(self.session.as_ref(), tokens)?;
+        let feeds = self.feeds.of(self.session.as_ref(), tokens);
         let outputs = self.session.run(feeds)?;
         let (_, out) = outputs
             .iter()

@@ -8,7 +8,8 @@ use oxgen_runtime::{LmContract, Session};
 use oxgen_tensor::{DType, Tensor};
 
 use super::{EmbedOptions, EmbedTokens, package_error};
-use crate::{Backend, Error, PackageConfig};
+use crate::backend::native_or_ort;
+use crate::{Error, PackageConfig};
 
 /// The output a decoder's graph is read from ([`oxgen_exec::NativeSession::open_hidden_states`]
 /// names it so; onnxruntime-genai's builder does with `include_hidden_states`).
@@ -34,11 +35,7 @@ pub(super) struct Feeds {
 
 impl Feeds {
     /// The inputs of one run over `tokens`, in the integer types `session` declares.
-    pub fn of(
-        &self,
-        session: &dyn Session,
-        tokens: &EmbedTokens,
-    ) -> Result<Vec<(String, Tensor)>, Error> {
+    pub fn of(&self, session: &dyn Session, tokens: &EmbedTokens) -> Vec<(String, Tensor)> {
         let n = tokens.ids.len();
         let mut feeds = vec![
             (
@@ -66,14 +63,11 @@ impl Feeds {
                 }
                 _ => Tensor::from_slice([1, n].as_slice(), &values),
             }
-            .map_err(|e| Error::Package {
-                path: name.to_string(),
-                reason: e.to_string(),
-            })?;
+            .expect("[1, n] holds n values");
             out.push((name.to_string(), tensor));
         }
         out.extend(self.past.iter().cloned());
-        Ok(out)
+        out
     }
 }
 
@@ -92,9 +86,14 @@ pub(super) fn open_encoder(
     options: &EmbedOptions,
     threads: usize,
 ) -> Result<Opened, Error> {
-    let (session, note, _) = native_or_ort(graph, options, threads, || {
-        oxgen_exec::NativeSession::open(graph, &exec_options(threads)).map(|s| (s, ()))
-    })?;
+    let (session, note) = native_or_ort(
+        options.backend,
+        || {
+            let session = oxgen_exec::NativeSession::open(graph, &exec_options(threads))?;
+            Ok(Box::new(session) as Box<dyn Session>)
+        },
+        || open_ort(graph, options, threads),
+    )?;
     let token_types = session.inputs().iter().any(|i| i.name == "token_type_ids");
     let feeds = Feeds {
         token_types,
@@ -118,9 +117,17 @@ pub(super) fn open_decoder(
     threads: usize,
 ) -> Result<Opened, Error> {
     let graph = dir.join(&config.model_file);
-    let (session, note, contract) = native_or_ort(&graph, options, threads, || {
-        oxgen_exec::NativeSession::open_hidden_states(&graph, &config.kv, &exec_options(threads))
-    })?;
+    // The native backend cuts the graph, and reads the contract of the graph as loaded.
+    let ((session, contract), note) = native_or_ort(
+        options.backend,
+        || {
+            let exec = exec_options(threads);
+            let (session, contract) =
+                oxgen_exec::NativeSession::open_hidden_states(&graph, &config.kv, &exec)?;
+            Ok((Box::new(session) as Box<dyn Session>, Some(contract)))
+        },
+        || Ok((open_ort(&graph, options, threads)?, None)),
+    )?;
     let contract = match contract {
         Some(contract) => contract,
         None if session.outputs().iter().any(|o| o.name == HIDDEN_STATES) => {
@@ -160,30 +167,6 @@ pub(super) fn open_decoder(
         note,
         feeds,
     })
-}
-
-/// The native session `open` makes (with what it found on the way), or ONNX Runtime's where
-/// asked, or where `auto` meets an op native lacks.
-fn native_or_ort<T>(
-    graph: &Path,
-    options: &EmbedOptions,
-    threads: usize,
-    open: impl FnOnce() -> Result<(oxgen_exec::NativeSession, T), oxgen_exec::OpenError>,
-) -> Result<(Box<dyn Session>, Option<String>, Option<T>), Error> {
-    if options.backend == Backend::Ort {
-        return Ok((open_ort(graph, options, threads)?, None, None));
-    }
-    match open() {
-        Ok((session, found)) => Ok((Box::new(session), None, Some(found))),
-        Err(oxgen_exec::OpenError::Unsupported { unsupported, .. })
-            if options.backend == Backend::Auto && crate::HAS_ORT =>
-        {
-            let why = unsupported.to_string();
-            let note = format!("{why}; running it on ONNX Runtime");
-            Ok((open_ort(graph, options, threads)?, Some(note), None))
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 #[cfg(feature = "ort")]
