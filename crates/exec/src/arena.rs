@@ -4,7 +4,7 @@ use oxgen_tensor::{AlignedBuf, DType, Shape, Tensor};
 
 use crate::OpError;
 
-/// Buffers released by dead values, handed out again by best fit.
+/// Buffers released by dead values (smallest first), handed out again by best fit.
 #[derive(Default)]
 pub struct Arena {
     free: Vec<AlignedBuf>,
@@ -20,16 +20,12 @@ impl Arena {
         let bytes = oxgen_tensor::checked_numel(shape.dims())
             .and_then(|n| dtype.bytes_for(n))
             .ok_or_else(|| OpError::shape(format!("output shape {shape} of {dtype} overflows")))?;
-        let best = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= bytes)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        let mut buf = match best {
-            Some(i) => self.free.swap_remove(i),
-            None => AlignedBuf::zeroed(0),
+        // The smallest buffer that holds it, else the largest grown: a run's buffers stay as
+        // many as its values live at once, however their sizes change from run to run.
+        let fit = self.free.partition_point(|b| b.capacity() < bytes);
+        let mut buf = match self.free.len() {
+            0 => AlignedBuf::zeroed(0),
+            len => self.free.remove(fit.min(len - 1)),
         };
         buf.try_resize(bytes).map_err(|_| {
             OpError::shape(format!("cannot allocate {bytes} bytes for an output of shape {shape} ({dtype}): out of memory"))
@@ -63,7 +59,9 @@ impl Arena {
     /// Keeps the buffer of a tensor that was never counted live (a graph input) for reuse.
     pub fn recycle(&mut self, tensor: Tensor) {
         if !tensor.is_shared() {
-            self.free.push(tensor.into_buf());
+            let buf = tensor.into_buf();
+            let at = self.free.partition_point(|b| b.capacity() < buf.capacity());
+            self.free.insert(at, buf);
         }
     }
 

@@ -8,8 +8,11 @@
 use crate::ThreadPool;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
+use std::ops::Range;
+
 use crate::error::{KernelError, check_len};
-use crate::par::{par_chunks, parts_for};
+use crate::par::{Grid, par_chunks, par_row_blocks_spans, parts_for};
+use crate::pool::Prelude;
 
 /// `x` quantized to uint8 as ONNX's `DynamicQuantizeLinear` (and onnxruntime) does: the range
 /// `[min(0, min x), max(0, max x)]` over 255 steps (`scale` 1 when the range is empty), the
@@ -18,27 +21,77 @@ use crate::par::{par_chunks, parts_for};
 /// zero_point)`; a NaN in `x` gives NaN arithmetic as onnxruntime's would, clamped codes.
 pub fn dynamic_quantize(x: &[f32], codes: &mut [u8]) -> Result<(f32, u8), KernelError> {
     check_len("codes", codes.len(), x.len())?;
-    let (lo, hi) = x
-        .iter()
-        .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    #[cfg(target_arch = "x86_64")]
+    if cpu::level() >= cpu::Level::Avx512 {
+        // SAFETY: AVX-512 F is available (checked above).
+        return Ok(unsafe { quantize_avx512(x, codes) });
+    }
+    #[cfg(target_arch = "x86_64")]
+    if cpu::level() >= cpu::Level::Avx2 {
+        // SAFETY: AVX2 is available (checked above).
+        return Ok(unsafe { quantize_avx2(x, codes) });
+    }
+    Ok(quantize(x, codes))
+}
+
+/// [`quantize`] compiled for AVX-512.
+///
+/// # Safety
+/// AVX-512 F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn quantize_avx512(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
+    quantize(x, codes)
+}
+
+/// [`quantize`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_avx2(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
+    quantize(x, codes)
+}
+
+/// [`dynamic_quantize`]'s arithmetic, written for the compiler to vectorize: the range in 16
+/// lanes (min and max do not depend on the order), each code through `i32`.
+#[inline(always)]
+fn quantize(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
+    const LANES: usize = 16;
+    let (mut lo, mut hi) = ([0f32; LANES], [0f32; LANES]);
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for ((lo, hi), &v) in lo.iter_mut().zip(&mut hi).zip(chunk) {
+            *lo = lo.min(v);
+            *hi = hi.max(v);
+        }
+    }
+    let (lo, hi) = (lo.iter().zip(&hi))
+        .chain(rest.iter().zip(rest))
+        .fold((0f32, 0f32), |(lo, hi), (&l, &h)| (lo.min(l), hi.max(h)));
     let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
     let zero = round_even((0.0 - lo / scale).clamp(0.0, 255.0));
     for (c, &v) in codes.iter_mut().zip(x) {
-        *c = (round_even((v / scale).clamp(-512.0, 512.0)) + zero).clamp(0.0, 255.0) as u8;
+        // A whole number in 0..=255 (NaN casts to 0).
+        let code = (round_even((v / scale).clamp(-512.0, 512.0)) + zero).clamp(0.0, 255.0);
+        *c = code as i32 as u8;
     }
-    Ok((scale, zero as u8))
+    (scale, zero as u8)
 }
 
-/// The lengths a product's `a` (of `a_len` values), zero points and output must have.
+/// The lengths a product's `a` (of `a_len` values), zero points and output (of `out_len`)
+/// must have.
 fn check_operands(
     a_len: usize,
     a_zero: &[i32],
     b_zero: &[i32],
-    out: &[i32],
+    out_len: usize,
     (m, k, n): (usize, usize, usize),
 ) -> Result<(), KernelError> {
     check_len("A", a_len, m * k)?;
-    check_len("output", out.len(), m * n)?;
+    check_len("output", out_len, m * n)?;
     check_len("B's zero points", b_zero.len(), n)?;
     if a_zero.len() != 1 {
         check_len("A's zero points", a_zero.len(), m)?;
@@ -70,7 +123,7 @@ pub fn matmul_integer<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync>(
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
     check_len("B", b.len(), k * n)?;
-    check_operands(a.len(), a_zero, b_zero, out, (m, k, n))?;
+    check_operands(a.len(), a_zero, b_zero, out.len(), (m, k, n))?;
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -148,9 +201,8 @@ impl PackedI8 {
 }
 
 /// [`matmul_integer`] for uint8 `a` against a [`PackedI8`] `b` (onnxruntime's dynamic int8
-/// exports' form) with AVX-512 VNNI: each row's `Σ a·b` in 16-column lanes, the zero points
-/// folded in after (`Σ (a - za)(b - zb) = Σ ab - zb Σa - za Σb + k·za·zb`, exact in wrapping
-/// i32 arithmetic, so the same bits as the loop). Call only where [`PackedI8::available`].
+/// exports' form) with AVX-512 VNNI ([`packed_product`]). Call only where
+/// [`PackedI8::available`].
 pub fn matmul_integer_packed(
     a: &[u8],
     a_zero: &[i32],
@@ -160,8 +212,26 @@ pub fn matmul_integer_packed(
     m: usize,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
+    packed_product(a, (a_zero, b_zero), b, out, m, pool, &|_, _, v| v)
+}
+
+/// `out[i, j] = epilogue(i, j, Σ_k (a[i, k] - za) · (b[k, j] - zb[j]))` for uint8 `a` (`m ×
+/// k`) against a [`PackedI8`] `b`, with AVX-512 VNNI: `Σ a·b` in 16-column lanes (tasks of up
+/// to 32 rows take turns, four rows at a time, over each block of 256 of `b`'s rows while it
+/// is in L1), the zero points folded in after (`Σ (a - za)(b - zb) = Σ ab - zb Σa - za Σb +
+/// k·za·zb`, exact in wrapping i32 arithmetic, so the same integers as the loop of
+/// [`matmul_integer`] whatever the blocking).
+pub fn packed_product<T: Send>(
+    a: &[u8],
+    (a_zero, b_zero): (&[i32], &[i32]),
+    b: &PackedI8,
+    out: &mut [T],
+    m: usize,
+    pool: &ThreadPool,
+    epilogue: &(impl Fn(usize, usize, i32) -> T + Sync),
+) -> Result<(), KernelError> {
     let (k, n) = (b.k, b.n);
-    check_operands(a.len(), a_zero, b_zero, out, (m, k, n))?;
+    check_operands(a.len(), a_zero, b_zero, out.len(), (m, k, n))?;
     if !PackedI8::available() {
         return Err(KernelError::Shape(
             "the packed int8 product needs AVX-512 VNNI; check PackedI8::available".into(),
@@ -170,71 +240,157 @@ pub fn matmul_integer_packed(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let groups = k.div_ceil(4);
-    let parts = parts_for(pool, m, k * n);
-    let rows = m.div_ceil(parts);
-    par_chunks(pool, out, rows * n, |first, part| {
-        let mut quads = vec![0i32; groups];
-        for (r, row) in part.chunks_exact_mut(n).enumerate() {
-            let i = first / n + r;
-            let mut sum_a = 0i32;
-            quads.fill(0);
-            for (kk, &x) in a[i * k..(i + 1) * k].iter().enumerate() {
-                quads[kk / 4] |= i32::from(x) << (8 * (kk % 4));
-                sum_a += i32::from(x);
-            }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX-512 F, BW and VNNI are available (checked above); `b.data` holds
-            // `n.div_ceil(64)` tiles of `groups` groups and `row` is `n` long.
-            unsafe {
-                dot_rows_vnni(&quads, &b.data, row)
-            };
-            let za = a_zero[if a_zero.len() == 1 { 0 } else { i }];
-            let kz = (k as i32).wrapping_mul(za);
-            for (j, o) in row.iter_mut().enumerate() {
-                let zb = b_zero[j];
-                *o = o
-                    .wrapping_sub(zb.wrapping_mul(sum_a))
-                    .wrapping_sub(za.wrapping_mul(b.col_sums[j]))
-                    .wrapping_add(kz.wrapping_mul(zb));
-            }
+    let rows_per_task = m.min(CHUNK);
+    let row_blocks = m.div_ceil(rows_per_task);
+    let col_parts = parts_for(pool, m * n.div_ceil(TILE), k * TILE).div_ceil(row_blocks);
+    let kz = |za: i32| (k as i32).wrapping_mul(za);
+    let task = |first: usize, _: usize, cols: Range<usize>, outs: &mut [&mut [T]]| {
+        let rows = outs.len();
+        let a = &a[first * k..][..rows * k];
+        let mut sums = [0i32; CHUNK];
+        for (s, row) in sums.iter_mut().zip(a.chunks_exact(k)) {
+            *s = row.iter().map(|&x| i32::from(x)).sum();
         }
-    });
+        let start = cols.start;
+        let mut store = |r: usize, j: usize, values: &[i32]| {
+            let i = first + r;
+            let za = a_zero[if a_zero.len() == 1 { 0 } else { i }];
+            let out = &mut outs[r][j - start..][..values.len()];
+            let columns = (b_zero[j..].iter()).zip(&b.col_sums[j..]);
+            for (c, ((o, &v), (&zb, &sb))) in out.iter_mut().zip(values).zip(columns).enumerate() {
+                let v = v
+                    .wrapping_sub(zb.wrapping_mul(sums[r]))
+                    .wrapping_sub(za.wrapping_mul(sb))
+                    .wrapping_add(kz(za).wrapping_mul(zb));
+                *o = epilogue(i, j + c, v);
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512 F, BW and VNNI are available (checked above); `a` holds `rows` rows
+        // of `k` and `cols` starts on a tile and ends by `n`.
+        unsafe {
+            tiles_vnni(a, rows, b, cols, &mut store)
+        };
+    };
+    let grid = Grid {
+        tile: TILE,
+        rows_per_task,
+        col_parts,
+    };
+    par_row_blocks_spans(pool, Prelude::NONE, &mut [out], &[0..n], grid, task);
     Ok(())
 }
 
 /// Columns a VNNI tile holds: four 16-lane vectors, four independent `vpdpbusd` chains.
 const TILE: usize = 64;
+/// Rows a pass takes: each group's four bytes of a row broadcast once, against the tile's
+/// four vectors.
+const ROWS: usize = 4;
+/// The most rows a task takes; its row groups' accumulators wait on the stack between blocks.
+const CHUNK: usize = crate::par::MAX_TASK_ROWS;
+/// Groups of four inputs a block holds (64 groups of a tile: 16 KiB).
+const K_BLOCK: usize = 64;
 
-/// `row[j] = Σ_g Σ_r a_quad[g].byte(r) · b[4g + r, j]` from the tiles `packed` holds: each
-/// tile's four vectors of columns accumulate over the groups, then the row's columns of the
-/// tile are stored.
+/// `store(r, j0, Σ_k a[r, k] · b[k, j0..])` for each of `rows` rows (at most [`CHUNK`]) and
+/// each tile of `cols`, up to a tile's width at a time (without the zero points).
 ///
 /// # Safety
-/// AVX-512 F, BW and VNNI must be available; `packed` holds `row.len().div_ceil(64)` tiles of
-/// `quads.len()` groups.
+/// AVX-512 F, BW and VNNI must be available; `a` holds `rows` rows of `b`'s `k`; `cols`
+/// starts on a tile and ends by `b`'s `n`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn dot_rows_vnni(quads: &[i32], packed: &[i8], row: &mut [i32]) {
+unsafe fn tiles_vnni(
+    a: &[u8],
+    rows: usize,
+    b: &PackedI8,
+    cols: Range<usize>,
+    store: &mut impl FnMut(usize, usize, &[i32]),
+) {
     use std::arch::x86_64::*;
-    let groups = quads.len();
+    let (k, groups, full) = (b.k, b.k.div_ceil(4), b.k / 4);
+    // The last group of each row when `k` is not a multiple of 4, zero-padded.
+    let mut tail = [0i32; CHUNK];
+    if full < groups {
+        for (q, row) in tail.iter_mut().zip(a.chunks_exact(k)) {
+            let mut bytes = [0u8; 4];
+            bytes[..k % 4].copy_from_slice(&row[4 * full..]);
+            *q = i32::from_le_bytes(bytes);
+        }
+    }
+    let row_groups = rows.div_ceil(ROWS);
     let mut lanes = [0i32; TILE];
-    for (t, cols) in row.chunks_mut(TILE).enumerate() {
-        let mut acc = [_mm512_setzero_si512(); 4];
-        for (g, &q) in quads.iter().enumerate() {
-            let x = _mm512_set1_epi32(q);
-            let base = packed[(t * groups + g) * TILE * 4..].as_ptr();
-            for (v, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: the tile's group holds 256 bytes from `base`.
-                let w = unsafe { _mm512_loadu_si512(base.add(v * 64).cast()) };
-                *acc = _mm512_dpbusd_epi32(*acc, x, w);
+    for t in cols.start / TILE..cols.end.div_ceil(TILE) {
+        let tile = b.data[t * groups * TILE * 4..].as_ptr();
+        let mut accs = [[[_mm512_setzero_si512(); 4]; ROWS]; CHUNK / ROWS];
+        for g0 in (0..groups).step_by(K_BLOCK) {
+            let block = g0..(g0 + K_BLOCK).min(groups);
+            let whole = block.start..block.end.min(full);
+            for (rg, acc) in accs[..row_groups].iter_mut().enumerate() {
+                let here = (rows - rg * ROWS).min(ROWS);
+                let a = a[rg * ROWS * k..].as_ptr();
+                // SAFETY: rows `rg * ROWS..` of `a` hold `here` rows of `k` bytes, so each
+                // whole group's four bytes; the tile holds `groups` groups.
+                let quad = |r: usize, g: usize| unsafe {
+                    a.add(r * k + 4 * g).cast::<i32>().read_unaligned()
+                };
+                let tail = |r: usize, _: usize| tail[rg * ROWS + r];
+                // SAFETY: as above.
+                unsafe {
+                    match here {
+                        1 => pass::<1>(tile, whole.clone(), acc, quad),
+                        2 => pass::<2>(tile, whole.clone(), acc, quad),
+                        3 => pass::<3>(tile, whole.clone(), acc, quad),
+                        _ => pass::<4>(tile, whole.clone(), acc, quad),
+                    }
+                    if block.end > full {
+                        pass::<ROWS>(tile, full..groups, acc, tail);
+                    }
+                }
             }
         }
-        for (v, acc) in acc.iter().enumerate() {
-            // SAFETY: `lanes` holds 64 i32.
-            unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().add(v * 16).cast(), *acc) };
+        let j0 = t * TILE;
+        let width = (j0 + TILE).min(cols.end) - j0;
+        for (r, acc) in accs[..row_groups].iter().flatten().take(rows).enumerate() {
+            for (v, acc) in acc.iter().enumerate() {
+                // SAFETY: `lanes` holds 64 i32.
+                unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().add(v * 16).cast(), *acc) };
+            }
+            store(r, j0, &lanes[..width]);
         }
-        cols.copy_from_slice(&lanes[..cols.len()]);
+    }
+}
+
+/// Groups `groups` of one tile for `R` rows, added to `accs`' first `R` rows: per group, the
+/// tile's four vectors loaded once and each row's four bytes (`quad(r, g)`) broadcast against
+/// them.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI must be available; `tile` holds the groups.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pass<const R: usize>(
+    tile: *const i8,
+    groups: Range<usize>,
+    accs: &mut [[std::arch::x86_64::__m512i; 4]; ROWS],
+    quad: impl Fn(usize, usize) -> i32,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut acc = [[_mm512_setzero_si512(); 4]; R];
+        acc.copy_from_slice(&accs[..R]);
+        for g in groups {
+            let base = tile.add(g * TILE * 4);
+            let w: [__m512i; 4] =
+                std::array::from_fn(|v| _mm512_loadu_si512(base.add(v * 64).cast()));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_epi32(quad(r, g));
+                for (acc, &w) in acc.iter_mut().zip(&w) {
+                    *acc = _mm512_dpbusd_epi32(*acc, x, w);
+                }
+            }
+        }
+        accs[..R].copy_from_slice(&acc);
     }
 }
 
@@ -310,6 +466,22 @@ mod tests {
         ] {
             assert_eq!(round_even(x), x.round_ties_even(), "{x}");
         }
+        // Past the lanes: the scalar definition, NaN and signed zeros included.
+        let mut x = crate::rng::Rng::new(7).values(103, 3.0);
+        (x[40], x[41], x[90]) = (f32::NAN, -0.0, 7.5);
+        let (lo, hi) = (x.iter()).fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let scale = (hi - lo) / 255.0;
+        let zero = (0.0 - lo / scale).clamp(0.0, 255.0).round_ties_even();
+        let want: Vec<u8> = (x.iter())
+            .map(|&v| ((v / scale).round_ties_even() + zero).clamp(0.0, 255.0) as u8)
+            .collect();
+        let mut codes = vec![0u8; x.len()];
+        assert_eq!(
+            dynamic_quantize(&x, &mut codes).unwrap(),
+            (scale, zero as u8)
+        );
+        assert_eq!(codes, want);
+        let mut codes = [0u8; 6];
         // All zeros: scale 1, zero point 0.
         let (scale, zero) = dynamic_quantize(&[0.0; 3], &mut codes[..3]).unwrap();
         assert_eq!((scale, zero), (1.0, 0));
@@ -317,32 +489,37 @@ mod tests {
 
     #[test]
     fn matmul_integer_is_the_exact_product_at_any_thread_count() {
-        let (m, k, n) = (7, 33, 19);
-        let a: Vec<u8> = (0..m * k).map(|i| (i * 37 % 256) as u8).collect();
-        let b: Vec<i8> = (0..k * n).map(|i| (i * 91 % 256) as u8 as i8).collect();
-        let a_zero: Vec<i32> = (0..m as i32).map(|i| 100 + i).collect();
-        let b_zero: Vec<i32> = (0..n as i32).map(|j| j - 9).collect();
-        let mut want = vec![0i32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                want[i * n + j] = (0..k)
-                    .map(|kk| {
-                        let x = i32::from(a[i * k + kk]) - a_zero[i];
-                        x * (i32::from(b[kk * n + j]) - b_zero[j])
-                    })
-                    .sum();
+        // Rows past a task's chunk, inputs past a block and not a multiple of 4, columns past
+        // a tile and short of one.
+        for (m, k, n) in [(7, 33, 19), (70, 1027, 150), (33, 256, 64), (1, 6, 3)] {
+            let mut rng = crate::rng::Rng::new((m * k * n) as u64);
+            let a: Vec<u8> = (0..m * k).map(|_| rng.next_u64() as u8).collect();
+            let b: Vec<i8> = (0..k * n).map(|_| rng.next_u64() as i8).collect();
+            let a_zero: Vec<i32> = (0..m as i32).map(|i| 100 + i).collect();
+            let b_zero: Vec<i32> = (0..n as i32).map(|j| j % 40 - 9).collect();
+            let mut want = vec![0i32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    want[i * n + j] = (0..k)
+                        .map(|kk| {
+                            let x = i32::from(a[i * k + kk]) - a_zero[i];
+                            x * (i32::from(b[kk * n + j]) - b_zero[j])
+                        })
+                        .sum();
+                }
             }
-        }
-        for threads in [1, 2, 3] {
-            let pool = ThreadPool::new(threads);
-            let mut out = vec![0i32; m * n];
-            matmul_integer(&a, &a_zero, &b, &b_zero, &mut out, (m, k, n), &pool).unwrap();
-            assert_eq!(out, want, "{threads} threads");
-            if PackedI8::available() {
-                out.fill(0);
-                let packed = PackedI8::pack(&b, k, n).unwrap();
-                matmul_integer_packed(&a, &a_zero, &packed, &b_zero, &mut out, m, &pool).unwrap();
-                assert_eq!(out, want, "packed, {threads} threads");
+            for threads in [1, 2, 3] {
+                let pool = ThreadPool::new(threads);
+                let mut out = vec![0i32; m * n];
+                matmul_integer(&a, &a_zero, &b, &b_zero, &mut out, (m, k, n), &pool).unwrap();
+                assert_eq!(out, want, "{m}x{k}x{n}, {threads} threads");
+                if PackedI8::available() {
+                    out.fill(0);
+                    let packed = PackedI8::pack(&b, k, n).unwrap();
+                    matmul_integer_packed(&a, &a_zero, &packed, &b_zero, &mut out, m, &pool)
+                        .unwrap();
+                    assert_eq!(out, want, "packed, {m}x{k}x{n}, {threads} threads");
+                }
             }
         }
         // A per-tensor A zero point, 40 columns (two vectors and a tail), k not a multiple of 4.
