@@ -444,7 +444,7 @@ fn quantization(graph: &Path) -> String {
                 let block = attr(node, "block_size").unwrap_or(0);
                 kinds.insert(format!("q{bits}/{block}"));
             }
-            "MatMulInteger" | "DynamicQuantizeLinear" => {
+            "MatMulInteger" | "MatMulIntegerToFloat" | "DynamicQuantizeLinear" => {
                 kinds.insert("int8".into());
             }
             "QMoE" => {

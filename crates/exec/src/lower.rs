@@ -31,7 +31,8 @@ pub enum Lowered {
     NBits(PackedNBits),
     /// A `MatMul`'s f32 `B` (an `Attention`'s QKV weights) packed at load in column tiles.
     Tiles(PackedF32),
-    /// A `MatMulInteger`'s int8 `B` packed at load for the VNNI kernel.
+    /// A `MatMulInteger`'s (or `MatMulIntegerToFloat`'s) int8 `B` packed at load for the VNNI
+    /// kernel.
     Int8(PackedI8),
     /// A QMoE node: its experts repacked for their kernel once the session is told it has
     /// no weight budget ([`NativeSession::set_weight_budget`]); `None` before, or under a
@@ -266,13 +267,14 @@ fn prepack_f32(graph: &Graph, index: &Index) -> Vec<Option<PackedF32>> {
         .collect()
 }
 
-/// Packs the int8 `B` of every `MatMulInteger` node whose `B` is a 2-D int8 initializer
+/// Packs the int8 `B` of every `MatMulInteger` (or `MatMulIntegerToFloat`) node whose `B` is a 2-D int8 initializer
 /// ([`PackedI8`]) where the CPU runs the VNNI kernel; the original stays (it is small, and
 /// a uint8 `A` is not known until the node runs).
 fn prepack_i8(graph: &Graph) -> Vec<Option<PackedI8>> {
     (graph.nodes.iter())
         .map(|node| {
-            let id = (matches!(node.op, Op::MatMulInteger) && PackedI8::available())
+            let product = matches!(node.op, Op::MatMulInteger | Op::MatMulIntegerToFloat);
+            let id = (product && PackedI8::available())
                 .then(|| node.inputs.get(1).copied().flatten())??;
             let b = graph.initializers.get(&id)?;
             let &[k, n] = b.dims() else {

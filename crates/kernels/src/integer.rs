@@ -55,7 +55,8 @@ unsafe fn quantize_avx2(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
 }
 
 /// [`dynamic_quantize`]'s arithmetic, written for the compiler to vectorize: the range in 16
-/// lanes (min and max do not depend on the order), each code through `i32`.
+/// lanes (min and max do not depend on the order), each code converted without a range
+/// check.
 #[inline(always)]
 fn quantize(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
     const LANES: usize = 16;
@@ -74,9 +75,12 @@ fn quantize(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
     let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
     let zero = round_even((0.0 - lo / scale).clamp(0.0, 255.0));
     for (c, &v) in codes.iter_mut().zip(x) {
-        // A whole number in 0..=255 (NaN casts to 0).
-        let code = (round_even((v / scale).clamp(-512.0, 512.0)) + zero).clamp(0.0, 255.0);
-        *c = code as i32 as u8;
+        // A whole number in 0..=255: `max` turns a NaN into 0, as a cast would.
+        let code = (round_even((v / scale).clamp(-512.0, 512.0)) + zero)
+            .max(0.0)
+            .min(255.0);
+        // SAFETY: `code` is finite and within u8's range (above), so within i32's.
+        *c = unsafe { code.to_int_unchecked::<i32>() } as u8;
     }
     (scale, zero as u8)
 }
@@ -212,11 +216,14 @@ pub fn matmul_integer_packed(
     m: usize,
     pool: &ThreadPool,
 ) -> Result<(), KernelError> {
-    packed_product(a, (a_zero, b_zero), b, out, m, pool, &|_, _, v| v)
+    packed_product(a, (a_zero, b_zero), b, out, m, pool, &|_, _, v, o| {
+        o.copy_from_slice(v)
+    })
 }
 
-/// `out[i, j] = epilogue(i, j, Σ_k (a[i, k] - za) · (b[k, j] - zb[j]))` for uint8 `a` (`m ×
-/// k`) against a [`PackedI8`] `b`, with AVX-512 VNNI: `Σ a·b` in 16-column lanes (tasks of up
+/// `epilogue(i, j, values, outs)` with `values[c] = Σ_k (a[i, k] - za) · (b[k, j + c] - zb[j +
+/// c])` and `outs` the outputs `out[i, j..]` they make (up to a tile's width at a time), for
+/// uint8 `a` (`m × k`) against a [`PackedI8`] `b`, with AVX-512 VNNI: `Σ a·b` in 16-column lanes (tasks of up
 /// to 32 rows take turns, four rows at a time, over each block of 256 of `b`'s rows while it
 /// is in L1), the zero points folded in after (`Σ (a - za)(b - zb) = Σ ab - zb Σa - za Σb +
 /// k·za·zb`, exact in wrapping i32 arithmetic, so the same integers as the loop of
@@ -228,7 +235,7 @@ pub fn packed_product<T: Send>(
     out: &mut [T],
     m: usize,
     pool: &ThreadPool,
-    epilogue: &(impl Fn(usize, usize, i32) -> T + Sync),
+    epilogue: &(impl Fn(usize, usize, &[i32], &mut [T]) + Sync),
 ) -> Result<(), KernelError> {
     let (k, n) = (b.k, b.n);
     check_operands(a.len(), a_zero, b_zero, out.len(), (m, k, n))?;
@@ -252,18 +259,20 @@ pub fn packed_product<T: Send>(
             *s = row.iter().map(|&x| i32::from(x)).sum();
         }
         let start = cols.start;
+        let mut exact = [0i32; TILE];
         let mut store = |r: usize, j: usize, values: &[i32]| {
             let i = first + r;
             let za = a_zero[if a_zero.len() == 1 { 0 } else { i }];
-            let out = &mut outs[r][j - start..][..values.len()];
+            let (sum, kz) = (sums[r], kz(za));
+            let exact = &mut exact[..values.len()];
             let columns = (b_zero[j..].iter()).zip(&b.col_sums[j..]);
-            for (c, ((o, &v), (&zb, &sb))) in out.iter_mut().zip(values).zip(columns).enumerate() {
-                let v = v
-                    .wrapping_sub(zb.wrapping_mul(sums[r]))
+            for ((e, &v), (&zb, &sb)) in exact.iter_mut().zip(values).zip(columns) {
+                *e = v
+                    .wrapping_sub(zb.wrapping_mul(sum))
                     .wrapping_sub(za.wrapping_mul(sb))
-                    .wrapping_add(kz(za).wrapping_mul(zb));
-                *o = epilogue(i, j + c, v);
+                    .wrapping_add(kz.wrapping_mul(zb));
             }
+            epilogue(i, j, exact, &mut outs[r][j - start..][..values.len()]);
         };
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512 F, BW and VNNI are available (checked above); `a` holds `rows` rows

@@ -652,3 +652,92 @@ fn gate_and_up_projections_with_their_gated_silu_become_one_op_with_the_same_bit
         }
     }
 }
+
+#[test]
+fn spelled_out_int8_products_become_matmul_integer_to_float_with_the_same_bits() {
+    // quantize_dynamic's form: y = Cast(MatMulInteger(q, W, zq, zw)) * (s * ws) + bias;
+    // then the same product by a per-column scale constant without a bias; then one whose
+    // Cast is also a graph output, which stays spelled out.
+    let (k, n) = (40, 70);
+    let mut rng = Rng::new(11);
+    let weights: Vec<i8> = (0..k * n).map(|_| rng.next_u64() as i8).collect();
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    b.input("x", DType::F32, &[Dim::from("n"), Dim::Fixed(k)]);
+    b.initializer("w", Tensor::from_slice([k, n], &weights).unwrap());
+    b.initializer("wz", Tensor::from_slice([], &[3i8]).unwrap());
+    b.initializer("ws", Tensor::scalar(0.0123f32));
+    b.initializer("bias", random(&[n], 12));
+    b.initializer("cs", random(&[n], 13));
+    let float = vec![attr::int("to", 1)];
+    b.node(
+        "DynamicQuantizeLinear",
+        "",
+        "dq",
+        &["x"],
+        &["q", "s", "z"],
+        vec![],
+    );
+    b.node("Mul", "", "scales", &["s", "ws"], &["sw"], vec![]);
+    b.node(
+        "MatMulInteger",
+        "",
+        "mmi",
+        &["q", "w", "z", "wz"],
+        &["acc"],
+        vec![],
+    );
+    b.node("Cast", "", "cast", &["acc"], &["c"], float.clone());
+    b.node("Mul", "", "scale", &["c", "sw"], &["p"], vec![]);
+    b.node("Add", "", "bias", &["bias", "p"], &["y"], vec![]);
+    b.node(
+        "MatMulInteger",
+        "",
+        "mmi2",
+        &["q", "w", "z", "wz"],
+        &["acc2"],
+        vec![],
+    );
+    b.node("Cast", "", "cast2", &["acc2"], &["c2"], float.clone());
+    b.node("Mul", "", "scale2", &["cs", "c2"], &["y2"], vec![]);
+    b.node(
+        "MatMulInteger",
+        "",
+        "mmi3",
+        &["q", "w", "z", "wz"],
+        &["acc3"],
+        vec![],
+    );
+    b.node("Cast", "", "cast3", &["acc3"], &["c3"], float);
+    b.node("Mul", "", "scale3", &["c3", "ws"], &["y3"], vec![]);
+    for name in ["y", "y2", "y3", "c3"] {
+        b.output(name, DType::F32, &[]);
+    }
+    let g = graph(&b);
+    // 37 rows: a task's chunk of 32 and a tail; values of both signs.
+    let x: Vec<f32> = (random(&[37, k], 14).as_slice::<f32>().unwrap().iter())
+        .map(|v| v * 4.0 - 1.5)
+        .collect();
+    let feeds = [("x", Tensor::from_slice([37, k], &x).unwrap())];
+    let before = run(g.clone(), &feeds);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(report.integer_products, 2, "{report:?}");
+    let h = histogram(&g);
+    assert_eq!(
+        (
+            h.get("MatMulIntegerToFloat"),
+            h.get("MatMulInteger"),
+            h.get("Cast"),
+            h.get("Mul"),
+            h.get("Add")
+        ),
+        (Some(&2), Some(&1), Some(&1), Some(&1), None),
+        "{h:?}"
+    );
+    let after = run(g, &feeds);
+    assert_same_bits(
+        &before,
+        &after,
+        "the fused int8 product differs from its ops",
+    );
+}

@@ -10,6 +10,7 @@ mod attention;
 mod control;
 mod elementwise;
 mod encoder;
+mod integer;
 pub mod moe;
 mod nn;
 pub(crate) mod quant;
@@ -130,9 +131,10 @@ pub fn run(
         | Op::MatMulNBitsGroup(_)
         | Op::MatMulNBitsGlu(_)
         | Op::GatherBlockQuantized(_)
-        | Op::Dequantize(_)
-        | Op::DynamicQuantize
-        | Op::MatMulInteger => quant::run(op, inputs, n_outputs, ctx),
+        | Op::Dequantize(_) => quant::run(op, inputs, n_outputs, ctx),
+        Op::DynamicQuantize | Op::MatMulInteger | Op::MatMulIntegerToFloat => {
+            integer::run(op, inputs, ctx)
+        }
         Op::GroupQueryAttention(_) => attention::run(op, inputs, donated, n_outputs, ctx),
         Op::Rotary(_) => rotary::run(op, inputs, ctx),
         Op::Moe(m) => moe::run(m, inputs, ctx).map(|t| smallvec![t]),

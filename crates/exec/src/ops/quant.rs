@@ -33,13 +33,11 @@ pub(super) fn run(
         Op::MatMulNBitsGlu(parts) => matmul_nbits_glu(parts, inputs, ctx).map(|t| smallvec![t]),
         Op::GatherBlockQuantized(g) => gather_block_quantized(g, inputs, ctx).map(|t| smallvec![t]),
         Op::Dequantize(d) => dequantize(d, inputs, ctx).map(|t| smallvec![t]),
-        Op::DynamicQuantize => dynamic_quantize(input(inputs, 0)?, ctx),
-        Op::MatMulInteger => matmul_integer(inputs, ctx).map(|t| smallvec![t]),
         _ => unreachable!("ops::run routes only quantized ops here"),
     }
 }
 
-fn expect_dtype(t: &Tensor, want: DType, what: &str) -> Result<(), OpError> {
+pub(super) fn expect_dtype(t: &Tensor, want: DType, what: &str) -> Result<(), OpError> {
     if t.dtype() == want {
         Ok(())
     } else {
@@ -447,7 +445,7 @@ fn gather_block_quantized(
 }
 
 /// An (u)int8 or int32 tensor's values as i64, for the zero-point arithmetic.
-fn integers(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
+pub(super) fn integers(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
     Ok(match t.dtype() {
         DType::U8 => t.as_slice::<u8>()?.iter().map(|&v| i64::from(v)).collect(),
         DType::I8 => t.as_slice::<i8>()?.iter().map(|&v| i64::from(v)).collect(),
@@ -519,151 +517,5 @@ fn dequantize(
         let c = (i / inner) % count;
         *o = (v - zeros[c]) as f32 * scales[c];
     }
-    Ok(out)
-}
-
-/// ONNX DynamicQuantizeLinear: the uint8 codes of a float32 tensor, its scale and zero point.
-fn dynamic_quantize(x: &Tensor, ctx: &mut OpCtx) -> Result<Outputs, OpError> {
-    expect_dtype(x, DType::F32, "DynamicQuantizeLinear's input")?;
-    let mut codes = ctx.alloc(DType::U8, x.dims())?;
-    let (scale, zero) = oxgen_kernels::integer::dynamic_quantize(
-        x.as_slice::<f32>()?,
-        codes.as_mut_slice::<u8>()?,
-    )?;
-    Ok(smallvec![
-        codes,
-        Tensor::scalar(scale),
-        Tensor::scalar(zero)
-    ])
-}
-
-/// A MatMulInteger operand's zero points as i32: one, or `per` (a row of A's, a column of
-/// B's); checked to be of the operand's type.
-fn integer_zero_points(
-    t: &Tensor,
-    zero: Option<&Tensor>,
-    per: usize,
-    what: &str,
-) -> Result<Vec<i32>, OpError> {
-    if !matches!(t.dtype(), DType::U8 | DType::I8) {
-        return Err(OpError::DType {
-            dtype: t.dtype(),
-            detail: format!(" for MatMulInteger's {what}: expected uint8 or int8"),
-        });
-    }
-    let zeros = match zero {
-        None => vec![0],
-        Some(z) if z.dtype() != t.dtype() => {
-            return Err(OpError::DType {
-                dtype: z.dtype(),
-                detail: format!(
-                    " for MatMulInteger's {what} zero point: expected {}",
-                    t.dtype()
-                ),
-            });
-        }
-        Some(z) => integers(z, what)?.into_iter().map(|v| v as i32).collect(),
-    };
-    if zeros.len() != 1 && zeros.len() != per {
-        return Err(OpError::shape(format!(
-            "MatMulInteger's {what} zero point has {} values; give one, or {per}",
-            zeros.len()
-        )));
-    }
-    Ok(zeros)
-}
-
-/// ONNX MatMulInteger: `(A - a_zero_point) · (B - b_zero_point)` in int32, for A of any rank
-/// against a 2-D B (the weights of onnxruntime's dynamic int8 exports).
-fn matmul_integer(inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
-    let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
-    let (&[k2, n], Some((&k, batch))) = (b.dims(), a.dims().split_last()) else {
-        return Err(OpError::shape(format!(
-            "MatMulInteger runs A of rank 1 or more against a 2-D B, got {} and {}",
-            a.shape(),
-            b.shape()
-        )));
-    };
-    if k != k2 {
-        return Err(OpError::shape(format!(
-            "MatMulInteger inner dimensions differ: A {} has {k} columns, B {} has {k2} rows",
-            a.shape(),
-            b.shape()
-        )));
-    }
-    let m: usize = batch.iter().product();
-    let rows = batch.last().copied().unwrap_or(1);
-    let a_zero = integer_zero_points(a, opt_input(inputs, 2), rows, "A")?;
-    // One per row of A's last matrix, repeated over its batch.
-    let a_zero: Vec<i32> = match a_zero.len() {
-        1 => a_zero,
-        _ => (0..m).map(|i| a_zero[i % rows]).collect(),
-    };
-    let b_zero = integer_zero_points(b, opt_input(inputs, 3), n, "B")?;
-    let b_zero = if b_zero.len() == 1 {
-        vec![b_zero[0]; n]
-    } else {
-        b_zero
-    };
-    let dims: Small<usize> = batch.iter().copied().chain([n]).collect();
-    let mut out = ctx.alloc(DType::I32, dims)?;
-    if let Some(packed) = ctx.lowered.int8()
-        && a.dtype() == DType::U8
-        && packed.dims() == (k, n)
-    {
-        // B packed at load for the VNNI kernel: the same bits as the loop below.
-        let o = out.as_mut_slice::<i32>()?;
-        oxgen_kernels::integer::matmul_integer_packed(
-            a.as_slice::<u8>()?,
-            &a_zero,
-            packed,
-            &b_zero,
-            o,
-            m,
-            ctx.pool,
-        )?;
-        return Ok(out);
-    }
-    let shape = (m, k, n);
-    let (o, pool) = (out.as_mut_slice::<i32>()?, ctx.pool);
-    use oxgen_kernels::integer::matmul_integer as mm;
-    match (a.dtype(), b.dtype()) {
-        (DType::U8, DType::U8) => mm(
-            a.as_slice::<u8>()?,
-            &a_zero,
-            b.as_slice::<u8>()?,
-            &b_zero,
-            o,
-            shape,
-            pool,
-        ),
-        (DType::U8, _) => mm(
-            a.as_slice::<u8>()?,
-            &a_zero,
-            b.as_slice::<i8>()?,
-            &b_zero,
-            o,
-            shape,
-            pool,
-        ),
-        (_, DType::U8) => mm(
-            a.as_slice::<i8>()?,
-            &a_zero,
-            b.as_slice::<u8>()?,
-            &b_zero,
-            o,
-            shape,
-            pool,
-        ),
-        _ => mm(
-            a.as_slice::<i8>()?,
-            &a_zero,
-            b.as_slice::<i8>()?,
-            &b_zero,
-            o,
-            shape,
-            pool,
-        ),
-    }?;
     Ok(out)
 }

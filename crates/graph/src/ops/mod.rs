@@ -106,6 +106,11 @@ pub enum Op {
     DynamicQuantize,
     /// ONNX MatMulInteger: int32 products of (u)int8 matrices less their zero points.
     MatMulInteger,
+    /// com.microsoft::MatMulIntegerToFloat: `MatMulInteger`'s int32 products as float32,
+    /// times `a_scale · b_scale`, plus an optional bias (inputs A, B, a_scale, b_scale,
+    /// a_zero_point, b_zero_point, bias); also made by [`crate::passes::integer`] from the
+    /// ops that spell it out (same bits).
+    MatMulIntegerToFloat,
     /// `g * sigmoid(g) * u` on float32 tensors of one shape, made by [`crate::passes::silu`]
     /// from the ops that spell it out (same bits).
     SiluMul,

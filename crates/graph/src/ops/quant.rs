@@ -1,6 +1,6 @@
 //! Quantized ops: com.microsoft::MatMulNBits and GatherBlockQuantized (block-quantized
 //! weights), and the ONNX ops of onnxruntime's dynamic int8 exports (`quantize_dynamic`:
-//! `DynamicQuantizeLinear`, `MatMulInteger`, `DequantizeLinear`).
+//! `DynamicQuantizeLinear`, `MatMulInteger`, `MatMulIntegerToFloat`, `DequantizeLinear`).
 //!
 //! Reference: onnxruntime `docs/ContribOperators.md` and the CPU kernels in
 //! `onnxruntime/contrib_ops/cpu/quantization/` (`matmul_nbits.cc`,
@@ -191,11 +191,23 @@ fn matmul_integer(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     Ok(Op::MatMulInteger)
 }
 
+fn matmul_integer_to_float(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
+    ctx.inputs(4, 7)?;
+    ctx.outputs(1)?;
+    Ok(Op::MatMulIntegerToFloat)
+}
+
 pub(super) fn specs() -> Vec<OpSpec> {
     vec![
         OpSpec::new("", "DequantizeLinear", 10, dequantize_linear),
         OpSpec::new("", "DynamicQuantizeLinear", 11, dynamic_quantize_linear),
         OpSpec::new("", "MatMulInteger", 10, matmul_integer),
+        OpSpec::new(
+            "com.microsoft",
+            "MatMulIntegerToFloat",
+            1,
+            matmul_integer_to_float,
+        ),
         OpSpec::new("com.microsoft", "MatMulNBits", 1, matmul_nbits),
         OpSpec::new(
             "com.microsoft",

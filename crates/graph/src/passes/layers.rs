@@ -115,7 +115,12 @@ fn head_input(graph: &Graph, mut v: ValueId) -> Result<ValueId, String> {
         };
         let first = node.inputs.first().copied().flatten();
         v = match node.op_type.as_str() {
-            "MatMul" | "MatMulNBits" | "Gemm" | "MatMulInteger" | "MatMulNBitsGroup" => {
+            "MatMul"
+            | "MatMulNBits"
+            | "Gemm"
+            | "MatMulInteger"
+            | "MatMulIntegerToFloat"
+            | "MatMulNBitsGroup" => {
                 return first.ok_or_else(|| format!("node '{}' has no input", node.name));
             }
             "Cast" | "Reshape" | "Identity" | "Squeeze" | "Unsqueeze" | "Flatten" | "Tanh" => first,

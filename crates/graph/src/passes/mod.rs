@@ -27,6 +27,8 @@
 //!    layer's Q, K and V, or gate and up).
 //! 6. [`silu`]: `Mul(Mul(g, Sigmoid(g)), u)` → `oxgen::SiluMul(g, u)`; a `SiluMul` over
 //!    the two outputs of a gate/up `MatMulNBitsGroup` → one `oxgen::MatMulNBitsGlu`.
+//! 7. [`integer`]: a dynamic int8 product spelled out (`MatMulInteger`, `Cast`, the scales'
+//!    `Mul`, the bias `Add`) → `com.microsoft::MatMulIntegerToFloat`.
 //!
 //! Patterns are matched by structure (op types, edges, constant values, axes, inferred
 //! shapes), never by node or model names. A pattern that does not match exactly leaves the
@@ -44,6 +46,7 @@ pub mod attention;
 mod edit;
 pub mod fold;
 pub mod group;
+pub mod integer;
 pub mod layers;
 pub mod longrope;
 pub mod lora;
@@ -128,6 +131,8 @@ pub struct Report {
     pub silu_muls: usize,
     /// `SiluMul`s fused with their gate and up projections into `MatMulNBitsGlu`.
     pub glus: usize,
+    /// Spelled-out dynamic int8 products fused into `MatMulIntegerToFloat`.
+    pub integer_products: usize,
     /// Empty LoRA branches (zero-rank defaults of a graph that takes adapters) removed.
     pub lora_branches: usize,
     /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
@@ -167,6 +172,7 @@ pub fn optimize(
         if !options.keep_projections {
             report.glus = silu::fuse_glu(graph);
         }
+        report.integer_products = integer::fuse_integer_to_float(graph);
     }
     report.nodes_after = graph.nodes.len();
     report
