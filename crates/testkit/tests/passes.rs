@@ -741,3 +741,62 @@ fn spelled_out_int8_products_become_matmul_integer_to_float_with_the_same_bits()
         "the fused int8 product differs from its ops",
     );
 }
+
+#[test]
+fn spelled_out_erf_gelus_become_one_op_with_the_same_bits() {
+    // torch.onnx's GELU of a biased product, (x * (erf(x / c) + 1)) * 0.5 with x = h·W + bias;
+    // then (u * 0.5) * (1 + erf(u / c)) of an input; then one whose erf is also a graph
+    // output, which stays spelled out.
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    b.input("h", DType::F32, &[Dim::from("n"), Dim::Fixed(8)]);
+    b.input("u", DType::F32, &[Dim::from("n"), Dim::Fixed(24)]);
+    b.initializer("w", random(&[8, 24], 21));
+    b.initializer("bias", random(&[24], 22));
+    b.initializer("c", Tensor::scalar(std::f32::consts::SQRT_2));
+    b.initializer("one", Tensor::scalar(1f32));
+    b.initializer("half", Tensor::scalar(0.5f32));
+    b.node("MatMul", "", "mm", &["h", "w"], &["m"], vec![]);
+    b.node("Add", "", "biased", &["m", "bias"], &["x"], vec![]);
+    b.node("Div", "", "div", &["x", "c"], &["d"], vec![]);
+    b.node("Erf", "", "erf", &["d"], &["e"], vec![]);
+    b.node("Add", "", "plus", &["e", "one"], &["p"], vec![]);
+    b.node("Mul", "", "times", &["x", "p"], &["t"], vec![]);
+    b.node("Mul", "", "halved", &["t", "half"], &["y"], vec![]);
+    b.node("Div", "", "div2", &["u", "c"], &["d2"], vec![]);
+    b.node("Erf", "", "erf2", &["d2"], &["e2"], vec![]);
+    b.node("Add", "", "plus2", &["one", "e2"], &["p2"], vec![]);
+    b.node("Mul", "", "halved2", &["half", "u"], &["t2"], vec![]);
+    b.node("Mul", "", "times2", &["p2", "t2"], &["y2"], vec![]);
+    b.node("Div", "", "div3", &["u", "c"], &["d3"], vec![]);
+    b.node("Erf", "", "erf3", &["d3"], &["e3"], vec![]);
+    b.node("Add", "", "plus3", &["e3", "one"], &["p3"], vec![]);
+    b.node("Mul", "", "times3", &["u", "p3"], &["t3"], vec![]);
+    b.node("Mul", "", "halved3", &["t3", "half"], &["y3"], vec![]);
+    for name in ["y", "y2", "y3", "e3"] {
+        b.output(name, DType::F32, &[]);
+    }
+    let g = graph(&b);
+    // Values around 0 and far out, where erf saturates; 37 rows of 24 (windows and a tail).
+    let spread = |t: Tensor| {
+        let v: Vec<f32> = (t.as_slice::<f32>().unwrap().iter().enumerate())
+            .map(|(i, v)| (v - 0.5) * (1 + i % 13) as f32)
+            .collect();
+        Tensor::from_slice(t.dims(), &v).unwrap()
+    };
+    let feeds = [
+        ("h", spread(random(&[37, 8], 23))),
+        ("u", spread(random(&[37, 24], 24))),
+    ];
+    let before = run(g.clone(), &feeds);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(report.erf_gelus, 2, "{report:?}");
+    let h = histogram(&g);
+    assert_eq!(
+        (h.get("ErfGelu"), h.get("Erf"), h.get("Add"), h.get("Mul")),
+        (Some(&2), Some(&1), Some(&1), Some(&2)),
+        "{h:?}"
+    );
+    let after = run(g, &feeds);
+    assert_same_bits(&before, &after, "the fused erf GELU differs from its ops");
+}

@@ -1,13 +1,14 @@
 //! onnxruntime's fused BERT encoder ops, as its transformer optimizer writes them:
 //! com.microsoft::EmbedLayerNormalization (a token's word, position and segment rows summed,
 //! then the layer norm), BiasGelu / FastGelu (GELU of `x + bias`) and Attention (the fused
-//! self-attention, without a decoder's past).
+//! self-attention, without a decoder's past); and `oxgen::ErfGelu`, the erf GELU exporters
+//! spell out, fused by `oxgen_graph::passes::gelu` with the graph's own arithmetic.
 //! Reference: onnxruntime `docs/ContribOperators.md` and `contrib_ops/cpu/bert/`
 //! (`embed_layer_norm.cc`, `bias_gelu.cc`, `fast_gelu.cc`, `attention.cc`,
 //! `attention_helper.h`).
 
 use oxgen_graph::Op;
-use oxgen_graph::ops::{Attention, EmbedNorm};
+use oxgen_graph::ops::{Attention, EmbedNorm, ErfGelu};
 use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm as kn;
 use oxgen_kernels::softmax::{self as ks, SoftmaxKind};
@@ -28,6 +29,7 @@ pub(super) fn run(
     match op {
         Op::EmbedNorm(e) => embed_norm(e, inputs, n_outputs, ctx),
         Op::BiasGelu { tanh } => bias_gelu(*tanh, inputs, ctx).map(|t| smallvec![t]),
+        Op::ErfGelu(g) => erf_gelu(g, inputs, ctx).map(|t| smallvec![t]),
         Op::Attention(a) => attention(a, inputs, ctx).map(|t| smallvec![t]),
         _ => unreachable!("ops::run routes only the fused encoder ops here"),
     }
@@ -40,47 +42,13 @@ pub(super) fn run(
 fn bias_gelu(tanh: bool, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
     let x = input(inputs, 0)?;
     let bias = opt_input(inputs, 1);
-    let n = x.dims().last().copied().unwrap_or(1).max(1);
-    if let Some(b) = bias {
-        if b.dtype() != x.dtype() {
-            return Err(OpError::DType {
-                dtype: b.dtype(),
-                detail: format!(" for the bias: expected {} like the input", x.dtype()),
-            });
-        }
-        if b.dims() != [n] {
-            return Err(OpError::shape(format!(
-                "the bias has shape {:?}; expected [{n}], the input's last axis (input shape {:?})",
-                b.dims(),
-                x.dims()
-            )));
-        }
-    }
-    let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
+    check_bias(x, bias)?;
     if x.dtype() == DType::F32 && !tanh {
-        let (src, bias) = (
-            x.as_slice::<f32>()?,
-            bias.map(|b| b.as_slice::<f32>()).transpose()?,
-        );
-        let dst = out.as_mut_slice::<f32>()?;
-        par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, |start, part| {
-            let (mut scaled, mut erfs) = ([0f32; 64], [0f32; 64]);
-            for (w, window) in part.chunks_mut(64).enumerate() {
-                let first = start + w * 64;
-                for (j, o) in window.iter_mut().enumerate() {
-                    let at = first + j;
-                    *o = src[at] + bias.map_or(0.0, |b| b[at % n]);
-                    scaled[j] = *o * std::f32::consts::FRAC_1_SQRT_2;
-                }
-                let len = window.len();
-                erf::erf_slice(&scaled[..len], &mut erfs[..len]);
-                for (o, &e) in window.iter_mut().zip(&erfs[..len]) {
-                    *o = 0.5 * *o * (1.0 + e);
-                }
-            }
-        });
-        return Ok(out);
+        let scale = |v: f32| v * std::f32::consts::FRAC_1_SQRT_2;
+        return erf_windows(x, bias, ctx, scale, |v, e| 0.5 * v * (1.0 + e));
     }
+    let n = x.dims().last().copied().unwrap_or(1).max(1);
+    let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
     dispatch_float!(x.dtype(), T => {
         let (src, bias) = (x.as_slice::<T>()?, bias.map(|b| b.as_slice::<T>()).transpose()?);
         par::par_chunks(ctx.pool, out.as_mut_slice::<T>()?, FLOAT_MAP_CHUNK, |start, part| {
@@ -92,6 +60,98 @@ fn bias_gelu(tanh: bool, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<
         });
         Ok::<(), OpError>(())
     })?;
+    Ok(out)
+}
+
+/// `oxgen::ErfGelu`: the erf GELU an exporter spelled out, of `x + bias` where there is a
+/// bias, each element with the graph's operations in the graph's order.
+fn erf_gelu(g: &ErfGelu, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
+    let x = input(inputs, 0)?;
+    let bias = opt_input(inputs, 1);
+    check_bias(x, bias)?;
+    if x.dtype() != DType::F32 {
+        return Err(OpError::DType {
+            dtype: x.dtype(),
+            detail: " for ErfGelu's input: expected float32".into(),
+        });
+    }
+    let ErfGelu {
+        divisor,
+        add,
+        half,
+        half_first,
+    } = *g;
+    let finish = move |v: f32, e: f32| match half_first {
+        true => (v * half) * (e + add),
+        false => (v * (e + add)) * half,
+    };
+    erf_windows(x, bias, ctx, |v| v / divisor, finish)
+}
+
+/// A bias, when given, is `x`'s dtype and one value per element of its last axis.
+fn check_bias(x: &Tensor, bias: Option<&Tensor>) -> Result<(), OpError> {
+    let Some(b) = bias else {
+        return Ok(());
+    };
+    let n = x.dims().last().copied().unwrap_or(1).max(1);
+    if b.dtype() != x.dtype() {
+        return Err(OpError::DType {
+            dtype: b.dtype(),
+            detail: format!(" for the bias: expected {} like the input", x.dtype()),
+        });
+    }
+    if b.dims() != [n] {
+        return Err(OpError::shape(format!(
+            "the bias has shape {:?}; expected [{n}], the input's last axis (input shape {:?})",
+            b.dims(),
+            x.dims()
+        )));
+    }
+    Ok(())
+}
+
+/// `out = finish(v, erf(scale(v)))` of `v = x + bias` (the bias repeated along the last axis)
+/// for float32 `x`, in windows of up to 64 elements (the vectorized erf over each window),
+/// split over the pool.
+fn erf_windows(
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    ctx: &mut OpCtx,
+    scale: impl Fn(f32) -> f32 + Sync,
+    finish: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<Tensor, OpError> {
+    let n = x.dims().last().copied().unwrap_or(1).max(1);
+    let mut out = ctx.alloc(DType::F32, x.shape().clone())?;
+    let (src, bias) = (
+        x.as_slice::<f32>()?,
+        bias.map(|b| b.as_slice::<f32>()).transpose()?,
+    );
+    let dst = out.as_mut_slice::<f32>()?;
+    par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, |start, mut part| {
+        let (mut scaled, mut erfs) = ([0f32; 64], [0f32; 64]);
+        let mut at = start;
+        // Windows of up to 64 that stay inside one row, so the bias is a slice.
+        while !part.is_empty() {
+            let col = at % n;
+            let len = part.len().min(64).min(n - col);
+            let (window, rest) = std::mem::take(&mut part).split_at_mut(len);
+            let src = &src[at..at + len];
+            match bias {
+                Some(b) => {
+                    (window.iter_mut().zip(src).zip(&b[col..])).for_each(|((o, &v), &b)| *o = v + b)
+                }
+                None => window.copy_from_slice(src),
+            }
+            for (s, &v) in scaled[..len].iter_mut().zip(&*window) {
+                *s = scale(v);
+            }
+            erf::erf_slice(&scaled[..len], &mut erfs[..len]);
+            for (o, &e) in window.iter_mut().zip(&erfs[..len]) {
+                *o = finish(*o, e);
+            }
+            (part, at) = (rest, at + len);
+        }
+    });
     Ok(out)
 }
 

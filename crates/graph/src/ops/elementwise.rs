@@ -164,6 +164,18 @@ fn gelu(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     unary(ctx, UnaryOp::Gelu { tanh })
 }
 
+/// The erf GELU as exporters spell it out, `Mul(Mul(x, Add(Erf(Div(x, divisor)), add)), half)`
+/// (or `Mul(Mul(x, half), Add(..))` when `half_first`), of `x = input + bias` where the node
+/// has a bias (one value per element of the last axis): made by [`crate::passes::gelu`] and
+/// run with the same operations in the same order, so with the same bits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErfGelu {
+    pub divisor: f32,
+    pub add: f32,
+    pub half: f32,
+    pub half_first: bool,
+}
+
 /// com.microsoft::BiasGelu (`bias` required, erf GELU) and FastGelu (`bias` optional, tanh
 /// GELU): the GELU of `x + bias`, `bias` one value per element of the last axis.
 fn bias_gelu(ctx: &mut NodeCtx, tanh: bool) -> Result<Op, GraphError> {

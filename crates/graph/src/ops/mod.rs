@@ -17,7 +17,7 @@ pub use attention::{
     Attention, GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind,
 };
 pub use control::{If, Loop, Scan, Subgraph};
-pub use elementwise::{BinaryOp, Cast, Clip, UnaryOp, VariadicOp};
+pub use elementwise::{BinaryOp, Cast, Clip, ErfGelu, UnaryOp, VariadicOp};
 pub use moe::{Moe, MoeActivation, MoeFormat, MoeInputs, MoeQuant, MoeRouting, QMOE_GLOBAL_SCALES};
 pub use nn::{EmbedNorm, Gemm, Norm, NormKind, SkipNorm};
 pub use quant::{Dequantize, GatherBlockQuantized, MatMulNBits};
@@ -91,6 +91,9 @@ pub enum Op {
     BiasGelu {
         tanh: bool,
     },
+    /// The erf GELU spelled out (inputs `x` and an optional bias), made by
+    /// [`crate::passes::gelu`] (same bits).
+    ErfGelu(ErfGelu),
     MatMulNBits(MatMulNBits),
     /// `MatMulNBits` nodes that read one input, joined by [`crate::passes::group`]: inputs A,
     /// then B, scales and zero points (or none) per part; one output per part.

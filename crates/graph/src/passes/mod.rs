@@ -29,6 +29,8 @@
 //!    the two outputs of a gate/up `MatMulNBitsGroup` → one `oxgen::MatMulNBitsGlu`.
 //! 7. [`integer`]: a dynamic int8 product spelled out (`MatMulInteger`, `Cast`, the scales'
 //!    `Mul`, the bias `Add`) → `com.microsoft::MatMulIntegerToFloat`.
+//! 8. [`gelu`]: the erf GELU spelled out (`Div`, `Erf`, `Add`, two `Mul`s), with the bias
+//!    `Add` before it → `oxgen::ErfGelu`.
 //!
 //! Patterns are matched by structure (op types, edges, constant values, axes, inferred
 //! shapes), never by node or model names. A pattern that does not match exactly leaves the
@@ -45,6 +47,7 @@
 pub mod attention;
 mod edit;
 pub mod fold;
+pub mod gelu;
 pub mod group;
 pub mod integer;
 pub mod layers;
@@ -133,6 +136,8 @@ pub struct Report {
     pub glus: usize,
     /// Spelled-out dynamic int8 products fused into `MatMulIntegerToFloat`.
     pub integer_products: usize,
+    /// Spelled-out erf GELUs fused into `ErfGelu`.
+    pub erf_gelus: usize,
     /// Empty LoRA branches (zero-rank defaults of a graph that takes adapters) removed.
     pub lora_branches: usize,
     /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
@@ -173,6 +178,7 @@ pub fn optimize(
             report.glus = silu::fuse_glu(graph);
         }
         report.integer_products = integer::fuse_integer_to_float(graph);
+        report.erf_gelus = gelu::fuse_erf_gelu(graph);
     }
     report.nodes_after = graph.nodes.len();
     report

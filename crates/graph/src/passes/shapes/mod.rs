@@ -368,7 +368,7 @@ impl Facts {
             }
             Op::Norm(_) => vec![same, (t0, None, None), (t0, None, None)],
             Op::SkipNorm(_) => vec![same.clone(), (t0, None, None), (t0, None, None), same],
-            Op::BiasGelu { .. } => one(same),
+            Op::BiasGelu { .. } | Op::ErfGelu(_) => one(same),
             Op::Attention(a) => {
                 // (batch, seq, in) → (batch, seq, V's width).
                 let (_, dw, _) = self.get(node, 1);
