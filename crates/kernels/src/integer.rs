@@ -75,7 +75,9 @@ fn quantize(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
     let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
     let zero = round_even((0.0 - lo / scale).clamp(0.0, 255.0));
     for (c, &v) in codes.iter_mut().zip(x) {
-        // A whole number in 0..=255: `max` turns a NaN into 0, as a cast would.
+        // A whole number in 0..=255: `max` turns a NaN into 0, as a cast would (`clamp` keeps
+        // it).
+        #[allow(clippy::manual_clamp)]
         let code = (round_even((v / scale).clamp(-512.0, 512.0)) + zero)
             .max(0.0)
             .min(255.0);
@@ -286,7 +288,9 @@ pub fn packed_product<T: Send>(
         rows_per_task,
         col_parts,
     };
-    par_row_blocks_spans(pool, Prelude::NONE, &mut [out], &[0..n], grid, task);
+    #[allow(clippy::single_range_in_vec_init)]
+    let spans = [0..n];
+    par_row_blocks_spans(pool, Prelude::NONE, &mut [out], &spans, grid, task);
     Ok(())
 }
 

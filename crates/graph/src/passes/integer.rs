@@ -1,10 +1,10 @@
 //! onnxruntime's dynamic int8 products as `quantize_dynamic` spells them out,
 //! `Add(Mul(Cast(MatMulInteger(A, B, za, zb)), S), bias)` (operands of `Mul` and `Add` in
 //! either order, the bias optional) → one `com.microsoft::MatMulIntegerToFloat(A, B, a_scale,
-//! b_scale, za, zb, bias)`: the kernel finishes each tile's `float(acc) · (a_scale · b_scale)
-//! + bias` while it is in registers instead of three passes over the activations, with the
-//! same operations in the same order (the scales' product, the conversion, the product, the
-//! sum; none fused into one rounding), so the same bits.
+//! b_scale, za, zb, bias)`: the kernel finishes each tile's `float(acc) · (a_scale · b_scale)`
+//! plus the bias while it is in registers instead of three passes over the activations, with
+//! the same operations in the same order (the scales' product, the conversion, the product,
+//! the sum; none fused into one rounding), so the same bits.
 //!
 //! `S` is either `Mul(p, q)` read by nothing else, of one value each or one value and one per
 //! column of `B` (its operands become the op's scales: the same product), or a constant of
