@@ -12,16 +12,25 @@ Runtime; the table gives medians and the ratio. With `--int8`, ONNX Runtime's
 `MODEL_DIR-int8`) is timed on both too.
 
     bench/embed.py MODEL_DIR [--threads 2] [--rounds 5] [--int8] [--json-out F]
+        [--llama-server BIN --gguf F32.gguf [--gguf-q8 Q8_0.gguf]]
 
 Needs the oxgen wheel, onnxruntime and numpy; ONNX Runtime is given oxgen's token ids, so
-both compute the same sequences.
+both compute the same sequences. With `--llama-server` (built by
+`LLAMA_CPP_SERVER=1 bench/peers/build_llama_cpp.sh`), llama.cpp's server is timed too on
+GGUF files of the same checkpoint (llama.cpp's `convert_hf_to_gguf.py`, which needs torch, so
+they are made by hand: see docs/PERFORMANCE.md): one process per file with `--embedding
+--pooling mean`, 32 parallel slots, given the same token ids through `/v1/embeddings` (one
+request per batch; the server decodes a request's sequences together).
 """
 
 import argparse
 import json
 import os
+import socket
 import statistics
+import subprocess
 import time
+import urllib.request
 
 import numpy as np
 import onnxruntime as ort
@@ -57,6 +66,41 @@ def ort_embed(session, batch_ids):
     return summed / np.linalg.norm(summed, axis=1, keepdims=True)
 
 
+class LlamaServer:
+    """llama.cpp's server on a GGUF, embedding token ids with mean pooling (normalized)."""
+
+    def __init__(self, binary, gguf, threads):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.process = subprocess.Popen(
+            [binary, "-m", gguf, "--embedding", "--pooling", "mean", "-t", str(threads),
+             "-tb", str(threads), "-c", "16384", "-np", "32", "-b", "4096", "-ub", "4096",
+             "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health") as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"llama-server on {gguf} did not come up")
+
+    def embed(self, batch_ids):
+        body = json.dumps({"input": batch_ids}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/embeddings", body,
+            {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as r:
+            data = json.load(r)["data"]
+        return np.array([d["embedding"] for d in sorted(data, key=lambda d: d["index"])])
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait()
+
+
 def timed(fn):
     start = time.perf_counter()
     fn()
@@ -70,6 +114,9 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--int8", action="store_true")
     p.add_argument("--json-out")
+    p.add_argument("--llama-server", help="llama.cpp's llama-server binary")
+    p.add_argument("--gguf", help="the checkpoint as an f32 GGUF, for --llama-server")
+    p.add_argument("--gguf-q8", help="the checkpoint as a Q8_0 GGUF, for --llama-server")
     args = p.parse_args()
 
     with open(SENTENCES) as f:
@@ -93,11 +140,21 @@ def main():
         peers["ort int8"] = ort_session(int8, args.threads)
         mine_runners["oxgen int8"] = oxgen.Embedder(package, backend="native", threads=args.threads)
 
+    servers = {}
+    if args.llama_server:
+        servers["llama.cpp f32"] = LlamaServer(args.llama_server, args.gguf, args.threads)
+        if args.gguf_q8:
+            servers["llama.cpp q8_0"] = LlamaServer(args.llama_server, args.gguf_q8, args.threads)
+
     # The same vectors, before timing anything.
     mine = embedder.embed(ids[:8])
     theirs = ort_embed(peers["ort f32"], ids[:8])
     worst = float(((mine * theirs).sum(1)).min())
     assert worst > 0.9999, worst
+    for name, server in servers.items():
+        agree = float(((mine * server.embed(ids[:8])).sum(1)).min())
+        print(f"worst cosine oxgen f32 vs {name}: {agree:.7f}")
+        assert agree > 0.999, (name, agree)
 
     runs = {}
     for batch in (1, 32):
@@ -111,17 +168,26 @@ def main():
                 runs.setdefault((name, batch), []).append(
                     timed(lambda: [ort_embed(session, b) for b in batches])
                 )
+            for name, server in servers.items():
+                runs.setdefault((name, batch), []).append(
+                    timed(lambda: [server.embed(b) for b in batches])
+                )
+    for server in servers.values():
+        server.close()
     rows = []
     print(f"{len(ids)} sentences, {sum(map(len, ids))} tokens, {args.threads} threads, "
           f"{args.rounds} rounds (median); worst cosine oxgen vs ort {worst:.7f}")
-    print(f"{'runner':<11} {'batch':>5} {'sentences/s':>12} {'oxgen / ort':>12}")
+    rate_of = lambda key: len(ids) / statistics.median(runs[key])
+    print(f"{'runner':<14} {'batch':>5} {'sentences/s':>12} {'oxgen / ort':>12} {'oxgen / llama.cpp':>18}")
     for (name, batch), times in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        rate = len(ids) / statistics.median(times)
+        rate = rate_of((name, batch))
         kind = name.split()[-1]
-        ort_rate = len(ids) / statistics.median(runs[("ort " + kind, batch)])
         rows.append({"runner": name, "batch": batch, "sentences_per_s": rate, "times": times})
-        ratio = f"{rate / ort_rate:>11.2f}x" if name.startswith("oxgen") else ""
-        print(f"{name:<11} {batch:>5} {rate:>12.1f} {ratio}")
+        ratio = f"{rate / rate_of(('ort ' + kind, batch)):>11.2f}x" if name.startswith("oxgen") else ""
+        # oxgen's int8 against llama.cpp's 8-bit form (Q8_0): each runtime's own int8.
+        llama = ("llama.cpp " + ("f32" if kind == "f32" else "q8_0"), batch)
+        versus = f"{rate / rate_of(llama):>17.2f}x" if name.startswith("oxgen") and llama in runs else ""
+        print(f"{name:<14} {batch:>5} {rate:>12.1f} {ratio:>12} {versus}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -25,6 +25,9 @@
 #                 avx2: AVX2/FMA/F16C only (the ISA oxgen's kernels target), built into
 #                 $PEERS/llama.cpp-avx2 instead; point llama_bench.py --bin (or LLAMA_CPP_BIN
 #                 for compare.py) at its build/bin.
+#   LLAMA_CPP_SERVER=1  also build `llama-server` (for bench/embed.py --llama-server: its
+#                 /embedding endpoint on a GGUF of a sentence encoder); it adds the server's
+#                 sources to the build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -46,12 +49,21 @@ case "$ISA" in
 esac
 BUILD="$OUT/build"
 BIN="$BUILD/bin"
+TARGETS=(llama-bench llama-completion llama-quantize)
+SERVER=OFF
+if [ "${LLAMA_CPP_SERVER:-0}" = 1 ]; then
+    TARGETS+=(llama-server)
+    SERVER=ON
+fi
 # What the binaries were built from and with; a different one rebuilds.
 CONFIG="llama-cpp-python $LLAMA_CPP_PYTHON_VERSION; ${ISA_FLAGS[*]}"
 STAMP="$OUT/built-with"
 
-if [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-completion" ] && [ -x "$BIN/llama-quantize" ] &&
-    [ "$(cat "$STAMP" 2>/dev/null)" = "$CONFIG" ]; then
+built=1
+for t in "${TARGETS[@]}"; do
+    [ -x "$BIN/$t" ] || built=0
+done
+if [ $built = 1 ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$CONFIG" ]; then
     echo "llama.cpp already built: $BIN" >&2
     exit 0
 fi
@@ -100,9 +112,9 @@ start=$(date +%s)
     "${ISA_FLAGS[@]}" \
     -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
     -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=$SERVER \
     >"$OUT/cmake-configure.log"
 nice -n 19 "$CMAKE" --build "$BUILD" --config Release -j "$JOBS" \
-    --target llama-bench llama-completion llama-quantize
+    --target "${TARGETS[@]}"
 echo "$CONFIG" >"$STAMP"
 echo "llama.cpp built in $(($(date +%s) - start)) s: $BIN" >&2

@@ -198,16 +198,35 @@ impl PackedI8 {
         (self.k, self.n)
     }
 
-    /// Whether this CPU runs the packed kernel (AVX-512 with VNNI).
+    /// Whether this CPU runs a packed kernel: AVX-512 with VNNI (four byte products a lane),
+    /// else AVX2 (pairs of 16-bit products a lane).
     pub fn available() -> bool {
-        cfg!(target_arch = "x86_64")
-            && cpu::level() >= cpu::Level::Avx512
-            && cpu::features().avx512vnni
+        cfg!(target_arch = "x86_64") && cpu::level() >= cpu::Level::Avx2
     }
 }
 
+/// Whether the packed product runs on AVX-512 VNNI (else on AVX2).
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    cpu::level() >= cpu::Level::Avx512 && cpu::features().avx512vnni
+}
+
+/// The last group of each of `a`'s rows (of `k`) when `k` is not a multiple of 4,
+/// zero-padded.
+fn tail_quads(a: &[u8], k: usize) -> [i32; CHUNK] {
+    let mut tail = [0i32; CHUNK];
+    if !k.is_multiple_of(4) {
+        for (q, row) in tail.iter_mut().zip(a.chunks_exact(k)) {
+            let mut bytes = [0u8; 4];
+            bytes[..k % 4].copy_from_slice(&row[k / 4 * 4..]);
+            *q = i32::from_le_bytes(bytes);
+        }
+    }
+    tail
+}
+
 /// [`matmul_integer`] for uint8 `a` against a [`PackedI8`] `b` (onnxruntime's dynamic int8
-/// exports' form) with AVX-512 VNNI ([`packed_product`]). Call only where
+/// exports' form) with AVX-512 VNNI or AVX2 ([`packed_product`]). Call only where
 /// [`PackedI8::available`].
 pub fn matmul_integer_packed(
     a: &[u8],
@@ -225,9 +244,10 @@ pub fn matmul_integer_packed(
 
 /// `epilogue(i, j, values, outs)` with `values[c] = Σ_k (a[i, k] - za) · (b[k, j + c] - zb[j +
 /// c])` and `outs` the outputs `out[i, j..]` they make (up to a tile's width at a time), for
-/// uint8 `a` (`m × k`) against a [`PackedI8`] `b`, with AVX-512 VNNI: `Σ a·b` in 16-column lanes (tasks of up
-/// to 32 rows take turns, four rows at a time, over each block of 256 of `b`'s rows while it
-/// is in L1), the zero points folded in after (`Σ (a - za)(b - zb) = Σ ab - zb Σa - za Σb +
+/// uint8 `a` (`m × k`) against a [`PackedI8`] `b`: `Σ a·b` in 16-column lanes with AVX-512
+/// VNNI (tasks of up to 32 rows take turns, four rows at a time, over each block of 256 of
+/// `b`'s rows while it is in L1), else in 16-bit pair products with AVX2 ([`tiles_avx2`]), the
+/// zero points folded in after (`Σ (a - za)(b - zb) = Σ ab - zb Σa - za Σb +
 /// k·za·zb`, exact in wrapping i32 arithmetic, so the same integers as the loop of
 /// [`matmul_integer`] whatever the blocking).
 pub fn packed_product<T: Send>(
@@ -243,7 +263,7 @@ pub fn packed_product<T: Send>(
     check_operands(a.len(), a_zero, b_zero, out.len(), (m, k, n))?;
     if !PackedI8::available() {
         return Err(KernelError::Shape(
-            "the packed int8 product needs AVX-512 VNNI; check PackedI8::available".into(),
+            "the packed int8 product needs AVX2; check PackedI8::available".into(),
         ));
     }
     if m == 0 || n == 0 {
@@ -277,10 +297,13 @@ pub fn packed_product<T: Send>(
             epilogue(i, j, exact, &mut outs[r][j - start..][..values.len()]);
         };
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512 F, BW and VNNI are available (checked above); `a` holds `rows` rows
-        // of `k` and `cols` starts on a tile and ends by `n`.
+        // SAFETY: AVX-512 F, BW and VNNI, else AVX2, are available (checked above and by
+        // `vnni`); `a` holds `rows` rows of `k` and `cols` starts on a tile and ends by `n`.
         unsafe {
-            tiles_vnni(a, rows, b, cols, &mut store)
+            match vnni() {
+                true => tiles_vnni(a, rows, b, cols, &mut store),
+                false => tiles_avx2(a, rows, b, cols, &mut store),
+            }
         };
     };
     let grid = Grid {
@@ -321,15 +344,7 @@ unsafe fn tiles_vnni(
 ) {
     use std::arch::x86_64::*;
     let (k, groups, full) = (b.k, b.k.div_ceil(4), b.k / 4);
-    // The last group of each row when `k` is not a multiple of 4, zero-padded.
-    let mut tail = [0i32; CHUNK];
-    if full < groups {
-        for (q, row) in tail.iter_mut().zip(a.chunks_exact(k)) {
-            let mut bytes = [0u8; 4];
-            bytes[..k % 4].copy_from_slice(&row[4 * full..]);
-            *q = i32::from_le_bytes(bytes);
-        }
-    }
+    let tail = tail_quads(a, k);
     let row_groups = rows.div_ceil(ROWS);
     let mut lanes = [0i32; TILE];
     for t in cols.start / TILE..cols.end.div_ceil(TILE) {
@@ -404,6 +419,102 @@ unsafe fn pass<const R: usize>(
             }
         }
         accs[..R].copy_from_slice(&acc);
+    }
+}
+
+/// [`tiles_vnni`] on AVX2, from the same packed tiles: each group's four bytes of 16 columns
+/// widened to 16-bit, each row's four bytes widened and repeated, `vpmaddwd` adding the
+/// products in pairs (exact: a uint8 times an int8 and the sum of two fit) into two lanes per
+/// column, which are added when the column is done. Rows go two at a time (16 registers),
+/// over a tile's columns 16 at a time and all of `k` (a 16-column slice of the tile, at most
+/// `k` bytes × 16, stays in L1 between the row pairs).
+///
+/// # Safety
+/// AVX2 must be available; as [`tiles_vnni`] for the rest.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tiles_avx2(
+    a: &[u8],
+    rows: usize,
+    b: &PackedI8,
+    cols: Range<usize>,
+    store: &mut impl FnMut(usize, usize, &[i32]),
+) {
+    let (k, groups, full) = (b.k, b.k.div_ceil(4), b.k / 4);
+    let tail = tail_quads(a, k);
+    let mut sums = [[0i32; TILE]; 2];
+    for t in cols.start / TILE..cols.end.div_ceil(TILE) {
+        let tile = b.data[t * groups * TILE * 4..].as_ptr();
+        let (j0, width) = (t * TILE, (t * TILE + TILE).min(cols.end) - t * TILE);
+        for r0 in (0..rows).step_by(2) {
+            let here = (rows - r0).min(2);
+            let a = a[r0 * k..].as_ptr();
+            // SAFETY: rows `r0..r0 + here` of `a` hold `k` bytes each, so each whole group's
+            // four; the tile holds `groups` groups.
+            let quad = |r: usize, g: usize| match g < full {
+                true => unsafe { a.add(r * k + 4 * g).cast::<i32>().read_unaligned() },
+                false => tail[r0 + r],
+            };
+            for part in 0..TILE / 16 {
+                // SAFETY: as above.
+                unsafe {
+                    let slice = tile.add(part * 64);
+                    match here {
+                        1 => pairs_avx2::<1>(slice, groups, &quad, &mut sums, part),
+                        _ => pairs_avx2::<2>(slice, groups, &quad, &mut sums, part),
+                    }
+                }
+            }
+            for (r, sums) in sums[..here].iter().enumerate() {
+                store(r0 + r, j0, &sums[..width]);
+            }
+        }
+    }
+}
+
+/// Columns `16 part..16 part + 16` of a tile (`slice` is where they start in group 0) for
+/// `R` rows over all `groups`: their sums into `sums[r][16 part..]`.
+///
+/// # Safety
+/// AVX2 must be available; `slice` holds 64 bytes at each group's stride of 256.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pairs_avx2<const R: usize>(
+    slice: *const i8,
+    groups: usize,
+    quad: &impl Fn(usize, usize) -> i32,
+    sums: &mut [[i32; TILE]; 2],
+    part: usize,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut acc = [[_mm256_setzero_si256(); 4]; R];
+        for g in 0..groups {
+            let base = slice.add(g * TILE * 4);
+            let w: [__m256i; 4] = std::array::from_fn(|v| {
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(base.add(v * 16).cast()))
+            });
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(quad(r, g)));
+                let x = _mm256_broadcastq_epi64(x);
+                for (acc, &w) in acc.iter_mut().zip(&w) {
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(w, x));
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let mut lanes = [0i32; 32];
+            for (v, acc) in acc.iter().enumerate() {
+                _mm256_storeu_si256(lanes.as_mut_ptr().add(v * 8).cast(), *acc);
+            }
+            for (s, pair) in sums[r][part * 16..][..16]
+                .iter_mut()
+                .zip(lanes.chunks_exact(2))
+            {
+                *s = pair[0].wrapping_add(pair[1]);
+            }
+        }
     }
 }
 
