@@ -1,6 +1,6 @@
 //! The LLM weight ops and norms against onnxruntime 1.32 (the `ort_oracle`):
 //! com.microsoft::MatMulNBits, com.microsoft::GatherBlockQuantized,
-//! SimplifiedLayerNormalization, com.microsoft::SkipSimplifiedLayerNormalization and
+//! com.microsoft::MatMulIntegerToFloat, SimplifiedLayerNormalization, com.microsoft::SkipSimplifiedLayerNormalization and
 //! com.microsoft::SkipLayerNormalization, over
 //! their attribute and shape space, with seeded pseudo-random data. Needs `OXGEN_PYTHON`
 //! (see `scripts/test.sh`).
@@ -639,4 +639,69 @@ fn skip_norm_with_too_many_inputs_fails_at_load_naming_the_node() {
         b.output("y", DType::F32, &fixed(&[1, 4]));
     });
     assert!(err.contains("final_norm") && err.contains("extra"), "{err}");
+}
+
+/// com.microsoft::MatMulIntegerToFloat (what onnxruntime's optimizer and oxgen's int8 pass
+/// make of `quantize_dynamic`'s products): uint8 `A` of rank 2 and 3 against int8 `B`, zero
+/// points per tensor and per column, `b_scale` one or one per column, with and without a
+/// bias. Both sides sum the same exact integers, then scale and add in f32 (onnxruntime may
+/// fuse the two into one rounding): the norms' bound.
+#[test]
+fn matmul_integer_to_float_matches_onnxruntime() {
+    let mut batch = Batch::new();
+    let mut rng = Rng::new(0x5eed_0101);
+    // (A's dims, n, per-column B scale and zero point, bias)
+    let cases: [(&[usize], usize, bool, bool); 4] = [
+        (&[3, 40], 70, false, true),
+        (&[2, 5, 33], 64, true, true),
+        (&[37, 19], 16, true, false),
+        (&[1, 256], 130, false, false),
+    ];
+    for (i, &(a_dims, n, per_column, bias)) in cases.iter().enumerate() {
+        let k = a_dims[a_dims.len() - 1];
+        let name = |what: &str| format!("{what}{i}");
+        let (a, bw, y) = (name("a"), name("b"), name("y"));
+        let codes = rng.bytes(a_dims.iter().product());
+        batch.input(&a, Tensor::from_slice(a_dims, &codes).unwrap());
+        let weights: Vec<i8> = rng.bytes(k * n).into_iter().map(|v| v as i8).collect();
+        batch.init(&bw, Tensor::from_slice([k, n], &weights).unwrap());
+        let columns = if per_column { n } else { 1 };
+        let b_dims: &[usize] = if per_column { &[n] } else { &[] };
+        let scales = rng.floats(columns, 0.001, 0.02);
+        let zeros: Vec<i8> = (0..columns).map(|_| (rng.below(9) as i8) - 4).collect();
+        batch.init(&name("as"), Tensor::scalar(0.013f32));
+        batch.init(&name("bs"), Tensor::from_slice(b_dims, &scales).unwrap());
+        batch.init(&name("az"), Tensor::scalar(121u8));
+        batch.init(&name("bz"), Tensor::from_slice(b_dims, &zeros).unwrap());
+        let mut inputs = vec![
+            a.clone(),
+            bw,
+            name("as"),
+            name("bs"),
+            name("az"),
+            name("bz"),
+        ];
+        if bias {
+            batch.init(
+                &name("bias"),
+                float_tensor(&[n], &rng.floats(n, -1.0, 1.0), DType::F32),
+            );
+            inputs.push(name("bias"));
+        }
+        let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        let node = name("node");
+        (batch.builder).node(
+            "MatMulIntegerToFloat",
+            "com.microsoft",
+            &node,
+            &inputs,
+            &[&y],
+            vec![],
+        );
+        let mut out_dims = a_dims.to_vec();
+        *out_dims.last_mut().unwrap() = n;
+        let case = format!("A {a_dims:?}, n {n}, per column {per_column}, bias {bias}");
+        batch.output(&y, DType::F32, &out_dims, case, F32_NORM);
+    }
+    batch.run("MatMulIntegerToFloat");
 }

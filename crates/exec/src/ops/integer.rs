@@ -141,46 +141,25 @@ impl<'a> Product<'a> {
 
     /// The int32 products into `out` by the loop (any pair of uint8 and int8 operands).
     fn run_loop(&self, out: &mut [i32], pool: &ThreadPool) -> Result<(), OpError> {
-        let (a_zero, b_zero, shape) = (&self.a_zero, &self.b_zero, (self.m, self.k, self.n));
-        use integer::matmul_integer as mm;
-        let (a, b) = (self.a, self.b);
+        let (a, b, shape) = (self.a, self.b, (self.m, self.k, self.n));
+        macro_rules! product {
+            ($a:ty, $b:ty) => {
+                integer::matmul_integer(
+                    a.as_slice::<$a>()?,
+                    &self.a_zero,
+                    b.as_slice::<$b>()?,
+                    &self.b_zero,
+                    out,
+                    shape,
+                    pool,
+                )
+            };
+        }
         match (a.dtype(), b.dtype()) {
-            (DType::U8, DType::U8) => mm(
-                a.as_slice::<u8>()?,
-                a_zero,
-                b.as_slice::<u8>()?,
-                b_zero,
-                out,
-                shape,
-                pool,
-            ),
-            (DType::U8, _) => mm(
-                a.as_slice::<u8>()?,
-                a_zero,
-                b.as_slice::<i8>()?,
-                b_zero,
-                out,
-                shape,
-                pool,
-            ),
-            (_, DType::U8) => mm(
-                a.as_slice::<i8>()?,
-                a_zero,
-                b.as_slice::<u8>()?,
-                b_zero,
-                out,
-                shape,
-                pool,
-            ),
-            _ => mm(
-                a.as_slice::<i8>()?,
-                a_zero,
-                b.as_slice::<i8>()?,
-                b_zero,
-                out,
-                shape,
-                pool,
-            ),
+            (DType::U8, DType::U8) => product!(u8, u8),
+            (DType::U8, _) => product!(u8, i8),
+            (_, DType::U8) => product!(i8, u8),
+            _ => product!(i8, i8),
         }?;
         Ok(())
     }
