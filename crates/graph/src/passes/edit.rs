@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashSet};
 
 use oxgen_tensor::{DType, Tensor};
 
-use crate::ops::Op;
+use crate::ops::{BinaryOp, Op};
 use crate::{Dim, Graph, Node, ValueId, ValueInfo, ValueKind};
 
 pub(crate) use crate::Index;
@@ -18,6 +18,24 @@ pub(crate) fn input(node: &Node, k: usize) -> Option<ValueId> {
 /// Output 0 of `node`.
 pub(crate) fn output(node: &Node) -> Option<ValueId> {
     node.outputs.first().copied().flatten()
+}
+
+/// The two operands of `node` when it is the binary `op`.
+pub(crate) fn binary_operands(node: &Node, op: BinaryOp) -> Option<(ValueId, ValueId)> {
+    match &node.op {
+        Op::Binary(b) if *b == op => Some((input(node, 0)?, input(node, 1)?)),
+        _ => None,
+    }
+}
+
+/// `node`'s operand other than `v`, when `node` is the binary `op` and exactly one of its
+/// operands is `v`.
+pub(crate) fn other_operand(node: &Node, op: BinaryOp, v: ValueId) -> Option<ValueId> {
+    match binary_operands(node, op)? {
+        (a, b) if a == v && b != v => Some(b),
+        (a, b) if b == v && a != v => Some(a),
+        _ => None,
+    }
 }
 
 /// The value of `v` when it is an initializer.

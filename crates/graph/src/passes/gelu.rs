@@ -9,18 +9,12 @@
 //! `x` must be known to be float32, each intermediate value read by nothing else, and `x`
 //! read by the `Div` and one `Mul` only when its bias is taken in.
 
-use super::edit::{self, Edits, Index, input, output};
+use super::edit::{
+    self, Edits, Index, binary_operands as operands, input, other_operand as other, output,
+};
 use super::shapes::{Facts, Sym};
 use crate::ops::{BinaryOp, ErfGelu, Op, UnaryOp};
-use crate::{Graph, Node, ValueId};
-
-/// The two operands of `node` when it is a binary `op`.
-fn operands(node: &Node, op: BinaryOp) -> Option<(ValueId, ValueId)> {
-    match &node.op {
-        Op::Binary(b) if *b == op => Some((input(node, 0)?, input(node, 1)?)),
-        _ => None,
-    }
-}
+use crate::{Graph, ValueId};
 
 /// A one-value float32 constant.
 fn scalar(graph: &Graph, v: ValueId) -> Option<f32> {
@@ -28,16 +22,6 @@ fn scalar(graph: &Graph, v: ValueId) -> Option<f32> {
     (t.dtype() == oxgen_tensor::DType::F32 && t.numel() == 1)
         .then(|| t.as_slice::<f32>().ok().map(|s| s[0]))
         .flatten()
-}
-
-/// `node`'s operand other than `v`, when exactly one operand is `v`.
-fn other(node: &Node, op: BinaryOp, v: ValueId) -> Option<ValueId> {
-    let (a, b) = operands(node, op)?;
-    match (a == v, b == v) {
-        (true, false) => Some(b),
-        (false, true) => Some(a),
-        _ => None,
-    }
 }
 
 /// A GELU found around an `Erf`: the op, its `x`, the nodes it replaces (the last one, which

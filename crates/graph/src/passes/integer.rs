@@ -15,17 +15,9 @@
 
 use oxgen_tensor::{DType, Tensor};
 
-use super::edit::{self, Edits, Index, input, output};
+use super::edit::{self, Edits, Index, binary_operands, input, other_operand, output};
 use crate::ops::{BinaryOp, Op};
-use crate::{Graph, Node, ValueId};
-
-/// The two operands of `node` when it is a binary `op`.
-fn operands(node: &Node, op: BinaryOp) -> Option<(ValueId, ValueId)> {
-    match &node.op {
-        Op::Binary(b) if *b == op => Some((input(node, 0)?, input(node, 1)?)),
-        _ => None,
-    }
-}
+use crate::{Graph, ValueId};
 
 /// The scales `[a_scale, b_scale]` a product's `S` stands for: its operands when it is a
 /// `Mul` only `reader` reads (and the `Mul`'s index), else a 1 to be added and `S`; `a_scale`
@@ -55,7 +47,7 @@ fn scales(
         return Some(([None, Some(s)], None));
     }
     let (mi, mul) = index.node(graph, s)?;
-    let (p, q) = operands(mul, BinaryOp::Mul)?;
+    let (p, q) = binary_operands(mul, BinaryOp::Mul)?;
     let (a, b) = match () {
         _ if one_value(p) && per_column(q) => (p, q),
         _ if per_column(p) && one_value(q) => (q, p),
@@ -95,12 +87,7 @@ pub fn fuse_integer_to_float(graph: &mut Graph) -> usize {
             continue;
         };
         let mul = &graph.nodes[mi];
-        let Some(s) = operands(mul, BinaryOp::Mul).and_then(|(x, y)| {
-            let cast_out = output(cast)?;
-            (x == cast_out)
-                .then_some(y)
-                .or((y == cast_out).then_some(x))
-        }) else {
+        let Some(s) = output(cast).and_then(|c| other_operand(mul, BinaryOp::Mul, c)) else {
             continue;
         };
         let Some((scales, scale_mul)) = scales(graph, &index, s, (i, mi), n) else {
@@ -109,11 +96,9 @@ pub fn fuse_integer_to_float(graph: &mut Graph) -> usize {
         // The bias, when the product's one reader adds a constant of one value per column.
         let bias = output(mul).and_then(|y| {
             let ai = index.sole_reader(y)?;
-            let add = &graph.nodes[ai];
-            let (x, z) = operands(add, BinaryOp::Add)?;
-            let b = if x == y { z } else { x };
+            let b = other_operand(&graph.nodes[ai], BinaryOp::Add, y)?;
             edit::constant(graph, b)
-                .filter(|t| t.dtype() == DType::F32 && t.dims() == [n] && (x == y) != (z == y))
+                .filter(|t| t.dtype() == DType::F32 && t.dims() == [n])
                 .map(|_| (b, ai))
         });
         let out = match bias {

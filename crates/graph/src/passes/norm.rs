@@ -22,13 +22,7 @@ use crate::{Graph, Node, ValueId};
 
 /// The operands of a binary node of kind `op`, in both orders.
 fn operands(node: &Node, op: BinaryOp) -> Option<[(ValueId, ValueId); 2]> {
-    match node.op {
-        Op::Binary(b) if b == op => {
-            let (a, b) = (input(node, 0)?, input(node, 1)?);
-            Some([(a, b), (b, a)])
-        }
-        _ => None,
-    }
+    edit::binary_operands(node, op).map(|(a, b)| [(a, b), (b, a)])
 }
 
 /// `v` without a float32 `Cast` in front, when `v` is such a cast.

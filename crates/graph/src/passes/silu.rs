@@ -10,18 +10,10 @@
 //! Then [`fuse_glu`] joins a `SiluMul` with the group of gate and up projections it reads
 //! into one `oxgen::MatMulNBitsGlu`.
 
-use super::edit::{self, Edits, Index, input, output};
+use super::edit::{self, Edits, Index, binary_operands, input, output};
 use super::shapes::Facts;
 use crate::ops::{BinaryOp, Op, UnaryOp};
-use crate::{Graph, Node, ValueId};
-
-/// The two operands of `node` when it is a `Mul`.
-fn mul_operands(node: &Node) -> Option<(ValueId, ValueId)> {
-    match node.op {
-        Op::Binary(BinaryOp::Mul) => Some((input(node, 0)?, input(node, 1)?)),
-        _ => None,
-    }
-}
+use crate::{Graph, ValueId};
 
 /// Whether `g` and `u` are two outputs of one `MatMulNBitsGroup` (one input A) with the same
 /// `N` and float32 scales: then both are float32 of A's leading shape by `N`, whatever the
@@ -51,13 +43,13 @@ pub fn fuse_silu_mul(graph: &mut Graph) -> usize {
     let facts = Facts::infer(graph);
     let mut edits = Edits::default();
     for (i, node) in graph.nodes.iter().enumerate() {
-        let Some((x, y)) = mul_operands(node) else {
+        let Some((x, y)) = binary_operands(node, BinaryOp::Mul) else {
             continue;
         };
         // One operand is `a = g * sigmoid(g)`, the other `u`.
         let found = [(x, y), (y, x)].into_iter().find_map(|(a, u)| {
             let (ai, an) = index.node(graph, a)?;
-            let (p, q) = mul_operands(an)?;
+            let (p, q) = binary_operands(an, BinaryOp::Mul)?;
             let (g, si) = [(p, q), (q, p)].into_iter().find_map(|(g, s)| {
                 let (si, sn) = index.node(graph, s)?;
                 (matches!(sn.op, Op::Unary(UnaryOp::Sigmoid)) && input(sn, 0) == Some(g))
