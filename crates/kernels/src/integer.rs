@@ -277,7 +277,8 @@ pub fn packed_product<T: Send>(
         let rows = outs.len();
         let a = &a[first * k..][..rows * k];
         let mut sums = [0i32; CHUNK];
-        for (s, row) in sums.iter_mut().zip(a.chunks_exact(k)) {
+        // (With `k` 0 there are no rows' bytes, and every sum stays 0.)
+        for (s, row) in sums.iter_mut().zip(a.chunks_exact(k.max(1))) {
             *s = row.iter().map(|&x| i32::from(x)).sum();
         }
         let start = cols.start;
@@ -615,7 +616,13 @@ mod tests {
     fn matmul_integer_is_the_exact_product_at_any_thread_count() {
         // Rows past a task's chunk, inputs past a block and not a multiple of 4, columns past
         // a tile and short of one.
-        for (m, k, n) in [(7, 33, 19), (70, 1027, 150), (33, 256, 64), (1, 6, 3)] {
+        for (m, k, n) in [
+            (7, 33, 19),
+            (70, 1027, 150),
+            (33, 256, 64),
+            (1, 6, 3),
+            (3, 0, 5),
+        ] {
             let mut rng = crate::rng::Rng::new((m * k * n) as u64);
             let a: Vec<u8> = (0..m * k).map(|_| rng.next_u64() as u8).collect();
             let b: Vec<i8> = (0..k * n).map(|_| rng.next_u64() as i8).collect();

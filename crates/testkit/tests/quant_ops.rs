@@ -705,3 +705,53 @@ fn matmul_integer_to_float_matches_onnxruntime() {
     }
     batch.run("MatMulIntegerToFloat");
 }
+
+/// MatMulIntegerToFloat with an empty inner or outer dimension (K = 0: every product is the
+/// bias; N = 0: an empty output) runs natively on the packed and the loop paths (uint8 and
+/// int8 `A`) instead of failing.
+#[test]
+fn matmul_integer_to_float_takes_empty_dimensions() {
+    for ((k, n), a_int8) in [
+        ((0, 4), false),
+        ((0, 4), true),
+        ((3, 0), false),
+        ((3, 0), true),
+    ] {
+        let mut b = ModelBuilder::new("oxgen-test");
+        b.opset("", 21).opset("com.microsoft", 1);
+        let a_dtype = if a_int8 { DType::I8 } else { DType::U8 };
+        b.input("a", a_dtype, &fixed(&[2, k]));
+        b.initializer("b", Tensor::from_slice([k, n], &vec![1i8; k * n]).unwrap());
+        b.initializer("as", Tensor::scalar(0.5f32));
+        b.initializer("bs", Tensor::scalar(2f32));
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 + 0.25).collect();
+        b.initializer("bias", Tensor::from_slice([n], &bias).unwrap());
+        let inputs = ["a", "b", "as", "bs", "", "", "bias"];
+        b.node(
+            "MatMulIntegerToFloat",
+            "com.microsoft",
+            "mm",
+            &inputs,
+            &["y"],
+            vec![],
+        );
+        b.output("y", DType::F32, &fixed(&[2, n]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.onnx");
+        b.save(&path, None).unwrap();
+        let a = match a_int8 {
+            true => Tensor::from_slice([2, k], &vec![3i8; 2 * k]).unwrap(),
+            false => Tensor::from_slice([2, k], &vec![3u8; 2 * k]).unwrap(),
+        };
+        let mut session = oxgen_testkit::node_tests::native_session(&path).unwrap();
+        let out = session.run(vec![("a".into(), a)]).unwrap();
+        let y = &out[0].1;
+        assert_eq!(y.dims(), [2, n], "k {k}, n {n}");
+        let want: Vec<f32> = bias.iter().chain(&bias).copied().collect();
+        assert_eq!(
+            y.as_slice::<f32>().unwrap(),
+            want.as_slice(),
+            "k {k}, n {n}"
+        );
+    }
+}

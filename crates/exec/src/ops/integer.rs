@@ -248,7 +248,10 @@ fn matmul_integer_to_float(inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Resul
     let mut products = ctx.alloc(DType::I32, p.dims.clone())?;
     p.run_loop(products.as_mut_slice::<i32>()?, ctx.pool)?;
     let values = products.as_slice::<i32>()?;
-    for (row, values) in o.chunks_exact_mut(n).zip(values.chunks_exact(n)) {
+    for (row, values) in o
+        .chunks_exact_mut(n.max(1))
+        .zip(values.chunks_exact(n.max(1)))
+    {
         finish(0, values, row);
     }
     ctx.arena.recycle(products);
