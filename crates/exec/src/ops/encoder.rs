@@ -81,11 +81,12 @@ fn erf_gelu(g: &ErfGelu, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<
         half,
         half_first,
     } = *g;
-    let finish = move |v: f32, e: f32| match half_first {
-        true => (v * half) * (e + add),
-        false => (v * (e + add)) * half,
-    };
-    erf_windows(x, bias, ctx, |v| v / divisor, finish)
+    // The order of the two products chosen once, outside the loop.
+    let scale = |v: f32| v / divisor;
+    match half_first {
+        true => erf_windows(x, bias, ctx, scale, |v, e| (v * half) * (e + add)),
+        false => erf_windows(x, bias, ctx, scale, |v, e| (v * (e + add)) * half),
+    }
 }
 
 /// A bias, when given, is `x`'s dtype and one value per element of its last axis.

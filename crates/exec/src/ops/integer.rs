@@ -43,6 +43,7 @@ fn dynamic_quantize(x: &Tensor, ctx: &mut OpCtx) -> Result<Outputs, OpError> {
 /// A MatMulInteger operand's zero points as i32: one, or `per` (a row of A's, a column of
 /// B's); checked to be of the operand's type.
 fn integer_zero_points(
+    op: &str,
     t: &Tensor,
     zero: Option<&Tensor>,
     per: usize,
@@ -51,7 +52,7 @@ fn integer_zero_points(
     if !matches!(t.dtype(), DType::U8 | DType::I8) {
         return Err(OpError::DType {
             dtype: t.dtype(),
-            detail: format!(" for MatMulInteger's {what}: expected uint8 or int8"),
+            detail: format!(" for {op}'s {what}: expected uint8 or int8"),
         });
     }
     let zeros = match zero {
@@ -59,17 +60,14 @@ fn integer_zero_points(
         Some(z) if z.dtype() != t.dtype() => {
             return Err(OpError::DType {
                 dtype: z.dtype(),
-                detail: format!(
-                    " for MatMulInteger's {what} zero point: expected {}",
-                    t.dtype()
-                ),
+                detail: format!(" for {op}'s {what} zero point: expected {}", t.dtype()),
             });
         }
         Some(z) => integers(z, what)?.into_iter().map(|v| v as i32).collect(),
     };
     if zeros.len() != 1 && zeros.len() != per {
         return Err(OpError::shape(format!(
-            "MatMulInteger's {what} zero point has {} values; give one, or {per}",
+            "{op}'s {what} zero point has {} values; give one, or {per}",
             zeros.len()
         )));
     }
@@ -92,31 +90,36 @@ struct Product<'a> {
 }
 
 impl<'a> Product<'a> {
-    /// `A` and `B` at inputs 0 and 1, their zero points at `zeros`.
-    fn new(inputs: &[Option<&'a Tensor>], zeros: [usize; 2]) -> Result<Product<'a>, OpError> {
+    /// `A` and `B` at inputs 0 and 1, their zero points at `zeros`, of the op named `op` (for
+    /// errors).
+    fn new(
+        op: &str,
+        inputs: &[Option<&'a Tensor>],
+        zeros: [usize; 2],
+    ) -> Result<Product<'a>, OpError> {
         let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
         let (&[k2, n], Some((&k, batch))) = (b.dims(), a.dims().split_last()) else {
             return Err(OpError::shape(format!(
-                "MatMulInteger runs A of rank 1 or more against a 2-D B, got {} and {}",
+                "{op} runs A of rank 1 or more against a 2-D B, got {} and {}",
                 a.shape(),
                 b.shape()
             )));
         };
         if k != k2 {
             return Err(OpError::shape(format!(
-                "MatMulInteger inner dimensions differ: A {} has {k} columns, B {} has {k2} rows",
+                "{op} inner dimensions differ: A {} has {k} columns, B {} has {k2} rows",
                 a.shape(),
                 b.shape()
             )));
         }
         let m: usize = batch.iter().product();
         let rows = batch.last().copied().unwrap_or(1);
-        let a_zero = integer_zero_points(a, opt_input(inputs, zeros[0]), rows, "A")?;
+        let a_zero = integer_zero_points(op, a, opt_input(inputs, zeros[0]), rows, "A")?;
         let a_zero = match a_zero.len() {
             1 => a_zero,
             _ => (0..m).map(|i| a_zero[i % rows]).collect(),
         };
-        let b_zero = integer_zero_points(b, opt_input(inputs, zeros[1]), n, "B")?;
+        let b_zero = integer_zero_points(op, b, opt_input(inputs, zeros[1]), n, "B")?;
         let b_zero = match b_zero.len() {
             1 => vec![b_zero[0]; n],
             _ => b_zero,
@@ -168,7 +171,7 @@ impl<'a> Product<'a> {
 /// ONNX MatMulInteger: `(A - a_zero_point) · (B - b_zero_point)` in int32, for A of any rank
 /// against a 2-D B (the weights of onnxruntime's dynamic int8 exports).
 fn matmul_integer(inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
-    let p = Product::new(inputs, [2, 3])?;
+    let p = Product::new("MatMulInteger", inputs, [2, 3])?;
     let mut out = ctx.alloc(DType::I32, p.dims.clone())?;
     let o = out.as_mut_slice::<i32>()?;
     match p.packed(ctx) {
@@ -189,7 +192,7 @@ fn matmul_integer(inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor,
 /// multiplied and added with one rounding each, as `MatMulInteger`, `Cast`, `Mul` and `Add`
 /// compute it.
 fn matmul_integer_to_float(inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
-    let p = Product::new(inputs, [4, 5])?;
+    let p = Product::new("MatMulIntegerToFloat", inputs, [4, 5])?;
     let n = p.n;
     let scale = |k: usize, what: &str, per_column: bool| -> Result<&[f32], OpError> {
         let t = input(inputs, k)?;
