@@ -119,8 +119,9 @@ impl Matrix<'_> {
 
 /// Vectors of columns a pass takes.
 const VECTORS: usize = 4;
-/// Rows a pass takes.
-const ROWS: usize = 4;
+/// Rows a pass takes at most: six with 512-bit vectors (24 accumulators of the 32
+/// registers), four with 256-bit ones (16 accumulators of 16).
+const ROWS: usize = 6;
 /// Rows whose accumulators a column pass keeps (on the stack) between blocks of `k`: the most
 /// rows a task of the product hands [`block`].
 pub(crate) const CHUNK: usize = crate::par::MAX_TASK_ROWS;
@@ -194,7 +195,7 @@ unsafe fn block_avx512(
     store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     // SAFETY: the caller's contract; AVX-512 is enabled here for the inlined body.
-    unsafe { by_rows::<__m512>(a, rows, k, b, cols, store) }
+    unsafe { by_rows::<__m512, 6>(a, rows, k, b, cols, store) }
 }
 
 /// # Safety
@@ -210,7 +211,7 @@ unsafe fn block_avx2(
     store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     // SAFETY: the caller's contract; AVX2 is enabled here for the inlined body.
-    unsafe { by_rows::<__m256>(a, rows, k, b, cols, store) }
+    unsafe { by_rows::<__m256, 4>(a, rows, k, b, cols, store) }
 }
 
 /// The rows in chunks of [`CHUNK`], each over the columns in passes of [`VECTORS`] vectors,
@@ -220,7 +221,7 @@ unsafe fn block_avx2(
 /// The CPU runs `V`; the arguments as [`block`] asserts.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn by_rows<V: F32Lanes>(
+unsafe fn by_rows<V: F32Lanes, const G: usize>(
     a: &[f32],
     rows: usize,
     k: usize,
@@ -239,15 +240,15 @@ unsafe fn by_rows<V: F32Lanes>(
         unsafe {
             for j0 in (cols.start..wide).step_by(VECTORS * lanes) {
                 let width = VECTORS * lanes;
-                chunk_pass::<V, VECTORS, false>(a, here, k, b.column(j0), (j0, width), &mut put);
+                chunk_pass::<V, G, VECTORS, false>(a, here, k, b.column(j0), (j0, width), &mut put);
             }
             for j0 in (wide..vectors_end).step_by(lanes) {
-                chunk_pass::<V, 1, false>(a, here, k, b.column(j0), (j0, lanes), &mut put);
+                chunk_pass::<V, G, 1, false>(a, here, k, b.column(j0), (j0, lanes), &mut put);
             }
             if vectors_end < cols.end {
                 let width = cols.end - vectors_end;
                 let b = b.column(vectors_end);
-                chunk_pass::<V, 1, true>(a, here, k, b, (vectors_end, width), &mut put);
+                chunk_pass::<V, G, 1, true>(a, here, k, b, (vectors_end, width), &mut put);
             }
         }
     }
@@ -255,7 +256,7 @@ unsafe fn by_rows<V: F32Lanes>(
 
 /// Columns `j0..j0 + width` (`C · LANES`, or fewer than `LANES` with `TAIL`: one vector's
 /// first lanes) of `rows` (at most [`CHUNK`]) rows: each block of
-/// [`K_BLOCK`] inputs runs over every group of [`ROWS`] rows in turn, the groups'
+/// [`K_BLOCK`] inputs runs over every group of `G` rows (at most [`ROWS`]) in turn, the groups'
 /// accumulators kept here between blocks; then `store` of each output. Each output's chain
 /// is the reference's (its products added in order of `kk`, one rounding each).
 ///
@@ -263,7 +264,7 @@ unsafe fn by_rows<V: F32Lanes>(
 /// As for [`pass`], with `a` holding `rows` rows.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn chunk_pass<V: F32Lanes, const C: usize, const TAIL: bool>(
+unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bool>(
     a: &[f32],
     rows: usize,
     k: usize,
@@ -272,31 +273,33 @@ unsafe fn chunk_pass<V: F32Lanes, const C: usize, const TAIL: bool>(
     store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     let lanes = V::LANES;
-    let groups = rows.div_ceil(ROWS);
+    let groups = rows.div_ceil(G);
     // SAFETY: the CPU runs `V` (the caller's contract); the passes as for `pass`.
     unsafe {
-        let mut accs = [[[V::zero(); C]; ROWS]; CHUNK / ROWS];
+        let mut accs = [[[V::zero(); C]; ROWS]; CHUNK.div_ceil(4)];
         for k0 in (0..k).step_by(K_BLOCK) {
             let inputs = k0..(k0 + K_BLOCK).min(k);
             for (g, acc) in accs[..groups].iter_mut().enumerate() {
-                let here = (rows - g * ROWS).min(ROWS);
-                let a = &a[g * ROWS * k..];
+                let here = (rows - g * G).min(G);
+                let a = &a[g * G * k..];
                 match here {
                     1 => pass::<V, 1, C, TAIL>(a, k, b, inputs.clone(), width, acc),
                     2 => pass::<V, 2, C, TAIL>(a, k, b, inputs.clone(), width, acc),
                     3 => pass::<V, 3, C, TAIL>(a, k, b, inputs.clone(), width, acc),
-                    _ => pass::<V, 4, C, TAIL>(a, k, b, inputs.clone(), width, acc),
+                    4 => pass::<V, 4, C, TAIL>(a, k, b, inputs.clone(), width, acc),
+                    5 => pass::<V, 5, C, TAIL>(a, k, b, inputs.clone(), width, acc),
+                    _ => pass::<V, 6, C, TAIL>(a, k, b, inputs.clone(), width, acc),
                 }
             }
         }
         let mut out = [0f32; MAX_COLS];
         for (g, acc) in accs[..groups].iter().enumerate() {
-            let here = (rows - g * ROWS).min(ROWS);
+            let here = (rows - g * G).min(G);
             for (r, acc) in acc[..here].iter().enumerate() {
                 for (c, acc) in acc.iter().enumerate() {
                     acc.store(out.as_mut_ptr().add(c * lanes));
                 }
-                store(g * ROWS + r, j0, &out[..width]);
+                store(g * G + r, j0, &out[..width]);
             }
         }
     }
