@@ -60,6 +60,9 @@ pub struct Args {
     /// Kernel threads (0: every core, fewer while other processes hold some).
     #[arg(long, env = "OXGEN_THREADS", default_value_t = 0, value_parser = crate::options::threads)]
     threads: usize,
+    /// Print the time per op type (native backend) and the sequences per second to stderr.
+    #[arg(long, env = "OXGEN_PROFILE")]
+    profile: bool,
     #[command(flatten)]
     encoder: EncoderArgs,
     #[command(flatten)]
@@ -95,6 +98,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(note) = embedder.backend_note() {
         eprintln!("note: {note}");
     }
+    embedder.set_profiling(args.profile);
+    let (count, started) = (texts.len(), std::time::Instant::now());
     let mut out = std::io::stdout().lock();
     match &args.rerank {
         Some(query) => {
@@ -120,6 +125,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 writeln!(out, "{}", serde_json::to_string(&line)?)?;
             }
         }
+    }
+    if args.profile {
+        let seconds = started.elapsed().as_secs_f64();
+        eprintln!(
+            "{count} sequences in {seconds:.2} s ({:.1} per second), {} backend, {} threads",
+            count as f64 / seconds,
+            embedder.backend(),
+            embedder.threads()
+        );
+        crate::profile::print_op_times(&embedder.op_times());
     }
     Ok(())
 }

@@ -132,7 +132,11 @@ pub fn print_ops(model: &Model) {
             }
         );
     }
-    let times = model.op_times();
+    print_op_times(&model.op_times());
+}
+
+/// The table of time per op type (nothing when no op was timed).
+pub fn print_op_times(times: &[oxgen::OpTime]) {
     let total: Duration = times.iter().map(|t| t.total).sum();
     if total.is_zero() {
         return;
@@ -141,7 +145,7 @@ pub fn print_ops(model: &Model) {
         "{:<48} {:>8} {:>11} {:>7}",
         "op type", "calls", "total ms", "share"
     );
-    for t in &times {
+    for t in times {
         eprintln!(
             "{:<48} {:>8} {:>11.1} {:>6.1}%",
             t.op_type,

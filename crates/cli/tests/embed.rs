@@ -242,6 +242,31 @@ fn oxgen_embed_prints_json_lines_from_arguments_or_stdin() {
     let score = |i: usize| ranked[i]["relevance_score"].as_f64().unwrap();
     assert_eq!(ranked.len(), 2);
     assert!((-1.0..=1.0).contains(&score(0)) && score(0) != score(1));
+    // --profile: the same lines on stdout, the rate and the time per op type on stderr.
+    let out = Command::new(env!("CARGO_BIN_EXE_oxgen"))
+        .args(["embed", "--profile", "--backend", "native"])
+        .arg(&pkg)
+        .args(["a man eats food", "cats"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, from_args);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("2 sequences in") && stderr.contains("native backend"),
+        "{stderr}"
+    );
+    let matmul = stderr
+        .lines()
+        .find(|l| l.starts_with("MatMul "))
+        .unwrap_or_else(|| panic!("no MatMul row in the op table:\n{stderr}"));
+    let calls: usize = matmul.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(calls >= 2, "each sequence runs the products: {matmul}");
 }
 
 /// sentence-transformers' embeddings of 100 sentences of 12 to 256 tokens, recorded once.

@@ -610,4 +610,12 @@ impl Session for NativeSession {
             other => RuntimeError::Backend(Box::new(other)),
         })
     }
+
+    fn set_profiling(&mut self, on: bool) {
+        NativeSession::set_profiling(self, on);
+    }
+
+    fn op_times(&self) -> Vec<OpTime> {
+        NativeSession::op_times(self)
+    }
 }

@@ -138,6 +138,15 @@ pub trait Session: Send {
     /// Runs the model. Every declared input must be given once; outputs come back in
     /// declared order.
     fn run(&mut self, inputs: Tensors) -> Result<Tensors, RuntimeError>;
+    /// Times each op type from now on (`true`, from zero) or stops; a backend that cannot
+    /// does nothing.
+    fn set_profiling(&mut self, on: bool) {
+        let _ = on;
+    }
+    /// Time per op type since profiling was switched on, most expensive first.
+    fn op_times(&self) -> Vec<OpTime> {
+        Vec::new()
+    }
 }
 
 /// Orders `inputs` as `specs` declares them, checking names, dtypes and fixed dimensions.

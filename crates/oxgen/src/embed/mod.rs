@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use oxgen_generate::Tokenizer;
-use oxgen_runtime::Session;
+use oxgen_runtime::{OpTime, Session};
 use serde_json::Value;
 
 use crate::{Backend, Error, PackageConfig};
@@ -545,6 +545,18 @@ impl Embedder {
     /// Kernel threads, resolved.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Times every op type of the native backend from now on (a little slower); read them
+    /// with [`Embedder::op_times`].
+    pub fn set_profiling(&mut self, on: bool) {
+        self.session.set_profiling(on);
+    }
+
+    /// Time per op type since profiling was switched on, most expensive first (none on
+    /// ONNX Runtime).
+    pub fn op_times(&self) -> Vec<OpTime> {
+        self.session.op_times()
     }
 
     /// Why `--backend auto` chose ONNX Runtime, when it did.
