@@ -240,15 +240,20 @@ unsafe fn by_rows<V: F32Lanes, const G: usize>(
         unsafe {
             for j0 in (cols.start..wide).step_by(VECTORS * lanes) {
                 let width = VECTORS * lanes;
-                chunk_pass::<V, G, VECTORS, false>(a, here, k, b.column(j0), (j0, width), &mut put);
+                // The first chunk of rows meets each pass's columns first (later chunks find
+                // them in L2): it asks for the next pass's while it computes.
+                let ahead = (r0 == 0 && j0 + width < wide).then(|| b.column(j0 + width));
+                let columns = (b.column(j0), ahead);
+                chunk_pass::<V, G, VECTORS, false>(a, here, k, columns, (j0, width), &mut put);
             }
             for j0 in (wide..vectors_end).step_by(lanes) {
-                chunk_pass::<V, G, 1, false>(a, here, k, b.column(j0), (j0, lanes), &mut put);
+                let columns = (b.column(j0), None);
+                chunk_pass::<V, G, 1, false>(a, here, k, columns, (j0, lanes), &mut put);
             }
             if vectors_end < cols.end {
                 let width = cols.end - vectors_end;
-                let b = b.column(vectors_end);
-                chunk_pass::<V, G, 1, true>(a, here, k, b, (vectors_end, width), &mut put);
+                let columns = (b.column(vectors_end), None);
+                chunk_pass::<V, G, 1, true>(a, here, k, columns, (vectors_end, width), &mut put);
             }
         }
     }
@@ -258,7 +263,9 @@ unsafe fn by_rows<V: F32Lanes, const G: usize>(
 /// first lanes) of `rows` (at most [`CHUNK`]) rows: each block of
 /// [`K_BLOCK`] inputs runs over every group of `G` rows (at most [`ROWS`]) in turn, the groups'
 /// accumulators kept here between blocks; then `store` of each output. Each output's chain
-/// is the reference's (its products added in order of `kk`, one rounding each).
+/// is the reference's (its products added in order of `kk`, one rounding each). `b` is where
+/// the columns start ([`Matrix::column`]); with `ahead`, the same rows of the next pass's
+/// columns are asked into L2 block by block (a hint: never read).
 ///
 /// # Safety
 /// As for [`pass`], with `a` holding `rows` rows.
@@ -268,7 +275,7 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
     a: &[f32],
     rows: usize,
     k: usize,
-    b: (*const f32, usize),
+    (b, ahead): ((*const f32, usize), Option<(*const f32, usize)>),
     (j0, width): (usize, usize),
     store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
@@ -279,6 +286,12 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
         let mut accs = [[[V::zero(); C]; ROWS]; CHUNK.div_ceil(4)];
         for k0 in (0..k).step_by(K_BLOCK) {
             let inputs = k0..(k0 + K_BLOCK).min(k);
+            if let Some((next, stride)) = ahead {
+                for kk in inputs.clone() {
+                    let row = next.wrapping_add(kk * stride);
+                    crate::mem::prefetch_lines(row.cast(), C * lanes * 4);
+                }
+            }
             for (g, acc) in accs[..groups].iter_mut().enumerate() {
                 let here = (rows - g * G).min(G);
                 let a = &a[g * G * k..];

@@ -214,7 +214,7 @@ pub struct Grid {
 /// Splits `rows` rows of `row_len` columns as `grid` says and runs `task(rows, cols)` for
 /// each (row block, column range) pair on `pool`: the grid [`par_row_tiles`] and
 /// [`par_row_blocks_spans`] hand out.
-fn row_grid(
+pub(crate) fn row_grid(
     (rows, row_len): (usize, usize),
     grid: Grid,
     pool: &ThreadPool,
