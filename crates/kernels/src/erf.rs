@@ -185,13 +185,41 @@ unsafe fn erf_avx2(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// [`erf_avx2`] in eight lanes.
+/// [`erf_avx2`] in eight lanes, [`CHAINS`] vectors at a time: each lane's operations are
+/// one long dependent chain (two polynomials and an exponential), so independent vectors
+/// interleaved keep the vector units busy where one vector at a time waits on each result.
 ///
 /// # Safety
 /// AVX-512 F must be available; `x.len() == out.len()`, a multiple of 8.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn erf_avx512(x: &[f32], out: &mut [f32]) {
+    let mut xs = x.chunks_exact(8 * CHAINS);
+    let mut os = out.chunks_exact_mut(8 * CHAINS);
+    for (xs, os) in (&mut xs).zip(&mut os) {
+        // SAFETY: the chunks hold `CHAINS` vectors of eight f32; AVX-512 F as above.
+        unsafe { erf8::<CHAINS>(xs, os) };
+    }
+    let (xs, os) = (xs.remainder(), os.into_remainder());
+    for (xs, os) in xs.chunks_exact(8).zip(os.chunks_exact_mut(8)) {
+        // SAFETY: as above, one vector.
+        unsafe { erf8::<1>(xs, os) };
+    }
+}
+
+/// Vectors an erf kernel computes side by side.
+const CHAINS: usize = 4;
+
+/// `N` vectors of eight lanes of [`erf_avx512`], each lane [`erf`]'s operations in its
+/// order: both branches computed and the lane's own kept.
+///
+/// # Safety
+/// AVX-512 F must be available; `x` and `out` hold `8 * N` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn erf8<const N: usize>(x: &[f32], out: &mut [f32]) {
+    assert!(x.len() >= 8 * N && out.len() >= 8 * N);
     let sign = _mm512_set1_epi64(i64::MIN);
     let (clamp, split) = (_mm512_set1_pd(CLAMP), _mm512_set1_pd(SPLIT));
     let (mid, width, one) = (
@@ -199,34 +227,48 @@ unsafe fn erf_avx512(x: &[f32], out: &mut [f32]) {
         _mm512_set1_pd(HALF_WIDTH),
         _mm512_set1_pd(1.0),
     );
-    for (xs, os) in x.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
-        // SAFETY: `xs` holds eight f32.
-        let v = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(xs.as_ptr()) });
-        let bits = _mm512_castpd_si512(v);
-        let abs = _mm512_castsi512_pd(_mm512_andnot_si512(sign, bits));
-        let a = _mm512_min_pd(abs, clamp);
-        let x2 = _mm512_mul_pd(a, a);
-        let mut p = _mm512_set1_pd(SMALL[0]);
-        for &c in &SMALL[1..] {
-            p = _mm512_add_pd(_mm512_mul_pd(p, x2), _mm512_set1_pd(c));
+    let zero = _mm512_setzero_pd();
+    let (mut v, mut a, mut x2) = ([zero; N], [zero; N], [zero; N]);
+    for i in 0..N {
+        // SAFETY: `x` holds `N` vectors (asserted above).
+        v[i] = _mm512_cvtps_pd(unsafe { _mm256_loadu_ps(x[8 * i..].as_ptr()) });
+        let abs = _mm512_andnot_si512(sign, _mm512_castpd_si512(v[i]));
+        a[i] = _mm512_min_pd(_mm512_castsi512_pd(abs), clamp);
+        x2[i] = _mm512_mul_pd(a[i], a[i]);
+    }
+    let mut p = [_mm512_set1_pd(SMALL[0]); N];
+    for &c in &SMALL[1..] {
+        for i in 0..N {
+            p[i] = _mm512_add_pd(_mm512_mul_pd(p[i], x2[i]), _mm512_set1_pd(c));
         }
-        let small = _mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(TWO_OVER_SQRT_PI), a), p);
-        let t = _mm512_div_pd(_mm512_sub_pd(a, mid), width);
-        let mut g = _mm512_set1_pd(G[0]);
-        for &c in &G[1..] {
-            g = _mm512_add_pd(_mm512_mul_pd(g, t), _mm512_set1_pd(c));
+    }
+    let mut t = [zero; N];
+    for i in 0..N {
+        t[i] = _mm512_div_pd(_mm512_sub_pd(a[i], mid), width);
+    }
+    let mut g = [_mm512_set1_pd(G[0]); N];
+    for &c in &G[1..] {
+        for i in 0..N {
+            g[i] = _mm512_add_pd(_mm512_mul_pd(g[i], t[i]), _mm512_set1_pd(c));
         }
+    }
+    let mut e = [zero; N];
+    for i in 0..N {
         // SAFETY: AVX-512 F is available (this function's contract).
-        let e = unsafe { crate::sigmoid::exp_avx512(_mm512_sub_pd(_mm512_setzero_pd(), x2)) };
-        let large = _mm512_sub_pd(one, _mm512_mul_pd(e, g));
-        let r = _mm512_mask_blend_pd(_mm512_cmp_pd_mask::<_CMP_LT_OQ>(a, split), large, small);
+        e[i] = unsafe { crate::sigmoid::exp_avx512(_mm512_sub_pd(zero, x2[i])) };
+    }
+    for i in 0..N {
+        let small = _mm512_mul_pd(_mm512_mul_pd(_mm512_set1_pd(TWO_OVER_SQRT_PI), a[i]), p[i]);
+        let e = e[i];
+        let large = _mm512_sub_pd(one, _mm512_mul_pd(e, g[i]));
+        let r = _mm512_mask_blend_pd(_mm512_cmp_pd_mask::<_CMP_LT_OQ>(a[i], split), large, small);
         let signed = _mm512_castsi512_pd(_mm512_or_si512(
             _mm512_castpd_si512(r),
-            _mm512_and_si512(sign, bits),
+            _mm512_and_si512(sign, _mm512_castpd_si512(v[i])),
         ));
-        let r = _mm512_mask_blend_pd(_mm512_cmp_pd_mask::<_CMP_UNORD_Q>(v, v), signed, v);
-        // SAFETY: `os` holds eight f32.
-        unsafe { _mm256_storeu_ps(os.as_mut_ptr(), _mm512_cvtpd_ps(r)) };
+        let r = _mm512_mask_blend_pd(_mm512_cmp_pd_mask::<_CMP_UNORD_Q>(v[i], v[i]), signed, v[i]);
+        // SAFETY: `out` holds `N` vectors (asserted above).
+        unsafe { _mm256_storeu_ps(out[8 * i..].as_mut_ptr(), _mm512_cvtpd_ps(r)) };
     }
 }
 
