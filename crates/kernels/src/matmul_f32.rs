@@ -241,67 +241,40 @@ unsafe fn by_rows<V: F32Lanes, const G: usize>(
     let vectors_end = cols.start + (cols.len() / lanes) * lanes;
     // Each pass's columns for every chunk of rows in turn, so its weights come from memory
     // once and stay in L2 (a chunk's rows are re-read from L2 instead); the first chunk
-    // asks for the next pass's columns while it computes.
+    // asks for the next pass's columns while it computes. (A loop, not a closure: a closure
+    // would not be compiled with this function's vector features.)
+    macro_rules! chunks {
+        (|$r0:ident, $a:ident, $here:ident, $put:ident| $pass:expr) => {
+            for $r0 in (0..rows).step_by(CHUNK) {
+                let $here = (rows - $r0).min(CHUNK);
+                let $a = &a[$r0 * k..($r0 + $here) * k];
+                let mut $put = |r: usize, j: usize, v: &[f32]| store($r0 + r, j, v);
+                // SAFETY: the caller's contract; each pass's columns lie inside `cols`.
+                unsafe { $pass };
+            }
+        };
+    }
     let mut passes = (cols.start..wide).step_by(VECTORS * lanes).peekable();
     while let Some(j0) = passes.next() {
         let next = passes.peek().map(|&j| b.column(j));
-        for_chunks(a, rows, k, store, |r0, a, here, mut put| {
+        chunks!(|r0, a, here, put| {
             let columns = (b.column(j0), if r0 == 0 { next } else { None });
-            // SAFETY: the caller's contract; the pass's columns lie inside `cols`.
-            unsafe {
-                chunk_pass::<V, G, VECTORS, false>(
-                    a,
-                    here,
-                    k,
-                    columns,
-                    (j0, VECTORS * lanes),
-                    &mut put,
-                )
-            };
+            let width = VECTORS * lanes;
+            chunk_pass::<V, G, VECTORS, false>(a, here, k, columns, (j0, width), &mut put)
         });
     }
     for j0 in (wide..vectors_end).step_by(lanes) {
-        for_chunks(a, rows, k, store, |_, a, here, mut put| {
-            // SAFETY: as above.
-            unsafe {
-                chunk_pass::<V, G, 1, false>(
-                    a,
-                    here,
-                    k,
-                    (b.column(j0), None),
-                    (j0, lanes),
-                    &mut put,
-                )
-            };
+        chunks!(|r0, a, here, put| {
+            let columns = (b.column(j0), None);
+            chunk_pass::<V, G, 1, false>(a, here, k, columns, (j0, lanes), &mut put)
         });
     }
     if vectors_end < cols.end {
         let width = cols.end - vectors_end;
-        for_chunks(a, rows, k, store, |_, a, here, mut put| {
+        chunks!(|r0, a, here, put| {
             let columns = (b.column(vectors_end), None);
-            // SAFETY: as above.
-            unsafe {
-                chunk_pass::<V, G, 1, true>(a, here, k, columns, (vectors_end, width), &mut put)
-            };
+            chunk_pass::<V, G, 1, true>(a, here, k, columns, (vectors_end, width), &mut put)
         });
-    }
-}
-
-/// Calls `pass(r0, rows, count, store)` for each chunk of [`CHUNK`] rows of `a` (`rows` rows
-/// of `k`), with `store` taking the chunk's row indices.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn for_chunks(
-    a: &[f32],
-    rows: usize,
-    k: usize,
-    store: &mut impl FnMut(usize, usize, &[f32]),
-    mut pass: impl FnMut(usize, &[f32], usize, &mut dyn FnMut(usize, usize, &[f32])),
-) {
-    for r0 in (0..rows).step_by(CHUNK) {
-        let here = (rows - r0).min(CHUNK);
-        let mut put = |r: usize, j: usize, v: &[f32]| store(r0 + r, j, v);
-        pass(r0, &a[r0 * k..(r0 + here) * k], here, &mut put);
     }
 }
 
