@@ -323,9 +323,13 @@ unsafe fn tile<I: Tile, const T: usize, const R: usize>(
                 });
             }
             for (t, block) in blocks_here.iter().enumerate() {
-                let w = std::array::from_fn(|i| unsafe {
-                    isa.codes(&block[(g + i) * GROUP_BYTES..][..GROUP_BYTES])
-                });
+                // A loop, not `array::from_fn`: its closure would not be compiled with the
+                // kernel's vector features (each intrinsic an out-of-line call).
+                let group = |i: usize| &block[(g + i) * GROUP_BYTES..][..GROUP_BYTES];
+                let mut w = [unsafe { isa.codes(group(0)) }; 4];
+                for (i, w) in w.iter_mut().enumerate().skip(1) {
+                    *w = unsafe { isa.codes(group(i)) };
+                }
                 for (acc, &x) in acc.iter_mut().zip(&x) {
                     acc[t] = unsafe { isa.dot4(acc[t], w, x) };
                 }
