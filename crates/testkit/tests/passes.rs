@@ -743,6 +743,83 @@ fn spelled_out_int8_products_become_matmul_integer_to_float_with_the_same_bits()
 }
 
 #[test]
+fn the_erf_gelu_of_an_int8_product_is_fused_too() {
+    // quantize_dynamic's BERT MLP over dequantized int8 inputs (its embeddings): the biased
+    // int8 product becomes MatMulIntegerToFloat, whose output the shape facts know as float32
+    // (the scales' type, not the codes'), so its GELU fuses after it.
+    let (k, n) = (40, 24);
+    let mut rng = Rng::new(31);
+    let weights: Vec<i8> = (0..k * n).map(|_| rng.next_u64() as i8).collect();
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    b.input("xi", DType::I8, &[Dim::from("n"), Dim::Fixed(k)]);
+    b.initializer("xs", Tensor::scalar(0.031f32));
+    b.initializer("w", Tensor::from_slice([k, n], &weights).unwrap());
+    b.initializer("wz", Tensor::from_slice([], &[0i8]).unwrap());
+    b.initializer("ws", Tensor::scalar(0.0123f32));
+    b.initializer("bias", random(&[n], 32));
+    b.initializer("c", Tensor::scalar(std::f32::consts::SQRT_2));
+    b.initializer("one", Tensor::scalar(1f32));
+    b.initializer("half", Tensor::scalar(0.5f32));
+    b.node("DequantizeLinear", "", "deq", &["xi", "xs"], &["x"], vec![]);
+    b.node(
+        "DynamicQuantizeLinear",
+        "",
+        "dq",
+        &["x"],
+        &["q", "s", "z"],
+        vec![],
+    );
+    b.node("Mul", "", "scales", &["s", "ws"], &["sw"], vec![]);
+    b.node(
+        "MatMulInteger",
+        "",
+        "mmi",
+        &["q", "w", "z", "wz"],
+        &["acc"],
+        vec![],
+    );
+    b.node(
+        "Cast",
+        "",
+        "cast",
+        &["acc"],
+        &["c0"],
+        vec![attr::int("to", 1)],
+    );
+    b.node("Mul", "", "scale", &["c0", "sw"], &["p0"], vec![]);
+    b.node("Add", "", "biased", &["p0", "bias"], &["m"], vec![]);
+    b.node("Div", "", "div", &["m", "c"], &["d"], vec![]);
+    b.node("Erf", "", "erf", &["d"], &["e"], vec![]);
+    b.node("Add", "", "plus", &["e", "one"], &["p"], vec![]);
+    b.node("Mul", "", "times", &["m", "p"], &["t"], vec![]);
+    b.node("Mul", "", "halved", &["t", "half"], &["y"], vec![]);
+    b.output("y", DType::F32, &[]);
+    let g = graph(&b);
+    let xi: Vec<i8> = (0..37 * k).map(|_| rng.next_u64() as i8).collect();
+    let feeds = [("xi", Tensor::from_slice([37, k], &xi).unwrap())];
+    let before = run(g.clone(), &feeds);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(
+        (report.integer_products, report.erf_gelus),
+        (1, 1),
+        "{report:?}"
+    );
+    let h = histogram(&g);
+    assert_eq!(
+        (
+            h.get("MatMulIntegerToFloat"),
+            h.get("ErfGelu"),
+            h.get("Erf")
+        ),
+        (Some(&1), Some(&1), None),
+        "{h:?}"
+    );
+    let after = run(g, &feeds);
+    assert_same_bits(&before, &after, "the fused int8 MLP differs from its ops");
+}
+
+#[test]
 fn spelled_out_erf_gelus_become_one_op_with_the_same_bits() {
     // torch.onnx's GELU of a biased product, (x * (erf(x / c) + 1)) * 0.5 with x = h·W + bias;
     // then (u * 0.5) * (1 + erf(u / c)) of an input; then one whose erf is also a graph

@@ -567,6 +567,27 @@ impl Facts {
                 one((t0, dims, None))
             }
             Op::SiluMul => one((t0, d0, None)),
+            // int32 products, or float ones of the scales' type (input 2).
+            Op::MatMulInteger | Op::MatMulIntegerToFloat => {
+                let d1 = self.get(node, 1).1;
+                let dtype = match node.op {
+                    Op::MatMulInteger => Some(DType::I32),
+                    _ => self.get(node, 2).0,
+                };
+                let dims = match (d0, d1) {
+                    (Some(a), Some(b)) => self.matmul(&a, &b),
+                    _ => None,
+                };
+                one((dtype, dims, None))
+            }
+            // uint8 codes of the input's shape, their float32 scale and zero point (scalars).
+            Op::DynamicQuantize => vec![
+                (Some(DType::U8), d0, None),
+                (Some(DType::F32), Some(Vec::new()), None),
+                (Some(DType::U8), Some(Vec::new()), None),
+            ],
+            // Values of the scale's type (input 1) in the codes' shape.
+            Op::Dequantize(_) => one((self.get(node, 1).0, d0, None)),
             Op::MatMulNBitsGroup(parts) => parts
                 .iter()
                 .map(|m| {
