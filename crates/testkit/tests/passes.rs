@@ -653,6 +653,47 @@ fn gate_and_up_projections_with_their_gated_silu_become_one_op_with_the_same_bit
     }
 }
 
+/// quantize_dynamic's activation side: `x` → codes `q`, scale `s`, zero point `z`, and the
+/// scales' product `sw = s · ws`.
+fn quantize_dynamic(b: &mut ModelBuilder, x: &str) {
+    b.node(
+        "DynamicQuantizeLinear",
+        "",
+        "dq",
+        &[x],
+        &["q", "s", "z"],
+        vec![],
+    );
+    b.node("Mul", "", "scales", &["s", "ws"], &["sw"], vec![]);
+}
+
+/// `out = Cast(MatMulInteger(q, w, z, wz))` as float32, its nodes named after `name`.
+fn int8_product(b: &mut ModelBuilder, name: &str, out: &str) {
+    let acc = format!("{out}.acc");
+    let float = vec![attr::int("to", 1)];
+    b.node(
+        "MatMulInteger",
+        "",
+        &format!("{name}.mmi"),
+        &["q", "w", "z", "wz"],
+        &[acc.as_str()],
+        vec![],
+    );
+    b.node("Cast", "", &format!("{name}.cast"), &[&acc], &[out], float);
+}
+
+/// torch.onnx's erf GELU of `x`, `(x * (erf(x / c) + 1)) * half` (constants `c`, `one`,
+/// `half`), into `out`; `e` names the erf's output.
+fn erf_gelu(b: &mut ModelBuilder, name: &str, x: &str, e: &str, out: &str) {
+    let v = |s: &str| format!("{name}.{s}");
+    let (d, p, t) = (v("d"), v("p"), v("t"));
+    b.node("Div", "", &v("div"), &[x, "c"], &[&d], vec![]);
+    b.node("Erf", "", &v("erf"), &[&d], &[e], vec![]);
+    b.node("Add", "", &v("plus"), &[e, "one"], &[&p], vec![]);
+    b.node("Mul", "", &v("times"), &[x, &p], &[&t], vec![]);
+    b.node("Mul", "", &v("halved"), &[&t, "half"], &[out], vec![]);
+}
+
 #[test]
 fn spelled_out_int8_products_become_matmul_integer_to_float_with_the_same_bits() {
     // quantize_dynamic's form: y = Cast(MatMulInteger(q, W, zq, zw)) * (s * ws) + bias;
@@ -669,46 +710,13 @@ fn spelled_out_int8_products_become_matmul_integer_to_float_with_the_same_bits()
     b.initializer("ws", Tensor::scalar(0.0123f32));
     b.initializer("bias", random(&[n], 12));
     b.initializer("cs", random(&[n], 13));
-    let float = vec![attr::int("to", 1)];
-    b.node(
-        "DynamicQuantizeLinear",
-        "",
-        "dq",
-        &["x"],
-        &["q", "s", "z"],
-        vec![],
-    );
-    b.node("Mul", "", "scales", &["s", "ws"], &["sw"], vec![]);
-    b.node(
-        "MatMulInteger",
-        "",
-        "mmi",
-        &["q", "w", "z", "wz"],
-        &["acc"],
-        vec![],
-    );
-    b.node("Cast", "", "cast", &["acc"], &["c"], float.clone());
+    quantize_dynamic(&mut b, "x");
+    int8_product(&mut b, "p1", "c");
     b.node("Mul", "", "scale", &["c", "sw"], &["p"], vec![]);
     b.node("Add", "", "bias", &["bias", "p"], &["y"], vec![]);
-    b.node(
-        "MatMulInteger",
-        "",
-        "mmi2",
-        &["q", "w", "z", "wz"],
-        &["acc2"],
-        vec![],
-    );
-    b.node("Cast", "", "cast2", &["acc2"], &["c2"], float.clone());
+    int8_product(&mut b, "p2", "c2");
     b.node("Mul", "", "scale2", &["cs", "c2"], &["y2"], vec![]);
-    b.node(
-        "MatMulInteger",
-        "",
-        "mmi3",
-        &["q", "w", "z", "wz"],
-        &["acc3"],
-        vec![],
-    );
-    b.node("Cast", "", "cast3", &["acc3"], &["c3"], float);
+    int8_product(&mut b, "p3", "c3");
     b.node("Mul", "", "scale3", &["c3", "ws"], &["y3"], vec![]);
     for name in ["y", "y2", "y3", "c3"] {
         b.output(name, DType::F32, &[]);
@@ -762,38 +770,11 @@ fn the_erf_gelu_of_an_int8_product_is_fused_too() {
     b.initializer("one", Tensor::scalar(1f32));
     b.initializer("half", Tensor::scalar(0.5f32));
     b.node("DequantizeLinear", "", "deq", &["xi", "xs"], &["x"], vec![]);
-    b.node(
-        "DynamicQuantizeLinear",
-        "",
-        "dq",
-        &["x"],
-        &["q", "s", "z"],
-        vec![],
-    );
-    b.node("Mul", "", "scales", &["s", "ws"], &["sw"], vec![]);
-    b.node(
-        "MatMulInteger",
-        "",
-        "mmi",
-        &["q", "w", "z", "wz"],
-        &["acc"],
-        vec![],
-    );
-    b.node(
-        "Cast",
-        "",
-        "cast",
-        &["acc"],
-        &["c0"],
-        vec![attr::int("to", 1)],
-    );
+    quantize_dynamic(&mut b, "x");
+    int8_product(&mut b, "up", "c0");
     b.node("Mul", "", "scale", &["c0", "sw"], &["p0"], vec![]);
     b.node("Add", "", "biased", &["p0", "bias"], &["m"], vec![]);
-    b.node("Div", "", "div", &["m", "c"], &["d"], vec![]);
-    b.node("Erf", "", "erf", &["d"], &["e"], vec![]);
-    b.node("Add", "", "plus", &["e", "one"], &["p"], vec![]);
-    b.node("Mul", "", "times", &["m", "p"], &["t"], vec![]);
-    b.node("Mul", "", "halved", &["t", "half"], &["y"], vec![]);
+    erf_gelu(&mut b, "act", "m", "e", "y");
     b.output("y", DType::F32, &[]);
     let g = graph(&b);
     let xi: Vec<i8> = (0..37 * k).map(|_| rng.next_u64() as i8).collect();
@@ -835,21 +816,13 @@ fn spelled_out_erf_gelus_become_one_op_with_the_same_bits() {
     b.initializer("half", Tensor::scalar(0.5f32));
     b.node("MatMul", "", "mm", &["h", "w"], &["m"], vec![]);
     b.node("Add", "", "biased", &["m", "bias"], &["x"], vec![]);
-    b.node("Div", "", "div", &["x", "c"], &["d"], vec![]);
-    b.node("Erf", "", "erf", &["d"], &["e"], vec![]);
-    b.node("Add", "", "plus", &["e", "one"], &["p"], vec![]);
-    b.node("Mul", "", "times", &["x", "p"], &["t"], vec![]);
-    b.node("Mul", "", "halved", &["t", "half"], &["y"], vec![]);
+    erf_gelu(&mut b, "act", "x", "e", "y");
     b.node("Div", "", "div2", &["u", "c"], &["d2"], vec![]);
     b.node("Erf", "", "erf2", &["d2"], &["e2"], vec![]);
     b.node("Add", "", "plus2", &["one", "e2"], &["p2"], vec![]);
     b.node("Mul", "", "halved2", &["half", "u"], &["t2"], vec![]);
     b.node("Mul", "", "times2", &["p2", "t2"], &["y2"], vec![]);
-    b.node("Div", "", "div3", &["u", "c"], &["d3"], vec![]);
-    b.node("Erf", "", "erf3", &["d3"], &["e3"], vec![]);
-    b.node("Add", "", "plus3", &["e3", "one"], &["p3"], vec![]);
-    b.node("Mul", "", "times3", &["u", "p3"], &["t3"], vec![]);
-    b.node("Mul", "", "halved3", &["t3", "half"], &["y3"], vec![]);
+    erf_gelu(&mut b, "act3", "u", "e3", "y3");
     for name in ["y", "y2", "y3", "e3"] {
         b.output(name, DType::F32, &[]);
     }
