@@ -124,8 +124,8 @@ const VECTORS: usize = 4;
 /// Rows a pass takes at most: six with 512-bit vectors (24 accumulators of the 32
 /// registers), four with 256-bit ones (16 accumulators of 16).
 const ROWS: usize = 6;
-/// Rows whose accumulators a column pass keeps (on the stack) between blocks of `k`: the most
-/// rows a task of the product hands [`block`].
+/// Rows whose accumulators a column pass keeps (on the stack) between blocks of `k`: [`block`]
+/// takes its rows in chunks of this many.
 pub(crate) const CHUNK: usize = crate::par::MAX_TASK_ROWS;
 /// Inputs (rows of `B`) a pass runs before its accumulators go back to the stack: every row
 /// group of a chunk runs over one block of `B`'s rows (at most 64 × 64 values, 16 KiB) while

@@ -246,7 +246,8 @@ pub(crate) fn row_grid(
 /// The rows the quantized kernels' tasks take (their register blocks' rows).
 pub const MAX_ROW_BLOCK: usize = 8;
 
-/// The most rows [`par_row_blocks_spans`] hands one task (the f32 product's chunks).
+/// The most rows [`par_row_blocks_spans`] hands one task (also the chunk of rows the f32 and
+/// int8 product kernels keep accumulators for).
 pub const MAX_TASK_ROWS: usize = 32;
 
 /// Like [`par_row_tiles`], handing each task its `grid.rows_per_task` rows (at most
