@@ -302,6 +302,7 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
     let groups = rows.div_ceil(G);
     // SAFETY: the CPU runs `V` (the caller's contract); the passes as for `pass`.
     unsafe {
+        // Room for the most groups a chunk has: groups of four rows (256-bit vectors).
         let mut accs = [[[V::zero(); C]; ROWS]; CHUNK.div_ceil(4)];
         for k0 in (0..k).step_by(K_BLOCK) {
             let inputs = k0..(k0 + K_BLOCK).min(k);
