@@ -9,6 +9,7 @@
 
 use oxgen_graph::Op;
 use oxgen_graph::ops::{Attention, EmbedNorm, ErfGelu};
+use oxgen_kernels::erf::{GeluForm, Scale};
 use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm as kn;
 use oxgen_kernels::softmax::{self as ks, SoftmaxKind};
@@ -36,7 +37,7 @@ pub(super) fn run(
 }
 
 /// GELU of `x + bias`, `bias` (one value per element of the last axis) added in the
-/// element type. The f32 erf form takes the vectorized erf a window at a time; the others
+/// element type. The f32 erf form runs the vectorized GELU kernel; the others
 /// (the tanh form, other float types) evaluate in f64. Each element's value does not depend
 /// on how the elements are split.
 fn bias_gelu(tanh: bool, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<Tensor, OpError> {
@@ -44,8 +45,14 @@ fn bias_gelu(tanh: bool, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<
     let bias = opt_input(inputs, 1);
     check_bias(x, bias)?;
     if x.dtype() == DType::F32 && !tanh {
-        let scale = |v: f32| v * std::f32::consts::FRAC_1_SQRT_2;
-        return erf_windows(x, bias, ctx, scale, |v, e| 0.5 * v * (1.0 + e));
+        // onnxruntime's `0.5 * v * (1 + erf(v * M_SQRT1_2))`.
+        let form = GeluForm {
+            scale: Scale::Multiply(std::f32::consts::FRAC_1_SQRT_2),
+            half: 0.5,
+            add: 1.0,
+            half_first: true,
+        };
+        return gelu_rows(x, bias, form, ctx);
     }
     let n = x.dims().last().copied().unwrap_or(1).max(1);
     let mut out = ctx.alloc(x.dtype(), x.shape().clone())?;
@@ -81,12 +88,13 @@ fn erf_gelu(g: &ErfGelu, inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Result<
         half,
         half_first,
     } = *g;
-    // The order of the two products chosen once, outside the loop.
-    let scale = |v: f32| v / divisor;
-    match half_first {
-        true => erf_windows(x, bias, ctx, scale, |v, e| (v * half) * (e + add)),
-        false => erf_windows(x, bias, ctx, scale, |v, e| (v * (e + add)) * half),
-    }
+    let form = GeluForm {
+        scale: Scale::Divide(divisor),
+        half,
+        add,
+        half_first,
+    };
+    gelu_rows(x, bias, form, ctx)
 }
 
 /// A bias, when given, is `x`'s dtype and one value per element of its last axis.
@@ -111,15 +119,13 @@ fn check_bias(x: &Tensor, bias: Option<&Tensor>) -> Result<(), OpError> {
     Ok(())
 }
 
-/// `out = finish(v, erf(scale(v)))` of `v = x + bias` (the bias repeated along the last axis)
-/// for float32 `x`, in windows of up to 64 elements (the vectorized erf over each window),
-/// split over the pool.
-fn erf_windows(
+/// `form`'s GELU of `x + bias` (the bias repeated along the last axis) for float32 `x`,
+/// split over the pool (a bias splits each part at row ends, so each piece has its slice).
+fn gelu_rows(
     x: &Tensor,
     bias: Option<&Tensor>,
+    form: GeluForm,
     ctx: &mut OpCtx,
-    scale: impl Fn(f32) -> f32 + Sync,
-    finish: impl Fn(f32, f32) -> f32 + Sync,
 ) -> Result<Tensor, OpError> {
     let n = x.dims().last().copied().unwrap_or(1).max(1);
     let mut out = ctx.alloc(DType::F32, x.shape().clone())?;
@@ -129,27 +135,13 @@ fn erf_windows(
     );
     let dst = out.as_mut_slice::<f32>()?;
     par::par_chunks(ctx.pool, dst, FLOAT_MAP_CHUNK, |start, mut part| {
-        let (mut scaled, mut erfs) = ([0f32; 64], [0f32; 64]);
         let mut at = start;
-        // Windows of up to 64 that stay inside one row, so the bias is a slice.
         while !part.is_empty() {
             let col = at % n;
-            let len = part.len().min(64).min(n - col);
-            let (window, rest) = std::mem::take(&mut part).split_at_mut(len);
-            let src = &src[at..at + len];
-            match bias {
-                Some(b) => {
-                    (window.iter_mut().zip(src).zip(&b[col..])).for_each(|((o, &v), &b)| *o = v + b)
-                }
-                None => window.copy_from_slice(src),
-            }
-            for (s, &v) in scaled[..len].iter_mut().zip(&*window) {
-                *s = scale(v);
-            }
-            erf::erf_slice(&scaled[..len], &mut erfs[..len]);
-            for (o, &e) in window.iter_mut().zip(&erfs[..len]) {
-                *o = finish(*o, e);
-            }
+            let len = bias.map_or(part.len(), |_| part.len().min(n - col));
+            let (piece, rest) = std::mem::take(&mut part).split_at_mut(len);
+            let bias = bias.map(|b| &b[col..col + len]);
+            erf::gelu_slice(&src[at..at + len], bias, form, piece);
             (part, at) = (rest, at + len);
         }
     });
