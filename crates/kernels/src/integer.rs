@@ -34,44 +34,82 @@ pub fn dynamic_quantize(x: &[f32], codes: &mut [u8]) -> Result<(f32, u8), Kernel
     Ok(quantize(x, codes))
 }
 
-/// [`quantize`] compiled for AVX-512.
+/// [`quantize`] for AVX-512: the range in 16 lanes by `vminps`/`vmaxps`, the codes as the
+/// compiler vectorizes them.
 ///
 /// # Safety
 /// AVX-512 F must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn quantize_avx512(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
-    quantize(x, codes)
+    use std::arch::x86_64::*;
+    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        // SAFETY: `chunk` holds 16 f32.
+        let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+        // The accumulator second: a NaN `v` gives it back, as `f32::min` ignores a NaN.
+        (lo, hi) = (_mm512_min_ps(v, lo), _mm512_max_ps(v, hi));
+    }
+    let (mut l, mut h) = ([0f32; 16], [0f32; 16]);
+    // SAFETY: both arrays hold 16 f32.
+    unsafe {
+        (
+            _mm512_storeu_ps(l.as_mut_ptr(), lo),
+            _mm512_storeu_ps(h.as_mut_ptr(), hi),
+        )
+    };
+    finish(x, codes, fold_range((&l, &h), rest))
 }
 
-/// [`quantize`] compiled for AVX2.
+/// [`quantize`] for AVX2: the range in 8 lanes, the codes as the compiler vectorizes them.
 ///
 /// # Safety
 /// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_avx2(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
-    quantize(x, codes)
-}
-
-/// [`dynamic_quantize`]'s arithmetic, written for the compiler to vectorize: the range in 16
-/// lanes (min and max do not depend on the order), each code converted without a range
-/// check.
-#[inline(always)]
-fn quantize(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
-    const LANES: usize = 16;
-    let (mut lo, mut hi) = ([0f32; LANES], [0f32; LANES]);
-    let chunks = x.chunks_exact(LANES);
+    use std::arch::x86_64::*;
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let chunks = x.chunks_exact(8);
     let rest = chunks.remainder();
     for chunk in chunks {
-        for ((lo, hi), &v) in lo.iter_mut().zip(&mut hi).zip(chunk) {
-            *lo = lo.min(v);
-            *hi = hi.max(v);
-        }
+        // SAFETY: `chunk` holds 8 f32.
+        let v = unsafe { _mm256_loadu_ps(chunk.as_ptr()) };
+        // As in `quantize_avx512`: the accumulator second.
+        (lo, hi) = (_mm256_min_ps(v, lo), _mm256_max_ps(v, hi));
     }
-    let (lo, hi) = (lo.iter().zip(&hi))
+    let (mut l, mut h) = ([0f32; 8], [0f32; 8]);
+    // SAFETY: both arrays hold 8 f32.
+    unsafe {
+        (
+            _mm256_storeu_ps(l.as_mut_ptr(), lo),
+            _mm256_storeu_ps(h.as_mut_ptr(), hi),
+        )
+    };
+    finish(x, codes, fold_range((&l, &h), rest))
+}
+
+/// [`dynamic_quantize`]'s arithmetic: the range in lanes (min and max do not depend on the
+/// order; `f32::min` and `max` ignore a NaN), then the codes.
+#[inline(always)]
+fn quantize(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
+    finish(x, codes, fold_range((&[], &[]), x))
+}
+
+/// The range of lanes' minima and maxima (`lanes`) and the values `rest`, with 0 in it.
+#[inline(always)]
+fn fold_range((lo, hi): (&[f32], &[f32]), rest: &[f32]) -> (f32, f32) {
+    (lo.iter().zip(hi))
         .chain(rest.iter().zip(rest))
-        .fold((0f32, 0f32), |(lo, hi), (&l, &h)| (lo.min(l), hi.max(h)));
+        .fold((0f32, 0f32), |(lo, hi), (&l, &h)| (lo.min(l), hi.max(h)))
+}
+
+/// The scale and zero point of the range `(lo, hi)`, and the codes of `x`, written for the
+/// compiler to vectorize (each code converted without a range check).
+#[inline(always)]
+fn finish(x: &[f32], codes: &mut [u8], (lo, hi): (f32, f32)) -> (f32, u8) {
     let scale = if hi == lo { 1.0 } else { (hi - lo) / 255.0 };
     let zero = round_even((0.0 - lo / scale).clamp(0.0, 255.0));
     for (c, &v) in codes.iter_mut().zip(x) {
@@ -606,6 +644,24 @@ mod tests {
             (scale, zero as u8)
         );
         assert_eq!(codes, want);
+        // Each path, not only the one the dispatch takes.
+        let mut paths: Vec<(&str, fn(&[f32], &mut [u8]) -> (f32, u8))> = vec![("scalar", quantize)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if cpu::level() >= cpu::Level::Avx2 {
+                // SAFETY: AVX2 is available (checked above).
+                paths.push(("avx2", |x, c| unsafe { quantize_avx2(x, c) }));
+            }
+            if cpu::level() >= cpu::Level::Avx512 {
+                // SAFETY: AVX-512 F is available (checked above).
+                paths.push(("avx512", |x, c| unsafe { quantize_avx512(x, c) }));
+            }
+        }
+        for (what, path) in paths {
+            codes.fill(0);
+            assert_eq!(path(&x, &mut codes), (scale, zero as u8), "{what}");
+            assert_eq!(codes, want, "{what}");
+        }
         let mut codes = [0u8; 6];
         // All zeros: scale 1, zero point 0.
         let (scale, zero) = dynamic_quantize(&[0.0; 3], &mut codes[..3]).unwrap();
