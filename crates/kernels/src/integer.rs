@@ -645,7 +645,8 @@ mod tests {
         );
         assert_eq!(codes, want);
         // Each path, not only the one the dispatch takes.
-        let mut paths: Vec<(&str, fn(&[f32], &mut [u8]) -> (f32, u8))> = vec![("scalar", quantize)];
+        type Path = fn(&[f32], &mut [u8]) -> (f32, u8);
+        let mut paths: Vec<(&str, Path)> = vec![("scalar", quantize)];
         #[cfg(target_arch = "x86_64")]
         {
             if cpu::level() >= cpu::Level::Avx2 {

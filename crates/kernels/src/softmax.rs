@@ -11,6 +11,8 @@ use std::any::TypeId;
 
 use crate::acc::{AccScalar, Accum, max_nan};
 use crate::attention::exp_shifted_sum;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu;
 use crate::error::{KernelError, check_len};
 use crate::par::{par_chunks, parts_for};
 use crate::{Scalar, ThreadPool};
@@ -70,7 +72,7 @@ pub fn softmax<T: Accum>(
 /// attention kernels' vectorized exponential: `e^(x - max)` and their sum in the order
 /// [`crate::attention`]'s rows use, then one division per element.
 fn softmax_row_f32(x: &[f32], out: &mut [f32]) {
-    let m = x.iter().fold(x[0], |m, &v| max_nan(m, v));
+    let m = row_max(x);
     out.copy_from_slice(x);
     if m.is_nan() || m == f32::INFINITY {
         // NaN anywhere, or an infinite maximum: the reference's arithmetic says what results.
@@ -85,9 +87,118 @@ fn softmax_row_f32(x: &[f32], out: &mut [f32]) {
         return;
     }
     let sum = exp_shifted_sum(out, m);
+    #[cfg(target_arch = "x86_64")]
+    if cpu::level() >= cpu::Level::Avx2 {
+        // SAFETY: AVX2 is available (checked above).
+        return unsafe { divide_avx2(out, sum) };
+    }
+    divide(out, sum);
+}
+
+/// `row[j] = row[j] / c + add[j]` (`row[j] · c` with [`RowScale::Multiply`]; no sum without
+/// `add`): attention scores scaled and masked before their softmax, each element's own two
+/// roundings, so any vector width gives the same bits.
+pub fn scale_and_add(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::level() >= cpu::Level::Avx2 {
+        // SAFETY: AVX2 is available (checked above).
+        return unsafe { scale_and_add_avx2(row, scale, add) };
+    }
+    scale_and_add_loop(row, scale, add);
+}
+
+/// A row's scaling in [`scale_and_add`]: a division or a product by one value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowScale {
+    Divide(f32),
+    Multiply(f32),
+}
+
+/// [`scale_and_add`]'s loops, one per case, written for the compiler to vectorize.
+#[inline(always)]
+fn scale_and_add_loop(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
+    match scale {
+        RowScale::Divide(c) => row.iter_mut().for_each(|s| *s /= c),
+        RowScale::Multiply(c) => row.iter_mut().for_each(|s| *s *= c),
+    }
+    if let Some(add) = add {
+        for (s, &a) in row.iter_mut().zip(add) {
+            *s += a;
+        }
+    }
+}
+
+/// [`scale_and_add_loop`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_and_add_avx2(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
+    scale_and_add_loop(row, scale, add);
+}
+
+/// `x`'s maximum, NaN where any element is (the first NaN, as [`max_nan`] folds): in eight
+/// lanes on AVX2 where no element is NaN (the maximum of numbers does not depend on the
+/// order), else folded one at a time.
+fn row_max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::level() >= cpu::Level::Avx2 {
+        // SAFETY: AVX2 is available (checked above).
+        if let Some(m) = unsafe { max_avx2(x) } {
+            return m;
+        }
+    }
+    x.iter().fold(x[0], |m, &v| max_nan(m, v))
+}
+
+/// The maximum of `x` in eight lanes, or `None` where an element is NaN.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_avx2(x: &[f32]) -> Option<f32> {
+    use std::arch::x86_64::*;
+    let (mut m, mut nan) = (_mm256_set1_ps(f32::NEG_INFINITY), _mm256_setzero_ps());
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        // SAFETY: `chunk` holds eight f32.
+        let v = unsafe { _mm256_loadu_ps(chunk.as_ptr()) };
+        m = _mm256_max_ps(m, v);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+    }
+    if _mm256_movemask_ps(nan) != 0 || rest.iter().any(|v| v.is_nan()) {
+        return None;
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds eight f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    Some(
+        lanes
+            .iter()
+            .chain(rest)
+            .fold(f32::NEG_INFINITY, |m, &v| m.max(v)),
+    )
+}
+
+/// `out[i] /= sum`: each element's own division, so any width gives the same bits.
+#[inline(always)]
+fn divide(out: &mut [f32], sum: f32) {
     for o in out.iter_mut() {
         *o /= sum;
     }
+}
+
+/// [`divide`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn divide_avx2(out: &mut [f32], sum: f32) {
+    divide(out, sum);
 }
 
 fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
@@ -214,6 +325,57 @@ mod tests {
         let y = run(SoftmaxKind::Softmax, &x, 1, 2, 2, 1);
         assert_eq!((y[1], y[3]), (0.5, 0.5));
         assert!((y[0] + y[2] - 1.0).abs() < 1e-7);
+    }
+
+    #[test]
+    fn a_rows_maximum_is_the_folds_on_every_path() {
+        let mut rng = crate::rng::Rng::new(11);
+        for len in [1, 7, 8, 9, 16, 31, 70] {
+            for special in [
+                None,
+                Some(f32::NAN),
+                Some(f32::INFINITY),
+                Some(f32::NEG_INFINITY),
+            ] {
+                for at in [0, len / 2, len - 1] {
+                    let mut x = rng.floats(len, -30.0, 30.0);
+                    if let Some(v) = special {
+                        x[at] = v;
+                    }
+                    let want = x.iter().fold(x[0], |m, &v| max_nan(m, v));
+                    let got = row_max(&x);
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "{x:?}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scaled_and_masked_rows_equal_the_elementwise_ops() {
+        let mut rng = crate::rng::Rng::new(12);
+        for len in [1, 7, 8, 13, 70] {
+            let x = rng.floats(len, -30.0, 30.0);
+            let mask = rng.floats(len, -5.0, 5.0);
+            for (scale, f) in [
+                (
+                    RowScale::Divide(5.656_854),
+                    (|s: f32| s / 5.656_854) as fn(f32) -> f32,
+                ),
+                (RowScale::Multiply(0.125), |s: f32| s * 0.125),
+            ] {
+                for add in [None, Some(&mask[..])] {
+                    let mut row = x.clone();
+                    scale_and_add(&mut row, scale, add);
+                    for (j, (&got, &v)) in row.iter().zip(&x).enumerate() {
+                        let want = add.map_or(f(v), |m| f(v) + m[j]);
+                        assert_eq!(got.to_bits(), want.to_bits(), "{scale:?} {j}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -34,10 +34,14 @@ fn passes(context_length: Option<usize>) -> PassOptions {
 }
 
 fn run(g: Graph, inputs: &[(&str, Tensor)]) -> Vec<Tensor> {
+    run_on(g, inputs, 1)
+}
+
+fn run_on(g: Graph, inputs: &[(&str, Tensor)], threads: usize) -> Vec<Tensor> {
     let mut s = NativeSession::new(
         g,
         &ExecOptions {
-            threads: 1,
+            threads,
             ..Default::default()
         },
     );
@@ -849,4 +853,214 @@ fn spelled_out_erf_gelus_become_one_op_with_the_same_bits() {
     );
     let after = run(g, &feeds);
     assert_same_bits(&before, &after, "the fused erf GELU differs from its ops");
+}
+
+/// An encoder's self-attention as torch.onnx spells it, of `q`, `k`, `v` (`[b, s, 48]`, four
+/// heads of 12) into `out`: `scale` is `(op, constant, constant first)` and `mask_first` puts
+/// the mask before the scores in its `Add` (none without a mask).
+fn spelled_attention(
+    b: &mut ModelBuilder,
+    p: &str,
+    (scale, c, c_first): (&str, &str, bool),
+    mask: Option<(&str, bool)>,
+    out: &str,
+) {
+    let n = |s: &str| format!("{p}.{s}");
+    for (x, perm) in [
+        ("q", [0, 2, 1, 3]),
+        ("k", [0, 2, 3, 1]),
+        ("v", [0, 2, 1, 3]),
+    ] {
+        b.node(
+            "Reshape",
+            "",
+            &n(&format!("{x}.split")),
+            &[x, "split"],
+            &[&n(&format!("{x}3"))],
+            vec![],
+        );
+        b.node(
+            "Transpose",
+            "",
+            &n(&format!("{x}.heads")),
+            &[&n(&format!("{x}3"))],
+            &[&n(&format!("{x}4"))],
+            vec![attr::ints("perm", &perm)],
+        );
+    }
+    b.node(
+        "MatMul",
+        "",
+        &n("qk"),
+        &[&n("q4"), &n("k4")],
+        &[&n("scores")],
+        vec![],
+    );
+    let scale_in = if c_first {
+        [c.to_string(), n("scores")]
+    } else {
+        [n("scores"), c.to_string()]
+    };
+    b.node(
+        scale,
+        "",
+        &n("scale"),
+        &[&scale_in[0], &scale_in[1]],
+        &[&n("scaled")],
+        vec![],
+    );
+    let probs_in = match mask {
+        Some((m, first)) => {
+            let ins = if first {
+                [m.to_string(), n("scaled")]
+            } else {
+                [n("scaled"), m.to_string()]
+            };
+            b.node(
+                "Add",
+                "",
+                &n("mask"),
+                &[&ins[0], &ins[1]],
+                &[&n("masked")],
+                vec![],
+            );
+            n("masked")
+        }
+        None => n("scaled"),
+    };
+    b.node(
+        "Softmax",
+        "",
+        &n("softmax"),
+        &[&probs_in],
+        &[&n("probs")],
+        vec![attr::int("axis", -1)],
+    );
+    b.node(
+        "MatMul",
+        "",
+        &n("pv"),
+        &[&n("probs"), &n("v4")],
+        &[&n("context")],
+        vec![],
+    );
+    let perm = attr::ints("perm", &[0, 2, 1, 3]);
+    b.node(
+        "Transpose",
+        "",
+        &n("merge.t"),
+        &[&n("context")],
+        &[&n("context_t")],
+        vec![perm],
+    );
+    b.node(
+        "Reshape",
+        "",
+        &n("merge"),
+        &[&n("context_t"), "merge"],
+        &[out],
+        vec![],
+    );
+}
+
+#[test]
+fn spelled_out_encoder_attention_becomes_one_op_with_the_same_bits() {
+    let mut b = ModelBuilder::new("oxgen-test");
+    b.opset("", 14);
+    let tokens = [Dim::from("b"), Dim::from("s"), Dim::Fixed(48)];
+    for x in ["q", "k", "v"] {
+        b.input(x, DType::F32, &tokens);
+    }
+    let mask_dims = [Dim::from("b"), Dim::Fixed(1), Dim::Fixed(1), Dim::from("s")];
+    b.input("mask", DType::F32, &mask_dims);
+    b.initializer("split", Tensor::from_slice([4], &[0i64, 0, 4, 12]).unwrap());
+    b.initializer("merge", Tensor::from_slice([3], &[0i64, 0, 48]).unwrap());
+    b.initializer("c", Tensor::scalar(12f32.sqrt()));
+    b.initializer("inv_c", Tensor::scalar(1.0 / 12f32.sqrt()));
+    // Divided and masked (BERT); multiplied with the constant first, the mask first in its
+    // Add; unmasked; and one whose scores are also an output, which stays spelled out.
+    spelled_attention(
+        &mut b,
+        "a",
+        ("Div", "c", false),
+        Some(("mask", false)),
+        "y1",
+    );
+    spelled_attention(
+        &mut b,
+        "b",
+        ("Mul", "inv_c", true),
+        Some(("mask", true)),
+        "y2",
+    );
+    spelled_attention(&mut b, "c", ("Mul", "inv_c", false), None, "y3");
+    spelled_attention(
+        &mut b,
+        "d",
+        ("Div", "c", false),
+        Some(("mask", false)),
+        "y4",
+    );
+    for name in ["y1", "y2", "y3", "y4", "d.scores"] {
+        b.output(name, DType::F32, &[]);
+    }
+    let g = graph(&b);
+    // Two sequences of 13 tokens, the second padded after 9: its mask hides keys 9-12 with
+    // the float minimum, as the BERT exports' (1 - mask) · f32::MIN does.
+    let (batch, seq) = (2, 13);
+    let mask: Vec<f32> = (0..batch * seq)
+        .map(|i| {
+            if i >= seq && i % seq >= 9 {
+                f32::MIN
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let spread = |t: Tensor| {
+        let v: Vec<f32> = (t.as_slice::<f32>().unwrap().iter())
+            .map(|v| (v - 0.5) * 6.0)
+            .collect();
+        Tensor::from_slice(t.dims(), &v).unwrap()
+    };
+    let feeds = [
+        ("q", spread(random(&[batch, seq, 48], 31))),
+        ("k", spread(random(&[batch, seq, 48], 32))),
+        ("v", spread(random(&[batch, seq, 48], 33))),
+        (
+            "mask",
+            Tensor::from_slice([batch, 1, 1, seq], &mask).unwrap(),
+        ),
+    ];
+    let before = run(g.clone(), &feeds);
+    let (g, report) = optimize(g, None, &passes(None));
+    assert_eq!(report.encoder_attentions, 3, "{report:?}");
+    let h = histogram(&g);
+    assert_eq!(
+        (
+            h.get("EncoderAttention"),
+            h.get("Softmax"),
+            h.get("Transpose")
+        ),
+        (Some(&3), Some(&1), Some(&4)),
+        "{h:?}"
+    );
+    for threads in [1, 3] {
+        let after = run_on(g.clone(), &feeds, threads);
+        assert_same_bits(&before, &after, "the fused attention differs from its ops");
+    }
+    // Padded keys get no weight: the second sequence's rows attend to its first 9 keys only,
+    // so changing the padded keys' values changes nothing there.
+    let mut k = feeds[1].1.as_slice::<f32>().unwrap().to_vec();
+    for t in 9..seq {
+        k[(seq + t) * 48..][..48].fill(100.0);
+    }
+    let mut changed = feeds.clone();
+    changed[1].1 = Tensor::from_slice([batch, seq, 48], &k).unwrap();
+    let again = run(g, &changed);
+    let (y, y2) = (
+        before[0].as_slice::<f32>().unwrap(),
+        again[0].as_slice::<f32>().unwrap(),
+    );
+    assert_eq!(y[seq * 48..], y2[seq * 48..]);
 }

@@ -8,7 +8,7 @@
 //! `attention_helper.h`).
 
 use oxgen_graph::Op;
-use oxgen_graph::ops::{Attention, EmbedNorm, ErfGelu};
+use oxgen_graph::ops::{Attention, EmbedNorm, EncoderAttention, ErfGelu, ScoreScale};
 use oxgen_kernels::erf::{GeluForm, Scale};
 use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm as kn;
@@ -32,6 +32,7 @@ pub(super) fn run(
         Op::BiasGelu { tanh } => bias_gelu(*tanh, inputs, ctx).map(|t| smallvec![t]),
         Op::ErfGelu(g) => erf_gelu(g, inputs, ctx).map(|t| smallvec![t]),
         Op::Attention(a) => attention(a, inputs, ctx).map(|t| smallvec![t]),
+        Op::EncoderAttention(a) => encoder_attention(a, inputs, ctx).map(|t| smallvec![t]),
         _ => unreachable!("ops::run routes only the fused encoder ops here"),
     }
 }
@@ -469,60 +470,217 @@ fn attention(
         }
     }
     let scale = a.scale.unwrap_or(1.0 / (hd as f32).sqrt());
-    // Heads run in parallel, a share of the (sequence, head) pairs per task, each on the
-    // products of one thread: q (seq, hd), kᵀ (hd, seq), v (seq, vd) and the scores (seq,
-    // seq) and their softmax in the task's own scratch; its output rows (seq, vd) head-major in `heads_out`.
+    let all = qkv.as_slice::<f32>()?;
+    let at = |offset, size| Heads {
+        data: all,
+        row: width,
+        offset,
+        size,
+    };
+    let dims = AttendDims {
+        batch,
+        seq_q: seq,
+        seq_k: seq,
+        heads,
+    };
+    let out = attend(
+        [at(0, hd), at(qw, hd), at(qw + kw, vd)],
+        dims,
+        |b, h, i, row| {
+            // Scaled, biased and masked as onnxruntime adds them, before the softmax.
+            for (j, s) in row.iter_mut().enumerate() {
+                *s *= scale;
+                if let Some((ab, per_batch, per_head)) = extra {
+                    let (bi, hi) = (if per_batch { b } else { 0 }, if per_head { h } else { 0 });
+                    let plane = bi * if per_head { heads } else { 1 } + hi;
+                    *s += ab[(plane * seq + i) * seq + j];
+                }
+                if mask.hides(b, i, j, seq) || (a.unidirectional && j > i) {
+                    *s += a.mask_filter_value;
+                }
+            }
+        },
+        ctx,
+    )?;
+    ctx.arena.release(qkv);
+    Ok(out)
+}
+
+/// `oxgen::EncoderAttention`: the self-attention an encoder export spells out, each score
+/// scaled and masked with the graph's operations (`s / c` or `s · c`, then `+ mask`), the
+/// products and softmax on the kernels the graph's `MatMul`s and `Softmax` run, so the same
+/// bits.
+fn encoder_attention(
+    a: &EncoderAttention,
+    inputs: &[Option<&Tensor>],
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
+    let heads = a.heads;
+    let shape = |k: usize, what: &str| -> Result<(&[f32], [usize; 3]), OpError> {
+        let t = input(inputs, k)?;
+        match *t.dims() {
+            [b, s, w] if heads > 0 && w % heads == 0 => Ok((f32s(t, what)?, [b, s, w])),
+            _ => Err(OpError::shape(format!(
+                "{what} has shape {:?}; expected (batch, sequence, a multiple of {heads} heads)",
+                t.dims()
+            ))),
+        }
+    };
+    let (q, [batch, seq_q, qw]) = shape(0, "q")?;
+    let (k, [kb, seq_k, kw]) = shape(1, "k")?;
+    let (v, [vb, vs, vw]) = shape(2, "v")?;
+    if (kb, kw) != (batch, qw) || (vb, vs) != (batch, seq_k) {
+        return Err(OpError::shape(format!(
+            "q ({batch}, {seq_q}, {qw}), k ({kb}, {seq_k}, {kw}) and v ({vb}, {vs}, {vw}) do not \
+             make one attention: k must match q's batch and width, v k's batch and length"
+        )));
+    }
+    let dims = [batch, heads, seq_q, seq_k];
+    let mask = match opt_input(inputs, 3) {
+        None => None,
+        Some(t) => Some((f32s(t, "mask")?, broadcast_strides(t.dims(), dims)?)),
+    };
+    let scale = match a.scale {
+        ScoreScale::Divide(c) => ks::RowScale::Divide(c),
+        ScoreScale::Multiply(c) => ks::RowScale::Multiply(c),
+    };
+    let heads_of = |data, row: usize| Heads {
+        data,
+        row,
+        offset: 0,
+        size: row / heads,
+    };
+    let attend_dims = AttendDims {
+        batch,
+        seq_q,
+        seq_k,
+        heads,
+    };
+    attend(
+        [heads_of(q, qw), heads_of(k, kw), heads_of(v, vw)],
+        attend_dims,
+        |b, h, i, row| match mask {
+            // A row of the mask as it is stored, or one value repeated.
+            Some((m, [sb, sh, si, 1])) => {
+                let m = &m[b * sb + h * sh + i * si..][..row.len()];
+                ks::scale_and_add(row, scale, Some(m));
+            }
+            Some((m, [sb, sh, si, _])) => {
+                ks::scale_and_add(row, scale, None);
+                let m = m[b * sb + h * sh + i * si];
+                row.iter_mut().for_each(|s| *s += m);
+            }
+            None => ks::scale_and_add(row, scale, None),
+        },
+        ctx,
+    )
+}
+
+/// The strides that read a tensor of `dims` broadcast to `to` (ONNX's multidirectional
+/// broadcasting, dimensions aligned at the end; a dimension of 1 repeats), or an error naming
+/// both shapes.
+fn broadcast_strides(dims: &[usize], to: [usize; 4]) -> Result<[usize; 4], OpError> {
+    let fits = dims.len() <= 4
+        && (dims.iter().rev().zip(to.iter().rev())).all(|(&d, &t)| d == 1 || d == t);
+    if !fits {
+        return Err(OpError::shape(format!(
+            "the mask has shape {dims:?}, which does not broadcast to the scores' {to:?}"
+        )));
+    }
+    let mut strides = [0; 4];
+    let mut stride = 1;
+    for (a, &d) in dims.iter().enumerate().rev() {
+        let axis = 4 - dims.len() + a;
+        strides[axis] = if d == 1 { 0 } else { stride };
+        stride *= d;
+    }
+    Ok(strides)
+}
+
+/// Where one of Q, K and V sits in token rows: element `d` of head `h` of token `t` (of all
+/// sequences' tokens) is `data[t * row + offset + h * size + d]`.
+#[derive(Clone, Copy)]
+struct Heads<'a> {
+    data: &'a [f32],
+    row: usize,
+    offset: usize,
+    size: usize,
+}
+
+impl Heads<'_> {
+    /// Head `h` of token `t`.
+    fn at(&self, t: usize, h: usize) -> &[f32] {
+        &self.data[t * self.row + self.offset + h * self.size..][..self.size]
+    }
+}
+
+/// The sizes of an attention: sequences, queries and keys per sequence, heads.
+#[derive(Clone, Copy)]
+struct AttendDims {
+    batch: usize,
+    seq_q: usize,
+    seq_k: usize,
+    heads: usize,
+}
+
+/// For each sequence `b` and head `h`, `softmax(adjust(q·kᵀ)) · v` with both products on the
+/// f32 matmul kernels, merged into `(batch, seq_q, heads · v size)`; `adjust(b, h, i, row)`
+/// scales, biases and masks query `i`'s row of scores before its softmax. Heads run in
+/// parallel, a share of the (sequence, head) pairs per task, each on the products of one
+/// thread: q (seq_q, d), kᵀ (d, seq_k), v (seq_k, v size), the scores and their softmax in the
+/// task's own scratch, its output rows head-major until they are merged.
+fn attend(
+    [q, k, v]: [Heads; 3],
+    AttendDims {
+        batch,
+        seq_q,
+        seq_k,
+        heads,
+    }: AttendDims,
+    adjust: impl Fn(usize, usize, usize, &mut [f32]) + Sync,
+    ctx: &mut OpCtx,
+) -> Result<Tensor, OpError> {
+    let (hd, vd) = (q.size, v.size);
     let pairs = batch * heads;
     let tasks = (ctx.pool.threads() * 2).clamp(1, pairs.max(1));
     let per_task = pairs.div_ceil(tasks);
-    let scratch = seq * (2 * hd + vd + 2 * seq);
-    let mut heads_out = ctx.alloc(DType::F32, [pairs * seq * vd])?;
+    let scratch = seq_q * hd + hd * seq_k + seq_k * vd + 2 * seq_q * seq_k;
+    let mut heads_out = ctx.alloc(DType::F32, [pairs * seq_q * vd])?;
     let mut work = ctx.alloc(DType::F32, [tasks * scratch])?;
-    let all = qkv.as_slice::<f32>()?;
     let failed = std::sync::atomic::AtomicBool::new(false);
     par::par_chunks2(
         ctx.pool,
         heads_out.as_mut_slice::<f32>()?,
-        per_task * seq * vd,
+        per_task * seq_q * vd,
         work.as_mut_slice::<f32>()?,
         scratch,
         |task, outs, buf| {
             let one = oxgen_kernels::ThreadPool::new(1);
-            let (q, rest) = buf.split_at_mut(seq * hd);
-            let (kt, rest) = rest.split_at_mut(hd * seq);
-            let (v, rest) = rest.split_at_mut(seq * vd);
-            let (scores, probs) = rest.split_at_mut(seq * seq);
-            for (k, o) in outs.chunks_mut((seq * vd).max(1)).enumerate() {
-                let (b, h) = ((task * per_task + k) / heads, (task * per_task + k) % heads);
-                for t in 0..seq {
-                    let row = &all[(b * seq + t) * width..][..width];
-                    q[t * hd..][..hd].copy_from_slice(&row[h * hd..][..hd]);
-                    for (d, &key) in row[qw + h * hd..][..hd].iter().enumerate() {
-                        kt[d * seq + t] = key;
-                    }
-                    v[t * vd..][..vd].copy_from_slice(&row[qw + kw + h * vd..][..vd]);
+            let (qs, rest) = buf.split_at_mut(seq_q * hd);
+            let (kt, rest) = rest.split_at_mut(hd * seq_k);
+            let (vs, rest) = rest.split_at_mut(seq_k * vd);
+            let (scores, probs) = rest.split_at_mut(seq_q * seq_k);
+            for (p, o) in outs.chunks_mut((seq_q * vd).max(1)).enumerate() {
+                let (b, h) = ((task * per_task + p) / heads, (task * per_task + p) % heads);
+                for t in 0..seq_q {
+                    qs[t * hd..][..hd].copy_from_slice(q.at(b * seq_q + t, h));
                 }
-                if km::matmul(q, kt, scores, seq, hd, seq, &one).is_err() {
+                for t in 0..seq_k {
+                    for (d, &key) in k.at(b * seq_k + t, h).iter().enumerate() {
+                        kt[d * seq_k + t] = key;
+                    }
+                    vs[t * vd..][..vd].copy_from_slice(v.at(b * seq_k + t, h));
+                }
+                if km::matmul(qs, kt, scores, seq_q, hd, seq_k, &one).is_err() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
-                for (i, row) in scores.chunks_mut(seq.max(1)).enumerate() {
-                    // Scaled, biased and masked as onnxruntime adds them, before the softmax.
-                    for (j, s) in row.iter_mut().enumerate() {
-                        *s *= scale;
-                        if let Some((ab, per_batch, per_head)) = extra {
-                            let (bi, hi) =
-                                (if per_batch { b } else { 0 }, if per_head { h } else { 0 });
-                            let plane = bi * if per_head { heads } else { 1 } + hi;
-                            *s += ab[(plane * seq + i) * seq + j];
-                        }
-                        if mask.hides(b, i, j, seq) || (a.unidirectional && j > i) {
-                            *s += a.mask_filter_value;
-                        }
-                    }
+                for (i, row) in scores.chunks_mut(seq_k.max(1)).enumerate() {
+                    adjust(b, h, i, row);
                 }
-                let softmax = ks::softmax(SoftmaxKind::Softmax, scores, seq, seq, 1, probs, &one);
-                if softmax.is_err() || km::matmul(probs, v, o, seq, seq, vd, &one).is_err() {
+                let softmax =
+                    ks::softmax(SoftmaxKind::Softmax, scores, seq_q, seq_k, 1, probs, &one);
+                if softmax.is_err() || km::matmul(probs, vs, o, seq_q, seq_k, vd, &one).is_err() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
@@ -534,18 +692,18 @@ fn attention(
             "an attention product's shapes did not match".to_string(),
         ));
     }
-    let mut out = ctx.alloc(DType::F32, [batch, seq, vw])?;
+    let width = heads * vd;
+    let mut out = ctx.alloc(DType::F32, [batch, seq_q, width])?;
     {
         let (src, dst) = (heads_out.as_slice::<f32>()?, out.as_mut_slice::<f32>()?);
-        for (p, head) in src.chunks((seq * vd).max(1)).enumerate() {
+        for (p, head) in src.chunks((seq_q * vd).max(1)).enumerate() {
             let (b, h) = (p / heads, p % heads);
             for (t, row) in head.chunks(vd.max(1)).enumerate() {
-                dst[(b * seq + t) * vw + h * vd..][..vd].copy_from_slice(row);
+                dst[(b * seq_q + t) * width + h * vd..][..vd].copy_from_slice(row);
             }
         }
     }
     ctx.arena.release(heads_out);
     ctx.arena.release(work);
-    ctx.arena.release(qkv);
     Ok(out)
 }

@@ -98,9 +98,11 @@ pub fn run(
         | Op::Clip(_)
         | Op::Cast(_)
         | Op::SiluMul => elementwise::run(op, inputs, ctx).map(|t| smallvec![t]),
-        Op::EmbedNorm(_) | Op::BiasGelu { .. } | Op::ErfGelu(_) | Op::Attention(_) => {
-            encoder::run(op, inputs, n_outputs, ctx)
-        }
+        Op::EmbedNorm(_)
+        | Op::BiasGelu { .. }
+        | Op::ErfGelu(_)
+        | Op::Attention(_)
+        | Op::EncoderAttention(_) => encoder::run(op, inputs, n_outputs, ctx),
         Op::Identity => Ok(smallvec![owned_input(inputs, donated, 0)?]),
         Op::Constant(t) => Ok(smallvec![t.clone()]),
         Op::ConstantOfShape(_)

@@ -39,6 +39,26 @@ pub struct Attention {
     pub qkv_sizes: Option<[usize; 3]>,
 }
 
+/// The self-attention an encoder export spells out: `q`, `k` and `v` (each `(batch, seq,
+/// heads · size)`) split into heads, `softmax(q·kᵀ scaled + mask) · v` per head, the heads
+/// merged back into `(batch, seq, heads · v size)`. Made by [`crate::passes::heads`] from
+/// the graph's own `Reshape`s, `Transpose`s, products, scale, mask `Add` and `Softmax`, and
+/// run with the same operations in the same order, so with the same bits. Inputs `q`, `k`,
+/// `v` and an optional additive mask that broadcasts to `(batch, heads, seq, seq)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EncoderAttention {
+    pub heads: usize,
+    /// How the scores are scaled, as the graph spells it.
+    pub scale: ScoreScale,
+}
+
+/// A score's scaling: `s / c` or `s · c`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScoreScale {
+    Divide(f32),
+    Multiply(f32),
+}
+
 fn attention(ctx: &mut NodeCtx) -> Result<Op, GraphError> {
     ctx.inputs(2, 6)?;
     ctx.outputs(1)?;

@@ -14,7 +14,8 @@ mod reduce;
 mod shape;
 
 pub use attention::{
-    Attention, GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary, RotaryKind,
+    Attention, EncoderAttention, GroupQueryAttention, HEAD_SINK_INPUT, LONG_ROPE_INPUTS, Rotary,
+    RotaryKind, ScoreScale,
 };
 pub use control::{If, Loop, Scan, Subgraph};
 pub use elementwise::{BinaryOp, Cast, Clip, ErfGelu, UnaryOp, VariadicOp};
@@ -94,6 +95,9 @@ pub enum Op {
     /// The erf GELU spelled out (inputs `x` and an optional bias), made by
     /// [`crate::passes::gelu`] (same bits).
     ErfGelu(ErfGelu),
+    /// An encoder's spelled-out self-attention (inputs `q`, `k`, `v` and an optional mask),
+    /// made by [`crate::passes::heads`] (same bits).
+    EncoderAttention(EncoderAttention),
     MatMulNBits(MatMulNBits),
     /// `MatMulNBits` nodes that read one input, joined by [`crate::passes::group`]: inputs A,
     /// then B, scales and zero points (or none) per part; one output per part.

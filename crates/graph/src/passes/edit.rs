@@ -43,6 +43,14 @@ pub(crate) fn constant(graph: &Graph, v: ValueId) -> Option<&Tensor> {
     graph.initializers.get(&v)
 }
 
+/// A one-value float32 initializer.
+pub(crate) fn scalar_f32(graph: &Graph, v: ValueId) -> Option<f32> {
+    let t = constant(graph, v)?;
+    (t.dtype() == DType::F32 && t.numel() == 1)
+        .then(|| t.as_slice::<f32>().ok().map(|s| s[0]))
+        .flatten()
+}
+
 /// A one-element float initializer (any float dtype) as `f64`.
 pub(crate) fn scalar_f64(graph: &Graph, v: ValueId) -> Option<f64> {
     let t = constant(graph, v)?;

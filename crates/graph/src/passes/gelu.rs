@@ -11,18 +11,11 @@
 
 use super::edit::{
     self, Edits, Index, binary_operands as operands, input, other_operand as other, output,
+    scalar_f32 as scalar,
 };
 use super::shapes::{Facts, Sym};
 use crate::ops::{BinaryOp, ErfGelu, Op, UnaryOp};
 use crate::{Graph, ValueId};
-
-/// A one-value float32 constant.
-fn scalar(graph: &Graph, v: ValueId) -> Option<f32> {
-    let t = edit::constant(graph, v)?;
-    (t.dtype() == oxgen_tensor::DType::F32 && t.numel() == 1)
-        .then(|| t.as_slice::<f32>().ok().map(|s| s[0]))
-        .flatten()
-}
 
 /// A GELU found around an `Erf`: the op, its `x`, the nodes it replaces (the last one, which
 /// makes its output, first).

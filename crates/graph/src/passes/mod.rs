@@ -31,6 +31,9 @@
 //!    `Mul`, the bias `Add`) → `com.microsoft::MatMulIntegerToFloat`.
 //! 8. [`gelu`]: the erf GELU spelled out (`Div`, `Erf`, `Add`, two `Mul`s), with the bias
 //!    `Add` before it → `oxgen::ErfGelu`.
+//! 9. [`heads`]: an encoder's self-attention spelled out (`Reshape`/`Transpose` into heads,
+//!    `q·kᵀ`, its scale, the mask `Add`, `Softmax`, `·v`, the heads merged) →
+//!    `oxgen::EncoderAttention`.
 //!
 //! Patterns are matched by structure (op types, edges, constant values, axes, inferred
 //! shapes), never by node or model names. A pattern that does not match exactly leaves the
@@ -49,6 +52,7 @@ mod edit;
 pub mod fold;
 pub mod gelu;
 pub mod group;
+pub mod heads;
 pub mod integer;
 pub mod layers;
 pub mod longrope;
@@ -138,6 +142,8 @@ pub struct Report {
     pub integer_products: usize,
     /// Spelled-out erf GELUs fused into `ErfGelu`.
     pub erf_gelus: usize,
+    /// Spelled-out encoder self-attentions fused into `EncoderAttention`.
+    pub encoder_attentions: usize,
     /// Empty LoRA branches (zero-rank defaults of a graph that takes adapters) removed.
     pub lora_branches: usize,
     /// Why a candidate pattern was left alone, one line each (for `inspect` and debugging).
@@ -179,6 +185,7 @@ pub fn optimize(
         }
         report.integer_products = integer::fuse_integer_to_float(graph);
         report.erf_gelus = gelu::fuse_erf_gelu(graph);
+        report.encoder_attentions = heads::fuse_encoder_attention(graph);
     }
     report.nodes_after = graph.nodes.len();
     report

@@ -369,6 +369,8 @@ impl Facts {
             Op::Norm(_) => vec![same, (t0, None, None), (t0, None, None)],
             Op::SkipNorm(_) => vec![same.clone(), (t0, None, None), (t0, None, None), same],
             Op::BiasGelu { .. } | Op::ErfGelu(_) => one(same),
+            // q (batch, seq, ·), k, v (batch, seq, heads · v size) → v's shape.
+            Op::EncoderAttention(_) => one((t0, self.get(node, 2).1, None)),
             Op::Attention(a) => {
                 // (batch, seq, in) → (batch, seq, V's width).
                 let (_, dw, _) = self.get(node, 1);
