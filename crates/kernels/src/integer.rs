@@ -125,6 +125,76 @@ fn finish(x: &[f32], codes: &mut [u8], (lo, hi): (f32, f32)) -> (f32, u8) {
     (scale, zero as u8)
 }
 
+/// `exact[j] = values[j] - zb[j]·sum - za·col_sums[j] + kz·zb[j]` (wrapping): a tile's
+/// raw products with the zero points folded out (`sum` the row's sum of A, `kz` = `k · za`).
+#[inline(always)]
+fn zero_points(
+    values: &[i32],
+    (b_zero, col_sums): (&[i32], &[i32]),
+    (sum, za, kz): (i32, i32, i32),
+    exact: &mut [i32],
+) {
+    let columns = b_zero.iter().zip(col_sums);
+    for ((e, &v), (&zb, &sb)) in exact.iter_mut().zip(values).zip(columns) {
+        *e = v
+            .wrapping_sub(zb.wrapping_mul(sum))
+            .wrapping_sub(za.wrapping_mul(sb))
+            .wrapping_add(kz.wrapping_mul(zb));
+    }
+}
+
+/// [`zero_points`] compiled for AVX2 (the tile kernels' store closure is compiled without
+/// it, where a 32-bit product takes five SSE2 instructions).
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn zero_points_avx2(
+    values: &[i32],
+    columns: (&[i32], &[i32]),
+    row: (i32, i32, i32),
+    exact: &mut [i32],
+) {
+    zero_points(values, columns, row, exact);
+}
+
+/// `out[j] = float(values[j]) · scales[j] (+ bias[j])`, the conversion, product and sum each
+/// rounded on its own (no fused multiply-add), so any width gives the same bits: the float
+/// epilogue of an int8 product (`Cast`, the scales' `Mul`, the bias `Add`).
+pub fn scale_to_float(values: &[i32], scales: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu::level() >= cpu::Level::Avx2 {
+        // SAFETY: AVX2 is available (checked above).
+        return unsafe { scale_to_float_avx2(values, scales, bias, out) };
+    }
+    scale_to_float_loop(values, scales, bias, out);
+}
+
+#[inline(always)]
+fn scale_to_float_loop(values: &[i32], scales: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    let outputs = out.iter_mut().zip(values).zip(scales);
+    match bias {
+        Some(bias) => (outputs.zip(bias)).for_each(|(((y, &v), &s), &b)| *y = v as f32 * s + b),
+        None => outputs.for_each(|((y, &v), &s)| *y = v as f32 * s),
+    }
+}
+
+/// [`scale_to_float_loop`] compiled for AVX2.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_to_float_avx2(
+    values: &[i32],
+    scales: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    scale_to_float_loop(values, scales, bias, out);
+}
+
 /// The lengths a product's `a` (of `a_len` values), zero points and output (of `out_len`)
 /// must have.
 fn check_operands(
@@ -326,13 +396,14 @@ pub fn packed_product<T: Send>(
             let za = a_zero[if a_zero.len() == 1 { 0 } else { i }];
             let (sum, kz) = (sums[r], kz(za));
             let exact = &mut exact[..values.len()];
-            let columns = (b_zero[j..].iter()).zip(&b.col_sums[j..]);
-            for ((e, &v), (&zb, &sb)) in exact.iter_mut().zip(values).zip(columns) {
-                *e = v
-                    .wrapping_sub(zb.wrapping_mul(sum))
-                    .wrapping_sub(za.wrapping_mul(sb))
-                    .wrapping_add(kz.wrapping_mul(zb));
-            }
+            let columns = (&b_zero[j..], &b.col_sums[j..]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 is available (the packed product needs it, checked above).
+            unsafe {
+                zero_points_avx2(values, columns, (sum, za, kz), exact)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            zero_points(values, columns, (sum, za, kz), exact);
             epilogue(i, j, exact, &mut outs[r][j - start..][..values.len()]);
         };
         #[cfg(target_arch = "x86_64")]

@@ -230,13 +230,7 @@ fn matmul_integer_to_float(inputs: &[Option<&Tensor>], ctx: &mut OpCtx) -> Resul
     };
     // `out[j..] = float(values) · multipliers[j..] (+ bias[j..])`.
     let finish = |j: usize, values: &[i32], out: &mut [f32]| {
-        let outputs = out.iter_mut().zip(values).zip(&multipliers[j..]);
-        match bias {
-            Some(bias) => (outputs.zip(&bias[j..])).for_each(|(((y, &v), &s), &b)| {
-                *y = v as f32 * s + b;
-            }),
-            None => outputs.for_each(|((y, &v), &s)| *y = v as f32 * s),
-        }
+        integer::scale_to_float(values, &multipliers[j..], bias.map(|b| &b[j..]), out);
     };
     let mut out = ctx.alloc(DType::F32, p.dims.clone())?;
     let o = out.as_mut_slice::<f32>()?;
