@@ -508,14 +508,13 @@ fn dequantize(
         )
     };
     let mut out = ctx.alloc(DType::F32, dims)?;
-    for (i, (o, &v)) in out
-        .as_mut_slice::<f32>()?
-        .iter_mut()
-        .zip(&values)
-        .enumerate()
-    {
-        let c = (i / inner) % count;
-        *o = (v - zeros[c]) as f32 * scales[c];
+    // A run of `inner` elements shares one scale and zero point.
+    let runs = out.as_mut_slice::<f32>()?.chunks_mut(inner);
+    for (r, (run, values)) in runs.zip(values.chunks(inner)).enumerate() {
+        let (zero, scale) = (zeros[r % count], scales[r % count]);
+        for (o, &v) in run.iter_mut().zip(values) {
+            *o = (v - zero) as f32 * scale;
+        }
     }
     Ok(out)
 }
