@@ -76,7 +76,7 @@ pub fn matmul_batched<T: Accum>(
         (a_offsets, b_offsets),
         (m, k, n),
         pool,
-        |_, _, acc| T::narrow(acc),
+        Finish::plain(&|_, _, acc| T::narrow(acc)),
     )
 }
 
@@ -102,9 +102,14 @@ pub fn gemm<T: Accum>(
         }
     };
     match bias.filter(|_| beta != 0.0) {
-        None => product(a, b, c, (&[0], &[0]), (m, k, n), pool, |_, _, acc| {
-            T::narrow(scale(acc))
-        }),
+        None => {
+            let each = |_: usize, _: usize, acc: T::Acc| T::narrow(scale(acc));
+            let finish = Finish {
+                each: &each,
+                plain: alpha == 1.0,
+            };
+            product(a, b, c, (&[0], &[0]), (m, k, n), pool, finish)
+        }
         Some(bias) => {
             if m > 0 && n > 0 {
                 let last = (m - 1).checked_mul(bias.row_stride).and_then(|r| {
@@ -121,16 +126,53 @@ pub fn gemm<T: Accum>(
                     )));
                 }
             }
-            product(a, b, c, (&[0], &[0]), (m, k, n), pool, |i, j, acc| {
+            let each = |i: usize, j: usize, acc: T::Acc| {
                 let add = bias.data[i * bias.row_stride + j * bias.col_stride].widen();
                 T::narrow(scale(acc).add(if beta == 1.0 { add } else { beta_acc.mul(add) }))
-            })
+            };
+            let finish = Finish {
+                each: &each,
+                plain: false,
+            };
+            product(a, b, c, (&[0], &[0]), (m, k, n), pool, finish)
+        }
+    }
+}
+
+/// How a product's accumulators become its outputs: `each(i, j, accumulator)` for output
+/// `(i, j)`, which is the accumulator as it is (narrowed to the output type) where `plain`,
+/// so f32 outputs are then copied a row of values at a time.
+#[derive(Clone, Copy)]
+struct Finish<'e, F> {
+    each: &'e F,
+    plain: bool,
+}
+
+impl<'e, F> Finish<'e, F> {
+    fn plain(each: &'e F) -> Self {
+        Finish { each, plain: true }
+    }
+
+    /// Row `i`'s accumulators `values` of columns `j..` into `out`.
+    #[inline]
+    fn store<T: Accum>(&self, i: usize, j: usize, values: &[f32], out: &mut [T])
+    where
+        F: Fn(usize, usize, T::Acc) -> T,
+    {
+        if self.plain
+            && let Some(out) = as_f32_mut(out)
+        {
+            out.copy_from_slice(&values[..out.len()]);
+            return;
+        }
+        for (x, (o, &acc)) in out.iter_mut().zip(values).enumerate() {
+            *o = (self.each)(i, j + x, <T::Acc as Scalar>::from_f64(acc as f64));
         }
     }
 }
 
 /// Shared driver: validates, splits output rows (or columns when rows are few) across the
-/// pool, and stores `epilogue(i, j, accumulator)` for each output element `(i, j)`.
+/// pool, and stores each output element `(i, j)` as `finish` says.
 fn product<T: Accum>(
     a: &[T],
     b: &[T],
@@ -138,7 +180,7 @@ fn product<T: Accum>(
     (a_offsets, b_offsets): (&[usize], &[usize]),
     (m, k, n): (usize, usize, usize),
     pool: &ThreadPool,
-    epilogue: impl Fn(usize, usize, T::Acc) -> T + Sync,
+    finish: Finish<impl Fn(usize, usize, T::Acc) -> T + Sync>,
 ) -> Result<(), KernelError> {
     let batch = a_offsets.len();
     check_len("b offsets", b_offsets.len(), batch)?;
@@ -166,9 +208,9 @@ fn product<T: Accum>(
     {
         if batch == 1 {
             let (a, b) = (&a[a_offsets[0]..][..a_size], &b[b_offsets[0]..][..b_size]);
-            vector_product(a, Matrix::Rows { b, n }, c, (m, k), pool, &epilogue);
+            vector_product(a, Matrix::Rows { b, n }, c, (m, k), pool, finish);
         } else {
-            vector_batch(a, b, c, (a_offsets, b_offsets), (m, k, n), pool, &epilogue);
+            vector_batch(a, b, c, (a_offsets, b_offsets), (m, k, n), pool, finish);
         }
         return Ok(());
     }
@@ -183,9 +225,18 @@ fn product<T: Accum>(
         let (t, i) = (row / m, row % m);
         let a_row = &a[a_offsets[t] + i * k..][..k];
         let b_mat = &b[b_offsets[t]..][..b_size];
-        row_part(a_row, b_mat, n, cols, out, |j, acc| epilogue(i, j, acc));
+        row_part(a_row, b_mat, n, cols, out, |j, acc| {
+            (finish.each)(i, j, acc)
+        });
     });
     Ok(())
+}
+
+/// `s` as f32 values, when `T` is f32.
+fn as_f32_mut<T: Scalar>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: `T` is f32 (same type id), so the slice's memory is `s.len()` f32 values.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
 }
 
 /// `s` as f32 values, when `T` is f32.
@@ -213,7 +264,8 @@ pub fn matmul_packed_f32(
     check_len("A", a.len(), mul(m, k, "A")?)?;
     check_len("output", out.len(), mul(m, n, "C")?)?;
     if m > 0 && n > 0 {
-        vector_product(a, Matrix::Tiles(b), out, (m, k), pool, &|_, _, acc| acc);
+        let finish = Finish::plain(&|_, _, acc| acc);
+        vector_product(a, Matrix::Tiles(b), out, (m, k), pool, finish);
     }
     Ok(())
 }
@@ -227,7 +279,7 @@ fn vector_product<T: Accum>(
     out: &mut [T],
     (m, k): (usize, usize),
     pool: &ThreadPool,
-    epilogue: &(impl Fn(usize, usize, T::Acc) -> T + Sync),
+    finish: Finish<impl Fn(usize, usize, T::Acc) -> T + Sync>,
 ) {
     let n = out.len() / m;
     let rows_per_task = m.min(TASK_ROWS);
@@ -248,9 +300,7 @@ fn vector_product<T: Accum>(
             // SAFETY: (row block, column range) pairs are unique across tasks, and `block`
             // stores inside the task's rows and columns.
             let row = unsafe { out.range(at..at + values.len()) };
-            for (i, (out, &acc)) in row.iter_mut().zip(values).enumerate() {
-                *out = epilogue(first + r, j + i, <T::Acc as Scalar>::from_f64(acc as f64));
-            }
+            finish.store(first + r, j, values, row);
         });
     });
 }
@@ -275,7 +325,7 @@ fn vector_batch<T: Accum>(
     (a_offsets, b_offsets): (&[usize], &[usize]),
     (m, k, n): (usize, usize, usize),
     pool: &ThreadPool,
-    epilogue: &(impl Fn(usize, usize, T::Acc) -> T + Sync),
+    finish: Finish<impl Fn(usize, usize, T::Acc) -> T + Sync>,
 ) {
     let rows_per_task = m.min(matmul_f32::CHUNK);
     let row_blocks = m.div_ceil(rows_per_task);
@@ -292,10 +342,7 @@ fn vector_batch<T: Accum>(
             n,
         };
         matmul_f32::block(a, rows, k, b, 0..n, &mut |r, j, values| {
-            let row = &mut out[r * n + j..][..values.len()];
-            for (x, (o, &acc)) in row.iter_mut().zip(values).enumerate() {
-                *o = epilogue(first + r, j + x, <T::Acc as Scalar>::from_f64(acc as f64));
-            }
+            finish.store(first + r, j, values, &mut out[r * n + j..][..values.len()]);
         });
     };
     if parts_for(pool, tasks, rows_per_task * k * n) == 1 {
