@@ -856,11 +856,12 @@ fn spelled_out_erf_gelus_become_one_op_with_the_same_bits() {
 }
 
 /// An encoder's self-attention as torch.onnx spells it, of `q`, `k`, `v` (`[b, s, 48]`, four
-/// heads of 12) into `out`: `scale` is `(op, constant, constant first)` and `mask_first` puts
-/// the mask before the scores in its `Add` (none without a mask).
+/// heads of 12, each plus its bias `q.bias`.. where `biased`) into `out`: `scale` is `(op,
+/// constant, constant first)` and `mask_first` puts the mask before the scores in its `Add`
+/// (none without a mask).
 fn spelled_attention(
     b: &mut ModelBuilder,
-    p: &str,
+    (p, biased): (&str, bool),
     (scale, c, c_first): (&str, &str, bool),
     mask: Option<(&str, bool)>,
     out: &str,
@@ -871,11 +872,17 @@ fn spelled_attention(
         ("k", [0, 2, 3, 1]),
         ("v", [0, 2, 1, 3]),
     ] {
+        let mut source = x.to_string();
+        if biased {
+            source = n(&format!("{x}.biased"));
+            let (add, bias) = (n(&format!("{x}.add")), format!("{x}.bias"));
+            b.node("Add", "", &add, &[x, &bias], &[&source], vec![]);
+        }
         b.node(
             "Reshape",
             "",
             &n(&format!("{x}.split")),
-            &[x, "split"],
+            &[&source, "split"],
             &[&n(&format!("{x}3"))],
             vec![],
         );
@@ -977,26 +984,29 @@ fn spelled_out_encoder_attention_becomes_one_op_with_the_same_bits() {
     b.initializer("merge", Tensor::from_slice([3], &[0i64, 0, 48]).unwrap());
     b.initializer("c", Tensor::scalar(12f32.sqrt()));
     b.initializer("inv_c", Tensor::scalar(1.0 / 12f32.sqrt()));
-    // Divided and masked (BERT); multiplied with the constant first, the mask first in its
-    // Add; unmasked; and one whose scores are also an output, which stays spelled out.
+    for (x, seed) in [("q", 34), ("k", 35), ("v", 36)] {
+        b.initializer(&format!("{x}.bias"), random(&[48], seed));
+    }
+    // Divided, masked and biased (BERT); multiplied with the constant first, the mask first in its
+    // Add; unmasked and biased; and one whose scores are also an output, which stays spelled out.
     spelled_attention(
         &mut b,
-        "a",
+        ("a", true),
         ("Div", "c", false),
         Some(("mask", false)),
         "y1",
     );
     spelled_attention(
         &mut b,
-        "b",
+        ("b", false),
         ("Mul", "inv_c", true),
         Some(("mask", true)),
         "y2",
     );
-    spelled_attention(&mut b, "c", ("Mul", "inv_c", false), None, "y3");
+    spelled_attention(&mut b, ("c", true), ("Mul", "inv_c", false), None, "y3");
     spelled_attention(
         &mut b,
-        "d",
+        ("d", false),
         ("Div", "c", false),
         Some(("mask", false)),
         "y4",
@@ -1040,9 +1050,10 @@ fn spelled_out_encoder_attention_becomes_one_op_with_the_same_bits() {
         (
             h.get("EncoderAttention"),
             h.get("Softmax"),
-            h.get("Transpose")
+            h.get("Transpose"),
+            h.get("Add")
         ),
-        (Some(&3), Some(&1), Some(&4)),
+        (Some(&3), Some(&1), Some(&4), Some(&1)),
         "{h:?}"
     );
     for threads in [1, 3] {

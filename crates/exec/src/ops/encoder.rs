@@ -476,6 +476,7 @@ fn attention(
         row: width,
         offset,
         size,
+        bias: None,
     };
     let dims = AttendDims {
         batch,
@@ -544,11 +545,25 @@ fn encoder_attention(
         ScoreScale::Divide(c) => ks::RowScale::Divide(c),
         ScoreScale::Multiply(c) => ks::RowScale::Multiply(c),
     };
-    let heads_of = |data, row: usize| Heads {
+    let bias = |k: usize, width: usize, what: &str| match opt_input(inputs, k) {
+        None => Ok(None),
+        Some(t) if t.dims() == [width] => f32s(t, what).map(Some),
+        Some(t) => Err(OpError::shape(format!(
+            "{what} has shape {:?}; expected [{width}], one value per column",
+            t.dims()
+        ))),
+    };
+    let biases = [
+        bias(4, qw, "q's bias")?,
+        bias(5, kw, "k's bias")?,
+        bias(6, vw, "v's bias")?,
+    ];
+    let heads_of = |data, row: usize, bias| Heads {
         data,
         row,
         offset: 0,
         size: row / heads,
+        bias,
     };
     let attend_dims = AttendDims {
         batch,
@@ -557,7 +572,11 @@ fn encoder_attention(
         heads,
     };
     attend(
-        [heads_of(q, qw), heads_of(k, kw), heads_of(v, vw)],
+        [
+            heads_of(q, qw, biases[0]),
+            heads_of(k, kw, biases[1]),
+            heads_of(v, vw, biases[2]),
+        ],
         attend_dims,
         |b, h, i, row| match mask {
             // A row of the mask as it is stored, or one value repeated.
@@ -598,19 +617,30 @@ fn broadcast_strides(dims: &[usize], to: [usize; 4]) -> Result<[usize; 4], OpErr
 }
 
 /// Where one of Q, K and V sits in token rows: element `d` of head `h` of token `t` (of all
-/// sequences' tokens) is `data[t * row + offset + h * size + d]`.
+/// sequences' tokens) is `data[t * row + offset + h * size + d]`, plus `bias[h * size + d]`
+/// where there is a bias.
 #[derive(Clone, Copy)]
 struct Heads<'a> {
     data: &'a [f32],
     row: usize,
     offset: usize,
     size: usize,
+    bias: Option<&'a [f32]>,
 }
 
 impl Heads<'_> {
-    /// Head `h` of token `t`.
-    fn at(&self, t: usize, h: usize) -> &[f32] {
-        &self.data[t * self.row + self.offset + h * self.size..][..self.size]
+    /// Head `h` of token `t` into `out[d * stride]` for each `d`.
+    fn gather(&self, (t, h): (usize, usize), out: &mut [f32], stride: usize) {
+        let values = &self.data[t * self.row + self.offset + h * self.size..][..self.size];
+        let outs = out.iter_mut().step_by(stride);
+        match self.bias {
+            Some(b) => {
+                let b = &b[h * self.size..][..self.size];
+                (outs.zip(values).zip(b)).for_each(|((o, &v), &b)| *o = v + b);
+            }
+            None if stride == 1 => out[..self.size].copy_from_slice(values),
+            None => outs.zip(values).for_each(|(o, &v)| *o = v),
+        }
     }
 }
 
@@ -663,13 +693,11 @@ fn attend(
             for (p, o) in outs.chunks_mut((seq_q * vd).max(1)).enumerate() {
                 let (b, h) = ((task * per_task + p) / heads, (task * per_task + p) % heads);
                 for t in 0..seq_q {
-                    qs[t * hd..][..hd].copy_from_slice(q.at(b * seq_q + t, h));
+                    q.gather((b * seq_q + t, h), &mut qs[t * hd..][..hd], 1);
                 }
                 for t in 0..seq_k {
-                    for (d, &key) in k.at(b * seq_k + t, h).iter().enumerate() {
-                        kt[d * seq_k + t] = key;
-                    }
-                    vs[t * vd..][..vd].copy_from_slice(v.at(b * seq_k + t, h));
+                    k.gather((b * seq_k + t, h), &mut kt[t..], seq_k);
+                    v.gather((b * seq_k + t, h), &mut vs[t * vd..][..vd], 1);
                 }
                 if km::matmul(qs, kt, scores, seq_q, hd, seq_k, &one).is_err() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);

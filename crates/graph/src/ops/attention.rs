@@ -44,7 +44,8 @@ pub struct Attention {
 /// merged back into `(batch, seq, heads · v size)`. Made by [`crate::passes::heads`] from
 /// the graph's own `Reshape`s, `Transpose`s, products, scale, mask `Add` and `Softmax`, and
 /// run with the same operations in the same order, so with the same bits. Inputs `q`, `k`,
-/// `v` and an optional additive mask that broadcasts to `(batch, heads, seq, seq)`.
+/// `v`, an optional additive mask that broadcasts to `(batch, heads, seq, seq)`, and optional
+/// biases of `q`, `k` and `v` (one value per column, added to each before the heads split).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EncoderAttention {
     pub heads: usize,

@@ -18,7 +18,9 @@
 //! `q`, `k` and `v` float32 of rank 3 whose last dimension the `Reshape`s split into `H`
 //! heads of a known size, keeping the first two (by the inferred shapes, not the constants'
 //! spelling), and the last `Reshape` merging them back; `c` a one-value float32 constant;
-//! the mask of rank at most 4.
+//! the mask of rank at most 4. Where `q`, `k` or `v` is `Add(m, bias)` of a float32 constant
+//! bias, read by nothing else, the op takes `m` and the bias and adds it as it gathers each
+//! head (the same sum).
 
 use super::edit::{self, Edits, Index, binary_operands as operands, input, output, scalar_f32};
 use super::shapes::{Facts, Sym};
@@ -60,6 +62,28 @@ fn split_heads(
     };
     (b2 == b && s2 == s && heads > 0 && heads * size == width).then_some(())?;
     Some((x, heads, size, [ti, ri]))
+}
+
+/// `x = Add(m, bias)` read only by node `reader`, `bias` a float32 constant of one value per
+/// element of `x`'s last axis and `m` of `x`'s shape: `(m, bias, the Add)`.
+fn biased(
+    graph: &Graph,
+    (index, facts): (&Index, &Facts),
+    x: ValueId,
+    reader: usize,
+) -> Option<(ValueId, ValueId, usize)> {
+    index.only_read_by(x, reader).then_some(())?;
+    let (ai, add) = index.node(graph, x)?;
+    let (a, b) = operands(add, BinaryOp::Add)?;
+    let width = *facts.dims(x)?.last()?;
+    [(a, b), (b, a)].into_iter().find_map(|(m, bias)| {
+        let t = edit::constant(graph, bias)?;
+        let &[n] = t.dims() else { return None };
+        let fits = t.dtype() == oxgen_tensor::DType::F32
+            && Sym::Known(n as i64) == width
+            && facts.dims(m) == facts.dims(x);
+        fits.then_some((m, bias, ai))
+    })
 }
 
 /// The block whose `Softmax` is node `si`, if the pattern holds.
@@ -142,13 +166,29 @@ fn attention_at(graph: &Graph, (index, facts): (&Index, &Facts), si: usize) -> O
     let mut all = vec![mi, ti, pi, si];
     all.extend(nodes);
     all.extend(q_nodes.into_iter().chain(k_nodes).chain(v_nodes));
+    // Projections' biases join the op, which adds them as it gathers each head.
+    let mut inputs = vec![Some(q), Some(k), Some(v), mask];
+    let mut biases = Vec::new();
+    for (x, reshape) in [(q, q_nodes[1]), (k, k_nodes[1]), (v, v_nodes[1])] {
+        match biased(graph, (index, facts), x, reshape) {
+            Some((m, bias, add)) => {
+                inputs[biases.len()] = Some(m);
+                all.push(add);
+                biases.push(Some(bias));
+            }
+            None => biases.push(None),
+        }
+    }
+    if biases.iter().any(Option::is_some) {
+        inputs.extend(biases);
+    }
     let op = EncoderAttention {
         heads: usize::try_from(heads).ok()?,
         scale,
     };
     Some(Found {
         op,
-        inputs: vec![Some(q), Some(k), Some(v), mask],
+        inputs,
         nodes: all,
     })
 }
