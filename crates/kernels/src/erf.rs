@@ -30,6 +30,7 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use crate::attention::{INV_LN2_32, LN2_HI_32, LN2_LO_32, TAYLOR32};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
 #[cfg(target_arch = "x86_64")]
@@ -63,23 +64,6 @@ const LARGE: [f32; 7] = [
     -5.352687,
     -7.8068156,
 ];
-/// `1/ln 2`, and `ln 2` split so that `k · LN2_HI` is exact for the `k` that occur
-/// (`-26 <= k <= -3`).
-const INV_LN2: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-/// `e^s`'s Taylor polynomial in the reduced `s` (`|s| <= ln2 / 2`), `1/7!` down to `1/0!`.
-const TAYLOR: [f32; 8] = [
-    1.0 / 5040.0,
-    1.0 / 720.0,
-    1.0 / 120.0,
-    1.0 / 24.0,
-    1.0 / 6.0,
-    1.0 / 2.0,
-    1.0,
-    1.0,
-];
-
 /// The reference: `erf(x)` as the module doc defines it.
 pub fn erf(x: f32) -> f32 {
     if x.is_nan() {
@@ -105,12 +89,14 @@ pub fn erf(x: f32) -> f32 {
 }
 
 /// `e^r` for the `r` of the large branch (`-18 < r < -2.5`): `r = k ln2 + s` with
-/// `k = round(r / ln2)` (ties to even), `e^s` by [`TAYLOR`], `2^k` from its exponent bits.
+/// `k = round(r / ln2)` (ties to even) and the softmax exponential's split of ln 2 (exact for
+/// these `k`: `-26 <= k <= -3`), `e^s` its degree-7 Taylor polynomial (`|s| <= ln2 / 2`) here
+/// with fused multiply-adds, `2^k` from its exponent bits.
 fn exp_reduced(r: f32) -> f32 {
-    let k = (r * INV_LN2).round_ties_even();
-    let s = k.mul_add(-LN2_LO, k.mul_add(-LN2_HI, r));
-    let mut p = TAYLOR[0];
-    for &c in &TAYLOR[1..] {
+    let k = (r * INV_LN2_32).round_ties_even();
+    let s = k.mul_add(-LN2_LO_32, k.mul_add(-LN2_HI_32, r));
+    let mut p = TAYLOR32[0];
+    for &c in TAYLOR32[1..].iter().chain(&[1.0, 1.0]) {
         p = p.mul_add(s, c);
     }
     p * f32::from_bits(((k as i32 + 127) as u32) << 23)
@@ -373,12 +359,12 @@ unsafe fn erf_vectors<V: ErfLanes, const N: usize>(v: [V; N]) -> [V; N] {
         }
         let mut k = [zero; N];
         for i in 0..N {
-            k[i] = r[i].mul(V::splat(INV_LN2)).round();
-            r[i] = V::fma(r[i], k[i], V::splat(-LN2_HI));
-            r[i] = V::fma(r[i], k[i], V::splat(-LN2_LO));
+            k[i] = r[i].mul(V::splat(INV_LN2_32)).round();
+            r[i] = V::fma(r[i], k[i], V::splat(-LN2_HI_32));
+            r[i] = V::fma(r[i], k[i], V::splat(-LN2_LO_32));
         }
-        let mut p = [V::splat(TAYLOR[0]); N];
-        for &c in &TAYLOR[1..] {
+        let mut p = [V::splat(TAYLOR32[0]); N];
+        for &c in TAYLOR32[1..].iter().chain(&[1.0, 1.0]) {
             for i in 0..N {
                 p[i] = V::fma(V::splat(c), p[i], r[i]);
             }

@@ -14,12 +14,12 @@ use crate::cpu;
 
 /// Below this `t`, `e^t` in f32 counts as 0.
 const EXP32_FLOOR: f32 = -87.3;
-const INV_LN2_32: f32 = std::f32::consts::LOG2_E;
+pub(crate) const INV_LN2_32: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split so that `k * LN2_HI_32` is exact for the `k` that occur (|k| <= 126).
-const LN2_HI_32: f32 = 0.693_359_4;
-const LN2_LO_32: f32 = -2.121_944_4e-4;
+pub(crate) const LN2_HI_32: f32 = 0.693_359_4;
+pub(crate) const LN2_LO_32: f32 = -2.121_944_4e-4;
 /// `1 / n!` for n = 7 down to 2.
-const TAYLOR32: [f32; 6] = [
+pub(crate) const TAYLOR32: [f32; 6] = [
     1.0 / 5040.0,
     1.0 / 720.0,
     1.0 / 120.0,

@@ -28,6 +28,6 @@ pub mod paged;
 mod shape;
 
 pub use cache::{append_kv, copy_prefix, rotate_query};
-pub(crate) use exp::{exp_shifted_sum, lane_tree};
+pub(crate) use exp::{INV_LN2_32, LN2_HI_32, LN2_LO_32, TAYLOR32, exp_shifted_sum, lane_tree};
 pub use gqa::{GqaInputs, attention, attention_reference, heads_to_rows, scratch_len};
 pub use shape::{GqaShape, Rows, ScoreMod};
