@@ -33,6 +33,7 @@ use std::arch::x86_64::*;
 use crate::attention::{INV_LN2_32, LN2_HI_32, LN2_LO_32, TAYLOR32};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
+pub use crate::num::Scale;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::F32Lanes;
 
@@ -150,21 +151,10 @@ pub struct GeluForm {
     pub half_first: bool,
 }
 
-/// `erf`'s argument from `v`: one division or one product.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scale {
-    Divide(f32),
-    Multiply(f32),
-}
-
 impl GeluForm {
     /// The reference: the GELU of `v` by this form, over [`erf`].
     pub fn gelu(&self, v: f32) -> f32 {
-        let s = match self.scale {
-            Scale::Divide(d) => v / d,
-            Scale::Multiply(m) => v * m,
-        };
-        let e = erf(s);
+        let e = erf(self.scale.apply(v));
         match self.half_first {
             true => (v * self.half) * (e + self.add),
             false => (v * (e + self.add)) * self.half,
@@ -385,9 +375,6 @@ unsafe fn erf_vectors<V: ErfLanes, const N: usize>(v: [V; N]) -> [V; N] {
 trait ErfLanes: F32Lanes {
     /// `min(|self|, hi)`.
     unsafe fn abs_min(self, hi: Self) -> Self;
-    unsafe fn mul(self, x: Self) -> Self;
-    unsafe fn sub(self, x: Self) -> Self;
-    unsafe fn div(self, x: Self) -> Self;
     /// Rounded to the nearest integer, ties to even.
     unsafe fn round(self) -> Self;
     /// `2^k` of integral `k` in the normal range.
@@ -404,21 +391,6 @@ impl ErfLanes for __m256 {
     unsafe fn abs_min(self, hi: Self) -> Self {
         // SAFETY: AVX2 (the trait's contract).
         unsafe { _mm256_min_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), self), hi) }
-    }
-    #[inline(always)]
-    unsafe fn mul(self, x: Self) -> Self {
-        // SAFETY: as above.
-        unsafe { _mm256_mul_ps(self, x) }
-    }
-    #[inline(always)]
-    unsafe fn sub(self, x: Self) -> Self {
-        // SAFETY: as above.
-        unsafe { _mm256_sub_ps(self, x) }
-    }
-    #[inline(always)]
-    unsafe fn div(self, x: Self) -> Self {
-        // SAFETY: as above.
-        unsafe { _mm256_div_ps(self, x) }
     }
     #[inline(always)]
     unsafe fn round(self) -> Self {
@@ -454,21 +426,6 @@ impl ErfLanes for __m512 {
     unsafe fn abs_min(self, hi: Self) -> Self {
         // SAFETY: AVX-512 F (the trait's contract).
         unsafe { _mm512_min_ps(_mm512_abs_ps(self), hi) }
-    }
-    #[inline(always)]
-    unsafe fn mul(self, x: Self) -> Self {
-        // SAFETY: as above.
-        unsafe { _mm512_mul_ps(self, x) }
-    }
-    #[inline(always)]
-    unsafe fn sub(self, x: Self) -> Self {
-        // SAFETY: as above.
-        unsafe { _mm512_sub_ps(self, x) }
-    }
-    #[inline(always)]
-    unsafe fn div(self, x: Self) -> Self {
-        // SAFETY: as above.
-        unsafe { _mm512_div_ps(self, x) }
     }
     #[inline(always)]
     unsafe fn round(self) -> Self {

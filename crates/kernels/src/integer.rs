@@ -8,6 +8,8 @@
 use crate::ThreadPool;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::F32Lanes;
 use std::ops::Range;
 
 use crate::error::{KernelError, check_len};
@@ -34,33 +36,17 @@ pub fn dynamic_quantize(x: &[f32], codes: &mut [u8]) -> Result<(f32, u8), Kernel
     Ok(quantize(x, codes))
 }
 
-/// [`quantize`] for AVX-512: the range in 16 lanes by `vminps`/`vmaxps`, the codes as the
-/// compiler vectorizes them.
+/// [`quantize`] for AVX-512: the range in 16 lanes, the codes as the compiler vectorizes them.
 ///
 /// # Safety
 /// AVX-512 F must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn quantize_avx512(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
-    use std::arch::x86_64::*;
-    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let chunks = x.chunks_exact(16);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        // SAFETY: `chunk` holds 16 f32.
-        let v = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
-        // The accumulator second: a NaN `v` gives it back, as `f32::min` ignores a NaN.
-        (lo, hi) = (_mm512_min_ps(v, lo), _mm512_max_ps(v, hi));
-    }
-    let (mut l, mut h) = ([0f32; 16], [0f32; 16]);
-    // SAFETY: both arrays hold 16 f32.
-    unsafe {
-        (
-            _mm512_storeu_ps(l.as_mut_ptr(), lo),
-            _mm512_storeu_ps(h.as_mut_ptr(), hi),
-        )
-    };
-    finish(x, codes, fold_range((&l, &h), rest))
+    // SAFETY: AVX-512 F is enabled here.
+    finish(x, codes, unsafe {
+        range_lanes::<std::arch::x86_64::__m512>(x)
+    })
 }
 
 /// [`quantize`] for AVX2: the range in 8 lanes, the codes as the compiler vectorizes them.
@@ -70,25 +56,33 @@ unsafe fn quantize_avx512(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_avx2(x: &[f32], codes: &mut [u8]) -> (f32, u8) {
-    use std::arch::x86_64::*;
-    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let chunks = x.chunks_exact(8);
+    // SAFETY: AVX2 is enabled here.
+    finish(x, codes, unsafe {
+        range_lanes::<std::arch::x86_64::__m256>(x)
+    })
+}
+
+/// `x`'s range with 0 in it, by `vminps`/`vmaxps` over vectors of `V` with the accumulator
+/// second (a NaN value gives it back, as `f32::min` ignores a NaN), then [`fold_range`].
+///
+/// # Safety
+/// The CPU runs `V`'s instructions.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn range_lanes<V: F32Lanes>(x: &[f32]) -> (f32, f32) {
+    let chunks = x.chunks_exact(V::LANES);
     let rest = chunks.remainder();
-    for chunk in chunks {
-        // SAFETY: `chunk` holds 8 f32.
-        let v = unsafe { _mm256_loadu_ps(chunk.as_ptr()) };
-        // As in `quantize_avx512`: the accumulator second.
-        (lo, hi) = (_mm256_min_ps(v, lo), _mm256_max_ps(v, hi));
-    }
-    let (mut l, mut h) = ([0f32; 8], [0f32; 8]);
-    // SAFETY: both arrays hold 8 f32.
+    // SAFETY: the caller's contract; each chunk holds one vector, each array at least one.
     unsafe {
-        (
-            _mm256_storeu_ps(l.as_mut_ptr(), lo),
-            _mm256_storeu_ps(h.as_mut_ptr(), hi),
-        )
-    };
-    finish(x, codes, fold_range((&l, &h), rest))
+        let (mut lo, mut hi) = (V::zero(), V::zero());
+        for chunk in chunks {
+            let v = V::load(chunk.as_ptr());
+            (lo, hi) = (v.min(lo), v.max(hi));
+        }
+        let (mut l, mut h) = ([0f32; 16], [0f32; 16]);
+        (lo.store(l.as_mut_ptr()), hi.store(h.as_mut_ptr()));
+        fold_range((&l[..V::LANES], &h[..V::LANES]), rest)
+    }
 }
 
 /// [`dynamic_quantize`]'s arithmetic: the range in lanes (min and max do not depend on the

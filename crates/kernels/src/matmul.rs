@@ -15,13 +15,13 @@
 //! each load of `B`); tests hold it to this reference bit for bit.
 //! Reference: ONNX `MatMul` (NumPy `matmul`) and `Gemm` operator docs.
 
-use std::any::TypeId;
 use std::ops::Range;
 
 use crate::acc::Accum;
 use crate::error::{KernelError, check_len};
 use crate::matmul_f32::{self, Matrix};
 pub use crate::matmul_f32::{PACKED_TILE, PackedF32};
+use crate::num::{as_f32, as_f32_mut};
 use crate::par::{Grid, Shared, par_row_parts, parts_for, row_grid};
 use crate::pool::Prelude;
 use crate::{Scalar, ThreadPool};
@@ -230,20 +230,6 @@ fn product<T: Accum>(
         });
     });
     Ok(())
-}
-
-/// `s` as f32 values, when `T` is f32.
-fn as_f32_mut<T: Scalar>(s: &mut [T]) -> Option<&mut [f32]> {
-    // SAFETY: `T` is f32 (same type id), so the slice's memory is `s.len()` f32 values.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
-}
-
-/// `s` as f32 values, when `T` is f32.
-fn as_f32<T: Scalar>(s: &[T]) -> Option<&[f32]> {
-    // SAFETY: `T` is f32 (same type id), so the slice's memory is `s.len()` f32 values.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
 }
 
 /// Whether f32 products run in vectors here, where [`PackedF32`] pays.

@@ -133,3 +133,36 @@ macro_rules! half_float {
     )*};
 }
 half_float!(f16, bf16);
+
+/// `s` as f32 values, when `T` is f32 (a generic kernel's way onto its f32 fast path).
+pub(crate) fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: `T` is f32 (same type id), so the slice's memory is `s.len()` f32 values.
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
+}
+
+/// [`as_f32`] of a mutable slice.
+pub(crate) fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`; the borrow is `s`'s.
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
+}
+
+/// One division or one product by a value, as a graph spells a scaling (`x / c` and
+/// `x · (1 / c)` round differently, so the kernels keep the graph's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    Divide(f32),
+    Multiply(f32),
+}
+
+impl Scale {
+    /// `v` scaled.
+    #[inline(always)]
+    pub fn apply(self, v: f32) -> f32 {
+        match self {
+            Scale::Divide(c) => v / c,
+            Scale::Multiply(c) => v * c,
+        }
+    }
+}

@@ -20,6 +20,13 @@ pub(crate) trait F32Lanes: Copy {
     unsafe fn load_first(p: *const f32, n: usize) -> Self;
     unsafe fn store(self, p: *mut f32);
     unsafe fn add(self, x: Self) -> Self;
+    unsafe fn sub(self, x: Self) -> Self;
+    unsafe fn mul(self, x: Self) -> Self;
+    unsafe fn div(self, x: Self) -> Self;
+    /// Per lane, `x` where either is NaN (the second operand, as `vminps` does).
+    unsafe fn min(self, x: Self) -> Self;
+    /// Per lane, `x` where either is NaN.
+    unsafe fn max(self, x: Self) -> Self;
     /// `acc + x · w`, rounded after the product and after the sum (not fused).
     unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self;
     /// `acc + x · w` rounded once (fused; the CPU must have FMA).
@@ -29,7 +36,7 @@ pub(crate) trait F32Lanes: Copy {
 /// `$vector` with intrinsics of prefix `$p` (`_mm256`, `_mm512`).
 #[cfg(target_arch = "x86_64")]
 macro_rules! f32_lanes {
-    ($vector:ty, $lanes:expr, $zero:ident, $splat:ident, $load:ident, $load_first:ident, $store:ident, $add:ident, $mul:ident, $fmadd:ident) => {
+    ($vector:ty, $lanes:expr, $zero:ident, $splat:ident, $load:ident, $load_first:ident, $store:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $min:ident, $max:ident, $fmadd:ident) => {
         impl F32Lanes for $vector {
             const LANES: usize = $lanes;
             #[inline(always)]
@@ -57,6 +64,26 @@ macro_rules! f32_lanes {
                 unsafe { $add(self, x) }
             }
             #[inline(always)]
+            unsafe fn sub(self, x: Self) -> Self {
+                unsafe { $sub(self, x) }
+            }
+            #[inline(always)]
+            unsafe fn mul(self, x: Self) -> Self {
+                unsafe { $mul(self, x) }
+            }
+            #[inline(always)]
+            unsafe fn div(self, x: Self) -> Self {
+                unsafe { $div(self, x) }
+            }
+            #[inline(always)]
+            unsafe fn min(self, x: Self) -> Self {
+                unsafe { $min(self, x) }
+            }
+            #[inline(always)]
+            unsafe fn max(self, x: Self) -> Self {
+                unsafe { $max(self, x) }
+            }
+            #[inline(always)]
             unsafe fn mul_add(acc: Self, x: Self, w: Self) -> Self {
                 unsafe { $add(acc, $mul(x, w)) }
             }
@@ -78,7 +105,11 @@ f32_lanes!(
     load_first_256,
     _mm256_storeu_ps,
     _mm256_add_ps,
+    _mm256_sub_ps,
     _mm256_mul_ps,
+    _mm256_div_ps,
+    _mm256_min_ps,
+    _mm256_max_ps,
     _mm256_fmadd_ps
 );
 #[cfg(target_arch = "x86_64")]
@@ -91,7 +122,11 @@ f32_lanes!(
     load_first_512,
     _mm512_storeu_ps,
     _mm512_add_ps,
+    _mm512_sub_ps,
     _mm512_mul_ps,
+    _mm512_div_ps,
+    _mm512_min_ps,
+    _mm512_max_ps,
     _mm512_fmadd_ps
 );
 

@@ -7,13 +7,12 @@
 //! Reference: ONNX `Softmax`, `LogSoftmax`, `Hardmax` (opset 13) and onnxruntime's CPU kernels
 //! (`(x - max) - log(Σ exp(x - max))` for LogSoftmax).
 
-use std::any::TypeId;
-
 use crate::acc::{AccScalar, Accum, max_nan};
 use crate::attention::exp_shifted_sum;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
 use crate::error::{KernelError, check_len};
+use crate::num::{Scale, as_f32, as_f32_mut};
 use crate::par::{par_chunks, parts_for};
 use crate::{Scalar, ThreadPool};
 
@@ -95,10 +94,10 @@ fn softmax_row_f32(x: &[f32], out: &mut [f32]) {
     divide(out, sum);
 }
 
-/// `row[j] = row[j] / c + add[j]` (`row[j] · c` with [`RowScale::Multiply`]; no sum without
-/// `add`): attention scores scaled and masked before their softmax, each element's own two
-/// roundings, so any vector width gives the same bits.
-pub fn scale_and_add(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
+/// `row[j] = scale(row[j]) + add[j]` (no sum without `add`): attention scores scaled and
+/// masked before their softmax, each element's own two roundings, so any vector width gives
+/// the same bits.
+pub fn scale_and_add(row: &mut [f32], scale: Scale, add: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
     if cpu::level() >= cpu::Level::Avx2 {
         // SAFETY: AVX2 is available (checked above).
@@ -107,19 +106,12 @@ pub fn scale_and_add(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
     scale_and_add_loop(row, scale, add);
 }
 
-/// A row's scaling in [`scale_and_add`]: a division or a product by one value.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RowScale {
-    Divide(f32),
-    Multiply(f32),
-}
-
 /// [`scale_and_add`]'s loops, one per case, written for the compiler to vectorize.
 #[inline(always)]
-fn scale_and_add_loop(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
+fn scale_and_add_loop(row: &mut [f32], scale: Scale, add: Option<&[f32]>) {
     match scale {
-        RowScale::Divide(c) => row.iter_mut().for_each(|s| *s /= c),
-        RowScale::Multiply(c) => row.iter_mut().for_each(|s| *s *= c),
+        Scale::Divide(c) => row.iter_mut().for_each(|s| *s /= c),
+        Scale::Multiply(c) => row.iter_mut().for_each(|s| *s *= c),
     }
     if let Some(add) = add {
         for (s, &a) in row.iter_mut().zip(add) {
@@ -134,7 +126,7 @@ fn scale_and_add_loop(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
 /// AVX2 must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scale_and_add_avx2(row: &mut [f32], scale: RowScale, add: Option<&[f32]>) {
+unsafe fn scale_and_add_avx2(row: &mut [f32], scale: Scale, add: Option<&[f32]>) {
     scale_and_add_loop(row, scale, add);
 }
 
@@ -199,18 +191,6 @@ fn divide(out: &mut [f32], sum: f32) {
 #[target_feature(enable = "avx2")]
 unsafe fn divide_avx2(out: &mut [f32], sum: f32) {
     divide(out, sum);
-}
-
-fn as_f32<T: 'static>(s: &[T]) -> Option<&[f32]> {
-    // SAFETY: `T` is f32 (same type id), so the slice's memory is `s.len()` f32 values.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) })
-}
-
-fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
-    // SAFETY: as in `as_f32`; the borrow is `s`'s.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) })
 }
 
 /// One lane: elements `j * inner + offset` of a block.
@@ -361,10 +341,10 @@ mod tests {
             let mask = rng.floats(len, -5.0, 5.0);
             for (scale, f) in [
                 (
-                    RowScale::Divide(5.656_854),
+                    Scale::Divide(5.656_854),
                     (|s: f32| s / 5.656_854) as fn(f32) -> f32,
                 ),
-                (RowScale::Multiply(0.125), |s: f32| s * 0.125),
+                (Scale::Multiply(0.125), |s: f32| s * 0.125),
             ] {
                 for add in [None, Some(&mask[..])] {
                     let mut row = x.clone();

@@ -542,8 +542,8 @@ fn encoder_attention(
         Some(t) => Some((f32s(t, "mask")?, broadcast_strides(t.dims(), dims)?)),
     };
     let scale = match a.scale {
-        ScoreScale::Divide(c) => ks::RowScale::Divide(c),
-        ScoreScale::Multiply(c) => ks::RowScale::Multiply(c),
+        ScoreScale::Divide(c) => Scale::Divide(c),
+        ScoreScale::Multiply(c) => Scale::Multiply(c),
     };
     let bias = |k: usize, width: usize, what: &str| match opt_input(inputs, k) {
         None => Ok(None),

@@ -40,6 +40,7 @@ use crate::ThreadPool;
 use crate::acc::Accum;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu;
+use crate::num::as_f32;
 use crate::par::parts_for;
 use smallvec::SmallVec;
 
@@ -630,14 +631,6 @@ pub(crate) fn dot8<T: Accum<Acc = f32>, C: CacheElem>(q: &[T], k: &[C]) -> f32 {
         lanes[d % 8] = a.widen().mul_add(b.to_f32(), lanes[d % 8]);
     }
     lane_tree(lanes)
-}
-
-/// `values` as f32, when `T` is f32.
-fn as_f32<T: 'static>(values: &[T]) -> Option<&[f32]> {
-    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()).then(|| {
-        // SAFETY: `T` is `f32`, so the slice is already a `[f32]`.
-        unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<f32>(), values.len()) }
-    })
 }
 
 /// [`avx2::weighted_sum64`] for the `g` heads of a group (`1 <= g <= MAX_GROUP`), on 64
