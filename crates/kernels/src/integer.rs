@@ -80,7 +80,8 @@ unsafe fn range_lanes<V: F32Lanes>(x: &[f32]) -> (f32, f32) {
             (lo, hi) = (v.min(lo), v.max(hi));
         }
         let (mut l, mut h) = ([0f32; 16], [0f32; 16]);
-        (lo.store(l.as_mut_ptr()), hi.store(h.as_mut_ptr()));
+        lo.store(l.as_mut_ptr());
+        hi.store(h.as_mut_ptr());
         fold_range((&l[..V::LANES], &h[..V::LANES]), rest)
     }
 }
