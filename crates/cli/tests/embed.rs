@@ -2,8 +2,8 @@
 //! results; an embedding does not depend on its batch or the thread count; inputs are
 //! refused with their index; the real all-MiniLM-L6-v2 gives sentence-transformers'
 //! embeddings (recorded once, `crates/testkit/thirdparty/embeddings/make_reference.py`); an
-//! imported ModernBERT pools transformers' states; and a decoder package embeds from its
-//! final hidden states as ONNX Runtime computes them.
+//! imported ModernBERT pools transformers' states and its cross-encoder reranks by its logit;
+//! and a decoder package embeds from its final hidden states as ONNX Runtime computes them.
 
 #[allow(dead_code)] // run_python is for the other binaries that share it
 mod support;
@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use oxgen::embed::InputError;
-use oxgen::{Backend, EmbedInput, EmbedOptions, Embedder, EncoderKind, Pooling};
+use oxgen::{Backend, EmbedInput, EmbedOptions, EmbedTokens, Embedder, EncoderKind, Pooling};
 use oxgen_import::EncoderArch;
 use oxgen_testkit::encoders::{EncoderFixture, write_package};
 
@@ -544,6 +544,41 @@ fn an_imported_modernbert_embeds_with_its_package_pooling() {
                 .collect();
             let c = cosine(embedding, &mean);
             assert!(c >= 0.9999, "{backend:?}: {} tokens: cosine {c}", ids.len());
+        }
+    }
+}
+
+/// An imported ModernBERT cross-encoder (the tiny checkpoint with a random head,
+/// `make_classifier.py`) is a reranker whose relevance is the sigmoid of transformers' logit.
+#[test]
+fn an_imported_modernbert_cross_encoder_reranks_by_transformers_logits() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testkit/thirdparty/embeddings/modernbert/classifier");
+    let work = tempfile::tempdir().unwrap();
+    let package = work.path().join("reranker");
+    oxgen_import::import_encoder(&fixture, &package, &Default::default()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
+            .unwrap();
+    let sequences: Vec<Vec<u32>> = serde_json::from_value(json["sequences"].clone()).unwrap();
+    let logits: Vec<f32> = serde_json::from_value(json["logits_mean"].clone()).unwrap();
+    let tokens: Vec<EmbedTokens> = (sequences.iter())
+        .map(|ids| EmbedTokens {
+            ids: ids.clone(),
+            types: vec![0; ids.len()],
+        })
+        .collect();
+    for backend in [Backend::Native, Backend::Ort] {
+        let mut model = open(&package, backend, 2);
+        assert_eq!(model.kind(), EncoderKind::Reranker { labels: 1 });
+        let scores = model.rerank_tokens(&tokens).unwrap();
+        for ((score, logit), ids) in scores.iter().zip(&logits).zip(&sequences) {
+            let want = 1.0 / (1.0 + (-logit).exp());
+            assert!(
+                (score - want).abs() < 1e-5,
+                "{backend:?}: {} tokens: {score} against {want}",
+                ids.len()
+            );
         }
     }
 }

@@ -1,12 +1,13 @@
 //! ModernBERT, a rotary encoder: `oxgen import` of a tiny random checkpoint (committed with
 //! transformers' outputs on it, `thirdparty/embeddings/modernbert/make_fixture.py`) gives
 //! transformers' `last_hidden_state` on the native backend and on ONNX Runtime, alone and
-//! in a right-padded batch, with sequences longer than its local layers' window.
+//! in a right-padded batch, with sequences longer than its local layers' window; and its
+//! sequence-classification head gives transformers' logits.
 
 use std::path::{Path, PathBuf};
 
 use oxgen_exec::{ExecOptions, NativeSession};
-use oxgen_import::{EncoderArch, ImportOptions};
+use oxgen_import::{EncoderArch, EncoderHead, ImportOptions};
 use oxgen_runtime::Session;
 use oxgen_tensor::Tensor;
 
@@ -41,8 +42,8 @@ fn reference() -> Reference {
     }
 }
 
-/// `last_hidden_state` of `batch` (right-padded with 0 and masked) as rows per sequence.
-fn run(session: &mut dyn Session, batch: &[&[i64]], hidden: usize) -> Vec<Vec<f32>> {
+/// `input_ids` and `attention_mask` of `batch`, right-padded with 0 and masked.
+fn padded(batch: &[&[i64]]) -> Vec<(String, Tensor)> {
     let longest = batch.iter().map(|s| s.len()).max().unwrap();
     let (mut ids, mut mask) = (Vec::new(), Vec::new());
     for s in batch {
@@ -54,18 +55,22 @@ fn run(session: &mut dyn Session, batch: &[&[i64]], hidden: usize) -> Vec<Vec<f3
         mask.extend((0..longest).map(|i| i64::from(i < s.len())));
     }
     let shape = [batch.len(), longest];
-    let outputs = session
-        .run(vec![
-            (
-                "input_ids".into(),
-                Tensor::from_slice(shape.as_slice(), &ids).unwrap(),
-            ),
-            (
-                "attention_mask".into(),
-                Tensor::from_slice(shape.as_slice(), &mask).unwrap(),
-            ),
-        ])
-        .unwrap();
+    vec![
+        (
+            "input_ids".into(),
+            Tensor::from_slice(shape.as_slice(), &ids).unwrap(),
+        ),
+        (
+            "attention_mask".into(),
+            Tensor::from_slice(shape.as_slice(), &mask).unwrap(),
+        ),
+    ]
+}
+
+/// `last_hidden_state` of `batch` (right-padded with 0 and masked) as rows per sequence.
+fn run(session: &mut dyn Session, batch: &[&[i64]], hidden: usize) -> Vec<Vec<f32>> {
+    let longest = batch.iter().map(|s| s.len()).max().unwrap();
+    let outputs = session.run(padded(batch)).unwrap();
     let states = outputs[0].1.as_slice::<f32>().unwrap();
     (batch.iter().enumerate())
         .map(|(b, s)| states[b * longest * hidden..][..s.len() * hidden].to_vec())
@@ -124,29 +129,68 @@ fn an_imported_modernbert_gives_transformers_states_on_both_backends() {
     }
 }
 
+/// `logits` (`[batch, labels]`) of `batch`, right-padded with 0 and masked.
+fn logits(session: &mut dyn Session, batch: &[&[i64]]) -> Vec<f32> {
+    let outputs = session.run(padded(batch)).unwrap();
+    let (name, logits) = &outputs[0];
+    assert_eq!(name, "logits");
+    assert_eq!(logits.shape().dims(), [batch.len(), 1]);
+    logits.as_slice::<f32>().unwrap().to_vec()
+}
+
+/// A `ModernBertForSequenceClassification` (the tiny checkpoint with a random head,
+/// `make_classifier.py`) gives transformers' logits with its head over the tokens' mean and,
+/// with `classifier_pooling` rewritten, over the first token, alone and right-padded.
 #[test]
-fn a_modernbert_classifier_is_refused_naming_what_is_imported() {
+fn an_imported_modernbert_classifier_gives_transformers_logits() {
+    let fixture = fixture().join("classifier");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
+            .unwrap();
+    let sequences: Vec<Vec<i64>> = serde_json::from_value(json["sequences"].clone()).unwrap();
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("hf");
     std::fs::create_dir_all(&src).unwrap();
-    for entry in std::fs::read_dir(fixture()).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_file() {
-            std::fs::copy(&path, src.join(path.file_name().unwrap())).unwrap();
+    for file in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(fixture.join(file), src.join(file)).unwrap();
+    }
+    let config = std::fs::read_to_string(fixture.join("config.json")).unwrap();
+    for pooling in ["mean", "cls"] {
+        let rewritten = config.replace(
+            "\"classifier_pooling\": \"mean\"",
+            &format!("\"classifier_pooling\": \"{pooling}\""),
+        );
+        std::fs::write(src.join("config.json"), rewritten).unwrap();
+        let package = work.path().join(pooling);
+        let imported =
+            oxgen_import::import_encoder(&src, &package, &ImportOptions::default()).unwrap();
+        assert_eq!(imported.spec.head, EncoderHead::Classifier { labels: 1 });
+        let modern = imported.spec.modern.as_ref().unwrap();
+        assert_eq!(modern.classifier.mean, pooling == "mean");
+        let want: Vec<f32> =
+            serde_json::from_value(json[format!("logits_{pooling}")].clone()).unwrap();
+        let graph = package.join("model.onnx");
+        let exec = ExecOptions {
+            threads: 2,
+            exact: true,
+        };
+        let mut native = NativeSession::open(&graph, &exec).unwrap();
+        let mut ort = oxgen_ort::OrtSession::open(&graph, None, 2).unwrap();
+        for (name, session) in [
+            ("native", &mut native as &mut dyn Session),
+            ("onnxruntime", &mut ort),
+        ] {
+            for (ids, want) in sequences.iter().zip(&want) {
+                let got = logits(session, &[ids])[0];
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "{name}, {pooling} pooling, {} tokens: {got} against {want}",
+                    ids.len()
+                );
+            }
+            let batch: Vec<&[i64]> = sequences.iter().map(Vec::as_slice).collect();
+            let d = largest_difference(&logits(session, &batch), &want);
+            assert!(d < 1e-4, "{name}, {pooling} pooling, padded: off by {d}");
         }
     }
-    let config = std::fs::read_to_string(src.join("config.json")).unwrap();
-    let config = config.replace(
-        "\"ModernBertModel\"",
-        "\"ModernBertForSequenceClassification\"",
-    );
-    std::fs::write(src.join("config.json"), config).unwrap();
-    let e = oxgen_import::import_encoder(&src, &work.path().join("out"), &ImportOptions::default())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("ModernBertForSequenceClassification") && e.contains("feature extractor"),
-        "{e}"
-    );
 }

@@ -64,6 +64,20 @@ pub struct ModernSpec {
     pub norm_bias: bool,
     pub attention_bias: bool,
     pub mlp_bias: bool,
+    /// The classification head's form (read, and used, for a classifier only).
+    pub classifier: ModernClassifier,
+}
+
+/// `ModernBertForSequenceClassification`'s head: the pooled states → `head.dense` → GELU →
+/// `head.norm` → `classifier`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModernClassifier {
+    /// Pooled by the mean of the tokens' states, else the first token's.
+    pub mean: bool,
+    /// Whether `head.dense` has a bias (`classifier_bias`).
+    pub bias: bool,
+    /// `classifier_activation` by its tanh approximation.
+    pub gelu_tanh: bool,
 }
 
 /// What the graph puts out.
@@ -137,30 +151,8 @@ impl EncoderSpec {
                 hint: "only absolute position embeddings are imported".into(),
             });
         }
-        let act = config
-            .get("hidden_act")
-            .and_then(Value::as_str)
-            .unwrap_or("gelu");
-        let gelu_tanh = match act {
-            "gelu" => false,
-            "gelu_new" | "gelu_pytorch_tanh" => true,
-            other => {
-                return Err(ImportError::Unsupported {
-                    file: path.to_path_buf(),
-                    what: format!("hidden_act '{other}'"),
-                    hint: "gelu, gelu_new and gelu_pytorch_tanh are imported".into(),
-                });
-            }
-        };
-        let head = if keys.classifies() {
-            let labels = match config.get("id2label").and_then(Value::as_object) {
-                Some(map) => map.len(),
-                None => usize_of("num_labels", 1, 1 << 16)?,
-            };
-            EncoderHead::Classifier { labels }
-        } else {
-            EncoderHead::Features
-        };
+        let gelu_tanh = keys.gelu_tanh("hidden_act")?;
+        let head = keys.head()?;
         let (hidden, heads) = keys.heads()?;
         let eps = keys.eps("layer_norm_eps", 1e-12)?;
         Ok(EncoderSpec {
@@ -262,6 +254,33 @@ impl Keys<'_> {
             .unwrap_or(default)
     }
 
+    /// A classifier's labels (`id2label`'s entries, else `num_labels`) when `architectures`
+    /// names a `...ForSequenceClassification` head, else features.
+    fn head(&self) -> Result<EncoderHead, ImportError> {
+        if !self.classifies() {
+            return Ok(EncoderHead::Features);
+        }
+        let labels = match self.config.get("id2label").and_then(Value::as_object) {
+            Some(map) => map.len(),
+            None => self.usize("num_labels", 1, 1 << 16)?,
+        };
+        Ok(EncoderHead::Classifier { labels })
+    }
+
+    /// Whether a GELU `key` (default `gelu`) is its tanh approximation; other activations
+    /// are refused.
+    fn gelu_tanh(&self, key: &str) -> Result<bool, ImportError> {
+        match self.config.get(key).and_then(Value::as_str) {
+            None | Some("gelu") => Ok(false),
+            Some("gelu_new" | "gelu_pytorch_tanh") => Ok(true),
+            Some(other) => Err(ImportError::Unsupported {
+                file: self.path.to_path_buf(),
+                what: format!("{key} '{other}'"),
+                hint: "gelu, gelu_new and gelu_pytorch_tanh are imported".into(),
+            }),
+        }
+    }
+
     /// Whether `architectures` names a `...ForSequenceClassification` head.
     fn classifies(&self) -> bool {
         (self.config.get("architectures"))
@@ -296,12 +315,16 @@ impl Writer<'_> {
         name
     }
 
-    /// Copies `{prefix}{name}` (f32) with `shape` into an initializer named `name`.
+    /// Copies `{prefix}{name}` (f32) with `shape` into an initializer of that name.
     fn weight(&mut self, name: &str, shape: &[usize]) -> Result<String, ImportError> {
-        let full = format!("{}{name}", self.prefix);
-        let t = self.st.f32(&full, shape)?;
-        self.b.initializer(&full, t);
-        Ok(full)
+        self.weight_at(&format!("{}{name}", self.prefix), shape)
+    }
+
+    /// Copies `name` (f32, outside the encoder's prefix) into an initializer of that name.
+    fn weight_at(&mut self, name: &str, shape: &[usize]) -> Result<String, ImportError> {
+        let t = self.st.f32(name, shape)?;
+        self.b.initializer(name, t);
+        Ok(name.to_string())
     }
 
     /// `x · Wᵀ + b` for torch's `Linear` `{name}.weight` `[out, in]` and `{name}.bias`.
@@ -345,7 +368,7 @@ impl Writer<'_> {
         self.norm(name, input, output, true)
     }
 
-    /// `LayerNormalization` of `{name}.weight` (and `{name}.bias` when `bias`).
+    /// `LayerNormalization` of `{prefix}{name}.weight` (and `.bias` when `bias`).
     fn norm(
         &mut self,
         name: &str,
@@ -353,10 +376,21 @@ impl Writer<'_> {
         output: &str,
         bias: bool,
     ) -> Result<(), ImportError> {
+        self.norm_at(&format!("{}{name}", self.prefix), input, output, bias)
+    }
+
+    /// [`Self::norm`] of weights named outside the encoder's prefix.
+    fn norm_at(
+        &mut self,
+        name: &str,
+        input: &str,
+        output: &str,
+        bias: bool,
+    ) -> Result<(), ImportError> {
         let h = self.spec.hidden;
-        let gamma = self.weight(&format!("{name}.weight"), &[h])?;
+        let gamma = self.weight_at(&format!("{name}.weight"), &[h])?;
         let beta = match bias {
-            true => self.weight(&format!("{name}.bias"), &[h])?,
+            true => self.weight_at(&format!("{name}.bias"), &[h])?,
             false => String::new(),
         };
         let inputs: &[&str] = if bias {
@@ -427,11 +461,12 @@ impl Writer<'_> {
         );
     }
 
-    fn gelu(&mut self, input: &str, output: &str) {
+    /// GELU by erf, or by its tanh approximation when `tanh`.
+    fn gelu(&mut self, input: &str, output: &str, tanh: bool) {
         let half = self.constant(Tensor::scalar(0.5f32));
         let one = self.constant(Tensor::scalar(1f32));
         let inner = format!("{output}.inner");
-        if self.spec.gelu_tanh {
+        if tanh {
             // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
             let c = self.constant(Tensor::scalar(0.044715f32));
             let k = self.constant(Tensor::scalar((2.0f64 / std::f64::consts::PI).sqrt() as f32));
@@ -597,7 +632,7 @@ impl Writer<'_> {
             h,
             inter,
         )?;
-        self.gelu(&format!("{n}.up"), &format!("{n}.act"));
+        self.gelu(&format!("{n}.up"), &format!("{n}.act"), spec.gelu_tanh);
         self.linear(
             &format!("{p}.output.dense"),
             &format!("{n}.act"),
@@ -618,8 +653,7 @@ impl Writer<'_> {
 
     /// [`Self::layer_norm`] for a weight name that already carries the prefix.
     fn layer_norm_abs(&mut self, name: &str, input: &str, output: &str) -> Result<(), ImportError> {
-        let stripped = name.strip_prefix(&self.prefix).unwrap_or(name).to_string();
-        self.layer_norm(&stripped, input, output)
+        self.norm_at(name, input, output, true)
     }
 
     /// The classification head over the first token's state.
@@ -716,7 +750,10 @@ pub fn build(
             );
         }
         EncoderHead::Classifier { labels } => {
-            w.classifier(&x, labels)?;
+            match &spec.modern {
+                Some(modern) => w.modern_classifier(&x, labels, modern)?,
+                None => w.classifier(&x, labels)?,
+            }
             w.b.output("logits", DType::F32, &[batch, Dim::Fixed(labels)]);
         }
     }

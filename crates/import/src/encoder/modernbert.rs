@@ -10,6 +10,8 @@
 //!     (global layers see every token, local ones |i - j| <= local_attention / 2)
 //!   x + Wo · (GELU(a) · b) where a, b = halves of Wi · LayerNorm(x)
 //! final LayerNorm -> last_hidden_state                    [batch, sequence, hidden]
+//! or, for ModernBertForSequenceClassification, over the tokens' mean or the first token:
+//!   head.dense -> GELU -> head.norm -> classifier -> logits [batch, labels]
 //! ```
 //!
 //! Masked scores are `f32::MIN` (a row whose keys are all masked, a padding token's far from
@@ -21,7 +23,7 @@ use oxgen_onnx::writer::attr;
 use oxgen_tensor::{DType, Tensor};
 use serde_json::Value;
 
-use super::{EncoderArch, EncoderHead, EncoderSpec, Keys, ModernSpec, Writer, ints};
+use super::{EncoderArch, EncoderSpec, Keys, ModernClassifier, ModernSpec, Writer, ints};
 use crate::ImportError;
 
 /// Reads a ModernBERT `config.json`.
@@ -31,22 +33,20 @@ pub(super) fn spec(keys: &Keys) -> Result<EncoderSpec, ImportError> {
         what,
         hint: hint.into(),
     };
-    if keys.classifies() {
-        return Err(unsupported(
-            "ModernBertForSequenceClassification".into(),
-            "ModernBERT is imported as a feature extractor (last_hidden_state); import the \
-             encoder without its classification head",
-        ));
-    }
     let (hidden, heads) = keys.heads()?;
     let layers = keys.usize("num_hidden_layers", 1, 1 << 10)?;
-    let gelu_tanh = match keys.config.get("hidden_activation").and_then(Value::as_str) {
-        None | Some("gelu") => false,
-        Some("gelu_new" | "gelu_pytorch_tanh") => true,
+    let gelu_tanh = keys.gelu_tanh("hidden_activation")?;
+    let mean = match keys
+        .config
+        .get("classifier_pooling")
+        .and_then(Value::as_str)
+    {
+        None | Some("cls") => false,
+        Some("mean") => true,
         Some(other) => {
             return Err(unsupported(
-                format!("hidden_activation '{other}'"),
-                "gelu, gelu_new and gelu_pytorch_tanh are imported",
+                format!("classifier_pooling '{other}'"),
+                "cls and mean are imported",
             ));
         }
     };
@@ -106,10 +106,15 @@ pub(super) fn spec(keys: &Keys) -> Result<EncoderSpec, ImportError> {
         norm_bias: keys.bool("norm_bias", false),
         attention_bias: keys.bool("attention_bias", false),
         mlp_bias: keys.bool("mlp_bias", false),
+        classifier: ModernClassifier {
+            mean,
+            bias: keys.bool("classifier_bias", false),
+            gelu_tanh: keys.gelu_tanh("classifier_activation")?,
+        },
     };
     Ok(EncoderSpec {
         arch: EncoderArch::ModernBert,
-        head: EncoderHead::Features,
+        head: keys.head()?,
         layers,
         hidden,
         heads,
@@ -155,6 +160,53 @@ impl Writer<'_> {
         }
         self.norm("final_norm", &x, "final.out", m.norm_bias)?;
         Ok("final.out".into())
+    }
+
+    /// `ModernBertForSequenceClassification`'s head over the final states: `logits`
+    /// (`[batch, labels]`).
+    pub(super) fn modern_classifier(
+        &mut self,
+        states: &str,
+        labels: usize,
+        m: &ModernSpec,
+    ) -> Result<(), ImportError> {
+        let head = m.classifier;
+        let h = self.spec.hidden;
+        if head.mean {
+            // Σ states · mask / Σ mask over the sequence, as transformers pools.
+            let last = self.constant(ints(&[-1]));
+            self.node(
+                "Unsqueeze",
+                &["attention_mask", &last],
+                "head.mask.i64",
+                vec![],
+            );
+            let to_f32 = attr::int("to", DType::F32.to_onnx() as i64);
+            self.node("Cast", &["head.mask.i64"], "head.mask", vec![to_f32]);
+            self.node("Mul", &[states, "head.mask"], "head.masked", vec![]);
+            let sequence = self.constant(ints(&[1]));
+            let keep = vec![attr::int("keepdims", 0)];
+            self.node(
+                "ReduceSum",
+                &["head.masked", &sequence],
+                "head.sum",
+                keep.clone(),
+            );
+            self.node("ReduceSum", &["head.mask", &sequence], "head.count", keep);
+            self.node("Div", &["head.sum", "head.count"], "head.pooled", vec![]);
+        } else {
+            let first = self.constant(Tensor::scalar(0i64));
+            self.node(
+                "Gather",
+                &[states, &first],
+                "head.pooled",
+                vec![attr::int("axis", 1)],
+            );
+        }
+        self.product("head.dense", "head.pooled", "head.dense", [h, h], head.bias)?;
+        self.gelu("head.dense", "head.act", head.gelu_tanh);
+        self.norm_at("head.norm", "head.act", "head.normed", m.norm_bias)?;
+        self.product("classifier", "head.normed", "logits", [h, labels], true)
     }
 
     /// `pos.i64` (`[sequence]`: 0, 1, …) and `pos.f32` (`[sequence, 1]`).
@@ -363,7 +415,7 @@ impl Writer<'_> {
         self.node("Slice", &[&wi, &zero, &mid, &axis], &input, vec![]);
         self.node("Slice", &[&wi, &mid, &end, &axis], &gate, vec![]);
         let act = format!("{n}.act");
-        self.gelu(&input, &act);
+        self.gelu(&input, &act, self.spec.gelu_tanh);
         let glu = format!("{n}.glu");
         self.node("Mul", &[&act, &gate], &glu, vec![]);
         let down = format!("{n}.down");
