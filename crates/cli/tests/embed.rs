@@ -582,3 +582,67 @@ fn an_imported_modernbert_cross_encoder_reranks_by_transformers_logits() {
         }
     }
 }
+
+/// An imported XLM-RoBERTa (a tiny random checkpoint with a Unigram tokenizer and
+/// transformers' outputs, `thirdparty/embeddings/xlm-roberta/make_fixture.py`) tokenizes as
+/// the `tokenizers` library does, embeds as the mean of transformers' states (E5's pooling)
+/// normalized, and its cross-encoder scores (query, document) pairs by the sigmoid of
+/// transformers' logit, on both backends.
+#[test]
+fn an_imported_xlm_roberta_embeds_and_reranks_as_transformers_does() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/thirdparty/embeddings/xlm-roberta");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).unwrap())
+            .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (embedder, reranker) = (work.path().join("embedder"), work.path().join("reranker"));
+    for (folder, package) in [("embedder", &embedder), ("reranker", &reranker)] {
+        let spec =
+            oxgen_import::import_encoder(&fixture.join(folder), package, &Default::default())
+                .unwrap()
+                .spec;
+        assert_eq!(spec.arch, EncoderArch::Roberta, "{folder}");
+    }
+    let texts = json["texts"].as_array().unwrap();
+    let inputs: Vec<EmbedInput> = (texts.iter())
+        .map(|t| EmbedInput::Text(t["text"].as_str().unwrap().to_string()))
+        .collect();
+    let query = json["query"].as_str().unwrap();
+    let pairs = json["pairs"].as_array().unwrap();
+    let documents: Vec<String> = (pairs.iter())
+        .map(|p| p["document"].as_str().unwrap().to_string())
+        .collect();
+    let ids =
+        |v: &serde_json::Value| -> Vec<u32> { serde_json::from_value(v["ids"].clone()).unwrap() };
+    for backend in [Backend::Native, Backend::Ort] {
+        let mut model = open(&embedder, backend, 2);
+        for (i, (input, t)) in inputs.iter().zip(texts).enumerate() {
+            let tokens = model.tokenizer().input(i, input, false).unwrap();
+            assert_eq!(tokens.ids, ids(t), "{input:?}");
+        }
+        for (got, t) in model.embed(&inputs, false).unwrap().iter().zip(texts) {
+            let mean: Vec<f32> = serde_json::from_value(t["mean"].clone()).unwrap();
+            let norm = mean.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let want: Vec<f32> = mean.iter().map(|x| x / norm).collect();
+            let d = largest_difference(std::slice::from_ref(got), &[want]);
+            assert!(d < 1e-4, "{backend:?}: {}: off by {d}", t["text"]);
+        }
+
+        let mut model = open(&reranker, backend, 2);
+        assert_eq!(model.kind(), EncoderKind::Reranker { labels: 1 });
+        let tokens = model.tokenizer().rerank(query, &documents, false).unwrap();
+        for (tokens, p) in tokens.iter().zip(pairs) {
+            assert_eq!(tokens.ids, ids(p), "{}", p["document"]);
+        }
+        let scores = model.rerank(query, &documents, false).unwrap();
+        for (score, p) in scores.iter().zip(pairs) {
+            let want = 1.0 / (1.0 + (-p["logit"].as_f64().unwrap() as f32).exp());
+            assert!(
+                (score - want).abs() < 1e-5,
+                "{backend:?}: {}: {score} against {want}",
+                p["document"]
+            );
+        }
+    }
+}
