@@ -268,10 +268,21 @@ fn vector_product<T: Accum>(
     finish: Finish<impl Fn(usize, usize, T::Acc) -> T + Sync>,
 ) {
     let n = out.len() / m;
-    let rows_per_task = m.min(TASK_ROWS);
-    let row_blocks = m.div_ceil(rows_per_task);
     let tile = b.tile();
-    let col_parts = parts_for(pool, m * n.div_ceil(tile), k * tile).div_ceil(row_blocks);
+    let (row_blocks, col_parts) = match parts_for(pool, m * n.div_ceil(tile), k * tile) {
+        1 => (m.div_ceil(TASK_ROWS), 1),
+        _ => {
+            // One task per thread (a multiple of the threads when the rows need several
+            // blocks), of equal rows: more, smaller tasks left a core idle at the end of the
+            // region and moved columns between the cores' caches from one product to the next.
+            let threads = pool.threads();
+            match m.div_ceil(TASK_ROWS) {
+                1 => (1, threads),
+                blocks => (blocks.next_multiple_of(threads).min(m), 1),
+            }
+        }
+    };
+    let rows_per_task = m.div_ceil(row_blocks);
     let grid = Grid {
         tile,
         rows_per_task,

@@ -119,6 +119,15 @@ impl Matrix<'_> {
     }
 }
 
+/// What a [`pass`] asks for ahead of its loads.
+#[derive(Clone, Copy)]
+enum Fetch {
+    None,
+    /// Each input's row [`L1_AHEAD`] on into L1, and (where not null) the same row of the
+    /// next pass's columns, which start here, into L2.
+    Ahead(*const f32),
+}
+
 /// Vectors of columns a pass takes.
 const VECTORS: usize = 4;
 /// Rows a pass takes at most: six with 512-bit vectors (24 accumulators of the 32
@@ -256,7 +265,7 @@ unsafe fn by_rows<V: F32Lanes, const G: usize>(
     }
     let mut passes = (cols.start..wide).step_by(VECTORS * lanes).peekable();
     while let Some(j0) = passes.next() {
-        let next = passes.peek().map(|&j| b.column(j));
+        let next = passes.peek().map(|&j| b.column(j).0);
         chunks!(|r0, a, here, put| {
             let columns = (b.column(j0), if r0 == 0 { next } else { None });
             let width = VECTORS * lanes;
@@ -283,8 +292,10 @@ unsafe fn by_rows<V: F32Lanes, const G: usize>(
 /// [`K_BLOCK`] inputs runs over every group of `G` rows (at most [`ROWS`]) in turn, the groups'
 /// accumulators kept here between blocks; then `store` of each output. Each output's chain
 /// is the reference's (its products added in order of `kk`, one rounding each). `b` is where
-/// the columns start ([`Matrix::column`]); with `ahead`, the same rows of the next pass's
-/// columns are asked into L2 block by block (a hint: never read).
+/// the columns start ([`Matrix::column`]); with `ahead` (where the next pass's columns
+/// start), the first group of rows asks for their rows into L2 beside its own loads, one
+/// input at a time (a hint: never read). Asked for a block's 64 rows at once, the hints
+/// stalled the loads behind them: an encoder's products ran 6% slower.
 ///
 /// # Safety
 /// As for [`pass`], with `a` holding `rows` rows.
@@ -294,7 +305,7 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
     a: &[f32],
     rows: usize,
     k: usize,
-    (b, ahead): ((*const f32, usize), Option<(*const f32, usize)>),
+    (b, ahead): ((*const f32, usize), Option<*const f32>),
     (j0, width): (usize, usize),
     store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
@@ -306,22 +317,23 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
         let mut accs = [[[V::zero(); C]; ROWS]; CHUNK.div_ceil(4)];
         for k0 in (0..k).step_by(K_BLOCK) {
             let inputs = k0..(k0 + K_BLOCK).min(k);
-            if let Some((next, stride)) = ahead {
-                for kk in inputs.clone() {
-                    let row = next.wrapping_add(kk * stride);
-                    crate::mem::prefetch_lines(row.cast(), C * lanes * 4);
-                }
-            }
             for (g, acc) in accs[..groups].iter_mut().enumerate() {
                 let here = (rows - g * G).min(G);
                 let a = &a[g * G * k..];
+                // The block's first group meets its rows of `b` first: it asks for them
+                // ahead, and for the next pass's.
+                let fetch = match g {
+                    0 => Fetch::Ahead(ahead.unwrap_or(std::ptr::null())),
+                    _ => Fetch::None,
+                };
+                let inputs = inputs.clone();
                 match here {
-                    1 => pass::<V, 1, C, TAIL>(a, k, b, inputs.clone(), (width, g == 0), acc),
-                    2 => pass::<V, 2, C, TAIL>(a, k, b, inputs.clone(), (width, g == 0), acc),
-                    3 => pass::<V, 3, C, TAIL>(a, k, b, inputs.clone(), (width, g == 0), acc),
-                    4 => pass::<V, 4, C, TAIL>(a, k, b, inputs.clone(), (width, g == 0), acc),
-                    5 => pass::<V, 5, C, TAIL>(a, k, b, inputs.clone(), (width, g == 0), acc),
-                    _ => pass::<V, 6, C, TAIL>(a, k, b, inputs.clone(), (width, g == 0), acc),
+                    1 => pass::<V, 1, C, TAIL>(a, k, b, inputs, (width, fetch), acc),
+                    2 => pass::<V, 2, C, TAIL>(a, k, b, inputs, (width, fetch), acc),
+                    3 => pass::<V, 3, C, TAIL>(a, k, b, inputs, (width, fetch), acc),
+                    4 => pass::<V, 4, C, TAIL>(a, k, b, inputs, (width, fetch), acc),
+                    5 => pass::<V, 5, C, TAIL>(a, k, b, inputs, (width, fetch), acc),
+                    _ => pass::<V, 6, C, TAIL>(a, k, b, inputs, (width, fetch), acc),
                 }
             }
         }
@@ -356,7 +368,7 @@ unsafe fn pass<V: F32Lanes, const R: usize, const C: usize, const TAIL: bool>(
     k: usize,
     (b, stride): (*const f32, usize),
     inputs: Range<usize>,
-    (width, fetch): (usize, bool),
+    (width, fetch): (usize, Fetch),
     accs: &mut [[V; C]; ROWS],
 ) {
     let lanes = V::LANES;
@@ -366,12 +378,21 @@ unsafe fn pass<V: F32Lanes, const R: usize, const C: usize, const TAIL: bool>(
     unsafe {
         let mut acc = [[V::zero(); C]; R];
         acc.copy_from_slice(&accs[..R]);
+        // Each row's own pointer, indexed by `kk`: a broadcast addresses its row as base
+        // plus index, with no address arithmetic per row in the loop.
+        let rows: [*const f32; R] = std::hint::black_box(std::array::from_fn(|r| a.add(r * k)));
         for kk in inputs {
             let row = b.add(kk * stride);
-            if fetch {
+            if let Fetch::Ahead(next) = fetch {
                 let ahead = row.wrapping_add(L1_AHEAD * stride);
                 for c in 0..C {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c * lanes).cast());
+                }
+                if !next.is_null() {
+                    crate::mem::prefetch_lines(
+                        next.wrapping_add(kk * stride).cast(),
+                        C * lanes * 4,
+                    );
                 }
             }
             let mut w = [V::zero(); C];
@@ -381,8 +402,8 @@ unsafe fn pass<V: F32Lanes, const R: usize, const C: usize, const TAIL: bool>(
                     false => V::load(row.add(c * lanes)),
                 };
             }
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let x = V::splat(*a.add(r * k + kk));
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                let x = V::splat(*row.add(kk));
                 for (acc, &w) in acc.iter_mut().zip(&w) {
                     *acc = V::fma(*acc, x, w);
                 }
