@@ -23,6 +23,11 @@ const ROW_WORK: usize = 16;
 
 /// Rows whose statistics a skip norm sums together (independent chains that overlap).
 const ROW_GROUP: usize = 4;
+/// Rows whose mean and variance LayerNormalization sums together: an f32 add waits four
+/// cycles for the one before and two can start each cycle, so eight chains keep the adder
+/// busy. all-MiniLM's LayerNormalizations (384 values a row) took 20% less time than one row
+/// at a time (the pass that applies the statistics is the rest).
+const STATS_ROWS: usize = 8;
 /// What a normalization reads: `rows` rows of `n` values of `x`, normalized with `epsilon`.
 #[derive(Clone, Copy)]
 pub struct NormRows<'a, T> {
@@ -89,6 +94,35 @@ fn layer_stats_of<A: AccScalar>(n: usize, value: impl Fn(usize) -> A, eps: A) ->
     (mean, A::ONE.div(var.add(eps).sqrt()))
 }
 
+/// [`layer_stats`] of `R` rows of `n` values at once: each row's sums are its own chains in
+/// [`layer_stats_of`]'s order (so its bits), the rows' chains interleaved so they overlap
+/// instead of each add waiting for the one before.
+fn layer_stats_group<T: Accum, const R: usize>(
+    rows: [&[T]; R],
+    n: usize,
+    eps: T::Acc,
+) -> [(T::Acc, T::Acc); R] {
+    let count = <T::Acc as Scalar>::from_f64(n as f64);
+    let mut sums = [<T::Acc as Scalar>::ZERO; R];
+    for j in 0..n {
+        for (s, row) in sums.iter_mut().zip(&rows) {
+            *s = s.add(row[j].widen());
+        }
+    }
+    let means = sums.map(|s| s.div(count));
+    let mut squares = [<T::Acc as Scalar>::ZERO; R];
+    for j in 0..n {
+        for ((s, row), &mean) in squares.iter_mut().zip(&rows).zip(&means) {
+            let d = row[j].widen().sub(mean);
+            *s = s.add(d.mul(d));
+        }
+    }
+    std::array::from_fn(|r| {
+        let var = squares[r].div(count);
+        (means[r], <T::Acc as Scalar>::ONE.div(var.add(eps).sqrt()))
+    })
+}
+
 fn layer_apply<T: Accum>(
     row: &[T],
     scale: &[T],
@@ -150,10 +184,17 @@ pub fn layer_norm<T: Accum>(
                 return Ok(());
             }
             par_chunks(pool, out, n * rows_per_part, |first, part| {
-                for (q, out_row) in part.chunks_mut(n).enumerate() {
-                    let row = &x[first + q * n..][..n];
-                    let (mean, inv) = layer_stats(row, eps);
-                    layer_apply(row, scale, bias, mean, inv, out_row);
+                for (g, outs) in part.chunks_mut(n * STATS_ROWS).enumerate() {
+                    let at = first + g * STATS_ROWS * n;
+                    let row = |q: usize| &x[at + q * n..][..n];
+                    let here = outs.len() / n;
+                    // A short group repeats its first row in the other chains.
+                    let rows = std::array::from_fn(|q| row(if q < here { q } else { 0 }));
+                    let stats = layer_stats_group::<T, STATS_ROWS>(rows, n, eps);
+                    for (q, out_row) in outs.chunks_mut(n).enumerate() {
+                        let (mean, inv) = stats[q];
+                        layer_apply(row(q), scale, bias, mean, inv, out_row);
+                    }
                 }
             });
         }
@@ -563,6 +604,44 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, again, "stats or not, the outputs agree");
+    }
+
+    /// Rows summed eight together (a whole group and a short one) give each row's own
+    /// bits: the statistics path, which sums one row at a time, agrees bit for bit.
+    #[test]
+    fn grouped_layer_norm_statistics_keep_each_rows_bits() {
+        let (rows, n) = (13, 384);
+        let x = crate::rng::Rng::new(9).values(rows * n, 40.0);
+        let (scale, bias) = (vec![0.75f32; n], vec![0.25f32; n]);
+        let affine = Affine {
+            scale: &scale,
+            bias: Some(&bias),
+        };
+        let pool = ThreadPool::new(1);
+        let (mut grouped, mut single) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+        layer_norm(
+            rows_of(&x, rows, n, 1e-5),
+            affine,
+            &mut grouped,
+            None,
+            &pool,
+        )
+        .unwrap();
+        let (mut mean, mut inv) = (vec![0f32; rows], vec![0f32; rows]);
+        let stats = LayerNormStats {
+            mean: &mut mean,
+            inv_std_dev: &mut inv,
+        };
+        layer_norm(
+            rows_of(&x, rows, n, 1e-5),
+            affine,
+            &mut single,
+            Some(stats),
+            &pool,
+        )
+        .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&grouped), bits(&single));
     }
 
     #[test]
