@@ -310,6 +310,8 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
     store: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     let lanes = V::LANES;
+    // As few groups as `G` rows allow, of near-equal rows: a chunk of 13 rows runs as 5, 4
+    // and 4 (each row's load of `b` shared four or five ways), not 6, 6 and 1.
     let groups = rows.div_ceil(G);
     // SAFETY: the CPU runs `V` (the caller's contract); the passes as for `pass`.
     unsafe {
@@ -318,8 +320,8 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
         for k0 in (0..k).step_by(K_BLOCK) {
             let inputs = k0..(k0 + K_BLOCK).min(k);
             for (g, acc) in accs[..groups].iter_mut().enumerate() {
-                let here = (rows - g * G).min(G);
-                let a = &a[g * G * k..];
+                let group = crate::pool::chunk(rows, groups, g);
+                let (here, a) = (group.len(), &a[group.start * k..]);
                 // The block's first group meets its rows of `b` first: it asks for them
                 // ahead, and for the next pass's.
                 let fetch = match g {
@@ -339,12 +341,12 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
         }
         let mut out = [0f32; MAX_COLS];
         for (g, acc) in accs[..groups].iter().enumerate() {
-            let here = (rows - g * G).min(G);
-            for (r, acc) in acc[..here].iter().enumerate() {
+            let group = crate::pool::chunk(rows, groups, g);
+            for (r, acc) in group.zip(&acc[..]) {
                 for (c, acc) in acc.iter().enumerate() {
                     acc.store(out.as_mut_ptr().add(c * lanes));
                 }
-                store(g * G + r, j0, &out[..width]);
+                store(r, j0, &out[..width]);
             }
         }
     }
