@@ -315,11 +315,21 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
     let groups = rows.div_ceil(G);
     // SAFETY: the CPU runs `V` (the caller's contract); the passes as for `pass`.
     unsafe {
-        // Room for the most groups a chunk has: groups of four rows (256-bit vectors).
-        let mut accs = [[[V::zero(); C]; ROWS]; CHUNK.div_ceil(4)];
+        // Room for the most groups a chunk has (groups of four rows: 256-bit vectors), only
+        // the groups' own zeroed: clearing all of it (12 KiB) took as long as an attention
+        // head's small products.
+        let mut room =
+            [const { std::mem::MaybeUninit::<[[V; C]; ROWS]>::uninit() }; CHUNK.div_ceil(4)];
+        let accs: &mut [[[V; C]; ROWS]] = {
+            for acc in &mut room[..groups] {
+                acc.write([[V::zero(); C]; ROWS]);
+            }
+            // SAFETY: the first `groups` entries were written just above.
+            std::slice::from_raw_parts_mut(room.as_mut_ptr().cast(), groups)
+        };
         for k0 in (0..k).step_by(K_BLOCK) {
             let inputs = k0..(k0 + K_BLOCK).min(k);
-            for (g, acc) in accs[..groups].iter_mut().enumerate() {
+            for (g, acc) in accs.iter_mut().enumerate() {
                 let group = crate::pool::chunk(rows, groups, g);
                 let (here, a) = (group.len(), &a[group.start * k..]);
                 // The block's first group meets its rows of `b` first: it asks for them
@@ -340,7 +350,7 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
             }
         }
         let mut out = [0f32; MAX_COLS];
-        for (g, acc) in accs[..groups].iter().enumerate() {
+        for (g, acc) in accs.iter().enumerate() {
             let group = crate::pool::chunk(rows, groups, g);
             for (r, acc) in group.zip(&acc[..]) {
                 for (c, acc) in acc.iter().enumerate() {

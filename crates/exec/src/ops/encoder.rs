@@ -632,14 +632,15 @@ impl Heads<'_> {
     /// Head `h` of token `t` into `out[d * stride]` for each `d`.
     fn gather(&self, (t, h): (usize, usize), out: &mut [f32], stride: usize) {
         let values = &self.data[t * self.row + self.offset + h * self.size..][..self.size];
-        let outs = out.iter_mut().step_by(stride);
-        match self.bias {
-            Some(b) => {
-                let b = &b[h * self.size..][..self.size];
-                (outs.zip(values).zip(b)).for_each(|((o, &v), &b)| *o = v + b);
-            }
-            None if stride == 1 => out[..self.size].copy_from_slice(values),
-            None => outs.zip(values).for_each(|(o, &v)| *o = v),
+        let bias = self.bias.map(|b| &b[h * self.size..][..self.size]);
+        match (bias, stride) {
+            // Contiguous: loops the compiler turns into vector code.
+            (Some(b), 1) => (out[..self.size].iter_mut().zip(values).zip(b))
+                .for_each(|((o, &v), &b)| *o = v + b),
+            (None, 1) => out[..self.size].copy_from_slice(values),
+            (Some(b), _) => (out.iter_mut().step_by(stride).zip(values).zip(b))
+                .for_each(|((o, &v), &b)| *o = v + b),
+            (None, _) => (out.iter_mut().step_by(stride).zip(values)).for_each(|(o, &v)| *o = v),
         }
     }
 }
