@@ -88,8 +88,13 @@ fn softmax_row_f32(x: &[f32], out: &mut [f32]) {
     let sum = exp_shifted_sum(out, m);
     #[cfg(target_arch = "x86_64")]
     if cpu::level() >= cpu::Level::Avx2 {
-        // SAFETY: AVX2 is available (checked above).
-        return unsafe { divide_avx2(out, sum) };
+        // SAFETY: AVX-512 or AVX2 is available (checked).
+        return unsafe {
+            match cpu::level() >= cpu::Level::Avx512 {
+                true => divide_avx512(out, sum),
+                false => divide_avx2(out, sum),
+            }
+        };
     }
     divide(out, sum);
 }
@@ -100,8 +105,13 @@ fn softmax_row_f32(x: &[f32], out: &mut [f32]) {
 pub fn scale_and_add(row: &mut [f32], scale: Scale, add: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
     if cpu::level() >= cpu::Level::Avx2 {
-        // SAFETY: AVX2 is available (checked above).
-        return unsafe { scale_and_add_avx2(row, scale, add) };
+        // SAFETY: AVX-512 or AVX2 is available (checked).
+        return unsafe {
+            match cpu::level() >= cpu::Level::Avx512 {
+                true => scale_and_add_avx512(row, scale, add),
+                false => scale_and_add_avx2(row, scale, add),
+            }
+        };
     }
     scale_and_add_loop(row, scale, add);
 }
@@ -127,6 +137,16 @@ fn scale_and_add_loop(row: &mut [f32], scale: Scale, add: Option<&[f32]>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn scale_and_add_avx2(row: &mut [f32], scale: Scale, add: Option<&[f32]>) {
+    scale_and_add_loop(row, scale, add);
+}
+
+/// [`scale_and_add_loop`] compiled for AVX-512.
+///
+/// # Safety
+/// AVX-512 F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn scale_and_add_avx512(row: &mut [f32], scale: Scale, add: Option<&[f32]>) {
     scale_and_add_loop(row, scale, add);
 }
 
@@ -190,6 +210,16 @@ fn divide(out: &mut [f32], sum: f32) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn divide_avx2(out: &mut [f32], sum: f32) {
+    divide(out, sum);
+}
+
+/// [`divide`] compiled for AVX-512.
+///
+/// # Safety
+/// AVX-512 F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn divide_avx512(out: &mut [f32], sum: f32) {
     divide(out, sum);
 }
 

@@ -679,6 +679,8 @@ fn attend(
     let mut heads_out = ctx.alloc(DType::F32, [pairs * seq_q * vd])?;
     let mut work = ctx.alloc(DType::F32, [tasks * scratch])?;
     let failed = std::sync::atomic::AtomicBool::new(false);
+    // Each task's products on its own thread (a pool without workers runs its tasks inline).
+    let one = oxgen_kernels::ThreadPool::new(1);
     par::par_chunks2(
         ctx.pool,
         heads_out.as_mut_slice::<f32>()?,
@@ -686,7 +688,6 @@ fn attend(
         work.as_mut_slice::<f32>()?,
         scratch,
         |task, outs, buf| {
-            let one = oxgen_kernels::ThreadPool::new(1);
             let (qs, rest) = buf.split_at_mut(seq_q * hd);
             let (kt, rest) = rest.split_at_mut(hd * seq_k);
             let (vs, rest) = rest.split_at_mut(seq_k * vd);

@@ -53,8 +53,14 @@ pub(crate) fn exp_shifted_sum(xs: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if cpu::level() >= cpu::Level::Avx2 {
         done = xs.len() / 8 * 8;
-        // SAFETY: AVX2 is available (checked above); `done` elements are whole vectors of `xs`.
-        lanes = unsafe { exp_shifted_avx2(&mut xs[..done], max) };
+        // SAFETY: AVX-512 or AVX2 is available (checked); `done` elements are whole
+        // eight-lane vectors of `xs`.
+        lanes = unsafe {
+            match cpu::level() >= cpu::Level::Avx512 {
+                true => exp_shifted_avx512(&mut xs[..done], max),
+                false => exp_shifted_avx2(&mut xs[..done], max),
+            }
+        };
     }
     for (i, x) in xs.iter_mut().enumerate().skip(done) {
         *x = exp32_nonpositive(*x - max);
@@ -111,6 +117,75 @@ unsafe fn exp_shifted_avx2(xs: &mut [f32], max: f32) -> [f32; 8] {
         // SAFETY: as for the load.
         unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), e) };
         sum = _mm256_add_ps(sum, e);
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds eight f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+    lanes
+}
+
+/// [`exp_shifted_avx2`] sixteen elements at a time, the same operations in each lane: a
+/// vector's two halves are added to the eight lane sums one after the other (elements `i` and
+/// `i + 8` into lane `i % 8`, in order), a last half vector under a mask.
+///
+/// # Safety
+/// AVX-512 F must be available; `xs.len()` a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn exp_shifted_avx512(xs: &mut [f32], max: f32) -> [f32; 8] {
+    let (maxv, floor, one) = (
+        _mm512_set1_ps(max),
+        _mm512_set1_ps(EXP32_FLOOR),
+        _mm512_set1_ps(1.0),
+    );
+    let (inv_ln2, hi, lo) = (
+        _mm512_set1_ps(INV_LN2_32),
+        _mm512_set1_ps(LN2_HI_32),
+        _mm512_set1_ps(LN2_LO_32),
+    );
+    let exp = |x: __m512| {
+        let t = _mm512_sub_ps(x, maxv);
+        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(t, inv_ln2),
+        );
+        let r = _mm512_sub_ps(_mm512_sub_ps(t, _mm512_mul_ps(k, hi)), _mm512_mul_ps(k, lo));
+        let mut p = _mm512_set1_ps(TAYLOR32[0]);
+        for &c in &TAYLOR32[1..] {
+            p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+        }
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
+        let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(k),
+            _mm512_set1_epi32(127),
+        ));
+        let e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+        // t < floor → 0 (a NaN t compares false and keeps its NaN).
+        _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(t, floor), e)
+    };
+    let halves = |e: __m512| {
+        let upper = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e));
+        (_mm512_castps512_ps256(e), _mm256_castpd_ps(upper))
+    };
+    let mut sum = _mm256_setzero_ps();
+    let mut chunks = xs.chunks_exact_mut(16);
+    for chunk in &mut chunks {
+        // SAFETY: `chunk` holds sixteen f32.
+        let e = exp(unsafe { _mm512_loadu_ps(chunk.as_ptr()) });
+        // SAFETY: as for the load.
+        unsafe { _mm512_storeu_ps(chunk.as_mut_ptr(), e) };
+        let (first, second) = halves(e);
+        sum = _mm256_add_ps(_mm256_add_ps(sum, first), second);
+    }
+    let rest = chunks.into_remainder();
+    if !rest.is_empty() {
+        // Eight elements left (the length is a multiple of 8): the vector's first half.
+        const FIRST: __mmask16 = 0x00ff;
+        // SAFETY: the masked lanes are `rest`'s eight f32; the others are neither read nor
+        // written.
+        let e = exp(unsafe { _mm512_maskz_loadu_ps(FIRST, rest.as_ptr()) });
+        unsafe { _mm512_mask_storeu_ps(rest.as_mut_ptr(), FIRST, e) };
+        sum = _mm256_add_ps(sum, halves(e).0);
     }
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds eight f32.
