@@ -51,16 +51,13 @@ pub(crate) fn exp_shifted_sum(xs: &mut [f32], max: f32) -> f32 {
     let mut lanes = [0f32; 8];
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if cpu::level() >= cpu::Level::Avx2 {
+    if cpu::level() >= cpu::Level::Avx512 {
+        // SAFETY: AVX-512 is available (checked).
+        return lane_tree(unsafe { exp_shifted_avx512(xs, max) });
+    } else if cpu::level() >= cpu::Level::Avx2 {
         done = xs.len() / 8 * 8;
-        // SAFETY: AVX-512 or AVX2 is available (checked); `done` elements are whole
-        // eight-lane vectors of `xs`.
-        lanes = unsafe {
-            match cpu::level() >= cpu::Level::Avx512 {
-                true => exp_shifted_avx512(&mut xs[..done], max),
-                false => exp_shifted_avx2(&mut xs[..done], max),
-            }
-        };
+        // SAFETY: AVX2 is available (checked); `done` elements are whole vectors of `xs`.
+        lanes = unsafe { exp_shifted_avx2(&mut xs[..done], max) };
     }
     for (i, x) in xs.iter_mut().enumerate().skip(done) {
         *x = exp32_nonpositive(*x - max);
@@ -124,12 +121,13 @@ unsafe fn exp_shifted_avx2(xs: &mut [f32], max: f32) -> [f32; 8] {
     lanes
 }
 
-/// [`exp_shifted_avx2`] sixteen elements at a time, the same operations in each lane: a
-/// vector's two halves are added to the eight lane sums one after the other (elements `i` and
-/// `i + 8` into lane `i % 8`, in order), a last half vector under a mask.
+/// [`exp_shifted_avx2`] over all of `xs` sixteen elements at a time, the same operations in
+/// each lane: a vector's two halves are added to the eight lane sums one after the other
+/// (elements `i` and `i + 8` into lane `i % 8`, in order); the last elements run under a mask,
+/// the lanes past the end adding +0 (exact: a lane's sum of exponentials is never -0).
 ///
 /// # Safety
-/// AVX-512 F must be available; `xs.len()` a multiple of 8.
+/// AVX-512 F must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2")]
 unsafe fn exp_shifted_avx512(xs: &mut [f32], max: f32) -> [f32; 8] {
@@ -179,13 +177,14 @@ unsafe fn exp_shifted_avx512(xs: &mut [f32], max: f32) -> [f32; 8] {
     }
     let rest = chunks.into_remainder();
     if !rest.is_empty() {
-        // Eight elements left (the length is a multiple of 8): the vector's first half.
-        const FIRST: __mmask16 = 0x00ff;
-        // SAFETY: the masked lanes are `rest`'s eight f32; the others are neither read nor
-        // written.
-        let e = exp(unsafe { _mm512_maskz_loadu_ps(FIRST, rest.as_ptr()) });
-        unsafe { _mm512_mask_storeu_ps(rest.as_mut_ptr(), FIRST, e) };
-        sum = _mm256_add_ps(sum, halves(e).0);
+        let mask: __mmask16 = (1 << rest.len()) - 1;
+        // SAFETY: the masked lanes are `rest`'s f32; the others are neither read nor
+        // written (and, loaded as 0, give e^(0 - max) there, zeroed below).
+        let e = exp(unsafe { _mm512_maskz_loadu_ps(mask, rest.as_ptr()) });
+        let e = _mm512_maskz_mov_ps(mask, e);
+        unsafe { _mm512_mask_storeu_ps(rest.as_mut_ptr(), mask, e) };
+        let (first, second) = halves(e);
+        sum = _mm256_add_ps(_mm256_add_ps(sum, first), second);
     }
     let mut lanes = [0f32; 8];
     // SAFETY: `lanes` holds eight f32.
@@ -201,7 +200,7 @@ mod tests {
     #[test]
     fn softmax_exponentials_equal_the_reference_and_stay_near_libm() {
         let mut rng = Rng::new(3);
-        for len in [0, 1, 7, 8, 9, 31, 64, 200] {
+        for len in 0..300 {
             let xs = rng.floats(len, -100.0, 20.0);
             let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut fast = xs.clone();
