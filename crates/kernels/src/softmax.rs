@@ -71,12 +71,21 @@ pub fn softmax<T: Accum>(
 /// attention kernels' vectorized exponential: `e^(x - max)` and their sum in the order
 /// [`crate::attention`]'s rows use, then one division per element.
 fn softmax_row_f32(x: &[f32], out: &mut [f32]) {
-    let m = row_max(x);
     out.copy_from_slice(x);
+    softmax_row_in_place(out);
+}
+
+/// [`softmax`] of one contiguous f32 row in place: the same bits as a softmax of the row
+/// into another (an attention's scores become their probabilities without a copy).
+pub fn softmax_row_in_place(out: &mut [f32]) {
+    if out.is_empty() {
+        return;
+    }
+    let m = row_max(out);
     if m.is_nan() || m == f32::INFINITY {
         // NaN anywhere, or an infinite maximum: the reference's arithmetic says what results.
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = x[i] - m;
+        for o in out.iter_mut() {
+            *o -= m;
         }
         let e: Vec<f32> = out.iter().map(|t| t.exp()).collect();
         let sum = e.iter().fold(0f32, |s, &v| s + v);
@@ -322,6 +331,23 @@ mod tests {
             1,
         );
         assert!((l[2] as f64 - (1.0 / s).ln()).abs() < 1e-6);
+    }
+
+    /// A row's softmax in place has the bits of the softmax into another buffer, for every
+    /// length (vector bodies and tails) and for rows with a NaN or an infinity.
+    #[test]
+    fn a_softmax_in_place_equals_the_softmax_into_another_row() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut rng = crate::rng::Rng::new(5);
+        let mut rows: Vec<Vec<f32>> = (0..80).map(|n| rng.floats(n, -30.0, 30.0)).collect();
+        rows.push(vec![1.0, f32::NAN, 2.0]);
+        rows.push(vec![1.0, f32::INFINITY, 2.0]);
+        for row in rows {
+            let want = run(SoftmaxKind::Softmax, &row, 1, row.len(), 1, 1);
+            let mut got = row.clone();
+            softmax_row_in_place(&mut got);
+            assert_eq!(bits(&got), bits(&want), "{row:?}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use oxgen_graph::ops::{Attention, EmbedNorm, EncoderAttention, ErfGelu, ScoreSca
 use oxgen_kernels::erf::{GeluForm, Scale};
 use oxgen_kernels::matmul::{self as km, Bias};
 use oxgen_kernels::norm as kn;
-use oxgen_kernels::softmax::{self as ks, SoftmaxKind};
+use oxgen_kernels::softmax as ks;
 use oxgen_kernels::{Scalar, erf, par};
 use oxgen_tensor::{DType, Tensor};
 use smallvec::smallvec;
@@ -675,7 +675,7 @@ fn attend(
     let pairs = batch * heads;
     let tasks = (ctx.pool.threads() * 2).clamp(1, pairs.max(1));
     let per_task = pairs.div_ceil(tasks);
-    let scratch = seq_q * hd + hd * seq_k + seq_k * vd + 2 * seq_q * seq_k;
+    let scratch = seq_q * hd + hd * seq_k + seq_k * vd + seq_q * seq_k;
     let mut heads_out = ctx.alloc(DType::F32, [pairs * seq_q * vd])?;
     let mut work = ctx.alloc(DType::F32, [tasks * scratch])?;
     let failed = std::sync::atomic::AtomicBool::new(false);
@@ -690,8 +690,7 @@ fn attend(
         |task, outs, buf| {
             let (qs, rest) = buf.split_at_mut(seq_q * hd);
             let (kt, rest) = rest.split_at_mut(hd * seq_k);
-            let (vs, rest) = rest.split_at_mut(seq_k * vd);
-            let (scores, probs) = rest.split_at_mut(seq_q * seq_k);
+            let (vs, scores) = rest.split_at_mut(seq_k * vd);
             for (p, o) in outs.chunks_mut((seq_q * vd).max(1)).enumerate() {
                 let (b, h) = ((task * per_task + p) / heads, (task * per_task + p) % heads);
                 for t in 0..seq_q {
@@ -705,12 +704,12 @@ fn attend(
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
+                // Each row scaled and masked, then its softmax in place.
                 for (i, row) in scores.chunks_mut(seq_k.max(1)).enumerate() {
                     adjust(b, h, i, row);
+                    ks::softmax_row_in_place(row);
                 }
-                let softmax =
-                    ks::softmax(SoftmaxKind::Softmax, scores, seq_q, seq_k, 1, probs, &one);
-                if softmax.is_err() || km::matmul(probs, vs, o, seq_q, seq_k, vd, &one).is_err() {
+                if km::matmul(scores, vs, o, seq_q, seq_k, vd, &one).is_err() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
