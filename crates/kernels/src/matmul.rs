@@ -411,6 +411,8 @@ mod tests {
             (9, 64, 100),
             (17, 1, 15),
             (2, 40, 128),
+            (7, 32, 32),
+            (13, 70, 48),
         ] {
             let (a, b) = (values(m * k, 3), values(k * n, 4));
             let mut want = vec![0f32; m * n];

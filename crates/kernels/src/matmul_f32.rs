@@ -229,8 +229,8 @@ unsafe fn block_avx2(
     unsafe { by_rows::<__m256, 4>(a, rows, k, b, cols, store) }
 }
 
-/// The columns in passes of [`VECTORS`] vectors, then one vector, then the columns short of a
-/// vector as one vector's first lanes; each pass over the rows in chunks of [`CHUNK`], in
+/// The columns in passes of [`VECTORS`] vectors, then two, then one, then the columns short
+/// of a vector as one vector's first lanes; each pass over the rows in chunks of [`CHUNK`], in
 /// groups of `G`.
 ///
 /// # Safety
@@ -272,7 +272,16 @@ unsafe fn by_rows<V: F32Lanes, const G: usize>(
             chunk_pass::<V, G, VECTORS, false>(a, here, k, columns, (j0, width), &mut put)
         });
     }
-    for j0 in (wide..vectors_end).step_by(lanes) {
+    // Two vectors where two are left (an attention head's 32 values on AVX-512): each row's
+    // broadcast serves both.
+    let pairs_end = wide + (vectors_end - wide) / (2 * lanes) * 2 * lanes;
+    for j0 in (wide..pairs_end).step_by(2 * lanes) {
+        chunks!(|r0, a, here, put| {
+            let columns = (b.column(j0), None);
+            chunk_pass::<V, G, 2, false>(a, here, k, columns, (j0, 2 * lanes), &mut put)
+        });
+    }
+    for j0 in (pairs_end..vectors_end).step_by(lanes) {
         chunks!(|r0, a, here, put| {
             let columns = (b.column(j0), None);
             chunk_pass::<V, G, 1, false>(a, here, k, columns, (j0, lanes), &mut put)
