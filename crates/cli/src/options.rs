@@ -110,7 +110,6 @@ impl RunArgs {
             spec_tokens: self.spec_tokens,
             lora: self.lora.clone(),
             max_loras: self.max_loras,
-            ..ModelOptions::default()
         }
     }
 }

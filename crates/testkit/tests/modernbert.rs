@@ -77,6 +77,18 @@ fn run(session: &mut dyn Session, batch: &[&[i64]], hidden: usize) -> Vec<Vec<f3
         .collect()
 }
 
+/// The package's graph on the native backend (exact, 2 threads) and on ONNX Runtime.
+fn sessions(package: &Path) -> (NativeSession, oxgen_ort::OrtSession) {
+    let graph = package.join("model.onnx");
+    let exec = ExecOptions {
+        threads: 2,
+        exact: true,
+    };
+    let native = NativeSession::open(&graph, &exec).unwrap();
+    let ort = oxgen_ort::OrtSession::open(&graph, None, 2).unwrap();
+    (native, ort)
+}
+
 fn largest_difference(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -99,13 +111,7 @@ fn an_imported_modernbert_gives_transformers_states_on_both_backends() {
         (modern.window, modern.global_theta, modern.local_theta),
         (8, 160_000.0, 10_000.0)
     );
-    let graph = package.join("model.onnx");
-    let exec = ExecOptions {
-        threads: 2,
-        exact: true,
-    };
-    let mut native = NativeSession::open(&graph, &exec).unwrap();
-    let mut ort = oxgen_ort::OrtSession::open(&graph, None, 2).unwrap();
+    let (mut native, mut ort) = sessions(&package);
     let reference = reference();
     let hidden = reference.hidden;
     for (name, session) in [
@@ -169,13 +175,7 @@ fn an_imported_modernbert_classifier_gives_transformers_logits() {
         assert_eq!(modern.classifier.mean, pooling == "mean");
         let want: Vec<f32> =
             serde_json::from_value(json[format!("logits_{pooling}")].clone()).unwrap();
-        let graph = package.join("model.onnx");
-        let exec = ExecOptions {
-            threads: 2,
-            exact: true,
-        };
-        let mut native = NativeSession::open(&graph, &exec).unwrap();
-        let mut ort = oxgen_ort::OrtSession::open(&graph, None, 2).unwrap();
+        let (mut native, mut ort) = sessions(&package);
         for (name, session) in [
             ("native", &mut native as &mut dyn Session),
             ("onnxruntime", &mut ort),
