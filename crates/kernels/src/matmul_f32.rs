@@ -123,9 +123,9 @@ impl Matrix<'_> {
 #[derive(Clone, Copy)]
 enum Fetch {
     None,
-    /// Each input's row [`L1_AHEAD`] on into L1, and (where not null) the same row of the
-    /// next pass's columns, which start here, into L2.
-    Ahead(*const f32),
+    /// Each input's row [`L1_AHEAD`] on into L1, and the same row of the next pass's columns
+    /// (where there is one: they start here) into L2.
+    Ahead(Option<*const f32>),
 }
 
 /// Vectors of columns a pass takes.
@@ -344,7 +344,7 @@ unsafe fn chunk_pass<V: F32Lanes, const G: usize, const C: usize, const TAIL: bo
                 // The block's first group meets its rows of `b` first: it asks for them
                 // ahead, and for the next pass's.
                 let fetch = match g {
-                    0 => Fetch::Ahead(ahead.unwrap_or(std::ptr::null())),
+                    0 => Fetch::Ahead(ahead),
                     _ => Fetch::None,
                 };
                 let inputs = inputs.clone();
@@ -409,7 +409,7 @@ unsafe fn pass<V: F32Lanes, const R: usize, const C: usize, const TAIL: bool>(
                 for c in 0..C {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c * lanes).cast());
                 }
-                if !next.is_null() {
+                if let Some(next) = next {
                     crate::mem::prefetch_lines(
                         next.wrapping_add(kk * stride).cast(),
                         C * lanes * 4,

@@ -187,10 +187,17 @@ pub fn layer_norm<T: Accum>(
                 for (g, outs) in part.chunks_mut(n * STATS_ROWS).enumerate() {
                     let at = first + g * STATS_ROWS * n;
                     let row = |q: usize| &x[at + q * n..][..n];
-                    let here = outs.len() / n;
-                    // A short group repeats its first row in the other chains.
-                    let rows = std::array::from_fn(|q| row(if q < here { q } else { 0 }));
-                    let stats = layer_stats_group::<T, STATS_ROWS>(rows, n, eps);
+                    // A whole group's chains together; a short group's rows one at a time
+                    // (a decode step's single row sums only itself).
+                    let stats = match outs.len() / n {
+                        STATS_ROWS => {
+                            layer_stats_group::<T, STATS_ROWS>(std::array::from_fn(row), n, eps)
+                        }
+                        here => std::array::from_fn(|q| match q < here {
+                            true => layer_stats(row(q), eps),
+                            false => Default::default(),
+                        }),
+                    };
                     for (q, out_row) in outs.chunks_mut(n).enumerate() {
                         let (mean, inv) = stats[q];
                         layer_apply(row(q), scale, bias, mean, inv, out_row);

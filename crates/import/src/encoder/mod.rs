@@ -656,16 +656,21 @@ impl Writer<'_> {
         self.norm_at(name, input, output, true)
     }
 
-    /// The classification head over the first token's state.
-    fn classifier(&mut self, states: &str, labels: usize) -> Result<(), ImportError> {
-        let h = self.spec.hidden;
+    /// The first token's state of each sequence (`[batch, hidden]`).
+    fn first_token(&mut self, states: &str, output: &str) {
         let first = self.constant(Tensor::scalar(0i64));
         self.node(
             "Gather",
             &[states, &first],
-            "head.first",
+            output,
             vec![attr::int("axis", 1)],
         );
+    }
+
+    /// The classification head over the first token's state.
+    fn classifier(&mut self, states: &str, labels: usize) -> Result<(), ImportError> {
+        let h = self.spec.hidden;
+        self.first_token(states, "head.first");
         let (dense, out) = match self.spec.arch {
             EncoderArch::Bert | EncoderArch::ModernBert => (
                 format!("{}pooler.dense", self.prefix),

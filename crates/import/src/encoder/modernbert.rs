@@ -195,13 +195,7 @@ impl Writer<'_> {
             self.node("ReduceSum", &["head.mask", &sequence], "head.count", keep);
             self.node("Div", &["head.sum", "head.count"], "head.pooled", vec![]);
         } else {
-            let first = self.constant(Tensor::scalar(0i64));
-            self.node(
-                "Gather",
-                &[states, &first],
-                "head.pooled",
-                vec![attr::int("axis", 1)],
-            );
+            self.first_token(states, "head.pooled");
         }
         self.product("head.dense", "head.pooled", "head.dense", [h, h], head.bias)?;
         self.gelu("head.dense", "head.act", head.gelu_tanh);
